@@ -1,0 +1,127 @@
+"""``clusterfed run | compare | partition-report | plot``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from clusterfed.config import ConfigError, RunConfig, load_config_file, parse_config, parse_overrides
+
+
+def resolve_config(config_file: str | None, overrides: list[str], out: str | None = None) -> RunConfig:
+    values: dict[str, Any] = {}
+    if config_file:
+        values.update(load_config_file(config_file))
+    values.update(parse_overrides(overrides))
+    if out is not None:
+        values["out-dir"] = out
+    return parse_config(values)
+
+
+def _add_config_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE.toml", help="TOML file of run-config keys")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one run-config key (repeatable)")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from clusterfed.simulation import simulate
+
+    config = resolve_config(args.config, args.overrides, args.out)
+    simulate(config, engine=args.engine)
+    print(f"results in {Path(config.out_dir).resolve()}")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """Run several strategies on the same data and seed; one table and one figure."""
+    from clusterfed.plots import plot_comparison
+    from clusterfed.results import load_run, summary_table
+    from clusterfed.simulation import simulate
+
+    base = resolve_config(args.config, args.overrides, args.out)
+    summaries, runs = [], {}
+    for strategy in args.strategies.split(","):
+        out = Path(base.out_dir) / strategy
+        config = parse_config({**base.to_flower(), "strategy": strategy, "out-dir": str(out)})
+        print(f"== {strategy} ==", flush=True)
+        summaries.append(simulate(config, engine=args.engine))
+        runs[strategy] = load_run(out)[0]
+    print()
+    print(summary_table(summaries))
+    plot_comparison(runs, Path(base.out_dir) / "comparison.png", f"{base.dataset} / {base.partitioner}")
+    (Path(base.out_dir) / "comparison.json").write_text(json.dumps(summaries, indent=2))
+    print(f"results in {Path(base.out_dir).resolve()}")
+    return 0
+
+
+def cmd_partition_report(args: argparse.Namespace) -> int:
+    from clusterfed.datasets import load_source, make_partition, partition_table, plot_partition
+
+    config = resolve_config(args.config, args.overrides)
+    source = load_source(config.dataset, config.data_dir or None)
+    partition = make_partition(
+        source.y, source.num_classes, name=config.partitioner, num_clients=config.num_clients,
+        num_groups=config.num_groups, alpha=config.alpha, beta=config.beta,
+        labels_per_client=config.labels_per_client, label_groups=config.label_groups, rotations=config.rotations,
+        min_samples=config.min_samples, test_fraction=config.test_fraction, seed=config.seed,
+    )
+    print(partition_table(partition, source.y, source.num_classes))
+    png = Path(args.png)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    plot_partition(partition, source.y, source.num_classes, png)
+    print(f"figure: {png.resolve()}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from clusterfed.plots import plot_run
+
+    for path in plot_run(args.dir):
+        print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="clusterfed", description="Clustered federated learning on Flower.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one simulation and write results")
+    run.add_argument("--out", help="results folder (overrides out-dir)")
+    run.add_argument("--engine", choices=("flower", "inprocess"), default="flower",
+                     help="flower = Flower's simulation engine (Ray); inprocess = same apps, no Ray (fast, sequential)")
+    _add_config_args(run)
+    run.set_defaults(func=cmd_run)
+    compare = sub.add_parser("compare", help="run several strategies on the same setting")
+    compare.add_argument("--strategies", default="fedavg,oracle")
+    compare.add_argument("--out", help="results folder; one sub-folder per strategy")
+    compare.add_argument("--engine", choices=("flower", "inprocess"), default="inprocess")
+    _add_config_args(compare)
+    compare.set_defaults(func=cmd_compare)
+    report = sub.add_parser("partition-report", help="show what a partition setting gives each client")
+    report.add_argument("--png", default="partition.png", help="where to write the figure")
+    _add_config_args(report)
+    report.set_defaults(func=cmd_partition_report)
+    plot = sub.add_parser("plot", help="redraw the figures of a results folder")
+    plot.add_argument("dir")
+    plot.set_defaults(func=cmd_plot)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from clusterfed.datasets import DatasetNotFoundError, PartitionError
+
+    try:
+        return args.func(args)
+    except (ConfigError, DatasetNotFoundError, PartitionError, FileNotFoundError) as error:
+        print(f"clusterfed: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning")
+    sys.exit(main())

@@ -1,0 +1,398 @@
+"""Recursive bi-partitioning of a cluster (Clustered FL, Sattler et al. 2020).
+
+Pure NumPy/SciPy. The pieces a CFL-style strategy needs:
+
+- ``cosine_similarity_matrix``: pairwise cosine similarity of the members' updates;
+- ``bipartition``: two sides by complete-linkage agglomerative clustering on ``1 - S``;
+- ``separation_gap``: Sattler's ``Gap`` computed on the two proposed sides;
+- ``split_criteria``: when to split (absolute ``eps1``/``eps2`` or the scale-free rule);
+- ``split_members`` / ``ClusterTree``: map sub-matrix *positions* back to client *keys*.
+
+Positions vs keys: every function that takes a similarity matrix answers in positions of
+that matrix. After the first split a cluster's matrix is a sub-matrix of the members of
+that cluster only, so position ``i`` is "the i-th member of this cluster", not client ``i``.
+Storing positions as client ids is a known bug of public CFL code; ``ClusterTree.split``
+takes positions into the cluster's current member list and stores keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.cluster.hierarchy import cut_tree, fcluster, linkage
+from scipy.spatial.distance import squareform
+
+SPLIT_MODES = ("relative", "absolute")
+
+
+# --------------------------------------------------------------------------- similarity
+
+
+def cosine_similarity_matrix(U: np.ndarray) -> np.ndarray:
+    """(m, d) update rows -> (m, m) cosine similarities in [-1, 1].
+
+    A zero row has no direction: its similarity with every other row is 0 and with itself 1,
+    so the matrix never holds NaN.
+    """
+    U = np.asarray(U, dtype=np.float64)
+    if U.ndim != 2:
+        raise ValueError(f"expected an (m, d) matrix of updates, got shape {U.shape}")
+    norms = np.linalg.norm(U, axis=1)
+    safe = np.where(norms > 0, norms, 1.0)
+    unit = U / safe[:, None]  # zero rows stay zero
+    S = unit @ unit.T
+    np.clip(S, -1.0, 1.0, out=S)
+    np.fill_diagonal(S, 1.0)
+    return S
+
+
+def _as_similarity(S: np.ndarray) -> np.ndarray:
+    S = np.asarray(S, dtype=np.float64)
+    if S.ndim != 2 or S.shape[0] != S.shape[1]:
+        raise ValueError(f"expected a square (m, m) similarity matrix, got shape {S.shape}")
+    if not np.all(np.isfinite(S)):
+        raise ValueError("similarity matrix contains NaN or infinite values")
+    return S
+
+
+def _as_positions(positions: Sequence[int] | np.ndarray, m: int, name: str) -> np.ndarray:
+    pos = np.asarray(positions, dtype=np.int64).ravel()
+    if pos.size and (pos.min() < 0 or pos.max() >= m):
+        raise ValueError(f"{name} holds positions outside 0..{m - 1}: {pos.tolist()}")
+    if np.unique(pos).size != pos.size:
+        raise ValueError(f"{name} repeats a position: {pos.tolist()}")
+    return pos
+
+
+# --------------------------------------------------------------------------- bipartition
+
+
+def bipartition(S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Split the m rows of similarity matrix ``S`` into two non-empty sides.
+
+    Complete-linkage agglomerative clustering on the distance ``1 - S`` (Sattler's choice),
+    cut into two clusters. Returns two sorted int arrays of positions into ``S``;
+    ``side_a`` is the side holding position 0, so the output is deterministic.
+    Requires m >= 2. If ``fcluster(maxclust=2)`` yields a single cluster (ties in the
+    dendrogram, e.g. identical updates), the root's two children are used instead, so a side
+    is never empty.
+    """
+    S = _as_similarity(S)
+    m = S.shape[0]
+    if m < 2:
+        raise ValueError(f"cannot bi-partition {m} client(s); need at least 2")
+    if m == 2:
+        return np.array([0]), np.array([1])
+    D = 1.0 - (S + S.T) / 2.0  # symmetrise against round-off
+    np.fill_diagonal(D, 0.0)
+    np.clip(D, 0.0, 2.0, out=D)
+    Z = linkage(squareform(D, checks=False), method="complete")
+    labels = fcluster(Z, t=2, criterion="maxclust")
+    if np.unique(labels).size != 2:
+        labels = cut_tree(Z, n_clusters=2).ravel()
+    in_a = labels == labels[0]
+    return np.flatnonzero(in_a), np.flatnonzero(~in_a)
+
+
+def separation_gap(
+    S: np.ndarray, side_a: Sequence[int] | np.ndarray, side_b: Sequence[int] | np.ndarray
+) -> float:
+    """Sattler's ``Gap`` on two proposed sides: min intra-side similarity − max cross similarity.
+
+    Intra similarities are taken over off-diagonal pairs within each side. A side of size 1
+    has no such pair and contributes nothing (a client is trivially consistent with itself);
+    if neither side has a pair (two singletons) the intra minimum is the diagonal value 1.0,
+    so the gap is ``1 − S[a, b]``. Positive gap: every client is more similar to each member
+    of its side than to anyone across. With more than two true groups on a side the gap is
+    negative even for a pure split (see ALGORITHMS.md) — record it, do not veto on it.
+    """
+    S = _as_similarity(S)
+    m = S.shape[0]
+    a = _as_positions(side_a, m, "side_a")
+    b = _as_positions(side_b, m, "side_b")
+    if a.size == 0 or b.size == 0:
+        raise ValueError("separation gap needs two non-empty sides")
+    if np.intersect1d(a, b).size:
+        raise ValueError("the two sides share a position")
+    intra_min = 1.0
+    for side in (a, b):
+        if side.size > 1:
+            block = S[np.ix_(side, side)]
+            off_diagonal = block[~np.eye(side.size, dtype=bool)]
+            intra_min = min(intra_min, float(off_diagonal.min()))
+    cross_max = float(S[np.ix_(a, b)].max())
+    return intra_min - cross_max
+
+
+# --------------------------------------------------------------------------- when to split
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    """Sattler's split criteria for one cluster in one round.
+
+    ``reference_mean_norm`` is the norm the relative rule compared against (the largest
+    mean-update norm seen so far, this round included); the caller stores it as the new
+    ``max_mean_norm_seen``. In absolute mode it is the same running maximum, for the record.
+    """
+
+    mode: str
+    mean_norm: float
+    max_norm: float
+    stationary: bool
+    heterogeneous: bool
+    split: bool
+    reference_mean_norm: float
+
+
+def split_criteria(
+    updates: np.ndarray,
+    weights: Sequence[float] | np.ndarray,
+    *,
+    mode: str = "relative",
+    eps1: float = 0.4,
+    eps2: float = 1.6,
+    rel_eps1: float = 0.4,
+    rel_eps2: float = 2.0,
+    max_mean_norm_seen: float | None = None,
+) -> SplitDecision:
+    """Decide whether a cluster should be bi-partitioned this round.
+
+    ``mean_norm = ||Σ_c n_c/N Δ_c||`` (norm of the weighted mean, not mean of norms) and
+    ``max_norm = max_c ||Δ_c||``.
+
+    - ``absolute``: stationary ⇔ mean_norm < eps1, heterogeneous ⇔ max_norm > eps2.
+    - ``relative`` (scale-free, default): stationary ⇔ mean_norm < rel_eps1 × R where
+      R = max(max_mean_norm_seen, mean_norm) is the largest mean-update norm this cluster
+      has shown, this round included (``None``: nothing seen before, R = mean_norm, so a
+      cluster is never stationary in its first observed round); heterogeneous ⇔
+      max_norm > rel_eps2 × mean_norm.
+
+    ``split = stationary and heterogeneous``; always False with fewer than 2 updates
+    (nothing to split). Weights are sample counts ``n_c`` (normalised here; all-zero
+    weights fall back to a plain mean).
+    """
+    if mode not in SPLIT_MODES:
+        raise ValueError(f"unknown split-criteria mode {mode!r}; expected one of {SPLIT_MODES}")
+    U = np.asarray(updates, dtype=np.float64)
+    if U.ndim != 2 or U.shape[0] == 0:
+        raise ValueError(f"expected an (m, d) matrix of updates with m >= 1, got shape {U.shape}")
+    w = np.asarray(weights, dtype=np.float64).ravel()
+    if w.size != U.shape[0]:
+        raise ValueError(f"{w.size} weights for {U.shape[0]} updates")
+    if np.any(w < 0) or not np.all(np.isfinite(w)):
+        raise ValueError("weights must be finite and non-negative")
+    total = w.sum()
+    w = w / total if total > 0 else np.full(w.size, 1.0 / w.size)
+
+    mean_norm = float(np.linalg.norm(w @ U))
+    max_norm = float(np.linalg.norm(U, axis=1).max())
+    reference = mean_norm if max_mean_norm_seen is None else max(float(max_mean_norm_seen), mean_norm)
+
+    if mode == "absolute":
+        stationary = mean_norm < eps1
+        heterogeneous = max_norm > eps2
+    else:
+        stationary = mean_norm < rel_eps1 * reference
+        heterogeneous = max_norm > rel_eps2 * mean_norm
+    split = bool(stationary and heterogeneous and U.shape[0] >= 2)
+    return SplitDecision(
+        mode=mode,
+        mean_norm=mean_norm,
+        max_norm=max_norm,
+        stationary=bool(stationary),
+        heterogeneous=bool(heterogeneous),
+        split=split,
+        reference_mean_norm=reference,
+    )
+
+
+# --------------------------------------------------------------------------- positions -> keys
+
+
+def split_members(
+    member_keys: Sequence[Hashable],
+    side_a: Sequence[int] | np.ndarray,
+    side_b: Sequence[int] | np.ndarray,
+) -> tuple[list, list]:
+    """Translate two sides given as positions into ``member_keys`` into two lists of keys.
+
+    The sides must partition ``range(len(member_keys))`` into two non-empty parts; anything
+    else is a caller bug (e.g. positions of another matrix) and raises ``ValueError``.
+    """
+    keys = list(member_keys)
+    m = len(keys)
+    a = _as_positions(side_a, m, "side_a")
+    b = _as_positions(side_b, m, "side_b")
+    if a.size == 0 or b.size == 0:
+        raise ValueError("a split needs two non-empty sides")
+    covered = np.concatenate([a, b])
+    if covered.size != m or np.unique(covered).size != m:
+        raise ValueError(
+            f"sides {a.tolist()} / {b.tolist()} do not partition the {m} members' positions"
+        )
+    return [keys[i] for i in a], [keys[i] for i in b]
+
+
+def _jsonable(value: Any) -> Any:
+    """NumPy scalars/arrays and tuples -> plain Python so ``json.dumps`` accepts them."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return [_jsonable(v) for v in value.tolist()]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+@dataclass
+class ClusterNode:
+    """One cluster of the hierarchy. ``members`` are client keys; for an internal node they
+    are the members it held when it was split."""
+
+    cluster_id: int
+    members: list
+    parent: int | None
+    depth: int
+    children: tuple[int, int] | None = None
+    info: dict | None = None  # passed when the node was created (root or split)
+    split_info: dict | None = None  # passed when the node was split
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.children is None
+
+
+class ClusterTree:
+    """Hierarchy of clusters built by successive bi-partitions, holding client KEYS.
+
+    Cluster ids are integers handed out in creation order (root = 0). Only leaves are active
+    clusters; ``split`` turns a leaf into an internal node with two new leaf children.
+    """
+
+    def __init__(self, member_keys: Sequence[Hashable], **info: Any) -> None:
+        keys = list(member_keys)
+        if len(set(keys)) != len(keys):
+            raise ValueError("client keys must be unique")
+        self.root_id = 0
+        self._nodes: dict[int, ClusterNode] = {
+            0: ClusterNode(0, keys, parent=None, depth=0, info=dict(info))
+        }
+        self._next_id = 1
+
+    # ---- queries
+    def node(self, cluster_id: int) -> ClusterNode:
+        try:
+            return self._nodes[cluster_id]
+        except KeyError:
+            raise KeyError(f"no cluster {cluster_id}") from None
+
+    def members(self, cluster_id: int) -> list:
+        """The cluster's current member keys, in the order positions refer to."""
+        return list(self.node(cluster_id).members)
+
+    def leaves(self) -> list[int]:
+        """Ids of the active (leaf) clusters, in creation order."""
+        return [cid for cid, n in self._nodes.items() if n.is_leaf]
+
+    def assignment(self) -> dict:
+        """client key -> id of the leaf cluster holding it."""
+        return {key: cid for cid in self.leaves() for key in self._nodes[cid].members}
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    # ---- changes
+    def split(
+        self,
+        cluster_id: int,
+        positions_a: Sequence[int] | np.ndarray,
+        positions_b: Sequence[int] | np.ndarray,
+        **info: Any,
+    ) -> tuple[int, int]:
+        """Split leaf ``cluster_id``; positions index into ``members(cluster_id)``.
+
+        Returns the two new leaf ids (side a first). ``info`` (round, gap, …) is stored on
+        the split node as ``split_info`` and on both children as ``info``.
+        """
+        node = self.node(cluster_id)
+        if not node.is_leaf:
+            raise ValueError(f"cluster {cluster_id} was already split")
+        keys_a, keys_b = split_members(node.members, positions_a, positions_b)
+        ids = []
+        for keys in (keys_a, keys_b):
+            cid = self._next_id
+            self._next_id += 1
+            self._nodes[cid] = ClusterNode(
+                cid, keys, parent=cluster_id, depth=node.depth + 1, info=dict(info)
+            )
+            ids.append(cid)
+        node.children = (ids[0], ids[1])
+        node.split_info = dict(info)
+        return ids[0], ids[1]
+
+    def split_by_keys(
+        self, cluster_id: int, keys_a: Sequence[Hashable], keys_b: Sequence[Hashable], **info: Any
+    ) -> tuple[int, int]:
+        """``split`` with the sides given as member keys (e.g. from ``reference_split``)."""
+        index = {k: i for i, k in enumerate(self.node(cluster_id).members)}
+        missing = [k for k in list(keys_a) + list(keys_b) if k not in index]
+        if missing:
+            raise ValueError(f"keys {missing} are not members of cluster {cluster_id}")
+        return self.split(
+            cluster_id, [index[k] for k in keys_a], [index[k] for k in keys_b], **info
+        )
+
+    def add_member(self, cluster_id: int, key: Hashable) -> None:
+        """Place a newcomer in a leaf cluster (appended: existing positions do not move)."""
+        node = self.node(cluster_id)
+        if not node.is_leaf:
+            raise ValueError(f"cluster {cluster_id} is not a leaf")
+        if key in self.assignment():
+            raise ValueError(f"client {key!r} is already assigned")
+        node.members.append(key)
+
+    # ---- serialisation
+    def to_dict(self) -> dict:
+        """JSON-serialisable view: root id and every node with members, parent, children,
+        depth, leaf flag, creation info and split info."""
+        nodes = []
+        for cid, n in self._nodes.items():
+            nodes.append(
+                {
+                    "id": cid,
+                    "parent": n.parent,
+                    "children": list(n.children) if n.children is not None else [],
+                    "depth": n.depth,
+                    "leaf": n.is_leaf,
+                    "members": _jsonable(list(n.members)),
+                    "info": _jsonable(n.info or {}),
+                    "split_info": _jsonable(n.split_info) if n.split_info is not None else None,
+                }
+            )
+        return {"root": self.root_id, "nodes": nodes}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ClusterTree:
+        """Rebuild a tree written by ``to_dict`` (keys come back as JSON gave them)."""
+        tree = cls.__new__(cls)
+        tree.root_id = int(data["root"])
+        tree._nodes = {}
+        for d in data["nodes"]:
+            children = tuple(d["children"]) if d["children"] else None
+            tree._nodes[int(d["id"])] = ClusterNode(
+                int(d["id"]),
+                list(d["members"]),
+                parent=d["parent"],
+                depth=int(d["depth"]),
+                children=children,
+                info=dict(d.get("info") or {}),
+                split_info=d.get("split_info"),
+            )
+        tree._next_id = max(tree._nodes) + 1
+        return tree

@@ -1,0 +1,128 @@
+"""AdaCFL's label statistics and entropy pre-clustering.
+
+Each client reports L_c (number of classes it holds) and s_c (Shannon entropy of its label
+histogram). Clients are first grouped by these numbers (pre-clusters), then clustered on
+their partial weights inside each pre-cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from .agglomerative import (
+    DEFAULT_MAX_CLUSTERS,
+    DEFAULT_MIN_SILHOUETTE,
+    AutoCut,
+    check_linkage,
+    cluster_auto,
+    cluster_by_threshold,
+    relabel_in_order,
+)
+from .distances import as_client_matrix
+
+
+def _counts(histogram: Sequence[float] | Mapping[object, float] | np.ndarray) -> np.ndarray:
+    values = list(histogram.values()) if isinstance(histogram, Mapping) else histogram
+    counts = np.asarray(values, dtype=np.float64).ravel()
+    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
+        raise ValueError("label histogram must hold finite, non-negative counts")
+    return counts
+
+
+def label_entropy(histogram: Sequence[float] | Mapping[object, float] | np.ndarray) -> float:
+    """Shannon entropy in bits of a label histogram (counts per class; a list, an array
+    or a mapping class -> count). Classes with count 0 contribute nothing; an empty
+    histogram has entropy 0."""
+    counts = _counts(histogram)
+    counts = counts[counts > 0]
+    total = counts.sum()
+    if total == 0:
+        return 0.0
+    p = counts / total
+    return float(max(0.0, -np.sum(p * np.log2(p))))  # max: no -0.0 for one class
+
+
+def num_classes_present(histogram: Sequence[float] | Mapping[object, float] | np.ndarray) -> int:
+    """L_c: the number of classes with a positive count."""
+    return int(np.count_nonzero(_counts(histogram) > 0))
+
+
+def entropy_preclusters(num_classes: Sequence[int], entropies: Sequence[float], gap: float = 0.1) -> np.ndarray:
+    """AdaCFL pre-clustering: a pre-cluster id per client (in input order).
+
+    Clients with equal L_c are grouped; inside a group, sorted by s_c, a new pre-cluster
+    starts when s_c > first · (1 + gap), ``first`` being the entropy of the current
+    pre-cluster's first member. The rule is used literally also when first == 0: then
+    any s_c > 0 starts a new pre-cluster. With consistent statistics this case only
+    arises for L_c = 1, where every entropy is 0, so such clients stay together.
+    Ids are numbered by increasing L_c, then increasing entropy.
+    """
+    L = np.asarray(num_classes, dtype=np.int64).ravel()
+    s = np.asarray(entropies, dtype=np.float64).ravel()
+    if L.size != s.size:
+        raise ValueError(f"{L.size} class counts but {s.size} entropies")
+    if gap < 0 or not np.isfinite(gap):
+        raise ValueError(f"entropy gap must be a finite value >= 0, got {gap}")
+    if not np.all(np.isfinite(s)) or np.any(s < 0):
+        raise ValueError("entropies must be finite and >= 0")
+    pre = np.empty(L.size, dtype=np.int64)
+    next_id = 0
+    for num in np.unique(L):
+        members = np.flatnonzero(L == num)
+        members = members[np.argsort(s[members], kind="stable")]  # ties: input order
+        first = None
+        for c in members:
+            if first is None or s[c] > first * (1.0 + gap):
+                if first is not None:
+                    next_id += 1
+                first = s[c]
+            pre[c] = next_id
+        next_id += 1
+    return pre
+
+
+def cluster_within_preclusters(
+    X: np.ndarray,
+    pre: np.ndarray,
+    threshold_or_auto: float | str,
+    *,
+    metric: str = "l2",
+    linkage: str = "average",
+    min_silhouette: float = DEFAULT_MIN_SILHOUETTE,
+    max_clusters: int | None = DEFAULT_MAX_CLUSTERS,
+    return_cuts: bool = False,
+) -> np.ndarray | tuple[np.ndarray, dict[int, AutoCut]]:
+    """Agglomerative clustering inside each pre-cluster; final clusters = their union.
+
+    ``threshold_or_auto`` is a λ (float) or ``"auto"`` (``cluster_auto`` per pre-cluster).
+    Labels are globally unique, 0..K-1 in order of first appearance. A pre-cluster of one
+    client is one cluster. With ``return_cuts`` also returns, per pre-cluster id, the
+    cut used (for λ given: that λ, silhouette None) so the λ and score can be reported.
+    """
+    check_linkage(linkage, metric)
+    X = as_client_matrix(X)
+    pre = np.asarray(pre).ravel()
+    if pre.size != X.shape[0]:
+        raise ValueError(f"{pre.size} pre-cluster ids for {X.shape[0]} clients")
+    auto = isinstance(threshold_or_auto, str)
+    if auto and threshold_or_auto != "auto":
+        raise ValueError(f"threshold must be a number or 'auto', got {threshold_or_auto!r}")
+    labels = np.empty(X.shape[0], dtype=np.int64)
+    cuts: dict[int, AutoCut] = {}
+    offset = 0
+    for pid in np.unique(pre):
+        rows = np.flatnonzero(pre == pid)
+        if auto:
+            cut = cluster_auto(
+                X[rows], metric=metric, linkage=linkage, min_silhouette=min_silhouette, max_clusters=max_clusters
+            )
+        else:
+            local = cluster_by_threshold(X[rows], float(threshold_or_auto), metric=metric, linkage=linkage)
+            cut = AutoCut(local, float(threshold_or_auto), None, int(local.max()) + 1)
+        labels[rows] = cut.labels + offset
+        offset += cut.num_clusters
+        cuts[int(pid)] = cut
+    labels = relabel_in_order(labels)
+    return (labels, cuts) if return_cuts else labels

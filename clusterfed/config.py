@@ -1,0 +1,202 @@
+"""The one run-config schema: every key, its type, default and allowed range.
+
+Keys are kebab-case, exactly as in ``[tool.flwr.app.config]`` of ``pyproject.toml`` and in
+``clusterfed run --set key=value``. Flower run configs hold only scalars, so lists are
+strings (``rotations = "0,90,180,270"``) and "no value" is spelled ``"auto"``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from clusterfed.datasets import DATASETS, PARTITIONERS
+from clusterfed.models import MODELS
+
+STRATEGY_NAMES = (
+    "fedavg",
+    "flwr-fedavg",
+    "fedprox",
+    "local",
+    "oracle",
+    "fedclust",
+    "adacfl",
+    "cfl",
+    "layercfl",
+    "hicfl",
+)
+
+
+class ConfigError(ValueError):
+    """A run-config key or value is wrong; the message names it and what is allowed."""
+
+
+class RunConfig(BaseModel):
+    """Validated run configuration. Field aliases are the kebab-case config keys."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
+
+    # what to run
+    strategy: str = Field("fedavg", description="strategy name (see STRATEGY_NAMES)")
+    rounds: int = Field(30, ge=1, le=100_000)
+    seed: int = Field(0, ge=0)
+    out_dir: str = Field("results/run", alias="out-dir")
+    timeout: float = Field(600.0, gt=0, description="seconds to wait for one phase's replies")
+
+    # data
+    dataset: str = "digits"
+    data_dir: str = Field("", alias="data-dir", description="folder of torchvision data sets")
+    partitioner: str = "label-groups"
+    num_clients: int = Field(20, alias="num-clients", ge=1, le=100_000)
+    num_groups: int = Field(4, alias="num-groups", ge=1)
+    alpha: float = Field(0.7, gt=0, le=1, description="dominant-class fraction")
+    beta: float = Field(0.5, gt=0, description="Dirichlet concentration")
+    labels_per_client: int = Field(2, alias="labels-per-client", ge=1)
+    label_groups: str = Field("0,1;2,3;4,5;6,7;8,9", alias="label-groups")
+    rotations: str = "0,90,180,270"
+    min_samples: int = Field(10, alias="min-samples", ge=1)
+    test_fraction: float = Field(0.2, alias="test-fraction", gt=0, lt=1)
+
+    # model and local training
+    model: str = "auto"
+    local_epochs: int = Field(1, alias="local-epochs", ge=1)
+    batch_size: int = Field(16, alias="batch-size", ge=1)
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.5, ge=0, lt=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    # participation and measurement
+    fraction_train: float = Field(1.0, alias="fraction-train", gt=0, le=1)
+    fraction_evaluate: float = Field(1.0, alias="fraction-evaluate", ge=0, le=1)
+    target_accuracy: float = Field(0.9, alias="target-accuracy", gt=0, le=1)
+
+    # FedProx
+    proximal_mu: float = Field(0.01, alias="proximal-mu", ge=0)
+
+    # one-shot clustering (FedClust, AdaCFL)
+    cluster_epochs: int = Field(10, alias="cluster-epochs", ge=1)
+    cluster_layers: str = Field("auto", alias="cluster-layers", description="layer rule or names; auto = the strategy's own")
+    lambda_: str = Field("auto", alias="lambda", description='distance threshold, or "auto"')
+    distance: Literal["l2", "cosine"] = "l2"
+    linkage: Literal["average", "single", "complete", "ward"] = "average"
+    auto_min_silhouette: float = Field(0.25, alias="auto-min-silhouette", ge=-1, le=1)
+    warmup_rounds: int = Field(1, alias="warmup-rounds", ge=0)
+    share_label_stats: bool = Field(True, alias="share-label-stats")
+    entropy_gap: float = Field(0.1, alias="entropy-gap", ge=0)
+    epsilon: str = Field("auto", alias="epsilon", description='newcomer distance for a new cluster, or "auto"')
+    newcomer_fraction: float = Field(0.0, alias="newcomer-fraction", ge=0, lt=1)
+    newcomer_round: int = Field(10, alias="newcomer-round", ge=1)
+
+    # recursive bi-partitioning (CFL, LayerCFL, HiCFL)
+    split_criteria: Literal["relative", "absolute"] = Field("relative", alias="split-criteria")
+    eps1: float = Field(0.4, gt=0)
+    eps2: float = Field(1.6, gt=0)
+    rel_eps1: float = Field(0.4, alias="rel-eps1", gt=0, le=1)
+    rel_eps2: float = Field(2.0, alias="rel-eps2", gt=0)
+    min_split_size: int = Field(3, alias="min-split-size", ge=2)
+    min_split_round: int = Field(5, alias="min-split-round", ge=1)
+    skew: Literal["label", "feature", "unknown"] = "unknown"
+    window: int = Field(5, ge=1)
+    stability_eps: str = Field("auto", alias="stability-eps", description='HiCFL ε, or "auto" = 0.5·lr')
+    xi: str = Field("auto", description='HiCFL ξ, or "auto" = 0.05·lr')
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, value: str) -> str:
+        return _one_of(value, STRATEGY_NAMES)
+
+    @field_validator("dataset")
+    @classmethod
+    def _known_dataset(cls, value: str) -> str:
+        return _one_of(value, DATASETS)
+
+    @field_validator("partitioner")
+    @classmethod
+    def _known_partitioner(cls, value: str) -> str:
+        return _one_of(value, PARTITIONERS)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        return _one_of(value, ("auto", *MODELS))
+
+    @field_validator("lambda_", "epsilon", "stability_eps", "xi", mode="before")
+    @classmethod
+    def _number_or_auto(cls, value: Any) -> str:
+        if isinstance(value, bool):
+            raise ValueError('expected a positive number or "auto"')
+        if isinstance(value, (int, float)):
+            value = repr(float(value))
+        if value != "auto":
+            try:
+                if float(value) <= 0:
+                    raise ValueError
+            except (TypeError, ValueError):
+                raise ValueError(f'expected a positive number or "auto", got {value!r}') from None
+        return value
+
+    def number_or_none(self, key: str) -> float | None:
+        """A "number or auto" field as a float, or None for "auto"."""
+        value = getattr(self, key)
+        return None if value == "auto" else float(value)
+
+    def to_flower(self) -> dict[str, bool | int | float | str]:
+        """Kebab-case scalar dict, the shape of a Flower run config."""
+        return self.model_dump(by_alias=True)
+
+
+def _one_of(value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f"{value!r} is not one of: {', '.join(allowed)}")
+    return value
+
+
+def config_keys() -> list[str]:
+    return [field.alias or name for name, field in RunConfig.model_fields.items()]
+
+
+def parse_config(values: dict[str, Any]) -> RunConfig:
+    """Validate a kebab-case mapping; raise ConfigError naming the key and what is allowed."""
+    known = config_keys()
+    for key in values:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"unknown config key {key!r}{hint}; known keys: {', '.join(known)}")
+    try:
+        return RunConfig.model_validate(values)
+    except ValidationError as error:
+        lines = []
+        for problem in error.errors():
+            key = ".".join(str(part) for part in problem["loc"]) or "config"
+            given = problem.get("input")
+            lines.append(f"config key {key!r} = {given!r}: {problem['msg']}")
+        raise ConfigError("; ".join(lines)) from None
+
+
+def coerce_value(text: str) -> bool | int | float | str:
+    """Read a ``--set key=value`` value the way TOML would (bare words are strings)."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--set expects key=value, got {pair!r}")
+        key, text = pair.split("=", 1)
+        out[key.strip()] = coerce_value(text.strip())
+    return out
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """A TOML file of kebab-case keys; a pyproject's [tool.flwr.app.config] also works."""
+    data = tomllib.loads(Path(path).read_text())
+    return data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", data)

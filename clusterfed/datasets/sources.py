@@ -1,0 +1,175 @@
+"""Image data sources: one in-memory pool (train + test splits joined) per data set.
+
+The partitioner splits every client's share into train/test itself, so the official
+train/test split of a data set is not kept.  Arrays are returned read-only because a
+source is cached and shared by all clients that run in one process.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+DATASETS = ("digits", "mnist", "fmnist", "emnist-letters", "cifar10", "svhn")
+
+
+class DatasetNotFoundError(RuntimeError):
+    """The files of a data set are missing; the message says where they were expected."""
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: arrays have no scalar ==, hash stays by identity
+class DataSource:
+    name: str
+    x: np.ndarray  # float32 (N, C, H, W), scaled to [0, 1] then normalised per channel
+    y: np.ndarray  # int64 (N,)
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        c, h, w = self.x.shape[1:]
+        return int(c), int(h), int(w)
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+# What torchvision expects under data_dir, and how to obtain it (used in error messages).
+_LAYOUT = {
+    "mnist": (
+        "{d}/MNIST/raw/train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+        "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
+        "torchvision.datasets.MNIST(\"{d}\", download=True)",
+    ),
+    "fmnist": (
+        "{d}/FashionMNIST/raw/train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+        "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
+        "torchvision.datasets.FashionMNIST(\"{d}\", download=True)",
+    ),
+    "emnist-letters": (
+        "{d}/EMNIST/raw/emnist-letters-train-images-idx3-ubyte, "
+        "emnist-letters-train-labels-idx1-ubyte, emnist-letters-test-images-idx3-ubyte, "
+        "emnist-letters-test-labels-idx1-ubyte",
+        "torchvision.datasets.EMNIST(\"{d}\", split=\"letters\", download=True)",
+    ),
+    "cifar10": (
+        "{d}/cifar-10-batches-py/data_batch_1 ... data_batch_5, test_batch, batches.meta",
+        "torchvision.datasets.CIFAR10(\"{d}\", download=True)",
+    ),
+    "svhn": (
+        "{d}/train_32x32.mat and {d}/test_32x32.mat",
+        "torchvision.datasets.SVHN(\"{d}\", split=\"train\", download=True); "
+        "torchvision.datasets.SVHN(\"{d}\", split=\"test\", download=True)",
+    ),
+}
+
+_CACHE: dict[tuple[str, str | None], DataSource] = {}
+
+
+def load_source(name: str, data_dir: str | None = None) -> DataSource:
+    """Load (once per process) the pool of data set `name`.
+
+    `digits` ships with scikit-learn and needs no `data_dir`; every other set is read with
+    torchvision (download=False) from `data_dir` in torchvision's folder layout.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
+    root = None if name == "digits" else _require_dir(name, data_dir)
+    key = (name, root)
+    if key not in _CACHE:
+        if name == "digits":
+            images, labels, num_classes = _load_digits()
+        else:
+            images, labels, num_classes = _load_torchvision(name, root)
+        _CACHE[key] = _make_source(name, images, labels, num_classes)
+    return _CACHE[key]
+
+
+def _require_dir(name: str, data_dir: str | None) -> str:
+    if data_dir is None or str(data_dir) == "":
+        layout, _ = _LAYOUT[name]
+        raise DatasetNotFoundError(
+            f"dataset {name!r} is read from disk but `data-dir` is not set: set `data-dir` "
+            f"to a folder holding {layout.format(d='<data-dir>')} (torchvision layout), "
+            "or use the built-in dataset 'digits'"
+        )
+    return os.path.abspath(os.path.expanduser(str(data_dir)))
+
+
+def _not_found(name: str, root: str, cause: Exception) -> DatasetNotFoundError:
+    layout, download = _LAYOUT[name]
+    return DatasetNotFoundError(
+        f"dataset {name!r} not found under {root!r}: expected {layout.format(d=root)} "
+        f"(torchvision layout). Download it on a machine with network with "
+        f"`python -c 'import torchvision; {download.format(d=root)}'` and copy the folder "
+        f"to {root!r}. (torchvision said: {cause})"
+    )
+
+
+def _load_digits() -> tuple[np.ndarray, np.ndarray, int]:
+    from sklearn.datasets import load_digits
+
+    bunch = load_digits()
+    images = bunch.images.astype(np.float32)[:, None, :, :] / 16.0  # pixel values 0..16
+    return images, bunch.target.astype(np.int64), 10
+
+
+def _to_numpy(a) -> np.ndarray:
+    return a.numpy() if hasattr(a, "numpy") else np.asarray(a)
+
+
+def _load_torchvision(name: str, root: str) -> tuple[np.ndarray, np.ndarray, int]:
+    from torchvision import datasets as tvd
+
+    def both_splits(make):
+        try:
+            return make(True), make(False)
+        except (RuntimeError, FileNotFoundError, OSError) as exc:
+            raise _not_found(name, root, exc) from None
+
+    if name in ("mnist", "fmnist", "emnist-letters"):
+        if name == "mnist":
+            parts = both_splits(lambda train: tvd.MNIST(root, train=train, download=False))
+        elif name == "fmnist":
+            parts = both_splits(lambda train: tvd.FashionMNIST(root, train=train, download=False))
+        else:
+            parts = both_splits(
+                lambda train: tvd.EMNIST(root, split="letters", train=train, download=False)
+            )
+        images = np.concatenate([_to_numpy(p.data) for p in parts])  # uint8 (N, 28, 28)
+        labels = np.concatenate([_to_numpy(p.targets) for p in parts]).astype(np.int64)
+        num_classes = 10
+        if name == "emnist-letters":
+            # EMNIST files store images transposed relative to MNIST; labels are 1..26.
+            images = images.transpose(0, 2, 1)
+            labels = labels - 1
+            num_classes = 26
+        images = images[:, None, :, :]
+    elif name == "cifar10":
+        parts = both_splits(lambda train: tvd.CIFAR10(root, train=train, download=False))
+        images = np.concatenate([p.data for p in parts]).transpose(0, 3, 1, 2)  # NHWC -> NCHW
+        labels = np.concatenate([np.asarray(p.targets) for p in parts]).astype(np.int64)
+        num_classes = 10
+    else:  # svhn; torchvision already maps the label 10 to digit 0
+        parts = both_splits(
+            lambda train: tvd.SVHN(root, split="train" if train else "test", download=False)
+        )
+        images = np.concatenate([p.data for p in parts])  # already NCHW
+        labels = np.concatenate([np.asarray(p.labels) for p in parts]).astype(np.int64)
+        num_classes = 10
+    return images.astype(np.float32) / 255.0, labels, num_classes
+
+
+def _make_source(name: str, images: np.ndarray, labels: np.ndarray, num_classes: int) -> DataSource:
+    images = np.ascontiguousarray(images, dtype=np.float32)
+    # Per-channel statistics in float64 to avoid accumulation error on large pools.
+    mean = images.mean(axis=(0, 2, 3), dtype=np.float64)
+    std = images.std(axis=(0, 2, 3), dtype=np.float64)
+    std[std == 0] = 1.0
+    images -= mean.astype(np.float32)[None, :, None, None]
+    images /= std.astype(np.float32)[None, :, None, None]
+    labels = np.ascontiguousarray(labels, dtype=np.int64)
+    images.setflags(write=False)
+    labels.setflags(write=False)
+    return DataSource(name=name, x=images, y=labels, num_classes=int(num_classes))

@@ -1,0 +1,85 @@
+"""Figures drawn from a results folder (rounds.jsonl, summary.json), so they can be redrawn."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from clusterfed.results import load_run  # noqa: E402
+
+
+def plot_accuracy(rounds: list[dict], path: Path, title: str) -> None:
+    """Mean local test accuracy with a ± std band; per-cluster curves when there are clusters."""
+    x = np.array([r["round"] for r in rounds])
+    mean = np.array([np.nan if r["accuracy"] is None else r["accuracy"] for r in rounds])
+    std = np.array([np.nan if r["accuracy_std"] is None else r["accuracy_std"] for r in rounds])
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(x, mean, color="C0", lw=2, label="mean client accuracy")
+    ax.fill_between(x, mean - std, mean + std, color="C0", alpha=0.2, label="± std over clients")
+    clusters = sorted({c for r in rounds for c in r.get("clusters", {})}, key=int)
+    if 1 < len(clusters) <= 20:
+        for i, cluster in enumerate(clusters):
+            ys = [r.get("clusters", {}).get(cluster, {}).get("accuracy", np.nan) for r in rounds]
+            ax.plot(x, ys, lw=0.8, ls="--", color=f"C{(i + 1) % 10}", label=f"cluster {cluster}")
+    target = None
+    if rounds and "target" in rounds[0]:
+        target = rounds[0]["target"]
+    if target:
+        ax.axhline(target, color="grey", ls=":", lw=1)
+    ax.set(xlabel="round", ylabel="local test accuracy", ylim=(0, 1.02), title=title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_traffic(rounds: list[dict], path: Path, title: str) -> None:
+    """Cumulative MB sent down and up per round."""
+    x = [r["round"] for r in rounds]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(x, [r["cum_bytes_up"] / 1e6 for r in rounds], label="uplink (clients → server)")
+    ax.plot(x, [r["cum_bytes_down"] / 1e6 for r in rounds], label="downlink (server → clients)")
+    ax.set(xlabel="round", ylabel="cumulative MB", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_run(out_dir: str | Path) -> list[Path]:
+    """Draw every figure a results folder supports; returns the files written."""
+    out = Path(out_dir)
+    rounds, summary = load_run(out)
+    if not rounds:
+        return []
+    config = summary.get("config", {})
+    title = f"{config.get('strategy', '?')} · {config.get('dataset', '?')} / {config.get('partitioner', '?')}"
+    written = [out / "accuracy.png", out / "traffic.png"]
+    plot_accuracy(rounds, written[0], title)
+    plot_traffic(rounds, written[1], title)
+    return written
+
+
+def plot_comparison(runs: dict[str, list[dict]], path: Path, title: str) -> None:
+    """Mean accuracy per round of several runs on one figure (clusterfed compare)."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for i, (label, rounds) in enumerate(runs.items()):
+        x = [r["round"] for r in rounds]
+        axes[0].plot(x, [r["accuracy"] for r in rounds], color=f"C{i % 10}", label=label)
+        axes[1].plot([(r["cum_bytes_up"] + r["cum_bytes_down"]) / 1e6 for r in rounds],
+                     [r["accuracy"] for r in rounds], color=f"C{i % 10}", label=label)
+    axes[0].set(xlabel="round", ylabel="mean local test accuracy", ylim=(0, 1.02), title=title)
+    axes[1].set(xlabel="cumulative MB (up + down)", ylabel="mean local test accuracy", ylim=(0, 1.02))
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

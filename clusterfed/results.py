@@ -1,0 +1,224 @@
+"""Per-round records, rounds.jsonl / summary.json / clusters.json, and the summary table.
+
+One writer for every strategy. Field names are the contract benchmarks and tests read:
+renaming one is a breaking change.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+from sklearn.metrics import adjusted_rand_score
+
+ROUND_FIELDS = (
+    "round",
+    "accuracy",
+    "accuracy_weighted",
+    "accuracy_std",
+    "loss",
+    "num_clusters",
+    "ari",
+    "bytes_down",
+    "bytes_up",
+    "cum_bytes_down",
+    "cum_bytes_up",
+    "eval_bytes_down",
+    "transmissions",
+    "failures",
+    "rejected",
+    "round_seconds",
+    "clustering_seconds",
+)
+
+
+@dataclass
+class Traffic:
+    """What crossed the network in one round. Training-protocol arrays (train and
+    clustering messages) are ``down``/``up``; evaluation downloads are kept apart so that
+    measuring a model does not count as the algorithm's communication."""
+
+    down: int = 0
+    up: int = 0
+    eval_down: int = 0
+    transmissions: int = 0
+    failures: int = 0
+    rejected: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    key: str
+    cluster: int
+    true_group: int
+    accuracy: float
+    loss: float
+    num_examples: int
+
+
+def assignment_ari(assignment: dict[str, int], true_groups: dict[str, int]) -> float:
+    """Adjusted Rand index of client -> model against the true groups (1 model vs G groups = 0)."""
+    keys = sorted(k for k in assignment if k in true_groups)
+    if len(keys) < 2:
+        return 1.0
+    return float(adjusted_rand_score([true_groups[k] for k in keys], [assignment[k] for k in keys]))
+
+
+class RunRecorder:
+    """Collects per-round records for one run and writes them under ``out_dir``."""
+
+    def __init__(self, out_dir: str | Path, config: dict[str, Any], *, stream: TextIO | None = sys.stdout):
+        self.out = Path(out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.config = config
+        self.stream = stream
+        self.rounds: list[dict[str, Any]] = []
+        self.cluster_accuracy: list[dict[str, Any]] = []
+        self.cum_down = 0
+        self.cum_up = 0
+        (self.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        self._rounds_file = (self.out / "rounds.jsonl").open("w")
+
+    def record_round(
+        self,
+        server_round: int,
+        *,
+        evals: list[EvalRow],
+        assignment: dict[str, int],
+        true_groups: dict[str, int],
+        traffic: Traffic,
+        round_seconds: float,
+        clustering_seconds: float = 0.0,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        self.cum_down += traffic.down
+        self.cum_up += traffic.up
+        accuracies = np.array([e.accuracy for e in evals], dtype=float)
+        sizes = np.array([e.num_examples for e in evals], dtype=float)
+        losses = np.array([e.loss for e in evals], dtype=float)
+        per_cluster: dict[str, dict[str, float]] = {}
+        for cluster in sorted({e.cluster for e in evals}):
+            members = [e.accuracy for e in evals if e.cluster == cluster]
+            per_cluster[str(cluster)] = {"accuracy": float(np.mean(members)), "size": len(members)}
+        record: dict[str, Any] = {
+            "round": server_round,
+            "accuracy": _mean(accuracies),
+            "accuracy_weighted": float(np.average(accuracies, weights=sizes)) if sizes.sum() > 0 else None,
+            "accuracy_std": float(accuracies.std()) if len(accuracies) else None,
+            "loss": _mean(losses),
+            "num_clusters": len(set(assignment.values())),
+            "ari": assignment_ari(assignment, true_groups),
+            "bytes_down": traffic.down,
+            "bytes_up": traffic.up,
+            "cum_bytes_down": self.cum_down,
+            "cum_bytes_up": self.cum_up,
+            "eval_bytes_down": traffic.eval_down,
+            "transmissions": traffic.transmissions,
+            "failures": traffic.failures,
+            "rejected": len(traffic.rejected),
+            "round_seconds": round(round_seconds, 4),
+            "clustering_seconds": round(clustering_seconds, 4),
+            "clusters": per_cluster,
+            "client_accuracy": {e.key: round(e.accuracy, 4) for e in evals},
+        }
+        if traffic.rejected:
+            record["rejections"] = traffic.rejected
+        record.update(extra or {})
+        self.rounds.append(record)
+        self._rounds_file.write(json.dumps(record) + "\n")
+        self._rounds_file.flush()
+        self._progress(record)
+        return record
+
+    def _progress(self, r: dict[str, Any]) -> None:
+        if self.stream is None:
+            return
+        total = self.config.get("rounds", "?")
+        acc = "   n/a" if r["accuracy"] is None else f"{r['accuracy']:.3f} ± {r['accuracy_std']:.3f}"
+        print(
+            f"round {r['round']:>3}/{total}  acc {acc}  clusters {r['num_clusters']:>2}  ARI {r['ari']:.2f}  "
+            f"up {r['cum_bytes_up'] / 1e6:7.2f} MB  down {r['cum_bytes_down'] / 1e6:7.2f} MB  "
+            f"{r['round_seconds']:.1f}s" + (f"  rejected {r['rejected']}" if r["rejected"] else ""),
+            file=self.stream,
+            flush=True,
+        )
+
+    def finish(self, wall_seconds: float, clusters: dict[str, Any] | None = None) -> dict[str, Any]:
+        self._rounds_file.close()
+        summary = summarize(self.rounds, float(self.config.get("target-accuracy", 1.0)))
+        summary["wall_seconds"] = round(wall_seconds, 2)
+        summary["strategy"] = self.config.get("strategy")
+        summary["config"] = self.config
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
+        if clusters is not None:
+            (self.out / "clusters.json").write_text(json.dumps(clusters, indent=2, default=_jsonable))
+        if self.stream is not None:
+            print(summary_table([summary]), file=self.stream, flush=True)
+        return summary
+
+
+def _mean(values: np.ndarray) -> float | None:
+    return float(values.mean()) if len(values) else None
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"not JSON serialisable: {type(value)}")
+
+
+def summarize(rounds: list[dict[str, Any]], target: float) -> dict[str, Any]:
+    """Final and best accuracy, rounds and MB (up + down) to reach ``target``."""
+    accuracies = [r["accuracy"] for r in rounds if r["accuracy"] is not None]
+    reached = next((r for r in rounds if r["accuracy"] is not None and r["accuracy"] >= target), None)
+    last = rounds[-1] if rounds else {}
+    total_bytes = last.get("cum_bytes_down", 0) + last.get("cum_bytes_up", 0)
+    return {
+        "final_accuracy": accuracies[-1] if accuracies else None,
+        "best_accuracy": max(accuracies) if accuracies else None,
+        "final_accuracy_std": last.get("accuracy_std"),
+        "target_accuracy": target,
+        "rounds_to_target": reached["round"] if reached else None,
+        "mb_to_target": round((reached["cum_bytes_down"] + reached["cum_bytes_up"]) / 1e6, 4) if reached else None,
+        "total_mb": round(total_bytes / 1e6, 4),
+        "total_mb_up": round(last.get("cum_bytes_up", 0) / 1e6, 4),
+        "total_mb_down": round(last.get("cum_bytes_down", 0) / 1e6, 4),
+        "final_ari": last.get("ari"),
+        "num_clusters": last.get("num_clusters"),
+        "rounds": len(rounds),
+        "rejected": sum(r.get("rejected", 0) for r in rounds),
+        "failures": sum(r.get("failures", 0) for r in rounds),
+    }
+
+
+def _fmt(value: Any, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        width = int(spec.split(".")[0].rstrip("dfs") or 0)
+        return "-".rjust(width)
+    return format(value, spec)
+
+
+def summary_table(summaries: list[dict[str, Any]]) -> str:
+    header = f"{'strategy':<12} {'final acc':>9} {'best acc':>9} {'ARI':>5} {'clusters':>8} {'rnds→tgt':>8} {'MB→tgt':>8} {'total MB':>9} {'wall s':>7}"
+    lines = [header, "-" * len(header)]
+    for s in summaries:
+        lines.append(
+            f"{str(s.get('strategy')):<12} {_fmt(s['final_accuracy'], '9.3f')} {_fmt(s['best_accuracy'], '9.3f')} "
+            f"{_fmt(s['final_ari'], '5.2f')} {_fmt(s['num_clusters'], '8d')} {_fmt(s['rounds_to_target'], '8d')} "
+            f"{_fmt(s['mb_to_target'], '8.2f')} {_fmt(s['total_mb'], '9.2f')} {_fmt(s.get('wall_seconds'), '7.1f')}"
+        )
+    return "\n".join(lines)
+
+
+def load_run(out_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    out = Path(out_dir)
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines() if line.strip()]
+    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else {}
+    return rounds, summary

@@ -1,0 +1,7 @@
+"""FedAvg: one global model, the K = 1 case of the clustered base."""
+
+from clusterfed.strategies.base import ClusteredStrategy
+
+
+class FedAvg(ClusteredStrategy):
+    name = "fedavg"

@@ -1,0 +1,18 @@
+"""Local: no aggregation; every client trains and is evaluated on its own model.
+
+Each client is its own cluster, so the base's per-cluster averaging over one member
+leaves the client's model as it trained it.
+"""
+
+from clusterfed.strategies.base import ClusteredStrategy
+
+
+class Local(ClusteredStrategy):
+    name = "local"
+
+    def init_clusters(self) -> None:
+        """No shared model: clusters are made per client as they arrive."""
+
+    def admit(self, server_round: int, keys: list[str]) -> None:
+        for key in keys:
+            self.assignment[key] = self.new_cluster(self.theta0)

@@ -1,0 +1,18 @@
+"""Oracle: clusters are the true groups. An upper bound for benchmarks only — the one
+strategy allowed to read the ground truth."""
+
+from clusterfed.strategies.base import ClusteredStrategy
+
+
+class Oracle(ClusteredStrategy):
+    name = "oracle"
+
+    def init_clusters(self) -> None:
+        self.cluster_of_group: dict[int, int] = {}
+
+    def admit(self, server_round: int, keys: list[str]) -> None:
+        for key in keys:
+            group = self.clients[key].true_group
+            if group not in self.cluster_of_group:
+                self.cluster_of_group[group] = self.new_cluster(self.theta0)
+            self.assignment[key] = self.cluster_of_group[group]

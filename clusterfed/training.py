@@ -1,0 +1,102 @@
+"""The one local training / evaluation loop, used by every strategy's clients and by tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+import numpy as np
+import torch
+from torch import nn
+
+
+def pick_device(spec: str = "auto") -> torch.device:
+    """``auto`` takes CUDA when present; the same code runs on a GPU box and a Raspberry Pi."""
+    if spec == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device = cuda was asked for but torch sees no CUDA device")
+    if spec in ("cuda", "auto") and torch.cuda.is_available():
+        return torch.device("cuda")
+    return torch.device("cpu")
+
+
+def cap_threads() -> None:
+    """One intra-op thread per client process unless told otherwise: simulation runs one
+    client per core, and oversubscribed BLAS threads make small CNNs slower, not faster."""
+    threads = int(os.environ.get("CLUSTERFED_TORCH_THREADS", "1"))
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+
+
+def state_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def load_numpy_state(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
+    expected = set(model.state_dict())
+    if set(arrays) != expected:
+        missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
+        raise ValueError(f"model arrays do not match: missing {missing}, unexpected {extra}")
+    model.load_state_dict({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()})
+
+
+def train(
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    momentum: float,
+    seed: int,
+    device: torch.device | None = None,
+    proximal_mu: float = 0.0,
+) -> float:
+    """SGD with momentum for ``epochs`` passes; returns the mean training loss.
+
+    ``proximal_mu > 0`` adds FedProx's ``mu/2 * ||w - w_received||^2`` with the weights the
+    model had on entry as ``w_received``.
+    """
+    device = device or torch.device("cpu")
+    model.to(device).train()
+    xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
+    generator = torch.Generator().manual_seed(seed)
+    loss_fn = nn.CrossEntropyLoss()
+    total, count = 0.0, 0
+    for _ in range(epochs):
+        order = torch.randperm(len(xt), generator=generator).to(device)
+        for start in range(0, len(xt), batch_size):
+            batch = order[start : start + batch_size]
+            optimizer.zero_grad()
+            loss = loss_fn(model(xt[batch]), yt[batch])
+            objective = loss
+            if anchor is not None:
+                drift = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+                objective = loss + 0.5 * proximal_mu * drift
+            objective.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(batch)
+            count += len(batch)
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, *, batch_size: int = 256, device: torch.device | None = None
+) -> tuple[float, float]:
+    """Mean cross-entropy loss and accuracy on (x, y)."""
+    device = device or torch.device("cpu")
+    model.to(device).eval()
+    if len(x) == 0:
+        return 0.0, 0.0
+    loss_sum, correct = 0.0, 0
+    loss_fn = nn.CrossEntropyLoss(reduction="sum")
+    for start in range(0, len(x), batch_size):
+        xb = torch.from_numpy(x[start : start + batch_size]).to(device)
+        yb = torch.from_numpy(y[start : start + batch_size]).to(device)
+        logits = model(xb)
+        loss_sum += float(loss_fn(logits, yb))
+        correct += int((logits.argmax(1) == yb).sum())
+    return loss_sum / len(x), correct / len(x)

@@ -1,0 +1,124 @@
+"""Data sources: built-in digits, torchvision sets read offline, missing-data messages."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clusterfed.datasets import (
+    DATASETS,
+    DatasetNotFoundError,
+    client_arrays,
+    load_source,
+    make_partition,
+)
+
+SHARED_MNIST = Path(__file__).resolve().parents[2] / "shared/data/MNIST"
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    """Write a uint8 array in the IDX format torchvision reads (magic 0x08 = uint8)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = struct.pack(">I", 0x0800 + array.ndim) + struct.pack(f">{array.ndim}I", *array.shape)
+    path.write_bytes(header + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+def test_digits_shape_and_normalisation():
+    src = load_source("digits")
+    assert src.x.shape == (1797, 1, 8, 8)
+    assert src.x.dtype == np.float32 and src.y.dtype == np.int64
+    assert src.input_shape == (1, 8, 8)
+    assert src.num_classes == 10
+    assert set(np.unique(src.y)) == set(range(10))
+    assert abs(float(src.x.mean())) < 1e-4
+    assert abs(float(src.x.std()) - 1.0) < 1e-3
+
+
+def test_sources_are_cached_and_read_only():
+    a = load_source("digits")
+    assert load_source("digits") is a
+    with pytest.raises(ValueError):
+        a.x[0, 0, 0, 0] = 1.0
+
+
+def test_unknown_dataset_lists_choices():
+    with pytest.raises(ValueError) as err:
+        load_source("imagenet")
+    for name in DATASETS:
+        assert name in str(err.value)
+
+
+def test_disk_dataset_without_data_dir():
+    with pytest.raises(DatasetNotFoundError, match="data-dir"):
+        load_source("mnist")
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("mnist", "MNIST/raw/train-images-idx3-ubyte"),
+        ("fmnist", "FashionMNIST/raw/train-images-idx3-ubyte"),
+        ("emnist-letters", "EMNIST/raw/emnist-letters-train-images-idx3-ubyte"),
+        ("cifar10", "cifar-10-batches-py/data_batch_1"),
+        ("svhn", "train_32x32.mat"),
+    ],
+)
+def test_missing_dataset_message(tmp_path, name, expected):
+    with pytest.raises(DatasetNotFoundError) as err:
+        load_source(name, str(tmp_path))
+    msg = str(err.value)
+    assert f"{tmp_path}/{expected}" in msg
+    assert "download=True" in msg and "torchvision layout" in msg
+    assert err.value.__cause__ is None  # raised `from None`: no torchvision trace for callers
+
+
+def test_emnist_letters_orientation_and_labels(tmp_path):
+    # An image that is not symmetric under transposition: one lit pixel at row 1, col 5.
+    raw = tmp_path / "EMNIST" / "raw"
+    stored = np.zeros((3, 28, 28), dtype=np.uint8)
+    stored[:, 5, 1] = 255  # EMNIST files hold the transpose of the upright image
+    for split, labels in (("train", [1, 2, 26]), ("test", [3, 4, 5])):
+        _write_idx(raw / f"emnist-letters-{split}-images-idx3-ubyte", stored)
+        _write_idx(raw / f"emnist-letters-{split}-labels-idx1-ubyte", np.array(labels, dtype=np.uint8))
+    src = load_source("emnist-letters", str(tmp_path))
+    assert src.num_classes == 26
+    assert src.x.shape == (6, 1, 28, 28)
+    assert src.y.tolist() == [0, 1, 25, 2, 3, 4]
+    bright = np.argwhere(src.x[0, 0] == src.x[0, 0].max())
+    assert bright.tolist() == [[1, 5]]
+
+
+def test_fake_mnist_pool_joins_train_and_test(tmp_path):
+    raw = tmp_path / "FashionMNIST" / "raw"
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 7), ("t10k", 3)):
+        _write_idx(raw / f"{split}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+        _write_idx(raw / f"{split}-labels-idx1-ubyte", np.arange(n) % 10)
+    src = load_source("fmnist", str(tmp_path))
+    assert src.x.shape == (10, 1, 28, 28)
+    assert src.y.tolist() == [0, 1, 2, 3, 4, 5, 6, 0, 1, 2]
+
+
+@pytest.mark.skipif(not SHARED_MNIST.exists(), reason="shared MNIST folder not present")
+def test_shared_mnist_pool():
+    src = load_source("mnist", str(SHARED_MNIST.parent))
+    assert src.x.shape == (10000, 1, 28, 28)
+    assert src.input_shape == (1, 28, 28)
+    assert np.bincount(src.y).tolist() == [1001, 1127, 991, 1032, 980, 863, 1014, 1070, 944, 978]
+    assert abs(float(src.x.mean())) < 1e-3 and abs(float(src.x.std()) - 1.0) < 1e-3
+
+
+def test_digits_partition_end_to_end():
+    src = load_source("digits")
+    part = make_partition(src.y, src.num_classes, name="rotation", num_clients=8, seed=3)
+    total = 0
+    for c in part.clients:
+        x_tr, y_tr, x_te, y_te = client_arrays(src, c)
+        assert x_tr.shape[1:] == src.input_shape and x_tr.dtype == np.float32
+        assert len(x_tr) == len(y_tr) and len(x_te) == len(y_te) and len(x_te) > 0
+        assert x_tr.flags.writeable  # copies, safe to hand to torch
+        total += len(y_tr) + len(y_te)
+    assert total == len(src.y)
