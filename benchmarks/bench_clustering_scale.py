@@ -101,8 +101,11 @@ def measure_one(m: int, d: int, max_clusters: int | None) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    cols = ["pdist", "linkage_average", "fcluster_distance", "fcluster_maxclust", "auto_search", "cluster_auto_end_to_end"]
-    head = f"{'clients':>7} {'dim':>4} " + " ".join(f"{c[:14]:>14}" for c in cols) + f" {'K':>3} {'ARI':>5} {'trace MB':>9} {'RSS MB':>8}"
+    cols = [
+        "pdist", "linkage_average", "fcluster_distance", "fcluster_maxclust", "auto_search", "cluster_auto_end_to_end"
+    ]
+    head = f"{'clients':>7} {'dim':>4} " + " ".join(f"{c[:14]:>14}" for c in cols)
+    head += f" {'K':>3} {'ARI':>5} {'trace MB':>9} {'RSS MB':>8}"
     print(head)
     for r in rows:
         cells = " ".join(f"{r['stages'][c]['seconds']:>13.2f}s" for c in cols)

@@ -104,6 +104,11 @@ def simulate(config: RunConfig, *, engine: str = "flower", stream: TextIO | None
         raise ValueError(f"engine {engine!r} is not one of {ENGINES}")
     if client_app is None:
         from clusterfed.client_app import app as client_app
+    # in simulation the clients' data lives on this machine: a missing data set is
+    # reported here, once, before any node starts (DatasetNotFoundError names the layout)
+    from clusterfed.datasets import load_source
+
+    load_source(config.dataset, config.data_dir or None)
     if engine == "inprocess":
         from clusterfed.server_app import run_server
 

@@ -304,11 +304,13 @@ class ClusteredStrategy(Strategy):
         message_ids = list(self.grid.push_messages(messages))
         node_of_message = dict(zip(message_ids, new_nodes))
         first_contact = not self.clients
+        reasons = []
         for reply in _collect(self.grid, message_ids, self.config.timeout):
             node = node_of_message.get(reply.metadata.reply_to_message_id)
             if reply.has_error() or node is None:
                 self.traffic.failures += 1
                 if reply.has_error():
+                    reasons.append(reply.error.reason)
                     log(logging.WARNING, "profile of node %s failed: %s", node, reply.error.reason)
                 continue
             client, metrics = reply.content[protocol.CLIENT], reply.content[protocol.METRICS]
@@ -316,6 +318,8 @@ class ClusteredStrategy(Strategy):
             stats = {k: float(metrics[k]) for k in ("num-classes", "label-entropy") if k in metrics}
             self.clients[key] = ClientInfo(key, node, int(client["true-group"]), int(metrics["num-examples"]), stats)
             self.key_of_node[node] = key
+        if first_contact and not self.clients:
+            raise RuntimeError(f"no client could load its data; the first error: {reasons[0] if reasons else 'no reply'}")
         if first_contact and self.config.newcomer_fraction > 0:
             keys = sorted(self.clients, key=_natural)
             count = int(round(self.config.newcomer_fraction * len(keys)))

@@ -1,0 +1,38 @@
+"""Every byte counted is an array byte actually put in or taken out of a message."""
+
+import json
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from clusterfed import protocol
+from clusterfed.server_app import initial_arrays
+from clusterfed.simulation import simulate
+
+
+def test_array_bytes_is_the_sum_of_nbytes():
+    arrays = {"a": np.zeros((3, 4), np.float32), "b": np.ones(5, np.float64), "c": np.arange(7, dtype=np.int16)}
+    record = ArrayRecord({k: Array(v) for k, v in arrays.items()})
+    assert protocol.array_bytes(record) == sum(v.nbytes for v in arrays.values()) == 48 + 40 + 14
+
+
+def test_round_traffic_equals_model_size_times_clients(small_config):
+    config = small_config(strategy="fedavg", rounds=2, num_clients=5)
+    simulate(config, engine="inprocess", stream=None)
+    model_bytes = protocol.array_bytes(initial_arrays(config))
+    rounds = [json.loads(line) for line in open(f"{config.out_dir}/rounds.jsonl")]
+    for record in rounds:
+        assert record["bytes_down"] == 5 * model_bytes  # one model per client, not one per cluster
+        assert record["bytes_up"] == 5 * model_bytes
+        assert record["eval_bytes_down"] == 5 * model_bytes
+        assert record["transmissions"] == 5
+    assert rounds[-1]["cum_bytes_up"] == 2 * 5 * model_bytes
+
+
+def test_fraction_train_counts_only_the_sampled_clients(small_config):
+    config = small_config(strategy="fedavg", rounds=1, num_clients=6, fraction_train=0.5)
+    simulate(config, engine="inprocess", stream=None)
+    model_bytes = protocol.array_bytes(initial_arrays(config))
+    record = json.loads(open(f"{config.out_dir}/rounds.jsonl").readline())
+    assert record["transmissions"] == 3
+    assert record["bytes_up"] == record["bytes_down"] == 3 * model_bytes
