@@ -108,6 +108,17 @@ def _seed(*parts: object) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+def _receive(msg: Message, context: Context):
+    """The message's config, the client's spec and data, and the model it was sent."""
+    config = msg.content[protocol.CONFIG]
+    data = _client_data(config, context)
+    spec = _spec(config, context)
+    model = build_model(str(spec["model"]), str(spec["dataset"]), data.input_shape, data.num_classes, int(spec["seed"]))
+    received = protocol.from_array_record(msg.content[protocol.ARRAYS])
+    load_numpy_state(model, received)
+    return config, spec, data, model, received
+
+
 @app.query("profile")
 def profile(msg: Message, context: Context) -> Message:
     """Who am I: the stable key, the data size and (if allowed) label statistics."""
@@ -123,12 +134,7 @@ def profile(msg: Message, context: Context) -> Message:
 @app.train()
 def do_train(msg: Message, context: Context) -> Message:
     cap_threads()
-    config = msg.content[protocol.CONFIG]
-    data = _client_data(config, context)
-    spec = _spec(config, context)
-    model = build_model(str(spec["model"]), str(spec["dataset"]), data.input_shape, data.num_classes, int(spec["seed"]))
-    received = protocol.from_array_record(msg.content[protocol.ARRAYS])
-    load_numpy_state(model, received)
+    config, spec, data, model, received = _receive(msg, context)
     device = pick_device(str(spec["device"]))
     partition_id, key = client_identity(context)
     loss = train(
@@ -170,11 +176,7 @@ def do_train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def do_evaluate(msg: Message, context: Context) -> Message:
     cap_threads()
-    config = msg.content[protocol.CONFIG]
-    data = _client_data(config, context)
-    spec = _spec(config, context)
-    model = build_model(str(spec["model"]), str(spec["dataset"]), data.input_shape, data.num_classes, int(spec["seed"]))
-    load_numpy_state(model, protocol.from_array_record(msg.content[protocol.ARRAYS]))
+    _, spec, data, model, _ = _receive(msg, context)
     loss, accuracy = evaluate(model, data.x_test, data.y_test, device=pick_device(str(spec["device"])))
     metrics = MetricRecord({"num-examples": len(data.y_test), "eval-loss": float(loss), "eval-accuracy": float(accuracy)})
     reply = RecordDict({protocol.METRICS: metrics, protocol.CLIENT: _identity_record(context, data)})

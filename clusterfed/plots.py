@@ -9,11 +9,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from clusterfed.results import load_run  # noqa: E402
 
 
-def plot_accuracy(rounds: list[dict], path: Path, title: str) -> None:
+def plot_accuracy(rounds: list[dict], path: Path, title: str, target: float | None = None) -> None:
     """Mean local test accuracy with a ± std band; per-cluster curves when there are clusters."""
     x = np.array([r["round"] for r in rounds])
     mean = np.array([np.nan if r["accuracy"] is None else r["accuracy"] for r in rounds])
@@ -26,11 +27,9 @@ def plot_accuracy(rounds: list[dict], path: Path, title: str) -> None:
         for i, cluster in enumerate(clusters):
             ys = [r.get("clusters", {}).get(cluster, {}).get("accuracy", np.nan) for r in rounds]
             ax.plot(x, ys, lw=0.8, ls="--", color=f"C{(i + 1) % 10}", label=f"cluster {cluster}")
-    target = None
-    if rounds and "target" in rounds[0]:
-        target = rounds[0]["target"]
     if target:
-        ax.axhline(target, color="grey", ls=":", lw=1)
+        ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.2f}")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set(xlabel="round", ylabel="local test accuracy", ylim=(0, 1.02), title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right", ncol=2)
@@ -46,6 +45,7 @@ def plot_traffic(rounds: list[dict], path: Path, title: str) -> None:
     ax.plot(x, [r["cum_bytes_up"] / 1e6 for r in rounds], label="uplink (clients → server)")
     ax.plot(x, [r["cum_bytes_down"] / 1e6 for r in rounds], label="downlink (server → clients)")
     ax.set(xlabel="round", ylabel="cumulative MB", title=title)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -62,7 +62,7 @@ def plot_run(out_dir: str | Path) -> list[Path]:
     config = summary.get("config", {})
     title = f"{config.get('strategy', '?')} · {config.get('dataset', '?')} / {config.get('partitioner', '?')}"
     written = [out / "accuracy.png", out / "traffic.png"]
-    plot_accuracy(rounds, written[0], title)
+    plot_accuracy(rounds, written[0], title, config.get("target-accuracy"))
     plot_traffic(rounds, written[1], title)
     return written
 

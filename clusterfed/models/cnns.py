@@ -42,61 +42,55 @@ def _check_size(model_name: str, image_size: int, size: int, where: str) -> int:
     return size
 
 
-class MnistCNN(nn.Module):
+class TwoConvOneFC(nn.Module):
+    """conv k5, pool, conv k5, pool, one fc layer: the shape of the FedClust papers'
+    MNIST, FMNIST and CIFAR CNNs, which differ only in their channel counts."""
+
+    model_name = "two-conv-one-fc"
+    channels: tuple[int, int] = (20, 50)
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int):
+        super().__init__()
+        name, (c1, c2) = self.model_name, self.channels
+        size = _check_size(name, image_size, conv_output_size(image_size, 5), "after conv1")
+        size = _check_size(name, image_size, pool_output_size(size), "after pool1")
+        size = _check_size(name, image_size, conv_output_size(size, 5), "after conv2")
+        size = _check_size(name, image_size, pool_output_size(size), "after pool2")
+        self.conv1 = nn.Conv2d(in_channels, c1, kernel_size=5)
+        self.conv2 = nn.Conv2d(c1, c2, kernel_size=5)
+        self.fc1 = nn.Linear(c2 * size * size, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return self.fc1(torch.flatten(x, 1))
+
+
+class MnistCNN(TwoConvOneFC):
     """FedClust's MNIST CNN: conv 1->20 k5, pool, conv 20->50 k5, pool, fc 800->10."""
 
+    model_name, channels = "mnist-cnn", (20, 50)
+
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28):
-        super().__init__()
-        size = _check_size("mnist-cnn", image_size, conv_output_size(image_size, 5), "after conv1")
-        size = _check_size("mnist-cnn", image_size, pool_output_size(size), "after pool1")
-        size = _check_size("mnist-cnn", image_size, conv_output_size(size, 5), "after conv2")
-        size = _check_size("mnist-cnn", image_size, pool_output_size(size), "after pool2")
-        self.conv1 = nn.Conv2d(in_channels, 20, kernel_size=5)
-        self.conv2 = nn.Conv2d(20, 50, kernel_size=5)
-        self.fc1 = nn.Linear(50 * size * size, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc1(torch.flatten(x, 1))
+        super().__init__(in_channels, num_classes, image_size)
 
 
-class FmnistCNN(nn.Module):
+class FmnistCNN(TwoConvOneFC):
     """FMNIST CNN: conv ->16 k5, pool, conv 16->32 k5, pool, fc 512->10."""
 
+    model_name, channels = "fmnist-cnn", (16, 32)
+
     def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28):
-        super().__init__()
-        size = _check_size("fmnist-cnn", image_size, conv_output_size(image_size, 5), "after conv1")
-        size = _check_size("fmnist-cnn", image_size, pool_output_size(size), "after pool1")
-        size = _check_size("fmnist-cnn", image_size, conv_output_size(size, 5), "after conv2")
-        size = _check_size("fmnist-cnn", image_size, pool_output_size(size), "after pool2")
-        self.conv1 = nn.Conv2d(in_channels, 16, kernel_size=5)
-        self.conv2 = nn.Conv2d(16, 32, kernel_size=5)
-        self.fc1 = nn.Linear(32 * size * size, num_classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc1(torch.flatten(x, 1))
+        super().__init__(in_channels, num_classes, image_size)
 
 
-class CifarCNN(nn.Module):
+class CifarCNN(TwoConvOneFC):
     """CIFAR CNN: conv 3->6 k5, pool, conv 6->16 k5, pool, fc 400->10."""
 
-    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32):
-        super().__init__()
-        size = _check_size("cifar-cnn", image_size, conv_output_size(image_size, 5), "after conv1")
-        size = _check_size("cifar-cnn", image_size, pool_output_size(size), "after pool1")
-        size = _check_size("cifar-cnn", image_size, conv_output_size(size, 5), "after conv2")
-        size = _check_size("cifar-cnn", image_size, pool_output_size(size), "after pool2")
-        self.conv1 = nn.Conv2d(in_channels, 6, kernel_size=5)
-        self.conv2 = nn.Conv2d(6, 16, kernel_size=5)
-        self.fc1 = nn.Linear(16 * size * size, num_classes)
+    model_name, channels = "cifar-cnn", (6, 16)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc1(torch.flatten(x, 1))
+    def __init__(self, in_channels: int = 3, num_classes: int = 10, image_size: int = 32):
+        super().__init__(in_channels, num_classes, image_size)
 
 
 class LeNet5(nn.Module):
