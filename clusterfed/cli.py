@@ -40,7 +40,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     """Run several strategies on the same data and seed; one table and one figure."""
     from clusterfed.plots import plot_comparison
-    from clusterfed.results import load_run, summary_table
+    from clusterfed.results import describe_clusters, load_run, summary_table
     from clusterfed.simulation import simulate
 
     base = resolve_config(args.config, args.overrides, args.out)
@@ -49,8 +49,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         out = Path(base.out_dir) / strategy
         config = parse_config({**base.to_flower(), "strategy": strategy, "out-dir": str(out)})
         print(f"== {strategy} ==", flush=True)
-        summaries.append(simulate(config, engine=args.engine))
+        summary = simulate(config, engine=args.engine)
+        summaries.append(summary)
         runs[strategy] = load_run(out)[0]
+        clusters_file = out / "clusters.json"
+        if clusters_file.exists():
+            clusters = json.loads(clusters_file.read_text())
+            print(f"{strategy}: {summary['num_clusters']} clusters, ARI {summary['final_ari']:.2f} against the true groups")
+            print(describe_clusters(clusters))
     print()
     print(summary_table(summaries))
     plot_comparison(runs, Path(base.out_dir) / "comparison.png", f"{base.dataset} / {base.partitioner}")

@@ -217,6 +217,20 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def describe_clusters(clusters: dict[str, Any]) -> str:
+    """One line per cluster: its members and the true groups they come from."""
+    assignment, groups = clusters.get("assignment", {}), clusters.get("true_groups", {})
+    members: dict[int, list[str]] = {}
+    for key, cluster in assignment.items():
+        members.setdefault(int(cluster), []).append(key)
+    lines = []
+    for cluster in sorted(members):
+        keys = members[cluster]
+        origin = sorted({groups.get(k) for k in keys if k in groups})
+        lines.append(f"  cluster {cluster:>3}: {len(keys):>3} clients, true groups {origin}  [{', '.join(keys)}]")
+    return "\n".join(lines)
+
+
 def load_run(out_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     out = Path(out_dir)
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines() if line.strip()]
