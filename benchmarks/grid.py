@@ -39,8 +39,8 @@ SETTINGS: dict[str, dict[str, object]] = {
     "dominant": {"partitioner": "dominant", "num-groups": 4, "alpha": 0.7},
 }
 
-FIELDS = ("final_accuracy", "best_accuracy", "final_ari", "num_clusters", "rounds_to_target", "mb_to_target",
-          "total_mb", "total_mb_up", "wall_seconds")
+FIELDS = ("final_accuracy", "best_accuracy", "final_ari", "num_clusters", "final_clustering_round", "rounds_to_target",
+          "mb_to_target", "total_mb", "total_mb_up", "wall_seconds")
 
 
 def mean_std(values: list) -> str:
@@ -95,8 +95,12 @@ def main(argv: list[str] | None = None) -> int:
                 config = parse_config(values)
                 started = time.perf_counter()
                 summary = simulate(config, engine="inprocess", stream=None)
+                # the round of the last split (splitting strategies write it to clusters.json)
+                clusters_path = Path(config.out_dir) / "clusters.json"
+                clusters = json.loads(clusters_path.read_text()) if clusters_path.exists() else {}
                 row = {"setting": setting, "strategy": variant, "seed": seed,
-                       **{k: summary.get(k) for k in FIELDS}, "extra": summary.get("extra", {})}
+                       **{k: summary.get(k) for k in FIELDS}, "extra": summary.get("extra", {}),
+                       "final_clustering_round": clusters.get("final_clustering_round")}
                 rows.append(row)
                 print(f"{setting:>14} {variant:>28} seed {seed}: acc {summary['final_accuracy']:.3f} "
                       f"ARI {summary['final_ari']:.2f} clusters {summary['num_clusters']} "

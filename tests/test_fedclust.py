@@ -1,0 +1,122 @@
+"""FedClust end to end on digits (in-process engine): groups recovered, partial upload
+counted exactly, one model down per client, newcomers placed, λ = auto on IID data."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from clusterfed import protocol
+from clusterfed.config import parse_config
+from clusterfed.models import select_layers
+from clusterfed.plots_clustering import plot_clustering_figures
+from clusterfed.server_app import initial_arrays
+from clusterfed.simulation import simulate
+
+# Three groups of digit pairs, four clients each: they separate clearly in the final layer
+# (silhouette 0.72-0.76 over seeds 0-3). Five-digit groups of four clients do not: their
+# members' label mixes differ enough to split a group.
+STRUCTURED = {"partitioner": "label-groups", "label-groups": "0,1;2,3;4,5", "num-clients": 12, "batch-size": 32}
+
+
+def run(tmp_path, name: str, **values):
+    config = parse_config({"out-dir": str(tmp_path / name), **STRUCTURED, **values})
+    summary = simulate(config, engine="inprocess", stream=None)
+    out = tmp_path / name
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    clusters = json.loads((out / "clusters.json").read_text())
+    return config, summary, rounds, clusters
+
+
+def model_and_layer_bytes(config, rule: str) -> tuple[int, int]:
+    theta0 = protocol.from_array_record(initial_arrays(config))
+    layer = select_layers(theta0, rule)
+    return sum(a.nbytes for a in theta0.values()), sum(theta0[k].nbytes for k in layer)
+
+
+@pytest.fixture(scope="module")
+def fedclust_with_newcomers(tmp_path_factory):
+    """3 rounds; 2 of 12 clients held back until round 3."""
+    return run(tmp_path_factory.mktemp("fedclust"), "run", strategy="fedclust", rounds=3,
+               **{"newcomer-fraction": 0.2, "newcomer-round": 3})
+
+
+def test_recovers_the_true_groups_in_the_clustering_round(fedclust_with_newcomers):
+    _, summary, rounds, clusters = fedclust_with_newcomers
+    first = rounds[0]
+    assert first["ari"] == 1.0 and first["num_clusters"] == 3
+    assert first["lambda_used"] > 0 and first["silhouette"] > 0.25
+    assert summary["final_ari"] == 1.0
+    # every clustering-round client, grouped exactly by its true group
+    groups = [clusters["true_groups"][k] for k in clusters["client_order"]]
+    by_label = {label: {g for g, lab in zip(groups, clusters["labels"]) if lab == label} for label in clusters["labels"]}
+    assert all(len(g) == 1 for g in by_label.values())
+
+
+def test_clustering_uplink_is_the_final_layer_of_each_replying_client(fedclust_with_newcomers):
+    config, _, rounds, clusters = fedclust_with_newcomers
+    _, layer_bytes = model_and_layer_bytes(config, "final")
+    replying = len(clusters["client_order"])
+    assert replying == 10  # 12 clients, 2 held back
+    assert rounds[0]["clustering_bytes_up"] == layer_bytes * replying
+    assert clusters["layers"] == ["fc2.weight", "fc2.bias"]
+    # newcomers upload the same layer
+    assert rounds[2]["newcomer_bytes_up"] == layer_bytes * 2
+
+
+def test_downlink_is_one_model_per_client(fedclust_with_newcomers):
+    config, _, rounds, _ = fedclust_with_newcomers
+    model_bytes, layer_bytes = model_and_layer_bytes(config, "final")
+    # round 2 is a normal round: 10 placed clients trained, each sent its cluster's model only
+    assert rounds[1]["transmissions"] == 10
+    assert rounds[1]["bytes_down"] == model_bytes * 10
+    assert rounds[1]["bytes_up"] == model_bytes * 10
+    # round 1: θ0 to each clustering client, then its cluster model to train
+    assert rounds[0]["bytes_down"] == model_bytes * 10 * 2
+    assert rounds[0]["bytes_up"] == layer_bytes * 10 + model_bytes * 10
+
+
+def test_newcomers_are_placed_and_recorded(fedclust_with_newcomers):
+    config, _, rounds, clusters = fedclust_with_newcomers
+    newcomers = clusters["newcomers"]
+    assert len(newcomers) == 2 and rounds[2]["newcomers_placed"] == 2
+    for entry in newcomers:
+        assert entry["round"] == 3 and entry["new_cluster"] is False  # FedClust never founds one
+        assert entry["matches_true_group"] is True
+        assert clusters["assignment"][entry["client"]] == entry["cluster"]
+        assert entry["client"] not in clusters["client_order"]
+    assert len(clusters["assignment"]) == 12 and rounds[2]["ari"] == 1.0
+    model_bytes, _ = model_and_layer_bytes(config, "final")
+    # newcomers receive θ0 for placement, then all 12 clients train
+    assert rounds[2]["bytes_down"] == model_bytes * 2 + model_bytes * 12
+
+
+def test_clusters_json_holds_what_the_figures_need(fedclust_with_newcomers, tmp_path):
+    _, _, _, clusters = fedclust_with_newcomers
+    m = len(clusters["client_order"])
+    D = np.array(clusters["distance_matrix"])
+    assert D.shape == (m, m) and np.allclose(D, D.T) and np.all(np.diag(D) == 0)
+    assert np.array(clusters["linkage"]).shape == (m - 1, 4)
+    assert len(clusters["labels"]) == m and isinstance(clusters["lambda"], float)
+    # heights above λ are exactly the merges between clusters
+    assert sum(h > clusters["lambda"] for h in np.array(clusters["linkage"])[:, 2]) == len(set(clusters["labels"])) - 1
+    (tmp_path / "clusters.json").write_text(json.dumps(clusters))
+    written = plot_clustering_figures(tmp_path)
+    assert {p.name for p in written} == {"distance_matrix.png", "dendrogram.png"}
+    assert all(p.stat().st_size > 0 for p in written)
+
+
+def test_auto_lambda_keeps_iid_clients_in_one_cluster(tmp_path):
+    _, summary, rounds, clusters = run(tmp_path, "iid", strategy="fedclust", rounds=1, partitioner="iid")
+    assert rounds[0]["num_clusters"] == 1 and summary["num_clusters"] == 1
+    assert rounds[0]["silhouette"] is None  # one cluster: no partition to score
+    assert rounds[0]["auto_best_silhouette"] < 0.25  # the best cut fell short of auto-min-silhouette
+    assert clusters["lambda"] > max(np.array(clusters["linkage"])[:, 2])
+
+
+def test_numeric_lambda_cuts_at_that_height(tmp_path):
+    _, _, rounds, clusters = run(tmp_path, "big", strategy="fedclust", rounds=1, **{"lambda": 1e6, "num-clients": 6,
+                                                                                "cluster-epochs": 1})
+    assert rounds[0]["num_clusters"] == 1 and rounds[0]["lambda_used"] == 1e6 and clusters["lambda"] == 1e6
