@@ -11,6 +11,7 @@ start-up (10–25 s) would dominate. A test checks both engines give the same nu
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import sys
 import uuid
@@ -85,6 +86,16 @@ class InProcessGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
+class _DropMessages(logging.Filter):
+    def __init__(self, *fragments: str):
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(fragment in message for fragment in self.fragments)
+
+
 def make_server_app(config: RunConfig, stream: TextIO | None, result: dict[str, Any]) -> ServerApp:
     from clusterfed.server_app import run_server
 
@@ -135,14 +146,22 @@ def _simulate_flower(config: RunConfig, stream: TextIO | None, client_app) -> di
         "client_resources": {"num_cpus": 1, "num_gpus": gpus},
         "init_args": {"num_cpus": cpus, "num_gpus": 1 if gpus else 0},
     }
+    # run_simulation is Flower's Python entry to its simulation engine; its deprecation
+    # notice points users at `flwr run`, which also works with this app (README)
+    quiet = _DropMessages("DEPRECATED FEATURE", "This is a deprecated feature", "default simulated SuperNodes")
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addFilter(quiet)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_simulation(
-            server_app=make_server_app(config, stream, result),
-            client_app=client_app,
-            num_supernodes=config.num_clients,
-            backend_config=backend_config,
-        )
+        try:
+            run_simulation(
+                server_app=make_server_app(config, stream, result),
+                client_app=client_app,
+                num_supernodes=config.num_clients,
+                backend_config=backend_config,
+            )
+        finally:
+            flwr_logger.removeFilter(quiet)
     if "summary" not in result:
         raise RuntimeError("the simulation ended without a result; see the log above")
     return result["summary"]
