@@ -51,18 +51,23 @@ def stability_score(d_tm2: np.ndarray, d_tm1: np.ndarray, d_t: np.ndarray) -> fl
 # --------------------------------------------------------------------------- weight selection
 
 
-def select_unstable_weights(d_new: np.ndarray, d_old: np.ndarray, xi: float) -> np.ndarray:
+def select_unstable_weights(
+    d_new: np.ndarray, d_old: np.ndarray, xi: float, min_kept: int = 1
+) -> np.ndarray:
     """Indexes d with |Δ_new[d] − Δ_old[d]| > ξ (HiCFL eq. 19, absolute value per
     ALGORITHMS.md), sorted int64.
 
-    Never empty: if no weight moved by more than ξ the layer has no "unstable" weights to
-    single out, so all indexes are kept (the stability of the whole layer is used).
+    Never empty: if fewer than ``min_kept`` (default 1) weights moved by more than ξ the
+    layer has no usable set of "unstable" weights to single out, so all indexes are kept
+    (the stability of the whole layer is used). Why a floor above 1 can matter: on a
+    single weight every cosine is ±1 and S is identically 0, so that client looks
+    perfectly stable and becomes every split's reference.
     """
     new, old = _flat(d_new), _flat(d_old)
     if new.size != old.size:
         raise ValueError(f"updates differ in size: {new.size} vs {old.size}")
     idx = np.flatnonzero(np.abs(new - old) > xi)
-    if idx.size == 0:
+    if idx.size < max(int(min_kept), 1):
         idx = np.arange(new.size)
     return idx.astype(np.int64)
 
@@ -96,17 +101,22 @@ class StabilityTracker:
     update (kept across ``reset``) and the indexes with |Δ_new − Δ_old| > ξ become its
     selection; with no previous update yet that round only records the update. If ``xi``
     is None, stability uses all weights unless ``set_selection`` was called.
+    ``min_kept_fraction``: an automatic selection keeping fewer than this share of the
+    layer's weights falls back to all of them (``select_unstable_weights``'s ``min_kept``).
 
     ``windowed`` answers None until the window holds W scores: a split decision should rest
     on a full window, as in the paper (a partial mean of one or two noisy scores would let a
     cluster split too early).
     """
 
-    def __init__(self, window: int = 5, xi: float | None = None) -> None:
+    def __init__(self, window: int = 5, xi: float | None = None, min_kept_fraction: float = 0.0) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
+        if not 0.0 <= min_kept_fraction <= 1.0:
+            raise ValueError(f"min_kept_fraction must be in [0, 1], got {min_kept_fraction}")
         self.window = int(window)
         self.xi = xi
+        self.min_kept_fraction = float(min_kept_fraction)  # selections smaller than this keep all
         self._state: dict[tuple[Hashable, Hashable], _LayerState] = {}
 
     def _get(self, key: Hashable, layer: Hashable) -> _LayerState:
@@ -135,7 +145,8 @@ class StabilityTracker:
         if st.selection is None and self.xi is not None:
             if previous is None:
                 return None  # selection needs two updates; start next round
-            st.selection = select_unstable_weights(v, previous, self.xi)
+            min_kept = int(np.ceil(self.min_kept_fraction * v.size))
+            st.selection = select_unstable_weights(v, previous, self.xi, min_kept=min_kept)
             self._restart(st)
 
         st.history.append(v if st.selection is None else v[st.selection])

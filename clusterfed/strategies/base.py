@@ -444,12 +444,14 @@ def _collect(grid: Grid, message_ids: list[str], timeout: float) -> list[Message
     pending, replies = set(message_ids), []
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
-        for reply in grid.pull_messages(list(pending)):
+        for reply in grid.pull_messages([m for m in message_ids if m in pending]):
             replies.append(reply)
             pending.discard(reply.metadata.reply_to_message_id)
         if pending:
             time.sleep(0.02)
-    return replies
+    # in the order the messages were sent, so aggregation sums in the same order every run
+    position = {message_id: i for i, message_id in enumerate(message_ids)}
+    return sorted(replies, key=lambda r: position.get(r.metadata.reply_to_message_id, len(position)))
 
 
 def _natural(key: str) -> tuple[int, str]:

@@ -1,0 +1,216 @@
+"""CFL (Sattler et al.): the strategy's split plumbing on hand-made updates, and whole runs."""
+
+import json
+
+import numpy as np
+import pytest
+
+from clusterfed.config import parse_config
+from clusterfed.plots_splits import plot_split_figures
+from clusterfed.simulation import simulate
+from clusterfed.strategies.base import ClientInfo, TrainReply
+from clusterfed.strategies.cfl import CFL
+
+# a tiny "model": one conv and one fc layer, 164 numbers in all
+SHAPES = {"conv1.weight": (8, 1, 3, 3), "conv1.bias": (8,), "fc1.weight": (4, 20), "fc1.bias": (4,)}
+DIM = sum(int(np.prod(s)) for s in SHAPES.values())
+ALWAYS_SPLIT = {"split-criteria": "absolute", "eps1": 1e6, "eps2": 1e-6, "min-split-round": 1}
+
+
+def arrays_of(vector):
+    out, start = {}, 0
+    for name, shape in SHAPES.items():
+        size = int(np.prod(shape))
+        out[name] = vector[start:start + size].reshape(shape).astype(np.float32)
+        start += size
+    return out
+
+
+def make_strategy(cls, groups, **config):
+    """A strategy with its clusters initialised and ``groups`` (key -> true group) admitted
+    to the root, without a Grid: the tests call ``after_train`` with hand-made replies."""
+    values = {"num-clients": len(groups), "out-dir": "/tmp/unused", **ALWAYS_SPLIT}
+    values.update({k.replace("_", "-"): v for k, v in config.items()})
+    strategy = cls(parse_config(values))
+    strategy.theta0 = arrays_of(np.zeros(DIM))
+    strategy.shapes = {k: (v.shape, v.dtype) for k, v in strategy.theta0.items()}
+    strategy.init_clusters()
+    for i, (key, group) in enumerate(groups.items()):
+        strategy.clients[key] = ClientInfo(key, 1000 + i, group, 50)
+    strategy.admit(1, list(groups))
+    return strategy
+
+
+def run_round(strategy, server_round, vectors):
+    """One round's replies (key -> full update vector) from the clients' current clusters."""
+    strategy.round_extra = {}
+    replies = [TrainReply(key=k, cluster=strategy.assignment[k], arrays=arrays_of(v),
+                          sent=strategy.models[strategy.assignment[k]], num_examples=50, train_loss=0.0,
+                          metrics={}, is_update=True) for k, v in vectors.items()]
+    strategy.after_train(server_round, replies)
+    return strategy.round_extra
+
+
+def hierarchical_updates(seed, noise=0.02):
+    """16 clients in 8 leaf groups of a 3-level hierarchy, keys in shuffled order.
+
+    Group code (t, m, l): update = 3·E[t] + 1.5·E[2 + 2t + m] + 0.8·E[6 + 4t + 2m + l] + noise,
+    so clients sharing t are closer than clients that do not, and so on down the levels."""
+    rng = np.random.default_rng(seed)
+    E = np.eye(DIM)
+    codes = [(t, m, l) for t in range(2) for m in range(2) for l in range(2) for _ in range(2)]
+    order = rng.permutation(len(codes))
+    keys = [str(i) for i in range(len(codes))]
+    code_of = {keys[i]: codes[j] for i, j in enumerate(order)}
+    vectors = {}
+    for key, (t, m, l) in code_of.items():
+        v = 3 * E[t] + 1.5 * E[2 + 2 * t + m] + 0.8 * E[6 + 4 * t + 2 * m + l]
+        vectors[key] = v + noise * rng.standard_normal(DIM)
+    return code_of, vectors
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_three_level_hierarchy_maps_splits_to_client_keys(seed):
+    code_of, vectors = hierarchical_updates(seed)
+    groups = {k: 4 * t + 2 * m + l for k, (t, m, l) in code_of.items()}
+    strategy = make_strategy(CFL, groups)
+    for server_round in (1, 2, 3, 4):
+        run_round(strategy, server_round, vectors)
+    # level by level: every split separates exactly one level of the code, by key
+    levels = {1: [], 2: [], 3: []}
+    for split in strategy.splits:
+        levels[split["round"]].append(split)
+        side_a, side_b = ({code_of[k][:split["round"]] for k in side} for side in split["members"])
+        assert len(side_a) == len(side_b) == 1 and side_a != side_b
+        assert len({code_of[k][:split["round"] - 1] for k in split["members"][0] + split["members"][1]}) == 1
+        members = split["members"][0] + split["members"][1]
+        assert sorted(split["similarity"]["keys"], key=int) == sorted(members, key=int)
+    assert [len(levels[r]) for r in (1, 2, 3)] == [1, 2, 4]  # leaves of 2 < min-split-size 3 stop at round 4
+    leaves = {}
+    for key, cluster in strategy.assignment.items():
+        leaves.setdefault(cluster, set()).add(code_of[key])
+    assert len(leaves) == 8 and all(len(codes) == 1 for codes in leaves.values())
+    assert set(strategy.models) == set(leaves)  # internal nodes hold no model
+    assert strategy.final_clustering_round == 3
+    tree = strategy.cluster_state()["tree"]
+    assert sorted(n["id"] for n in tree["nodes"] if n["leaf"]) == sorted(leaves)
+
+
+def test_children_start_from_the_parent_model_and_no_side_is_empty():
+    code_of, vectors = hierarchical_updates(0)
+    strategy = make_strategy(CFL, {k: t for k, (t, _, _) in code_of.items()})
+    strategy.models[0] = arrays_of(np.arange(DIM, dtype=float))
+    run_round(strategy, 1, vectors)
+    assert sorted(strategy.models) == [1, 2]
+    for child in (1, 2):
+        for name, value in strategy.models[child].items():
+            np.testing.assert_array_equal(value, arrays_of(np.arange(DIM, dtype=float))[name])
+        assert strategy.tree.members(child)
+
+
+def test_member_that_did_not_reply_follows_its_last_update():
+    code_of, vectors = hierarchical_updates(1)
+    strategy = make_strategy(CFL, {k: t for k, (t, _, _) in code_of.items()}, min_split_round=2)
+    run_round(strategy, 1, vectors)  # too early to split; remembers every update
+    absent = "5"
+    run_round(strategy, 2, {k: v for k, v in vectors.items() if k != absent})
+    (split,) = strategy.splits
+    assert absent not in split["similarity"]["keys"]
+    side = 0 if absent in split["absent"][0] else 1
+    assert {code_of[k][0] for k in split["members"][side]} == {code_of[absent][0]}
+
+
+def test_no_split_before_min_round_or_below_min_size():
+    code_of, vectors = hierarchical_updates(2)
+    strategy = make_strategy(CFL, {k: 0 for k in code_of}, min_split_round=3)
+    run_round(strategy, 1, vectors)
+    run_round(strategy, 2, vectors)
+    assert strategy.splits == []
+    small = make_strategy(CFL, {k: 0 for k in list(code_of)[:2]})
+    run_round(small, 1, {k: vectors[k] for k in list(code_of)[:2]})
+    assert small.splits == []
+
+
+def test_relative_criteria_recorded_every_round():
+    code_of, vectors = hierarchical_updates(0)
+    strategy = make_strategy(CFL, {k: 0 for k in code_of}, split_criteria="relative", min_split_round=100)
+    extra = run_round(strategy, 1, vectors)
+    record = extra["split_criteria"]["0"]
+    assert record["mode"] == "relative" and record["replies"] == 16
+    assert record["max_norm"] >= record["mean_norm"] > 0
+    assert not record["stationary"]  # first observed round: the reference is this round's norm
+
+
+# ----------------------------------------------------------------------------- whole runs
+
+
+def _rounds(out_dir):
+    return [json.loads(line) for line in open(f"{out_dir}/rounds.jsonl")]
+
+
+def _clusters(out_dir):
+    return json.load(open(f"{out_dir}/clusters.json"))
+
+
+# digits in two label groups; rel-eps2 = 2 (default 3) so that 8 clients split within 8 rounds
+TWO_GROUPS = {"partitioner": "label-groups", "label_groups": "0-4;5-9", "num_clients": 8, "rounds": 8,
+              "rel_eps2": 2.0}
+
+
+def test_cfl_equals_fedavg_until_its_first_split_then_recovers_the_groups(small_config, tmp_path):
+    fedavg = small_config(strategy="fedavg", out_dir=str(tmp_path / "fedavg"), **TWO_GROUPS)
+    cfl = small_config(strategy="cfl", out_dir=str(tmp_path / "cfl"), **TWO_GROUPS)
+    simulate(fedavg, engine="inprocess", stream=None)
+    summary = simulate(cfl, engine="inprocess", stream=None)
+    clusters = _clusters(cfl.out_dir)
+    first = clusters["splits"][0]["round"]
+    assert cfl.min_split_round <= first < cfl.rounds
+    a, b = _rounds(fedavg.out_dir), _rounds(cfl.out_dir)
+    # same numbers up to and including the split round: it still evaluates the parent's model
+    # (the mean may differ in its last bit: replies arrive in no fixed order, so do the sums)
+    for x, y in zip(a[:first], b[:first]):
+        assert x["client_accuracy"] == y["client_accuracy"]
+        assert x["accuracy"] == pytest.approx(y["accuracy"], abs=1e-12)
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+        assert x["bytes_up"] == y["bytes_up"]  # an update is as large as the weights
+    assert b[first]["num_clusters"] == 2
+    assert summary["final_ari"] == 1.0 and summary["num_clusters"] == 2
+    assert clusters["final_clustering_round"] == first and b[-1]["last_split_round"] == first
+    split = clusters["splits"][0]
+    assert set(split) >= {"round", "parent", "children", "members", "criterion", "gap", "true_group_gap",
+                          "similarity"}
+    assert split["criterion"]["stationary"] and split["criterion"]["heterogeneous"]
+    assert split["true_group_gap"] > 0 and split["gap"] > 0
+    written = plot_split_figures(cfl.out_dir)
+    assert sorted(p.name for p in written) == ["similarity_splits.png", "split_timeline.png", "update_norms.png"]
+    assert all(p.stat().st_size > 0 for p in written)
+    assert plot_split_figures(fedavg.out_dir) == []  # nothing to draw for a strategy that does not split
+
+
+def test_relative_criteria_fire_on_rotation_where_absolute_ones_do_not(small_config, tmp_path):
+    """Default criteria, 20 clients, 4 rotations: the relative rule splits at round 5 (the
+    federation's mean update has stalled below 0.9 x its peak while the largest client
+    update is > 3 x the mean). Up to that split CFL runs exactly as FedAvg, so the absolute
+    rule (eps1 = 0.4, eps2 = 1.6) would have seen the same norms: the largest stays far
+    below eps2."""
+    config = small_config(strategy="cfl", partitioner="rotation", num_clients=20, rounds=6, batch_size=16)
+    simulate(config, engine="inprocess", stream=None)
+    clusters, rounds = _clusters(config.out_dir), _rounds(config.out_dir)
+    split = clusters["splits"][0]
+    assert split["round"] == config.min_split_round == 5
+    # a first-level split of 4 groups: every rotation group lies wholly on one side
+    groups = clusters["true_groups"]
+    sides = [{groups[k] for k in side} for side in split["members"]]
+    assert not sides[0] & sides[1] and len(sides[0] | sides[1]) == 4
+    for record in rounds[:split["round"]]:
+        norms = record["split_criteria"]["0"]
+        assert not (norms["mean_norm"] < config.eps1 and norms["max_norm"] > config.eps2)
+        assert norms["max_norm"] < config.eps2 / 2
+
+
+def test_relative_criteria_do_not_fire_on_iid(small_config, tmp_path):
+    config = small_config(strategy="cfl", partitioner="iid", num_clients=20, rounds=12, batch_size=16)
+    simulate(config, engine="inprocess", stream=None)
+    assert _clusters(config.out_dir)["splits"] == []
+    criteria = [r["split_criteria"]["0"] for r in _rounds(config.out_dir)]
+    assert not any(c["stationary"] and c["heterogeneous"] for c in criteria[config.min_split_round - 1:])

@@ -1,0 +1,126 @@
+"""HiCFL: split timing by model stability, reference bi-partition, stop rule, weight selection."""
+
+import json
+
+import numpy as np
+import pytest
+from test_cfl import DIM, make_strategy, run_round
+
+from clusterfed.clustering.stability import StabilityTracker, select_unstable_weights
+from clusterfed.plots_splits import plot_split_figures
+from clusterfed.simulation import simulate
+from clusterfed.strategies.hicfl import HiCFL
+
+UNIT = {"split_criteria": "relative", "window": 3, "stability_eps": 0.5, "xi": 1e-9, "min_split_round": 1}
+
+
+def two_opposite_groups(seed, oscillate_until):
+    """6 clients, groups 0/1 pull in opposite directions. Until ``oscillate_until`` every
+    client's update flips sign each round (T ≈ −1, T_{t−2~t} ≈ +1: S ≈ 2, unstable); after it
+    the direction holds (S ≈ 0)."""
+    rng = np.random.default_rng(seed)
+    d = rng.standard_normal(DIM)
+    d /= np.linalg.norm(d)
+    groups = {str(i): i % 2 for i in range(6)}
+
+    def updates(server_round):
+        sign = (-1) ** server_round if server_round <= oscillate_until else 1
+        return {k: sign * ((1 if g == 0 else -1) * d + 0.01 * rng.standard_normal(DIM) / np.sqrt(DIM))
+                for k, g in groups.items()}
+
+    return groups, updates
+
+
+def test_no_split_while_stability_is_above_epsilon_then_split_when_it_falls_below():
+    groups, updates = two_opposite_groups(0, oscillate_until=6)
+    strategy = make_strategy(HiCFL, groups, **UNIT)
+    history = []
+    for server_round in range(1, 17):
+        extra = run_round(strategy, server_round, updates(server_round))
+        history.append((server_round, extra["stability"], [s["round"] for s in strategy.splits]))
+    (split,) = strategy.splits
+    # W = 3, stability from the 2nd update on (ξ selection), first score at round 4;
+    # windowed S: rounds 6..10 = 2, 5/3, 1, 1/3, 0 → first below ε = 0.5 at round 9
+    assert split["round"] == 9
+    for server_round, stability, splits_so_far in history:
+        ready = any(all(v[layer] is not None and v[layer] < 0.5 for v in stability.values())
+                    for layer in strategy.layers)
+        if server_round < 9:
+            assert not ready and splits_so_far == []
+        if server_round == 9:
+            assert ready
+    sides = [{groups[k] for k in side} for side in split["members"]]
+    assert sorted(map(sorted, sides)) == [[0], [1]]
+    assert split["reference"] in split["members"][0]
+    assert split["stability"][split["reference"]] == min(split["stability"].values())
+    # children restart their windows: ready again at round 14, but their members agree
+    later = [n for n in strategy.no_split if n["round"] >= 14]
+    assert later and all(n["reason"].startswith("updates agree") for n in later)
+    assert strategy.final_clustering_round == 9
+
+
+def test_every_member_on_the_reference_side_means_no_split():
+    rng = np.random.default_rng(1)
+    d = rng.standard_normal(DIM)
+    groups = {str(i): 0 for i in range(5)}
+    strategy = make_strategy(HiCFL, groups, **{**UNIT, "split_criteria": "absolute", "eps1": 1e6, "eps2": 1e-6})
+    for server_round in range(1, 10):
+        run_round(strategy, server_round, {k: d + 0.1 * rng.standard_normal(DIM) / np.sqrt(DIM) for k in groups})
+    assert strategy.splits == []
+    assert any(n["reason"] == "every member points the reference's way" for n in strategy.no_split)
+
+
+def test_weight_selection_floor():
+    new, old = np.zeros(100), np.zeros(100)
+    new[7] = 1.0
+    assert select_unstable_weights(new, old, xi=0.5).tolist() == [7]  # the paper's rule
+    assert select_unstable_weights(new, old, xi=0.5, min_kept=5).size == 100  # too few: whole layer
+    tracker = StabilityTracker(window=2, xi=0.5, min_kept_fraction=0.05)
+    tracker.add("a", "l", old)
+    tracker.add("a", "l", new)
+    assert tracker.kept_fraction("a", "l") == 1.0
+    with pytest.raises(ValueError):
+        StabilityTracker(min_kept_fraction=1.5)
+
+
+def test_kept_fraction_and_stability_reported():
+    groups, updates = two_opposite_groups(3, oscillate_until=100)
+    strategy = make_strategy(HiCFL, groups, **UNIT)
+    extra = {}
+    for server_round in range(1, 6):
+        extra = run_round(strategy, server_round, updates(server_round))
+    assert extra["weights_kept_total"] == 1.0 and set(extra["weights_kept"]) == {"conv1", "fc1"}
+    assert set(extra["stability"]) == set(groups) and extra["stability_eps"] == 0.5
+
+
+# ----------------------------------------------------------------------------- whole runs
+
+
+def test_hicfl_run_recovers_two_groups(small_config, tmp_path):
+    """ε = 0.05 (default 0.5 · lr = 0.025): with 12 clients the windowed stability of every
+    client drops below 0.05 on one layer by round 8 here; below 0.025 only later. rel-eps2 = 2
+    (default 3): two groups of 6 show max/mean update norms of ≈ 2.9 at that round."""
+    config = small_config(strategy="hicfl", partitioner="label-groups", label_groups="0-4;5-9", num_clients=12,
+                          rounds=10, stability_eps=0.05, rel_eps2=2.0)
+    summary = simulate(config, engine="inprocess", stream=None)
+    clusters = json.load(open(f"{config.out_dir}/clusters.json"))
+    assert summary["final_ari"] == 1.0 and summary["num_clusters"] == 2
+    split = clusters["splits"][0]
+    assert {"layer", "reference", "stability", "criterion", "gap", "true_group_gap", "similarity"} <= set(split)
+    rounds = [json.loads(line) for line in open(f"{config.out_dir}/rounds.jsonl")]
+    before = rounds[split["round"] - 2]["stability"]  # the round before the split: not all below ε somewhere
+    epsilon = rounds[0]["stability_eps"]
+    assert not any(all(v[layer] is not None and v[layer] < epsilon for v in before.values())
+                   for layer in clusters["layers"])
+    written = {p.name for p in plot_split_figures(config.out_dir)}
+    assert {"split_timeline.png", "stability.png", "similarity_splits.png", "update_norms.png"} == written
+
+
+def test_hicfl_never_splits_with_a_tiny_epsilon(small_config, tmp_path):
+    config = small_config(strategy="hicfl", partitioner="label-groups", label_groups="0-4;5-9", num_clients=8,
+                          rounds=10, stability_eps=1e-9)
+    simulate(config, engine="inprocess", stream=None)
+    clusters = json.load(open(f"{config.out_dir}/clusters.json"))
+    assert clusters["splits"] == [] and clusters["final_clustering_round"] is None
+    last = [json.loads(line) for line in open(f"{config.out_dir}/rounds.jsonl")][-1]
+    assert all(v is not None and v > 1e-9 for s in last["stability"].values() for v in s.values())
