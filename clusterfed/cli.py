@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return args.func(args)
-    except (ConfigError, DatasetNotFoundError, PartitionError, FileNotFoundError) as error:
+    except (ConfigError, DatasetNotFoundError, PartitionError, FileNotFoundError, tomllib.TOMLDecodeError) as error:
         print(f"clusterfed: {error}", file=sys.stderr)
         return 2
 

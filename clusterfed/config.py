@@ -198,5 +198,8 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """A TOML file of kebab-case keys; a pyproject's [tool.flwr.app.config] also works."""
-    data = tomllib.loads(Path(path).read_text())
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"{path} is not valid TOML: {error}") from None
     return data.get("tool", {}).get("flwr", {}).get("app", {}).get("config", data)
