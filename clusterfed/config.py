@@ -97,6 +97,8 @@ class RunConfig(BaseModel):
     eps2: float = Field(1.6, gt=0)
     rel_eps1: float = Field(0.9, alias="rel-eps1", gt=0, le=1, description="stationary below this x peak mean norm")
     rel_eps2: float = Field(3.0, alias="rel-eps2", gt=0, description="heterogeneous above this x mean-update norm")
+    split_min_silhouette: float = Field(0.3, alias="split-min-silhouette", ge=-1, le=1,
+                                        description="keep a proposed bi-partition only if its silhouette on 1 - cos reaches this")
     min_split_size: int = Field(3, alias="min-split-size", ge=2)
     min_split_round: int = Field(5, alias="min-split-round", ge=1)
     skew: Literal["label", "feature", "unknown"] = "unknown"

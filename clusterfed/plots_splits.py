@@ -2,7 +2,7 @@
 folder's clusters.json and rounds.jsonl so they can be redrawn:
 
 - ``split_timeline.png``: mean ± std client accuracy, a vertical line at every split
-  (dotted grey: splits LayerCFL's check refused), number of clusters;
+  (dotted grey: refused splits — silhouette test or LayerCFL check), number of clusters;
 - ``update_norms.png``: per cluster the mean-update norm and the largest client norm
   against ``eps1``/``eps2`` (absolute criteria), or the two ratios the relative criteria
   compare with ``rel-eps1``/``rel-eps2``;
@@ -80,7 +80,7 @@ def plot_split_timeline(rounds: list[dict], splits: list[dict], refused: list[di
     ax.fill_between(x, mean - std, mean + std, color="C0", alpha=0.2, label="± std over clients")
     _split_lines(ax, splits)
     for i, round_ in enumerate(sorted({r["round"] for r in refused})):
-        ax.axvline(round_, color="grey", ls=":", lw=0.8, label="split refused (check)" if i == 0 else None)
+        ax.axvline(round_, color="grey", ls=":", lw=0.8, label="split refused (silhouette or check)" if i == 0 else None)
     for split in splits:
         ax.annotate(f"{split['parent']}→{split['children'][0]}|{split['children'][1]}", (split["round"], 0.02),
                     rotation=90, fontsize=7, color="C3", ha="right", va="bottom")

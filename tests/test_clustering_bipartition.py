@@ -12,6 +12,7 @@ from clusterfed.clustering.bipartition import (
     separation_gap,
     split_criteria,
     split_members,
+    split_silhouette,
 )
 
 # --------------------------------------------------------------------------- similarity
@@ -92,6 +93,41 @@ def test_separation_gap_singletons():
     assert separation_gap(S, [0, 1], [2]) == pytest.approx(0.7 - 0.1)
     # two singletons: intra min is the diagonal 1
     assert separation_gap(S[:2, :2], [0], [1]) == pytest.approx(1 - 0.7)
+
+
+def test_split_silhouette_hand_example():
+    # two tight pairs, orthogonal to each other: distances 0 inside, 1 across -> silhouette 1
+    U = np.array([[1.0, 0.0], [2.0, 0.0], [0.0, 1.0], [0.0, 3.0]])
+    S = cosine_similarity_matrix(U)
+    assert split_silhouette(S, [0, 1], [2, 3]) == pytest.approx(1.0)
+    # the same vectors cut across the pairs: every member is closer to the other side
+    assert split_silhouette(S, [0, 2], [1, 3]) == pytest.approx(-0.5)  # a = 1, b = (0 + 1)/2
+    # a member alone on its side scores 0 (sklearn's convention)
+    sil = split_silhouette(S, [0], [1, 2, 3])
+    assert -1.0 <= sil < 0.5
+    with pytest.raises(ValueError):
+        split_silhouette(S, [0, 1], [2])  # not a partition
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_split_silhouette_low_for_noise_high_for_two_groups(seed):
+    rng = np.random.default_rng(seed)
+    m, d = 16, 400
+    common = rng.standard_normal(d)
+    # noise around a shared direction (IID clients): whatever bipartition complete linkage
+    # proposes, the silhouette stays low, at any scale of the shared part
+    for scale in (0.0, 1.0, 10.0):
+        U = scale * common + rng.standard_normal((m, d))
+        S = cosine_similarity_matrix(U)
+        assert split_silhouette(S, *bipartition(S)) < 0.1
+    # the same noise plus two group directions: the proposed split is the groups, silhouette high
+    groups = np.repeat([0, 1], m // 2)
+    directions = 3 * rng.standard_normal((2, d))
+    U = common + directions[groups] + 0.5 * rng.standard_normal((m, d))
+    S = cosine_similarity_matrix(U)
+    side_a, side_b = bipartition(S)
+    assert {tuple(groups[side_a]), tuple(groups[side_b])} == {(0,) * 8, (1,) * 8}
+    assert split_silhouette(S, side_a, side_b) > 0.6
 
 
 # --------------------------------------------------------------------------- split criteria

@@ -5,6 +5,8 @@ import pytest
 
 from clusterfed.clustering.stability import (
     StabilityTracker,
+    centred_reference_split,
+    centred_updates,
     cluster_ready_to_split,
     fraction_kept,
     reference_split,
@@ -197,3 +199,53 @@ def test_reference_split_never_empty_side():
     assert reference_split({"a": E1}, {"a": 0.0}) is None
     with pytest.raises(ValueError):
         reference_split(updates, {"a": 0.1})
+
+
+# --------------------------------------------------------------------------- centred reference split
+
+
+def shared_component_updates(seed=0, dim=40):
+    """Two groups (4 and 6 clients) with group parts +1.5·g and −1·g, plus a shared
+    component 10·c (c ⟂ g) and small noise: what early FL rounds look like."""
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal(dim)
+    c *= 10 / np.linalg.norm(c)
+    g = rng.standard_normal(dim)
+    g -= (g @ c) / (c @ c) * c
+    g /= np.linalg.norm(g)
+    groups = {f"k{i}": int(i < 4) for i in range(10)}
+    updates = {k: c + (1.5 if grp else -1.0) * g + 0.05 * rng.standard_normal(dim) for k, grp in groups.items()}
+    return groups, updates
+
+
+def test_raw_sign_split_fails_and_centred_split_recovers_groups_under_a_shared_component():
+    groups, updates = shared_component_updates()
+    stability = {k: 0.1 + 0.01 * i for i, k in enumerate(updates)}  # reference k0 (group 1)
+    assert reference_split(updates, stability) is None  # every raw cosine > 0: nothing to split
+    side_a, side_b = centred_reference_split(updates, stability)
+    assert side_a == ["k0", "k1", "k2", "k3"] and side_b == [f"k{i}" for i in range(4, 10)]
+
+
+def test_centred_updates_weighted_mean():
+    updates = {"a": np.array([1.0, 0.0]), "b": np.array([0.0, 1.0])}
+    c = centred_updates(updates, {"a": 3, "b": 1})  # mean = (0.75, 0.25)
+    np.testing.assert_allclose(c["a"], [0.25, -0.25])
+    np.testing.assert_allclose(c["b"], [-0.75, 0.75])
+    c = centred_updates(updates)  # equal weights
+    np.testing.assert_allclose(c["a"], [0.5, -0.5])
+    np.testing.assert_allclose(centred_updates(updates, {"a": 0, "b": 0})["a"], [0.5, -0.5])
+    assert centred_updates({}) == {}
+    # weighted mean of the centred updates is zero
+    rng = np.random.default_rng(0)
+    ups = {i: rng.standard_normal(5) for i in range(4)}
+    w = {0: 1, 1: 2, 2: 3, 3: 4}
+    c = centred_updates(ups, w)
+    np.testing.assert_allclose(sum(w[i] * c[i] for i in ups), 0.0, atol=1e-12)
+
+
+def test_centred_split_on_identical_updates_leaves_no_empty_side():
+    v = np.array([1.0, 2.0, 3.0])
+    updates = {k: v.copy() for k in "abc"}
+    # all centred updates are zero: cos = 0, nobody but the reference joins its side
+    sides = centred_reference_split(updates, {"a": 0.0, "b": 1.0, "c": 1.0})
+    assert sides == (["a"], ["b", "c"])

@@ -4,11 +4,12 @@ import json
 
 import numpy as np
 import pytest
-from test_cfl import DIM, make_strategy, run_round
+from test_cfl import DIM, arrays_of, make_strategy, run_round
 
 from clusterfed.clustering.stability import StabilityTracker, select_unstable_weights
 from clusterfed.plots_splits import plot_split_figures
 from clusterfed.simulation import simulate
+from clusterfed.strategies.cfl import flatten
 from clusterfed.strategies.hicfl import HiCFL
 
 UNIT = {"split_criteria": "relative", "window": 3, "stability_eps": 0.5, "xi": 1e-9, "min_split_round": 1}
@@ -60,14 +61,54 @@ def test_no_split_while_stability_is_above_epsilon_then_split_when_it_falls_belo
 
 
 def test_every_member_on_the_reference_side_means_no_split():
+    """The paper's raw sign rule (centring off): one shared direction, nobody opposes it."""
     rng = np.random.default_rng(1)
     d = rng.standard_normal(DIM)
     groups = {str(i): 0 for i in range(5)}
     strategy = make_strategy(HiCFL, groups, **{**UNIT, "split_criteria": "absolute", "eps1": 1e6, "eps2": 1e-6})
+    strategy.centre_updates = False
     for server_round in range(1, 10):
         run_round(strategy, server_round, {k: d + 0.1 * rng.standard_normal(DIM) / np.sqrt(DIM) for k in groups})
     assert strategy.splits == []
     assert any(n["reason"] == "every member points the reference's way" for n in strategy.no_split)
+
+
+def shared_direction_groups(seed):
+    """8 clients: a large common direction c shared by all, plus ±g by group (3 vs 5), the
+    groups' parts not summing to zero. Raw cosines with anyone are all ≈ +1."""
+    rng = np.random.default_rng(seed)
+    c, g = np.zeros(DIM), np.zeros(DIM)
+    c[0], g[1] = 10.0, 1.0
+    groups = {str(i): int(i < 3) for i in range(8)}
+
+    def updates(server_round):
+        return {k: c + (1.5 if grp else -0.8) * g + 0.05 * rng.standard_normal(DIM) for k, grp in groups.items()}
+
+    return groups, updates
+
+
+@pytest.mark.parametrize("centre", [True, False])
+def test_centred_reference_split_separates_groups_under_a_shared_direction(centre):
+    groups, updates = shared_direction_groups(4)
+    strategy = make_strategy(HiCFL, groups, **{**UNIT, "split_criteria": "absolute", "eps1": 1e6, "eps2": 1e-6})
+    strategy.centre_updates = centre
+    for server_round in range(1, 10):
+        run_round(strategy, server_round, updates(server_round))
+    if not centre:  # the paper's raw sign: everyone on the reference's side, no split
+        assert strategy.splits == []
+        return
+    split = strategy.splits[0]
+    assert split["centred"] is True
+    assert sorted(sorted({groups[k] for k in side}) for side in split["members"]) == [[0], [1]]
+    assert sorted(len(side) for side in split["members"]) == [3, 5]
+    # a newcomer replays the centred rule: its update minus the split round's mean
+    route = strategy.routes[split["parent"]]
+    ref_group = groups[split["reference"]]
+    for grp in (0, 1):
+        vector = np.zeros(DIM)
+        vector[0], vector[1] = 10.0, (1.5 if grp else -0.8)
+        on_layer = flatten(arrays_of(vector), route["names"])
+        assert (HiCFL.side_of(on_layer, route) == 0) == (grp == ref_group)
 
 
 def test_weight_selection_floor():

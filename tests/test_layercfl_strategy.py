@@ -56,7 +56,21 @@ def test_four_group_hierarchy_forms_and_the_check_stops_it_there(seed):
     for key, cluster in strategy.assignment.items():
         clusters.setdefault(cluster, set()).add(groups[key])
     assert len(clusters) == 4 and all(len(g) == 1 for g in clusters.values())
-    # rounds 3 and 4: each pure group of 3 is proposed for a split and the check refuses it
+    # rounds 3 and 4: each pure group of 3 is proposed for a split and refused — by CFL's
+    # silhouette test (inherited, default split-min-silhouette) before the check is reached
+    assert strategy.refused and all(r["reason"] == "silhouette" for r in strategy.refused)
+    assert {r["round"] for r in strategy.refused} == {3, 4}
+    assert strategy.final_clustering_round == 2
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_four_group_hierarchy_the_check_alone_stops_it(seed):
+    """The same with the silhouette test off: the correct-clustering check is what refuses."""
+    groups, vectors = four_groups_in_conv(seed)
+    strategy = make_strategy(LayerCFL, groups, skew="feature", split_min_silhouette=-1.0)
+    for server_round in range(1, 5):
+        run_round(strategy, server_round, vectors)
+    assert len(strategy.splits) == 3 and all(s["check"]["passed"] for s in strategy.splits)
     assert strategy.refused and all(not r["check"]["passed"] for r in strategy.refused)
     assert {r["round"] for r in strategy.refused} == {3, 4}
     assert strategy.final_clustering_round == 2
@@ -68,7 +82,7 @@ def test_refused_split_leaves_the_cluster_whole():
     rng = np.random.default_rng(0)
     direction = np.eye(DIM)[3]
     vectors = {str(i): direction + 0.3 * rng.standard_normal(DIM) / np.sqrt(DIM) for i in range(10)}
-    strategy = make_strategy(LayerCFL, {k: 0 for k in vectors}, skew="unknown")
+    strategy = make_strategy(LayerCFL, {k: 0 for k in vectors}, skew="unknown", split_min_silhouette=-1.0)
     model = {k: v.copy() for k, v in strategy.models[0].items()}
     extra = run_round(strategy, 1, vectors)
     assert strategy.splits == [] and set(strategy.assignment.values()) == {0}

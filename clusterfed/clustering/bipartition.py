@@ -5,6 +5,8 @@ Pure NumPy/SciPy. The pieces a CFL-style strategy needs:
 - ``cosine_similarity_matrix``: pairwise cosine similarity of the members' updates;
 - ``bipartition``: two sides by complete-linkage agglomerative clustering on ``1 - S``;
 - ``separation_gap``: Sattler's ``Gap`` computed on the two proposed sides;
+- ``split_silhouette``: silhouette of a proposed 2-way split on ``1 - S`` (noise-aware
+  acceptance of a split; low for a bi-partition of noise, high for two real groups);
 - ``split_criteria``: when to split (absolute ``eps1``/``eps2`` or the scale-free rule);
 - ``split_members`` / ``ClusterTree``: map sub-matrix *positions* back to client *keys*.
 
@@ -125,6 +127,44 @@ def separation_gap(
             intra_min = min(intra_min, float(off_diagonal.min()))
     cross_max = float(S[np.ix_(a, b)].max())
     return intra_min - cross_max
+
+
+def split_silhouette(
+    S: np.ndarray, side_a: Sequence[int] | np.ndarray, side_b: Sequence[int] | np.ndarray
+) -> float:
+    """Mean silhouette of the 2-way split ``side_a | side_b`` on the cosine distance ``1 - S``.
+
+    Per member ``i``: ``a(i)`` = mean distance to the other members of its side, ``b(i)`` =
+    mean distance to the members of the other side, ``s(i) = (b − a) / max(a, b)`` (0 when
+    both are 0, and 0 for a member alone on its side, as ``sklearn.metrics.silhouette_score``
+    with ``metric="precomputed"``). Returns the mean over all members, in [-1, 1].
+
+    Scale-free (cosines only) and noise-aware: when the updates are a common direction plus
+    independent noise, any bi-partition leaves ``a ≈ b`` and the score near 0, however the
+    norms behave; two groups of updates pointing different ways give ``b ≫ a`` and a score
+    near 1. The sides must partition the positions of ``S`` into two non-empty parts.
+    """
+    S = _as_similarity(S)
+    m = S.shape[0]
+    a = _as_positions(side_a, m, "side_a")
+    b = _as_positions(side_b, m, "side_b")
+    if a.size == 0 or b.size == 0:
+        raise ValueError("a split needs two non-empty sides")
+    covered = np.concatenate([a, b])
+    if covered.size != m or np.unique(covered).size != m:
+        raise ValueError(f"sides {a.tolist()} / {b.tolist()} do not partition the {m} positions")
+    D = 1.0 - (S + S.T) / 2.0
+    np.fill_diagonal(D, 0.0)
+    np.clip(D, 0.0, 2.0, out=D)
+    scores = np.zeros(m)
+    for own, other in ((a, b), (b, a)):
+        if own.size < 2:
+            continue  # a member alone on its side scores 0
+        intra = D[np.ix_(own, own)].sum(axis=1) / (own.size - 1)
+        cross = D[np.ix_(own, other)].mean(axis=1)
+        top = np.maximum(intra, cross)
+        scores[own] = np.where(top > 0, (cross - intra) / np.where(top > 0, top, 1.0), 0.0)
+    return float(scores.mean())
 
 
 # --------------------------------------------------------------------------- when to split

@@ -8,6 +8,9 @@ Per client and layer, from the last three (selected) updates Δ_{t−2}, Δ_{t�
 averaged over a sliding window of W rounds. A cluster is bi-partitioned when some layer has
 windowed S < ε for every member; the member with the smallest S is the reference and every
 member whose update points the same way (cos > 0) joins its side.
+``centred_reference_split`` is the same rule on the updates minus their (sample-weighted)
+mean — a deviation from the paper (its eq. 18 uses raw updates), documented in
+strategies/hicfl.py: the shared component every update carries otherwise decides the sign.
 
 Pure NumPy. Client keys and layer names are any hashables.
 """
@@ -267,3 +270,41 @@ def reference_split(
     if not other:
         return None
     return ref_side, other
+
+
+def centred_updates(
+    updates_by_key: Mapping[Hashable, np.ndarray],
+    weights_by_key: Mapping[Hashable, float] | None = None,
+) -> dict:
+    """Each update minus the members' (weighted) mean update, Δ_c − Σ_j w_j Δ_j / Σ_j w_j.
+
+    ``weights_by_key``: sample counts n_c (None or all zero: equal weights). The mean is the
+    direction every member shares — the cluster's own progress — and carries no
+    information about which sub-group a member belongs to.
+    """
+    keys = list(updates_by_key)
+    if not keys:
+        return {}
+    U = np.stack([_flat(updates_by_key[k]) for k in keys])
+    w = np.ones(len(keys)) if weights_by_key is None else np.array([float(weights_by_key[k]) for k in keys])
+    if w.sum() <= 0:
+        w = np.ones(len(keys))
+    mean = (w[:, None] * U).sum(axis=0) / w.sum()
+    return {k: U[i] - mean for i, k in enumerate(keys)}
+
+
+def centred_reference_split(
+    updates_by_key: Mapping[Hashable, np.ndarray],
+    stability_by_key: Mapping[Hashable, float],
+    weights_by_key: Mapping[Hashable, float] | None = None,
+) -> tuple[list, list] | None:
+    """``reference_split`` on the centred updates (``centred_updates``): the reference is
+    still argmin S; a member joins its side iff cos(Δ_r − Δ̄, Δ_j − Δ̄) > 0.
+
+    Why: early in training every member's update holds a large common component (the
+    shared model's progress), so cos(Δ_r, Δ_j) > 0 for nearly everyone and the sign of the
+    raw cosine splits off only the few clients whose group pulls hardest against it.
+    Removing the mean leaves the group-specific parts, whose signs relative to the
+    reference's separate the groups (two groups: exactly the two sides).
+    """
+    return reference_split(centred_updates(updates_by_key, weights_by_key), stability_by_key)

@@ -10,7 +10,12 @@ replied (``after_train``):
 2. if the cluster is near-stationary and heterogeneous, has at least ``min-split-size``
    members (and as many replies) and the round is ≥ ``min-split-round``: cosine
    similarity of the repliers' updates, two sides by complete linkage;
-3. both children start from the cluster's (just aggregated) model and can split again.
+3. **noise-aware acceptance (choice, beyond the paper)**: the proposed split is kept only if
+   its silhouette on the cosine distances ``1 − S`` (``bipartition.split_silhouette``)
+   reaches ``split-min-silhouette`` (default 0.3); otherwise the cluster stays whole and the
+   refusal is logged in ``refused_splits`` (reason ``silhouette``) — it is proposed again in
+   a later round while the criteria hold;
+4. both children start from the cluster's (just aggregated) model and can split again.
 
 The side-based separation Gap is recorded for every split, never used as a veto (it is
 negative for a pure split while a side still holds two groups; ALGORITHMS.md).
@@ -25,6 +30,37 @@ growing: r1 ≥ 0.63) and ``eps1/eps2`` never fire at all (largest norm < 0.8). 
 of any scale-free norm ratio: once a cluster has converged its updates are noise and r2
 grows towards ~√(members) — iid (20 clients) meets 0.9 / 3.0 from round ~25, and a pure
 5-client cluster near convergence can meet it too (over-splitting late in a run).
+
+Hence step 3. The silhouette is scale-free (cosines only) and asks whether the proposed
+sides are tighter than the cluster as a whole, which a bi-partition of noise is not much.
+Measured (``benchmarks/bench_split_acceptance.py``, results in
+``benchmarks/results/issue4_split_acceptance.json``; digits, 20 clients, seeds 0–1, rounds
+5–50), silhouette of the proposal in rounds where the relative criteria fired:
+
+- must refuse — iid root (FedAvg dynamics): 0.05–0.25 (all rounds ≤ 0.253); pure clusters
+  late in training: rotation 0.08–0.27 (all rounds ≤ 0.34), label-swap 0.12–0.39;
+- must accept — second-level splits: rotation 0.31–0.48, label-swap 0.53–0.71, label-groups
+  0.57–0.96, shards 0.21–0.48; deeper levels mostly higher (label-groups ≥ 0.9);
+- first-level splits of ≥ 4 groups are weak and overlap the noise: at round 5 rotation
+  0.23–0.28, label-swap 0.21, shards 0.15–0.17, label-groups 0.32–0.36; left unsplit (FedAvg
+  dynamics, seed 0) they grow: rotation ~0.30–0.38 from round ~8 to ~30 (then fall to 0.2),
+  label-swap 0.3–0.38 from round ~25, shards 0.16–0.32 (fluctuating).
+
+0.3 is above every iid value measured (margin 0.05) and the late pure rotation clusters,
+and below the second-level splits except the weakest shards ones; the price is that a
+first-level split waits for a round where its silhouette reaches 0.3 (rotation: round
+6–30, label-swap: ≥ 25, shards: occasional rounds), and may never come when the criteria
+do not fire in those rounds. Not separable by this statistic: pure label-groups clusters
+(digit pairs) score 0.37–0.64 — their clients differ in the proportion of the two digits
+(Dirichlet sample counts), real label structure inside a "group". In the 50-round
+benchmark (``issue4_recursive_v2``) the cost showed on rotation: seed 0 found the exact 4
+groups (splits at rounds 7, 32, 37) and refused every later proposal, but seeds 1 and 2
+never split — the criteria fired only at rounds 5–6 and ≥ 31, when the first-level
+silhouette was 0.17–0.24. Measured alternative, not used yet: the best silhouette over the
+complete-linkage cuts into 2…6 clusters separates the root proposals cleanly — iid ≤ 0.261
+(2 seeds, rounds 5–50) vs first levels ≥ 0.301 (rotation 0.30–0.43, label-swap 0.37–0.70,
+shards 0.31–0.51, label-groups 0.85–0.94; seed 0, FedAvg dynamics) — but it is unmeasured
+on late pure clusters and deeper levels. ``split-min-silhouette = -1`` switches the test off.
 
 ``BiPartitioning`` holds what CFL, LayerCFL and HiCFL share: the cluster tree (client
 keys, never matrix positions), the split log written to clusters.json, the criteria
@@ -53,6 +89,7 @@ from clusterfed.clustering.bipartition import (
     cosine_similarity_matrix,
     separation_gap,
     split_criteria,
+    split_silhouette,
 )
 from clusterfed.clustering.layercfl import CheckResult, true_group_gap
 from clusterfed.strategies.base import Arrays, ClusteredStrategy, TrainReply, _natural
@@ -288,20 +325,29 @@ class CFL(BiPartitioning):
             S = cosine_similarity_matrix(U)
             side_a, side_b = bipartition(S)
             gap = separation_gap(S, side_a, side_b)
+            silhouette = split_silhouette(S, side_a, side_b)
             check = self.check_split(U, side_a, side_b, S)
         record: dict[str, Any] = {
             "criterion": decision_record(decision),
             "gap": gap,
+            "silhouette": silhouette,
             "true_group_gap": self.true_gap(keys, S),
             "layers": self.decision_names(),
         }
+        if silhouette < self.config.split_min_silhouette:  # a bi-partition of noise: keep the cluster whole
+            self.refused.append({"round": server_round, "cluster": cluster, "reason": "silhouette",
+                                 "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record})
+            self.round_extra["refused_splits"].append({"cluster": cluster, "reason": "silhouette", "gap": gap,
+                                                       "silhouette": silhouette})
+            return
         if check is not None:
             record["check"] = check_record(check)
             if not check.passed:
-                refused = {"round": server_round, "cluster": cluster,
+                refused = {"round": server_round, "cluster": cluster, "reason": "check",
                            "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record}
                 self.refused.append(refused)
-                self.round_extra["refused_splits"].append({"cluster": cluster, "gap": gap, **record["check"]})
+                self.round_extra["refused_splits"].append({"cluster": cluster, "reason": "check", "gap": gap,
+                                                           "silhouette": silhouette, **record["check"]})
                 return
         keys_a, keys_b = [keys[i] for i in side_a], [keys[i] for i in side_b]
         # the model the members trained from this round: a newcomer replays the split on it

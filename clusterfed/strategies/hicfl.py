@@ -21,9 +21,28 @@ sends its full update (``return = update``); the server aggregates per cluster. 
    (``stability-eps``, default ``0.5·lr``) for every member, checked every round (the
    window slides). Reference ``c_r = argmin S`` on that layer; members whose latest update
    of that layer has ``cos > 0`` with the reference's join its side, the others form the
-   second child. If every member points the reference's way there is no split (never an
-   empty side). Children start from the parent's model; their members' stability
+   second child. **(choice)** The cosine is taken on *centred* updates: each member's
+   update of that layer minus the members' sample-weighted mean update (``n_c`` weights,
+   ``clustering/stability.centred_updates``; ``CENTRE_UPDATES``, no config key yet; the
+   paper's eq. 18 uses the raw updates). Why: every member's update carries the cluster's
+   common progress, which dominates early on, so raw cosines are almost all positive and
+   the sign splits off only the clients pulling hardest against it. Measured on digits
+   (20 clients, lr 0.05, 50 rounds, seeds 0–2, raw rule; issue4_recursive): rotation
+   13 | 7, 14 | 6, 13 | 7 at round 8 on fc2, then nothing (final ARI 0.06 ± 0.07);
+   label-swap ARI 0.19 ± 0.11 with 9 | 1-type later splits; shards never split. The
+   mean is what every member shares and says nothing about sub-groups; with two groups
+   the centred signs are exactly the groups (tests on hand-made vectors). The centred split costs the same
+   1 × m similarities plus one weighted mean. Newcomers replay it: their update minus
+   the split round's mean (kept in the route), sign of the cosine with the reference's
+   centred update. If every member points the reference's way there is no split (never
+   an empty side). Children start from the parent's model; their members' stability
    windows and weight selections restart, so children split again later (hierarchy).
+   Limits measured (``benchmarks/hicfl_probe.py``, FedAvg dynamics, rotation and
+   label-swap seed 0): windowed S is below ε = 0.5·lr = 0.025 on every layer from the
+   first full window (round 8) for ~15 rounds, so ε does not discriminate on this
+   model/lr and the trigger fires at the earliest round; the centred sign split is pure
+   (no true group cut) on conv2 only from round ~16–24 (rotation) / ~19 (label-swap)
+   and rarely on fc2, the layer with the smallest S and so the one chosen first.
 4. **Stop rule**: a cluster whose updates agree stops splitting — the heterogeneity half of
    CFL's criteria (``split-criteria``; relative: ``max_c ||Δ_c|| > rel-eps2 · ||Σ n_c/N Δ_c||``,
    absolute: ``> eps2``) must hold in the split round. Stationarity is not required:
@@ -44,10 +63,15 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering.bipartition import SplitDecision, cosine_similarity_matrix, separation_gap
-from clusterfed.clustering.stability import StabilityTracker, cluster_ready_to_split, reference_split
+from clusterfed.clustering.stability import (
+    StabilityTracker,
+    centred_updates,
+    cluster_ready_to_split,
+    reference_split,
+)
 from clusterfed.models import select_layers
 from clusterfed.strategies.base import TrainReply
-from clusterfed.strategies.cfl import BiPartitioning, decision_record, flatten
+from clusterfed.strategies.cfl import BiPartitioning, cosine, decision_record, flatten
 
 # A ξ-selection keeping fewer than this share of a layer's weights falls back to the whole
 # layer (choice beyond the paper; no config key yet): measured on digits (rotation, seed 0)
@@ -55,9 +79,14 @@ from clusterfed.strategies.cfl import BiPartitioning, decision_record, flatten
 # reference of a 19 | 1 split.
 MIN_KEPT_FRACTION = 0.05
 
+# The reference split on centred updates (choice beyond the paper; no config key yet): see
+# the module docstring, step 3. False = the paper's raw cosine sign.
+CENTRE_UPDATES = True
+
 
 class HiCFL(BiPartitioning):
     name = "hicfl"
+    centre_updates = CENTRE_UPDATES
 
     def init_clusters(self) -> None:
         super().init_clusters()
@@ -114,8 +143,10 @@ class HiCFL(BiPartitioning):
             self.note_no_split(server_round, cluster, layer, "updates agree (not heterogeneous)", decision)
             return
         with self.timed():
-            updates = {k: self.tracker.last_update(k, layer) for k in members}
+            raw = {k: self.tracker.last_update(k, layer) for k in members}
             stability = {k: float(self.tracker.windowed(k, layer)) for k in members}
+            weights = {k: self.clients[k].num_examples for k in members}
+            updates = centred_updates(raw, weights) if self.centre_updates else raw
             sides = reference_split(updates, stability)
         if sides is None:
             self.note_no_split(server_round, cluster, layer, "every member points the reference's way", decision)
@@ -123,7 +154,7 @@ class HiCFL(BiPartitioning):
         keys_a, keys_b = sides
         reference = min(members, key=lambda k: stability[k])  # reference_split's argmin (first on ties)
         # diagnostics for clusters.json and figures, outside the clustering time
-        S = cosine_similarity_matrix(np.stack([updates[k] for k in members]))
+        S = cosine_similarity_matrix(np.stack([raw[k] for k in members]))  # raw: comparable with CFL's
         position = {k: i for i, k in enumerate(members)}
         record = {
             "layer": layer,
@@ -133,12 +164,25 @@ class HiCFL(BiPartitioning):
             "gap": separation_gap(S, [position[k] for k in keys_a], [position[k] for k in keys_b]),
             "true_group_gap": self.true_gap(members, S),
             "layers": self.layer_keys[layer],
+            "centred": self.centre_updates,
+            "centred_similarity_to_reference": {k: round(cosine(updates[reference], updates[k]), 4) for k in members},
             "similarity": self.similarity_record(members, S),
         }
         route = {"rule": "reference", "names": self.layer_keys[layer], "directions": [updates[reference]],
-                 "model": replies[0].sent}
+                 "model": replies[0].sent,
+                 "centre": raw[reference] - updates[reference] if self.centre_updates else None}
         self.apply_split(server_round, cluster, keys_a, keys_b, record, route)
         self.tracker.reset(members)  # children: windows and weight selection restart
+
+    @staticmethod
+    def side_of(vector: np.ndarray, route: dict[str, Any]) -> int:
+        """A newcomer's side: as in the split itself — its update minus the split round's
+        mean update (when the split was centred), then the sign of the cosine with the
+        reference's centred update."""
+        centre = route.get("centre")
+        if centre is not None:
+            vector = vector - centre
+        return BiPartitioning.side_of(vector, route)
 
     def note_no_split(self, server_round: int, cluster: int, layer: str, reason: str, decision: SplitDecision) -> None:
         entry = {"round": server_round, "cluster": cluster, "layer": layer, "reason": reason,

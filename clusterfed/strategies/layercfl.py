@@ -12,7 +12,9 @@ bi-partition) with two changes:
    nearest peer on its own side (``clustering/layercfl.estimate_gammas``: the side-mean
    estimator would veto every correct top-level split of a 4-group hierarchy). A refused
    split leaves the cluster whole and is logged in ``refused_splits``; it is proposed
-   again in a later round while the criteria hold.
+   again in a later round while the criteria hold. CFL's silhouette acceptance test
+   (``split-min-silhouette``, on the selected layers' updates) is inherited and applied
+   first: a proposal it refuses never reaches the check (reason ``silhouette``).
 
 The split criteria (stationarity / heterogeneity) stay on the full updates, as in
 Algorithm 1/2 of the paper: they describe the cluster's training state, not its structure.
