@@ -44,6 +44,7 @@ sys.path.insert(0, str(ROOT.parent))
 
 from benchmarks.grid import SETTINGS  # noqa: E402
 from clusterfed.clustering.bipartition import (  # noqa: E402
+    best_cut_silhouette,
     bipartition,
     cosine_similarity_matrix,
     separation_gap,
@@ -65,7 +66,7 @@ def instrumented(original):
             U = np.stack([self.last_vector[k] for k in keys])
             S = cosine_similarity_matrix(U)
             a, b = bipartition(S)
-            best_k = best_cut_silhouette(S)
+            best_k = best_cut_silhouette(S, 6)
             groups = [self.clients[k].true_group for k in keys]
             ga, gb = {groups[i] for i in a}, {groups[i] for i in b}
             if len(ga | gb) == 1:
@@ -85,23 +86,6 @@ def instrumented(original):
         return original(self, server_round, cluster, replies, decision)
 
     return consider_split
-
-
-def best_cut_silhouette(S: np.ndarray, k_max: int = 6) -> tuple[float, int]:
-    """Best silhouette over the complete-linkage cuts into 2..k_max clusters (for the record)."""
-    from scipy.cluster.hierarchy import fcluster, linkage
-    from scipy.spatial.distance import squareform
-    from sklearn.metrics import silhouette_score
-
-    D = np.clip(1.0 - (S + S.T) / 2.0, 0.0, 2.0)
-    np.fill_diagonal(D, 0.0)
-    Z = linkage(squareform(D, checks=False), method="complete")
-    best = (-1.0, 1)
-    for k in range(2, min(k_max, S.shape[0] - 1) + 1):
-        labels = fcluster(Z, t=k, criterion="maxclust")
-        if 1 < np.unique(labels).size < S.shape[0]:
-            best = max(best, (float(silhouette_score(D, labels, metric="precomputed")), int(np.unique(labels).size)))
-    return best
 
 
 def one_run(job: tuple[str, int, int, bool]) -> list[dict]:

@@ -98,10 +98,14 @@ class RunConfig(BaseModel):
     rel_eps1: float = Field(0.9, alias="rel-eps1", gt=0, le=1, description="stationary below this x peak mean norm")
     rel_eps2: float = Field(3.0, alias="rel-eps2", gt=0, description="heterogeneous above this x mean-update norm")
     split_min_silhouette: float = Field(0.3, alias="split-min-silhouette", ge=-1, le=1,
-                                        description="keep a proposed bi-partition only if its silhouette on 1 - cos reaches this")
+                                        description="keep a proposed bi-partition only if the best cut's silhouette on 1 - cos reaches this")
+    split_silhouette_max_k: int = Field(6, alias="split-silhouette-max-k", ge=2, le=20,
+                                        description="the silhouette tested is the best over cuts into 2..k clusters (2: the proposed split's own)")
     min_split_size: int = Field(3, alias="min-split-size", ge=2)
     min_split_round: int = Field(5, alias="min-split-round", ge=1)
     skew: Literal["label", "feature", "unknown"] = "unknown"
+    correct_clustering_check: bool = Field(True, alias="correct-clustering-check",
+                                           description="LayerCFL: refuse splits failing Theorem 1 (false: record it only)")
     window: int = Field(5, ge=1)
     stability_eps: str = Field("auto", alias="stability-eps", description='HiCFL ε, or "auto" = 0.5·lr')
     xi: str = Field("auto", description='HiCFL ξ, or "auto" = 0.05·lr')

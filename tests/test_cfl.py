@@ -175,14 +175,14 @@ def test_default_cfl_refuses_splits_of_noise_but_splits_real_groups(seed):
     assert fired >= 10  # the norm criteria alone would have split
     assert iid.splits == [] and set(iid.assignment.values()) == {0}
     assert len(iid.refused) == fired and all(r["reason"] == "silhouette" for r in iid.refused)
-    assert max(r["silhouette"] for r in iid.refused) < iid.config.split_min_silhouette
+    assert max(r["best_cut_silhouette"] for r in iid.refused) < iid.config.split_min_silhouette
 
     group_of = {k: i % 2 for i, k in enumerate(keys)}
     grouped = make_strategy(CFL, group_of, split_criteria="relative", min_split_round=5)
     for server_round in range(1, 41):
         run_round(grouped, server_round, converging_updates(rng, keys, server_round, group_of))
     first = grouped.splits[0]
-    assert first["silhouette"] >= grouped.config.split_min_silhouette
+    assert first["best_cut_silhouette"] >= grouped.config.split_min_silhouette
     assert {frozenset(group_of[k] for k in side) for side in first["members"]} == {frozenset({0}), frozenset({1})}
     # and the pure halves are never split again: their proposals are noise
     assert len(grouped.splits) == 1
@@ -239,10 +239,9 @@ def test_relative_criteria_fire_on_rotation_where_absolute_ones_do_not(small_con
     federation's mean update has stalled below 0.9 x its peak while the largest client
     update is > 3 x the mean). Up to that split CFL runs exactly as FedAvg, so the absolute
     rule (eps1 = 0.4, eps2 = 1.6) would have seen the same norms: the largest stays far
-    below eps2. The silhouette acceptance test is switched off here (this first-level split
-    scores 0.28 at round 5, just under the default 0.3, and is taken a round later)."""
-    config = small_config(strategy="cfl", partitioner="rotation", num_clients=20, rounds=6, batch_size=16,
-                          split_min_silhouette=-1.0)
+    below eps2. The default acceptance test keeps the split: the 2-way split itself scores
+    below 0.3 (each side still holds two rotations) but the best cut, into four, does not."""
+    config = small_config(strategy="cfl", partitioner="rotation", num_clients=20, rounds=6, batch_size=16)
     simulate(config, engine="inprocess", stream=None)
     clusters, rounds = _clusters(config.out_dir), _rounds(config.out_dir)
     split = clusters["splits"][0]
@@ -251,6 +250,8 @@ def test_relative_criteria_fire_on_rotation_where_absolute_ones_do_not(small_con
     groups = clusters["true_groups"]
     sides = [{groups[k] for k in side} for side in split["members"]]
     assert not sides[0] & sides[1] and len(sides[0] | sides[1]) == 4
+    assert split["silhouette"] < config.split_min_silhouette <= split["best_cut_silhouette"]
+    assert split["best_cut_k"] == 4
     for record in rounds[:split["round"]]:
         norms = record["split_criteria"]["0"]
         assert not (norms["mean_norm"] < config.eps1 and norms["max_norm"] > config.eps2)

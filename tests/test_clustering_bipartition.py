@@ -7,6 +7,7 @@ import pytest
 
 from clusterfed.clustering.bipartition import (
     ClusterTree,
+    best_cut_silhouette,
     bipartition,
     cosine_similarity_matrix,
     separation_gap,
@@ -128,6 +129,33 @@ def test_split_silhouette_low_for_noise_high_for_two_groups(seed):
     side_a, side_b = bipartition(S)
     assert {tuple(groups[side_a]), tuple(groups[side_b])} == {(0,) * 8, (1,) * 8}
     assert split_silhouette(S, side_a, side_b) > 0.6
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_best_cut_silhouette_sees_four_groups_where_the_two_way_split_looks_weak(seed):
+    rng = np.random.default_rng(seed)
+    m, d = 20, 400
+    groups = np.repeat(np.arange(4), m // 4)
+    # four group directions, pairwise orthogonal-ish: any 2-way split puts two groups per side
+    directions = 3 * rng.standard_normal((4, d))
+    U = directions[groups] + 3.0 * rng.standard_normal((m, d))
+    S = cosine_similarity_matrix(U)
+    two_way = split_silhouette(S, *bipartition(S))
+    score, k = best_cut_silhouette(S, 6)
+    assert k == 4
+    assert two_way < 0.3 < 0.4 < score  # refused at 0.3 as a 2-way split, accepted by the best cut
+    assert best_cut_silhouette(S, 2)[0] == pytest.approx(two_way)
+    # noise around a shared direction: no cut into 2..6 clusters scores well
+    noise = rng.standard_normal(d) + rng.standard_normal((m, d))
+    assert best_cut_silhouette(cosine_similarity_matrix(noise), 6)[0] < 0.15
+
+
+def test_best_cut_silhouette_small_clusters():
+    S = cosine_similarity_matrix(np.array([[1.0, 0.0], [0.0, 1.0]]))
+    assert best_cut_silhouette(S, 6) == (0.0, 1)  # two members: nothing to score
+    S3 = cosine_similarity_matrix(np.array([[1.0, 0.0], [1.0, 0.1], [0.0, 1.0]]))
+    score, k = best_cut_silhouette(S3, 6)
+    assert k == 2 and score > 0.5  # only m - 1 = 2 clusters can be scored
 
 
 # --------------------------------------------------------------------------- split criteria

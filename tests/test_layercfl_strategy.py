@@ -93,6 +93,20 @@ def test_refused_split_leaves_the_cluster_whole():
     assert strategy.cluster_state()["refused_splits"] == strategy.refused
 
 
+def test_check_switched_off_is_recorded_but_does_not_refuse():
+    """The noise of test_refused_split_leaves_the_cluster_whole, check not enforced: it splits,
+    and the failed check is in the split's record."""
+    rng = np.random.default_rng(0)
+    direction = np.eye(DIM)[3]
+    vectors = {str(i): direction + 0.3 * rng.standard_normal(DIM) / np.sqrt(DIM) for i in range(10)}
+    strategy = make_strategy(LayerCFL, {k: 0 for k in vectors}, skew="unknown", split_min_silhouette=-1.0,
+                             correct_clustering_check=False)
+    run_round(strategy, 1, vectors)
+    (split,) = strategy.splits
+    assert strategy.refused == [] and len(set(strategy.assignment.values())) == 2
+    assert not split["check"]["passed"] and split["check"]["gamma_max"] >= split["check"]["bound"]
+
+
 def test_the_layer_matters_fc_noise_hides_the_conv_groups():
     groups, vectors = four_groups_in_conv(0)
     wrong = make_strategy(LayerCFL, groups, skew="label")

@@ -7,6 +7,8 @@ Pure NumPy/SciPy. The pieces a CFL-style strategy needs:
 - ``separation_gap``: Sattler's ``Gap`` computed on the two proposed sides;
 - ``split_silhouette``: silhouette of a proposed 2-way split on ``1 - S`` (noise-aware
   acceptance of a split; low for a bi-partition of noise, high for two real groups);
+- ``best_cut_silhouette``: the best silhouette over cuts into 2..k clusters (structure in a
+  cluster that holds more than two groups, where the 2-way split itself scores low);
 - ``split_criteria``: when to split (absolute ``eps1``/``eps2`` or the scale-free rule);
 - ``split_members`` / ``ClusterTree``: map sub-matrix *positions* back to client *keys*.
 
@@ -26,6 +28,7 @@ from typing import Any
 import numpy as np
 from scipy.cluster.hierarchy import cut_tree, fcluster, linkage
 from scipy.spatial.distance import squareform
+from sklearn.metrics import silhouette_score
 
 SPLIT_MODES = ("relative", "absolute")
 
@@ -88,10 +91,7 @@ def bipartition(S: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError(f"cannot bi-partition {m} client(s); need at least 2")
     if m == 2:
         return np.array([0]), np.array([1])
-    D = 1.0 - (S + S.T) / 2.0  # symmetrise against round-off
-    np.fill_diagonal(D, 0.0)
-    np.clip(D, 0.0, 2.0, out=D)
-    Z = linkage(squareform(D, checks=False), method="complete")
+    Z = linkage(squareform(_cosine_distances(S), checks=False), method="complete")
     labels = fcluster(Z, t=2, criterion="maxclust")
     if np.unique(labels).size != 2:
         labels = cut_tree(Z, n_clusters=2).ravel()
@@ -129,20 +129,23 @@ def separation_gap(
     return intra_min - cross_max
 
 
+def _cosine_distances(S: np.ndarray) -> np.ndarray:
+    D = 1.0 - (S + S.T) / 2.0  # symmetrise against round-off
+    np.fill_diagonal(D, 0.0)
+    np.clip(D, 0.0, 2.0, out=D)
+    return D
+
+
 def split_silhouette(
     S: np.ndarray, side_a: Sequence[int] | np.ndarray, side_b: Sequence[int] | np.ndarray
 ) -> float:
-    """Mean silhouette of the 2-way split ``side_a | side_b`` on the cosine distance ``1 - S``.
-
-    Per member ``i``: ``a(i)`` = mean distance to the other members of its side, ``b(i)`` =
-    mean distance to the members of the other side, ``s(i) = (b − a) / max(a, b)`` (0 when
-    both are 0, and 0 for a member alone on its side, as ``sklearn.metrics.silhouette_score``
-    with ``metric="precomputed"``). Returns the mean over all members, in [-1, 1].
+    """Mean silhouette of the 2-way split ``side_a | side_b`` on the cosine distance ``1 - S``
+    (``sklearn.metrics.silhouette_score``, precomputed; a member alone on its side scores 0).
 
     Scale-free (cosines only) and noise-aware: when the updates are a common direction plus
-    independent noise, any bi-partition leaves ``a ≈ b`` and the score near 0, however the
-    norms behave; two groups of updates pointing different ways give ``b ≫ a`` and a score
-    near 1. The sides must partition the positions of ``S`` into two non-empty parts.
+    independent noise, any bi-partition leaves intra ≈ cross distances and the score near 0,
+    however the norms behave; two groups of updates pointing different ways score near 1.
+    The sides must partition the positions of ``S`` into two non-empty parts.
     """
     S = _as_similarity(S)
     m = S.shape[0]
@@ -153,18 +156,37 @@ def split_silhouette(
     covered = np.concatenate([a, b])
     if covered.size != m or np.unique(covered).size != m:
         raise ValueError(f"sides {a.tolist()} / {b.tolist()} do not partition the {m} positions")
-    D = 1.0 - (S + S.T) / 2.0
-    np.fill_diagonal(D, 0.0)
-    np.clip(D, 0.0, 2.0, out=D)
-    scores = np.zeros(m)
-    for own, other in ((a, b), (b, a)):
-        if own.size < 2:
-            continue  # a member alone on its side scores 0
-        intra = D[np.ix_(own, own)].sum(axis=1) / (own.size - 1)
-        cross = D[np.ix_(own, other)].mean(axis=1)
-        top = np.maximum(intra, cross)
-        scores[own] = np.where(top > 0, (cross - intra) / np.where(top > 0, top, 1.0), 0.0)
-    return float(scores.mean())
+    if m == 2:
+        return 0.0  # two singletons: sklearn needs 2 <= labels <= m - 1; its convention gives 0
+    labels = np.zeros(m, dtype=np.int64)
+    labels[b] = 1
+    return float(silhouette_score(_cosine_distances(S), labels, metric="precomputed"))
+
+
+def best_cut_silhouette(S: np.ndarray, max_clusters: int) -> tuple[float, int]:
+    """Best silhouette on ``1 - S`` over the complete-linkage cuts into 2..``max_clusters``
+    clusters (capped at m − 1), and the number of clusters of that cut.
+    ``max_clusters = 2`` scores the proposed bi-partition only.
+
+    Why look past two clusters: a cluster holding four groups is split first into two sides
+    that each hold two groups, and that 2-way split scores low (each side is loose) although
+    the cluster has clear structure; the cut into four scores high. Noise has no good cut at
+    any k. Returns ``(0.0, 1)`` when no cut can be scored (m < 3 or ties everywhere).
+    """
+    S = _as_similarity(S)
+    m = S.shape[0]
+    best = (0.0, 1)
+    if m < 3:
+        return best
+    D = _cosine_distances(S)
+    Z = linkage(squareform(D, checks=False), method="complete")
+    scored = []
+    for k in range(2, min(int(max_clusters), m - 1) + 1):
+        labels = fcluster(Z, t=k, criterion="maxclust")
+        found = np.unique(labels).size
+        if 2 <= found <= m - 1:  # ties in the dendrogram can make a k unreachable
+            scored.append((float(silhouette_score(D, labels, metric="precomputed")), int(found)))
+    return max(scored) if scored else best
 
 
 # --------------------------------------------------------------------------- when to split
