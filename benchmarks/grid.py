@@ -54,7 +54,10 @@ def mean_std(values: list) -> str:
     array = np.array(present, dtype=float)
     if len(array) == 1:
         return f"{array[0]:.3g}{suffix}"
-    return f"{array.mean():.3g} ± {array.std():.2g}{suffix}"
+    std = array.std()
+    if std <= 1e-9 * max(abs(array.mean()), 1.0):  # equal up to float summation order
+        std = 0.0
+    return f"{array.mean():.3g} ± {std:.2g}{suffix}"
 
 
 def write_table(rows: list[dict], path: Path, fields=FIELDS) -> str:
