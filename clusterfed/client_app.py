@@ -14,7 +14,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clusterfed import protocol
+from clusterfed import faults, protocol
 from clusterfed.clustering.entropy import label_entropy, num_classes_present
 from clusterfed.datasets import client_arrays, load_source, make_partition
 from clusterfed.models import build_model
@@ -131,12 +131,24 @@ def profile(msg: Message, context: Context) -> Message:
     return Message(reply, reply_to=msg)
 
 
+def _fault(config: ConfigRecord, key: str, kinds: tuple[str, ...]) -> str | None:
+    """Injected fault of this message (tests and benchmarks; off unless a fault rate is set)."""
+    fault = faults.draw_fault(config, key, int(config["server-round"]), str(config.get("phase", "train")), kinds)
+    if fault == "raise":
+        raise faults.InjectedFault(f"injected fault (fault-rate) at round {config['server-round']}")
+    if fault == "slow":
+        delay = float(config.get("fault-delay", 0.0) or 0.0) or float(config.get("timeout", 600.0)) + 1.0
+        faults.clock.sleep(delay)
+    return fault
+
+
 @app.train()
 def do_train(msg: Message, context: Context) -> Message:
     cap_threads()
     config, spec, data, model, received = _receive(msg, context)
     device = pick_device(str(spec["device"]))
     partition_id, key = client_identity(context)
+    fault = _fault(config, key, faults.KINDS)
     loss = train(
         model,
         data.x_train,
@@ -160,6 +172,8 @@ def do_train(msg: Message, context: Context) -> Message:
         out = {name: trained[name] - received[name] for name in names}
     else:
         out = {name: trained[name] for name in names}
+    if fault in ("nan", "shape"):
+        out = faults.corrupt(out, fault, key, int(config["server-round"]))
     metrics = {"num-examples": len(data.y_train), "train-loss": float(loss)}
     if bool(config.get("label-stats", False)):
         metrics.update(_label_stats(data))
@@ -176,7 +190,8 @@ def do_train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def do_evaluate(msg: Message, context: Context) -> Message:
     cap_threads()
-    _, spec, data, model, _ = _receive(msg, context)
+    config, spec, data, model, _ = _receive(msg, context)
+    _fault(config, client_identity(context)[1], ("raise", "slow"))
     loss, accuracy = evaluate(model, data.x_test, data.y_test, device=pick_device(str(spec["device"])))
     metrics = MetricRecord({"num-examples": len(data.y_test), "eval-loss": float(loss), "eval-accuracy": float(accuracy)})
     reply = RecordDict({protocol.METRICS: metrics, protocol.CLIENT: _identity_record(context, data)})

@@ -12,22 +12,21 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clusterfed.datasets import DATASETS, PARTITIONERS
 from clusterfed.models import MODELS
+from clusterfed.strategies import REGISTRY
 
-STRATEGY_NAMES = (
-    "fedavg",
-    "flwr-fedavg",
-    "fedprox",
-    "local",
-    "oracle",
-    "fedclust",
-    "adacfl",
-    "cfl",
-    "layercfl",
-    "hicfl",
+STRATEGY_NAMES = tuple(REGISTRY)
+
+# keys that only some strategies read (each strategy class lists its own in ``reads``);
+# one set away from its default for a strategy that does not read it is reported as ignored
+STRATEGY_KEYS = (
+    "proximal-mu", "cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette",
+    "warmup-rounds", "share-label-stats", "entropy-gap", "epsilon", "split-criteria", "eps1", "eps2", "rel-eps1",
+    "rel-eps2", "split-min-silhouette", "split-silhouette-max-k", "min-split-size", "min-split-round", "skew",
+    "correct-clustering-check", "window", "stability-eps", "xi",
 )
 
 
@@ -46,6 +45,8 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0)
     out_dir: str = Field("results/run", alias="out-dir")
     timeout: float = Field(600.0, gt=0, description="seconds to wait for one phase's replies")
+    checkpoint: bool = Field(True, description="write the full state after every round (out-dir/checkpoint.pkl)")
+    resume_from: str = Field("", alias="resume-from", description="folder of a checkpoint to continue from")
 
     # data
     dataset: str = "digits"
@@ -73,6 +74,16 @@ class RunConfig(BaseModel):
     fraction_train: float = Field(1.0, alias="fraction-train", gt=0, le=1)
     fraction_evaluate: float = Field(1.0, alias="fraction-evaluate", ge=0, le=1)
     target_accuracy: float = Field(0.9, alias="target-accuracy", gt=0, le=1)
+    target_coverage: float = Field(1.0, alias="target-coverage", gt=0, le=1,
+                                   description="a round counts towards the target only if this share of known clients was evaluated")
+
+    # fault injection on the clients, for tests and benchmarks (clusterfed/faults.py)
+    fault_rate: float = Field(0.0, alias="fault-rate", ge=0, le=1, description="share of train messages whose client raises")
+    fault_nan_rate: float = Field(0.0, alias="fault-nan-rate", ge=0, le=1, description="... that return NaN/Inf weights")
+    fault_shape_rate: float = Field(0.0, alias="fault-shape-rate", ge=0, le=1,
+                                    description="... that return a wrong shape or a missing/extra array")
+    fault_slow_rate: float = Field(0.0, alias="fault-slow-rate", ge=0, le=1, description="... that reply fault-delay seconds late")
+    fault_delay: float = Field(0.0, alias="fault-delay", ge=0, description="seconds a slow fault waits; 0 = timeout + 1")
 
     # FedProx
     proximal_mu: float = Field(0.01, alias="proximal-mu", ge=0)
@@ -145,6 +156,20 @@ class RunConfig(BaseModel):
                 raise ValueError(f'expected a positive number or "auto", got {value!r}') from None
         return value
 
+    @model_validator(mode="after")
+    def _fault_rates_add_up(self) -> "RunConfig":
+        total = self.fault_rate + self.fault_nan_rate + self.fault_shape_rate + self.fault_slow_rate
+        if total > 1:
+            raise ValueError(f"fault rates add up to {total:g} > 1")
+        return self
+
+    def partition_kwargs(self) -> dict[str, Any]:
+        """``make_partition``'s keyword arguments from this config."""
+        return {"name": self.partitioner, "num_clients": self.num_clients, "num_groups": self.num_groups,
+                "alpha": self.alpha, "beta": self.beta, "labels_per_client": self.labels_per_client,
+                "label_groups": self.label_groups, "rotations": self.rotations, "min_samples": self.min_samples,
+                "test_fraction": self.test_fraction, "seed": self.seed}
+
     def number_or_none(self, key: str) -> float | None:
         """A "number or auto" field as a float, or None for "auto"."""
         value = getattr(self, key)
@@ -159,6 +184,10 @@ def _one_of(value: str, allowed: tuple[str, ...]) -> str:
     if value not in allowed:
         raise ValueError(f"{value!r} is not one of: {', '.join(allowed)}")
     return value
+
+
+def config_defaults() -> dict[str, Any]:
+    return RunConfig().to_flower()
 
 
 def config_keys() -> list[str]:

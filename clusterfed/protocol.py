@@ -45,6 +45,13 @@ CLIENT_SPEC_KEYS = (
     "batch-size",
     "momentum",
     "device",
+    # fault injection (off by default) and the timeout a slow fault must miss
+    "fault-rate",
+    "fault-nan-rate",
+    "fault-shape-rate",
+    "fault-slow-rate",
+    "fault-delay",
+    "timeout",
 )
 
 

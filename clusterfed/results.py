@@ -32,6 +32,9 @@ ROUND_FIELDS = (
     "transmissions",
     "failures",
     "rejected",
+    "faults",
+    "clients_evaluated",
+    "clients_known",
     "round_seconds",
     "clustering_seconds",
 )
@@ -49,6 +52,12 @@ class Traffic:
     transmissions: int = 0
     failures: int = 0
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    # every fault by kind: "error" (the client raised), "timeout" (no reply in time) and the
+    # rejection kinds of clusterfed.runner.validation ("non_finite", "shape", ...)
+    faults: dict[str, int] = field(default_factory=dict)
+
+    def fault(self, kind: str) -> None:
+        self.faults[kind] = self.faults.get(kind, 0) + 1
 
 
 @dataclass(frozen=True)
@@ -95,7 +104,10 @@ class RunRecorder:
         round_seconds: float,
         clustering_seconds: float = 0.0,
         extra: dict[str, Any] | None = None,
+        clients_known: int | None = None,
     ) -> dict[str, Any]:
+        """One round's row. Accuracy is over the clients evaluated this round;
+        ``clients_known`` (default: those evaluated) is what coverage is measured against."""
         self.cum_down += traffic.down
         self.cum_up += traffic.up
         accuracies = np.array([e.accuracy for e in evals], dtype=float)
@@ -121,6 +133,9 @@ class RunRecorder:
             "transmissions": traffic.transmissions,
             "failures": traffic.failures,
             "rejected": len(traffic.rejected),
+            "faults": dict(sorted(traffic.faults.items())),
+            "clients_evaluated": len(evals),
+            "clients_known": len(evals) if clients_known is None else clients_known,
             "round_seconds": round(round_seconds, 4),
             "clustering_seconds": round(clustering_seconds, 4),
             "clusters": per_cluster,
@@ -135,6 +150,20 @@ class RunRecorder:
         self._progress(record)
         return record
 
+    def state(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the recorder."""
+        return {"rounds": self.rounds, "cum_down": self.cum_down, "cum_up": self.cum_up}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue a resumed run: its earlier rows are written again, then new ones follow."""
+        self.rounds = list(state["rounds"])
+        self.cum_down, self.cum_up = state["cum_down"], state["cum_up"]
+        self._rounds_file.seek(0)
+        self._rounds_file.truncate()
+        for record in self.rounds:
+            self._rounds_file.write(json.dumps(record) + "\n")
+        self._rounds_file.flush()
+
     def _progress(self, r: dict[str, Any]) -> None:
         if self.stream is None:
             return
@@ -143,14 +172,18 @@ class RunRecorder:
         print(
             f"round {r['round']:>3}/{total}  acc {acc}  clusters {r['num_clusters']:>2}  ARI {r['ari']:.2f}  "
             f"up {r['cum_bytes_up'] / 1e6:7.2f} MB  down {r['cum_bytes_down'] / 1e6:7.2f} MB  "
-            f"{r['round_seconds']:.1f}s" + (f"  rejected {r['rejected']}" if r["rejected"] else ""),
+            f"{r['round_seconds']:.1f}s" + (f"  rejected {r['rejected']}" if r["rejected"] else "")
+            + (f"  failed {r['failures']}" if r["failures"] else "")
+            + (f"  evaluated {r['clients_evaluated']}/{r['clients_known']}"
+               if r["clients_evaluated"] != r["clients_known"] else ""),
             file=self.stream,
             flush=True,
         )
 
     def finish(self, wall_seconds: float, clusters: dict[str, Any] | None = None) -> dict[str, Any]:
         self._rounds_file.close()
-        summary = summarize(self.rounds, float(self.config.get("target-accuracy", 1.0)))
+        summary = summarize(self.rounds, float(self.config.get("target-accuracy", 1.0)),
+                            float(self.config.get("target-coverage", 1.0)))
         summary["wall_seconds"] = round(wall_seconds, 2)
         summary["strategy"] = self.config.get("strategy")
         summary["config"] = self.config
@@ -174,10 +207,19 @@ def _jsonable(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value)}")
 
 
-def summarize(rounds: list[dict[str, Any]], target: float) -> dict[str, Any]:
-    """Final and best accuracy, rounds and MB (up + down) to reach ``target``."""
+def covered(record: dict[str, Any], coverage: float) -> bool:
+    """Whether enough of the known clients were evaluated for the round's accuracy to count."""
+    known = record.get("clients_known", 0)
+    return known > 0 and record.get("clients_evaluated", 0) >= coverage * known - 1e-9
+
+
+def summarize(rounds: list[dict[str, Any]], target: float, coverage: float = 1.0) -> dict[str, Any]:
+    """Final and best accuracy, rounds and MB (up + down) to reach ``target``. A round
+    counts towards the target only if at least ``coverage`` of the known clients were
+    evaluated in it: a round that missed clients may not reach the target early."""
     accuracies = [r["accuracy"] for r in rounds if r["accuracy"] is not None]
-    reached = next((r for r in rounds if r["accuracy"] is not None and r["accuracy"] >= target), None)
+    reached = next((r for r in rounds if r["accuracy"] is not None and r["accuracy"] >= target
+                    and covered(r, coverage)), None)
     last = rounds[-1] if rounds else {}
     total_bytes = last.get("cum_bytes_down", 0) + last.get("cum_bytes_up", 0)
     return {
@@ -193,9 +235,19 @@ def summarize(rounds: list[dict[str, Any]], target: float) -> dict[str, Any]:
         "final_ari": last.get("ari"),
         "num_clusters": last.get("num_clusters"),
         "rounds": len(rounds),
+        "target_coverage": coverage,
         "rejected": sum(r.get("rejected", 0) for r in rounds),
         "failures": sum(r.get("failures", 0) for r in rounds),
+        "faults": _sum_faults(rounds),
     }
+
+
+def _sum_faults(rounds: list[dict[str, Any]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for record in rounds:
+        for kind, count in record.get("faults", {}).items():
+            total[kind] = total.get(kind, 0) + count
+    return dict(sorted(total.items()))
 
 
 def _fmt(value: Any, spec: str) -> str:

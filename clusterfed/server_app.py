@@ -14,19 +14,34 @@ from flwr.supercore import log
 
 from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig, parse_config
-from clusterfed.datasets.shapes import DATASET_SHAPES
-from clusterfed.models import build_model
 from clusterfed.results import RunRecorder
-from clusterfed.strategies import build_strategy
-from clusterfed.training import state_to_numpy
+from clusterfed.runner import CheckpointError, build_runner
+from clusterfed.runner.preflight import check_model, preflight
 
 NODE_WAIT_SECONDS = 120.0
 
 
 def initial_arrays(config: RunConfig):
-    shape, num_classes = DATASET_SHAPES[config.dataset]
-    model = build_model(config.model, config.dataset, shape, num_classes, config.seed)
-    return protocol.to_array_record(state_to_numpy(model))
+    """θ0: the seeded initial model every client and the server agree on."""
+    arrays, problem = check_model(config)
+    if problem is not None:
+        raise ConfigError(problem)
+    return arrays
+
+
+def export_models(out: Path, config: RunConfig, models: dict[int, dict]) -> list[Path]:
+    """``out/models/cluster-<id>.pt``: torch state dicts loadable into
+    ``clusterfed.models.build_model(...)`` (see the README)."""
+    import torch
+
+    folder = out / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for cluster, arrays in sorted(models.items()):
+        path = folder / f"cluster-{cluster}.pt"
+        torch.save({name: torch.from_numpy(value.copy()) for name, value in arrays.items()}, path)
+        paths.append(path)
+    return paths
 
 
 def wait_for_federation(grid: Grid, expected: int, wait_seconds: float = NODE_WAIT_SECONDS) -> None:
@@ -53,14 +68,18 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
                node_wait_seconds: float = NODE_WAIT_SECONDS) -> dict[str, Any]:
     """Everything a server does for one run; returns the summary written to summary.json."""
     started = time.perf_counter()
+    initial = preflight(config)  # every problem the server can see, before any client is contacted
     wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
     recorder = RunRecorder(out, config.to_flower(), stream=stream)
-    strategy = build_strategy(config, recorder)
+    runner = build_runner(config, recorder)
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
-    strategy.start(grid, initial_arrays(config), num_rounds=config.rounds, timeout=config.timeout)
-    summary = recorder.finish(time.perf_counter() - started, strategy.final_clusters())
+    runner.start(grid, initial, num_rounds=config.rounds, timeout=config.timeout)
+    algorithm = getattr(runner, "algorithm", runner)
+    summary = recorder.finish(time.perf_counter() - started, algorithm.final_clusters())
+    if hasattr(algorithm, "cluster_models"):
+        export_models(out, config, algorithm.cluster_models())
     from clusterfed.plots import plot_run  # matplotlib only when a run has finished
 
     plot_run(out)
@@ -79,4 +98,8 @@ def main(grid: Grid, context: Context) -> None:
     except ConfigError as error:
         log(logging.ERROR, "bad run config: %s", error)
         raise SystemExit(f"clusterfed: bad run config: {error}") from None
-    run_server(grid, config)
+    try:
+        run_server(grid, config)
+    except (ConfigError, CheckpointError) as error:
+        log(logging.ERROR, "%s", error)
+        raise SystemExit(f"clusterfed: {error}") from None

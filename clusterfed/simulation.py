@@ -2,88 +2,24 @@
 
 ``engine = "flower"`` runs the apps on Flower's Simulation Engine (virtual SuperNodes in
 Ray actors), the path ``flwr run`` takes. ``engine = "inprocess"`` runs the same
-ServerApp logic and ClientApp against a small in-process ``Grid`` with no Ray: the
-clients run one after another in this process. Flower ships no Ray-free backend; this
-Grid exists because benchmarks run hundreds of short runs on two cores, where Ray's
-start-up (10–25 s) would dominate. A test checks both engines give the same numbers.
+ServerApp logic and ClientApp against ``clusterfed.runner.inprocess.InProcessGrid``, with
+no Ray: the clients run one after another in this process. A test checks both engines
+give the same numbers.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import sys
-import uuid
-from collections.abc import Iterable
 from typing import Any, TextIO
 
-from flwr.app import Context, Error, Message, RecordDict
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.task_identity import TaskIdentity
 
 from clusterfed.config import RunConfig
 
 ENGINES = ("flower", "inprocess")
-
-
-class InProcessGrid(Grid):
-    """A Grid whose nodes are ClientApp calls in this process (see module docstring)."""
-
-    def __init__(self, client_app, num_nodes: int, run_id: int = 1):
-        self.client_app = client_app
-        self._run_id = run_id
-        self.node_ids = [1000 + i for i in range(num_nodes)]
-        self.contexts = {
-            node: Context(run_id=run_id, node_id=node, node_config={"partition-id": i, "num-partitions": num_nodes},
-                          state=RecordDict(), run_config={})
-            for i, node in enumerate(self.node_ids)
-        }
-        self.pending: dict[str, Message] = {}
-
-    @property
-    def run(self):  # pragma: no cover - not used by clusterfed
-        raise NotImplementedError
-
-    def set_run(self, run_id: int) -> None:  # pragma: no cover
-        self._run_id = run_id
-
-    def create_message(self, *args, **kwargs):  # pragma: no cover - deprecated in Flower
-        raise NotImplementedError("use the Message constructor")
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self.node_ids)
-
-    def get_nodes(self):  # pragma: no cover
-        return []
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids = []
-        for message in messages:
-            message.metadata.__dict__["_message_id"] = str(uuid.uuid4())
-            # a deep copy stands in for serialisation: the client never shares arrays with the server
-            self.pending[message.metadata.message_id] = copy.deepcopy(message)
-            ids.append(message.metadata.message_id)
-        return ids
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        replies = []
-        for message_id in list(message_ids):
-            message = self.pending.pop(message_id, None)
-            if message is None:
-                continue
-            context = self.contexts[message.metadata.dst_node_id]
-            try:
-                reply = self.client_app(message, context)
-            except Exception as error:  # the SuperNode turns a raising ClientApp into an error reply
-                reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(error).__name__}: {error}"),
-                                reply_to=message)
-            replies.append(copy.deepcopy(reply))
-        return replies
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        return self.pull_messages(self.push_messages(messages))
 
 
 class _DropMessages(logging.Filter):
@@ -116,15 +52,19 @@ def simulate(config: RunConfig, *, engine: str = "flower", stream: TextIO | None
     if client_app is None:
         from clusterfed.client_app import app as client_app
     # in simulation the clients' data lives on this machine: a missing data set is
-    # reported here, once, before any node starts (DatasetNotFoundError names the layout)
+    # reported here, once, before any node starts (DatasetNotFoundError names the layout),
+    # and so is every other problem the server can see (one ConfigError listing them all)
     from clusterfed.datasets import load_source
+    from clusterfed.runner.preflight import preflight
 
     load_source(config.dataset, config.data_dir or None)
+    preflight(config)
     if engine == "inprocess":
+        from clusterfed.runner.inprocess import InProcessGrid
         from clusterfed.server_app import run_server
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-        grid = InProcessGrid(client_app, config.num_clients)
+        grid = InProcessGrid(client_app, config.num_clients, timeout=config.timeout)
         return run_server(grid, config, stream=stream, node_wait_seconds=0)
     return _simulate_flower(config, stream, client_app)
 

@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from clusterfed.config import parse_config
-from clusterfed.plots_splits import plot_split_figures
+from clusterfed.plots.splits import plot_split_figures
 from clusterfed.simulation import simulate
-from clusterfed.strategies.base import ClientInfo, TrainReply
+from clusterfed.strategies.base import steps
+from clusterfed.strategies.exchange import ClientInfo, TrainReply
 from clusterfed.strategies.cfl import CFL
 
 # a tiny "model": one conv and one fc layer, 164 numbers in all
@@ -32,12 +33,12 @@ def make_strategy(cls, groups, **config):
     values = {"num-clients": len(groups), "out-dir": "/tmp/unused", **ALWAYS_SPLIT}
     values.update({k.replace("_", "-"): v for k, v in config.items()})
     strategy = cls(parse_config(values))
-    strategy.theta0 = arrays_of(np.zeros(DIM))
-    strategy.shapes = {k: (v.shape, v.dtype) for k, v in strategy.theta0.items()}
-    strategy.init_clusters()
-    for i, (key, group) in enumerate(groups.items()):
-        strategy.clients[key] = ClientInfo(key, 1000 + i, group, 50)
-    strategy.admit(1, list(groups))
+    strategy.init(arrays_of(np.zeros(DIM)))
+    for key, group in groups.items():
+        strategy.clients[key] = ClientInfo(key, 50, group)
+    strategy.active = list(groups)
+    asks = list(steps(strategy.admit(1, list(groups))))
+    assert asks == []  # before any split, placement asks nothing
     return strategy
 
 

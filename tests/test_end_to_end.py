@@ -8,7 +8,8 @@ from clusterfed.cli import main as cli_main
 from clusterfed.config import ConfigError
 from clusterfed.results import ROUND_FIELDS
 from clusterfed.server_app import run_server
-from clusterfed.simulation import InProcessGrid, simulate
+from clusterfed.runner.inprocess import InProcessGrid
+from clusterfed.simulation import simulate
 
 SUMMARY_FIELDS = ("final_accuracy", "best_accuracy", "rounds_to_target", "mb_to_target", "total_mb", "final_ari",
                   "num_clusters", "wall_seconds", "config")

@@ -11,7 +11,7 @@ import pytest
 from clusterfed import protocol
 from clusterfed.config import parse_config
 from clusterfed.models import select_layers
-from clusterfed.plots_clustering import plot_clustering_figures
+from clusterfed.plots.clustering import plot_clustering_figures
 from clusterfed.server_app import initial_arrays
 from clusterfed.simulation import simulate
 

@@ -7,9 +7,9 @@ import pytest
 from test_cfl import DIM, arrays_of, make_strategy, run_round
 
 from clusterfed.clustering.stability import StabilityTracker, select_unstable_weights
-from clusterfed.plots_splits import plot_split_figures
+from clusterfed.plots.splits import plot_split_figures
 from clusterfed.simulation import simulate
-from clusterfed.strategies.cfl import flatten
+from clusterfed.strategies.bipartitioning import flatten
 from clusterfed.strategies.hicfl import HiCFL
 
 UNIT = {"split_criteria": "relative", "window": 3, "stability_eps": 0.5, "xi": 1e-9, "min_split_round": 1}

@@ -2,7 +2,7 @@
 
 A custom ClientApp wraps the real train handler and corrupts the ArrayRecord of one
 client's reply; the run goes through ``simulate`` with the in-process engine. The strategy
-object is captured (``build_strategy`` patched in server_app) to compare cluster models.
+object is captured (``build_runner`` patched in server_app) to compare cluster models.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from clusterfed import protocol, server_app
 from clusterfed.client_app import do_evaluate, do_train, profile
 from clusterfed.config import parse_config
 from clusterfed.simulation import simulate
-from clusterfed.strategies import build_strategy
+from clusterfed.runner import build_runner
 
 BAD_CLIENT = 0
 
@@ -91,14 +91,15 @@ def silent_app() -> ClientApp:
 
 
 def run(tmp_path, monkeypatch, client_app, **values):
-    """simulate() with ``client_app``; returns (strategy, rounds.jsonl records)."""
+    """simulate() with ``client_app``; returns (the algorithm, rounds.jsonl records)."""
     captured = []
 
     def capture(config, recorder=None):
-        captured.append(build_strategy(config, recorder))
-        return captured[-1]
+        runner = build_runner(config, recorder)
+        captured.append(runner.algorithm)
+        return runner
 
-    monkeypatch.setattr(server_app, "build_strategy", capture)
+    monkeypatch.setattr(server_app, "build_runner", capture)
     config = parse_config({"num-clients": 4, "rounds": 1, "batch-size": 32, "out-dir": str(tmp_path),
                            "partitioner": "label-groups", "label-groups": "0-4;5-9", **values})
     simulate(config, engine="inprocess", stream=None, client_app=client_app)

@@ -1,8 +1,9 @@
-"""AdaCFL (Gong et al., MONET 2022; ``papers/000_*``): FedAvg warm-up, entropy
+"""AdaCFL (Gong et al., "Adaptive Clustered Federated Learning for Heterogeneous Data in
+Edge Computing", Mobile Networks and Applications 2022): FedAvg warm-up, entropy
 pre-clustering, threshold clustering on the smallest fully connected layer, per-cluster
 FedAvg, newcomers with the ε rule.
 
-Algorithm box (ALGORITHMS.md, "AdaCFL"; the paper's Alg. 1 and 2):
+Algorithm box (the paper's Alg. 1 and 2):
 
 1. Warm-up: ``warmup-rounds`` rounds of FedAvg, every client in one cluster.
 2. Clustering step, at the start of round ``warmup-rounds + 1`` (round 1 when there is no
@@ -20,20 +21,14 @@ Algorithm box (ALGORITHMS.md, "AdaCFL"; the paper's Alg. 1 and 2):
 
 Choices the paper leaves open (documented here, all configurable):
 
-- **Local training of the clustering step: ``cluster-epochs`` epochs, not the paper's
-  single epoch.** The paper clusters "the locally trained models" inside the FedAvg cycle,
-  i.e. one local epoch (its local-epoch setting) from the warm-up global model. Measured
-  on digits (label-groups of digit pairs, 20 clients, 1 warm-up round, L2, λ auto, seeds
-  0-3), ARI of the clustering step: 1 epoch 0.48-0.71 (silhouette 0.37-0.64), 3 epochs
-  0.86-0.94, 10 epochs 0.92-1.0 (silhouette 0.61-0.75; below 1 only where pre-clustering
-  split a group). One epoch leaves too little signal in the layer on this data, as
-  FedClust's paper says of its own setting. ``--set cluster-epochs=1`` gives the paper's step.
+- **Local training of the clustering step: ``cluster-epochs`` epochs (default 10), not the
+  paper's single epoch**: one epoch leaves too little signal in the layer on digits (ARI
+  0.48-0.71 vs 0.92-1.0, benchmarks/RESULTS.md). ``--set cluster-epochs=1`` gives the
+  paper's step.
 - **λ = auto picks one λ for all pre-clusters**: the best-silhouette cut of all clients'
   dendrogram (``cluster_auto``), then the paper's threshold cut at that λ inside each
-  pre-cluster. A silhouette per pre-cluster is undefined for one or two clients (they
-  would always stay together) and noisy for a few; the paper, too, uses one λ. Measured
-  (label-groups, shards, label-groups-4, dominant × seeds 0-3, 10 epochs): ARI equal or
-  higher than with auto inside each pre-cluster in 15 of 16 runs.
+  pre-cluster. A silhouette per pre-cluster is undefined for one or two clients and noisy
+  for a few; the paper, too, uses one λ.
 - **The clustering step is its own phase** (partial upload), before that round's normal
   training: the warm-up rounds upload full models (they are FedAvg rounds), so reusing
   their uploads would save nothing and would not test the partial upload.
@@ -45,10 +40,9 @@ Choices the paper leaves open (documented here, all configurable):
   client did not report them, the step is skipped (``preclustering`` = false in
   rounds.jsonl and clusters.json) rather than pre-clustering only some clients.
 
-Known behaviour (benchmarks/results/issue3_*): the paper's 10 % entropy gap isolates a
-client whose labels are unevenly balanced, e.g. one with its two digits at 89/11 % among
-clients at ~50/50 (entropy 0.50 vs ~1.0 bit), so on label-groups of digit pairs the ARI is
-0.92-0.94 in 2 of 3 seeds; with ``share-label-stats = false`` it is 1.0 in all three.
+Known behaviour (benchmarks/RESULTS.md): the paper's 10 % entropy gap isolates a client
+whose labels are unevenly balanced (e.g. 89/11 % among clients at ~50/50), so on digit
+pairs the ARI can be below 1; ``share-label-stats = false`` avoids it.
 """
 
 from __future__ import annotations
@@ -59,7 +53,8 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering import cluster_within_preclusters, entropy_preclusters, linkage_matrix
-from clusterfed.strategies.fedclust import OneShotClustering
+from clusterfed.strategies.base import Steps
+from clusterfed.strategies.oneshot import OneShotClustering
 
 _STATS = ("num-classes", "label-entropy")
 
@@ -68,6 +63,8 @@ class AdaCFL(OneShotClustering):
     name = "adacfl"
     layer_rule = "smallest-fc"
     wants_label_stats = True
+    reads = ("cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette",
+             "warmup-rounds", "share-label-stats", "entropy-gap", "epsilon")
 
     def init_clusters(self) -> None:
         super().init_clusters()
@@ -76,21 +73,21 @@ class AdaCFL(OneShotClustering):
     def newcomer_epsilon(self) -> float | None:
         return self.config.number_or_none("epsilon")  # None: default_epsilon of the references
 
-    def admit(self, server_round: int, keys: list[str]) -> None:
+    def admit(self, server_round: int, keys: list[str]) -> Steps:
         if self.clustered:
-            self.place_newcomers(server_round, keys)
+            yield from self.place_newcomers(server_round, keys)
             return
         if self.warmup_cluster is None:
             self.warmup_cluster = self.new_cluster(self.theta0)
         for key in keys:
             self.assignment[key] = self.warmup_cluster
 
-    def before_train(self, server_round: int) -> None:
+    def before_train(self, server_round: int) -> Steps:
         if self.clustered or server_round <= self.config.warmup_rounds or self.warmup_cluster is None:
             return
         keys = self.members(self.warmup_cluster)
         start = self.models[self.warmup_cluster]
-        replied, X, bytes_up = self.collect_partials(server_round, keys, start)
+        replied, X, bytes_up = yield from self.collect_partials(server_round, keys, start)
         if X is None:
             return  # nobody replied: stay in warm-up, try again next round
         # clients whose reply was lost leave the warm-up cluster and come back as newcomers

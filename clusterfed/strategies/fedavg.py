@@ -1,7 +1,7 @@
 """FedAvg: one global model, the K = 1 case of the clustered base."""
 
-from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategies.base import Algorithm
 
 
-class FedAvg(ClusteredStrategy):
+class FedAvg(Algorithm):
     name = "fedavg"

@@ -1,7 +1,6 @@
-"""FedClust (Islam et al., ICPP 2024; ``papers/002_*``): one-shot clustering on the final
+"""FedClust (Islam et al., "FedClust: Tackling Data Heterogeneity in Federated Learning
+through Weight-Driven Client Clustering", ICPP 2024): one-shot clustering on the final
 layer's weights, then per-cluster FedAvg.
-
-Algorithm box (ALGORITHMS.md, "FedClust"):
 
 1. Clustering round (the first round, all available clients): each client trains ``θ0`` for
    ``cluster-epochs`` epochs and uploads only the ``final`` layer (``cluster-layers``).
@@ -11,204 +10,32 @@ Algorithm box (ALGORITHMS.md, "FedClust"):
 2. Every round: a ``fraction-train`` sample trains its cluster's model; FedAvg per cluster.
 3. Newcomers (a client key with no assignment, any later round) train ``θ0`` the same way,
    upload the same layer and join the nearest cluster reference; FedClust never founds a
-   new cluster.
+   new cluster (ε = inf).
 
-Choices (ALGORITHMS.md leaves them to the implementation):
-
-- Distances are computed on the partial weights minus the start model's (what training
-  changed). For L2 that is exactly the papers' distance between weights; for ``cosine``
-  it compares directions of training rather than weight vectors dominated by the shared
-  start (measured on digits IID, 20 clients: cosine on weights split the clients in 2 of
-  4 seeds, on changes in none).
-- The cluster reference for newcomers is the mean of the members' clustering-round
-  partial weights; FedClust places newcomers with ε = inf (``place_newcomer`` reads
-  ε = None as AdaCFL's default ε).
-- Clients whose clustering reply is lost or rejected stay unplaced and are admitted as
-  newcomers in a later round.
-
-``OneShotClustering`` holds what FedClust and AdaCFL share: the partial-weight phase, the
-cut, the cluster references, newcomer placement and what clusters.json keeps for figures.
+The shared machinery (partial-weight phase, cut, references, newcomers) is in ``oneshot.py``.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections import Counter
-from typing import Any
 
-import numpy as np
-from sklearn.metrics import silhouette_score
-
-from clusterfed.clustering import (
-    cluster_auto,
-    cluster_by_threshold,
-    distance_matrix,
-    linkage_matrix,
-    place_newcomer,
-    stack_partials,
-)
-from clusterfed.models import select_layers
-from clusterfed.strategies.base import Arrays, ClusteredStrategy, _natural
-
-
-# clusters.json keeps the square distance matrix (for the heat-map) up to this many
-# clients; beyond, it would take O(m²) memory and megabytes of JSON per run
-MAX_MATRIX_CLIENTS = 500
-
-
-class OneShotClustering(ClusteredStrategy):
-    """Shared machinery of the one-shot clustered strategies (FedClust, AdaCFL)."""
-
-    layer_rule = "final"  # what ``cluster-layers = auto`` means for this strategy
-
-    def init_clusters(self) -> None:
-        self.clustered = False
-        # the model every clustering-phase client trains; newcomers train it too, so that
-        # their partial weights are comparable with the cluster references
-        self.cluster_start: Arrays = self.theta0
-        self.references: dict[int, np.ndarray] = {}
-        self.layer_keys = select_layers(self.theta0, self.layer_rule if self.config.cluster_layers == "auto"
-                                        else self.config.cluster_layers)
-        self.clustering_state: dict[str, Any] = {}
-
-    # -------------------------------------------------------------- the phase
-    def clustering_epochs(self) -> int:
-        return self.config.cluster_epochs
-
-    def collect_partials(self, server_round: int, keys: list[str], start: Arrays) -> tuple[list[str], np.ndarray | None, int]:
-        """Train ``start`` on each of ``keys`` for ``clustering_epochs()`` and fetch only the
-        selected layer(s). Returns (keys that replied, their partial weights as rows, the
-        uplink bytes of this phase). Clients whose reply was lost or rejected stay unplaced
-        and are admitted again next round."""
-        up_before = self.traffic.up
-        replies = self.train_clients(
-            server_round, keys, models={key: start for key in keys},
-            extra={"local-epochs": self.clustering_epochs(), "upload": ",".join(self.layer_keys)}, phase="cluster",
-        )
-        replies.sort(key=lambda reply: _natural(reply.key))
-        bytes_up = self.traffic.up - up_before
-        if not replies:
-            return [], None, bytes_up
-        # rows in layer order, so every client's vector lines up. Rows are the change from
-        # the start model: L2 distances are those of the weights (the papers'), and cosine
-        # compares directions of training instead of weights dominated by the shared start
-        # (measured on digits IID: cosine on weights split 2 of 4 seeds, on changes none).
-        X = stack_partials([[reply.arrays[name] for name in self.layer_keys] for reply in replies])
-        X -= stack_partials([[start[name] for name in self.layer_keys]])
-        return [reply.key for reply in replies], X, bytes_up
-
-    def cut(self, X: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        """Cluster labels of the rows of X at ``lambda`` (number or auto), and what the cut used."""
-        metric, linkage = self.config.distance, self.config.linkage
-        threshold = self.config.number_or_none("lambda_")
-        if threshold is None:
-            auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.config.auto_min_silhouette)
-            # auto_best_silhouette: on the one-cluster fallback, the best score that fell short
-            return auto.labels, {"lambda": auto.threshold, "auto_best_silhouette": auto.silhouette}
-        return cluster_by_threshold(X, threshold, metric=metric, linkage=linkage), {"lambda": threshold}
-
-    def form_clusters(self, server_round: int, keys: list[str], X: np.ndarray, labels: np.ndarray,
-                      start: Arrays, bytes_up: int, info: dict[str, Any]) -> None:
-        """Make one cluster per label, every model at ``start``; store references, the
-        state for the figures, and this round's diagnostics."""
-        started = time.perf_counter()
-        cluster_of_label = {int(label): self.new_cluster(start) for label in np.unique(labels)}
-        for key, label in zip(keys, labels):
-            self.assignment[key] = cluster_of_label[int(label)]
-        # reference = mean of the members' clustering-round partial weights (ALGORITHMS.md choice)
-        self.references = {cluster_of_label[int(label)]: X[labels == label].mean(axis=0) for label in np.unique(labels)}
-        small = len(keys) <= MAX_MATRIX_CLIENTS
-        D = distance_matrix(X, self.config.distance) if small else None
-        silhouette = _silhouette(D, labels) if small else None
-        Z = linkage_matrix(X, metric=self.config.distance, linkage=self.config.linkage) if len(keys) > 1 else None
-        self.clustering_seconds += time.perf_counter() - started
-        self.clustered = True
-        self.cluster_start = start
-        self.clustering_state = {
-            "clustering_round": server_round,
-            "final_clustering_round": server_round,  # one-shot: the same; the grid's column for every strategy
-            "layers": list(self.layer_keys),
-            "distance": self.config.distance,
-            "vectors": "partial weights minus the start model's (L2 distances equal the weights')",
-            "linkage_method": self.config.linkage,
-            "lambda": info["lambda"],
-            "silhouette": silhouette,
-            "client_order": list(keys),
-            "labels": [self.assignment[key] for key in keys],
-            "distance_matrix": None if D is None else D.round(6).tolist(),
-            "linkage": None if Z is None else Z.tolist(),
-            **{k: v for k, v in info.items() if k != "lambda"},
-        }
-        self.round_extra.update({
-            "clustering_bytes_up": bytes_up,
-            "lambda_used": info["lambda"],
-            "silhouette": silhouette,
-            **({"auto_best_silhouette": info["auto_best_silhouette"]} if "auto_best_silhouette" in info else {}),
-        })
-
-    # ------------------------------------------------------------- newcomers
-    def newcomer_epsilon(self) -> float | None:
-        """ε for ``place_newcomer``: inf = never found a new cluster (FedClust)."""
-        return math.inf
-
-    def place_newcomers(self, server_round: int, keys: list[str]) -> None:
-        replied, X, bytes_up = self.collect_partials(server_round, keys, self.cluster_start)
-        self.round_extra["newcomer_bytes_up"] = self.round_extra.get("newcomer_bytes_up", 0) + bytes_up
-        if X is None:
-            return
-        started = time.perf_counter()
-        majority = self._majority_groups()  # metrics only, taken before anyone joins
-        for key, x in zip(replied, X):
-            cluster, distance = place_newcomer(x, self.references, epsilon=self.newcomer_epsilon(),
-                                               metric=self.config.distance)
-            founded = cluster is None
-            if founded:
-                cluster = self.new_cluster(self.cluster_start)
-                self.references[cluster] = x.copy()  # later newcomers may join it
-            self.assignment[key] = cluster
-            group = self.clients[key].true_group  # metrics only
-            matches = (group not in majority.values()) if founded else majority.get(cluster) == group
-            if founded:
-                majority[cluster] = group
-            self.newcomer_log.append({
-                "round": server_round, "client": key, "cluster": cluster, "true_group": group,
-                "distance": float(distance), "new_cluster": founded, "matches_true_group": bool(matches),
-            })
-        self.clustering_seconds += time.perf_counter() - started
-        self.round_extra["newcomers_placed"] = self.round_extra.get("newcomers_placed", 0) + len(replied)
-
-    def _majority_groups(self) -> dict[int, int]:
-        """Cluster -> the true group most of its members hold (metrics only)."""
-        votes: dict[int, Counter] = {}
-        for key, cluster in self.assignment.items():
-            votes.setdefault(cluster, Counter())[self.clients[key].true_group] += 1
-        return {cluster: counter.most_common(1)[0][0] for cluster, counter in votes.items()}
-
-    def cluster_state(self) -> dict[str, Any]:
-        return dict(self.clustering_state)
+from clusterfed.strategies.base import Steps
+from clusterfed.strategies.oneshot import OneShotClustering
 
 
 class FedClust(OneShotClustering):
     name = "fedclust"
     layer_rule = "final"
+    reads = ("cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette")
 
-    def admit(self, server_round: int, keys: list[str]) -> None:
+    def admit(self, server_round: int, keys: list[str]) -> Steps:
         if self.clustered:
-            self.place_newcomers(server_round, keys)
+            yield from self.place_newcomers(server_round, keys)
             return
-        replied, X, bytes_up = self.collect_partials(server_round, keys, self.theta0)
+        replied, X, bytes_up = yield from self.collect_partials(server_round, keys, self.theta0)
         if X is None:
             return  # nobody replied: try again next round
         started = time.perf_counter()
         labels, info = self.cut(X)
         self.clustering_seconds += time.perf_counter() - started
         self.form_clusters(server_round, replied, X, labels, self.theta0, bytes_up, info)
-
-
-def _silhouette(D: np.ndarray, labels: np.ndarray) -> float | None:
-    """Silhouette of a partition on precomputed distances; None where undefined (K < 2 or K = m)."""
-    k = len(np.unique(labels))
-    if not 2 <= k <= len(labels) - 1:
-        return None
-    return float(silhouette_score(D, labels, metric="precomputed"))

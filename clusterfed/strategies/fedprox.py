@@ -2,11 +2,12 @@
 
 from typing import Any
 
-from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategies.base import Algorithm
 
 
-class FedProx(ClusteredStrategy):
+class FedProx(Algorithm):
     name = "fedprox"
+    reads = ("proximal-mu",)
 
     def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
         return {"proximal-mu": self.config.proximal_mu}

@@ -69,9 +69,9 @@ from clusterfed.clustering.stability import (
     cluster_ready_to_split,
     reference_split,
 )
-from clusterfed.models import select_layers
-from clusterfed.strategies.base import TrainReply
-from clusterfed.strategies.cfl import BiPartitioning, cosine, decision_record, flatten
+from clusterfed.models.layers import select_layers
+from clusterfed.strategies.bipartitioning import BiPartitioning, cosine, decision_record, flatten
+from clusterfed.strategies.exchange import TrainReply
 
 # A ξ-selection keeping fewer than this share of a layer's weights falls back to the whole
 # layer (choice beyond the paper; no config key yet): measured on digits (rotation, seed 0)
@@ -87,6 +87,8 @@ CENTRE_UPDATES = True
 class HiCFL(BiPartitioning):
     name = "hicfl"
     centre_updates = CENTRE_UPDATES
+    reads = ("split-criteria", "eps1", "eps2", "rel-eps1", "rel-eps2", "min-split-size", "min-split-round",
+             "cluster-layers", "window", "stability-eps", "xi")
 
     def init_clusters(self) -> None:
         super().init_clusters()
@@ -116,7 +118,7 @@ class HiCFL(BiPartitioning):
         super().after_train(server_round, replies)
 
     def record_stability(self) -> None:
-        placed = [k for k in self.active_keys() if k in self.assignment]
+        placed = self.placed()
         self.round_extra["stability_eps"] = self.epsilon
         self.round_extra["stability"] = {k: {layer: self.tracker.windowed(k, layer) for layer in self.layers}
                                          for k in placed}

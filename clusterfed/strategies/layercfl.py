@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from clusterfed.clustering.layercfl import CheckResult, correct_clustering_check
-from clusterfed.models import select_layers
+from clusterfed.models.layers import select_layers
 from clusterfed.strategies.cfl import CFL
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "all"}
@@ -39,6 +39,7 @@ LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "all"}
 
 class LayerCFL(CFL):
     name = "layercfl"
+    reads = CFL.reads + ("skew", "cluster-layers", "correct-clustering-check")
 
     def init_clusters(self) -> None:
         super().init_clusters()

@@ -4,10 +4,10 @@ Each client is its own cluster, so the base's per-cluster averaging over one mem
 leaves the client's model as it trained it.
 """
 
-from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategies.base import Algorithm
 
 
-class Local(ClusteredStrategy):
+class Local(Algorithm):
     name = "local"
 
     def init_clusters(self) -> None:

@@ -1,10 +1,10 @@
 """Oracle: clusters are the true groups. An upper bound for benchmarks only — the one
 strategy allowed to read the ground truth."""
 
-from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategies.base import Algorithm
 
 
-class Oracle(ClusteredStrategy):
+class Oracle(Algorithm):
     name = "oracle"
 
     def init_clusters(self) -> None:

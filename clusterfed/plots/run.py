@@ -65,8 +65,8 @@ def plot_run(out_dir: str | Path) -> list[Path]:
     plot_accuracy(rounds, written[0], title, config.get("target-accuracy"))
     plot_traffic(rounds, written[1], title)
     # strategy figures draw only what their records hold (one-shot cuts, splits)
-    from clusterfed.plots_clustering import plot_clustering_figures
-    from clusterfed.plots_splits import plot_split_figures
+    from clusterfed.plots.clustering import plot_clustering_figures
+    from clusterfed.plots.splits import plot_split_figures
 
     written += plot_clustering_figures(out)
     written += plot_split_figures(out)

@@ -1,0 +1,112 @@
+"""A Flower ``Grid`` whose nodes are ClientApp calls in this process (no Ray).
+
+Flower ships no Ray-free simulation backend; this exists because tests and benchmarks run
+hundreds of short runs on two cores, where Ray's start-up (10-25 s) would dominate. A test
+checks it gives the same numbers as Flower's simulation engine.
+
+It relies on Flower 1.41 internals: ``Message.metadata`` has no public setter for the
+message id (set through ``metadata.__dict__["_message_id"]``), and the SuperNode's
+conversion of a raising ClientApp into an error reply (``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``)
+is re-done here.
+
+Time: clients run one after another when their replies are pulled, but a deployed
+federation runs them in parallel, so a reply counts as late when its own client's time
+(compute plus any injected delay, which waits on a virtual clock instead of sleeping) is
+over the round ``timeout``; late replies are dropped as a SuperLink would never deliver
+them in time.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import uuid
+from collections.abc import Iterable
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.serverapp import Grid
+
+from clusterfed import faults
+
+
+class _VirtualClock:
+    def __init__(self):
+        self.elapsed = 0.0
+
+    def sleep(self, seconds: float) -> None:
+        self.elapsed += float(seconds)
+
+
+class InProcessGrid(Grid):
+    def __init__(self, client_app, num_nodes: int, run_id: int = 1, timeout: float = float("inf"),
+                 node_configs: list[dict] | None = None):
+        self.client_app = client_app
+        self._run_id = run_id
+        self.timeout = timeout
+        self.node_ids = [1000 + i for i in range(num_nodes)]
+        configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
+        self.contexts = {
+            node: Context(run_id=run_id, node_id=node, node_config=dict(configs[i]), state=RecordDict(), run_config={})
+            for i, node in enumerate(self.node_ids)
+        }
+        self.pending: dict[str, Message] = {}
+
+    @property
+    def run(self):  # pragma: no cover - not used by clusterfed
+        raise NotImplementedError
+
+    def set_run(self, run_id: int) -> None:  # pragma: no cover
+        self._run_id = run_id
+
+    def create_message(self, *args, **kwargs):  # pragma: no cover - deprecated in Flower
+        raise NotImplementedError("use the Message constructor")
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.node_ids)
+
+    def get_nodes(self):  # pragma: no cover
+        return []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+            # a deep copy stands in for serialisation: the client never shares arrays with the server
+            self.pending[message.metadata.message_id] = copy.deepcopy(message)
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        replies = []
+        for message_id in list(message_ids):
+            message = self.pending.pop(message_id, None)
+            if message is None:
+                continue
+            reply = self._call(message)
+            if reply is not None:
+                replies.append(reply)
+        return replies
+
+    def nothing_in_flight(self) -> bool:
+        """Every message pushed was answered or dropped as late: waiting longer gains nothing."""
+        return not self.pending
+
+    def _call(self, message: Message) -> Message | None:
+        context = self.contexts[message.metadata.dst_node_id]
+        clock, real = _VirtualClock(), faults.clock.sleep
+        faults.clock.sleep = clock.sleep
+        started = time.perf_counter()
+        try:
+            reply = self.client_app(message, context)
+        except Exception as error:  # the SuperNode turns a raising ClientApp into an error reply
+            reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(error).__name__}: {error}"),
+                            reply_to=message)
+        finally:
+            faults.clock.sleep = real
+        if time.perf_counter() - started + clock.elapsed > self.timeout:
+            return None
+        return copy.deepcopy(reply)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        return self.pull_messages(self.push_messages(messages))

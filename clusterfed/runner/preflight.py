@@ -1,0 +1,106 @@
+"""Everything the server can check before it contacts a client, all problems at once.
+
+Syntax and ranges are checked by the config schema; here: the partition is feasible for
+the chosen data set (when the server has the data: in simulation, or a deployment whose
+server holds it too), the output folder can be written, the model fits the data set, a
+checkpoint to resume from is usable, and keys the chosen strategy does not read are named.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+from flwr.supercore import log
+
+from clusterfed.config import STRATEGY_KEYS, ConfigError, RunConfig, config_defaults
+from clusterfed.datasets.shapes import DATASET_SHAPES
+
+
+def ignored_keys(config: RunConfig) -> list[str]:
+    """Strategy-specific keys set away from their default that the chosen strategy does not read."""
+    from clusterfed.strategies import strategy_class
+
+    reads = set(getattr(strategy_class(config.strategy), "reads", ()))
+    values, defaults = config.to_flower(), config_defaults()
+    return sorted(k for k in STRATEGY_KEYS if k not in reads and values[k] != defaults[k])
+
+
+def check_partition(config: RunConfig) -> str | None:
+    """The partitioner's own message if this data set cannot be split as asked."""
+    from clusterfed.datasets import DatasetNotFoundError, PartitionError, load_source, make_partition
+    from clusterfed.datasets.partition import parse_label_groups, parse_rotations
+
+    try:  # syntax first: it needs no data
+        if config.partitioner == "label-groups":
+            parse_label_groups(config.label_groups, DATASET_SHAPES[config.dataset][1])
+        if config.partitioner == "rotation":
+            parse_rotations(config.rotations)
+    except PartitionError as error:
+        return str(error)
+    try:
+        source = load_source(config.dataset, config.data_dir or None)
+    except DatasetNotFoundError:
+        log(logging.INFO, "the server does not hold %s: the partition is checked by the clients", config.dataset)
+        return None
+    try:
+        make_partition(source.y, source.num_classes, **config.partition_kwargs())
+    except PartitionError as error:
+        return str(error)
+    return None
+
+
+def check_out_dir(out_dir: str) -> str | None:
+    path = Path(out_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        return f"out-dir {out_dir!r} cannot be written: {error.strerror or error}"
+    return None
+
+
+def check_model(config: RunConfig):
+    """The initial model's arrays, or the reason this model does not fit the data set."""
+    from clusterfed import protocol
+    from clusterfed.models import build_model
+    from clusterfed.training import state_to_numpy
+
+    shape, num_classes = DATASET_SHAPES[config.dataset]
+    try:
+        model = build_model(config.model, config.dataset, shape, num_classes, config.seed)
+    except ValueError as error:
+        return None, f"model {config.model!r} does not fit data set {config.dataset!r}: {error}"
+    return protocol.to_array_record(state_to_numpy(model)), None
+
+
+def preflight(config: RunConfig):
+    """Check the run; raise one ConfigError listing every problem. Returns θ0 as an ArrayRecord."""
+    problems = []
+    if (problem := check_partition(config)) is not None:
+        problems.append(f"partition: {problem}")
+    if (problem := check_out_dir(config.out_dir)) is not None:
+        problems.append(problem)
+    initial, problem = check_model(config)
+    if problem is not None:
+        problems.append(problem)
+    if config.resume_from and initial is not None:
+        from clusterfed import protocol
+        from clusterfed.runner.checkpoint import CheckpointError, check_compatible, load_checkpoint
+
+        shapes = {k: (list(v.shape), str(v.dtype)) for k, v in protocol.from_array_record(initial).items()}
+        try:
+            check_compatible(load_checkpoint(config.resume_from), config.to_flower(), shapes)
+        except CheckpointError as error:
+            problems.append(str(error))
+    if problems:
+        raise ConfigError("; ".join(problems) if len(problems) == 1 else
+                          f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
+    for key in ignored_keys(config):
+        log(logging.WARNING, "config key %r is ignored: strategy %r does not read it", key, config.strategy)
+    if config.fraction_evaluate < config.target_coverage:
+        log(logging.WARNING, "fraction-evaluate %.2f < target-coverage %.2f: no round can count towards "
+            "rounds_to_target; lower target-coverage", config.fraction_evaluate, config.target_coverage)
+    return initial

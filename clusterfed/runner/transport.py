@@ -1,0 +1,40 @@
+"""Push messages to a Flower Grid and collect their replies within a timeout."""
+
+from __future__ import annotations
+
+import time
+
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+# Flower's deployed grid polls the SuperLink every 3 s in send_and_receive; its in-memory
+# (simulation) grid every 0.1 s (``pull_interval``). We poll no more often than the grid in
+# use does, so a deployed server does not keep the SuperLink busy between replies.
+DEPLOYED_POLL_SECONDS = 3.0
+
+
+def poll_seconds(grid: Grid) -> float:
+    return float(getattr(grid, "pull_interval", DEPLOYED_POLL_SECONDS))
+
+
+def push_and_collect(grid: Grid, messages: list[Message], timeout: float) -> tuple[list[str], list[Message]]:
+    """Send ``messages``; pull replies until all arrived or ``timeout`` seconds passed.
+    Returns the message ids (in send order) and the replies that arrived, in send order,
+    so that aggregation sums in the same order every run. Late replies are dropped."""
+    message_ids = list(grid.push_messages(messages))
+    pending, replies = set(message_ids), []
+    deadline = time.monotonic() + timeout
+    interval = poll_seconds(grid)
+    while pending:
+        for reply in grid.pull_messages([m for m in message_ids if m in pending]):
+            if reply.metadata.reply_to_message_id in pending:
+                replies.append(reply)
+                pending.discard(reply.metadata.reply_to_message_id)
+        # the in-process grid knows when nothing more can arrive (late replies are dropped)
+        settled = getattr(grid, "nothing_in_flight", None)
+        if not pending or (settled is not None and settled()) or time.monotonic() >= deadline:
+            break
+        time.sleep(min(interval, max(deadline - time.monotonic(), 0.0)))
+    position = {message_id: i for i, message_id in enumerate(message_ids)}
+    replies.sort(key=lambda r: position[r.metadata.reply_to_message_id])
+    return message_ids, replies

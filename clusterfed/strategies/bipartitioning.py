@@ -1,0 +1,223 @@
+"""The recursive bi-partitioning base, what CFL, LayerCFL and HiCFL share: the cluster
+tree (client keys, never matrix positions), the split log written to clusters.json, the criteria
+bookkeeping and newcomer placement. Newcomers descend the tree: at each split they train
+once on the model the parent's members had trained from in the split round, upload only
+the arrays the split was decided on, and follow the side whose split-round direction their
+update resembles (CFL / LayerCFL: the side's mean update, by cosine; HiCFL: the sign of
+the cosine with the reference client's update, as in the split itself). Before the first
+split that is simply the root.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
+from clusterfed.clustering.layercfl import CheckResult, true_group_gap
+from clusterfed.strategies.base import Algorithm, Steps
+from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, TrainReply, natural
+
+SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
+
+
+def flatten(arrays: Arrays, names: list[str]) -> np.ndarray:
+    """The named arrays as one float64 vector, in ``names`` order."""
+    return np.concatenate([np.asarray(arrays[n], dtype=np.float64).ravel() for n in names])
+
+
+def cosine(u: np.ndarray, v: np.ndarray) -> float:
+    nu, nv = float(np.linalg.norm(u)), float(np.linalg.norm(v))
+    return 0.0 if nu == 0.0 or nv == 0.0 else float(np.dot(u, v) / (nu * nv))
+
+
+def decision_record(decision: SplitDecision) -> dict[str, Any]:
+    return {
+        "mode": decision.mode,
+        "mean_norm": decision.mean_norm,
+        "max_norm": decision.max_norm,
+        "reference_mean_norm": decision.reference_mean_norm,
+        "stationary": decision.stationary,
+        "heterogeneous": decision.heterogeneous,
+    }
+
+
+def check_record(check: CheckResult) -> dict[str, Any]:
+    return {"passed": check.passed, "alpha_cross_max": check.alpha_cross_max, "gamma_max": check.gamma_max,
+            "bound": check.bound}
+
+
+class BiPartitioning(Algorithm):
+    """Clusters grown by bi-partitions: tree, split log, criteria, newcomer descent.
+
+    Subclasses implement ``consider_split(round, cluster, replies, decision)``. Cluster ids
+    of the tree and of the base's models coincide (root 0, children numbered in order).
+    """
+
+    name = "bipartitioning"
+
+    # ------------------------------------------------------------ set-up
+    def init_clusters(self) -> None:
+        self.tree = ClusterTree([], round=0)
+        root = self.new_cluster(self.theta0)
+        if root != self.tree.root_id:
+            raise RuntimeError(f"the tree's root {self.tree.root_id} and the first cluster {root} must coincide")
+        self.all_names = list(self.theta0)
+        self.splits: list[dict[str, Any]] = []
+        self.routes: dict[int, dict[str, Any]] = {}  # split node -> how a newcomer picks a side
+        self.max_mean_norm: dict[int, float] = {}  # relative criteria: largest mean-norm per cluster
+        self.final_clustering_round: int | None = None
+
+    def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
+        return {"return": RETURN_UPDATE}
+
+    @contextmanager
+    def timed(self):
+        """Adds the enclosed server-side clustering work to this round's clustering time."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.clustering_seconds += time.perf_counter() - started
+
+    # ------------------------------------------------------------ criteria
+    def criteria(self, cluster: int, replies: list[TrainReply]) -> SplitDecision:
+        """Sattler's criteria on the full updates; keeps the cluster's largest mean-norm."""
+        U = np.stack([flatten(r.update, self.all_names) for r in replies])
+        c = self.config
+        decision = split_criteria(U, [r.num_examples for r in replies], mode=c.split_criteria, eps1=c.eps1,
+                                  eps2=c.eps2, rel_eps1=c.rel_eps1, rel_eps2=c.rel_eps2,
+                                  max_mean_norm_seen=self.max_mean_norm.get(cluster))
+        self.max_mean_norm[cluster] = decision.reference_mean_norm
+        return decision
+
+    def may_split(self, server_round: int, cluster: int, replies: list[TrainReply]) -> bool:
+        """Size and timing rules: at least ``min-split-size`` members and as many updates
+        this round, not before ``min-split-round``."""
+        size = self.config.min_split_size
+        return (server_round >= self.config.min_split_round and len(self.tree.members(cluster)) >= size
+                and len(replies) >= size)
+
+    def thresholds(self) -> dict[str, Any]:
+        c = self.config
+        return {"mode": c.split_criteria, "eps1": c.eps1, "eps2": c.eps2, "rel_eps1": c.rel_eps1,
+                "rel_eps2": c.rel_eps2}
+
+    # ------------------------------------------------------------ the round
+    def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
+        by_cluster: dict[int, list[TrainReply]] = defaultdict(list)
+        for reply in sorted(replies, key=lambda r: natural(r.key)):  # positions follow key order
+            if reply.cluster in self.models and self.tree.node(reply.cluster).is_leaf:
+                by_cluster[reply.cluster].append(reply)
+        report: dict[str, dict[str, Any]] = {}
+        self.round_extra["splits"] = []
+        for cluster in sorted(by_cluster):
+            group = by_cluster[cluster]
+            with self.timed():
+                decision = self.criteria(cluster, group)
+            report[str(cluster)] = {**decision_record(decision), "replies": len(group)}
+            self.consider_split(server_round, cluster, group, decision)
+        self.round_extra["split_criteria"] = report
+        self.round_extra["last_split_round"] = self.final_clustering_round
+
+    def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
+                       decision: SplitDecision) -> None:
+        raise NotImplementedError
+
+    # ------------------------------------------------------------ splitting
+    @staticmethod
+    def side_of(vector: np.ndarray, route: dict[str, Any]) -> int:
+        """0 or 1: the side of a split that an update on ``route["names"]`` belongs to."""
+        sims = [cosine(vector, d) for d in route["directions"]]
+        if route["rule"] == "reference":  # HiCFL: the reference's side iff cos > 0
+            return 0 if sims[0] > 0 else 1
+        return int(np.argmax(sims))  # nearest side mean; ties -> side 0
+
+    def place_absent(self, absent: list[str], route: dict[str, Any], last: dict[str, np.ndarray],
+                     sizes: tuple[int, int]) -> tuple[list[str], list[str]]:
+        """Members that did not reply in the split round: the side their latest update
+        points to; with no update on record, the larger side."""
+        extra: tuple[list[str], list[str]] = ([], [])
+        for key in absent:
+            side = self.side_of(last[key], route) if key in last else (0 if sizes[0] >= sizes[1] else 1)
+            extra[side].append(key)
+        return extra
+
+    def apply_split(self, server_round: int, cluster: int, keys_a: list[str], keys_b: list[str],
+                    record: dict[str, Any], route: dict[str, Any]) -> tuple[int, int]:
+        """Replace leaf ``cluster`` by two children that start from its model."""
+        a, b = self.tree.split_by_keys(cluster, keys_a, keys_b, round=server_round)
+        model = self.models.pop(cluster)
+        made = (self.new_cluster(model), self.new_cluster(model))
+        if made != (a, b):  # the tree and the models number clusters alike
+            raise RuntimeError(f"split of {cluster}: tree children {(a, b)} but new clusters {made}")
+        for key in keys_a:
+            self.assignment[key] = a
+        for key in keys_b:
+            self.assignment[key] = b
+        self.max_mean_norm.pop(cluster, None)
+        self.routes[cluster] = route
+        record = {"round": server_round, "parent": cluster, "children": [a, b], "members": [keys_a, keys_b], **record}
+        self.splits.append(record)
+        self.final_clustering_round = server_round
+        self.round_extra["splits"].append(
+            {k: record[k] for k in ("parent", "children", "gap", "true_group_gap") if k in record})
+        return a, b
+
+    def similarity_record(self, keys: list[str], S: np.ndarray) -> dict[str, Any]:
+        return {"keys": list(keys), "matrix": np.round(S, SIMILARITY_DECIMALS).tolist()}
+
+    def true_gap(self, keys: list[str], S: np.ndarray) -> float | None:
+        """Sattler's Gap against the true groups — metrics only, never decides anything."""
+        gap = true_group_gap(S, [self.clients[k].true_group for k in keys])
+        return None if np.isnan(gap) else float(gap)
+
+    # ------------------------------------------------------------ newcomers
+    def admit(self, server_round: int, keys: list[str]) -> Steps:
+        """Descend the tree: at each split node train once on the split-round model and
+        follow the side the update points to (see the module docstring)."""
+        at = {key: self.tree.root_id for key in keys}
+        path: dict[str, list[int]] = {key: [] for key in keys}
+        while True:
+            waiting: dict[int, list[str]] = defaultdict(list)
+            for key, node in at.items():
+                if not self.tree.node(node).is_leaf:
+                    waiting[node].append(key)
+            if not waiting:
+                break
+            for node, group in waiting.items():
+                route = self.routes[node]
+                children = self.tree.node(node).children
+                sizes = tuple(len(self.tree.node(ch).members) for ch in children)
+                replies = yield self.train_asks(
+                    server_round, group, models={k: route["model"] for k in group}, phase="placement",
+                    extra={"upload": ",".join(route["names"]), "return": RETURN_UPDATE})
+                got = {r.key: flatten(r.update, route["names"]) for r in replies}
+                with self.timed():
+                    for key in group:
+                        if key in got:
+                            side = self.side_of(got[key], route)
+                        else:  # the placement round failed for this client
+                            side = 0 if sizes[0] >= sizes[1] else 1
+                        path[key].append(node)
+                        at[key] = children[side]
+        for key, leaf in at.items():
+            self.tree.add_member(leaf, key)
+            self.assignment[key] = leaf
+            if server_round > 1:
+                self.newcomer_log.append({"round": server_round, "client": key, "cluster": leaf, "path": path[key]})
+
+    # ------------------------------------------------------------ outputs
+    def cluster_state(self) -> dict[str, Any]:
+        return {
+            "tree": self.tree.to_dict(),
+            "splits": self.splits,
+            "final_clustering_round": self.final_clustering_round,
+            "criteria": self.thresholds(),
+        }
+
+

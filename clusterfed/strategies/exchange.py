@@ -1,0 +1,91 @@
+"""What an algorithm asks clients for and what it gets back: plain values, no transport.
+
+The runner turns each ``Ask`` into a Flower message, validates the reply and hands the
+algorithm a ``TrainReply``; an algorithm never sees a message, a node id or a bad reply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+
+# values of an Ask's "upload" and "return" config keys (the message contract)
+UPLOAD_FULL = "full"
+RETURN_WEIGHTS = "weights"
+RETURN_UPDATE = "update"
+
+
+@dataclass
+class ClientInfo:
+    """What the server learnt of a client from its profile."""
+
+    key: str
+    num_examples: int
+    true_group: int  # metrics only: no algorithm may read it (the oracle excepted)
+    label_stats: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class Ask:
+    """Train ``model`` on client ``key`` with ``config`` (phase, cluster-id, upload, return,
+    local-epochs, lr and algorithm extras; the runner adds the data/model spec)."""
+
+    key: str
+    model: Arrays
+    config: dict[str, Any]
+
+    @property
+    def upload(self) -> list[str] | None:
+        """The array names the client must return; None = all of the model's."""
+        value = str(self.config.get("upload", UPLOAD_FULL))
+        return None if value == UPLOAD_FULL else [name for name in value.split(",") if name]
+
+
+@dataclass
+class TrainReply:
+    """A validated train reply: exactly the arrays asked for, finite, of the right shapes."""
+
+    key: str
+    cluster: int
+    arrays: Arrays  # what the client returned (weights or updates)
+    sent: Arrays  # the model it was sent (same names as ``arrays``)
+    num_examples: int
+    train_loss: float
+    metrics: dict[str, float]
+    is_update: bool = False
+
+    @property
+    def update(self) -> Arrays:
+        return self.arrays if self.is_update else {k: self.arrays[k] - self.sent[k] for k in self.arrays}
+
+    @property
+    def weights(self) -> Arrays:
+        return {k: self.sent[k] + self.arrays[k] for k in self.arrays} if self.is_update else self.arrays
+
+
+class Replies(list):
+    """The validated replies of one request, in the order the asks were sent.
+    ``bytes_up`` counts every array byte received for it, rejected replies included."""
+
+    def __init__(self, replies=(), bytes_up: int = 0):
+        super().__init__(replies)
+        self.bytes_up = bytes_up
+
+
+def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:
+    """Sample-weighted mean per array name, summed in float64 in list order."""
+    total = float(sum(weights))
+    names = arrays[0].keys()
+    return {
+        n: (sum(w * a[n].astype(np.float64) for a, w in zip(arrays, weights)) / total).astype(arrays[0][n].dtype)
+        for n in names
+    }
+
+
+def natural(key: str) -> tuple[int, str]:
+    """Sort client keys 0, 1, 2, ..., 10 rather than 0, 1, 10, 2."""
+    return (int(key), "") if key.isdigit() else (1 << 62, key)

@@ -1,0 +1,68 @@
+"""Drive an algorithm without Flower: hand it clients, answer its asks with arrays."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from clusterfed.config import parse_config
+from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo, Replies, TrainReply
+
+# a tiny "model": conv, fc1 (the smallest fc) and a final fc2 layer
+SHAPES = {"conv1.weight": (2, 1, 3, 3), "conv1.bias": (2,), "fc1.weight": (3, 4), "fc1.bias": (3,),
+          "fc2.weight": (4, 3), "fc2.bias": (4,)}
+
+
+def theta0(value: float = 0.0) -> Arrays:
+    return {name: np.full(shape, value, dtype=np.float32) for name, shape in SHAPES.items()}
+
+
+def make(cls, groups: dict[str, int], *, examples: dict[str, int] | None = None, stats=None, **config):
+    """An initialised algorithm knowing ``groups`` (key -> true group) as active clients."""
+    values = {"num-clients": len(groups), "out-dir": "/tmp/unused"}
+    values.update({k.replace("_", "-"): v for k, v in config.items()})
+    algorithm = cls(parse_config(values))
+    algorithm.init(theta0())
+    for key, group in groups.items():
+        algorithm.clients[key] = ClientInfo(key, (examples or {}).get(key, 50), group, dict((stats or {}).get(key, {})))
+    algorithm.active = list(groups)
+    return algorithm
+
+
+def reply_to(ask: Ask, arrays: Arrays, num_examples: int = 50) -> TrainReply:
+    return TrainReply(key=ask.key, cluster=int(ask.config["cluster-id"]), arrays=arrays,
+                      sent={n: ask.model[n] for n in arrays}, num_examples=num_examples, train_loss=1.0,
+                      metrics={}, is_update=ask.config.get("return") == "update")
+
+
+Respond = Callable[[Ask], "Arrays | None"]
+
+
+def drive_round(algorithm, server_round: int, respond: Respond, examples: dict[str, int] | None = None) -> list[list[Ask]]:
+    """Run one round; ``respond(ask)`` gives the arrays a client returns (None: no reply).
+    Returns every batch of asks the algorithm made, in order."""
+    batches = []
+    steps = algorithm.round(server_round)
+    try:
+        asks = next(steps)
+        while True:
+            batches.append(asks)
+            replies = Replies()
+            for ask in asks:
+                arrays = respond(ask)
+                if arrays is not None:
+                    replies.append(reply_to(ask, arrays, (examples or {}).get(ask.key, 50)))
+                    replies.bytes_up += sum(a.nbytes for a in arrays.values())
+            asks = steps.send(replies)
+    except StopIteration:
+        pass
+    return batches
+
+
+def trained(ask: Ask, shift: float) -> Arrays:
+    """What a client returns: the asked arrays of its model moved by ``shift`` (weights or update)."""
+    names = ask.upload or list(ask.model)
+    if ask.config.get("return") == "update":
+        return {n: np.full_like(ask.model[n], shift) for n in names}
+    return {n: ask.model[n] + np.float32(shift) for n in names}

@@ -1,0 +1,23 @@
+"""Short runs of every strategy give the per-client accuracies, bytes and clusterings
+recorded in tests/golden/runs.json (made by tests/golden/make_golden.py before the round
+runner was split from the algorithms): a refactor must not change a number."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "golden"))
+from make_golden import RUNS, canonical_assignment, run_one  # noqa: E402
+
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "runs.json").read_text())
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_numbers_unchanged(name, tmp_path):
+    got, want = run_one(name, tmp_path / name), GOLDEN[name]
+    assert len(got["rounds"]) == len(want["rounds"])
+    for round_got, round_want in zip(got["rounds"], want["rounds"]):
+        assert round_got == round_want, f"{name} round differs"
+    assert canonical_assignment(got["assignment"]) == canonical_assignment(want["assignment"])
