@@ -57,6 +57,9 @@ def test_blocked_small_inputs_and_validation():
         blocked_pairwise_distances(np.array([[0.0, np.nan], [1.0, 1.0]]))
     with pytest.raises(ValueError):
         condensed_distances(np.ones((3, 2)), "l2", "exact")
+    for fn in (cluster_auto, lambda X, **kw: cluster_by_threshold(X, 1.0, **kw), lambda X, **kw: cluster_into_k(X, 1, **kw)):
+        with pytest.raises(ValueError):
+            fn(np.ones((1, 2)), distances="exact")  # checked even when one client needs no distances
 
 
 @pytest.mark.parametrize("linkage", LINKAGES)

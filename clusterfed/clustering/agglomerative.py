@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.cluster import hierarchy
 
-from .distances import as_client_matrix, check_metric, condensed_distances
+from .distances import as_client_matrix, check_distance_method, check_metric, condensed_distances
 
 LINKAGES = ("average", "single", "complete", "ward")
 
@@ -58,6 +58,7 @@ def linkage_matrix(
 ) -> np.ndarray:
     """SciPy linkage matrix Z (m-1, 4) of the client vectors (needs m >= 2)."""
     check_linkage(linkage, metric)
+    check_distance_method(distances)
     X = as_client_matrix(X)
     if X.shape[0] < 2:
         raise ValueError("a dendrogram needs at least two clients")
@@ -74,6 +75,7 @@ def cluster_by_threshold(
 ) -> np.ndarray:
     """Cut the dendrogram at height λ = ``threshold``: merges at height <= λ are kept."""
     check_linkage(linkage, metric)
+    check_distance_method(distances)
     X = as_client_matrix(X)
     threshold = float(threshold)
     if np.isnan(threshold):
@@ -92,6 +94,7 @@ def cluster_into_k(
     With tied merge heights SciPy may return fewer than k clusters (it never splits a tie).
     """
     check_linkage(linkage, metric)
+    check_distance_method(distances)
     X = as_client_matrix(X)
     m = X.shape[0]
     k = int(min(max(int(k), 1), m))
@@ -144,6 +147,7 @@ def cluster_auto(
     clients — every client goes to one cluster. ``max_clusters=None`` considers all cuts.
     """
     check_linkage(linkage, metric)
+    check_distance_method(distances)
     X = as_client_matrix(X)
     m = X.shape[0]
     if m < 3:

@@ -152,13 +152,17 @@ def blocked_pairwise_distances(
     return out
 
 
+def check_distance_method(method: str) -> str:
+    if method not in DISTANCE_METHODS:
+        raise ValueError(f"unknown distance method {method!r}; expected one of {DISTANCE_METHODS}")
+    return method
+
+
 def condensed_distances(X: np.ndarray, metric: str = "l2", method: str = "pdist") -> np.ndarray:
     """The condensed distance vector by ``method`` (one of ``DISTANCE_METHODS``)."""
-    if method == "pdist":
-        return pairwise_distances(X, metric)
-    if method == "blocked":
+    if check_distance_method(method) == "blocked":
         return blocked_pairwise_distances(X, metric)
-    raise ValueError(f"unknown distance method {method!r}; expected one of {DISTANCE_METHODS}")
+    return pairwise_distances(X, metric)
 
 
 def _pairs_touching(m: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -24,7 +24,7 @@ from .agglomerative import (
     cluster_by_threshold,
     relabel_in_order,
 )
-from .distances import DISTANCE_METHODS, as_client_matrix
+from .distances import as_client_matrix, check_distance_method
 from .newcomers import DEFAULT_PLACE_CHUNK_ROWS, nearest_references
 
 
@@ -90,8 +90,7 @@ def cluster_sampled(
     single linkage a sparser sample merges later, so the same λ gives more clusters.
     """
     check_linkage(linkage, metric)
-    if distances not in DISTANCE_METHODS:
-        raise ValueError(f"unknown distance method {distances!r}; expected one of {DISTANCE_METHODS}")
+    check_distance_method(distances)
     X = X if isinstance(X, np.ndarray) else np.asarray(X)
     if X.ndim != 2 or X.shape[0] == 0:
         raise ValueError(f"expected an (m, d) matrix of client vectors with m >= 1, got shape {X.shape}")
