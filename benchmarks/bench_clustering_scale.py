@@ -1,11 +1,21 @@
-"""Server-side clustering cost versus the number of clients.
+"""Server-side clustering cost versus the number of clients: one-shot path (pdist vs
+blocked distances) and the two-stage sampled path.
 
-Synthetic partial weights: 4 true groups, dimension 650 (digits-CNN final layer) and 850
-(LeNet-5 final layer, 84*10 + 10). For each (clients, dimension) a fresh subprocess times
-each stage (pdist, linkage, threshold cut, k cut, auto search) and records the peak
-Python-tracked memory (tracemalloc: NumPy buffers) and the process peak RSS.
+Synthetic partial weights: the final layer of LeNet-5 (84*10 weights + 10 biases = 850
+dims, float32 as clients send them), 5 true groups of unequal size (40/25/20/10/5 %),
+centres N(0, 1), member noise 0.5 (within-group distances ~sqrt(2d)/2, between groups
+~sqrt(2.5 d): separable, not trivial). Every case runs in a fresh subprocess that records
+its wall time, tracemalloc peak (NumPy buffers allocated by the clustering) and process
+peak RSS (input data included).
 
-    .venv/bin/python benchmarks/bench_clustering_scale.py [--clients 1000 10000] [--dims 650 850]
+Cases:
+  oneshot  (1k, 10k; pdist and blocked distances): cluster_auto (distances + linkage +
+           auto-λ silhouette search) and cluster_by_threshold at the auto λ; ARI vs truth;
+           the blocked labels equal the pdist labels.
+  sampled  (10k, 100k, 1M): cluster_sampled with a seeded sample; ARI vs truth, and vs
+           the full (blocked) clustering where that fits (10k).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/bench_clustering_scale.py
 
 Writes benchmarks/results/clustering_scale.json and prints a table.
 """
@@ -14,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -25,138 +36,124 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-GROUPS = 4
+DIM = 850
+SHARES = (0.40, 0.25, 0.20, 0.10, 0.05)
+NOISE = 0.5
+GEN_CHUNK = 50_000
 
 
-def synthetic_partials(m: int, d: int, seed: int = 0):
+def synthetic_partials(m: int, d: int = DIM, seed: int = 0):
+    """(m, d) float32 partial weights and their true groups, generated in chunks so that
+    1M clients need only the float32 matrix (3.4 GB) and one chunk."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    centers = rng.normal(size=(GROUPS, d))
-    truth = rng.integers(GROUPS, size=m)
-    # Within-group distances ~ sqrt(2d)/2, between groups ~ sqrt(2.5 d): separable, not trivial.
-    X = centers[truth] + 0.5 * rng.normal(size=(m, d))
+    centers = rng.normal(size=(len(SHARES), d))
+    truth = rng.choice(len(SHARES), size=m, p=SHARES)
+    X = np.empty((m, d), dtype=np.float32)
+    for start in range(0, m, GEN_CHUNK):
+        stop = min(start + GEN_CHUNK, m)
+        X[start:stop] = centers[truth[start:stop]] + NOISE * rng.normal(size=(stop - start, d))
     return X, truth
 
 
-def measure_one(m: int, d: int, max_clusters: int | None) -> dict:
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _timed(fn):
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    out = fn()
+    seconds = time.perf_counter() - t0
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    return out, round(seconds, 3), round(peak / 2**20, 1)
+
+
+def run_case(kind: str, m: int, metric: str, method: str, sample: int, seed: int) -> dict:
     import numpy as np
-    from scipy.cluster import hierarchy
     from sklearn.metrics import adjusted_rand_score
 
-    from clusterfed.clustering.agglomerative import (
-        _linkage_from_condensed,
-        _silhouettes_of_cuts,
-        cluster_auto,
-    )
-    from clusterfed.clustering.distances import pairwise_distances
+    from clusterfed.clustering import cluster_auto, cluster_by_threshold, cluster_sampled
 
-    X, truth = synthetic_partials(m, d)
-    rss_before_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    stages: dict[str, dict[str, float]] = {}
-    tracemalloc.start()
-
-    def stage(name, fn):
-        tracemalloc.reset_peak()
-        base = tracemalloc.get_traced_memory()[0]
-        t0 = time.perf_counter()
-        out = fn()
-        seconds = time.perf_counter() - t0
-        peak = tracemalloc.get_traced_memory()[1] - base
-        stages[name] = {"seconds": round(seconds, 3), "peak_mb": round(peak / 2**20, 1)}
-        return out
-
-    dist = stage("pdist", lambda: pairwise_distances(X, "l2"))
-    Z = stage("linkage_average", lambda: _linkage_from_condensed(dist, "average"))
-    lam = float(Z[-GROUPS, 2] + Z[-GROUPS - 1, 2]) / 2  # a λ between the 4- and 5-cluster cuts
-    stage("fcluster_distance", lambda: hierarchy.fcluster(Z, t=lam, criterion="distance"))
-    labels_k = stage("fcluster_maxclust", lambda: hierarchy.fcluster(Z, t=GROUPS, criterion="maxclust"))
-    k_max = m - 1 if max_clusters is None else min(m - 1, max_clusters)
-    stage("auto_search", lambda: _silhouettes_of_cuts(dist, Z, m, k_max))
-    del dist, Z
-    cut = stage(
-        "cluster_auto_end_to_end", lambda: cluster_auto(X, metric="l2", linkage="average", max_clusters=max_clusters)
-    )
-    total_peak = tracemalloc.get_traced_memory()[1]
-    tracemalloc.stop()
-    return {
-        "clients": m,
-        "dim": d,
-        "groups": GROUPS,
-        "max_clusters": max_clusters,
-        "condensed_mb": round(m * (m - 1) / 2 * 8 / 2**20, 1),
-        "stages": stages,
-        "server_clustering_seconds": round(
-            sum(stages[s]["seconds"] for s in ("pdist", "linkage_average", "fcluster_distance")), 3
-        ),
-        "auto_num_clusters": cut.num_clusters,
-        "auto_silhouette": cut.silhouette,
-        "auto_threshold": cut.threshold,
-        "auto_ari": float(adjusted_rand_score(truth, cut.labels)),
-        "k_cut_ari": float(adjusted_rand_score(truth, labels_k)),
-        "tracemalloc_peak_mb": round(total_peak / 2**20, 1),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-        "rss_before_mb": round(rss_before_mb, 1),
-    }
-
-
-def print_table(rows: list[dict]) -> None:
-    cols = [
-        "pdist", "linkage_average", "fcluster_distance", "fcluster_maxclust", "auto_search", "cluster_auto_end_to_end"
-    ]
-    head = f"{'clients':>7} {'dim':>4} " + " ".join(f"{c[:14]:>14}" for c in cols)
-    head += f" {'K':>3} {'ARI':>5} {'trace MB':>9} {'RSS MB':>8}"
-    print(head)
-    for r in rows:
-        cells = " ".join(f"{r['stages'][c]['seconds']:>13.2f}s" for c in cols)
-        print(
-            f"{r['clients']:>7} {r['dim']:>4} {cells} {r['auto_num_clusters']:>3} {r['auto_ari']:>5.2f}"
-            f" {r['tracemalloc_peak_mb']:>9.0f} {r['peak_rss_mb']:>8.0f}"
+    X, truth = synthetic_partials(m)
+    rss_input = _rss_mb()
+    row: dict = {"kind": kind, "clients": m, "dim": DIM, "metric": metric, "input_mb": round(X.nbytes / 2**20, 1)}
+    if kind == "oneshot":
+        cut, t_auto, mem_auto = _timed(lambda: cluster_auto(X, metric=metric, distances=method))
+        lab, t_thr, mem_thr = _timed(lambda: cluster_by_threshold(X, cut.threshold, metric=metric, distances=method))
+        row.update(
+            distances=method, auto_seconds=t_auto, threshold_seconds=t_thr, auto_trace_mb=mem_auto,
+            threshold_trace_mb=mem_thr, num_clusters=cut.num_clusters, threshold=cut.threshold,
+            silhouette=cut.silhouette, ari_truth=float(adjusted_rand_score(truth, cut.labels)),
+            threshold_cut_equals_auto=bool(np.array_equal(lab, cut.labels)),
         )
+        row["labels_sha"] = __import__("hashlib").sha1(cut.labels.astype(np.int64).tobytes()).hexdigest()[:12]
+    else:
+        res, t, mem = _timed(lambda: cluster_sampled(X, sample, seed=seed, metric=metric))
+        row.update(
+            sample=sample, seed=seed, seconds=t, trace_mb=mem, num_clusters=res.num_clusters,
+            ari_truth=float(adjusted_rand_score(truth, res.labels)),
+        )
+        if m <= 10_000:
+            full, t_full, _ = _timed(lambda: cluster_auto(X, metric=metric, distances="blocked"))
+            row.update(full_seconds=t_full, full_num_clusters=full.num_clusters,
+                       ari_vs_full=float(adjusted_rand_score(full.labels, res.labels)))
+    row["rss_input_mb"] = round(rss_input, 1)
+    row["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return row
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", type=int, nargs="+", default=[100, 1000, 10000])
-    parser.add_argument("--dims", type=int, nargs="+", default=[650, 850])
-    parser.add_argument("--max-clusters", type=int, default=100, help="cluster_auto candidate cap (0 = all cuts)")
-    parser.add_argument("--one", type=int, nargs=2, metavar=("CLIENTS", "DIM"), help=argparse.SUPPRESS)
+    parser.add_argument("--oneshot-clients", type=int, nargs="*", default=[1000, 10000])
+    parser.add_argument("--sampled-clients", type=int, nargs="*", default=[10000, 100000, 1000000])
+    parser.add_argument("--metrics", nargs="+", default=["l2", "cosine"])
+    parser.add_argument("--sample", type=int, default=5000, help="cluster_sampled sample size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--one", nargs=5, metavar=("KIND", "CLIENTS", "METRIC", "METHOD", "SAMPLE"), help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "clustering_scale.json")
     args = parser.parse_args()
-    max_clusters = None if args.max_clusters == 0 else args.max_clusters
 
     if args.one:  # child process: one measurement, JSON on stdout
-        print(json.dumps(measure_one(args.one[0], args.one[1], max_clusters)))
+        kind, m, metric, method, sample = args.one
+        print(json.dumps(run_case(kind, int(m), metric, method, int(sample), args.seed)))
         return
 
+    cases = [("oneshot", m, met, meth, 0) for met in args.metrics for m in args.oneshot_clients
+             for meth in ("pdist", "blocked")]
+    cases += [("sampled", m, met, "blocked", args.sample) for met in args.metrics for m in args.sampled_clients]
     rows = []
-    for m in args.clients:
-        for d in args.dims:
-            cmd = [sys.executable, __file__, "--one", str(m), str(d), "--max-clusters", str(args.max_clusters)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-            rows.append(json.loads(out.strip().splitlines()[-1]))
-            print(f"done: {m} clients, dim {d}", file=sys.stderr, flush=True)
+    for case in cases:
+        cmd = [sys.executable, __file__, "--one", *map(str, case), "--seed", str(args.seed)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+        print(f"done: {case} {rows[-1]}", file=sys.stderr, flush=True)
+    for r in rows:  # the blocked one-shot labels equal the pdist ones
+        if r["kind"] == "oneshot" and r["distances"] == "blocked":
+            ref = next(x for x in rows if x["kind"] == "oneshot" and x["distances"] == "pdist"
+                       and x["clients"] == r["clients"] and x["metric"] == r["metric"])
+            r["labels_equal_pdist"] = r["labels_sha"] == ref["labels_sha"]
     import numpy
     import scipy
     import sklearn
 
     result = {
         "benchmark": "clustering_scale",
+        "command": " ".join(["PYTHONPATH=.", ".venv/bin/python", "benchmarks/bench_clustering_scale.py", *sys.argv[1:]]),
         "machine": {
-            "platform": platform.platform(),
-            "processor": platform.processor(),
-            "python": platform.python_version(),
-            "numpy": numpy.__version__,
-            "scipy": scipy.__version__,
-            "sklearn": sklearn.__version__,
+            "platform": platform.platform(), "cpus": os.cpu_count(), "python": platform.python_version(),
+            "numpy": numpy.__version__, "scipy": scipy.__version__, "sklearn": sklearn.__version__,
+            "load_average_at_end": os.getloadavg(),
         },
-        "metric": "l2",
+        "data": {"dim": DIM, "group_shares": SHARES, "noise": NOISE, "dtype": "float32"},
         "linkage": "average",
         "rows": rows,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print_table(rows)
     print(f"wrote {args.out}")
 
 

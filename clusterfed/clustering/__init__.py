@@ -14,7 +14,10 @@ from .agglomerative import (
 )
 from .cluster_count import STABILIZERS, ClusterCountController, CountStep, loss_reduction_ratio
 from .distances import (
+    DISTANCE_METHODS,
     METRICS,
+    blocked_pairwise_distances,
+    condensed_distances,
     distance_matrix,
     distances_to,
     flatten_partial,
@@ -22,4 +25,5 @@ from .distances import (
     stack_partials,
 )
 from .entropy import cluster_within_preclusters, entropy_preclusters, label_entropy, num_classes_present
-from .newcomers import cluster_references, default_epsilon, nearest_cluster, place_newcomer
+from .newcomers import cluster_references, default_epsilon, nearest_cluster, nearest_references, place_newcomer
+from .sampled import SampledClustering, cluster_sampled

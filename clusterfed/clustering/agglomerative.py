@@ -1,7 +1,9 @@
 """Agglomerative clustering of client vectors: threshold cut, k cut, and automatic cut.
 
-All three build the same SciPy dendrogram (``linkage`` on ``pdist`` distances) and differ
-only in where it is cut. Labels are always 0..K-1, numbered in order of first appearance
+All three build the same SciPy dendrogram (``linkage`` on condensed distances) and differ
+only in where it is cut. ``distances`` picks how the condensed distances are computed:
+"pdist" (SciPy, the default) or "blocked" (``blocked_pairwise_distances``: matrix products
+on all cores, equal to rounding; ~10x faster for thousands of clients). Labels are always 0..K-1, numbered in order of first appearance
 over the rows, so the same partition gives the same labels whatever SciPy's numbering.
 """
 
@@ -13,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.cluster import hierarchy
 
-from .distances import as_client_matrix, check_metric, condensed_index, pairwise_distances
+from .distances import as_client_matrix, check_distance_method, check_metric, condensed_distances
 
 LINKAGES = ("average", "single", "complete", "ward")
 
@@ -51,13 +53,16 @@ def relabel_in_order(labels: np.ndarray) -> np.ndarray:
     return rank[inverse.ravel()]
 
 
-def linkage_matrix(X: np.ndarray, *, metric: str = "l2", linkage: str = "average") -> np.ndarray:
+def linkage_matrix(
+    X: np.ndarray, *, metric: str = "l2", linkage: str = "average", distances: str = "pdist"
+) -> np.ndarray:
     """SciPy linkage matrix Z (m-1, 4) of the client vectors (needs m >= 2)."""
     check_linkage(linkage, metric)
+    check_distance_method(distances)
     X = as_client_matrix(X)
     if X.shape[0] < 2:
         raise ValueError("a dendrogram needs at least two clients")
-    return _linkage_from_condensed(pairwise_distances(X, metric), linkage)
+    return _linkage_from_condensed(condensed_distances(X, metric, distances), linkage)
 
 
 def _linkage_from_condensed(d: np.ndarray, linkage: str) -> np.ndarray:
@@ -66,32 +71,36 @@ def _linkage_from_condensed(d: np.ndarray, linkage: str) -> np.ndarray:
 
 
 def cluster_by_threshold(
-    X: np.ndarray, threshold: float, *, metric: str = "l2", linkage: str = "average"
+    X: np.ndarray, threshold: float, *, metric: str = "l2", linkage: str = "average", distances: str = "pdist"
 ) -> np.ndarray:
     """Cut the dendrogram at height λ = ``threshold``: merges at height <= λ are kept."""
     check_linkage(linkage, metric)
+    check_distance_method(distances)
     X = as_client_matrix(X)
     threshold = float(threshold)
     if np.isnan(threshold):
         raise ValueError("threshold is NaN")
     if X.shape[0] == 1:
         return np.zeros(1, dtype=np.int64)
-    Z = linkage_matrix(X, metric=metric, linkage=linkage)
+    Z = linkage_matrix(X, metric=metric, linkage=linkage, distances=distances)
     return relabel_in_order(hierarchy.fcluster(Z, t=threshold, criterion="distance"))
 
 
-def cluster_into_k(X: np.ndarray, k: int, *, metric: str = "l2", linkage: str = "average") -> np.ndarray:
+def cluster_into_k(
+    X: np.ndarray, k: int, *, metric: str = "l2", linkage: str = "average", distances: str = "pdist"
+) -> np.ndarray:
     """Cut the dendrogram into ``k`` clusters (k clipped to [1, m]).
 
     With tied merge heights SciPy may return fewer than k clusters (it never splits a tie).
     """
     check_linkage(linkage, metric)
+    check_distance_method(distances)
     X = as_client_matrix(X)
     m = X.shape[0]
     k = int(min(max(int(k), 1), m))
     if m == 1:
         return np.zeros(1, dtype=np.int64)
-    Z = linkage_matrix(X, metric=metric, linkage=linkage)
+    Z = linkage_matrix(X, metric=metric, linkage=linkage, distances=distances)
     return relabel_in_order(hierarchy.fcluster(Z, t=k, criterion="maxclust"))
 
 
@@ -127,6 +136,7 @@ def cluster_auto(
     linkage: str = "average",
     min_silhouette: float = DEFAULT_MIN_SILHOUETTE,
     max_clusters: int | None = DEFAULT_MAX_CLUSTERS,
+    distances: str = "pdist",
 ) -> AutoCut:
     """λ = "auto": the dendrogram cut with the best silhouette, or one cluster.
 
@@ -137,15 +147,16 @@ def cluster_auto(
     clients — every client goes to one cluster. ``max_clusters=None`` considers all cuts.
     """
     check_linkage(linkage, metric)
+    check_distance_method(distances)
     X = as_client_matrix(X)
     m = X.shape[0]
     if m < 3:
         # Silhouette is defined for 2..m-1 clusters only: nothing to choose from.
-        heights = linkage_matrix(X, metric=metric, linkage=linkage)[:, 2] if m == 2 else np.zeros(0)
+        heights = linkage_matrix(X, metric=metric, linkage=linkage, distances=distances)[:, 2] if m == 2 else np.zeros(0)
         threshold = _one_cluster_threshold(heights) if m == 2 else 0.0
         return AutoCut(np.zeros(m, dtype=np.int64), threshold, None, 1)
 
-    d = pairwise_distances(X, metric)
+    d = condensed_distances(X, metric, distances)
     Z = _linkage_from_condensed(d, linkage)
     heights = Z[:, 2]
     k_max = m - 1 if max_clusters is None else min(m - 1, int(max_clusters))
@@ -183,28 +194,35 @@ def _leaf_roots(Z: np.ndarray, m: int, merges: int) -> np.ndarray:
     return parent[:m]
 
 
-def _square_rows(d: np.ndarray, m: int, rows: np.ndarray) -> np.ndarray:
-    """Rows of the square distance matrix, read from the condensed vector."""
-    i = rows[:, None]
-    j = np.arange(m)[None, :]
-    lo, hi = np.minimum(i, j), np.maximum(i, j)
-    same = lo == hi
-    out = d[np.where(same, 0, condensed_index(m, lo, hi))]
-    out[same] = 0.0
-    return out
+def _cluster_distance_sums(d: np.ndarray, m: int, labels: np.ndarray, k: int) -> np.ndarray:
+    """S[i, c] = sum of distances from client i to the members of cluster c, in one pass
+    over the condensed vector (never materialising the m×m matrix).
+
+    Row i of the condensed vector holds D[i, i+1:]: it adds to S[i, ·] by the labels of
+    clients i+1.. (``bincount``) and, by symmetry, to S[i+1:, labels[i]].
+    """
+    St = np.zeros((k, m))  # transposed so that the symmetric half is a contiguous add
+    start = 0
+    for i in range(m - 1):
+        seg = d[start : start + m - i - 1]
+        start += m - i - 1
+        St[:, i] += np.bincount(labels[i + 1 :], weights=seg, minlength=k)
+        St[labels[i], i + 1 :] += seg
+    return np.ascontiguousarray(St.T)
 
 
 def _silhouettes_of_cuts(
-    d: np.ndarray, Z: np.ndarray, m: int, k_max: int, chunk_rows: int = 512
+    d: np.ndarray, Z: np.ndarray, m: int, k_max: int, chunk_rows: int | None = None
 ) -> tuple[dict[int, float], dict[int, np.ndarray]]:
     """Silhouette score (as ``sklearn.metrics.silhouette_score`` with precomputed
     distances) of every threshold-reachable cut into 2..k_max clusters.
 
     Computed incrementally instead of calling scikit-learn once per cut (O(m²) each):
     S[i, c] = sum of distances from client i to the members of cluster c is built once for
-    the k_max cut (chunked, never materialising the m×m matrix), then each dendrogram
+    the k_max cut (one pass over the condensed vector), then each dendrogram
     merge adds two columns. Each cut's score then costs O(m·k).
-    Returns the scores and the labels of each scored cut.
+    Returns the scores and the labels of each scored cut. ``chunk_rows`` is no longer
+    used (the sums need no chunking); it is accepted so that existing callers keep working.
     """
     scores: dict[int, float] = {}
     labels_of: dict[int, np.ndarray] = {}
@@ -220,13 +238,7 @@ def _silhouettes_of_cuts(
     node_of_col = [int(node) for node in root_ids]
     sizes = np.bincount(labels, minlength=k).astype(np.float64)
 
-    onehot = np.zeros((m, k))
-    onehot[np.arange(m), labels] = 1.0
-    S = np.empty((m, k))
-    for start in range(0, m, chunk_rows):
-        rows = np.arange(start, min(start + chunk_rows, m))
-        S[rows] = _square_rows(d, m, rows) @ onehot
-    del onehot
+    S = _cluster_distance_sums(d, m, labels, k)
     all_rows = np.arange(m)
 
     for t in range(first, m - 1):

@@ -13,6 +13,15 @@ from scipy.spatial.distance import cdist, pdist, squareform
 
 METRICS = ("l2", "cosine")
 
+# How ``pairwise_distances``-compatible condensed vectors can be computed:
+# "pdist": SciPy's ``pdist`` (one pair at a time, single-threaded, exact per pair);
+# "blocked": ``blocked_pairwise_distances`` (matrix products, multi-threaded BLAS).
+DISTANCE_METHODS = ("pdist", "blocked")
+
+# Rows per matrix product in ``blocked_pairwise_distances``: a (block, m) float64 scratch
+# block, 40 MB at m = 10,000; large enough for BLAS to run at full speed.
+DEFAULT_BLOCK_ROWS = 512
+
 # Our metric names -> SciPy's.
 _SCIPY_METRIC = {"l2": "euclidean", "cosine": "cosine"}
 
@@ -88,6 +97,72 @@ def pairwise_distances(X: np.ndarray, metric: str = "l2") -> np.ndarray:
     # Rounding can leave tiny negatives (or values just above 2); linkage wants >= 0.
     np.clip(d, 0.0, 2.0, out=d)
     return d
+
+
+def blocked_pairwise_distances(
+    X: np.ndarray, metric: str = "l2", *, block_rows: int = DEFAULT_BLOCK_ROWS
+) -> np.ndarray:
+    """``pairwise_distances`` by blocked matrix products: same condensed vector (``pdist``
+    order, same zero-vector rule), to rounding.
+
+    Why by hand: SciPy's ``pdist`` and ``cdist`` loop over pairs in one thread (31 s for
+    10,000 clients × 850 dims), scikit-learn's ``euclidean_distances`` returns the square
+    m×m matrix (twice the memory, and the condensed copy on top). Here every block of rows
+    is multiplied by the rows at and after it (BLAS, all cores, half the products of a full
+    Gram matrix) and written straight into the condensed vector.
+
+    L2: ‖a−b‖² = ‖a‖² + ‖b‖² − 2a·b on rows centred on their mean (distances do not change;
+    the norms shrink, and with them the cancellation), clipped at 0, square-rooted.
+    Cosine: 1 − â·b̂ on unit rows, clipped to [0, 2]; a zero row stays zero, so its
+    distance to everything is 1. Accuracy (float64): within 1e-6 × the largest centred
+    row norm of ``pdist`` for L2 (worst for near-coincident rows, where the square root
+    amplifies the rounding of d²; ~1e-12 relative for distances of the order of the
+    spread), within 1e-12 for cosine.
+    """
+    check_metric(metric)
+    X = as_client_matrix(X)
+    block_rows = int(block_rows)
+    if block_rows < 1:
+        raise ValueError(f"block_rows must be >= 1, got {block_rows}")
+    m = X.shape[0]
+    if m < 2:
+        return np.zeros(0, dtype=np.float64)
+    if metric == "l2":
+        Y = X - X.mean(axis=0)
+        sq = np.einsum("ij,ij->i", Y, Y)
+    else:
+        norms = np.linalg.norm(X, axis=1)
+        Y = X / np.where(norms > 0, norms, 1.0)[:, None]  # zero rows stay zero
+    out = np.empty(m * (m - 1) // 2, dtype=np.float64)
+    for r0 in range(0, m - 1, block_rows):
+        r1 = min(r0 + block_rows, m - 1)  # the last row has no pair after it
+        G = Y[r0:r1] @ Y[r0:].T  # G[i - r0, j - r0] = y_i · y_j for j >= r0
+        if metric == "l2":
+            G *= -2.0
+            G += sq[r0:r1, None]
+            G += sq[None, r0:]
+            np.maximum(G, 0.0, out=G)
+            np.sqrt(G, out=G)
+        else:
+            np.subtract(1.0, G, out=G)
+            np.clip(G, 0.0, 2.0, out=G)
+        for i in range(r0, r1):
+            start = int(condensed_index(m, i, i + 1))
+            out[start : start + m - i - 1] = G[i - r0, i - r0 + 1 :]
+    return out
+
+
+def check_distance_method(method: str) -> str:
+    if method not in DISTANCE_METHODS:
+        raise ValueError(f"unknown distance method {method!r}; expected one of {DISTANCE_METHODS}")
+    return method
+
+
+def condensed_distances(X: np.ndarray, metric: str = "l2", method: str = "pdist") -> np.ndarray:
+    """The condensed distance vector by ``method`` (one of ``DISTANCE_METHODS``)."""
+    if check_distance_method(method) == "blocked":
+        return blocked_pairwise_distances(X, metric)
+    return pairwise_distances(X, metric)
 
 
 def _pairs_touching(m: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
