@@ -121,10 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from clusterfed.datasets import DatasetNotFoundError, PartitionError
+    from clusterfed.runner import CheckpointError
 
     try:
         return args.func(args)
-    except (ConfigError, DatasetNotFoundError, PartitionError, FileNotFoundError, tomllib.TOMLDecodeError) as error:
+    except (ConfigError, CheckpointError, DatasetNotFoundError, PartitionError, FileNotFoundError,
+            tomllib.TOMLDecodeError) as error:
         print(f"clusterfed: {error}", file=sys.stderr)
         return 2
 

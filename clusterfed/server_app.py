@@ -36,6 +36,8 @@ def export_models(out: Path, config: RunConfig, models: dict[int, dict]) -> list
 
     folder = out / "models"
     folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("cluster-*.pt"):  # a resumed run's earlier export: clusters may have split since
+        stale.unlink()
     paths = []
     for cluster, arrays in sorted(models.items()):
         path = folder / f"cluster-{cluster}.pt"
