@@ -1,4 +1,4 @@
-"""``clusterfed run | compare | partition-report | plot``."""
+"""``clusterfed run | compare | partition-report | partition | plot``."""
 
 from __future__ import annotations
 
@@ -67,21 +67,29 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_partition_report(args: argparse.Namespace) -> int:
-    from clusterfed.datasets import load_source, make_partition, partition_table, plot_partition
+    from clusterfed.datasets import partition_table, plot_partition
+    from clusterfed.datasets.export import build_partition
 
     config = resolve_config(args.config, args.overrides)
-    source = load_source(config.dataset, config.data_dir or None)
-    partition = make_partition(
-        source.y, source.num_classes, name=config.partitioner, num_clients=config.num_clients,
-        num_groups=config.num_groups, alpha=config.alpha, beta=config.beta,
-        labels_per_client=config.labels_per_client, label_groups=config.label_groups, rotations=config.rotations,
-        min_samples=config.min_samples, test_fraction=config.test_fraction, seed=config.seed,
-    )
+    source, partition = build_partition(config.to_flower())
     print(partition_table(partition, source.y, source.num_classes))
     png = Path(args.png)
     png.parent.mkdir(parents=True, exist_ok=True)
     plot_partition(partition, source.y, source.num_classes, png)
     print(f"figure: {png.resolve()}")
+    return 0
+
+
+def cmd_partition(args: argparse.Namespace) -> int:
+    """Write one .npz per client and a manifest, to copy onto devices."""
+    from clusterfed.datasets.export import export_partition
+
+    config = resolve_config(args.config, args.overrides)
+    manifest = export_partition(config.to_flower(), args.out)
+    for client in manifest["clients"]:
+        print(f"{client['file']}: group {client['true-group']}, "
+              f"{client['train-samples']} train / {client['test-samples']} test")
+    print(f"manifest: {(Path(args.out) / 'manifest.json').resolve()}")
     return 0
 
 
@@ -112,6 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--png", default="partition.png", help="where to write the figure")
     _add_config_args(report)
     report.set_defaults(func=cmd_partition_report)
+    partition = sub.add_parser("partition", help="write each client's data to DIR/part-<i>.npz for devices")
+    partition.add_argument("--out", required=True, metavar="DIR", help="folder for part-<i>.npz and manifest.json")
+    _add_config_args(partition)
+    partition.set_defaults(func=cmd_partition)
     plot = sub.add_parser("plot", help="redraw the figures of a results folder")
     plot.add_argument("dir")
     plot.set_defaults(func=cmd_plot)

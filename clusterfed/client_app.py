@@ -1,30 +1,32 @@
 """ClientApp: trains and evaluates the model it is sent on its own data.
 
-The same app runs in simulation (one virtual SuperNode per partition) and on a device
-(a SuperNode started with ``--node-config 'partition-id=3 client-key="pi-03"'``).
+The same app runs in simulation (one virtual SuperNode per partition) and on a device:
+a SuperNode started with ``--node-config 'data-path="/data/part-3.npz" client-key="pi-03"'``
+reads only its own data (``clusterfed.datasets.device_data``); one started with
+``--node-config 'partition-id=3 client-key="pi-03"'`` cuts its share of the shared data set.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.supercore import log
 
 from clusterfed import faults, protocol
-from clusterfed.clustering.entropy import label_entropy, num_classes_present
-from clusterfed.datasets import client_arrays, load_source, make_partition
+from clusterfed.datasets import client_arrays
+from clusterfed.datasets.device_data import data_fingerprint, load_device_data
+from clusterfed.datasets.export import PARTITION_KEYS, build_partition
+from clusterfed.label_stats import label_entropy, num_classes_present
 from clusterfed.models import build_model
 from clusterfed.training import cap_threads, evaluate, load_numpy_state, pick_device, state_to_numpy, train
 
 app = ClientApp()
-
-# the spec keys that decide the partition (model, batch size, device do not)
-_PARTITION_KEYS = ("dataset", "data-dir", "partitioner", "num-clients", "num-groups", "alpha", "beta",
-                   "labels-per-client", "label-groups", "rotations", "min-samples", "test-fraction", "seed")
 
 
 @dataclass(frozen=True)
@@ -41,28 +43,12 @@ class ClientData:
 @lru_cache(maxsize=8)
 def _partition(spec_items: tuple):
     # cached per process: a simulation actor serves many virtual clients of one run
-    spec = dict(spec_items)
-    source = load_source(str(spec["dataset"]), str(spec["data-dir"]) or None)
-    return source, make_partition(
-        source.y,
-        source.num_classes,
-        name=str(spec["partitioner"]),
-        num_clients=int(spec["num-clients"]),
-        num_groups=int(spec["num-groups"]),
-        alpha=float(spec["alpha"]),
-        beta=float(spec["beta"]),
-        labels_per_client=int(spec["labels-per-client"]),
-        label_groups=str(spec["label-groups"]),
-        rotations=str(spec["rotations"]),
-        min_samples=int(spec["min-samples"]),
-        test_fraction=float(spec["test-fraction"]),
-        seed=int(spec["seed"]),
-    )
+    return build_partition(dict(spec_items))
 
 
 @lru_cache(maxsize=256)
 def _load_client_data(spec_items: tuple, partition_id: int) -> ClientData:
-    source, partition = _partition(tuple((k, v) for k, v in spec_items if k in _PARTITION_KEYS))
+    source, partition = _partition(tuple((k, v) for k, v in spec_items if k in PARTITION_KEYS))
     if not 0 <= partition_id < len(partition.clients):
         raise ValueError(f"partition-id {partition_id} outside 0..{len(partition.clients) - 1}")
     part = partition.clients[partition_id]
@@ -70,14 +56,36 @@ def _load_client_data(spec_items: tuple, partition_id: int) -> ClientData:
     return ClientData(x_train, y_train, x_test, y_test, int(part.group), source.num_classes, source.input_shape)
 
 
-def client_identity(context: Context) -> tuple[int, str]:
-    """(partition id, stable client key). The key survives reconnects; node ids do not."""
+def client_identity(context: Context) -> tuple[int | None, str]:
+    """(partition id or None, stable client key). The key survives reconnects; node ids do not.
+
+    The key is the node config's ``client-key``; without one, a device with a ``data-path``
+    is keyed by its data's fingerprint (with a warning) and a partition by its id.
+    """
     node_config = context.node_config
-    if "partition-id" not in node_config:
-        raise ValueError("node config has no 'partition-id' (start the SuperNode with --node-config 'partition-id=N')")
-    partition_id = int(node_config["partition-id"])
-    key = str(node_config.get("client-key", partition_id))
+    data_path = str(node_config.get("data-path", ""))
+    if "partition-id" not in node_config and not data_path:
+        raise ValueError(
+            "node config has neither 'data-path' nor 'partition-id' (start the SuperNode with "
+            "--node-config 'data-path=\"/data/part-3.npz\" client-key=\"pi-03\"', or 'partition-id=N' "
+            "to use a share of the shared data set)"
+        )
+    partition_id = int(node_config["partition-id"]) if "partition-id" in node_config else None
+    if "client-key" in node_config:
+        key = str(node_config["client-key"])
+    elif data_path:
+        key = _data_key(data_path)
+    else:
+        key = str(partition_id)
     return partition_id, key
+
+
+@lru_cache(maxsize=8)
+def _data_key(data_path: str) -> str:
+    key = f"data-{data_fingerprint(data_path)[:16]}"
+    log(logging.WARNING, "node config has no 'client-key': using %s, derived from the hash of %s; set "
+        "client-key in --node-config to keep the key when the data changes", key, data_path)
+    return key
 
 
 def _spec(config: ConfigRecord, context: Context) -> dict:
@@ -89,6 +97,13 @@ def _spec(config: ConfigRecord, context: Context) -> dict:
 
 
 def _client_data(config: ConfigRecord, context: Context) -> ClientData:
+    data_path = str(context.node_config.get("data-path", ""))
+    if data_path:  # the device's own files; the shared data set is never loaded
+        spec = _spec(config, context)
+        own = load_device_data(data_path, str(spec["dataset"]), test_fraction=float(spec["test-fraction"]),
+                               seed=int(spec["seed"]))
+        return ClientData(own.x_train, own.y_train, own.x_test, own.y_test, own.true_group, own.num_classes,
+                          own.input_shape)
     partition_id, _ = client_identity(context)
     return _load_client_data(tuple(sorted(_spec(config, context).items())), partition_id)
 

@@ -12,7 +12,6 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError, build_runner

@@ -7,7 +7,7 @@ their partial weights inside each pre-cluster.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -22,31 +22,8 @@ from .agglomerative import (
 )
 from .distances import as_client_matrix
 
-
-def _counts(histogram: Sequence[float] | Mapping[object, float] | np.ndarray) -> np.ndarray:
-    values = list(histogram.values()) if isinstance(histogram, Mapping) else histogram
-    counts = np.asarray(values, dtype=np.float64).ravel()
-    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
-        raise ValueError("label histogram must hold finite, non-negative counts")
-    return counts
-
-
-def label_entropy(histogram: Sequence[float] | Mapping[object, float] | np.ndarray) -> float:
-    """Shannon entropy in bits of a label histogram (counts per class; a list, an array
-    or a mapping class -> count). Classes with count 0 contribute nothing; an empty
-    histogram has entropy 0."""
-    counts = _counts(histogram)
-    counts = counts[counts > 0]
-    total = counts.sum()
-    if total == 0:
-        return 0.0
-    p = counts / total
-    return float(max(0.0, -np.sum(p * np.log2(p))))  # max: no -0.0 for one class
-
-
-def num_classes_present(histogram: Sequence[float] | Mapping[object, float] | np.ndarray) -> int:
-    """L_c: the number of classes with a positive count."""
-    return int(np.count_nonzero(_counts(histogram) > 0))
+# NumPy-only, shared with the client (which must import without SciPy)
+from clusterfed.label_stats import _counts, label_entropy, num_classes_present  # noqa: E402,F401
 
 
 def entropy_preclusters(num_classes: Sequence[int], entropies: Sequence[float], gap: float = 0.1) -> np.ndarray:
