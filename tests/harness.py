@@ -66,3 +66,19 @@ def trained(ask: Ask, shift: float) -> Arrays:
     if ask.config.get("return") == "update":
         return {n: np.full_like(ask.model[n], shift) for n in names}
     return {n: ask.model[n] + np.float32(shift) for n in names}
+
+
+def capture_algorithms(monkeypatch) -> list:
+    """Make ``run_server`` hand every algorithm it builds to the returned list."""
+    from clusterfed import server_app
+    from clusterfed.runner import build_runner
+
+    captured = []
+
+    def capture(config, recorder=None):
+        runner = build_runner(config, recorder)
+        captured.append(runner.algorithm)
+        return runner
+
+    monkeypatch.setattr(server_app, "build_runner", capture)
+    return captured

@@ -9,23 +9,12 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from clusterfed import faults, protocol, server_app
+from harness import capture_algorithms
+
+from clusterfed import faults, protocol
 from clusterfed.client_app import do_evaluate, do_train, profile
 from clusterfed.config import parse_config
-from clusterfed.runner import build_runner
 from clusterfed.simulation import simulate
-
-
-def capture_algorithm(monkeypatch):
-    captured = []
-
-    def capture(config, recorder=None):
-        runner = build_runner(config, recorder)
-        captured.append(runner.algorithm)
-        return runner
-
-    monkeypatch.setattr(server_app, "build_runner", capture)
-    return captured
 
 
 def rows(out):
@@ -44,7 +33,7 @@ def expected_faults(config, algorithm, rounds):
 
 @pytest.mark.parametrize("strategy", ["fedavg", "cfl"])
 def test_run_with_a_fifth_of_clients_faulting_completes_and_counts_every_fault(strategy, tmp_path, monkeypatch):
-    captured = capture_algorithm(monkeypatch)
+    captured = capture_algorithms(monkeypatch)
     config = parse_config({"strategy": strategy, "num-clients": 10, "rounds": 4, "out-dir": str(tmp_path),
                            "partitioner": "rotation", "batch-size": 32, "timeout": 30, "fraction-evaluate": 1.0,
                            "fault-rate": 0.05, "fault-nan-rate": 0.05, "fault-shape-rate": 0.05,
@@ -136,7 +125,7 @@ def hostile_app(seed: int, log: list):
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fuzzed_replies_are_rejected_with_reasons_and_corrupt_nothing(seed, tmp_path, monkeypatch):
-    captured = capture_algorithm(monkeypatch)
+    captured = capture_algorithms(monkeypatch)
     damaged: list = []
     config = parse_config({"strategy": "fedclust", "num-clients": 6, "rounds": 3, "out-dir": str(tmp_path),
                            "partitioner": "label-groups", "label-groups": "0-4;5-9", "batch-size": 32,

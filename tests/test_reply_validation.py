@@ -14,11 +14,12 @@ import pytest
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from clusterfed import protocol, server_app
+from harness import capture_algorithms
+
+from clusterfed import protocol
 from clusterfed.client_app import do_evaluate, do_train, profile
 from clusterfed.config import parse_config
 from clusterfed.simulation import simulate
-from clusterfed.runner import build_runner
 
 BAD_CLIENT = 0
 
@@ -92,14 +93,7 @@ def silent_app() -> ClientApp:
 
 def run(tmp_path, monkeypatch, client_app, **values):
     """simulate() with ``client_app``; returns (the algorithm, rounds.jsonl records)."""
-    captured = []
-
-    def capture(config, recorder=None):
-        runner = build_runner(config, recorder)
-        captured.append(runner.algorithm)
-        return runner
-
-    monkeypatch.setattr(server_app, "build_runner", capture)
+    captured = capture_algorithms(monkeypatch)
     config = parse_config({"num-clients": 4, "rounds": 1, "batch-size": 32, "out-dir": str(tmp_path),
                            "partitioner": "label-groups", "label-groups": "0-4;5-9", **values})
     simulate(config, engine="inprocess", stream=None, client_app=client_app)
