@@ -56,6 +56,16 @@ def table(rows: list[dict]) -> str:
             sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
             lines.append(f"| {strategy} | {rate:.0%} | {statistics.mean(acc):.3f} ± {sd:.3f} | {delta:+.1f} | "
                          f"{statistics.mean(ari):.2f} | {counted:.0f} |")
+    lines += ["", "Per seed (final accuracy / ARI):", "", "| strategy | fault rate | " +
+              " | ".join(f"seed {s}" for s in sorted({r['seed'] for r in rows})) + " |",
+              "|---|---|" + "---|" * len({r['seed'] for r in rows})]
+    for strategy in STRATEGIES:
+        for rate in RATES:
+            sel = sorted((r for r in rows if r["strategy"] == strategy and r["fault_rate"] == rate),
+                         key=lambda r: r["seed"])
+            if sel:
+                lines.append(f"| {strategy} | {rate:.0%} | " + " | ".join(
+                    f"{r['final_accuracy']:.3f} / {r['final_ari']:.2f}" for r in sel) + " |")
     return "\n".join(lines)
 
 
@@ -64,13 +74,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=50)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--out", default="benchmarks/results/faults_label_swap")
+    parser.add_argument("--table-only", action="store_true", help="rewrite table.md from results.json")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows = json.loads((out / "results.json").read_text()) if args.table_only else []
     seeds = [int(s) for s in args.seeds.split(",")]
     total = len(STRATEGIES) * len(RATES) * len(seeds)
-    for strategy in STRATEGIES:
+    for strategy in STRATEGIES if not args.table_only else ():
         for rate in RATES:
             for seed in seeds:
                 rows.append(one_run(strategy, rate, seed, args.rounds))
