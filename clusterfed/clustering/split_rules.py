@@ -1,0 +1,211 @@
+"""Pieces that make the stability-timed and layer-wise bi-partitions usable with default
+settings on real SGD updates, and that let an over-split tree repair itself.
+
+- ``relative_stability``: a layer's windowed model stability (HiCFL, Gong et al., "Towards
+  Hierarchical Clustered Federated Learning With Model Stability on Mobile Devices") divided
+  by that layer's own scale — the members' median windowed stability when the cluster's
+  windows first filled. An absolute ε (0.5·η) compares layers whose stability differs by a
+  factor 3 (output layer ~0.01, conv layers ~0.03 on the digits CNN at η = 0.05).
+- ``ready_layers``: the layers whose relative stability is below ``eps_rel`` for every member.
+- ``choose_split``: among candidate bi-partitions (one per layer), the best-separated one by
+  silhouette on cosine distances, accepted only if it reaches a minimum — a structure test
+  before a split, as CFL's acceptance test.
+- ``best_separated_layers``: for an unknown skew, the layer group (e.g. conv vs fc) whose
+  updates show the most structure (best-cut silhouette).
+- ``merge_pairs``: which leaf clusters to merge because their members' updates have become
+  indistinguishable.
+- ``one_cluster_reason``: the sentence to report when a run ends with a single cluster.
+
+Pure NumPy/SciPy; client keys and layer names are any hashables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from clusterfed.clustering.bipartition import best_cut_silhouette, cosine_similarity_matrix, split_silhouette
+
+# --------------------------------------------------------------------------- relative stability
+
+
+def layer_scale(windowed: Mapping[Hashable, float | None]) -> float | None:
+    """A layer's stability scale: the median of the members' windowed stabilities (None
+    while any window is not full; a zero median is replaced by the largest value, and
+    None is returned when every value is zero — no scale to compare against)."""
+    values = list(windowed.values())
+    if not values or any(v is None for v in values):
+        return None
+    arr = np.asarray(values, dtype=np.float64)
+    scale = float(np.median(arr))
+    if scale <= 0.0:
+        scale = float(arr.max())
+    return scale if scale > 0.0 else None
+
+
+def relative_stability(windowed: Mapping[Hashable, float | None], scale: float | None) -> dict | None:
+    """Each member's windowed stability divided by the layer's ``scale`` (see
+    ``layer_scale``); None when a window is not full or there is no scale."""
+    if scale is None or scale <= 0.0 or any(v is None for v in windowed.values()):
+        return None
+    return {k: float(v) / float(scale) for k, v in windowed.items()}
+
+
+def ready_layers(relative_by_layer: Mapping[Hashable, Mapping[Hashable, float] | None], eps_rel: float) -> list:
+    """Layers (input order) whose relative stability is < ``eps_rel`` for every member."""
+    out = []
+    for layer, rel in relative_by_layer.items():
+        if rel and all(v < eps_rel for v in rel.values()):
+            out.append(layer)
+    return out
+
+
+# --------------------------------------------------------------------------- structure test
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    """The chosen candidate (``layer`` None: every candidate refused) and every candidate's
+    silhouette."""
+
+    layer: Hashable | None
+    silhouette: float
+    silhouettes: dict
+
+
+def sides_silhouette(U: np.ndarray, side_a: Sequence[int], side_b: Sequence[int]) -> float:
+    """Silhouette of a 2-way split of the rows of ``U`` on cosine distances 1 − cos."""
+    return split_silhouette(cosine_similarity_matrix(np.asarray(U, dtype=np.float64)), side_a, side_b)
+
+
+def choose_split(candidates: Mapping[Hashable, tuple[np.ndarray, Sequence[int], Sequence[int]]],
+                 min_silhouette: float) -> SplitChoice:
+    """``candidates``: layer -> (updates (m, d), side a positions, side b positions). The
+    layer whose split has the largest silhouette is chosen if that silhouette reaches
+    ``min_silhouette``; otherwise ``layer`` is None (no split this round). Ties: the first."""
+    scores = {layer: sides_silhouette(U, a, b) for layer, (U, a, b) in candidates.items()}
+    if not scores:
+        return SplitChoice(None, float("nan"), {})
+    best = max(scores, key=lambda k: scores[k])
+    best_score = scores[best]
+    return SplitChoice(best if best_score >= min_silhouette else None, float(best_score), scores)
+
+
+def best_separated_layers(updates_by_group: Mapping[Hashable, np.ndarray], max_clusters: int = 6) -> tuple:
+    """(name, {name: best-cut silhouette}) — the layer group whose members' updates show the
+    most structure: the best silhouette over complete-linkage cuts into 2..``max_clusters``
+    clusters of 1 − cos (``bipartition.best_cut_silhouette``). Ties: the first."""
+    scores = {}
+    for name, U in updates_by_group.items():
+        S = cosine_similarity_matrix(np.asarray(U, dtype=np.float64))
+        scores[name] = float(best_cut_silhouette(S, max_clusters)[0])
+    if not scores:
+        raise ValueError("no layer group to choose from")
+    best = max(scores, key=lambda k: scores[k])
+    return best, scores
+
+
+# --------------------------------------------------------------------------- merging
+
+
+@dataclass(frozen=True)
+class MergePair:
+    a: Hashable
+    b: Hashable
+    cosine: float  # cosine of the two clusters' mean updates
+    silhouette: float  # silhouette of the two clusters' members, labelled by cluster
+
+
+def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine: float = 0.6,
+                max_silhouette: float = 0.5) -> list[MergePair]:
+    """Pairs of clusters to merge: the cosine of their members' mean updates is at least
+    ``min_cosine`` AND the silhouette of their joint members (labelled by cluster, on
+    1 − cos of the individual updates) is at most ``max_silhouette`` — the two clusters
+    move the same way and their members are no better separated than noise.
+
+    ``updates_by_cluster``: cluster -> (m_c, d) updates of its members (the same layers,
+    each cluster's members on its own model). Clusters with fewer than 2 members are
+    judged on the cosine alone (no silhouette; reported as NaN). Greedy: pairs sorted by
+    cosine, best first, each cluster in at most one pair per call (repeat next round for
+    chains).
+    """
+    names = list(updates_by_cluster)
+    mats = {c: np.atleast_2d(np.asarray(updates_by_cluster[c], dtype=np.float64)) for c in names}
+    found = []
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            ma, mb = mats[a].mean(axis=0), mats[b].mean(axis=0)
+            na, nb = float(np.linalg.norm(ma)), float(np.linalg.norm(mb))
+            cos = float(np.dot(ma, mb) / (na * nb)) if na > 0 and nb > 0 else 0.0
+            if cos < min_cosine:
+                continue
+            if mats[a].shape[0] >= 2 and mats[b].shape[0] >= 2:
+                U = np.vstack([mats[a], mats[b]])
+                sil = sides_silhouette(U, np.arange(mats[a].shape[0]),
+                                       np.arange(mats[a].shape[0], U.shape[0]))
+                if sil > max_silhouette:
+                    continue
+            else:
+                sil = float("nan")
+            found.append(MergePair(a, b, cos, sil))
+    found.sort(key=lambda p: -p.cosine)
+    used: set = set()
+    out = []
+    for p in found:
+        if p.a in used or p.b in used:
+            continue
+        used.update((p.a, p.b))
+        out.append(p)
+    return out
+
+
+# --------------------------------------------------------------------------- no silent FedAvg
+
+ONE_CLUSTER_REASONS = {
+    "cfl": {
+        "criteria": "split criteria never met: the cluster was never both near-stationary "
+                    "(mean-update norm < rel-eps1 × its peak) and heterogeneous (max norm > rel-eps2 × mean norm)",
+        "silhouette": "every proposed split refused by the structure test: best-cut silhouette below split-min-silhouette",
+        "size": "too few members or replies to split (min-split-size) or the run ended before min-split-round",
+    },
+    "layercfl": {
+        "criteria": "split criteria never met (as CFL)",
+        "silhouette": "every proposed split refused by the structure test on the selected layers",
+        "check": "every proposed split refused by the correct-clustering check: estimated γ_max above "
+                 "sqrt((1 − α_cross_max)/2)",
+        "size": "too few members or replies to split, or the run ended before min-split-round",
+    },
+    "hicfl": {
+        "stability": "split timing never met: on every layer some member's windowed stability stayed at or above ε",
+        "window": "stability windows never filled (fewer than window + 2 rounds in a cluster)",
+        "agree": "stability fired but the members' updates agree (not heterogeneous)",
+        "one_side": "stability fired but every member pointed the reference's way",
+        "silhouette": "stability fired but every reference split was refused by the structure test",
+        "size": "too few members or replies to split, or the run ended before min-split-round",
+    },
+}
+
+
+def one_cluster_reason(strategy: str, refusals: Sequence[str], could_split: bool = True) -> str:
+    """The sentence to report when a bi-partitioning run ends with one cluster.
+
+    ``refusals``: the reason codes of every refused/failed split attempt (keys of
+    ``ONE_CLUSTER_REASONS[strategy]``); none means the timing criterion (CFL's criteria /
+    HiCFL's stability) never held. ``could_split``: whether size and round rules ever
+    allowed a split. The most frequent refusal is reported, with all counts.
+    """
+    table = ONE_CLUSTER_REASONS.get(strategy)
+    if table is None:
+        raise ValueError(f"no reasons for strategy {strategy!r}")
+    if not could_split:
+        return table["size"]
+    if not refusals:
+        return table["stability" if strategy == "hicfl" else "criteria"]
+    counts: dict[str, int] = {}
+    for r in refusals:
+        counts[r] = counts.get(r, 0) + 1
+    top = max(counts, key=lambda k: counts[k])
+    detail = ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"{table.get(top, top)} ({detail})"
