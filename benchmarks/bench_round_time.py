@@ -3,13 +3,17 @@
     python benchmarks/bench_round_time.py --label after --out benchmarks/results/round_time.json
 
 Runs fedavg, fedclust and cfl on digits (label-swap, 20 clients, 10 rounds, seed 0) three
-times each and records the median of the mean round_seconds; the JSON keeps one entry per
-label so two code versions can be compared on one machine.
+times each and records the median of the mean round_seconds (wall) and of the process's
+CPU seconds per round (what the engine and the clients computed; far less sensitive to
+other load on the machine than wall time). The JSON keeps one entry per label so two code
+versions can be compared on one machine: run the old version with PYTHONPATH pointing at
+its checkout. ``--set key=value`` adds config (e.g. ``checkpoint=false``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import json
 import statistics
 import subprocess
@@ -21,15 +25,17 @@ STRATEGIES = ("fedavg", "fedclust", "cfl")
 SETTING = {"partitioner": "label-swap", "num-clients": 20, "rounds": 10, "seed": 0}
 
 
-def one_run(strategy: str) -> float:
+def one_run(strategy: str, extra: dict) -> tuple[float, float]:
     from clusterfed.config import parse_config
     from clusterfed.simulation import simulate
 
     with tempfile.TemporaryDirectory() as tmp:
-        config = parse_config({**SETTING, "strategy": strategy, "out-dir": tmp})
+        config = parse_config({**SETTING, **extra, "strategy": strategy, "out-dir": tmp})
+        cpu = time.process_time()
         simulate(config, engine="inprocess", stream=None)
+        cpu = time.process_time() - cpu
         rounds = [json.loads(x) for x in (Path(tmp) / "rounds.jsonl").read_text().splitlines()]
-    return statistics.mean(r["round_seconds"] for r in rounds)
+    return statistics.mean(r["round_seconds"] for r in rounds), cpu / len(rounds)
 
 
 def main() -> None:
@@ -37,20 +43,23 @@ def main() -> None:
     parser.add_argument("--label", required=True, help="name of this code version, e.g. before / after")
     parser.add_argument("--out", default="benchmarks/results/round_time.json")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args()
+    extra = {k: json.loads(v) if v in ("true", "false") or v.replace(".", "").isdigit() else v
+             for k, v in (pair.split("=", 1) for pair in args.overrides)}
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.exists() else {}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    entry = {"commit": commit, "date": time.strftime("%Y-%m-%d %H:%M"), "setting": SETTING, "mean_round_seconds": {}}
+    entry = {"commit": commit, "date": time.strftime("%Y-%m-%d %H:%M"), "setting": {**SETTING, **extra},
+             "load_average": os.getloadavg(), "mean_round_seconds": {}, "cpu_seconds_per_round": {}}
     for strategy in STRATEGIES:
-        times = [one_run(strategy) for _ in range(args.repeats)]
-        entry["mean_round_seconds"][strategy] = {"median": statistics.median(times), "runs": times}
-        print(f"{args.label} {strategy}: median mean round {statistics.median(times):.3f}s over {times}", flush=True)
+        runs = [one_run(strategy, extra) for _ in range(args.repeats)]
+        wall, cpu = [w for w, _ in runs], [c for _, c in runs]
+        entry["mean_round_seconds"][strategy] = {"median": statistics.median(wall), "runs": wall}
+        entry["cpu_seconds_per_round"][strategy] = {"median": statistics.median(cpu), "runs": cpu}
+        print(f"{args.label} {strategy}: median round {statistics.median(wall):.3f}s wall, "
+              f"{statistics.median(cpu):.3f}s CPU", flush=True)
     data[args.label] = entry
-    if "before" in data and "after" in data:
-        data["ratio_after_over_before"] = {
-            s: data["after"]["mean_round_seconds"][s]["median"] / data["before"]["mean_round_seconds"][s]["median"]
-            for s in STRATEGIES}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=2))
 
