@@ -19,8 +19,8 @@ from clusterfed.simulation import simulate
 def capture_algorithm(monkeypatch):
     captured = []
 
-    def capture(config, recorder=None):
-        runner = build_runner(config, recorder)
+    def capture(config, recorder=None, **kwargs):
+        runner = build_runner(config, recorder, **kwargs)
         captured.append(runner.algorithm)
         return runner
 
