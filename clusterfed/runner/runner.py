@@ -152,8 +152,9 @@ class ClusteredRunner(Strategy):
         live = list(self.grid.get_node_ids())
         new_nodes = [n for n in live if n not in self.key_of_node]
         # an absent client's node that Flower still lists is asked again: it may be back
-        new_nodes += [self.node_of_key[k] for k in sorted(self.absent, key=natural)
-                      if self.node_of_key.get(k) in live and self.node_of_key[k] not in new_nodes]
+        # (a failed re-probe is not counted as a new fault: the client is known to be absent)
+        probes = {self.node_of_key[k] for k in self.absent if self.node_of_key.get(k) in live}
+        new_nodes += sorted(probes - set(new_nodes))
         if not new_nodes:
             return
         config = protocol.client_spec(self.flower_config)
@@ -169,6 +170,9 @@ class ClusteredRunner(Strategy):
         for reply in replies:
             node = node_of_message[reply.metadata.reply_to_message_id]
             answered.add(node)
+            if reply.has_error() and node in probes:
+                log(logging.DEBUG, "absent client's node %s still unreachable: %s", node, reply.error.reason)
+                continue
             if reply.has_error():
                 self.traffic.failures += 1
                 self.traffic.fault("error")
@@ -196,7 +200,7 @@ class ClusteredRunner(Strategy):
             self.node_of_key[info.key] = node
             self.key_of_node[node] = info.key
         for node in new_nodes:
-            if node not in answered:
+            if node not in answered and node not in probes:
                 self.traffic.failures += 1
                 self.traffic.fault("timeout")
         if first_contact and not self.clients:
