@@ -256,7 +256,13 @@ class ClusteredRunner(Strategy):
                 bytes_up += nbytes
                 self.traffic.transmissions += 1
             out[key] = reply.content
-        missing = len(keys) - len(replies)
+        for message_id, key in zip(message_ids, keys):
+            if not message_id:
+                self.traffic.failures += 1
+                self.traffic.fault("unavailable")
+                log(logging.WARNING, "client %s: its node %s is gone; the message was not delivered",
+                    key, self.node_of_key[key])
+        missing = len([m for m in message_ids if m]) - len(replies)
         self.traffic.failures += missing
         for _ in range(missing):
             self.traffic.fault("timeout")

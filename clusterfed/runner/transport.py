@@ -19,10 +19,13 @@ def poll_seconds(grid: Grid) -> float:
 
 def push_and_collect(grid: Grid, messages: list[Message], timeout: float) -> tuple[list[str], list[Message]]:
     """Send ``messages``; pull replies until all arrived or ``timeout`` seconds passed.
-    Returns the message ids (in send order) and the replies that arrived, in send order,
+    Returns the message ids (in send order; empty for a message the SuperLink refused to
+    store, e.g. for a node that is gone) and the replies that arrived, in send order,
     so that aggregation sums in the same order every run. Late replies are dropped."""
     message_ids = list(grid.push_messages(messages))
-    pending, replies = set(message_ids), []
+    # a SuperLink refuses to store a message for a node that is gone (offline or
+    # unregistered) and returns an empty id for it: no reply can come, so do not wait for one
+    pending, replies = {m for m in message_ids if m}, []
     deadline = time.monotonic() + timeout
     interval = poll_seconds(grid)
     while pending:
