@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 from flwr.app import Message
@@ -14,7 +15,12 @@ DEPLOYED_POLL_SECONDS = 3.0
 
 
 def poll_seconds(grid: Grid) -> float:
-    return float(getattr(grid, "pull_interval", DEPLOYED_POLL_SECONDS))
+    """The grid's own interval (in-memory grid), else ``CLUSTERFED_POLL_SECONDS`` from the
+    environment of the SuperLink (its ServerApp inherits it), else ``DEPLOYED_POLL_SECONDS``."""
+    interval = getattr(grid, "pull_interval", None)
+    if interval is not None:
+        return float(interval)
+    return float(os.environ.get("CLUSTERFED_POLL_SECONDS", DEPLOYED_POLL_SECONDS))
 
 
 def push_and_collect(grid: Grid, messages: list[Message], timeout: float) -> tuple[list[str], list[Message]]:
