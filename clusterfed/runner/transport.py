@@ -9,9 +9,12 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 # Flower's deployed grid polls the SuperLink every 3 s in send_and_receive; its in-memory
-# (simulation) grid every 0.1 s (``pull_interval``). We poll no more often than the grid in
-# use does, so a deployed server does not keep the SuperLink busy between replies.
-DEPLOYED_POLL_SECONDS = 3.0
+# (simulation) grid every 0.1 s (``pull_interval``). A deployed phase's replies arrive a few
+# seconds apart (each message starts a ClientApp process), and a 3 s poll added up to 3 s
+# to every phase after its last reply: 0.5 s took a 3-client FedClust run on 127.0.0.1 from
+# 147 s to 113 s (benchmarks/results/deployment.md). One pull is one small HTTP request to
+# the SuperLink, so polling every 0.5 s costs it little.
+DEPLOYED_POLL_SECONDS = 0.5
 
 
 def poll_seconds(grid: Grid) -> float:
