@@ -8,7 +8,7 @@ model again). The test starts and stops only its own processes, each in its own 
 group, on free ports, with Flower's state in a temporary folder.
 
 Slow by nature (every message starts a ClientApp process; Flower's deployed grid polls
-every few seconds): about 2-3 minutes on two cores.
+every few seconds): 196 s on two cores shared with other jobs (load average 6-7).
 """
 
 from __future__ import annotations
