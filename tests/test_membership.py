@@ -38,6 +38,16 @@ class ChurnGrid(InProcessGrid):
                                       state=RecordDict(), run_config={})
         return node
 
+    def push_messages(self, messages):
+        """Like a SuperLink, refuse (empty id) a message for a node that is gone."""
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        for i, message in enumerate(messages):
+            if message.metadata.dst_node_id in self.gone:
+                self.pending.pop(ids[i], None)
+                ids[i] = ""
+        return ids
+
     def _call(self, message: Message) -> Message | None:
         if message.metadata.dst_node_id in self.stopped | self.gone:
             return Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Node unavailable"), reply_to=message)
@@ -115,6 +125,15 @@ def test_late_node_is_placed_absent_node_is_kept_and_served_again(tmp_path, chur
     assert {k for k in assignment if assignment[k] == assignment[key_1]} == {k for k in groups if groups[k] == groups[key_1]}
     assert key_1 in records[4]["client_accuracy"]
     assert records[4]["ari"] == 1.0
+
+
+def test_a_node_that_is_gone_is_counted_at_once_and_marked_absent(tmp_path, churn):
+    churn["events"] = {2: lambda g: g.gone.add(g.node_ids[2])}
+    run_server(ChurnGrid(3), config(tmp_path, rounds=3), stream=None, deployment=True)
+    records = rows(tmp_path)
+    assert [r["faults"] for r in records] == [{}, {"unavailable": 2}, {"unavailable": 2}]
+    assert [r["clients_absent"] for r in records] == [0, 0, 1]
+    assert "2" in json.loads((tmp_path / "clusters.json").read_text())["assignment"]
 
 
 def test_deployment_starts_with_min_clients_and_accepts_more(tmp_path, churn):
