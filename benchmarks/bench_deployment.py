@@ -54,7 +54,8 @@ def summarise(records: list[dict], wall: float) -> dict:
     return {"wall_seconds": round(wall, 2), "round_seconds": [r["round_seconds"] for r in records],
             "bytes_down": sum(r["bytes_down"] for r in records), "bytes_up": sum(r["bytes_up"] for r in records),
             "eval_bytes_down": sum(r["eval_bytes_down"] for r in records), "ari": records[-1]["ari"],
-            "accuracy": records[-1]["accuracy"]}
+            "accuracy": records[-1]["accuracy"],
+            "reply_lag_seconds": [r.get("reply_lag_seconds") for r in records]}
 
 
 def inprocess(tmp: Path, parts: Path, rounds: int) -> dict:

@@ -53,6 +53,7 @@ class ClusteredRunner(Strategy):
         self.absent: set[str] = set()
         self.answered: set[str] = set()
         self.messaged: set[str] = set()
+        self.lags: list[float] = []  # seconds from a reply's creation to its pick-up, this round
         self.algorithm = algorithm
         self.recorder = recorder
         self.flower_config = config.to_flower()
@@ -83,13 +84,15 @@ class ClusteredRunner(Strategy):
             started = time.perf_counter()
             self.traffic = Traffic()
             self.release_newcomers(server_round)
-            self.answered, self.messaged = set(), set()
+            self.answered, self.messaged, self.lags = set(), set(), []
             self.discover(server_round)
             self.algorithm.active = self.active_keys()
             self.drive(server_round, self.algorithm.round(server_round))
             evals = self.evaluate(server_round)
             self.update_absence(server_round)
             extra = dict(self.algorithm.round_extra)
+            if self.deployment and self.lags:
+                extra["reply_lag_seconds"] = round(float(np.mean(self.lags)), 3)
             result.train_metrics_clientapp[server_round] = MetricRecord(
                 {"replies": self.traffic.transmissions, "train-loss": extra.get("train_loss") or 0.0})
             if self.recorder is not None:
@@ -162,7 +165,7 @@ class ClusteredRunner(Strategy):
                        "label-stats": self.algorithm.wants_label_stats and self.config.share_label_stats})
         messages = [Message(RecordDict({protocol.CONFIG: protocol.config_record(config)}), dst_node_id=node,
                             message_type=protocol.PROFILE_QUERY, group_id=str(server_round)) for node in new_nodes]
-        message_ids, replies = push_and_collect(self.grid, messages, self.config.timeout)
+        message_ids, replies = push_and_collect(self.grid, messages, self.config.timeout, self.lags)
         node_of_message = dict(zip(message_ids, new_nodes))
         first_contact = not self.clients
         reasons = []
@@ -238,7 +241,7 @@ class ClusteredRunner(Strategy):
             self.messaged.add(key)
         if not messages:
             return {}, 0
-        message_ids, replies = push_and_collect(self.grid, messages, self.config.timeout)
+        message_ids, replies = push_and_collect(self.grid, messages, self.config.timeout, self.lags)
         key_of_message = dict(zip(message_ids, keys))
         out: dict[str, RecordDict] = {}
         bytes_up = 0

@@ -26,11 +26,14 @@ def poll_seconds(grid: Grid) -> float:
     return float(os.environ.get("CLUSTERFED_POLL_SECONDS", DEPLOYED_POLL_SECONDS))
 
 
-def push_and_collect(grid: Grid, messages: list[Message], timeout: float) -> tuple[list[str], list[Message]]:
+def push_and_collect(grid: Grid, messages: list[Message], timeout: float,
+                     lags: list[float] | None = None) -> tuple[list[str], list[Message]]:
     """Send ``messages``; pull replies until all arrived or ``timeout`` seconds passed.
     Returns the message ids (in send order; empty for a message the SuperLink refused to
     store, e.g. for a node that is gone) and the replies that arrived, in send order,
-    so that aggregation sums in the same order every run. Late replies are dropped."""
+    so that aggregation sums in the same order every run. Late replies are dropped.
+    ``lags``, if given, gets each reply's seconds from its creation (on the client) to its
+    pick-up here: the delivery and polling delay."""
     message_ids = list(grid.push_messages(messages))
     # a SuperLink refuses to store a message for a node that is gone (offline or
     # unregistered) and returns an empty id for it: no reply can come, so do not wait for one
@@ -41,6 +44,8 @@ def push_and_collect(grid: Grid, messages: list[Message], timeout: float) -> tup
         for reply in grid.pull_messages([m for m in message_ids if m in pending]):
             if reply.metadata.reply_to_message_id in pending:
                 replies.append(reply)
+                if lags is not None and reply.metadata.created_at:
+                    lags.append(max(time.time() - reply.metadata.created_at, 0.0))
                 pending.discard(reply.metadata.reply_to_message_id)
         # the in-process grid knows when nothing more can arrive (late replies are dropped)
         settled = getattr(grid, "nothing_in_flight", None)
