@@ -48,6 +48,14 @@ class RunConfig(BaseModel):
     checkpoint: bool = Field(True, description="write the full state after every round (out-dir/checkpoint.pkl)")
     resume_from: str = Field("", alias="resume-from", description="folder of a checkpoint to continue from")
 
+    # membership in a deployment (simulation always has exactly num-clients nodes)
+    min_clients: int = Field(0, alias="min-clients", ge=0,
+                             description="deployment: start once this many SuperNodes are up; 0 = num-clients")
+    wait_timeout: float = Field(300.0, alias="wait-timeout", gt=0,
+                                description="deployment: seconds to wait for min-clients SuperNodes before giving up")
+    absent_after: int = Field(2, alias="absent-after", ge=1,
+                              description="a client unreachable in this many consecutive rounds is marked absent")
+
     # data
     dataset: str = "digits"
     data_dir: str = Field("", alias="data-dir", description="folder of torchvision data sets")

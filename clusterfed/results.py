@@ -35,6 +35,7 @@ ROUND_FIELDS = (
     "faults",
     "clients_evaluated",
     "clients_known",
+    "clients_absent",
     "round_seconds",
     "clustering_seconds",
 )
@@ -105,6 +106,7 @@ class RunRecorder:
         clustering_seconds: float = 0.0,
         extra: dict[str, Any] | None = None,
         clients_known: int | None = None,
+        clients_absent: int = 0,
     ) -> dict[str, Any]:
         """One round's row. Accuracy is over the clients evaluated this round;
         ``clients_known`` (default: those evaluated) is what coverage is measured against."""
@@ -136,6 +138,7 @@ class RunRecorder:
             "faults": dict(sorted(traffic.faults.items())),
             "clients_evaluated": len(evals),
             "clients_known": len(evals) if clients_known is None else clients_known,
+            "clients_absent": clients_absent,
             "round_seconds": round(round_seconds, 4),
             "clustering_seconds": round(clustering_seconds, 4),
             "clusters": per_cluster,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import time
@@ -11,6 +12,7 @@ from typing import Any, TextIO
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.results import RunRecorder
@@ -46,7 +48,7 @@ def export_models(out: Path, config: RunConfig, models: dict[int, dict]) -> list
 
 
 def wait_for_federation(grid: Grid, expected: int, wait_seconds: float = NODE_WAIT_SECONDS) -> None:
-    """Start only with exactly ``num-clients`` nodes; a mismatch is an error, not a surprise."""
+    """Simulation: start only with exactly ``num-clients`` nodes; a mismatch is an error."""
     deadline = time.monotonic() + wait_seconds
     while True:
         online = len(list(grid.get_node_ids()))
@@ -65,15 +67,43 @@ def wait_for_federation(grid: Grid, expected: int, wait_seconds: float = NODE_WA
         time.sleep(1.0)
 
 
+def wait_for_min_clients(grid: Grid, config: RunConfig, poll_seconds: float = 1.0) -> int:
+    """Deployment: wait until ``min-clients`` (0: ``num-clients``) SuperNodes are up, at
+    most ``wait-timeout`` seconds. More may be up, and more may join later. Returns how
+    many were up."""
+    needed = config.min_clients or config.num_clients
+    deadline = time.monotonic() + config.wait_timeout
+    while True:
+        online = len(list(grid.get_node_ids()))
+        if online >= needed:
+            return online
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"only {online} of the {needed} SuperNodes needed to start (min-clients, 0 = num-clients) "
+                f"connected within wait-timeout = {config.wait_timeout:g} s; start more SuperNodes, "
+                f"lower min-clients or raise wait-timeout"
+            )
+        time.sleep(poll_seconds)
+
+
 def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.stdout,
-               node_wait_seconds: float = NODE_WAIT_SECONDS) -> dict[str, Any]:
-    """Everything a server does for one run; returns the summary written to summary.json."""
+               node_wait_seconds: float = NODE_WAIT_SECONDS, deployment: bool = False) -> dict[str, Any]:
+    """Everything a server does for one run; returns the summary written to summary.json.
+
+    ``deployment=False`` (simulation): the federation must have exactly ``num-clients``
+    nodes, waited for up to ``node_wait_seconds``. ``deployment=True`` (``flwr run``
+    against a SuperLink): start once ``min-clients`` nodes are up; nodes that join later
+    are profiled and placed by the algorithm, unreachable ones are marked absent."""
     started = time.perf_counter()
     initial = preflight(config)  # every problem the server can see, before any client is contacted
-    wait_for_federation(grid, config.num_clients, node_wait_seconds)
+    if deployment:
+        online = wait_for_min_clients(grid, config)
+        log(logging.INFO, "clusterfed: %d SuperNodes up, starting", online)
+    else:
+        wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
     recorder = RunRecorder(out, config.to_flower(), stream=stream)
-    runner = build_runner(config, recorder)
+    runner = build_runner(config, recorder, deployment=deployment)
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
     runner.start(grid, initial, num_rounds=config.rounds, timeout=config.timeout)
@@ -87,20 +117,43 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
     return summary
 
 
+def write_status(out_dir: str | Path, status: str, error: str = "") -> None:
+    """``out-dir/status.json``: "running", "ok" or "failed" (with the error). ``flwr run``
+    exits 0 even when the ServerApp failed; this file says how the run ended."""
+    out = Path(out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    body = {"status": status, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if error:
+        body["error"] = error
+    (out / "status.json").write_text(json.dumps(body, indent=2) + "\n")
+
+
 app = ServerApp()
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    """Entry point under ``flwr run`` and in deployment: the run config comes from
-    pyproject.toml's [tool.flwr.app.config] plus --run-config overrides."""
+    """Entry point under ``flwr run`` against a SuperLink (deployment): the run config
+    comes from pyproject.toml's [tool.flwr.app.config] plus --run-config overrides. How the
+    run ended is written to ``out-dir/status.json``."""
+    out_dir = str(context.run_config.get("out-dir", RunConfig().out_dir))
     try:
         config = parse_config(dict(context.run_config))
     except ConfigError as error:
         log(logging.ERROR, "bad run config: %s", error)
+        write_status(out_dir, "failed", f"bad run config: {error}")
         raise SystemExit(f"clusterfed: bad run config: {error}") from None
+    write_status(out_dir, "running")
+    # `flwr run` against a simulation federation hands the app Flower's in-memory grid: that
+    # is a simulation (fixed federation); any other grid talks to a SuperLink
+    deployment = not isinstance(grid, InMemoryGrid)
     try:
-        run_server(grid, config)
+        run_server(grid, config, deployment=deployment)
     except (ConfigError, CheckpointError) as error:
         log(logging.ERROR, "%s", error)
+        write_status(out_dir, "failed", str(error))
         raise SystemExit(f"clusterfed: {error}") from None
+    except BaseException as error:
+        write_status(out_dir, "failed", f"{type(error).__name__}: {error}")
+        raise
+    write_status(out_dir, "ok")

@@ -75,8 +75,8 @@ def capture_algorithms(monkeypatch) -> list:
 
     captured = []
 
-    def capture(config, recorder=None):
-        runner = build_runner(config, recorder)
+    def capture(config, recorder=None, **kwargs):
+        runner = build_runner(config, recorder, **kwargs)
         captured.append(runner.algorithm)
         return runner
 

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-
 from harness import capture_algorithms
 
 from clusterfed import faults, protocol

@@ -3,9 +3,10 @@
 from clusterfed.runner.checkpoint import CheckpointError
 
 
-def build_runner(config, recorder=None):
+def build_runner(config, recorder=None, *, deployment: bool = False):
     """The Flower ``Strategy`` that runs ``config.strategy``: our runner driving the
-    strategy's algorithm, or Flower's own FedAvg for ``flwr-fedavg``."""
+    strategy's algorithm, or Flower's own FedAvg for ``flwr-fedavg``. ``deployment``: nodes
+    may join late and go absent (see ``ClusteredRunner``)."""
     from clusterfed.strategies import FLOWER_STRATEGIES, strategy_class
 
     cls = strategy_class(config.strategy)
@@ -13,7 +14,7 @@ def build_runner(config, recorder=None):
         return cls(config, recorder)
     from clusterfed.runner.runner import ClusteredRunner
 
-    return ClusteredRunner(config, cls(config), recorder)
+    return ClusteredRunner(config, cls(config), recorder, deployment=deployment)
 
 
 __all__ = ["CheckpointError", "build_runner"]

@@ -43,8 +43,17 @@ NEWCOMER_SEED_OFFSET = 7919
 class ClusteredRunner(Strategy):
     """Drives one ``Algorithm`` over a Flower Grid for ``rounds`` rounds."""
 
-    def __init__(self, config: RunConfig, algorithm: Algorithm, recorder: RunRecorder | None = None):
+    def __init__(self, config: RunConfig, algorithm: Algorithm, recorder: RunRecorder | None = None,
+                 *, deployment: bool = False):
         self.config = config
+        # deployment: nodes come and go; a client unreachable in ``absent-after`` consecutive
+        # rounds is marked absent (simulation: the federation is fixed, faults are counted only)
+        self.deployment = deployment
+        self.misses: dict[str, int] = {}
+        self.absent: set[str] = set()
+        self.answered: set[str] = set()
+        self.messaged: set[str] = set()
+        self.lags: list[float] = []  # seconds from a reply's creation to its pick-up, this round
         self.algorithm = algorithm
         self.recorder = recorder
         self.flower_config = config.to_flower()
@@ -75,11 +84,15 @@ class ClusteredRunner(Strategy):
             started = time.perf_counter()
             self.traffic = Traffic()
             self.release_newcomers(server_round)
+            self.answered, self.messaged, self.lags = set(), set(), []
             self.discover(server_round)
             self.algorithm.active = self.active_keys()
             self.drive(server_round, self.algorithm.round(server_round))
             evals = self.evaluate(server_round)
+            self.update_absence(server_round)
             extra = dict(self.algorithm.round_extra)
+            if self.deployment and self.lags:
+                extra["reply_lag_seconds"] = round(float(np.mean(self.lags)), 3)
             result.train_metrics_clientapp[server_round] = MetricRecord(
                 {"replies": self.traffic.transmissions, "train-loss": extra.get("train_loss") or 0.0})
             if self.recorder is not None:
@@ -111,18 +124,40 @@ class ClusteredRunner(Strategy):
         return self.recorder.record_round(
             server_round, evals=evals, assignment=assignment, true_groups=groups, traffic=self.traffic,
             round_seconds=seconds, clustering_seconds=self.algorithm.clustering_seconds, extra=extra,
-            clients_known=len(active),
+            clients_known=len(active), clients_absent=len(self.absent),
         )
 
     # ------------------------------------------------------------ membership
     def active_keys(self) -> list[str]:
-        return sorted((k for k in self.clients if k not in self.held_back), key=natural)
+        return sorted((k for k in self.clients if k not in self.held_back and k not in self.absent), key=natural)
+
+    def update_absence(self, server_round: int) -> None:
+        """Deployment: a client messaged this round that never replied with content (an
+        error reply or none) misses the round; ``absent-after`` misses in a row mark it
+        absent. An absent client keeps its place in the algorithm's assignment and is not
+        messaged again until a profile (of a restarted node, or of its node if Flower still
+        lists it) brings its key back."""
+        if not self.deployment:
+            return
+        for key in self.messaged:
+            if key in self.answered:
+                self.misses[key] = 0
+                continue
+            self.misses[key] = self.misses.get(key, 0) + 1
+            if self.misses[key] >= self.config.absent_after and key not in self.absent:
+                self.absent.add(key)
+                log(logging.WARNING, "round %s: client %s unreachable in %d rounds in a row: marked absent",
+                    server_round, key, self.misses[key])
 
     def discover(self, server_round: int) -> None:
         """Profile nodes seen for the first time: stable key, size, label stats. A node
         whose key is known (a restarted device, a resumed run) takes that client's place."""
         live = list(self.grid.get_node_ids())
         new_nodes = [n for n in live if n not in self.key_of_node]
+        # an absent client's node that Flower still lists is asked again: it may be back
+        # (a failed re-probe is not counted as a new fault: the client is known to be absent)
+        probes = {self.node_of_key[k] for k in self.absent if self.node_of_key.get(k) in live}
+        new_nodes += sorted(probes - set(new_nodes))
         if not new_nodes:
             return
         config = protocol.client_spec(self.flower_config)
@@ -130,7 +165,7 @@ class ClusteredRunner(Strategy):
                        "label-stats": self.algorithm.wants_label_stats and self.config.share_label_stats})
         messages = [Message(RecordDict({protocol.CONFIG: protocol.config_record(config)}), dst_node_id=node,
                             message_type=protocol.PROFILE_QUERY, group_id=str(server_round)) for node in new_nodes]
-        message_ids, replies = push_and_collect(self.grid, messages, self.config.timeout)
+        message_ids, replies = push_and_collect(self.grid, messages, self.config.timeout, self.lags)
         node_of_message = dict(zip(message_ids, new_nodes))
         first_contact = not self.clients
         reasons = []
@@ -138,6 +173,9 @@ class ClusteredRunner(Strategy):
         for reply in replies:
             node = node_of_message[reply.metadata.reply_to_message_id]
             answered.add(node)
+            if reply.has_error() and node in probes:
+                log(logging.DEBUG, "absent client's node %s still unreachable: %s", node, reply.error.reason)
+                continue
             if reply.has_error():
                 self.traffic.failures += 1
                 self.traffic.fault("error")
@@ -147,18 +185,25 @@ class ClusteredRunner(Strategy):
             try:
                 info = parse_profile_reply(reply.content)
                 owner = self.node_of_key.get(info.key)
-                if owner is not None and owner != node and owner in live:
+                # Flower lists a dead node for a while: a key whose node missed its last
+                # round (or is absent) may move to a new node
+                owner_gone = info.key in self.absent or self.misses.get(info.key, 0) > 0
+                if owner is not None and owner != node and owner in live and not owner_gone:
                     raise ReplyRejected(f"client-key {info.key!r} is already used by live node {owner}", "identity")
             except ReplyRejected as error:
                 self.reject(server_round, f"node {node}", error)
                 reasons.append(str(error))
                 continue
             self.key_of_node.pop(self.node_of_key.get(info.key, -1), None)
+            if info.key in self.absent or (info.key in self.clients and self.node_of_key.get(info.key) != node):
+                log(logging.INFO, "round %s: client %s is back on node %s", server_round, info.key, node)
+            self.absent.discard(info.key)
+            self.misses[info.key] = 0
             self.clients[info.key] = info
             self.node_of_key[info.key] = node
             self.key_of_node[node] = info.key
         for node in new_nodes:
-            if node not in answered:
+            if node not in answered and node not in probes:
                 self.traffic.failures += 1
                 self.traffic.fault("timeout")
         if first_contact and not self.clients:
@@ -193,9 +238,10 @@ class ClusteredRunner(Strategy):
             messages.append(Message(content, dst_node_id=self.node_of_key[key], message_type=message_type,
                                     group_id=str(server_round)))
             keys.append(key)
+            self.messaged.add(key)
         if not messages:
             return {}, 0
-        message_ids, replies = push_and_collect(self.grid, messages, self.config.timeout)
+        message_ids, replies = push_and_collect(self.grid, messages, self.config.timeout, self.lags)
         key_of_message = dict(zip(message_ids, keys))
         out: dict[str, RecordDict] = {}
         bytes_up = 0
@@ -206,13 +252,20 @@ class ClusteredRunner(Strategy):
                 self.traffic.fault("error")
                 log(logging.WARNING, "client %s failed: %s", key, reply.error.reason)
                 continue
+            self.answered.add(key)
             if message_type != MessageType.EVALUATE:
                 nbytes = protocol.message_array_bytes(reply.content)
                 self.traffic.up += nbytes
                 bytes_up += nbytes
                 self.traffic.transmissions += 1
             out[key] = reply.content
-        missing = len(keys) - len(replies)
+        for message_id, key in zip(message_ids, keys):
+            if not message_id:
+                self.traffic.failures += 1
+                self.traffic.fault("unavailable")
+                log(logging.WARNING, "client %s: its node %s is gone; the message was not delivered",
+                    key, self.node_of_key[key])
+        missing = len([m for m in message_ids if m]) - len(replies)
         self.traffic.failures += missing
         for _ in range(missing):
             self.traffic.fault("timeout")
@@ -268,6 +321,8 @@ class ClusteredRunner(Strategy):
             "algorithm": self.algorithm.get_state(),
             "clients": self.clients,
             "held_back": sorted(self.held_back),
+            "absent": sorted(self.absent),
+            "misses": dict(self.misses),
             "recorder": self.recorder.state() if self.recorder is not None else None,
         }
 
@@ -279,6 +334,8 @@ class ClusteredRunner(Strategy):
         self.clients.clear()
         self.clients.update(state["clients"])
         self.held_back = set(state["held_back"])
+        self.absent = set(state.get("absent", ()))
+        self.misses = dict(state.get("misses", {}))
         if self.recorder is not None and state.get("recorder") is not None:
             self.recorder.restore(state["recorder"])
         log(logging.INFO, "resumed from %s after round %s", directory, state["round"])

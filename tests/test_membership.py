@@ -1,0 +1,170 @@
+"""Membership as a deployment sees it, in-process: start at ``min-clients``, nodes that
+join late, nodes that stop answering (absent) and come back under a new node id.
+
+``ChurnGrid`` stands in for a SuperLink: a stopped node may still be listed (Flower lists
+a dead SuperNode until its heartbeat lapses) and messages to it come back as
+``NODE_UNAVAILABLE`` error replies, as the SuperLink makes them.
+"""
+
+import json
+
+import pytest
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import ErrorCode
+from flwr.supercore.task_identity import TaskIdentity
+
+from clusterfed import server_app
+from clusterfed.client_app import app as client_app
+from clusterfed.config import ConfigError, parse_config
+from clusterfed.runner import build_runner
+from clusterfed.runner.inprocess import InProcessGrid
+from clusterfed.server_app import run_server
+
+
+class ChurnGrid(InProcessGrid):
+    def __init__(self, num_nodes: int):
+        super().__init__(client_app, num_nodes)
+        self.stopped: set[int] = set()  # listed, but messages to it fail
+        self.gone: set[int] = set()  # no longer listed
+
+    def get_node_ids(self):
+        return [n for n in self.node_ids if n not in self.gone]
+
+    def start_node(self, partition_id: int) -> int:
+        """A SuperNode (re)starts: a fresh node id, whatever its data."""
+        node = max(self.node_ids) + 1
+        self.node_ids.append(node)
+        self.contexts[node] = Context(run_id=self._run_id, node_id=node, node_config={"partition-id": partition_id},
+                                      state=RecordDict(), run_config={})
+        return node
+
+    def push_messages(self, messages):
+        """Like a SuperLink, refuse (empty id) a message for a node that is gone."""
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        for i, message in enumerate(messages):
+            if message.metadata.dst_node_id in self.gone:
+                self.pending.pop(ids[i], None)
+                ids[i] = ""
+        return ids
+
+    def _call(self, message: Message) -> Message | None:
+        if message.metadata.dst_node_id in self.stopped | self.gone:
+            return Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Node unavailable"), reply_to=message)
+        return super()._call(message)
+
+
+@pytest.fixture
+def churn(monkeypatch):
+    """Run ``events[round](grid)`` just before that round's discovery."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    plan = {}
+
+    def build(config, recorder=None, **kwargs):
+        runner = build_runner(config, recorder, **kwargs)
+        discover = runner.discover
+
+        def discover_after_events(server_round):
+            if server_round in plan["events"]:
+                plan["events"][server_round](runner.grid)
+            discover(server_round)
+
+        runner.discover = discover_after_events
+        return runner
+
+    monkeypatch.setattr(server_app, "build_runner", build)
+    return plan
+
+
+def rows(out):
+    return [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+
+
+def config(tmp_path, **extra):
+    values = {"strategy": "fedclust", "num-clients": 4, "min-clients": 3, "rounds": 5, "out-dir": str(tmp_path),
+              "partitioner": "label-groups", "label-groups": "0,1;2,3", "batch-size": 32, "cluster-epochs": 2,
+              "wait-timeout": 5.0}
+    values.update(extra)
+    return parse_config(values)
+
+
+def test_late_node_is_placed_absent_node_is_kept_and_served_again(tmp_path, churn):
+    grid = ChurnGrid(3)  # partitions 0..2 start, partition 3 joins in round 3
+    killed = {}
+
+    def stop_client_1(g):
+        killed["node"] = g.node_ids[1]
+        g.stopped.add(g.node_ids[1])
+
+    def join_client_3(g):
+        g.start_node(3)
+
+    def restart_client_1(g):
+        g.gone.add(killed["node"])  # its old id is finally dropped by the SuperLink ...
+        g.start_node(1)  # ... and the device comes back under a new one
+
+    churn["events"] = {2: stop_client_1, 3: join_client_3, 5: restart_client_1}
+    run_server(grid, config(tmp_path), stream=None, deployment=True)
+    records = rows(tmp_path)
+    clusters = json.loads((tmp_path / "clusters.json").read_text())
+    key_1 = "1"  # without client-key or data-path, a client's key is its partition-id
+
+    assert [r["clients_absent"] for r in records] == [0, 0, 1, 1, 0]
+    # absent clients are not messaged and not counted
+    assert [r["clients_known"] for r in records] == [3, 3, 3, 3, 4]
+    # train and evaluate of rounds 2 and 3 failed; an absent client's node that is still
+    # listed is only asked for its profile, and that failing is not a new fault
+    assert [r["failures"] for r in records[:4]] == [0, 2, 2, 0]
+    assert key_1 not in records[3]["client_accuracy"]
+    # the newcomer was placed in its true group's cluster
+    assert [(n["client"], n["round"]) for n in clusters["newcomers"]] == [("3", 3)]
+    assert clusters["newcomers"][0]["matches_true_group"]
+    assert clusters["newcomers"][0]["new_cluster"] is False
+    # the returning client keeps its cluster and is evaluated on it again
+    groups, assignment = clusters["true_groups"], clusters["assignment"]
+    assert {k for k in assignment if assignment[k] == assignment[key_1]} == {k for k in groups if groups[k] == groups[key_1]}
+    assert key_1 in records[4]["client_accuracy"]
+    assert records[4]["ari"] == 1.0
+
+
+def test_a_node_that_is_gone_is_counted_at_once_and_marked_absent(tmp_path, churn):
+    churn["events"] = {2: lambda g: g.gone.add(g.node_ids[2])}
+    run_server(ChurnGrid(3), config(tmp_path, rounds=3), stream=None, deployment=True)
+    records = rows(tmp_path)
+    assert [r["faults"] for r in records] == [{}, {"unavailable": 2}, {"unavailable": 2}]
+    assert [r["clients_absent"] for r in records] == [0, 0, 1]
+    assert "2" in json.loads((tmp_path / "clusters.json").read_text())["assignment"]
+
+
+def test_deployment_starts_with_min_clients_and_accepts_more(tmp_path, churn):
+    churn["events"] = {}
+    grid = ChurnGrid(3)
+    run_server(grid, config(tmp_path, **{"min-clients": 2, "rounds": 1}), stream=None, deployment=True)
+    assert rows(tmp_path)[0]["clients_known"] == 3
+
+
+def test_too_few_nodes_within_wait_timeout_is_a_clear_error(tmp_path, churn):
+    grid = ChurnGrid(2)
+    with pytest.raises(ConfigError, match="only 2 of the 3 SuperNodes"):
+        run_server(grid, config(tmp_path, **{"wait-timeout": 0.2}), stream=None, deployment=True)
+
+
+def test_simulation_keeps_the_exact_count(tmp_path, churn):
+    with pytest.raises(ConfigError, match="num-clients = 4 but the federation has 5"):
+        run_server(ChurnGrid(5), config(tmp_path), stream=None, node_wait_seconds=0)
+
+
+def test_status_file_says_ok_or_failed(tmp_path, churn):
+    churn["events"] = {}
+    ok, failed = tmp_path / "ok", tmp_path / "failed"
+    run_config = {"strategy": "fedavg", "num-clients": 2, "rounds": 1, "out-dir": str(ok), "batch-size": 32,
+                  "partitioner": "label-groups", "label-groups": "0-4;5-9"}
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=run_config)
+    server_app.main(ChurnGrid(2), context)
+    assert json.loads((ok / "status.json").read_text())["status"] == "ok"
+
+    context.run_config.update({"out-dir": str(failed), "wait-timeout": 0.2, "num-clients": 3})
+    with pytest.raises(SystemExit):
+        server_app.main(ChurnGrid(2), context)
+    status = json.loads((failed / "status.json").read_text())
+    assert status["status"] == "failed" and "SuperNodes" in status["error"]
