@@ -14,8 +14,8 @@ cluster trains, which cuts the transmissions.
    training loss (``w``, doubling step ``d``, ``hold-rounds``, ``stabilizer``).
 
 rounds.jsonl records, every round: ``p`` (the cut used), ``p_next``, the rule's action,
-the ratio, the representatives and ``transmissions`` (models sent down plus models sent
-up: 2 per trained client).
+the ratio, the representatives and ``models_exchanged`` (models sent down plus models
+sent up: 2 per trained client; the runner's ``transmissions`` counts the replies).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ class Selection(Algorithm):
         self.transmissions += 2 * len(trainers)
         self.round_extra.update({"p": p, "representatives": trainers if not warmup else [], "warmup": warmup,
                                  "loss_reduction_ratio": ratio, "trained_clients": len(trainers),
-                                 "transmissions": 2 * len(trainers), "cum_transmissions": self.transmissions})
+                                 "models_exchanged": 2 * len(trainers), "cum_models_exchanged": self.transmissions})
 
     def count_controller(self) -> ClusterCountController:
         if self.controller is None:
