@@ -216,3 +216,15 @@ def test_ifca_recovers_rotation_groups_and_its_downlink_is_k_models_per_client(s
     assert [r["ifca_choices"] for r in evaluated] == [r["ifca_choices"] for r in rounds]
     clusters = lambda d: json.loads(open(f"{d}/clusters.json").read())["assignment"]  # noqa: E731
     assert clusters(again.out_dir) == clusters(config.out_dir)
+
+
+def test_a_newcomer_gets_all_k_models_and_is_placed_by_its_own_choice():
+    algorithm = make(strategy_class("ifca"), FOUR, num_clusters=2)
+    drive_round(algorithm, 1, lambda ask: trained(ask, 0.0))
+    assert "9" not in algorithm.evaluation_models(1)
+    algorithm.clients["9"] = type(algorithm.clients["0"])("9", 50, 1)
+    algorithm.active = [*FOUR, "9"]
+    (asks,) = drive_round(algorithm, 2, lambda ask: (trained(ask, 0.0), {CHOICE: 0} if ask.key == "9" else {}))
+    newcomer = next(a for a in asks if a.key == "9")
+    assert newcomer.choices == 2 and algorithm.assignment["9"] == 0  # its choice (the harness default is 1)
+    assert algorithm.evaluation_models(2)["9"][0] == 0
