@@ -36,12 +36,25 @@ IFCA = ("ifca", "fedclust", "cfl")
 def run(values: dict, out: Path) -> dict:
     config = parse_config({**values, "out-dir": str(out), "checkpoint": False})
     simulate(config, engine="inprocess", stream=None)
+    return stats(out)
+
+
+def stats(out: Path, target: float = 0.95) -> dict:
+    """What one run's rounds.jsonl says: final numbers, and the round and the replies
+    (transmissions) it took to first reach ``target`` accuracy."""
     rounds = [json.loads(line) for line in open(out / "rounds.jsonl")]
     last = rounds[-1]
+    sent, to_target = 0, (None, None)
+    for r in rounds:
+        sent += r["transmissions"]
+        if r["accuracy"] is not None and r["accuracy"] >= target and to_target[0] is None:
+            to_target = (r["round"], sent)
+    ps = [r["p"] for r in rounds if r.get("p") is not None]
     return {"accuracy": last["accuracy"], "ari": last["ari"], "mb_down": last["cum_bytes_down"] / 1e6,
             "mb_total": (last["cum_bytes_down"] + last["cum_bytes_up"]) / 1e6,
-            "transmissions": sum(r["transmissions"] for r in rounds),
-            "final_p": last.get("p")}
+            "transmissions": sent, "final_p": last.get("p"), "mean_p": float(np.mean(ps)) if ps else None,
+            "last20_accuracy": float(np.mean([r["accuracy"] for r in rounds[-20:]])),
+            "round_to_target": to_target[0], "transmissions_to_target": to_target[1]}
 
 
 def main() -> None:
@@ -75,5 +88,21 @@ def main() -> None:
     print("\n".join(rows))
 
 
+def report(folders: list[str]) -> None:
+    """Per-run lines for run folders written earlier (``python ... report DIR ...``)."""
+    print("| run | final acc | mean acc, last 20 rounds | replies | round to 0.95 | replies to 0.95 | mean p |")
+    print("|---|---|---|---|---|---|---|")
+    for folder in folders:
+        s = stats(Path(folder))
+        mean_p = "–" if s["mean_p"] is None else f"{s['mean_p']:.2f}"
+        print(f"| {folder} | {s['accuracy']:.3f} | {s['last20_accuracy']:.3f} | {s['transmissions']} | "
+              f"{s['round_to_target']} | {s['transmissions_to_target']} | {mean_p} |")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if sys.argv[1:2] == ["report"]:
+        report(sys.argv[2:])
+    else:
+        main()
