@@ -84,8 +84,9 @@ def test_reply_is_validated_against_the_model_the_client_chose():
 
 
 def test_client_chooses_by_training_loss_even_where_its_test_split_would_choose_otherwise(monkeypatch):
-    """Model 0 predicts class a, model 1 class b; the client's training data is all a and
-    its test data all b: it must choose model 0 (the test split would pick model 1)."""
+    """The client's training labels are all a, its test labels all b; of a model that
+    predicts a and one that predicts b it must choose the one predicting a, in either
+    order (choosing by the test split would pick the other)."""
     from flwr.supercore.task_identity import TaskIdentity
     from test_client_app import _call
 
@@ -107,7 +108,7 @@ def test_client_chooses_by_training_loss_even_where_its_test_split_would_choose_
 
     base = {n: v.numpy() for n, v in initial_arrays(parse_config({"num-clients": 4})).items()}
     final = [n for n in base if n.startswith("fc2")]
-    probe = client_app._load_client_data  # which label is a for partition 2
+    probe = client_app._load_client_data  # label a of partition 2 (the client _call builds)
     spec = tuple(sorted({**protocol.client_spec(parse_config({"num-clients": 4, "partitioner": "iid"}).to_flower())}
                         .items()))
     a = int(probe(spec, 2).y_train[0])
