@@ -24,6 +24,7 @@ from clusterfed.datasets.device_data import data_fingerprint, load_device_data
 from clusterfed.datasets.export import PARTITION_KEYS, build_partition
 from clusterfed.label_stats import label_entropy, num_classes_present
 from clusterfed.models import build_model
+from clusterfed.strategies.exchange import CHOICE, CHOICES, unpack_model
 from clusterfed.training import cap_threads, evaluate, load_numpy_state, pick_device, state_to_numpy, train
 
 app = ClientApp()
@@ -130,8 +131,26 @@ def _receive(msg: Message, context: Context):
     spec = _spec(config, context)
     model = build_model(str(spec["model"]), str(spec["dataset"]), data.input_shape, data.num_classes, int(spec["seed"]))
     received = protocol.from_array_record(msg.content[protocol.ARRAYS])
+    choices = int(config.get(CHOICES, 0) or 0)
+    if choices:  # a multi-model (IFCA) message: keep the model of lowest training loss
+        received, choice = _choose(model, received, choices, data, pick_device(str(spec["device"])))
+        return config, spec, data, model, received, choice
     load_numpy_state(model, received)
-    return config, spec, data, model, received
+    return config, spec, data, model, received, None
+
+
+def _choose(model, packed, choices: int, data: ClientData, device) -> tuple[dict, int]:
+    """Load each of the ``choices`` models of ``packed`` and keep the one whose loss on
+    this client's *training* data is lowest (the test split never decides); returns it
+    (loaded in ``model``) and its index."""
+    losses = []
+    for k in range(choices):
+        load_numpy_state(model, unpack_model(packed, k))
+        losses.append(evaluate(model, data.x_train, data.y_train, device=device)[0])
+    choice = int(np.argmin(losses))
+    chosen = unpack_model(packed, choice)
+    load_numpy_state(model, chosen)
+    return chosen, choice
 
 
 @app.query("profile")
@@ -160,7 +179,7 @@ def _fault(config: ConfigRecord, key: str, kinds: tuple[str, ...]) -> str | None
 @app.train()
 def do_train(msg: Message, context: Context) -> Message:
     cap_threads()
-    config, spec, data, model, received = _receive(msg, context)
+    config, spec, data, model, received, choice = _receive(msg, context)
     device = pick_device(str(spec["device"]))
     partition_id, key = client_identity(context)
     fault = _fault(config, key, faults.KINDS)
@@ -190,6 +209,8 @@ def do_train(msg: Message, context: Context) -> Message:
     if fault in ("nan", "shape"):
         out = faults.corrupt(out, fault, key, int(config["server-round"]))
     metrics = {"num-examples": len(data.y_train), "train-loss": float(loss)}
+    if choice is not None:
+        metrics[CHOICE] = choice
     if bool(config.get("label-stats", False)):
         metrics.update(_label_stats(data))
     reply = RecordDict(
@@ -205,7 +226,7 @@ def do_train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def do_evaluate(msg: Message, context: Context) -> Message:
     cap_threads()
-    config, spec, data, model, _ = _receive(msg, context)
+    config, spec, data, model, *_ = _receive(msg, context)
     _fault(config, client_identity(context)[1], ("raise", "slow"))
     loss, accuracy = evaluate(model, data.x_test, data.y_test, device=pick_device(str(spec["device"])))
     metrics = MetricRecord({"num-examples": len(data.y_test), "eval-loss": float(loss), "eval-accuracy": float(accuracy)})

@@ -26,7 +26,8 @@ STRATEGY_KEYS = (
     "proximal-mu", "cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette",
     "warmup-rounds", "share-label-stats", "entropy-gap", "epsilon", "split-criteria", "eps1", "eps2", "rel-eps1",
     "rel-eps2", "split-min-silhouette", "split-silhouette-max-k", "min-split-size", "min-split-round", "skew",
-    "correct-clustering-check", "window", "stability-eps", "xi",
+    "correct-clustering-check", "window", "stability-eps", "xi", "num-clusters", "ifca-init", "ifca-restarts", "w",
+    "hold-rounds", "stabilizer", "anneal-tau",
 )
 
 
@@ -128,6 +129,19 @@ class RunConfig(BaseModel):
     window: int = Field(5, ge=1)
     stability_eps: str = Field("auto", alias="stability-eps", description='HiCFL ε, or "auto" = 0.5·lr')
     xi: str = Field("auto", description='HiCFL ξ, or "auto" = 0.05·lr')
+
+    # IFCA
+    num_clusters: int = Field(4, alias="num-clusters", ge=1, description="IFCA: K cluster models")
+    ifca_init: Literal["random", "kmeans++"] = Field("random", alias="ifca-init")
+    ifca_restarts: int = Field(1, alias="ifca-restarts", ge=1, le=20,
+                               description="IFCA: initialisations tried in the first round (random) or seedings (kmeans++)")
+
+    # adaptive cluster-count client selection
+    w: float = Field(0.01, ge=0, description="loss-reduction ratio above which p decreases")
+    hold_rounds: int = Field(2, alias="hold-rounds", ge=0, description="rounds p is held after a change")
+    stabilizer: Literal["none", "annealing", "experience"] = "none"
+    anneal_tau: float = Field(50.0, alias="anneal-tau", gt=0,
+                              description="annealing: keep p with probability 1 - exp(-round / anneal-tau)")
 
     @field_validator("strategy")
     @classmethod

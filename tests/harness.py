@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from clusterfed.config import parse_config
-from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo, Replies, TrainReply
+from clusterfed.strategies.exchange import CHOICE, Arrays, Ask, ClientInfo, Replies, TrainReply, natural, unpack_model
 
 # a tiny "model": conv, fc1 (the smallest fc) and a final fc2 layer
 SHAPES = {"conv1.weight": (2, 1, 3, 3), "conv1.bias": (2,), "fc1.weight": (3, 4), "fc1.bias": (3,),
@@ -30,10 +30,21 @@ def make(cls, groups: dict[str, int], *, examples: dict[str, int] | None = None,
     return algorithm
 
 
-def reply_to(ask: Ask, arrays: Arrays, num_examples: int = 50) -> TrainReply:
-    return TrainReply(key=ask.key, cluster=int(ask.config["cluster-id"]), arrays=arrays,
-                      sent={n: ask.model[n] for n in arrays}, num_examples=num_examples, train_loss=1.0,
-                      metrics={}, is_update=ask.config.get("return") == "update")
+def choice_of(ask: Ask) -> int:
+    """The model a harness client picks from a multi-model (IFCA) ask: its key modulo K
+    (keys 0..5 of two groups pick their group)."""
+    return natural(ask.key)[0] % ask.choices
+
+
+def reply_to(ask: Ask, arrays: Arrays, num_examples: int = 50, metrics: dict | None = None,
+             train_loss: float = 1.0) -> TrainReply:
+    metrics = dict(metrics or {})
+    if ask.choices and CHOICE not in metrics:
+        metrics[CHOICE] = choice_of(ask)
+    cluster, sent = ask.chosen(metrics)
+    return TrainReply(key=ask.key, cluster=cluster, arrays=arrays, sent={n: sent[n] for n in arrays},
+                      num_examples=num_examples, train_loss=train_loss, metrics=metrics,
+                      is_update=ask.config.get("return") == "update")
 
 
 Respond = Callable[[Ask], "Arrays | None"]
@@ -51,8 +62,12 @@ def drive_round(algorithm, server_round: int, respond: Respond, examples: dict[s
             replies = Replies()
             for ask in asks:
                 arrays = respond(ask)
+                metrics, loss = {}, 1.0
+                if isinstance(arrays, tuple):  # (arrays, metrics[, train loss])
+                    arrays, metrics, *rest = arrays
+                    loss = rest[0] if rest else loss
                 if arrays is not None:
-                    replies.append(reply_to(ask, arrays, (examples or {}).get(ask.key, 50)))
+                    replies.append(reply_to(ask, arrays, (examples or {}).get(ask.key, 50), metrics, loss))
                     replies.bytes_up += sum(a.nbytes for a in arrays.values())
             asks = steps.send(replies)
     except StopIteration:
@@ -62,10 +77,11 @@ def drive_round(algorithm, server_round: int, respond: Respond, examples: dict[s
 
 def trained(ask: Ask, shift: float) -> Arrays:
     """What a client returns: the asked arrays of its model moved by ``shift`` (weights or update)."""
-    names = ask.upload or list(ask.model)
+    model = unpack_model(ask.model, choice_of(ask)) if ask.choices else ask.model
+    names = ask.upload or list(model)
     if ask.config.get("return") == "update":
-        return {n: np.full_like(ask.model[n], shift) for n in names}
-    return {n: ask.model[n] + np.float32(shift) for n in names}
+        return {n: np.full_like(model[n], shift) for n in names}
+    return {n: model[n] + np.float32(shift) for n in names}
 
 
 def capture_algorithms(monkeypatch) -> list:

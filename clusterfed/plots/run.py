@@ -70,6 +70,11 @@ def plot_run(out_dir: str | Path) -> list[Path]:
 
     written += plot_clustering_figures(out)
     written += plot_split_figures(out)
+    if config.get("strategy") == "selection":
+        from clusterfed.plots.selection import plot_cluster_count
+
+        if plot_cluster_count(rounds, out / "cluster_count.png", title):
+            written.append(out / "cluster_count.png")
     return written
 
 

@@ -75,11 +75,15 @@ def parse_train_reply(content: RecordDict, ask: Ask, shapes: dict[str, tuple[tup
     if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
         raise ReplyRejected(f"train-loss must be a finite number, got {loss!r}", "metrics")
     _check_key(content, ask.key)
+    try:  # a multi-model ask (IFCA): the model the client chose, by the index it reports
+        cluster, sent = ask.chosen(metrics)
+    except ValueError as error:
+        raise ReplyRejected(str(error), "metrics") from None
     return TrainReply(
         key=ask.key,
-        cluster=int(ask.config["cluster-id"]),
+        cluster=cluster,
         arrays=arrays,
-        sent={n: ask.model[n] for n in arrays},
+        sent={n: sent[n] for n in arrays},
         num_examples=num_examples,
         train_loss=float(loss),
         metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},

@@ -19,6 +19,8 @@ REGISTRY = {
     "cfl": "clusterfed.strategies.cfl:CFL",
     "layercfl": "clusterfed.strategies.layercfl:LayerCFL",
     "hicfl": "clusterfed.strategies.hicfl:HiCFL",
+    "ifca": "clusterfed.strategies.ifca:IFCA",
+    "selection": "clusterfed.strategies.selection:Selection",
 }
 
 # driven by Flower's own loop, not by the runner

@@ -18,6 +18,23 @@ UPLOAD_FULL = "full"
 RETURN_WEIGHTS = "weights"
 RETURN_UPDATE = "update"
 
+# a multi-model ask (IFCA): ``model`` holds K models, array ``name`` of model k under
+# ``m{k}.{name}``; ``config[CHOICES]`` = K; the client trains the one of lowest training loss,
+# returns it under the plain names and reports its index as the metric ``CHOICE``
+CHOICES = "ifca-k"
+CHOICE = "ifca-choice"
+
+
+def pack_models(models: list[Arrays]) -> Arrays:
+    """K models in one dict, array names prefixed ``m{k}.``."""
+    return {f"m{k}.{name}": value for k, model in enumerate(models) for name, value in model.items()}
+
+
+def unpack_model(packed: Arrays, k: int) -> Arrays:
+    """Model k of a ``pack_models`` dict, under the plain names."""
+    prefix = f"m{k}."
+    return {name[len(prefix):]: value for name, value in packed.items() if name.startswith(prefix)}
+
 
 @dataclass
 class ClientInfo:
@@ -43,6 +60,23 @@ class Ask:
         """The array names the client must return; None = all of the model's."""
         value = str(self.config.get("upload", UPLOAD_FULL))
         return None if value == UPLOAD_FULL else [name for name in value.split(",") if name]
+
+    @property
+    def choices(self) -> int:
+        """K for a multi-model ask (the client picks one of K models), else 0."""
+        return int(self.config.get(CHOICES, 0) or 0)
+
+    def chosen(self, metrics) -> tuple[int, Arrays]:
+        """(cluster, model sent) that a reply with ``metrics`` trained: for a multi-model
+        ask, the model whose index the client reported (ValueError when it is missing or
+        out of range); otherwise the ask's cluster and model."""
+        if not self.choices:
+            return int(self.config["cluster-id"]), self.model
+        value = metrics.get(CHOICE) if hasattr(metrics, "get") else None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value) \
+                or not 0 <= int(value) < self.choices:
+            raise ValueError(f"{CHOICE} must be an integer in 0..{self.choices - 1}, got {value!r}")
+        return int(value), unpack_model(self.model, int(value))
 
 
 @dataclass

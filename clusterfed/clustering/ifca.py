@@ -1,0 +1,67 @@
+"""Pure pieces of IFCA (Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for
+Clustered Federated Learning", NeurIPS 2020): the K starting models.
+
+- ``random_initialisations``: K independent initialisations drawn without a framework.
+  Model 0 is the given θ0; models 1..K-1 redraw every non-constant array uniformly in
+  ``[-b, b]`` with ``b = max|θ0[name]|`` (PyTorch's default Linear/Conv initialisation is
+  uniform in ±1/sqrt(fan_in), which this bound recovers) and keep constant arrays (batch
+  norm scales and shifts, running statistics, counters) as they are. (choice)
+- ``kmeanspp_seeds``: k-means++ seeding (Arthur and Vassilvitskii, "k-means++: The
+  Advantages of Careful Seeding") on the rows of a matrix, e.g. clients' flattened
+  warm-up models: the first seed uniformly, each next one with probability proportional
+  to the squared distance to the nearest seed so far.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+
+
+def random_initialisations(theta0: Arrays, k: int, rng: np.random.Generator) -> list[Arrays]:
+    """K starting models: θ0 and K-1 independent redraws of its non-constant arrays."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    models = [{n: v.copy() for n, v in theta0.items()}]
+    for _ in range(k - 1):
+        model = {}
+        for name, value in theta0.items():
+            flat = np.asarray(value).ravel()
+            constant = flat.size == 0 or not np.issubdtype(value.dtype, np.floating) or np.all(flat == flat[0])
+            if constant:
+                model[name] = value.copy()
+            else:
+                bound = float(np.max(np.abs(flat)))
+                model[name] = rng.uniform(-bound, bound, size=value.shape).astype(value.dtype)
+        models.append(model)
+    return models
+
+
+def kmeanspp_seeds(X: np.ndarray, k: int, rng: np.random.Generator) -> tuple[list[int], float]:
+    """Indices of k rows of X chosen by k-means++ seeding, and the potential (sum over rows
+    of the squared distance to the nearest seed). With fewer distinct rows than k, the
+    remaining seeds are drawn uniformly from the rows not chosen yet."""
+    X = np.asarray(X, dtype=np.float64)
+    n = len(X)
+    if not 1 <= k <= n:
+        raise ValueError(f"k must be in 1..{n} (the number of rows), got {k}")
+    seeds = [int(rng.integers(n))]
+    nearest = ((X - X[seeds[0]]) ** 2).sum(axis=1)
+    while len(seeds) < k:
+        total = float(nearest.sum())
+        if total > 0:
+            nxt = int(rng.choice(n, p=nearest / total))
+        else:
+            rest = [i for i in range(n) if i not in seeds]
+            nxt = int(rest[rng.integers(len(rest))])
+        seeds.append(nxt)
+        nearest = np.minimum(nearest, ((X - X[nxt]) ** 2).sum(axis=1))
+    return seeds, float(nearest.sum())
+
+
+def nearest_seed(X: np.ndarray, seeds: list[int]) -> np.ndarray:
+    """For every row of X, the position (in ``seeds``) of its nearest seed row (L2)."""
+    X = np.asarray(X, dtype=np.float64)
+    d = ((X[:, None, :] - X[seeds][None, :, :]) ** 2).sum(axis=2)
+    return d.argmin(axis=1)

@@ -1,0 +1,130 @@
+"""IFCA (Ghosh, Chung, Yin, Ramchandran, "An Efficient Framework for Clustered Federated
+Learning", NeurIPS 2020): ``num-clusters`` K cluster models; every round each sampled
+client receives all K, keeps the one with the lowest loss on its *training* data, trains
+it and returns it with the chosen index; FedAvg per cluster over the clients that chose it.
+
+- The K models travel in one message (array ``name`` of model k as ``m{k}.{name}``, config
+  ``ifca-k`` = K), so the downlink counted is K models per trained client. The reply holds
+  the chosen model's arrays under the plain names and the metric ``ifca-choice``; the
+  runner validates those arrays against the model sent at that index.
+- ``ifca-init = random``: K independent, seeded initialisations (``clustering.ifca``).
+  ``ifca-init = kmeans++``: round 1 is a warm-up in which the sampled clients train θ0; the
+  K cluster models are k-means++ seeds among their flattened models, and each warm-up
+  client provisionally belongs to its nearest seed until it chooses by loss.
+- ``ifca-restarts = R > 1``: with ``random``, round 1 is run from R initialisations (R
+  rounds of traffic, all counted) and the one whose clients' mean training loss is lowest
+  is kept; with ``kmeans++``, R seedings and the lowest k-means potential. (choice: the
+  paper restarts whole runs; restarting the first round keeps it inside one run)
+- A client is evaluated with the model it chose last; a client that has not trained yet
+  (a newcomer) is not evaluated until it has chosen, which it does by loss like everyone.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
+from clusterfed.strategies.base import Algorithm, Steps
+from clusterfed.strategies.exchange import CHOICES, Ask, TrainReply, natural, pack_models
+
+
+class IFCA(Algorithm):
+    name = "ifca"
+    reads = ("num-clusters", "ifca-init", "ifca-restarts")
+
+    def init_clusters(self) -> None:
+        self.k = self.config.num_clusters
+        self.warming_up = self.config.ifca_init == "kmeans++"
+        self.choice_counts: dict[int, int] = {}
+        if self.warming_up:
+            self.new_cluster(self.theta0)  # the warm-up model, replaced by the seeds
+            return
+        self.candidates = [random_initialisations(self.theta0, self.k, self.rng)
+                           for _ in range(self.config.ifca_restarts)]
+        for model in self.candidates[0]:
+            self.new_cluster(model)
+
+    def select_trainers(self, server_round: int) -> list[str]:
+        # everyone active may be sampled: a client is placed by its own first choice
+        return self.sample(list(self.active), self.config.fraction_train)
+
+    def admit(self, server_round: int, keys: list[str]) -> None:
+        """Nothing to do: a newcomer chooses its cluster by loss when it first trains."""
+
+    def ifca_asks(self, server_round: int, keys: list[str], models: dict[int, dict]) -> list[Ask]:
+        packed = pack_models([models[c] for c in range(self.k)])
+        asks = []
+        for key in keys:
+            config = {"server-round": server_round, "phase": "train", "local-epochs": self.config.local_epochs,
+                      "lr": self.config.lr, "upload": "full", "return": "weights", "cluster-id": -1, CHOICES: self.k}
+            asks.append(Ask(key, packed, config))
+        return asks
+
+    def round(self, server_round: int) -> Steps:
+        self.clustering_seconds, self.round_extra = 0.0, {}
+        trainers = self.select_trainers(server_round)
+        if self.warming_up:
+            replies = yield self.train_asks(server_round, trainers, models={k: self.theta0 for k in trainers},
+                                            extra={"cluster-id": 0}, phase="warmup")
+            self.seed_from(replies)
+        else:
+            restarts = getattr(self, "candidates", None) or []
+            if len(restarts) > 1:
+                replies = yield from self.restart(server_round, trainers, restarts)
+            else:
+                replies = yield self.ifca_asks(server_round, trainers, self.models)
+                self.take(replies)
+            self.candidates = []
+        self.round_extra["train_loss"] = float(np.mean([r.train_loss for r in replies])) if replies else None
+        self.round_extra["ifca_choices"] = {str(c): sum(1 for r in replies if r.cluster == c) for c in range(self.k)}
+
+    def take(self, replies: list[TrainReply]) -> None:
+        """Each replying client belongs to the cluster it chose; FedAvg per cluster."""
+        for reply in replies:
+            self.assignment[reply.key] = reply.cluster
+        self.aggregate_clusters(replies)
+
+    def restart(self, server_round: int, trainers: list[str], restarts: list[list[dict]]) -> Steps:
+        """Round 1 from each initialisation; keep the one of lowest mean training loss."""
+        best = None
+        for index, models in enumerate(restarts):
+            candidate = dict(enumerate(models))
+            replies = yield self.ifca_asks(server_round, trainers, candidate)
+            loss = float(np.mean([r.train_loss for r in replies])) if replies else float("inf")
+            if best is None or loss < best[0]:
+                best = (loss, index, replies)
+        loss, index, replies = best
+        self.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(restarts[index])}
+        self.take(replies)
+        self.round_extra.update({"ifca_restart_kept": index, "ifca_restart_loss": loss})
+        return replies
+
+    def seed_from(self, replies: list[TrainReply]) -> None:
+        """k-means++ seeds among the warm-up models become the K cluster models."""
+        if not replies:
+            return  # nobody replied: warm up again next round
+        started = time.perf_counter()
+        replies = sorted(replies, key=lambda r: natural(r.key))
+        names = sorted(self.shapes)
+        X = np.stack([np.concatenate([r.weights[n].ravel() for n in names]).astype(np.float64) for r in replies])
+        k = min(self.k, len(replies))
+        best = None
+        for _ in range(self.config.ifca_restarts):
+            seeds, potential = kmeanspp_seeds(X, k, self.rng)
+            if best is None or potential < best[1]:
+                best = (seeds, potential)
+        seeds = best[0]
+        models = [replies[i].weights for i in seeds]
+        models += random_initialisations(self.theta0, self.k - k + 1, self.rng)[1:]  # fewer replies than K
+        self.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(models)}
+        self.next_cluster_id = self.k
+        for reply, position in zip(replies, nearest_seed(X, seeds)):
+            self.assignment[reply.key] = int(position)  # provisional, until it chooses by loss
+        self.warming_up = False
+        self.clustering_seconds += time.perf_counter() - started
+        self.round_extra.update({"ifca_seed_clients": [replies[i].key for i in seeds], "ifca_potential": best[1]})
+
+    def cluster_state(self) -> dict:
+        return {"num_clusters": self.k, "init": self.config.ifca_init}

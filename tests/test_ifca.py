@@ -1,0 +1,231 @@
+"""IFCA: the K starting models, the multi-model message contract on both sides, the
+algorithm fed replies by hand, and whole in-process runs on digits."""
+
+import json
+
+import numpy as np
+import pytest
+from harness import SHAPES, drive_round, make, theta0, trained
+
+from clusterfed import protocol
+from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
+from clusterfed.runner.validation import ReplyRejected, parse_train_reply
+from clusterfed.strategies import strategy_class
+from clusterfed.strategies.exchange import CHOICE, CHOICES, Ask, pack_models, unpack_model
+
+FOUR = {str(i): i % 2 for i in range(4)}
+
+
+# ------------------------------------------------------------------ pure pieces
+def test_random_initialisations_keep_theta0_first_and_constant_arrays():
+    base = {"w": np.linspace(-0.3, 0.3, 12, dtype=np.float32).reshape(3, 4), "bn.weight": np.ones(3, np.float32),
+            "bn.count": np.array(5, dtype=np.int64)}
+    models = random_initialisations(base, 3, np.random.default_rng(1))
+    assert len(models) == 3
+    assert all(np.array_equal(models[0][n], base[n]) for n in base)
+    for model in models[1:]:
+        assert not np.array_equal(model["w"], base["w"])
+        assert np.abs(model["w"]).max() <= 0.3 + 1e-7 and model["w"].dtype == np.float32
+        assert np.array_equal(model["bn.weight"], base["bn.weight"]) and model["bn.count"] == 5
+    assert not np.array_equal(models[1]["w"], models[2]["w"])
+    again = random_initialisations(base, 3, np.random.default_rng(1))
+    assert np.array_equal(again[2]["w"], models[2]["w"])
+
+
+def test_kmeanspp_picks_one_seed_per_separated_blob():
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0]])
+    X = np.concatenate([c + rng.normal(0, 0.1, (5, 2)) for c in centres])
+    for seed in range(5):
+        seeds, potential = kmeanspp_seeds(X, 3, np.random.default_rng(seed))
+        assert sorted(i // 5 for i in seeds) == [0, 1, 2]
+        assert potential < 1.0
+        assert list(nearest_seed(X, seeds)) == [[i // 5 for i in seeds].index(j // 5) for j in range(15)]
+    with pytest.raises(ValueError):
+        kmeanspp_seeds(X, 16, rng)
+
+
+def test_kmeanspp_with_duplicate_rows_still_gives_k_distinct_seeds():
+    seeds, potential = kmeanspp_seeds(np.zeros((4, 3)), 3, np.random.default_rng(0))
+    assert len(set(seeds)) == 3 and potential == 0.0
+
+
+# --------------------------------------------------------- the message contract
+def test_pack_and_unpack_models():
+    a, b = theta0(1.0), theta0(2.0)
+    packed = pack_models([a, b])
+    assert set(packed) == {f"m{k}.{n}" for k in (0, 1) for n in SHAPES}
+    assert all(np.array_equal(unpack_model(packed, 1)[n], b[n]) for n in SHAPES)
+
+
+def _reply(arrays, metrics):
+    from flwr.app import MetricRecord, RecordDict
+
+    return RecordDict({protocol.ARRAYS: protocol.to_array_record(arrays), protocol.METRICS: MetricRecord(metrics)})
+
+
+def test_reply_is_validated_against_the_model_the_client_chose():
+    shapes = {n: (v.shape, v.dtype) for n, v in theta0().items()}
+    ask = Ask("3", pack_models([theta0(1.0), theta0(2.0), theta0(3.0)]),
+              {"cluster-id": -1, "upload": "full", "return": "update", CHOICES: 3})
+    update = {n: np.full(v.shape, 0.5, v.dtype) for n, v in theta0().items()}
+    reply = parse_train_reply(_reply(update, {"num-examples": 9, "train-loss": 0.3, CHOICE: 2}), ask, shapes)
+    assert reply.cluster == 2
+    assert all(np.all(reply.sent[n] == 3.0) and np.all(reply.weights[n] == 3.5) for n in SHAPES)
+    for bad in (3, -1, 1.5, None):
+        metrics = {"num-examples": 9, "train-loss": 0.3, **({} if bad is None else {CHOICE: bad})}
+        with pytest.raises(ReplyRejected) as error:
+            parse_train_reply(_reply(update, metrics), ask, shapes)
+        assert error.value.kind == "metrics"
+    prefixed = {f"m0.{n}": v for n, v in update.items()}  # a client that returns the packed names
+    with pytest.raises(ReplyRejected) as error:
+        parse_train_reply(_reply(prefixed, {"num-examples": 9, "train-loss": 0.3, CHOICE: 0}), ask, shapes)
+    assert error.value.kind == "names"
+
+
+def test_client_chooses_by_training_loss_even_where_its_test_split_would_choose_otherwise(monkeypatch):
+    """The client's training labels are all a, its test labels all b; of a model that
+    predicts a and one that predicts b it must choose the one predicting a, in either
+    order (choosing by the test split would pick the other)."""
+    from flwr.supercore.task_identity import TaskIdentity
+    from test_client_app import _call
+
+    import clusterfed.client_app as client_app
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+
+    real = client_app._client_data
+
+    def skewed(config, context):
+        data = real(config, context)
+        a, b = int(data.y_train[0]), int((data.y_train[0] + 1) % data.num_classes)
+        return client_app.ClientData(data.x_train, np.full_like(data.y_train, a), data.x_test,
+                                     np.full_like(data.y_test, b), data.true_group, data.num_classes, data.input_shape)
+
+    monkeypatch.setattr(client_app, "_client_data", skewed)
+    from clusterfed.config import parse_config
+    from clusterfed.server_app import initial_arrays
+
+    base = {n: v.numpy() for n, v in initial_arrays(parse_config({"num-clients": 4})).items()}
+    final = [n for n in base if n.startswith("fc2")]
+    probe = client_app._load_client_data  # label a of partition 2 (the client _call builds)
+    spec = tuple(sorted({**protocol.client_spec(parse_config({"num-clients": 4, "partitioner": "iid"}).to_flower())}
+                        .items()))
+    a = int(probe(spec, 2).y_train[0])
+    b = (a + 1) % probe(spec, 2).num_classes
+
+    def favouring(label):
+        model = {n: v.copy() for n, v in base.items()}
+        model[final[0]] = np.zeros_like(base[final[0]])
+        bias = np.zeros_like(base[final[1]])
+        bias[label] = 10.0
+        model[final[1]] = bias
+        return model
+
+    packed = protocol.to_array_record(pack_models([favouring(b), favouring(a)]))
+    reply, _ = _call({CHOICES: 2, "cluster-id": -1}, packed)
+    metrics = reply.content[protocol.METRICS]
+    assert metrics[CHOICE] == 1  # the model that fits the training data (model 0 fits the test data)
+    assert set(reply.content[protocol.ARRAYS]) == set(base)
+    packed = protocol.to_array_record(pack_models([favouring(a), favouring(b)]))
+    reply, _ = _call({CHOICES: 2, "cluster-id": -1}, packed)
+    assert reply.content[protocol.METRICS][CHOICE] == 0
+
+
+# ------------------------------------------------------- the algorithm by hand
+def test_every_client_gets_all_k_models_and_joins_the_cluster_it_chose():
+    algorithm = make(strategy_class("ifca"), FOUR, num_clusters=3, seed=4)
+    starts = {c: {n: v.copy() for n, v in m.items()} for c, m in algorithm.models.items()}
+    choice = {"0": 2, "1": 0, "2": 2, "3": 0}
+    shift = {"0": 1.0, "1": 3.0, "2": 2.0, "3": 5.0}
+
+    def respond(ask):
+        sent = unpack_model(ask.model, choice[ask.key])
+        return {n: v + np.float32(shift[ask.key]) for n, v in sent.items()}, {CHOICE: choice[ask.key]}
+
+    (asks,) = drive_round(algorithm, 1, respond, {"0": 10, "1": 10, "2": 30, "3": 10})
+    assert all(a.choices == 3 and set(a.model) == set(pack_models([theta0()] * 3)) for a in asks)
+    assert algorithm.assignment == choice
+    for n in SHAPES:
+        np.testing.assert_allclose(algorithm.models[2][n], starts[2][n] + (1.0 * 10 + 2.0 * 30) / 40, rtol=1e-5)
+        np.testing.assert_allclose(algorithm.models[0][n], starts[0][n] + 4.0, rtol=1e-5)
+        np.testing.assert_array_equal(algorithm.models[1][n], starts[1][n])  # nobody chose it
+    evaluated = algorithm.evaluation_models(1)
+    assert {k: c for k, (c, _) in evaluated.items()} == choice
+    # a later round's choice moves the client
+    choice["1"] = 1
+    drive_round(algorithm, 2, respond)
+    assert algorithm.assignment["1"] == 1 and algorithm.evaluation_models(2)["1"][0] == 1
+
+
+def test_restarts_keep_the_initialisation_with_the_lowest_mean_training_loss():
+    algorithm = make(strategy_class("ifca"), FOUR, num_clusters=2, ifca_restarts=3, seed=1)
+    candidates = [[{n: v.copy() for n, v in m.items()} for m in models] for models in algorithm.candidates]
+    losses = iter([0.9, 0.2, 0.5])
+    seen = []
+
+    def respond(ask):
+        if not seen or seen[-1] is not ask.model:
+            seen.append(ask.model)
+            respond.loss = next(losses)
+        return trained(ask, 0.0), {}, respond.loss
+
+    batches = drive_round(algorithm, 1, respond)
+    assert len(batches) == 3 and algorithm.round_extra["ifca_restart_kept"] == 1
+    for c in (0, 1):
+        for n in SHAPES:
+            np.testing.assert_allclose(algorithm.models[c][n], candidates[1][c][n], rtol=1e-6)
+    assert len(drive_round(algorithm, 2, lambda ask: trained(ask, 0.0))) == 1  # restarts only in round 1
+
+
+def test_kmeanspp_init_warms_up_on_theta0_then_seeds_from_the_clients_models():
+    algorithm = make(strategy_class("ifca"), {str(i): i % 2 for i in range(6)}, num_clusters=2,
+                     ifca_init="kmeans++", seed=2)
+    (warmup,) = drive_round(algorithm, 1, lambda ask: trained(ask, 1.0 if int(ask.key) % 2 else -1.0))
+    assert all(a.choices == 0 and a.config["phase"] == "warmup" for a in warmup)
+    assert sorted(float(m["fc2.bias"][0]) for m in algorithm.models.values()) == [-1.0, 1.0]
+    # provisional membership: the nearest seed, which here is the own group's
+    assert len({algorithm.assignment[k] for k in ("0", "2", "4")}) == 1
+    assert algorithm.assignment["0"] != algorithm.assignment["1"]
+    (asks,) = drive_round(algorithm, 2, lambda ask: trained(ask, 0.0))
+    assert all(a.choices == 2 for a in asks)
+
+
+# ----------------------------------------------------------- whole runs (digits)
+def _rounds(out_dir):
+    return [json.loads(line) for line in open(f"{out_dir}/rounds.jsonl")]
+
+
+def test_ifca_recovers_rotation_groups_and_its_downlink_is_k_models_per_client(small_config, tmp_path):
+    from clusterfed.server_app import initial_arrays
+    from clusterfed.simulation import simulate
+
+    config = small_config(strategy="ifca", partitioner="rotation", rotations="0,180", num_groups=2, num_clients=6,
+                          num_clusters=2, rounds=4, local_epochs=2, seed=1, fraction_evaluate=0.0,
+                          out_dir=str(tmp_path / "ifca"))
+    simulate(config, engine="inprocess", stream=None)
+    rounds = _rounds(config.out_dir)
+    model_bytes = sum(a.numpy().nbytes for a in initial_arrays(config).values())
+    assert all(r["bytes_down"] == 2 * model_bytes * 6 for r in rounds)
+    assert all(r["bytes_up"] == model_bytes * 6 for r in rounds)
+    assert rounds[-1]["ari"] == 1.0
+    # evaluation never reaches a choice: the same run with every client evaluated chooses alike
+    again = small_config(**{**{k.replace("-", "_"): v for k, v in config.to_flower().items()},
+                            "fraction_evaluate": 1.0, "out_dir": str(tmp_path / "evaluated")})
+    simulate(again, engine="inprocess", stream=None)
+    evaluated = _rounds(again.out_dir)
+    assert [r["ifca_choices"] for r in evaluated] == [r["ifca_choices"] for r in rounds]
+    clusters = lambda d: json.loads(open(f"{d}/clusters.json").read())["assignment"]  # noqa: E731
+    assert clusters(again.out_dir) == clusters(config.out_dir)
+
+
+def test_a_newcomer_gets_all_k_models_and_is_placed_by_its_own_choice():
+    algorithm = make(strategy_class("ifca"), FOUR, num_clusters=2)
+    drive_round(algorithm, 1, lambda ask: trained(ask, 0.0))
+    assert "9" not in algorithm.evaluation_models(1)
+    algorithm.clients["9"] = type(algorithm.clients["0"])("9", 50, 1)
+    algorithm.active = [*FOUR, "9"]
+    (asks,) = drive_round(algorithm, 2, lambda ask: (trained(ask, 0.0), {CHOICE: 0} if ask.key == "9" else {}))
+    newcomer = next(a for a in asks if a.key == "9")
+    assert newcomer.choices == 2 and algorithm.assignment["9"] == 0  # its choice (the harness default is 1)
+    assert algorithm.evaluation_models(2)["9"][0] == 0

@@ -1,0 +1,141 @@
+"""Adaptive cluster-count client selection: the p controller on a scripted loss sequence,
+the algorithm fed replies by hand, and a whole in-process run on digits."""
+
+import json
+
+import numpy as np
+import pytest
+from harness import drive_round, make, trained
+
+from clusterfed.clustering import ClusterCountController, loss_reduction_ratio
+from clusterfed.strategies import strategy_class
+
+# mean participant losses; ratios: -, .5, .4, .33, .5, .5 (good: > w = 0.1), then four bad
+# rounds (the loss rises), then two good ones
+LOSSES = [1.0, 0.5, 0.3, 0.2, 0.1, 0.05, 0.06, 0.07, 0.08, 0.09, 0.045, 0.02]
+
+
+def _replay(stabilizer, seed):
+    ratios = [None] + [loss_reduction_ratio(a, b) for a, b in zip(LOSSES, LOSSES[1:])]
+    controller = ClusterCountController(8, 0.1, hold_rounds=1, stabilizer=stabilizer,
+                                        rng=np.random.default_rng(seed), anneal_tau=10)
+    ps = [controller.update(r, i + 1) for i, r in enumerate(ratios)]
+    return ps, [s.action for s in controller.history]
+
+
+def test_tcp_like_rule_with_hold_step_by_step():
+    ps, actions = _replay("none", 0)
+    # p 8 -1 -> 7 (d 2), held; -2 -> 5 (d 4), held; -4 -> 1, held; bad: 2p = 2, held;
+    # bad: 4, held; good: 4 - 1 = 3 (d was reset to 1 by the bad rounds)
+    assert ps == [8, 7, 7, 5, 5, 1, 1, 2, 2, 4, 4, 3]
+    assert actions == ["no-signal", "decrease", "hold", "decrease", "hold", "decrease", "hold", "increase",
+                       "hold", "increase", "hold", "decrease"]
+
+
+def test_annealing_stabilizer_step_by_step_with_a_fixed_seed():
+    # seed 0 draws 0.637, 0.270: round 8 keeps with 1 - e^-0.8 = 0.551 (0.637: no, p -> 2,
+    # held in 9); round 10 keeps with 1 - e^-1 = 0.632 (0.270: kept at 2); round 11 good -> 1
+    ps, actions = _replay("annealing", 0)
+    assert ps == [8, 7, 7, 5, 5, 1, 1, 2, 2, 2, 1, 1]
+    assert actions[7:10] == ["increase", "hold", "keep"]
+
+
+def test_experience_stabilizer_step_by_step_with_a_fixed_seed():
+    # seed 2 draws 0.262, 0.298. Round 8 at p = 1 (one earlier bad round there): keep with
+    # (0 + 1) / (0 + 1 + 2) = 1/3 > 0.262: kept. Round 9 (two bad): 1/4 < 0.298: p -> 2,
+    # held in 10; round 11 good -> 1, held in 12
+    ps, actions = _replay("experience", 2)
+    assert ps == [8, 7, 7, 5, 5, 1, 1, 1, 2, 2, 1, 1]
+    assert actions[7:9] == ["keep", "increase"]
+
+
+FOUR_GROUPS = {str(i): i // 2 for i in range(8)}
+
+
+def _by_group_losses(losses):
+    """Clients move their final layer by their group (so the groups are the clusters) and
+    report the round's scripted training loss."""
+    rng = np.random.default_rng(0)
+
+    def respond(ask):
+        group = FOUR_GROUPS[ask.key]
+        out = trained(ask, 0.0)  # the final layer moves by 10 x its group (its change is clustered)
+        out["fc2.bias"] = out["fc2.bias"] + np.float32(10.0 * group) + rng.normal(0, 0.01, 4).astype(np.float32)
+        return out, {}, respond.loss
+
+    respond.loss = losses
+    return respond
+
+
+@pytest.mark.parametrize("stabilizer", ["none", "annealing", "experience"])
+def test_selection_trains_exactly_p_clients_after_warmup(stabilizer):
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=2, w=0.1, hold_rounds=0,
+                     stabilizer=stabilizer)
+    respond = _by_group_losses(1.0)
+    loss = 1.0
+    for r in (1, 2):
+        (asks,) = drive_round(algorithm, r, respond)
+        assert len(asks) == 8 and algorithm.round_extra["p"] is None
+    expected_p = 8
+    for r in range(3, 12):
+        loss *= 0.5  # every round good: p falls 8, 7, 5, 1, 1, ...
+        respond.loss = loss
+        (asks,) = drive_round(algorithm, r, respond)
+        extra = algorithm.round_extra
+        assert extra["p"] == expected_p == len(asks) == extra["trained_clients"]
+        assert extra["representatives"] == [a.key for a in asks]
+        assert extra["models_exchanged"] == 2 * len(asks)
+        expected_p = extra["p_next"]
+    assert expected_p == 1
+
+
+def test_representatives_come_one_from_each_cluster_of_latest_models():
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1, w=0.1, hold_rounds=0)
+    respond = _by_group_losses(1.0)
+    drive_round(algorithm, 1, respond)
+    algorithm.count_controller().p = 4
+    for r in range(2, 6):
+        respond.loss = 1.0  # r = 0 <= w: p doubles back, so pin it again
+        algorithm.controller.p = 4
+        (asks,) = drive_round(algorithm, r, respond)
+        assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
+
+
+def test_global_model_is_the_weighted_average_of_the_representatives():
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1)
+    drive_round(algorithm, 1, _by_group_losses(1.0))
+    algorithm.count_controller().p = 2
+    shifts = {k: float(k) for k in FOUR_GROUPS}
+    examples = {k: 10 * (int(k) + 1) for k in FOUR_GROUPS}
+    before = {n: v.copy() for n, v in algorithm.models[0].items()}
+    (asks,) = drive_round(algorithm, 2, lambda ask: trained(ask, shifts[ask.key]), examples)
+    keys = [a.key for a in asks]
+    expected = sum(shifts[k] * examples[k] for k in keys) / sum(examples[k] for k in keys)
+    np.testing.assert_allclose(algorithm.models[0]["fc1.weight"], before["fc1.weight"] + expected, rtol=1e-5)
+
+
+# ----------------------------------------------------------- a whole run (digits)
+def _rounds(out_dir):
+    return [json.loads(line) for line in open(f"{out_dir}/rounds.jsonl")]
+
+
+def test_selection_run_records_p_trains_p_clients_and_ignores_evaluation(small_config, tmp_path):
+    from clusterfed.plots.run import plot_run
+    from clusterfed.simulation import simulate
+
+    values = dict(strategy="selection", partitioner="label-groups", label_groups="0,1;2,3;4,5;6,7", num_clients=8,
+                  rounds=6, warmup_rounds=2, w=0.05, hold_rounds=0, seed=3)
+    quiet = small_config(**values, fraction_evaluate=0.0, out_dir=str(tmp_path / "quiet"))
+    loud = small_config(**values, fraction_evaluate=1.0, out_dir=str(tmp_path / "loud"))
+    for config in (quiet, loud):
+        simulate(config, engine="inprocess", stream=None)
+    rounds = _rounds(loud.out_dir)
+    assert [r["trained_clients"] for r in rounds[:2]] == [8, 8]
+    for r in rounds[2:]:
+        assert r["trained_clients"] == r["p"] == r["transmissions"] == len(r["representatives"])
+    # the evaluation (test data) never reaches p nor the representatives
+    pick = lambda rs: [(r["p"], r["representatives"], r["p_next"] if "p_next" in r else None) for r in rs]  # noqa: E731
+    assert pick(_rounds(quiet.out_dir)) == pick(rounds)
+    written = plot_run(loud.out_dir)
+    assert (tmp_path / "loud" / "cluster_count.png") in written
+    assert (tmp_path / "loud" / "cluster_count.png").stat().st_size > 0
