@@ -94,8 +94,8 @@ def run(tmp_path, monkeypatch, client_app, **values):
     """simulate() with ``client_app``; returns (the algorithm, rounds.jsonl records)."""
     captured = []
 
-    def capture(config, recorder=None):
-        runner = build_runner(config, recorder)
+    def capture(config, recorder=None, **kwargs):
+        runner = build_runner(config, recorder, **kwargs)
         captured.append(runner.algorithm)
         return runner
 
