@@ -8,7 +8,8 @@ model again). The test starts and stops only its own processes, each in its own 
 group, on free ports, with Flower's state in a temporary folder.
 
 Slow by nature (every message starts a ClientApp process; Flower's deployed grid polls
-every few seconds): 196 s on two cores shared with other jobs (load average 6-7).
+every few seconds): 196 s and 228 s in two runs on two cores shared with other jobs
+(load average 5-7).
 """
 
 from __future__ import annotations

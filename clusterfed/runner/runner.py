@@ -151,7 +151,11 @@ class ClusteredRunner(Strategy):
 
     def discover(self, server_round: int) -> None:
         """Profile nodes seen for the first time: stable key, size, label stats. A node
-        whose key is known (a restarted device, a resumed run) takes that client's place."""
+        whose key is known (a restarted device, a resumed run) takes that client's place,
+        unless the key's node is listed and answered in its last round (a duplicate key).
+        Deployment: nodes that join after the first round are profiled here and then
+        placed by the algorithm's ``admit``; an absent client's node that is still listed
+        is asked again."""
         live = list(self.grid.get_node_ids())
         new_nodes = [n for n in live if n not in self.key_of_node]
         # an absent client's node that Flower still lists is asked again: it may be back
@@ -195,7 +199,7 @@ class ClusteredRunner(Strategy):
                 reasons.append(str(error))
                 continue
             self.key_of_node.pop(self.node_of_key.get(info.key, -1), None)
-            if info.key in self.absent or (info.key in self.clients and self.node_of_key.get(info.key) != node):
+            if info.key in self.absent or self.node_of_key.get(info.key) not in (None, node):
                 log(logging.INFO, "round %s: client %s is back on node %s", server_round, info.key, node)
             self.absent.discard(info.key)
             self.misses[info.key] = 0
