@@ -23,7 +23,7 @@ STRATEGY_NAMES = tuple(REGISTRY)
 # keys that only some strategies read (each strategy class lists its own in ``reads``);
 # one set away from its default for a strategy that does not read it is reported as ignored
 STRATEGY_KEYS = (
-    "proximal-mu", "cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette",
+    "proximal-mu", "cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette", "cluster-sample",
     "warmup-rounds", "share-label-stats", "entropy-gap", "epsilon", "split-criteria", "eps1", "eps2", "rel-eps1",
     "rel-eps2", "split-min-silhouette", "split-silhouette-max-k", "min-split-size", "min-split-round", "skew",
     "correct-clustering-check", "window", "stability-eps", "xi", "num-clusters", "ifca-init", "ifca-restarts", "w",
@@ -104,6 +104,8 @@ class RunConfig(BaseModel):
     distance: Literal["l2", "cosine"] = "l2"
     linkage: Literal["average", "single", "complete", "ward"] = "average"
     auto_min_silhouette: float = Field(0.25, alias="auto-min-silhouette", ge=-1, le=1)
+    cluster_sample: int = Field(0, alias="cluster-sample", ge=0,
+                                description="cluster this many sampled clients, place the rest by nearest reference (0 = all)")
     warmup_rounds: int = Field(1, alias="warmup-rounds", ge=0)
     share_label_stats: bool = Field(True, alias="share-label-stats")
     entropy_gap: float = Field(0.1, alias="entropy-gap", ge=0)

@@ -120,3 +120,13 @@ def test_numeric_lambda_cuts_at_that_height(tmp_path):
     _, _, rounds, clusters = run(tmp_path, "big", strategy="fedclust", rounds=1, **{"lambda": 1e6, "num-clients": 6,
                                                                                 "cluster-epochs": 1})
     assert rounds[0]["num_clusters"] == 1 and rounds[0]["lambda_used"] == 1e6 and clusters["lambda"] == 1e6
+
+
+def test_cluster_sample_clusters_a_sample_and_places_the_rest(tmp_path):
+    """``cluster-sample`` below the number of clients: the sampled clustering still finds
+    the three groups and every client is placed."""
+    _, summary, rounds, clusters = run(tmp_path, "sampled", strategy="fedclust", rounds=1,
+                                       **{"cluster-sample": 8, "cluster-epochs": 10})
+    assert rounds[0]["ari"] == 1.0 and rounds[0]["num_clusters"] == 3
+    assert len(clusters["assignment"]) == 12
+    assert clusters["cluster_sample"] == 8 and rounds[0]["clustering_bytes_up"] > 0

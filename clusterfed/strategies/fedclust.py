@@ -26,7 +26,8 @@ from clusterfed.strategies.oneshot import OneShotClustering
 class FedClust(OneShotClustering):
     name = "fedclust"
     layer_rule = "final"
-    reads = ("cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette")
+    reads = ("cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette",
+             "cluster-sample")
 
     def admit(self, server_round: int, keys: list[str]) -> Steps:
         if self.clustered:

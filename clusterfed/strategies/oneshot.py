@@ -28,6 +28,7 @@ from sklearn.metrics import silhouette_score
 from clusterfed.clustering import (
     cluster_auto,
     cluster_by_threshold,
+    cluster_sampled,
     distance_matrix,
     linkage_matrix,
     place_newcomer,
@@ -86,6 +87,13 @@ class OneShotClustering(Algorithm):
         """Cluster labels of the rows of X at ``lambda`` (number or auto), and what the cut used."""
         metric, linkage = self.config.distance, self.config.linkage
         threshold = self.config.number_or_none("lambda_")
+        sample = self.config.cluster_sample if "cluster-sample" in self.reads else 0
+        if 0 < sample < len(X):  # many clients: cluster a sample, place the rest by nearest reference
+            result = cluster_sampled(X, sample, seed=self.config.seed, metric=metric, linkage=linkage,
+                                     threshold="auto" if threshold is None else threshold,
+                                     min_silhouette=self.config.auto_min_silhouette)
+            return result.labels, {"lambda": result.threshold, "auto_best_silhouette": result.silhouette,
+                                   "cluster_sample": int(sample)}
         if threshold is None:
             auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.config.auto_min_silhouette)
             # auto_best_silhouette: on the one-cluster fallback, the best score that fell short
@@ -105,7 +113,9 @@ class OneShotClustering(Algorithm):
         small = len(keys) <= MAX_MATRIX_CLIENTS
         D = distance_matrix(X, self.config.distance) if small else None
         silhouette = _silhouette(D, labels) if small else None
-        Z = linkage_matrix(X, metric=self.config.distance, linkage=self.config.linkage) if len(keys) > 1 else None
+        # the dendrogram is for figures; with a sampled clustering it would cost O(m²) memory
+        Z = (linkage_matrix(X, metric=self.config.distance, linkage=self.config.linkage)
+             if 1 < len(keys) and (small or "cluster_sample" not in info) else None)
         self.clustering_seconds += time.perf_counter() - started
         self.clustered = True
         self.cluster_start = start
