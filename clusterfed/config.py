@@ -187,13 +187,6 @@ class RunConfig(BaseModel):
             raise ValueError(f"fault rates add up to {total:g} > 1")
         return self
 
-    def partition_kwargs(self) -> dict[str, Any]:
-        """``make_partition``'s keyword arguments from this config."""
-        return {"name": self.partitioner, "num_clients": self.num_clients, "num_groups": self.num_groups,
-                "alpha": self.alpha, "beta": self.beta, "labels_per_client": self.labels_per_client,
-                "label_groups": self.label_groups, "rotations": self.rotations, "min_samples": self.min_samples,
-                "test_fraction": self.test_fraction, "seed": self.seed}
-
     def number_or_none(self, key: str) -> float | None:
         """A "number or auto" field as a float, or None for "auto"."""
         value = getattr(self, key)

@@ -58,14 +58,14 @@ def simulate(config: RunConfig, *, engine: str = "flower", stream: TextIO | None
     from clusterfed.runner.preflight import preflight
 
     load_source(config.dataset, config.data_dir or None)
-    preflight(config)
-    if engine == "inprocess":
+    if engine == "inprocess":  # run_server checks the run before it contacts a client
         from clusterfed.runner.inprocess import InProcessGrid
         from clusterfed.server_app import run_server
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         grid = InProcessGrid(client_app, config.num_clients, timeout=config.timeout)
         return run_server(grid, config, stream=stream, node_wait_seconds=0)
+    preflight(config)  # before Ray starts; run_server checks again inside the ServerApp
     return _simulate_flower(config, stream, client_app)
 
 

@@ -1,4 +1,4 @@
-"""Model registry, seeded construction and layer selection (ALGORITHMS.md, "Shared machinery").
+"""Model registry, seeded construction and layer selection.
 
 Layer selection (``layers.py``) works on state-dict keys only and tells conv from fully connected
 layers by the weight's number of dimensions (4 = conv, 2 = linear), so it gives the

@@ -29,7 +29,8 @@ def ignored_keys(config: RunConfig) -> list[str]:
 
 def check_partition(config: RunConfig) -> str | None:
     """The partitioner's own message if this data set cannot be split as asked."""
-    from clusterfed.datasets import DatasetNotFoundError, PartitionError, load_source, make_partition
+    from clusterfed.datasets import DatasetNotFoundError, PartitionError
+    from clusterfed.datasets.export import build_partition
     from clusterfed.datasets.partition import parse_label_groups, parse_rotations
 
     try:  # syntax first: it needs no data
@@ -40,12 +41,9 @@ def check_partition(config: RunConfig) -> str | None:
     except PartitionError as error:
         return str(error)
     try:
-        source = load_source(config.dataset, config.data_dir or None)
+        build_partition(config.to_flower())
     except DatasetNotFoundError:
         log(logging.INFO, "the server does not hold %s: the partition is checked by the clients", config.dataset)
-        return None
-    try:
-        make_partition(source.y, source.num_classes, **config.partition_kwargs())
     except PartitionError as error:
         return str(error)
     return None

@@ -21,7 +21,7 @@ replied (``after_train``):
 4. both children start from the cluster's (just aggregated) model and can split again.
 
 The side-based separation Gap is recorded for every split, never used as a veto (it is
-negative for a pure split while a side still holds two groups; ALGORITHMS.md).
+negative for a pure split while a side still holds two groups).
 
 Defaults ``rel-eps1 = 0.9``, ``rel-eps2 = 3.0``, ``split-min-silhouette = 0.3`` and
 ``split-silhouette-max-k = 6`` were chosen from measured norm ratios and silhouettes of

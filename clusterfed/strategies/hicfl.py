@@ -1,4 +1,4 @@
-"""HiCFL (paper 003, Gong et al., IEEE TMC 2023) — ALGORITHMS.md "HiCFL".
+"""HiCFL (Gong et al., hierarchical clustered federated learning, IEEE Transactions on Mobile Computing 2023).
 
 All clients start in one cluster; every round each member trains its cluster's model and
 sends its full update (``return = update``); the server aggregates per cluster. Then:

@@ -1,4 +1,4 @@
-"""LayerCFL (paper 004, Algorithm 2) — ALGORITHMS.md "LayerCFL".
+"""LayerCFL (layer-wise clustered federated learning; the paper's Algorithm 2).
 
 Sattler's CFL procedure (``cfl.py``: same criteria, timing and complete-linkage
 bi-partition) with two changes:

@@ -108,7 +108,7 @@ class OneShotClustering(Algorithm):
         cluster_of_label = {int(label): self.new_cluster(start) for label in np.unique(labels)}
         for key, label in zip(keys, labels):
             self.assignment[key] = cluster_of_label[int(label)]
-        # reference = mean of the members' clustering-round partial weights (ALGORITHMS.md choice)
+        # reference = mean of the members' clustering-round partial weights (our choice: the papers leave it open)
         self.references = {cluster_of_label[int(label)]: X[labels == label].mean(axis=0) for label in np.unique(labels)}
         small = len(keys) <= MAX_MATRIX_CLIENTS
         D = distance_matrix(X, self.config.distance) if small else None
