@@ -52,6 +52,11 @@ def worker_dir() -> Path:
     configured = os.environ.get("CLUSTERFED_WORKER_DIR")
     path = Path(configured).expanduser() if configured else Path(tempfile.gettempdir()) / f"clusterfed-{os.getuid()}"
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = path.stat()
+    if status.st_uid != os.getuid() or status.st_mode & 0o077:
+        # someone else's folder could hold a socket that impersonates the worker
+        raise WorkerError(f"warm worker folder {path} must belong to this user and be private (chmod 700); "
+                          "set CLUSTERFED_WORKER_DIR to another folder")
     return path
 
 

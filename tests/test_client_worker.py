@@ -119,3 +119,12 @@ def test_the_client_entry_imports_no_torch():
 
     code = "import sys, clusterfed.client_entry; print(sorted(m for m in ('torch', 'scipy', 'sklearn', 'matplotlib') if m in sys.modules))"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "[]"
+
+
+def test_a_shared_worker_folder_is_refused(tmp_path, monkeypatch):
+    folder = tmp_path / "open"
+    folder.mkdir(mode=0o777)
+    folder.chmod(0o777)
+    monkeypatch.setenv("CLUSTERFED_WORKER_DIR", str(folder))
+    with pytest.raises(client_worker.WorkerError, match="must belong to this user and be private"):
+        client_worker.worker_dir()
