@@ -27,7 +27,8 @@ STRATEGY_KEYS = (
     "warmup-rounds", "share-label-stats", "entropy-gap", "epsilon", "split-criteria", "eps1", "eps2", "rel-eps1",
     "rel-eps2", "split-min-silhouette", "split-silhouette-max-k", "min-split-size", "min-split-round", "skew",
     "correct-clustering-check", "window", "stability-eps", "xi", "num-clusters", "ifca-init", "ifca-restarts", "w",
-    "hold-rounds", "stabilizer", "anneal-tau",
+    "hold-rounds", "stabilizer", "anneal-tau", "stability-eps-rel", "hicfl-timing", "hicfl-split", "hicfl-min-silhouette",
+    "merge", "merge-min-cosine", "merge-max-silhouette",
 )
 
 
@@ -125,11 +126,25 @@ class RunConfig(BaseModel):
                                         description="the silhouette tested is the best over cuts into 2..k clusters (2: the proposed split's own)")
     min_split_size: int = Field(3, alias="min-split-size", ge=2)
     min_split_round: int = Field(5, alias="min-split-round", ge=1)
+    merge: bool = Field(True, description="CFL/LayerCFL/HiCFL: merge two leaf clusters whose updates became indistinguishable")
+    merge_min_cosine: float = Field(0.6, alias="merge-min-cosine", ge=-1, le=1,
+                                    description="merge only if the cosine of the two clusters' mean updates reaches this")
+    merge_max_silhouette: float = Field(0.5, alias="merge-max-silhouette", ge=-1, le=1,
+                                        description="... and the silhouette of their members (labelled by cluster) is at most this")
     skew: Literal["label", "feature", "unknown"] = "unknown"
-    correct_clustering_check: bool = Field(True, alias="correct-clustering-check",
+    correct_clustering_check: bool = Field(False, alias="correct-clustering-check",
                                            description="LayerCFL: refuse splits failing Theorem 1 (false: record it only)")
     window: int = Field(5, ge=1)
-    stability_eps: str = Field("auto", alias="stability-eps", description='HiCFL ε, or "auto" = 0.5·lr')
+    stability_eps: str = Field("auto", alias="stability-eps",
+                               description='HiCFL absolute ε (the paper\'s mode), or "auto" = relative (stability-eps-rel)')
+    stability_eps_rel: float = Field(1.5, alias="stability-eps-rel", gt=0,
+                                     description="HiCFL: ε as a multiple of each layer's median windowed stability at the cluster's first full window")
+    hicfl_timing: Literal["all", "median"] = Field("median", alias="hicfl-timing",
+                                                   description="HiCFL: a layer is ready when every member / the median member is below ε")
+    hicfl_split: Literal["reference", "linkage"] = Field("linkage", alias="hicfl-split",
+                                                         description="HiCFL: sign of the cosine with the reference (paper) or complete linkage (CFL)")
+    hicfl_min_silhouette: float = Field(0.45, alias="hicfl-min-silhouette", ge=-1, le=1,
+                                        description="HiCFL structure test on the proposed split; -1 = off (paper: heterogeneity stop rule)")
     xi: str = Field("auto", description='HiCFL ξ, or "auto" = 0.05·lr')
 
     # IFCA

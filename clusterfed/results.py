@@ -190,6 +190,8 @@ class RunRecorder:
         summary["wall_seconds"] = round(wall_seconds, 2)
         summary["strategy"] = self.config.get("strategy")
         summary["config"] = self.config
+        if clusters and clusters.get("one_cluster_reason"):  # a clustered strategy that ended as FedAvg: say why
+            summary["one_cluster_reason"] = clusters["one_cluster_reason"]
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         if clusters is not None:
             (self.out / "clusters.json").write_text(json.dumps(clusters, indent=2, default=_jsonable))
@@ -269,6 +271,8 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
             f"{_fmt(s['final_ari'], '5.2f')} {_fmt(s['num_clusters'], '8d')} {_fmt(s['rounds_to_target'], '8d')} "
             f"{_fmt(s['mb_to_target'], '8.2f')} {_fmt(s['total_mb'], '9.2f')} {_fmt(s.get('wall_seconds'), '7.1f')}"
         )
+        if s.get("one_cluster_reason"):
+            lines.append(f"{'':<12} one cluster: {s['one_cluster_reason']}")
     return "\n".join(lines)
 
 

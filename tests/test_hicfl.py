@@ -12,7 +12,10 @@ from clusterfed.simulation import simulate
 from clusterfed.strategies.bipartitioning import flatten
 from clusterfed.strategies.hicfl import HiCFL
 
-UNIT = {"split_criteria": "relative", "window": 3, "stability_eps": 0.5, "xi": 1e-9, "min_split_round": 1}
+# the paper's rule: absolute ε, every member below it, sign of the cosine with the reference,
+# heterogeneity stop rule (no structure test), no merging
+PAPER = {"hicfl_timing": "all", "hicfl_split": "reference", "hicfl_min_silhouette": -1, "merge": False}
+UNIT = {"split_criteria": "relative", "window": 3, "stability_eps": 0.5, "xi": 1e-9, "min_split_round": 1, **PAPER}
 
 
 def two_opposite_groups(seed, oscillate_until):
@@ -142,7 +145,7 @@ def test_hicfl_run_recovers_two_groups(small_config, tmp_path):
     client drops below 0.05 on one layer by round 8 here; below 0.025 only later. rel-eps2 = 2
     (default 3): two groups of 6 show max/mean update norms of ≈ 2.9 at that round."""
     config = small_config(strategy="hicfl", partitioner="label-groups", label_groups="0-4;5-9", num_clients=12,
-                          rounds=10, stability_eps=0.05, rel_eps2=2.0)
+                          rounds=10, stability_eps=0.05, rel_eps2=2.0, **PAPER)
     summary = simulate(config, engine="inprocess", stream=None)
     clusters = json.load(open(f"{config.out_dir}/clusters.json"))
     assert summary["final_ari"] == 1.0 and summary["num_clusters"] == 2

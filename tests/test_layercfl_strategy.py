@@ -17,7 +17,9 @@ CONV_SIZE = 8 * 9 + 8  # the first 80 coordinates of a full update vector
 @pytest.mark.parametrize(("config", "names"), [
     ({"skew": "feature"}, CONV),
     ({"skew": "label"}, FC),
-    ({"skew": "unknown"}, list(SHAPES)),
+    ({"skew": "unknown"}, CONV),  # default: the last conv layer (measured best)
+    ({"skew": "unknown", "cluster_layers": "all"}, list(SHAPES)),  # explicit: every layer
+    ({"skew": "unknown", "cluster_layers": "fc"}, FC),
     ({"skew": "label", "cluster_layers": "conv1"}, CONV),  # explicit names override the skew
 ])
 def test_layers_follow_the_skew_or_explicit_names(config, names):
@@ -65,9 +67,11 @@ def test_four_group_hierarchy_forms_and_the_check_stops_it_there(seed):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_four_group_hierarchy_the_check_alone_stops_it(seed):
-    """The same with the silhouette test off: the correct-clustering check is what refuses."""
+    """The same with the silhouette test off and the check enforced (default: recorded
+    only): the correct-clustering check is what refuses."""
     groups, vectors = four_groups_in_conv(seed)
-    strategy = make_strategy(LayerCFL, groups, skew="feature", split_min_silhouette=-1.0)
+    strategy = make_strategy(LayerCFL, groups, skew="feature", split_min_silhouette=-1.0,
+                             correct_clustering_check=True)
     for server_round in range(1, 5):
         run_round(strategy, server_round, vectors)
     assert len(strategy.splits) == 3 and all(s["check"]["passed"] for s in strategy.splits)
@@ -78,11 +82,12 @@ def test_four_group_hierarchy_the_check_alone_stops_it(seed):
 
 def test_refused_split_leaves_the_cluster_whole():
     """One distribution plus noise: the criteria fire (forced), the bi-partition is proposed,
-    the check fails, nothing splits and the refusal is recorded."""
+    the check (enforced) fails, nothing splits and the refusal is recorded."""
     rng = np.random.default_rng(0)
     direction = np.eye(DIM)[3]
     vectors = {str(i): direction + 0.3 * rng.standard_normal(DIM) / np.sqrt(DIM) for i in range(10)}
-    strategy = make_strategy(LayerCFL, {k: 0 for k in vectors}, skew="unknown", split_min_silhouette=-1.0)
+    strategy = make_strategy(LayerCFL, {k: 0 for k in vectors}, skew="unknown", split_min_silhouette=-1.0,
+                             correct_clustering_check=True)
     model = {k: v.copy() for k, v in strategy.models[0].items()}
     extra = run_round(strategy, 1, vectors)
     assert strategy.splits == [] and set(strategy.assignment.values()) == {0}

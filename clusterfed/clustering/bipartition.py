@@ -322,12 +322,13 @@ class ClusterNode:
     parent: int | None
     depth: int
     children: tuple[int, int] | None = None
-    info: dict | None = None  # passed when the node was created (root or split)
+    info: dict | None = None  # passed when the node was created (root, split or merge)
     split_info: dict | None = None  # passed when the node was split
+    merged_into: int | None = None  # the node this leaf was merged into (then no longer a leaf)
 
     @property
     def is_leaf(self) -> bool:
-        return self.children is None
+        return self.children is None and self.merged_into is None
 
 
 class ClusterTree:
@@ -410,6 +411,24 @@ class ClusterTree:
             cluster_id, [index[k] for k in keys_a], [index[k] for k in keys_b], **info
         )
 
+    def merge(self, a: int, b: int, **info: Any) -> int:
+        """Merge leaves ``a`` and ``b`` into a new leaf holding both members (a's first);
+        returns its id. ``a`` and ``b`` stay in the tree, pointing to it (``merged_into``);
+        the new node's ``info`` records ``merged_from``. Its parent is None: a merge may join
+        leaves of different branches, so the structure becomes a DAG."""
+        if a == b:
+            raise ValueError("a cluster cannot be merged with itself")
+        na, nb = self.node(a), self.node(b)
+        for node in (na, nb):
+            if not node.is_leaf:
+                raise ValueError(f"cluster {node.cluster_id} is not a leaf")
+        cid = self._next_id
+        self._next_id += 1
+        self._nodes[cid] = ClusterNode(cid, list(na.members) + list(nb.members), parent=None,
+                                       depth=min(na.depth, nb.depth), info={**info, "merged_from": [a, b]})
+        na.merged_into = nb.merged_into = cid
+        return cid
+
     def add_member(self, cluster_id: int, key: Hashable) -> None:
         """Place a newcomer in a leaf cluster (appended: existing positions do not move)."""
         node = self.node(cluster_id)
@@ -435,6 +454,7 @@ class ClusterTree:
                     "members": _jsonable(list(n.members)),
                     "info": _jsonable(n.info or {}),
                     "split_info": _jsonable(n.split_info) if n.split_info is not None else None,
+                    "merged_into": n.merged_into,
                 }
             )
         return {"root": self.root_id, "nodes": nodes}
@@ -455,6 +475,7 @@ class ClusterTree:
                 children=children,
                 info=dict(d.get("info") or {}),
                 split_info=d.get("split_info"),
+                merged_into=d.get("merged_into"),
             )
         tree._next_id = max(tree._nodes) + 1
         return tree

@@ -6,7 +6,8 @@ settings on real SGD updates, and that let an over-split tree repair itself.
   by that layer's own scale — the members' median windowed stability when the cluster's
   windows first filled. An absolute ε (0.5·η) compares layers whose stability differs by a
   factor 3 (output layer ~0.01, conv layers ~0.03 on the digits CNN at η = 0.05).
-- ``ready_layers``: the layers whose relative stability is below ``eps_rel`` for every member.
+- ``ready_layers``: the layers whose relative stability is below ``eps_rel`` for every member
+  (the paper's rule) or for the median member.
 - ``choose_split``: among candidate bi-partitions (one per layer), the best-separated one by
   silhouette on cosine distances, accepted only if it reaches a minimum — a structure test
   before a split, as CFL's acceptance test.
@@ -53,11 +54,23 @@ def relative_stability(windowed: Mapping[Hashable, float | None], scale: float |
     return {k: float(v) / float(scale) for k, v in windowed.items()}
 
 
-def ready_layers(relative_by_layer: Mapping[Hashable, Mapping[Hashable, float] | None], eps_rel: float) -> list:
-    """Layers (input order) whose relative stability is < ``eps_rel`` for every member."""
+READY_TIMINGS = ("all", "median")
+
+
+def ready_layers(relative_by_layer: Mapping[Hashable, Mapping[Hashable, float] | None], eps_rel: float,
+                 timing: str = "all") -> list:
+    """Layers (input order) whose stability is < ``eps_rel``: for every member
+    (``timing = "all"``, the paper's rule) or for the median member (``"median"``: one
+    noisy member cannot hold the whole cluster back). The values may be relative
+    (``relative_stability``) or absolute stabilities with an absolute ε."""
+    if timing not in READY_TIMINGS:
+        raise ValueError(f"timing must be one of {READY_TIMINGS}, got {timing!r}")
     out = []
     for layer, rel in relative_by_layer.items():
-        if rel and all(v < eps_rel for v in rel.values()):
+        if not rel:
+            continue
+        values = np.fromiter(rel.values(), dtype=np.float64)
+        if (values.max() if timing == "all" else float(np.median(values))) < eps_rel:
             out.append(layer)
     return out
 
@@ -85,12 +98,22 @@ def choose_split(candidates: Mapping[Hashable, tuple[np.ndarray, Sequence[int], 
     """``candidates``: layer -> (updates (m, d), side a positions, side b positions). The
     layer whose split has the largest silhouette is chosen if that silhouette reaches
     ``min_silhouette``; otherwise ``layer`` is None (no split this round). Ties: the first."""
-    scores = {layer: sides_silhouette(U, a, b) for layer, (U, a, b) in candidates.items()}
+    return pick_best(scores_of_splits(candidates), min_silhouette)
+
+
+def scores_of_splits(candidates: Mapping[Hashable, tuple[np.ndarray, Sequence[int], Sequence[int]]]) -> dict:
+    """layer -> silhouette of its candidate split (``choose_split``'s candidates)."""
+    return {layer: sides_silhouette(U, a, b) for layer, (U, a, b) in candidates.items()}
+
+
+def pick_best(scores: Mapping[Hashable, float], min_score: float) -> SplitChoice:
+    """The candidate with the largest score, chosen if it reaches ``min_score`` (ties: the
+    first); ``layer`` None when there is none or it falls short."""
     if not scores:
         return SplitChoice(None, float("nan"), {})
     best = max(scores, key=lambda k: scores[k])
-    best_score = scores[best]
-    return SplitChoice(best if best_score >= min_silhouette else None, float(best_score), scores)
+    best_score = float(scores[best])
+    return SplitChoice(best if best_score >= min_score else None, best_score, dict(scores))
 
 
 def best_separated_layers(updates_by_group: Mapping[Hashable, np.ndarray], max_clusters: int = 6) -> tuple:
@@ -178,27 +201,34 @@ ONE_CLUSTER_REASONS = {
         "size": "too few members or replies to split, or the run ended before min-split-round",
     },
     "hicfl": {
-        "stability": "split timing never met: on every layer some member's windowed stability stayed at or above ε",
+        "stability": "split timing never met: on every layer the windowed stability (of every member or of the "
+                     "median member, hicfl-timing) stayed at or above ε",
         "window": "stability windows never filled (fewer than window + 2 rounds in a cluster)",
         "agree": "stability fired but the members' updates agree (not heterogeneous)",
         "one_side": "stability fired but every member pointed the reference's way",
-        "silhouette": "stability fired but every reference split was refused by the structure test",
+        "silhouette": "stability fired but every proposed split was refused by the structure test (hicfl-min-silhouette)",
         "size": "too few members or replies to split, or the run ended before min-split-round",
     },
 }
 
 
-def one_cluster_reason(strategy: str, refusals: Sequence[str], could_split: bool = True) -> str:
+MERGED_BACK = "every split was undone by merging: the clusters' updates became indistinguishable"
+
+
+def one_cluster_reason(strategy: str, refusals: Sequence[str], could_split: bool = True, splits: int = 0) -> str:
     """The sentence to report when a bi-partitioning run ends with one cluster.
 
     ``refusals``: the reason codes of every refused/failed split attempt (keys of
     ``ONE_CLUSTER_REASONS[strategy]``); none means the timing criterion (CFL's criteria /
     HiCFL's stability) never held. ``could_split``: whether size and round rules ever
-    allowed a split. The most frequent refusal is reported, with all counts.
+    allowed a split; ``splits``: how many splits were made (all merged back). The most
+    frequent refusal is reported, with all counts.
     """
     table = ONE_CLUSTER_REASONS.get(strategy)
     if table is None:
         raise ValueError(f"no reasons for strategy {strategy!r}")
+    if splits:  # split, then merged back into one cluster
+        return f"{MERGED_BACK} ({splits} splits)"
     if not could_split:
         return table["size"]
     if not refusals:

@@ -19,8 +19,9 @@ import numpy as np
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
 from clusterfed.clustering.layercfl import CheckResult, true_group_gap
+from clusterfed.clustering.split_rules import merge_pairs, one_cluster_reason
 from clusterfed.strategies.base import Algorithm, Steps
-from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, TrainReply, natural
+from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, TrainReply, natural, weighted_average
 
 SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
 
@@ -71,6 +72,9 @@ class BiPartitioning(Algorithm):
         self.routes: dict[int, dict[str, Any]] = {}  # split node -> how a newcomer picks a side
         self.max_mean_norm: dict[int, float] = {}  # relative criteria: largest mean-norm per cluster
         self.final_clustering_round: int | None = None
+        self.merges: list[dict[str, Any]] = []
+        self.merged: set[int] = set()  # clusters made by a merge: final, never split again
+        self.split_allowed = False  # whether the size and round rules ever allowed a split
 
     def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
         return {"return": RETURN_UPDATE}
@@ -97,10 +101,11 @@ class BiPartitioning(Algorithm):
 
     def may_split(self, server_round: int, cluster: int, replies: list[TrainReply]) -> bool:
         """Size and timing rules: at least ``min-split-size`` members and as many updates
-        this round, not before ``min-split-round``."""
+        this round, not before ``min-split-round``; a cluster made by a merge never splits
+        again (module docstring)."""
         size = self.config.min_split_size
         return (server_round >= self.config.min_split_round and len(self.tree.members(cluster)) >= size
-                and len(replies) >= size)
+                and len(replies) >= size and cluster not in self.merged)
 
     def thresholds(self) -> dict[str, Any]:
         c = self.config
@@ -115,12 +120,18 @@ class BiPartitioning(Algorithm):
                 by_cluster[reply.cluster].append(reply)
         report: dict[str, dict[str, Any]] = {}
         self.round_extra["splits"] = []
+        self.round_extra["merges"] = []
+        size = self.config.min_split_size
         for cluster in sorted(by_cluster):
             group = by_cluster[cluster]
+            if server_round >= self.config.min_split_round and min(len(group), len(self.tree.members(cluster))) >= size:
+                self.split_allowed = True
             with self.timed():
                 decision = self.criteria(cluster, group)
             report[str(cluster)] = {**decision_record(decision), "replies": len(group)}
             self.consider_split(server_round, cluster, group, decision)
+        if self.config.merge:
+            self.merge_leaves(server_round, {c: g for c, g in by_cluster.items() if self.tree.node(c).is_leaf})
         self.round_extra["split_criteria"] = report
         self.round_extra["last_split_round"] = self.final_clustering_round
 
@@ -168,6 +179,60 @@ class BiPartitioning(Algorithm):
             {k: record[k] for k in ("parent", "children", "gap", "true_group_gap") if k in record})
         return a, b
 
+    # ------------------------------------------------------------ merging
+    def merge_names(self) -> list[str]:
+        """The arrays whose updates decide a merge: every array (CFL family overrides)."""
+        return self.all_names
+
+    def merge_leaves(self, server_round: int, groups: dict[int, list[TrainReply]]) -> None:
+        """Merge the leaf pairs ``split_rules.merge_pairs`` finds among the clusters that
+        replied this round (module docstring)."""
+        if len(groups) < 2:
+            return
+        names = self.merge_names()
+        with self.timed():
+            updates = {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
+            pairs = merge_pairs(updates, min_cosine=self.config.merge_min_cosine,
+                                max_silhouette=self.config.merge_max_silhouette)
+        for pair in pairs:
+            silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
+            self.apply_merge(server_round, pair.a, pair.b, {"cosine": pair.cosine, "silhouette": silhouette})
+
+    def apply_merge(self, server_round: int, a: int, b: int, record: dict[str, Any]) -> int:
+        """Replace leaves ``a`` and ``b`` by one new leaf whose model is theirs averaged by size."""
+        keys_a, keys_b = self.tree.members(a), self.tree.members(b)
+        merged = self.tree.merge(a, b, round=server_round)
+        size_a, size_b = (sum(self.clients[k].num_examples if k in self.clients else 1 for k in keys) or 1
+                          for keys in (keys_a, keys_b))
+        made = self.new_cluster(weighted_average([self.models.pop(a), self.models.pop(b)], [size_a, size_b]))
+        if made != merged:  # the tree and the models number clusters alike
+            raise RuntimeError(f"merge of {a} and {b}: tree node {merged} but new cluster {made}")
+        for key in keys_a + keys_b:
+            self.assignment[key] = merged
+        self.merged.add(merged)
+        for cluster in (a, b):
+            self.max_mean_norm.pop(cluster, None)
+        record = {"round": server_round, "merged": [a, b], "into": merged, "members": [keys_a, keys_b], **record}
+        self.merges.append(record)
+        self.final_clustering_round = server_round
+        self.round_extra["merges"].append({k: record[k] for k in ("merged", "into", "cosine", "silhouette")})
+        self.after_merge(merged, keys_a + keys_b)
+        return merged
+
+    def after_merge(self, cluster: int, keys: list[str]) -> None:
+        """Strategy state to restart for the members of a merged cluster (HiCFL: windows)."""
+
+    # ------------------------------------------------------------ no silent FedAvg
+    def refusal_codes(self) -> list[str]:
+        """The reason code of every refused split attempt (``split_rules.ONE_CLUSTER_REASONS``)."""
+        return []
+
+    def one_cluster_reason(self) -> str | None:
+        """Why the run ended with one cluster (None when it has more)."""
+        if len(set(self.assignment.values())) > 1:
+            return None
+        return one_cluster_reason(self.name, self.refusal_codes(), self.split_allowed, len(self.splits))
+
     def similarity_record(self, keys: list[str], S: np.ndarray) -> dict[str, Any]:
         return {"keys": list(keys), "matrix": np.round(S, SIMILARITY_DECIMALS).tolist()}
 
@@ -185,6 +250,8 @@ class BiPartitioning(Algorithm):
         while True:
             waiting: dict[int, list[str]] = defaultdict(list)
             for key, node in at.items():
+                while (into := self.tree.node(node).merged_into) is not None:  # merged leaf: no choice to make
+                    node = at[key] = into
                 if not self.tree.node(node).is_leaf:
                     waiting[node].append(key)
             if not waiting:
@@ -218,6 +285,8 @@ class BiPartitioning(Algorithm):
             "splits": self.splits,
             "final_clustering_round": self.final_clustering_round,
             "criteria": self.thresholds(),
+            "merges": self.merges,
+            "one_cluster_reason": self.one_cluster_reason(),
         }
 
 

@@ -18,7 +18,12 @@ replied (``after_train``):
    (``bipartition.best_cut_silhouette``) reaches ``split-min-silhouette`` (default 0.3);
    otherwise the cluster stays whole and the refusal is logged in ``refused_splits``
    (reason ``silhouette``) — it is proposed again in a later round while the criteria hold;
-4. both children start from the cluster's (just aggregated) model and can split again.
+4. both children start from the cluster's (just aggregated) model and can split again;
+5. **merging (choice, beyond the paper; ``merge = true``)**: two leaf clusters whose
+   members' updates have become indistinguishable are merged (``bipartitioning.py``).
+   CFL over-splits label groups (a 4-member pure group's best cut scores above 0.3):
+   measured on digits label-groups digit pairs, seed 0, ARI 0.60 (3 seeds) → 1.00 with
+   merging; see benchmarks/results/hierarchical_defaults.md.
 
 The side-based separation Gap is recorded for every split, never used as a veto (it is
 negative for a pure split while a side still holds two groups).
@@ -56,7 +61,8 @@ class CFL(BiPartitioning):
 
     name = "cfl"
     reads = ("split-criteria", "eps1", "eps2", "rel-eps1", "rel-eps2", "split-min-silhouette",
-             "split-silhouette-max-k", "min-split-size", "min-split-round")
+             "split-silhouette-max-k", "min-split-size", "min-split-round", "merge", "merge-min-cosine",
+             "merge-max-silhouette")
 
     def decision_names(self) -> list[str]:
         """The arrays whose updates the similarity is computed on: all of them."""
@@ -65,6 +71,12 @@ class CFL(BiPartitioning):
     def check_split(self, U: np.ndarray, side_a: np.ndarray, side_b: np.ndarray, S: np.ndarray) -> CheckResult | None:
         """CFL keeps every proposed split; LayerCFL adds its correct-clustering check."""
         return None
+
+    def merge_names(self) -> list[str]:
+        return self.decision_names()
+
+    def refusal_codes(self) -> list[str]:
+        return [r["reason"] for r in self.refused]
 
     def init_clusters(self) -> None:
         super().init_clusters()

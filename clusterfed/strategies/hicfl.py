@@ -17,43 +17,65 @@ sends its full update (``return = update``); the server aggregates per cluster. 
    than ``MIN_KEPT_FRACTION`` (5 %) of a layer falls back to the whole layer: on one or
    two weights every cosine is ±1 and S is 0 by construction. The fraction of weights
    kept is reported every round.
-3. **Split timing**: a cluster is bi-partitioned when one layer has windowed ``S < ε``
-   (``stability-eps``, default ``0.5·lr``) for every member, checked every round (the
-   window slides). Reference ``c_r = argmin S`` on that layer; members whose latest update
-   of that layer has ``cos > 0`` with the reference's join its side, the others form the
-   second child. **(choice)** The cosine is taken on *centred* updates: each member's
-   update of that layer minus the members' sample-weighted mean update (``n_c`` weights,
-   ``clustering/stability.centred_updates``; ``CENTRE_UPDATES``, no config key yet; the
-   paper's eq. 18 uses the raw updates). Why: every member's update carries the cluster's
-   common progress, which dominates early on, so raw cosines are almost all positive and
-   the sign splits off only the clients pulling hardest against it. Measured on digits
-   (20 clients, lr 0.05, 50 rounds, seeds 0–2, raw rule; issue4_recursive): rotation
-   13 | 7, 14 | 6, 13 | 7 at round 8 on fc2, then nothing (final ARI 0.06 ± 0.07);
-   label-swap ARI 0.19 ± 0.11 with 9 | 1-type later splits; shards never split. The
-   mean is what every member shares and says nothing about sub-groups; with two groups
-   the centred signs are exactly the groups (tests on hand-made vectors). The centred split costs the same
-   1 × m similarities plus one weighted mean. Newcomers replay it: their update minus
-   the split round's mean (kept in the route), sign of the cosine with the reference's
-   centred update. If every member points the reference's way there is no split (never
-   an empty side). Children start from the parent's model; their members' stability
-   windows and weight selections restart, so children split again later (hierarchy).
-   Limits measured (``benchmarks/hicfl_probe.py``, FedAvg dynamics, rotation and
-   label-swap seed 0): windowed S is below ε = 0.5·lr = 0.025 on every layer from the
-   first full window (round 8) for ~15 rounds, so ε does not discriminate on this
-   model/lr and the trigger fires at the earliest round; the centred sign split is pure
-   (no true group cut) on conv2 only from round ~16–24 (rotation) / ~19 (label-swap)
-   and rarely on fc2, the layer with the smallest S and so the one chosen first.
-4. **Stop rule**: a cluster whose updates agree stops splitting — the heterogeneity half of
-   CFL's criteria (``split-criteria``; relative: ``max_c ||Δ_c|| > rel-eps2 · ||Σ n_c/N Δ_c||``,
-   absolute: ``> eps2``) must hold in the split round. Stationarity is not required:
-   stability replaces it as the timing signal, which is the paper's point (split before
-   the cluster's model has converged).
+3. **Split timing** (paper): a cluster is ready to split when, on one layer, the windowed
+   stability of every member is below ε (``stability-eps``; the paper sets ε = 0.5·η).
+   **Defaults beyond the paper** (each measured on digits, 20 clients, lr 0.05; the
+   numbers are in benchmarks/results/hierarchical_defaults.md):
+
+   - *relative ε* (``stability-eps = auto``, ``stability-eps-rel = 1.5``): ε is 1.5 × the
+     layer's median windowed stability at the cluster's first full window
+     (``split_rules.layer_scale`` / ``relative_stability``; every new cluster takes its own
+     scale). Why: the layers' stability scales differ by a factor ~3 (median S at the first
+     full window: conv 0.025–0.028, output layer 0.010), so ε = 0.5·η = 0.025 is met on the
+     output layer at the very first window and on no conv layer. Setting ``stability-eps``
+     to a number restores the paper's absolute ε.
+   - *median member* (``hicfl-timing = median``; ``all`` = the paper): a layer is ready when
+     the median member's relative stability is below ε. With ``all``, windowed stability
+     *grows* during training (the updates become noise-dominated), so one noisy member
+     held every layer back: label-groups never split, rotation split once
+     (hicfl_split_rules, seed 0: ARI 0 / 0.68 with ``all`` vs 0.38 / 0.83 with ``median``,
+     before merging).
+
+4. **The split** (paper: reference ``c_r = argmin S`` on the ready layer; members whose
+   update has ``cos > 0`` with the reference's join its side). **Default beyond the paper**
+   (``hicfl-split = linkage``): CFL's complete-linkage bi-partition of the cosine
+   similarities of the members' latest updates of the layer, the same rule that gives CFL
+   and LayerCFL pure splits. The sign rule with one reference is pure on only 0–29 of 33
+   rounds depending on layer and setting when a cluster holds ≥ 4 groups, and end to end
+   it gave label-swap ARI 0.30 vs 1.00 with linkage (seed 0). ``reference`` keeps the
+   paper's rule, on **centred** updates (choice, ``CENTRE_UPDATES``): each member's update
+   minus the members' sample-weighted mean (``clustering/stability.centred_updates``) —
+   the mean is the cluster's common progress, which dominates early on, so raw cosines
+   are almost all positive and the raw sign split off only the clients pulling hardest
+   against it (raw rule, 3 seeds: rotation ARI 0.06, label-swap 0.19). If every member
+   points the reference's way there is no split (never an empty side).
+
+   **Structure test and layer choice (beyond the paper; ``hicfl-min-silhouette = 0.45``)**:
+   every ready layer proposes a split; the one with the largest structure score is taken
+   and kept only if the score reaches the threshold (``split_rules.pick_best``). The score
+   is the silhouette on cosine distances 1 − cos of the layer's raw updates: for
+   ``linkage`` the best over complete-linkage cuts into 2..``split-silhouette-max-k``
+   clusters (as CFL's acceptance test), for ``reference`` the proposed split's own. iid
+   clients never reach it (3 seeds); with it on, the paper's heterogeneity stop rule (step
+   5) is skipped: on rotation it blocked every round from 13 on, before any pure split
+   was possible. ``hicfl-min-silhouette = -1`` switches the test off and restores the
+   stop rule and the paper's layer (the first ready one).
+
+   Children start from the parent's model; their members' stability windows and weight
+   selections restart, so children split again later (hierarchy). Over-splitting of pure
+   groups (a 4-member group's best cut scores up to 0.9) is repaired by merging
+   (``merge``, see ``bipartitioning.py``).
+5. **Stop rule** (only with the structure test off): a cluster whose updates agree stops
+   splitting — the heterogeneity half of CFL's criteria (``split-criteria``; relative:
+   ``max_c ||Δ_c|| > rel-eps2 · ||Σ n_c/N Δ_c||``, absolute: ``> eps2``) must hold in the
+   split round. Stationarity is not required: stability replaces it as the timing signal,
+   which is the paper's point (split before the cluster's model has converged).
 
 Also as in CFL: at least ``min-split-size`` members (and as many updates this round) and
-not before ``min-split-round``. Each split records the layer, the reference, the members'
-stabilities, the criteria, the side-based Gap and the true-group Gap (metrics only) and
-the cosine matrix of the layer's updates (for figures: computed outside the clustering
-time, the algorithm itself needs only the 1 × m similarities to the reference).
+not before ``min-split-round``. Each split records the rule, the layer, the ready layers and
+their scores, the reference (``reference`` rule), the members' stabilities, the criteria,
+the side-based Gap and the true-group Gap (metrics only) and the cosine matrix of the
+layer's updates (for figures).
 """
 
 from __future__ import annotations
@@ -62,13 +84,22 @@ from typing import Any
 
 import numpy as np
 
-from clusterfed.clustering.bipartition import SplitDecision, cosine_similarity_matrix, separation_gap
-from clusterfed.clustering.stability import (
-    StabilityTracker,
-    centred_updates,
-    cluster_ready_to_split,
-    reference_split,
+from clusterfed.clustering.bipartition import (
+    SplitDecision,
+    best_cut_silhouette,
+    bipartition,
+    cosine_similarity_matrix,
+    separation_gap,
 )
+from clusterfed.clustering.split_rules import (
+    ONE_CLUSTER_REASONS,
+    layer_scale,
+    pick_best,
+    ready_layers,
+    relative_stability,
+    sides_silhouette,
+)
+from clusterfed.clustering.stability import StabilityTracker, centred_updates, reference_split
 from clusterfed.models.layers import select_layers
 from clusterfed.strategies.bipartitioning import BiPartitioning, cosine, decision_record, flatten
 from clusterfed.strategies.exchange import TrainReply
@@ -88,13 +119,16 @@ class HiCFL(BiPartitioning):
     name = "hicfl"
     centre_updates = CENTRE_UPDATES
     reads = ("split-criteria", "eps1", "eps2", "rel-eps1", "rel-eps2", "min-split-size", "min-split-round",
-             "cluster-layers", "window", "stability-eps", "xi")
+             "cluster-layers", "window", "stability-eps", "stability-eps-rel", "xi", "hicfl-timing", "hicfl-split",
+             "hicfl-min-silhouette", "split-silhouette-max-k", "merge", "merge-min-cosine", "merge-max-silhouette")
 
     def init_clusters(self) -> None:
         super().init_clusters()
         lr = self.config.lr
         eps, xi = self.config.number_or_none("stability_eps"), self.config.number_or_none("xi")
-        self.epsilon = 0.5 * lr if eps is None else eps
+        self.epsilon = eps  # absolute ε (the paper's mode) when set; None: relative to each layer's scale
+        self.eps_rel = self.config.stability_eps_rel
+        self.scales: dict[int, dict[str, float]] = {}  # cluster -> layer -> median S at its first full window
         self.xi = 0.05 * lr if xi is None else xi
         self.tracker = StabilityTracker(self.config.window, self.xi, min_kept_fraction=MIN_KEPT_FRACTION)
         rule = self.config.cluster_layers
@@ -106,6 +140,11 @@ class HiCFL(BiPartitioning):
         self.layer_sizes = {layer: int(sum(self.theta0[n].size for n in keys))
                             for layer, keys in self.layer_keys.items()}
         self.no_split: list[dict[str, Any]] = []  # ready clusters that did not split, and why
+        self.windows_filled = False  # whether any cluster ever had every stability window full
+
+    @property
+    def structure_test(self) -> bool:
+        return self.config.hicfl_min_silhouette > -1
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
         with self.timed():
@@ -120,6 +159,9 @@ class HiCFL(BiPartitioning):
     def record_stability(self) -> None:
         placed = self.placed()
         self.round_extra["stability_eps"] = self.epsilon
+        if self.epsilon is None:
+            self.round_extra["stability_eps_rel"] = self.eps_rel
+            self.round_extra["stability_scales"] = {str(c): dict(v) for c, v in self.scales.items()}
         self.round_extra["stability"] = {k: {layer: self.tracker.windowed(k, layer) for layer in self.layers}
                                          for k in placed}
         kept_by_layer, kept_total, size_total = {}, 0.0, 0
@@ -132,48 +174,102 @@ class HiCFL(BiPartitioning):
         self.round_extra["weights_kept"] = kept_by_layer
         self.round_extra["weights_kept_total"] = kept_total / size_total if size_total else None
 
+    def stability_against_eps(self, cluster: int, members: list[str]) -> tuple[dict[str, dict | None], float]:
+        """Per layer, the members' windowed stability in the unit ε is given in (absolute, or
+        relative to the layer's scale, fixed at the cluster's first full window), and ε."""
+        windowed = {layer: {k: self.tracker.windowed(k, layer) for k in members} for layer in self.layers}
+        if members and all(v is not None for w in windowed.values() for v in w.values()):
+            self.windows_filled = True
+        if self.epsilon is not None:
+            return {layer: (None if any(v is None for v in w.values()) else w)
+                    for layer, w in windowed.items()}, self.epsilon
+        scales = self.scales.setdefault(cluster, {})
+        out = {}
+        for layer, w in windowed.items():
+            if layer not in scales and (scale := layer_scale(w)) is not None:
+                scales[layer] = scale
+            out[layer] = relative_stability(w, scales.get(layer))
+        return out, self.eps_rel
+
+    def propose(self, layer: str, members: list[str]) -> dict[str, Any] | None:
+        """The bi-partition of ``members`` on ``layer`` by the configured rule (``hicfl-split``)
+        and its structure score, or None when the reference rule puts everyone on one side."""
+        raw = {k: self.tracker.last_update(k, layer) for k in members}
+        U = np.stack([raw[k] for k in members])
+        S = cosine_similarity_matrix(U)  # raw: comparable with CFL's
+        stability = {k: float(self.tracker.windowed(k, layer)) for k in members}
+        if self.config.hicfl_split == "linkage":
+            side_a, side_b = bipartition(S)
+            keys_a, keys_b = [members[i] for i in side_a], [members[i] for i in side_b]
+            max_k = self.config.split_silhouette_max_k
+            score = float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(U, side_a, side_b)
+            route = {"rule": "nearest-mean", "names": self.layer_keys[layer],
+                     "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)], "centre": None}
+            return {"layer": layer, "keys": (keys_a, keys_b), "score": score, "S": S, "stability": stability,
+                    "route": route, "record": {"rule": "linkage"}}
+        weights = {k: self.clients[k].num_examples for k in members}
+        updates = centred_updates(raw, weights) if self.centre_updates else raw
+        sides = reference_split(updates, stability)
+        if sides is None:
+            return None
+        keys_a, keys_b = sides
+        position = {k: i for i, k in enumerate(members)}
+        reference = min(members, key=lambda k: stability[k])  # reference_split's argmin (first on ties)
+        score = sides_silhouette(U, [position[k] for k in keys_a], [position[k] for k in keys_b])
+        route = {"rule": "reference", "names": self.layer_keys[layer], "directions": [updates[reference]],
+                 "centre": raw[reference] - updates[reference] if self.centre_updates else None}
+        record = {"rule": "reference", "reference": reference, "centred": self.centre_updates,
+                  "centred_similarity_to_reference": {k: round(cosine(updates[reference], updates[k]), 4)
+                                                      for k in members}}
+        return {"layer": layer, "keys": sides, "score": score, "S": S, "stability": stability, "route": route,
+                "record": record}
+
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
                        decision: SplitDecision) -> None:
-        if not self.may_split(server_round, cluster, replies):
-            return
         members = self.tree.members(cluster)
         with self.timed():
-            layer = cluster_ready_to_split(self.tracker, members, self.layers, self.epsilon)
-        if layer is None:
-            return
-        if not decision.heterogeneous:  # stop rule: the members' updates agree
-            self.note_no_split(server_round, cluster, layer, "updates agree (not heterogeneous)", decision)
+            values, threshold = self.stability_against_eps(cluster, members)
+        if not self.may_split(server_round, cluster, replies):
             return
         with self.timed():
-            raw = {k: self.tracker.last_update(k, layer) for k in members}
-            stability = {k: float(self.tracker.windowed(k, layer)) for k in members}
-            weights = {k: self.clients[k].num_examples for k in members}
-            updates = centred_updates(raw, weights) if self.centre_updates else raw
-            sides = reference_split(updates, stability)
-        if sides is None:
-            self.note_no_split(server_round, cluster, layer, "every member points the reference's way", decision)
+            ready = ready_layers(values, threshold, self.config.hicfl_timing)
+        if not ready:
             return
-        keys_a, keys_b = sides
-        reference = min(members, key=lambda k: stability[k])  # reference_split's argmin (first on ties)
-        # diagnostics for clusters.json and figures, outside the clustering time
-        S = cosine_similarity_matrix(np.stack([raw[k] for k in members]))  # raw: comparable with CFL's
+        if not self.structure_test:
+            ready = ready[:1]  # the paper: the first layer that is ready
+            if not decision.heterogeneous:  # stop rule: the members' updates agree
+                self.note_no_split(server_round, cluster, ready[0], "agree", decision)
+                return
+        with self.timed():
+            proposals = {layer: p for layer in ready if (p := self.propose(layer, members)) is not None}
+        if not proposals:
+            self.note_no_split(server_round, cluster, ready[0], "one_side", decision)
+            return
+        choice = pick_best({layer: p["score"] for layer, p in proposals.items()},
+                           self.config.hicfl_min_silhouette if self.structure_test else -np.inf)
+        if choice.layer is None:  # structure test: no ready layer shows two groups
+            self.note_no_split(server_round, cluster, max(choice.silhouettes, key=choice.silhouettes.get),
+                               "silhouette", decision, silhouettes=choice.silhouettes)
+            return
+        chosen = proposals[choice.layer]
+        keys_a, keys_b = chosen["keys"]
+        S = chosen["S"]
         position = {k: i for i, k in enumerate(members)}
         record = {
-            "layer": layer,
-            "reference": reference,
-            "stability": stability,
+            "layer": choice.layer,
+            **chosen["record"],
+            "ready_layers": ready,
+            "silhouettes": choice.silhouettes,
+            "stability": chosen["stability"],
+            "relative": self.epsilon is None,
             "criterion": decision_record(decision),
             "gap": separation_gap(S, [position[k] for k in keys_a], [position[k] for k in keys_b]),
             "true_group_gap": self.true_gap(members, S),
-            "layers": self.layer_keys[layer],
-            "centred": self.centre_updates,
-            "centred_similarity_to_reference": {k: round(cosine(updates[reference], updates[k]), 4) for k in members},
+            "layers": self.layer_keys[choice.layer],
             "similarity": self.similarity_record(members, S),
         }
-        route = {"rule": "reference", "names": self.layer_keys[layer], "directions": [updates[reference]],
-                 "model": replies[0].sent,
-                 "centre": raw[reference] - updates[reference] if self.centre_updates else None}
-        self.apply_split(server_round, cluster, keys_a, keys_b, record, route)
+        route = {**chosen["route"], "model": replies[0].sent}
+        self.apply_split(server_round, cluster, list(keys_a), list(keys_b), record, route)
         self.tracker.reset(members)  # children: windows and weight selection restart
 
     @staticmethod
@@ -186,14 +282,34 @@ class HiCFL(BiPartitioning):
             vector = vector - centre
         return BiPartitioning.side_of(vector, route)
 
-    def note_no_split(self, server_round: int, cluster: int, layer: str, reason: str, decision: SplitDecision) -> None:
-        entry = {"round": server_round, "cluster": cluster, "layer": layer, "reason": reason,
-                 "criterion": decision_record(decision)}
+    NO_SPLIT_TEXT = {"agree": "updates agree (not heterogeneous)",
+                     "one_side": "every member points the reference's way",
+                     "silhouette": "no ready layer's split passed the structure test"}
+
+    def note_no_split(self, server_round: int, cluster: int, layer: str, code: str, decision: SplitDecision,
+                      **extra: Any) -> None:
+        entry = {"round": server_round, "cluster": cluster, "layer": layer, "code": code,
+                 "reason": self.NO_SPLIT_TEXT[code], "criterion": decision_record(decision), **extra}
         self.no_split.append(entry)
-        self.round_extra["no_split"].append({"cluster": cluster, "layer": layer, "reason": reason})
+        self.round_extra["no_split"].append({"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra})
+
+    def after_merge(self, cluster: int, keys: list[str]) -> None:
+        self.tracker.reset(keys)  # as after a split: the merged cluster's windows restart
+
+    def refusal_codes(self) -> list[str]:
+        return [n["code"] for n in self.no_split]
+
+    def one_cluster_reason(self) -> str | None:
+        reason = super().one_cluster_reason()
+        if reason is not None and self.split_allowed and not self.splits and not self.no_split and not self.windows_filled:
+            return ONE_CLUSTER_REASONS["hicfl"]["window"]
+        return reason
 
     def thresholds(self) -> dict[str, Any]:
-        return {**super().thresholds(), "stability_eps": self.epsilon, "xi": self.xi, "window": self.config.window}
+        c = self.config
+        return {**super().thresholds(), "stability_eps": self.epsilon, "stability_eps_rel": self.eps_rel, "xi": self.xi,
+                "window": c.window, "timing": c.hicfl_timing, "split": c.hicfl_split,
+                "min_silhouette": c.hicfl_min_silhouette}
 
     def cluster_state(self) -> dict[str, Any]:
         state = super().cluster_state()

@@ -1,7 +1,9 @@
 """Record per-round client accuracies, bytes and assignments of short in-process runs of
 every strategy, so a refactor can be checked to leave the numbers unchanged.
 
-    python tests/golden/make_golden.py tests/golden/runs.json
+    python tests/golden/make_golden.py tests/golden/runs.json [name ...]
+
+With names, only those entries are recorded anew; the others are kept from the file.
 """
 
 from __future__ import annotations
@@ -15,6 +17,10 @@ from pathlib import Path
 BASE = {"num-clients": 6, "rounds": 3, "partitioner": "label-groups", "label-groups": "0-4;5-9", "batch-size": 32}
 # criteria that always fire, so the bi-partitioning runs split and place newcomers by descent
 FORCE = {"split-criteria": "absolute", "eps1": 100.0, "eps2": 0.001, "split-min-silhouette": 0.0}
+# the papers' rules where the defaults now go beyond them (merging; HiCFL's absolute ε, every
+# member below it, reference sign split, stop rule): these entries pin the papers' behaviour
+PAPER_BIPARTITION = {"merge": False}
+PAPER_HICFL = {**PAPER_BIPARTITION, "hicfl-timing": "all", "hicfl-split": "reference", "hicfl-min-silhouette": -1}
 RUNS = {
     "fedavg": {"strategy": "fedavg", "fraction-train": 0.5},
     "fedprox": {"strategy": "fedprox"},
@@ -26,11 +32,16 @@ RUNS = {
     "adacfl": {"strategy": "adacfl", "label-groups": "0,1;2,3;4,5", "num-clients": 12, "cluster-epochs": 3,
                "newcomer-fraction": 0.2, "newcomer-round": 3},
     "cfl": {"strategy": "cfl", "partitioner": "rotation", "num-clients": 12, "rounds": 8, "min-split-round": 3, **FORCE,
-            "newcomer-fraction": 0.2, "newcomer-round": 7},
+            "newcomer-fraction": 0.2, "newcomer-round": 7, **PAPER_BIPARTITION},
     "layercfl": {"strategy": "layercfl", "partitioner": "rotation", "num-clients": 12, "rounds": 8,
-                 "min-split-round": 3, **FORCE, "correct-clustering-check": False, "skew": "feature"},
+                 "min-split-round": 3, **FORCE, "correct-clustering-check": False, "skew": "feature", **PAPER_BIPARTITION},
     "hicfl": {"strategy": "hicfl", "partitioner": "rotation", "num-clients": 12, "rounds": 8, "window": 2, "stability-eps": 5.0, **FORCE,
-              "newcomer-fraction": 0.2, "newcomer-round": 7},
+              "newcomer-fraction": 0.2, "newcomer-round": 7, **PAPER_HICFL},
+    # the defaults beyond the papers (merging; HiCFL relative ε, median timing, linkage split, structure test)
+    "cfl-merge": {"strategy": "cfl", "partitioner": "rotation", "num-clients": 12, "rounds": 8, "min-split-round": 3,
+                  **FORCE, "newcomer-fraction": 0.2, "newcomer-round": 7},
+    "hicfl-defaults": {"strategy": "hicfl", "partitioner": "rotation", "num-clients": 12, "rounds": 10, "window": 2,
+                       "min-split-round": 3, "newcomer-fraction": 0.2, "newcomer-round": 9},
 }
 FIELDS = ("bytes_down", "bytes_up", "transmissions", "num_clusters", "ari", "client_accuracy")
 
@@ -56,9 +67,10 @@ def canonical_assignment(assignment: dict) -> list[list[str]]:
 
 if __name__ == "__main__":
     target = Path(sys.argv[1])
-    records = {}
+    only = sys.argv[2:]
+    records = json.loads(target.read_text()) if only else {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name in RUNS:
+        for name in only or RUNS:
             records[name] = run_one(name, Path(tmp) / name)
             print(name, records[name]["rounds"][-1]["num_clusters"], "clusters", flush=True)
     target.write_text(json.dumps(records, indent=1, sort_keys=True))
