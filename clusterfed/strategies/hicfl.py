@@ -27,7 +27,7 @@ sends its full update (``return = update``); the server aggregates per cluster. 
    paper's eq. 18 uses the raw updates). Why: every member's update carries the cluster's
    common progress, which dominates early on, so raw cosines are almost all positive and
    the sign splits off only the clients pulling hardest against it. Measured on digits
-   (20 clients, lr 0.05, 50 rounds, seeds 0–2, raw rule; issue4_recursive): rotation
+   (20 clients, lr 0.05, 50 rounds, seeds 0–2, raw rule; cfl_no_test): rotation
    13 | 7, 14 | 6, 13 | 7 at round 8 on fc2, then nothing (final ARI 0.06 ± 0.07);
    label-swap ARI 0.19 ± 0.11 with 9 | 1-type later splits; shards never split. The
    mean is what every member shares and says nothing about sub-groups; with two groups
