@@ -42,7 +42,9 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("transmissions", "transmissions", -1),
     ("wall_seconds", "wall s", -1),
 )
-CSV_COLUMNS = ("strategy", "seed", *(name for name, _, _ in COLUMNS), "rounds", "target_accuracy")
+# first_clustered_round: the first round whose assignment has more than one cluster (empty if never)
+CSV_COLUMNS = ("strategy", "seed", *(name for name, _, _ in COLUMNS), "first_clustered_round", "rounds",
+               "target_accuracy")
 
 
 def parse_list(text: str, kind: type = str) -> list:
@@ -91,8 +93,11 @@ def build_grid(base: dict[str, Any], strategies: list[str], seeds: list[int], ou
 
 
 def _run_one(config: RunConfig, engine: str) -> dict[str, Any]:
+    import logging
+
     from clusterfed.simulation import simulate
 
+    logging.getLogger("flwr").setLevel(logging.WARNING)  # the progress line reports each run
     simulate(config, engine=engine, stream=None)
     return run_row(Path(config.out_dir))
 
@@ -118,6 +123,7 @@ def run_row(run_dir: Path) -> dict[str, Any]:
         "mb_down": summary.get("total_mb_down"),
         "transmissions": sum(r.get("transmissions", 0) for r in rounds),
         "wall_seconds": summary.get("wall_seconds"),
+        "first_clustered_round": next((r["round"] for r in rounds if r.get("num_clusters", 1) > 1), None),
         "rounds": len(rounds),
         "target_accuracy": summary.get("target_accuracy"),
     }
