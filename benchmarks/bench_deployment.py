@@ -4,10 +4,15 @@ The same 3-client FedClust run (digits, label-groups "0,1;2,3", data from
 ``clusterfed partition``) three ways: in-process (InProcessGrid with the same
 ``data-path``/``client-key`` node configs), and deployed on 127.0.0.1 (TLS SuperLink, three
 SuperNodes, ``flwr run``) with the ServerApp polling the SuperLink every
-``CLUSTERFED_POLL_SECONDS`` for each value given. Also timed on their own: the start-up of a
-ClientApp process (Python + flwr + clusterfed imports) and loading one device's data.
+``CLUSTERFED_POLL_SECONDS`` for each value given, and with each ``warm-worker`` node setting
+given (``false``: every message imports torch and loads the data in Flower's fresh
+ClientApp process; ``auto``: the message is handed to the device's warm worker). Also timed on
+their own: the start-up of a ClientApp process (Python + flwr + clusterfed imports) and
+loading one device's data.
 
     PYTHONPATH=$PWD python benchmarks/bench_deployment.py --polls 3,0.5 --rounds 3
+    PYTHONPATH=$PWD python benchmarks/bench_deployment.py --polls 0.5 --warm false,auto --rounds 3 \
+        --out benchmarks/results/deployment_warm.json
 
 Writes benchmarks/results/deployment.json (the markdown report is written by hand).
 """
@@ -75,17 +80,20 @@ def inprocess(tmp: Path, parts: Path, rounds: int) -> dict:
     return summarise(rows(out), time.perf_counter() - started)
 
 
-def deployed(tmp: Path, parts: Path, rounds: int, poll: float) -> dict:
-    folder = tmp / f"deployed-poll-{poll:g}"
+def deployed(tmp: Path, parts: Path, rounds: int, poll: float, warm: str = "false",
+             superexec_poll: float | None = None) -> dict:
+    folder = tmp / f"deployed-poll-{poll:g}-warm-{warm}"
     folder.mkdir()
     out = folder / "out"
     federation = Federation(folder)
     federation.env["CLUSTERFED_POLL_SECONDS"] = str(poll)
+    if superexec_poll is not None:
+        federation.env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(superexec_poll)
     try:
         federation.start_superlink()
         superlink = federation.processes[0]
         for i in range(3):
-            federation.start_node(f"dev-{i}", parts / f"part-{i}.npz")
+            federation.start_node(f"dev-{i}", parts / f"part-{i}.npz", f"warm-worker={json.dumps(warm)}")
         time.sleep(5)  # let the nodes register: the run's own wait is not what is measured
         before = io_bytes(superlink.pid)
         started = time.perf_counter()
@@ -124,6 +132,8 @@ def components(parts: Path, cache: Path) -> dict:
         "import_flwr_clientapp_seconds": timed([sys.executable, "-c", "import flwr.clientapp"], env),
         "import_flwr_and_clusterfed_client_app_seconds": timed(
             [sys.executable, "-c", "import flwr.clientapp, clusterfed.client_app"], env),
+        "import_flwr_and_clusterfed_client_entry_seconds": timed(
+            [sys.executable, "-c", "import flwr.clientapp, clusterfed.client_entry"], env),
         "load_device_data_first_seconds": round(float(first.stdout.strip().splitlines()[-1]), 3),
         "load_device_data_cached_seconds": round(float(cached.stdout.strip().splitlines()[-1]), 3),
     }
@@ -133,6 +143,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--polls", default="3,0.5")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warm", default="false", help="warm-worker node settings to run, e.g. false,auto")
+    parser.add_argument("--superexec-poll", type=float, default=None,
+                        help="FLWR_SUPEREXEC_TASK_POLL_INTERVAL for the SuperNodes (Flower's default: 1 s)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "deployment.json"))
     args = parser.parse_args()
     from clusterfed.cli import main as cli_main
@@ -143,9 +156,15 @@ def main() -> None:
     assert cli_main(["partition", "--out", str(parts), *settings]) == 0
     result = {"config": run_config(Path("OUT"), args.rounds), "components": components(parts, tmp / "cache"),
               "inprocess": inprocess(tmp, parts, args.rounds), "deployed": {}}
+    result["load_average_before"] = os.getloadavg()
     for poll in (float(p) for p in args.polls.split(",")):
-        result["deployed"][f"poll={poll:g}s"] = deployed(tmp, parts, args.rounds, poll)
-        print(json.dumps(result["deployed"][f"poll={poll:g}s"]), flush=True)
+        for warm in args.warm.split(","):
+            name = f"poll={poll:g}s" + ("" if warm == "false" else f",warm-worker={warm}")
+            if args.superexec_poll is not None:
+                name += f",superexec-poll={args.superexec_poll:g}s"
+            result["deployed"][name] = deployed(tmp, parts, args.rounds, poll, warm, args.superexec_poll)
+            result["deployed"][name]["load_average_after"] = os.getloadavg()
+            print(name, json.dumps(result["deployed"][name]), flush=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 

@@ -4,6 +4,11 @@ The same app runs in simulation (one virtual SuperNode per partition) and on a d
 a SuperNode started with ``--node-config 'data-path="/data/part-3.npz" client-key="pi-03"'``
 reads only its own data (``clusterfed.datasets.device_data``); one started with
 ``--node-config 'partition-id=3 client-key="pi-03"'`` cuts its share of the shared data set.
+
+The work is done by ``profile_reply`` / ``train_reply`` / ``evaluate_reply``: a message's
+content and the node's config in, the reply's content out. The ``app`` here calls them in
+this process; on a device, Flower loads ``clusterfed.client_entry`` instead, which hands
+them to a warm worker process (``clusterfed.client_worker``).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from dataclasses import dataclass
+from collections.abc import Mapping
 from functools import lru_cache
 
 import numpy as np
@@ -57,13 +63,14 @@ def _load_client_data(spec_items: tuple, partition_id: int) -> ClientData:
     return ClientData(x_train, y_train, x_test, y_test, int(part.group), source.num_classes, source.input_shape)
 
 
-def client_identity(context: Context) -> tuple[int | None, str]:
+def client_identity(node: Context | Mapping) -> tuple[int | None, str]:
     """(partition id or None, stable client key). The key survives reconnects; node ids do not.
 
     The key is the node config's ``client-key``; without one, a device with a ``data-path``
     is keyed by its data's fingerprint (with a warning) and a partition by its id.
+    ``node`` is the ClientApp's context or its node config.
     """
-    node_config = context.node_config
+    node_config = getattr(node, "node_config", node)
     data_path = str(node_config.get("data-path", ""))
     if "partition-id" not in node_config and not data_path:
         raise ValueError(
@@ -89,28 +96,29 @@ def _data_key(data_path: str) -> str:
     return key
 
 
-def _spec(config: ConfigRecord, context: Context) -> dict:
+def _spec(config: ConfigRecord, node_config: Mapping) -> dict:
     spec = {key: config[key] for key in protocol.CLIENT_SPEC_KEYS}
     for key in ("data-dir", "device"):  # a device may point at its own data folder / accelerator
-        if key in context.node_config:
-            spec[key] = context.node_config[key]
+        if key in node_config:
+            spec[key] = node_config[key]
     return spec
 
 
-def _client_data(config: ConfigRecord, context: Context) -> ClientData:
-    data_path = str(context.node_config.get("data-path", ""))
+def _client_data(config: ConfigRecord, node: Context | Mapping) -> ClientData:
+    node_config = getattr(node, "node_config", node)
+    data_path = str(node_config.get("data-path", ""))
     if data_path:  # the device's own files; the shared data set is never loaded
-        spec = _spec(config, context)
+        spec = _spec(config, node_config)
         own = load_device_data(data_path, str(spec["dataset"]), test_fraction=float(spec["test-fraction"]),
                                seed=int(spec["seed"]))
         return ClientData(own.x_train, own.y_train, own.x_test, own.y_test, own.true_group, own.num_classes,
                           own.input_shape)
-    partition_id, _ = client_identity(context)
-    return _load_client_data(tuple(sorted(_spec(config, context).items())), partition_id)
+    partition_id, _ = client_identity(node_config)
+    return _load_client_data(tuple(sorted(_spec(config, node_config).items())), partition_id)
 
 
-def _identity_record(context: Context, data: ClientData) -> ConfigRecord:
-    _, key = client_identity(context)
+def _identity_record(node_config: Mapping, data: ClientData) -> ConfigRecord:
+    _, key = client_identity(node_config)
     return ConfigRecord({"client-key": key, "true-group": data.true_group})
 
 
@@ -132,14 +140,14 @@ def _model(name: str, dataset: str, input_shape: tuple, num_classes: int, seed: 
     return build_model(name, dataset, input_shape, num_classes, seed)
 
 
-def _receive(msg: Message, context: Context):
+def _receive(content: RecordDict, node_config: Mapping):
     """The message's config, the client's spec and data, and the model it was sent."""
-    config = msg.content[protocol.CONFIG]
-    data = _client_data(config, context)
-    spec = _spec(config, context)
+    config = content[protocol.CONFIG]
+    data = _client_data(config, node_config)
+    spec = _spec(config, node_config)
     model = _model(str(spec["model"]), str(spec["dataset"]), tuple(data.input_shape), data.num_classes,
                    int(spec["seed"]))
-    received = protocol.from_array_record(msg.content[protocol.ARRAYS])
+    received = protocol.from_array_record(content[protocol.ARRAYS])
     choices = int(config.get(CHOICES, 0) or 0)
     if choices:  # a multi-model (IFCA) message: keep the model of lowest training loss
         received, choice = _choose(model, received, choices, data, pick_device(str(spec["device"])))
@@ -162,16 +170,14 @@ def _choose(model, packed, choices: int, data: ClientData, device) -> tuple[dict
     return chosen, choice
 
 
-@app.query("profile")
-def profile(msg: Message, context: Context) -> Message:
+def profile_reply(content: RecordDict, node_config: Mapping) -> RecordDict:
     """Who am I: the stable key, the data size and (if allowed) label statistics."""
-    config = msg.content[protocol.CONFIG]
-    data = _client_data(config, context)
+    config = content[protocol.CONFIG]
+    data = _client_data(config, node_config)
     metrics = {"num-examples": len(data.y_train)}
     if bool(config.get("label-stats", False)):
         metrics.update(_label_stats(data))
-    reply = RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.CLIENT: _identity_record(context, data)})
-    return Message(reply, reply_to=msg)
+    return RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.CLIENT: _identity_record(node_config, data)})
 
 
 def _fault(config: ConfigRecord, key: str, kinds: tuple[str, ...]) -> str | None:
@@ -185,12 +191,12 @@ def _fault(config: ConfigRecord, key: str, kinds: tuple[str, ...]) -> str | None
     return fault
 
 
-@app.train()
-def do_train(msg: Message, context: Context) -> Message:
+def train_reply(content: RecordDict, node_config: Mapping) -> RecordDict:
+    """Train the model sent on this client's data; upload what the config asks for."""
     cap_threads()
-    config, spec, data, model, received, choice = _receive(msg, context)
+    config, spec, data, model, received, choice = _receive(content, node_config)
     device = pick_device(str(spec["device"]))
-    partition_id, key = client_identity(context)
+    partition_id, key = client_identity(node_config)
     fault = _fault(config, key, faults.KINDS)
     loss = train(
         model,
@@ -222,22 +228,39 @@ def do_train(msg: Message, context: Context) -> Message:
         metrics[CHOICE] = choice
     if bool(config.get("label-stats", False)):
         metrics.update(_label_stats(data))
-    reply = RecordDict(
+    return RecordDict(
         {
             protocol.ARRAYS: protocol.to_array_record(out),
             protocol.METRICS: MetricRecord(metrics),
-            protocol.CLIENT: _identity_record(context, data),
+            protocol.CLIENT: _identity_record(node_config, data),
         }
     )
-    return Message(reply, reply_to=msg)
+
+
+def evaluate_reply(content: RecordDict, node_config: Mapping) -> RecordDict:
+    """Loss and accuracy of the model sent on this client's test split."""
+    cap_threads()
+    config, spec, data, model, *_ = _receive(content, node_config)
+    _fault(config, client_identity(node_config)[1], ("raise", "slow"))
+    loss, accuracy = evaluate(model, data.x_test, data.y_test, device=pick_device(str(spec["device"])))
+    metrics = MetricRecord({"num-examples": len(data.y_test), "eval-loss": float(loss), "eval-accuracy": float(accuracy)})
+    return RecordDict({protocol.METRICS: metrics, protocol.CLIENT: _identity_record(node_config, data)})
+
+
+# The reply function of each message type (the warm worker dispatches on it too).
+REPLIES = {protocol.PROFILE_QUERY: profile_reply, "train": train_reply, "evaluate": evaluate_reply}
+
+
+@app.query("profile")
+def profile(msg: Message, context: Context) -> Message:
+    return Message(profile_reply(msg.content, context.node_config), reply_to=msg)
+
+
+@app.train()
+def do_train(msg: Message, context: Context) -> Message:
+    return Message(train_reply(msg.content, context.node_config), reply_to=msg)
 
 
 @app.evaluate()
 def do_evaluate(msg: Message, context: Context) -> Message:
-    cap_threads()
-    config, spec, data, model, *_ = _receive(msg, context)
-    _fault(config, client_identity(context)[1], ("raise", "slow"))
-    loss, accuracy = evaluate(model, data.x_test, data.y_test, device=pick_device(str(spec["device"])))
-    metrics = MetricRecord({"num-examples": len(data.y_test), "eval-loss": float(loss), "eval-accuracy": float(accuracy)})
-    reply = RecordDict({protocol.METRICS: metrics, protocol.CLIENT: _identity_record(context, data)})
-    return Message(reply, reply_to=msg)
+    return Message(evaluate_reply(msg.content, context.node_config), reply_to=msg)

@@ -16,7 +16,7 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split(".")[0] in BLOCKED:
             raise ImportError(f"{{name}} is not installed on a device")
 sys.meta_path.insert(0, Block())
-import clusterfed.client_app
+import clusterfed.client_app, clusterfed.client_entry, clusterfed.client_worker
 from clusterfed.datasets.device_data import load_device_data
 print("imported", sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED))
 """
@@ -30,7 +30,7 @@ def test_client_app_imports_without_server_only_packages():
 
 
 def test_the_blocker_really_blocks():
-    code = _BLOCKED_IMPORT.replace("import clusterfed.client_app", "import scipy")
+    code = _BLOCKED_IMPORT.replace("import clusterfed.client_app, clusterfed.client_entry, clusterfed.client_worker", "import scipy")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode != 0 and "not installed on a device" in done.stderr
 

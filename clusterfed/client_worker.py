@@ -1,0 +1,204 @@
+"""A warm worker: keeps a device's client code, torch and data loaded between messages.
+
+Flower 1.41's SuperNode runs every message in a fresh ``flwr-clientapp`` process (its
+``run_clientapp`` pulls one task, runs it and exits, in subprocess and process isolation
+alike). Importing torch alone costs that process 2-3 s on a laptop core, more on a
+Raspberry Pi, on every message. ``clusterfed.client_entry`` (the ClientApp Flower loads)
+imports only flwr and numpy and hands the message's content to this long-lived process on
+the same device, which runs ``clusterfed.client_app``'s reply functions and sends the reply
+content back.
+
+Transport: ``multiprocessing.connection`` over a Unix socket in a per-user folder (mode
+0700), with its HMAC challenge on a random per-user key file (mode 0600), so only this user's
+processes can use the worker. One worker per node config and code version (the socket name
+hashes both), so a new app bundle or another SuperNode on the same machine never talks to a
+stale or foreign worker. The worker serves one request at a time (a SuperNode sends one
+message at a time) and exits after ``idle_seconds`` without a request.
+
+Run by hand (normally the ClientApp starts it):
+``python -m clusterfed.client_worker --socket PATH [--idle-seconds 900]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from multiprocessing.connection import Client, Listener
+from pathlib import Path
+from typing import Any
+
+DEFAULT_IDLE_SECONDS = 900.0
+START_SECONDS = 120.0  # a Raspberry Pi may take tens of seconds to import torch
+
+
+class WorkerError(RuntimeError):
+    """The worker could not be reached or its reply function raised (message says which)."""
+
+
+def worker_dir() -> Path:
+    """``$CLUSTERFED_WORKER_DIR``, else ``<tmp>/clusterfed-<uid>`` (short: Unix socket paths
+    are limited to ~100 bytes)."""
+    configured = os.environ.get("CLUSTERFED_WORKER_DIR")
+    path = Path(configured).expanduser() if configured else Path(tempfile.gettempdir()) / f"clusterfed-{os.getuid()}"
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    status = path.stat()
+    if status.st_uid != os.getuid() or status.st_mode & 0o077:
+        # someone else's folder could hold a socket that impersonates the worker
+        raise WorkerError(f"warm worker folder {path} must belong to this user and be private (chmod 700); "
+                          "set CLUSTERFED_WORKER_DIR to another folder")
+    return path
+
+
+def _authkey(directory: Path) -> bytes:
+    key_file = directory / "key"
+    with contextlib.suppress(FileExistsError):
+        fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(secrets.token_bytes(32))
+    return key_file.read_bytes()
+
+
+def _code_version() -> str:
+    """Where the client code lives and when it last changed: a new app bundle (another folder)
+    or an edited checkout gets a new worker."""
+    package = Path(__file__).resolve().parent
+    stamps = sorted((str(path.relative_to(package)), path.stat().st_mtime_ns) for path in package.rglob("*.py"))
+    return json.dumps([str(package), sys.executable, stamps])
+
+
+def socket_path(node_config: Mapping[str, Any]) -> Path:
+    identity = json.dumps(sorted((str(k), str(v)) for k, v in node_config.items())) + _code_version()
+    return worker_dir() / f"w-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.sock"
+
+
+def request(message_type: str, content: Any, node_config: Mapping[str, Any],
+            idle_seconds: float = DEFAULT_IDLE_SECONDS) -> Any:
+    """The reply content for one message, from this node's worker (started if not running)."""
+    path = socket_path(node_config)
+    authkey = _authkey(path.parent)
+    connection = _connect(path, authkey)
+    if connection is None:
+        with _spawn_lock(path):
+            connection = _connect(path, authkey) or _spawn_and_connect(path, authkey, idle_seconds)
+    with connection:
+        try:
+            connection.send((message_type, content, dict(node_config)))
+            status, payload = connection.recv()
+        except (EOFError, OSError) as exc:  # the worker died mid-request: the next message starts a new one
+            raise WorkerError(f"the warm worker stopped during the request ({exc!r}); see {path.with_suffix('.log')}") from exc
+    if status == "error":
+        raise WorkerError(payload)
+    return payload
+
+
+def _connect(path: Path, authkey: bytes):
+    if not path.exists():
+        return None
+    try:
+        return Client(str(path), family="AF_UNIX", authkey=authkey)
+    except (ConnectionRefusedError, FileNotFoundError, ConnectionResetError, BrokenPipeError, EOFError):
+        return None  # a stale socket of a worker that is gone, or one closing as idle
+
+
+@contextlib.contextmanager
+def _spawn_lock(path: Path):
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _spawn_and_connect(path: Path, authkey: bytes, idle_seconds: float):
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # a stale socket left by a killed worker
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the same code this process runs
+    log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - handed to the child
+    # a new session: the worker outlives this one-message process and its process group
+    subprocess.Popen([sys.executable, "-m", "clusterfed.client_worker", "--socket", str(path),
+                      "--idle-seconds", str(idle_seconds)],
+                     env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    log.close()
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        connection = _connect(path, authkey)
+        if connection is not None:
+            return connection
+        time.sleep(0.05)
+    raise WorkerError(f"the warm worker did not start within {START_SECONDS:.0f} s; see {path.with_suffix('.log')}")
+
+
+def serve(path: Path, idle_seconds: float) -> None:
+    """Answer requests until ``idle_seconds`` pass without one."""
+    # import the heavy code before listening: the first request finds it loaded
+    from clusterfed.client_app import REPLIES
+
+    authkey = _authkey(path.parent)
+    listener = Listener(str(path), family="AF_UNIX", authkey=authkey)
+    path.with_suffix(".pid").write_text(str(os.getpid()))
+    last_request = [time.monotonic()]
+    busy = threading.Lock()
+
+    def exit_when_idle() -> None:
+        while True:
+            time.sleep(min(idle_seconds, 5.0))
+            with busy:  # never in the middle of a request
+                if time.monotonic() - last_request[0] >= idle_seconds:
+                    # closing the listener does not wake a blocked accept(): remove the files
+                    # (the next message starts a new worker) and leave
+                    for leftover in (path, path.with_suffix(".pid")):
+                        with contextlib.suppress(FileNotFoundError):
+                            leftover.unlink()
+                    print(f"idle for {idle_seconds:.0f} s: exiting", flush=True)
+                    os._exit(0)
+
+    threading.Thread(target=exit_when_idle, daemon=True).start()
+    print(f"clusterfed warm worker {os.getpid()} on {path} (exits after {idle_seconds:.0f} s idle)", flush=True)
+    while True:
+        try:
+            connection = listener.accept()
+        except Exception as exc:  # noqa: BLE001 - a failed handshake (wrong key) must not stop the worker
+            print(f"refused a connection: {exc!r}", flush=True)
+            continue
+        with busy, connection:
+            last_request[0] = time.monotonic()
+            _answer(connection, REPLIES)
+            last_request[0] = time.monotonic()
+
+
+def _answer(connection, replies) -> None:
+    try:
+        message_type, content, node_config = connection.recv()
+    except (EOFError, OSError):
+        return
+    try:
+        reply = ("ok", replies[message_type](content, node_config))
+    except Exception as exc:  # noqa: BLE001 - reported to the ClientApp, which turns it into an error reply
+        reply = ("error", f"{type(exc).__name__}: {exc}")
+    with contextlib.suppress(OSError):
+        connection.send(reply)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clusterfed.client_worker", description=__doc__.split("\n")[0])
+    parser.add_argument("--socket", required=True, type=Path)
+    parser.add_argument("--idle-seconds", type=float, default=DEFAULT_IDLE_SECONDS)
+    args = parser.parse_args(argv)
+    serve(args.socket, args.idle_seconds)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
