@@ -184,6 +184,10 @@ def save(mode: str, entry: dict) -> None:
     data = json.loads(OUT.read_text()) if OUT.exists() else {}
     entry = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d %H:%M"),
              "load_average_at_end": [round(x, 2) for x in os.getloadavg()], **entry}
+    if "results" in entry and mode in data:  # keep the other client counts' earlier measurements
+        counts = {r["clients"] for r in entry["results"]}
+        kept = [r | {"command": data[mode]["command"]} for r in data[mode].get("results", []) if r["clients"] not in counts]
+        entry["results"] = sorted(kept + entry["results"], key=lambda r: r["clients"])
     data[mode] = entry
     OUT.write_text(json.dumps(data, indent=1) + "\n")
 
