@@ -54,8 +54,8 @@ ABLATION_STRATEGIES = ("fedclust", "adacfl")
 COMMON = {"num-clients": 20, "checkpoint": False}
 
 PROFILES: dict[str, dict[str, object]] = {
-    "full": {"folder": "suite", "digits": tuple(DIGITS), "digits_rounds": 20, "digits_seeds": (0, 1, 2),
-             "mnist": tuple(MNIST), "mnist_rounds": 10, "mnist_seeds": (0,), "ablation": True},
+    "full": {"folder": "suite", "digits": tuple(DIGITS), "digits_rounds": 20, "digits_seeds": (0, 1),
+             "mnist": tuple(MNIST), "mnist_rounds": 8, "mnist_seeds": (0,), "ablation": True},
     "quick": {"folder": "suite-quick", "digits": ("pairs", "rotation"), "digits_rounds": 5, "digits_seeds": (0,),
               "mnist": (), "mnist_rounds": 0, "mnist_seeds": (), "ablation": False},
 }
