@@ -25,7 +25,7 @@ test: $(VENV)/.installed
 
 # Every strategy on every setting (benchmarks/suite.py), FedClust's λ sweep, then the summary
 # tables and the README's Results and Fidelity sections regenerated from the files
-# (benchmarks/report.py). Full: about 60 min on 2 cores; quick: a few minutes.
+# (benchmarks/report.py). Measured: full 23 min, quick 2 min (2 shared cores, 2 workers).
 BENCH_WORKERS ?= 2
 
 bench: $(VENV)/.installed
