@@ -15,7 +15,7 @@ similarity of the clients' updates of that round:
 - ``true_silhouette``: silhouette of the true grouping on ``1 − S`` (how separated the groups
   are in that layer, whatever the clustering does).
 
-Writes ``benchmarks/results/issue4_layer_separation.json``: records and, per setting and
+Writes ``benchmarks/results/layer_separation.json``: records and, per setting and
 layer set, the fraction of rounds with a pure proposal and the mean of the two scores.
 """
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--out", default=str(ROOT / "results" / "issue4_layer_separation.json"))
+    parser.add_argument("--out", default=str(ROOT / "results" / "layer_separation.json"))
     args = parser.parse_args(argv)
     jobs = [(s, int(seed), args.rounds) for s in args.settings.split(",") for seed in args.seeds.split(",")]
     with get_context("fork").Pool(args.workers) as pool:

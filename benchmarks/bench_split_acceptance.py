@@ -23,7 +23,7 @@ with the cluster's true groups:
 5…R of one 20-client cluster). Structured runs are ``cfl`` with the silhouette test off
 (``split-min-silhouette = -1``, the old behaviour), so their trees form and over-split,
 which yields both correct splits and pure clusters late in training. Writes
-``benchmarks/results/issue4_split_acceptance.json``: every record and, per category (all
+``benchmarks/results/split_acceptance.json``: every record and, per category (all
 rounds / rounds where the relative criteria fired), min, percentiles and max.
 """
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--no-split", action="store_true",
                         help="FedAvg dynamics for every setting: the root's proposal every round")
-    parser.add_argument("--out", default=str(ROOT / "results" / "issue4_split_acceptance.json"))
+    parser.add_argument("--out", default=str(ROOT / "results" / "split_acceptance.json"))
     args = parser.parse_args(argv)
     jobs = [(s, int(seed), args.rounds, args.no_split) for s in args.settings.split(",") for seed in args.seeds.split(",")]
     with get_context("fork").Pool(args.workers) as pool:

@@ -1,13 +1,13 @@
 """Clustering-round uplink: partial weights (the layer FedClust / AdaCFL ask for) versus
 full weights, per client and for the round.
 
-    .venv/bin/python benchmarks/bench_uplink.py [--data-dir ../shared/data] [--clients 20] [--no-run]
+    .venv/bin/python benchmarks/bench_uplink.py [--data-dir DIR-HOLDING-MNIST/raw] [--clients 20] [--no-run]
 
 Computed from the model's state dict for LeNet-5 (MNIST, 28x28, 10 classes) and, for
 reference, the digits CNN; then confirmed with two one-round FedClust runs of LeNet-5 on
 MNIST from ``--data-dir`` (``cluster-layers = final`` and ``all``), whose measured
 ``clustering_bytes_up`` (the sum of the array bytes of every clustering reply) must equal
-layer bytes × replying clients. Writes benchmarks/results/issue3_uplink.json.
+layer bytes × replying clients. Writes benchmarks/results/partial_uplink.json.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             "partial_matches_model_sizes": partial["clustering_bytes_up"] == lenet["final"]["bytes"] * partial["replying_clients"],
             "full_matches_model_sizes": full["clustering_bytes_up"] == lenet["full_bytes"] * full["replying_clients"],
         }
-    path = ROOT / "results" / "issue3_uplink.json"
+    path = ROOT / "results" / "partial_uplink.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     for sizes in result["computed"]:
         print(f"{sizes['model']:>11}: full {sizes['full_bytes']:>7} B, final layer {sizes['final']['bytes']:>5} B "

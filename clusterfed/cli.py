@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tomllib
@@ -39,30 +38,21 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Run several strategies on the same data and seed; one table and one figure."""
-    from clusterfed.plots import plot_comparison
-    from clusterfed.results import describe_clusters, load_run, summary_table
-    from clusterfed.simulation import simulate
+    """Every strategy × seed on the same partition; comparison.csv, comparison.md, figures."""
+    from clusterfed.compare import compare, markdown_table, parse_list
 
-    base = resolve_config(args.config, args.overrides, args.out)
-    summaries, runs = [], {}
-    for strategy in args.strategies.split(","):
-        out = Path(base.out_dir) / strategy
-        config = parse_config({**base.to_flower(), "strategy": strategy, "out-dir": str(out)})
-        print(f"== {strategy} ==", flush=True)
-        summary = simulate(config, engine=args.engine)
-        summaries.append(summary)
-        runs[strategy] = load_run(out)[0]
-        clusters_file = out / "clusters.json"
-        if clusters_file.exists():
-            clusters = json.loads(clusters_file.read_text())
-            print(f"{strategy}: {summary['num_clusters']} clusters, ARI {summary['final_ari']:.2f} against the true groups")
-            print(describe_clusters(clusters))
-    print()
-    print(summary_table(summaries))
-    plot_comparison(runs, Path(base.out_dir) / "comparison.png", f"{base.dataset} / {base.partitioner}")
-    (Path(base.out_dir) / "comparison.json").write_text(json.dumps(summaries, indent=2))
-    print(f"results in {Path(base.out_dir).resolve()}")
+    values: dict[str, Any] = {}
+    if args.config:
+        values.update(load_config_file(args.config))
+    values.update(parse_overrides(args.overrides))
+    out = Path(args.out or values.get("out-dir") or "results/compare")
+    try:
+        seeds = parse_list(args.seeds, int)
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    rows = compare(values, parse_list(args.strategies), seeds, out, engine=args.engine, workers=args.workers)
+    print(markdown_table(rows))
+    print(f"results in {out.resolve()}")
     return 0
 
 
@@ -111,9 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(run)
     run.set_defaults(func=cmd_run)
     compare = sub.add_parser("compare", help="run several strategies on the same setting")
-    compare.add_argument("--strategies", default="fedavg,oracle")
-    compare.add_argument("--out", help="results folder; one sub-folder per strategy")
+    compare.add_argument("--strategies", default="fedavg,oracle", help="comma-separated strategy names")
+    compare.add_argument("--seeds", default="0", help="comma-separated seeds (partition, init, sampling)")
+    compare.add_argument("--out", help="results folder; one sub-folder per strategy and seed")
     compare.add_argument("--engine", choices=("flower", "inprocess"), default="inprocess")
+    compare.add_argument("--workers", type=int, default=1,
+                         help="runs at a time, each in its own process (in-process engine only)")
     _add_config_args(compare)
     compare.set_defaults(func=cmd_compare)
     report = sub.add_parser("partition-report", help="show what a partition setting gives each client")

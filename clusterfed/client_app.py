@@ -132,12 +132,21 @@ def _seed(*parts: object) -> int:
     return int.from_bytes(digest[:4], "little")
 
 
+@lru_cache(maxsize=8)
+def _model(name: str, dataset: str, input_shape: tuple, num_classes: int, seed: int):
+    """One model object per process and architecture, reused across messages: every message
+    loads its complete state (``load_numpy_state`` refuses a partial one), so nothing of an
+    earlier client's training survives into the next (optimizer state lives in ``train``)."""
+    return build_model(name, dataset, input_shape, num_classes, seed)
+
+
 def _receive(content: RecordDict, node_config: Mapping):
     """The message's config, the client's spec and data, and the model it was sent."""
     config = content[protocol.CONFIG]
     data = _client_data(config, node_config)
     spec = _spec(config, node_config)
-    model = build_model(str(spec["model"]), str(spec["dataset"]), data.input_shape, data.num_classes, int(spec["seed"]))
+    model = _model(str(spec["model"]), str(spec["dataset"]), tuple(data.input_shape), data.num_classes,
+                   int(spec["seed"]))
     received = protocol.from_array_record(content[protocol.ARRAYS])
     choices = int(config.get(CHOICES, 0) or 0)
     if choices:  # a multi-model (IFCA) message: keep the model of lowest training loss

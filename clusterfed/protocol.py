@@ -6,10 +6,14 @@ conversion and byte counting. Both apps import this; nothing here trains or clus
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
+from functools import lru_cache
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
+
+NUMPY_STYPE = "numpy.ndarray"  # flwr's SType.NUMPY: Array.data holds the .npy file bytes
 
 # record names inside a message's RecordDict
 ARRAYS = "arrays"
@@ -59,12 +63,48 @@ def client_spec(flower_config: Mapping[str, object]) -> dict[str, object]:
     return {key: flower_config[key] for key in CLIENT_SPEC_KEYS}
 
 
+@lru_cache(maxsize=512)
+def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
+    """The .npy header ``np.save`` writes for a C-ordered array of this dtype and shape."""
+    buffer = io.BytesIO()
+    np.lib.format.write_array_header_1_0(
+        buffer, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": shape})
+    return buffer.getvalue()
+
+
+def encode_array(value: np.ndarray) -> Array:
+    """``flwr.app.Array(ndarray)`` with the same bytes (a test checks), without ``np.save``'s
+    per-call header formatting: the header is cached per dtype and shape."""
+    array = np.ascontiguousarray(value)
+    if array.dtype.hasobject or not array.dtype.isnative:
+        return Array(array)
+    shape = tuple(int(n) for n in array.shape)
+    return Array(dtype=str(array.dtype), shape=shape, stype=NUMPY_STYPE,
+                 data=_npy_header(str(array.dtype), shape) + array.tobytes())
+
+
+def decode_array(array: Array) -> np.ndarray:
+    """``array.numpy()``, reading the data directly when its header is the one ``np.save``
+    writes for the Array's declared dtype and shape; anything else goes through ``np.load``."""
+    if array.stype == NUMPY_STYPE:
+        shape = tuple(array.shape)
+        try:
+            header = _npy_header(array.dtype, shape)
+        except (TypeError, ValueError):
+            header = None
+        if header is not None and array.data.startswith(header):
+            dtype = np.dtype(array.dtype)
+            if len(array.data) - len(header) == dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
+                return np.frombuffer(array.data, dtype=dtype, offset=len(header)).reshape(shape).copy()
+    return array.numpy()
+
+
 def to_array_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({name: Array(np.ascontiguousarray(value)) for name, value in arrays.items()})
+    return ArrayRecord({name: encode_array(value) for name, value in arrays.items()})
 
 
 def from_array_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {name: array.numpy() for name, array in record.items()}
+    return {name: decode_array(array) for name, array in record.items()}
 
 
 def array_bytes(record: ArrayRecord | None) -> int:

@@ -36,7 +36,14 @@ def load_numpy_state(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None
     if set(arrays) != expected:
         missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
         raise ValueError(f"model arrays do not match: missing {missing}, unexpected {extra}")
-    model.load_state_dict({k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()})
+    # copied into the model's own tensors (cast to their dtype and device): what
+    # load_state_dict does, without its per-module hook machinery on every message
+    with torch.no_grad():
+        for name, target in model.state_dict().items():
+            source = torch.from_numpy(np.asarray(arrays[name]))
+            if tuple(source.shape) != tuple(target.shape):
+                raise ValueError(f"array {name!r} has shape {tuple(source.shape)}, the model's is {tuple(target.shape)}")
+            target.copy_(source)
 
 
 def train(

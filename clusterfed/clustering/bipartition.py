@@ -109,7 +109,8 @@ def separation_gap(
     if neither side has a pair (two singletons) the intra minimum is the diagonal value 1.0,
     so the gap is ``1 − S[a, b]``. Positive gap: every client is more similar to each member
     of its side than to anyone across. With more than two true groups on a side the gap is
-    negative even for a pure split (see ALGORITHMS.md) — record it, do not veto on it.
+    negative even for a pure split (two groups on one side need not be similar to each other)
+    — record it, do not veto on it.
     """
     S = _as_similarity(S)
     m = S.shape[0]

@@ -1,4 +1,5 @@
-"""LayerCFL's correct-clustering check (paper 004, Theorem 1 / eq. 20) and the true-group Gap.
+"""LayerCFL's correct-clustering check ("LayerCFL: efficient clustered federated learning with
+layer-wised clustering", Theorem 1 / eq. 20) and the true-group Gap.
 
 Theorem 1 (after Sattler et al. 2020): client i's empirical gradient deviates from the true
 gradient of its own data distribution by at most a fraction γ_i of that gradient's norm,

@@ -1,4 +1,5 @@
-"""HiCFL model stability (Gong et al., IEEE TMC 2023; ALGORITHMS.md §HiCFL).
+"""HiCFL model stability (Gong, Xing, Liu, Xi and Chen, "Towards Hierarchical Clustered
+Federated Learning With Model Stability on Mobile Devices", IEEE TMC 2023).
 
 Per client and layer, from the last three (selected) updates Δ_{t−2}, Δ_{t−1}, Δ_t:
 
@@ -57,8 +58,8 @@ def stability_score(d_tm2: np.ndarray, d_tm1: np.ndarray, d_t: np.ndarray) -> fl
 def select_unstable_weights(
     d_new: np.ndarray, d_old: np.ndarray, xi: float, min_kept: int = 1
 ) -> np.ndarray:
-    """Indexes d with |Δ_new[d] − Δ_old[d]| > ξ (HiCFL eq. 19, absolute value per
-    ALGORITHMS.md), sorted int64.
+    """Indexes d with |Δ_new[d] − Δ_old[d]| > ξ (HiCFL eq. 19; we read it as the
+    absolute value of the change), sorted int64.
 
     Never empty: if fewer than ``min_kept`` (default 1) weights moved by more than ξ the
     layer has no usable set of "unstable" weights to single out, so all indexes are kept

@@ -76,21 +76,3 @@ def plot_run(out_dir: str | Path) -> list[Path]:
         if plot_cluster_count(rounds, out / "cluster_count.png", title):
             written.append(out / "cluster_count.png")
     return written
-
-
-def plot_comparison(runs: dict[str, list[dict]], path: Path, title: str) -> None:
-    """Mean accuracy per round of several runs on one figure (clusterfed compare)."""
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for i, (label, rounds) in enumerate(runs.items()):
-        x = [r["round"] for r in rounds]
-        axes[0].plot(x, [r["accuracy"] for r in rounds], color=f"C{i % 10}", label=label)
-        axes[1].plot([(r["cum_bytes_up"] + r["cum_bytes_down"]) / 1e6 for r in rounds],
-                     [r["accuracy"] for r in rounds], color=f"C{i % 10}", label=label)
-    axes[0].set(xlabel="round", ylabel="mean local test accuracy", ylim=(0, 1.02), title=title)
-    axes[1].set(xlabel="cumulative MB (up + down)", ylabel="mean local test accuracy", ylim=(0, 1.02))
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

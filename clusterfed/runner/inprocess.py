@@ -18,7 +18,7 @@ them in time.
 
 from __future__ import annotations
 
-import copy
+import pickle
 import time
 import uuid
 from collections.abc import Iterable
@@ -28,6 +28,12 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from clusterfed import faults
+
+
+def _transfer(message: Message) -> Message:
+    """An independent copy of a message, as crossing the network would give (a pickle round
+    trip: the same deep copy as ``copy.deepcopy``, about twice as fast)."""
+    return pickle.loads(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 class _VirtualClock:
@@ -72,8 +78,8 @@ class InProcessGrid(Grid):
         ids = []
         for message in messages:
             message.metadata.__dict__["_message_id"] = str(uuid.uuid4())
-            # a deep copy stands in for serialisation: the client never shares arrays with the server
-            self.pending[message.metadata.message_id] = copy.deepcopy(message)
+            # a copy stands in for serialisation: the client never shares arrays with the server
+            self.pending[message.metadata.message_id] = _transfer(message)
             ids.append(message.metadata.message_id)
         return ids
 
@@ -106,7 +112,7 @@ class InProcessGrid(Grid):
             faults.clock.sleep = real
         if time.perf_counter() - started + clock.elapsed > self.timeout:
             return None
-        return copy.deepcopy(reply)
+        return _transfer(reply)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))

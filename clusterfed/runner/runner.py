@@ -230,10 +230,19 @@ class ClusteredRunner(Strategy):
         """Send each client its (arrays, config); return the replies that arrived, by key,
         and the array bytes received. Error and missing replies are counted as faults."""
         messages, keys = [], []
+        # clients of one cluster are sent the same model object: encode it once per exchange
+        # (the transport serialises, or the in-process grid copies, each message on its own)
+        records: dict[int, tuple[Arrays, ArrayRecord]] = {}
+        configs: dict[str, ConfigRecord] = {}  # and build each distinct config record once
         for key, (arrays, config) in plan.items():
-            content = RecordDict({protocol.CONFIG: protocol.config_record(config)})
+            signature = repr(sorted(config.items()))
+            if signature not in configs:
+                configs[signature] = protocol.config_record(config)
+            content = RecordDict({protocol.CONFIG: configs[signature]})
             if arrays is not None:
-                content[protocol.ARRAYS] = protocol.to_array_record(arrays)
+                if id(arrays) not in records:
+                    records[id(arrays)] = (arrays, protocol.to_array_record(arrays))
+                content[protocol.ARRAYS] = records[id(arrays)][1]
             nbytes = protocol.message_array_bytes(content)
             if message_type == MessageType.EVALUATE:
                 self.traffic.eval_down += nbytes
