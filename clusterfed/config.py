@@ -27,7 +27,7 @@ STRATEGY_KEYS = (
     "warmup-rounds", "share-label-stats", "entropy-gap", "epsilon", "split-criteria", "eps1", "eps2", "rel-eps1",
     "rel-eps2", "split-min-silhouette", "split-silhouette-max-k", "min-split-size", "min-split-round", "skew",
     "correct-clustering-check", "window", "stability-eps", "xi", "num-clusters", "ifca-init", "ifca-restarts", "w",
-    "hold-rounds", "stabilizer", "anneal-tau", "stability-eps-rel", "hicfl-timing", "hicfl-split", "hicfl-min-silhouette",
+    "hold-rounds", "stabilizer", "anneal-tau", "stability-eps-rel", "hicfl-timing", "hicfl-split", "hicfl-min-silhouette", "hicfl-min-side",
     "merge", "merge-min-cosine", "merge-max-silhouette",
 )
 
@@ -143,6 +143,8 @@ class RunConfig(BaseModel):
                                                    description="HiCFL: a layer is ready when every member / the median member is below ε")
     hicfl_split: Literal["reference", "linkage"] = Field("linkage", alias="hicfl-split",
                                                          description="HiCFL: sign of the cosine with the reference (paper) or complete linkage (CFL)")
+    hicfl_min_side: int = Field(2, alias="hicfl-min-side", ge=1,
+                                description="HiCFL: fewest members on each side of a split")
     hicfl_min_silhouette: float = Field(0.45, alias="hicfl-min-silhouette", ge=-1, le=1,
                                         description="HiCFL structure test on the proposed split; -1 = off (paper: heterogeneity stop rule)")
     xi: str = Field("auto", description='HiCFL ξ, or "auto" = 0.05·lr')

@@ -79,7 +79,8 @@ def test_structure_test_refuses_noise_and_reports_why():
     so HiCFL keeps one cluster and says so."""
     groups = {str(i): 0 for i in range(8)}
     updates = groups_moving_apart(1, groups, settle_after=0, noise=1.0)
-    hicfl = make_strategy(HiCFL, groups, window=3, xi=1e-9, min_split_round=1)
+    # hicfl-min-side 1: every proposal reaches the structure test, which is what is tested here
+    hicfl = make_strategy(HiCFL, groups, window=3, xi=1e-9, min_split_round=1, hicfl_min_side=1)
     for server_round in range(1, 12):
         run_round(hicfl, server_round, updates(server_round))
     assert hicfl.splits == [] and hicfl.no_split
@@ -163,3 +164,17 @@ def test_layercfl_defaults_record_the_check_and_use_the_last_conv_layer():
     strategy = make_strategy(LayerCFL, {str(i): i % 2 for i in range(6)})
     assert strategy.layer_rule == "conv" and not strategy.config.correct_clustering_check
     assert list(steps(None)) == []
+
+
+@pytest.mark.parametrize(("min_side", "splits"), [(1, True), (2, False)])
+def test_hicfl_min_side_keeps_one_outlier_client_in_its_cluster(min_side, splits):
+    """Seven clients share a direction, one points elsewhere: with ``hicfl-min-side = 1`` the
+    outlier is split off alone; with 2 a one-client side is not a group and nothing splits."""
+    groups = {**{str(i): 0 for i in range(7)}, "7": 1}
+    updates = groups_moving_apart(2, groups, settle_after=3)
+    hicfl = make_strategy(HiCFL, groups, window=3, xi=1e-9, min_split_round=1, hicfl_min_side=min_side)
+    for server_round in range(1, 12):
+        run_round(hicfl, server_round, updates(server_round))
+    assert bool(hicfl.splits) is splits
+    if splits:
+        assert sorted(map(len, hicfl.splits[0]["members"])) == [1, 7]

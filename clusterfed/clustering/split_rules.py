@@ -205,7 +205,7 @@ ONE_CLUSTER_REASONS = {
                      "median member, hicfl-timing) stayed at or above ε",
         "window": "stability windows never filled (fewer than window + 2 rounds in a cluster)",
         "agree": "stability fired but the members' updates agree (not heterogeneous)",
-        "one_side": "stability fired but every member pointed the reference's way",
+        "one_side": "stability fired but every proposed split left a side with fewer than hicfl-min-side members (or, with the reference rule, everyone on one side)",
         "silhouette": "stability fired but every proposed split was refused by the structure test (hicfl-min-silhouette)",
         "size": "too few members or replies to split, or the run ended before min-split-round",
     },

@@ -60,6 +60,10 @@ sends its full update (``return = update``); the server aggregates per cluster. 
    5) is skipped: on rotation it blocked every round from 13 on, before any pure split
    was possible. ``hicfl-min-silhouette = -1`` switches the test off and restores the
    stop rule and the paper's layer (the first ready one).
+   **Minimum side (beyond the paper; ``hicfl-min-side = 2``)**: a linkage split leaving a
+   side with fewer members is not proposed — one outlier client is not a group. With 1, an
+   iid run (seed 1) split 19 | 1 and pure rotation groups split 4 | 1; with 2 no iid seed
+   splits (digits, 50 rounds, seeds 0-2; benchmarks/results/hicfl_min_side_*).
 
    Children start from the parent's model; their members' stability windows and weight
    selections restart, so children split again later (hierarchy). Over-splitting of pure
@@ -120,7 +124,7 @@ class HiCFL(BiPartitioning):
     centre_updates = CENTRE_UPDATES
     reads = ("split-criteria", "eps1", "eps2", "rel-eps1", "rel-eps2", "min-split-size", "min-split-round",
              "cluster-layers", "window", "stability-eps", "stability-eps-rel", "xi", "hicfl-timing", "hicfl-split",
-             "hicfl-min-silhouette", "split-silhouette-max-k", "merge", "merge-min-cosine", "merge-max-silhouette")
+             "hicfl-min-silhouette", "hicfl-min-side", "split-silhouette-max-k", "merge", "merge-min-cosine", "merge-max-silhouette")
 
     def init_clusters(self) -> None:
         super().init_clusters()
@@ -200,6 +204,8 @@ class HiCFL(BiPartitioning):
         stability = {k: float(self.tracker.windowed(k, layer)) for k in members}
         if self.config.hicfl_split == "linkage":
             side_a, side_b = bipartition(S)
+            if min(len(side_a), len(side_b)) < self.config.hicfl_min_side:
+                return None  # one outlier client is not a group (hicfl-min-side)
             keys_a, keys_b = [members[i] for i in side_a], [members[i] for i in side_b]
             max_k = self.config.split_silhouette_max_k
             score = float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(U, side_a, side_b)
@@ -283,7 +289,7 @@ class HiCFL(BiPartitioning):
         return BiPartitioning.side_of(vector, route)
 
     NO_SPLIT_TEXT = {"agree": "updates agree (not heterogeneous)",
-                     "one_side": "every member points the reference's way",
+                     "one_side": "a side with fewer than hicfl-min-side members, or everyone on the reference's side",
                      "silhouette": "no ready layer's split passed the structure test"}
 
     def note_no_split(self, server_round: int, cluster: int, layer: str, code: str, decision: SplitDecision,
