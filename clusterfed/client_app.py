@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -63,14 +63,12 @@ def _load_client_data(spec_items: tuple, partition_id: int) -> ClientData:
     return ClientData(x_train, y_train, x_test, y_test, int(part.group), source.num_classes, source.input_shape)
 
 
-def client_identity(node: Context | Mapping) -> tuple[int | None, str]:
+def client_identity(node_config: Mapping) -> tuple[int | None, str]:
     """(partition id or None, stable client key). The key survives reconnects; node ids do not.
 
     The key is the node config's ``client-key``; without one, a device with a ``data-path``
     is keyed by its data's fingerprint (with a warning) and a partition by its id.
-    ``node`` is the ClientApp's context or its node config.
     """
-    node_config = getattr(node, "node_config", node)
     data_path = str(node_config.get("data-path", ""))
     if "partition-id" not in node_config and not data_path:
         raise ValueError(
@@ -104,8 +102,7 @@ def _spec(config: ConfigRecord, node_config: Mapping) -> dict:
     return spec
 
 
-def _client_data(config: ConfigRecord, node: Context | Mapping) -> ClientData:
-    node_config = getattr(node, "node_config", node)
+def _client_data(config: ConfigRecord, node_config: Mapping) -> ClientData:
     data_path = str(node_config.get("data-path", ""))
     if data_path:  # the device's own files; the shared data set is never loaded
         spec = _spec(config, node_config)

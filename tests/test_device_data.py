@@ -53,7 +53,7 @@ def test_exported_parts_load_to_what_the_simulated_client_gets(tmp_path):
     for entry in manifest["clients"]:
         path = out / entry["file"]
         assert entry["sha256"] == file_sha256(path)
-        simulated = client_app._client_data(config, _context({"partition-id": entry["partition-id"]}))
+        simulated = client_app._client_data(config, {"partition-id": entry["partition-id"]})
         own = load_device_data(path, "digits")
         for name in ("x_train", "y_train", "x_test", "y_test"):
             np.testing.assert_array_equal(getattr(own, name), getattr(simulated, name))
@@ -197,5 +197,5 @@ def test_client_with_data_path_never_loads_the_shared_data_set(tmp_path, monkeyp
 
 def test_client_needs_a_data_path_or_a_partition_id():
     with pytest.raises(ValueError, match="neither 'data-path' nor 'partition-id'"):
-        client_app.client_identity(_context({"client-key": "pi-03"}))
-    assert client_app.client_identity(_context({"partition-id": 2})) == (2, "2")
+        client_app.client_identity({"client-key": "pi-03"})
+    assert client_app.client_identity({"partition-id": 2}) == (2, "2")

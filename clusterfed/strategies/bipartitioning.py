@@ -121,11 +121,9 @@ class BiPartitioning(Algorithm):
         report: dict[str, dict[str, Any]] = {}
         self.round_extra["splits"] = []
         self.round_extra["merges"] = []
-        size = self.config.min_split_size
         for cluster in sorted(by_cluster):
             group = by_cluster[cluster]
-            if server_round >= self.config.min_split_round and min(len(group), len(self.tree.members(cluster))) >= size:
-                self.split_allowed = True
+            self.split_allowed = self.split_allowed or self.may_split(server_round, cluster, group)
             with self.timed():
                 decision = self.criteria(cluster, group)
             report[str(cluster)] = {**decision_record(decision), "replies": len(group)}
