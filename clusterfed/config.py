@@ -16,21 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from clusterfed.datasets import DATASETS, PARTITIONERS
 from clusterfed.models import MODELS
-from clusterfed.strategies import REGISTRY
-
-STRATEGY_NAMES = tuple(REGISTRY)
-
-# keys that only some strategies read (each strategy class lists its own in ``reads``);
-# one set away from its default for a strategy that does not read it is reported as ignored
-STRATEGY_KEYS = (
-    "proximal-mu", "cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette", "cluster-sample",
-    "warmup-rounds", "share-label-stats", "entropy-gap", "epsilon", "split-criteria", "eps1", "eps2", "rel-eps1",
-    "rel-eps2", "split-min-silhouette", "split-silhouette-max-k", "min-split-size", "min-split-round", "skew",
-    "correct-clustering-check", "window", "stability-eps", "xi", "num-clusters", "ifca-init", "ifca-restarts", "w",
-    "hold-rounds", "stabilizer", "anneal-tau", "stability-eps-rel", "hicfl-timing", "hicfl-split", "hicfl-min-silhouette", "hicfl-min-side",
-    "merge", "merge-min-cosine", "merge-max-silhouette",
-)
-
 
 class ConfigError(ValueError):
     """A run-config key or value is wrong; the message names it and what is allowed."""
@@ -42,7 +27,7 @@ class RunConfig(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
 
     # what to run
-    strategy: str = Field("fedavg", description="strategy name (see STRATEGY_NAMES)")
+    strategy: str = Field("fedavg", description="strategy name, or 'package.module:Class' of a strategy defined elsewhere")
     rounds: int = Field(30, ge=1, le=100_000)
     seed: int = Field(0, ge=0)
     out_dir: str = Field("results/run", alias="out-dir")
@@ -95,77 +80,14 @@ class RunConfig(BaseModel):
     fault_slow_rate: float = Field(0.0, alias="fault-slow-rate", ge=0, le=1, description="... that reply fault-delay seconds late")
     fault_delay: float = Field(0.0, alias="fault-delay", ge=0, description="seconds a slow fault waits; 0 = timeout + 1")
 
-    # FedProx
-    proximal_mu: float = Field(0.01, alias="proximal-mu", ge=0)
+    # simulated newcomers: a share of the clients is held back and joins later
+    newcomer_fraction: float = Field(0.0, alias="newcomer-fraction", ge=0, lt=1,
+                                     description="simulation: share of clients held back until newcomer-round")
+    newcomer_round: int = Field(10, alias="newcomer-round", ge=1, description="simulation: the round the newcomers join")
 
-    # one-shot clustering (FedClust, AdaCFL)
-    cluster_epochs: int = Field(10, alias="cluster-epochs", ge=1)
-    cluster_layers: str = Field("auto", alias="cluster-layers", description="layer rule or names; auto = the strategy's own")
-    lambda_: str = Field("auto", alias="lambda", description='distance threshold, or "auto"')
-    distance: Literal["l2", "cosine"] = "l2"
-    linkage: Literal["average", "single", "complete", "ward"] = "average"
-    auto_min_silhouette: float = Field(0.25, alias="auto-min-silhouette", ge=-1, le=1)
-    cluster_sample: int = Field(0, alias="cluster-sample", ge=0,
-                                description="cluster this many sampled clients, place the rest by nearest reference (0 = all)")
-    warmup_rounds: int = Field(1, alias="warmup-rounds", ge=0)
-    share_label_stats: bool = Field(True, alias="share-label-stats")
-    entropy_gap: float = Field(0.1, alias="entropy-gap", ge=0)
-    epsilon: str = Field("auto", alias="epsilon", description='newcomer distance for a new cluster, or "auto"')
-    newcomer_fraction: float = Field(0.0, alias="newcomer-fraction", ge=0, lt=1)
-    newcomer_round: int = Field(10, alias="newcomer-round", ge=1)
-
-    # recursive bi-partitioning (CFL, LayerCFL, HiCFL)
-    split_criteria: Literal["relative", "absolute"] = Field("relative", alias="split-criteria")
-    eps1: float = Field(0.4, gt=0)
-    eps2: float = Field(1.6, gt=0)
-    rel_eps1: float = Field(0.9, alias="rel-eps1", gt=0, le=1, description="stationary below this x peak mean norm")
-    rel_eps2: float = Field(3.0, alias="rel-eps2", gt=0, description="heterogeneous above this x mean-update norm")
-    split_min_silhouette: float = Field(0.3, alias="split-min-silhouette", ge=-1, le=1,
-                                        description="keep a proposed bi-partition only if the best cut's silhouette on 1 - cos reaches this")
-    split_silhouette_max_k: int = Field(6, alias="split-silhouette-max-k", ge=2, le=20,
-                                        description="the silhouette tested is the best over cuts into 2..k clusters (2: the proposed split's own)")
-    min_split_size: int = Field(3, alias="min-split-size", ge=2)
-    min_split_round: int = Field(5, alias="min-split-round", ge=1)
-    merge: bool = Field(True, description="CFL/LayerCFL/HiCFL: merge two leaf clusters whose updates became indistinguishable")
-    merge_min_cosine: float = Field(0.6, alias="merge-min-cosine", ge=-1, le=1,
-                                    description="merge only if the cosine of the two clusters' mean updates reaches this")
-    merge_max_silhouette: float = Field(0.5, alias="merge-max-silhouette", ge=-1, le=1,
-                                        description="... and the silhouette of their members (labelled by cluster) is at most this")
-    skew: Literal["label", "feature", "unknown"] = "unknown"
-    correct_clustering_check: bool = Field(False, alias="correct-clustering-check",
-                                           description="LayerCFL: refuse splits failing Theorem 1 (false: record it only)")
-    window: int = Field(5, ge=1)
-    stability_eps: str = Field("auto", alias="stability-eps",
-                               description='HiCFL absolute ε (the paper\'s mode), or "auto" = relative (stability-eps-rel)')
-    stability_eps_rel: float = Field(1.5, alias="stability-eps-rel", gt=0,
-                                     description="HiCFL: ε as a multiple of each layer's median windowed stability at the cluster's first full window")
-    hicfl_timing: Literal["all", "median"] = Field("median", alias="hicfl-timing",
-                                                   description="HiCFL: a layer is ready when every member / the median member is below ε")
-    hicfl_split: Literal["reference", "linkage"] = Field("linkage", alias="hicfl-split",
-                                                         description="HiCFL: sign of the cosine with the reference (paper) or complete linkage (CFL)")
-    hicfl_min_side: int = Field(2, alias="hicfl-min-side", ge=1,
-                                description="HiCFL: fewest members on each side of a split")
-    hicfl_min_silhouette: float = Field(0.45, alias="hicfl-min-silhouette", ge=-1, le=1,
-                                        description="HiCFL structure test on the proposed split; -1 = off (paper: heterogeneity stop rule)")
-    xi: str = Field("auto", description='HiCFL ξ, or "auto" = 0.05·lr')
-
-    # IFCA
-    num_clusters: int = Field(4, alias="num-clusters", ge=1, description="IFCA: K cluster models")
-    ifca_init: Literal["random", "kmeans++"] = Field("random", alias="ifca-init")
-    ifca_restarts: int = Field(1, alias="ifca-restarts", ge=1, le=20,
-                               description="IFCA: initialisations tried in the first round (random) or seedings (kmeans++)")
-
-    # adaptive cluster-count client selection
-    w: float = Field(0.01, ge=0, description="loss-reduction ratio above which p decreases")
-    hold_rounds: int = Field(2, alias="hold-rounds", ge=0, description="rounds p is held after a change")
-    stabilizer: Literal["none", "annealing", "experience"] = "none"
-    anneal_tau: float = Field(50.0, alias="anneal-tau", gt=0,
-                              description="annealing: keep p with probability 1 - exp(-round / anneal-tau)")
-
-    @field_validator("strategy")
-    @classmethod
-    def _known_strategy(cls, value: str) -> str:
-        return _one_of(value, STRATEGY_NAMES)
+    # the chosen strategy's validated parameters (kebab-case, without the namespace):
+    # set by parse_config from ``<strategy>.<param>`` keys (and deprecated flat ones)
+    strategy_params: dict[str, Any] = Field(default_factory=dict, exclude=True)
 
     @field_validator("dataset")
     @classmethod
@@ -182,21 +104,6 @@ class RunConfig(BaseModel):
     def _known_model(cls, value: str) -> str:
         return _one_of(value, ("auto", *MODELS))
 
-    @field_validator("lambda_", "epsilon", "stability_eps", "xi", mode="before")
-    @classmethod
-    def _number_or_auto(cls, value: Any) -> str:
-        if isinstance(value, bool):
-            raise ValueError('expected a positive number or "auto"')
-        if isinstance(value, (int, float)):
-            value = repr(float(value))
-        if value != "auto":
-            try:
-                if float(value) <= 0:
-                    raise ValueError
-            except (TypeError, ValueError):
-                raise ValueError(f'expected a positive number or "auto", got {value!r}') from None
-        return value
-
     @model_validator(mode="after")
     def _fault_rates_add_up(self) -> "RunConfig":
         total = self.fault_rate + self.fault_nan_rate + self.fault_shape_rate + self.fault_slow_rate
@@ -204,14 +111,28 @@ class RunConfig(BaseModel):
             raise ValueError(f"fault rates add up to {total:g} > 1")
         return self
 
-    def number_or_none(self, key: str) -> float | None:
-        """A "number or auto" field as a float, or None for "auto"."""
-        value = getattr(self, key)
-        return None if value == "auto" else float(value)
+    @property
+    def namespace(self) -> str:
+        """The prefix of the chosen strategy's parameters in a run config (its ``name``)."""
+        from clusterfed.strategies import strategy_class
+
+        return getattr(strategy_class(self.strategy), "name", self.strategy)
 
     def to_flower(self) -> dict[str, bool | int | float | str]:
-        """Kebab-case scalar dict, the shape of a Flower run config."""
-        return self.model_dump(by_alias=True)
+        """Kebab-case scalar dict, the shape of a Flower run config: the run keys and the
+        chosen strategy's parameters as ``<strategy>.<param>``."""
+        out = self.model_dump(by_alias=True)
+        if self.strategy_params:
+            out.update({f"{self.namespace}.{k}": v for k, v in self.strategy_params.items()})
+        return out
+
+    def build_strategy(self):
+        """The configured strategy object (a ``ClusteredStrategy``), from the validated parameters."""
+        from clusterfed.strategies import strategy_class
+
+        cls = strategy_class(self.strategy)
+        shared = {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed}
+        return cls(**cls.Params.model_validate({**shared, **self.strategy_params}).model_dump())
 
 
 def _one_of(value: str, allowed: tuple[str, ...]) -> str:
@@ -225,17 +146,25 @@ def config_defaults() -> dict[str, Any]:
 
 
 def config_keys() -> list[str]:
-    return [field.alias or name for name, field in RunConfig.model_fields.items()]
+    return [field.alias or name for name, field in RunConfig.model_fields.items() if name != "strategy_params"]
 
 
 def parse_config(values: dict[str, Any]) -> RunConfig:
-    """Validate a kebab-case mapping; raise ConfigError naming the key and what is allowed."""
-    known = config_keys()
-    for key in values:
-        if key not in known:
-            close = difflib.get_close_matches(key, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ConfigError(f"unknown config key {key!r}{hint}; known keys: {', '.join(known)}")
+    """Validate a run config (kebab-case keys; the chosen strategy's parameters as
+    ``<strategy>.<param>``); raise ConfigError naming the key and what is allowed.
+
+    Today's flat strategy keys (``distance``) still work: they are taken as the chosen
+    strategy's parameter with a warning naming the new key (``fedclust.distance``).
+    Parameters of other strategies (a pyproject holds every strategy's defaults) are
+    allowed; one set away from its default is reported as ignored."""
+    from clusterfed.strategy_config import split_strategy_params
+
+    run_values, params = split_strategy_params(values, run_keys=config_keys(), parse_run=_validate_run)
+    run = _validate_run(run_values)
+    return run.model_copy(update={"strategy_params": params})
+
+
+def _validate_run(values: dict[str, Any]) -> RunConfig:
     try:
         return RunConfig.model_validate(values)
     except ValidationError as error:

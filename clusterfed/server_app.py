@@ -9,15 +9,17 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from flwr.app import Context
+from flwr.app import ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
+from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError, build_runner
 from clusterfed.runner.preflight import check_model, preflight
+from clusterfed.strategies.base import StrategyParamsError
 
 NODE_WAIT_SECONDS = 120.0
 
@@ -45,6 +47,15 @@ def export_models(out: Path, config: RunConfig, models: dict[int, dict]) -> list
         torch.save({name: torch.from_numpy(value.copy()) for name, value in arrays.items()}, path)
         paths.append(path)
     return paths
+
+
+def task_configs(config: RunConfig) -> tuple[ConfigRecord, ConfigRecord]:
+    """The built-in task's train and evaluate configs: the data/model spec every client
+    rebuilds its partition and model from (simulation via the Python API gives clients an
+    empty run config, so the spec travels in the messages), plus local epochs and lr."""
+    spec = protocol.client_spec(config.to_flower())
+    return (ConfigRecord({**spec, "local-epochs": config.local_epochs, "lr": config.lr}),
+            ConfigRecord(spec))
 
 
 def wait_for_federation(grid: Grid, expected: int, wait_seconds: float = NODE_WAIT_SECONDS) -> None:
@@ -103,14 +114,15 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
         wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
     recorder = RunRecorder(out, config.to_flower(), stream=stream)
-    runner = build_runner(config, recorder, deployment=deployment)
+    strategy = build_runner(config, recorder, deployment=deployment)
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
-    runner.start(grid, initial, num_rounds=config.rounds, timeout=config.timeout)
-    algorithm = getattr(runner, "algorithm", runner)
-    summary = recorder.finish(time.perf_counter() - started, algorithm.final_clusters())
-    if hasattr(algorithm, "cluster_models"):
-        export_models(out, config, algorithm.cluster_models())
+    train_config, evaluate_config = task_configs(config)
+    strategy.start(grid, initial, num_rounds=config.rounds, timeout=config.timeout, train_config=train_config,
+                   evaluate_config=evaluate_config)
+    summary = recorder.finish(time.perf_counter() - started, strategy.final_clusters())
+    if hasattr(strategy, "cluster_models"):
+        export_models(out, config, strategy.cluster_models())
     from clusterfed.plots import plot_run  # matplotlib only when a run has finished
 
     plot_run(out)
@@ -149,7 +161,7 @@ def main(grid: Grid, context: Context) -> None:
     deployment = not isinstance(grid, InMemoryGrid)
     try:
         run_server(grid, config, deployment=deployment)
-    except (ConfigError, CheckpointError) as error:
+    except (ConfigError, CheckpointError, StrategyParamsError) as error:
         log(logging.ERROR, "%s", error)
         write_status(out_dir, "failed", str(error))
         raise SystemExit(f"clusterfed: {error}") from None

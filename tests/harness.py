@@ -18,11 +18,15 @@ def theta0(value: float = 0.0) -> Arrays:
     return {name: np.full(shape, value, dtype=np.float32) for name, shape in SHAPES.items()}
 
 
-def make(cls, groups: dict[str, int], *, examples: dict[str, int] | None = None, stats=None, **config):
-    """An initialised algorithm knowing ``groups`` (key -> true group) as active clients."""
-    values = {"num-clients": len(groups), "out-dir": "/tmp/unused"}
+def make(cls, groups: dict[str, int], *, examples: dict[str, int] | None = None, stats=None, lr: float = 0.05,
+         **config):
+    """An initialised algorithm knowing ``groups`` (key -> true group) as active clients.
+    ``config``: run-config keys in snake case, flat (today's) or the strategy's own."""
+    values = {"num-clients": len(groups), "out-dir": "/tmp/unused", "strategy": cls.name}
     values.update({k.replace("_", "-"): v for k, v in config.items()})
-    algorithm = cls(parse_config(values))
+    algorithm = parse_config(values).build_strategy()
+    assert type(algorithm) is cls
+    algorithm.train_config = {"lr": lr, "local-epochs": 1}
     algorithm.init(theta0())
     for key, group in groups.items():
         algorithm.clients[key] = ClientInfo(key, (examples or {}).get(key, 50), group, dict((stats or {}).get(key, {})))
@@ -92,9 +96,9 @@ def capture_algorithms(monkeypatch) -> list:
     captured = []
 
     def capture(config, recorder=None, **kwargs):
-        runner = build_runner(config, recorder, **kwargs)
-        captured.append(runner.algorithm)
-        return runner
+        strategy = build_runner(config, recorder, **kwargs)
+        captured.append(strategy)
+        return strategy
 
     monkeypatch.setattr(server_app, "build_runner", capture)
     return captured

@@ -186,56 +186,29 @@ def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine
 
 # --------------------------------------------------------------------------- no silent FedAvg
 
-ONE_CLUSTER_REASONS = {
-    "cfl": {
-        "criteria": "split criteria never met: the cluster was never both near-stationary "
-                    "(mean-update norm < rel-eps1 × its peak) and heterogeneous (max norm > rel-eps2 × mean norm)",
-        "silhouette": "every proposed split refused by the structure test: best-cut silhouette below split-min-silhouette",
-        "size": "too few members or replies to split (min-split-size) or the run ended before min-split-round",
-    },
-    "layercfl": {
-        "criteria": "split criteria never met (as CFL)",
-        "silhouette": "every proposed split refused by the structure test on the selected layers",
-        "check": "every proposed split refused by the correct-clustering check: estimated γ_max above "
-                 "sqrt((1 − α_cross_max)/2)",
-        "size": "too few members or replies to split, or the run ended before min-split-round",
-    },
-    "hicfl": {
-        "stability": "split timing never met: on every layer the windowed stability (of every member or of the "
-                     "median member, hicfl-timing) stayed at or above ε",
-        "window": "stability windows never filled (fewer than window + 2 rounds in a cluster)",
-        "agree": "stability fired but the members' updates agree (not heterogeneous)",
-        "one_side": "stability fired but every proposed split left a side with fewer than hicfl-min-side members (or, with the reference rule, everyone on one side)",
-        "silhouette": "stability fired but every proposed split was refused by the structure test (hicfl-min-silhouette)",
-        "size": "too few members or replies to split, or the run ended before min-split-round",
-    },
-}
-
-
 MERGED_BACK = "every split was undone by merging: the clusters' updates became indistinguishable"
 
 
-def one_cluster_reason(strategy: str, refusals: Sequence[str], could_split: bool = True, splits: int = 0) -> str:
+def one_cluster_reason(reasons: dict[str, str], refusals: Sequence[str], could_split: bool = True, splits: int = 0,
+                       timing: str = "criteria") -> str:
     """The sentence to report when a bi-partitioning run ends with one cluster.
 
-    ``refusals``: the reason codes of every refused/failed split attempt (keys of
-    ``ONE_CLUSTER_REASONS[strategy]``); none means the timing criterion (CFL's criteria /
-    HiCFL's stability) never held. ``could_split``: whether size and round rules ever
-    allowed a split; ``splits``: how many splits were made (all merged back). The most
-    frequent refusal is reported, with all counts.
+    ``reasons``: the strategy's reason code -> sentence (each strategy module declares its
+    own). ``refusals``: the reason codes of every refused/failed split attempt; none means
+    the timing criterion (code ``timing``: CFL's criteria, HiCFL's stability) never held.
+    ``could_split``: whether size and round rules ever allowed a split (else code
+    ``size``); ``splits``: how many splits were made (all merged back). The most frequent
+    refusal is reported, with all counts.
     """
-    table = ONE_CLUSTER_REASONS.get(strategy)
-    if table is None:
-        raise ValueError(f"no reasons for strategy {strategy!r}")
     if splits:  # split, then merged back into one cluster
         return f"{MERGED_BACK} ({splits} splits)"
     if not could_split:
-        return table["size"]
+        return reasons["size"]
     if not refusals:
-        return table["stability" if strategy == "hicfl" else "criteria"]
+        return reasons[timing]
     counts: dict[str, int] = {}
     for r in refusals:
         counts[r] = counts.get(r, 0) + 1
     top = max(counts, key=lambda k: counts[k])
     detail = ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return f"{table.get(top, top)} ({detail})"
+    return f"{reasons.get(top, top)} ({detail})"

@@ -70,7 +70,7 @@ def plot_run(out_dir: str | Path) -> list[Path]:
 
     written += plot_clustering_figures(out)
     written += plot_split_figures(out)
-    if config.get("strategy") == "selection":
+    if any(r.get("p") is not None for r in rounds):  # a strategy that records a cluster count p per round
         from clusterfed.plots.selection import plot_cluster_count
 
         if plot_cluster_count(rounds, out / "cluster_count.png", title):

@@ -3,7 +3,8 @@
 Syntax and ranges are checked by the config schema; here: the partition is feasible for
 the chosen data set (when the server has the data: in simulation, or a deployment whose
 server holds it too), the output folder can be written, the model fits the data set, a
-checkpoint to resume from is usable, and keys the chosen strategy does not read are named.
+checkpoint to resume from is usable. (Keys the chosen strategy does not read are named
+when the config is parsed.)
 """
 
 from __future__ import annotations
@@ -14,17 +15,8 @@ from pathlib import Path
 
 from flwr.supercore import log
 
-from clusterfed.config import STRATEGY_KEYS, ConfigError, RunConfig, config_defaults
+from clusterfed.config import ConfigError, RunConfig
 from clusterfed.datasets.shapes import DATASET_SHAPES
-
-
-def ignored_keys(config: RunConfig) -> list[str]:
-    """Strategy-specific keys set away from their default that the chosen strategy does not read."""
-    from clusterfed.strategies import strategy_class
-
-    reads = set(getattr(strategy_class(config.strategy), "reads", ()))
-    values, defaults = config.to_flower(), config_defaults()
-    return sorted(k for k in STRATEGY_KEYS if k not in reads and values[k] != defaults[k])
 
 
 def check_partition(config: RunConfig) -> str | None:
@@ -96,8 +88,6 @@ def preflight(config: RunConfig):
     if problems:
         raise ConfigError("; ".join(problems) if len(problems) == 1 else
                           f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
-    for key in ignored_keys(config):
-        log(logging.WARNING, "config key %r is ignored: strategy %r does not read it", key, config.strategy)
     if config.fraction_evaluate < config.target_coverage:
         log(logging.WARNING, "fraction-evaluate %.2f < target-coverage %.2f: no round can count towards "
             "rounds_to_target; lower target-coverage", config.fraction_evaluate, config.target_coverage)

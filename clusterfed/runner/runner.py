@@ -1,114 +1,202 @@
-"""The round runner: the only server code that speaks Flower.
+"""The round driver: the only server code that speaks Flower on a strategy's behalf.
 
-It owns node discovery and profiling, sending each client its payload, collecting replies
-within the round ``timeout``, validation, byte and fault counting, evaluation, recording
-and checkpoints. The algorithm (``clusterfed.strategies``) decides what each client is
-asked for and folds validated replies into its state; it never sees a message.
+``ClusteredStrategy.start`` hands itself to a ``RoundDriver``, which owns node discovery
+and profiling, sending each client its payload, collecting replies within the round
+``timeout``, validation, byte and fault counting, evaluation, recording and checkpoints.
+The strategy decides what each client is asked for and folds validated replies into its
+state; it never sees a message.
 
 Why not Flower's ``Strategy.start`` loop: it threads one ArrayRecord through
 configure/aggregate and sends every sampled node the same content. Clustered FL sends
 each client its own cluster's model, asks some clients for partial layers, and needs a
 profile query before the first send; the loop below does that with Flower's Grid,
-Message and records, and is itself a Flower ``Strategy`` so it plugs in where one does.
+Message and records.
+
+Stock Flower ClientApps (no profile query, full weights back, Flower's metric names) are
+served too: a node that answers the profile query with "no query function registered" is
+keyed by its node id (``node-<id>``), its replies are taken as full weights, and the
+arrays the strategy asked for are sliced from them here.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from clusterfed import protocol
-from clusterfed.config import RunConfig
 from clusterfed.results import EvalRow, RunRecorder, Traffic
 from clusterfed.runner.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from clusterfed.runner.transport import push_and_collect
 from clusterfed.runner.validation import ReplyRejected, parse_eval_reply, parse_profile_reply, parse_train_reply
-from clusterfed.strategies.base import Algorithm
-from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo, Replies, natural
+from clusterfed.strategies.base import CAPABILITIES, ClusteredResult, StrategyParamsError, mean_train_loss
+from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo, Replies, TrainReply, natural
+
+if TYPE_CHECKING:
+    from clusterfed.strategies.base import ClusteredStrategy
 
 # the held-back newcomers of a simulation are drawn with their own seed, apart from the
 # algorithm's sampling
 NEWCOMER_SEED_OFFSET = 7919
+# Flower's ClientApp answers a message type it has no function for with this error
+NO_PROFILE_HANDLER = "No query function registered"
+STOCK_KEY_PREFIX = "node-"
 
 
-class ClusteredRunner(Strategy):
-    """Drives one ``Algorithm`` over a Flower Grid for ``rounds`` rounds."""
+@dataclass
+class RunOptions:
+    """What an application adds around a strategy (the built-in app sets all of them; a
+    user's own ServerApp needs none): recording, checkpoints, membership, simulated
+    newcomers."""
 
-    def __init__(self, config: RunConfig, algorithm: Algorithm, recorder: RunRecorder | None = None,
-                 *, deployment: bool = False):
-        self.config = config
-        # deployment: nodes come and go; a client unreachable in ``absent-after`` consecutive
-        # rounds is marked absent (simulation: the federation is fixed, faults are counted only)
-        self.deployment = deployment
+    recorder: RunRecorder | None = None
+    deployment: bool | None = None  # None: a grid that is not a simulation's is a deployment
+    checkpoint: bool = False  # write the full state after every round into the recorder's folder
+    resume_from: str = ""
+    absent_after: int = 2
+    newcomer_fraction: float = 0.0
+    newcomer_round: int = 10
+    seed: int = 0
+    # the flat run config a checkpoint is checked against on resume
+    run_config: dict[str, Any] = field(default_factory=dict)
+    # evaluation metric that the recorder reports as the round's metric (the task's declared one)
+    metric: str = "accuracy"
+
+
+def is_simulation(grid: Grid) -> bool:
+    """Flower's in-memory grid (``flwr run`` on a simulation federation, ``run_simulation``)
+    or our in-process grid: a fixed federation."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    return isinstance(grid, InMemoryGrid) or getattr(grid, "nothing_in_flight", None) is not None
+
+
+class RoundDriver:
+    """Drives one ``ClusteredStrategy`` over a Flower Grid for ``num_rounds`` rounds."""
+
+    def __init__(self, strategy: ClusteredStrategy, options: RunOptions | None = None):
+        self.options = options or RunOptions(seed=strategy.params.seed)
+        self.strategy = self.algorithm = strategy
+        self.recorder = self.options.recorder
+        self.deployment = bool(self.options.deployment)
         self.misses: dict[str, int] = {}
         self.absent: set[str] = set()
         self.answered: set[str] = set()
         self.messaged: set[str] = set()
         self.lags: list[float] = []  # seconds from a reply's creation to its pick-up, this round
-        self.algorithm = algorithm
-        self.recorder = recorder
-        self.flower_config = config.to_flower()
-        self.clients: dict[str, ClientInfo] = {}
+        self.clients: dict[str, ClientInfo] = strategy.clients
+        self.stock: set[str] = set()  # keys of stock Flower ClientApps (no profile query)
         self.node_of_key: dict[str, int] = {}
         self.key_of_node: dict[int, str] = {}
         self.held_back: set[str] = set()
         self.shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self.traffic = Traffic()
         self.grid: Grid | None = None
+        self.timeout = 3600.0
+        self.train_config: dict[str, Any] = {}
+        self.evaluate_config: dict[str, Any] = {}
+        self.round_train_metrics: list[tuple[int, dict[str, float]]] = []
+        self.round_eval_metrics: list[tuple[int, dict[str, float]]] = []
         self.completed_rounds = 0
-        algorithm.clients = self.clients
+        self.pending_asks: dict[str, Ask] = {}
 
     # ------------------------------------------------------------ the loop
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Any = None) -> Result:
-        self.grid = grid
+              evaluate_fn: Any = None) -> ClusteredResult:
+        self.grid, self.timeout = grid, float(timeout)
+        if self.options.deployment is None:
+            self.deployment = not is_simulation(grid)
+        self.train_config = dict(train_config or {})
+        self.evaluate_config = dict(evaluate_config or {})
+        self.strategy.check_train_config(self.train_config)
+        self.strategy.train_config = self.train_config
         theta0 = protocol.from_array_record(initial_arrays)
         self.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
+        self.wait_for_nodes()
         first_round = 1
-        if self.config.resume_from:
-            first_round = self.resume(self.config.resume_from) + 1
+        if self.options.resume_from:
+            first_round = self.resume(self.options.resume_from) + 1
         else:
-            self.algorithm.init(theta0)
-        result = Result()
+            self.strategy.init(theta0)
+        result = ClusteredResult()
         for server_round in range(first_round, num_rounds + 1):
             started = time.perf_counter()
             self.traffic = Traffic()
+            self.round_train_metrics, self.round_eval_metrics = [], []
             self.release_newcomers(server_round)
             self.answered, self.messaged, self.lags = set(), set(), []
             self.discover(server_round)
-            self.algorithm.active = self.active_keys()
-            self.drive(server_round, self.algorithm.round(server_round))
+            if server_round == first_round:
+                self.check_capabilities()
+            self.strategy.active = self.active_keys()
+            self.drive(server_round, self.strategy.round(server_round))
             evals = self.evaluate(server_round)
             self.update_absence(server_round)
-            extra = dict(self.algorithm.round_extra)
+            extra = dict(self.strategy.round_extra)
             if self.deployment and self.lags:
                 extra["reply_lag_seconds"] = round(float(np.mean(self.lags)), 3)
-            result.train_metrics_clientapp[server_round] = MetricRecord(
-                {"replies": self.traffic.transmissions, "train-loss": extra.get("train_loss") or 0.0})
+            result.train_metrics_clientapp[server_round] = weighted_metrics(self.round_train_metrics)
+            result.evaluate_metrics_clientapp[server_round] = weighted_metrics(self.round_eval_metrics)
+            if evaluate_fn is not None:
+                server_metrics = evaluate_fn(server_round, self.largest_cluster_record())
+                if server_metrics is not None:
+                    result.evaluate_metrics_serverapp[server_round] = server_metrics
             if self.recorder is not None:
-                record = self.record(server_round, evals, time.perf_counter() - started, extra)
-                result.evaluate_metrics_clientapp[server_round] = MetricRecord(
-                    {k: float(v) for k, v in record.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+                self.record(server_round, evals, time.perf_counter() - started, extra)
             self.completed_rounds = server_round
-            if self.config.checkpoint and self.recorder is not None:
+            if self.options.checkpoint and self.recorder is not None:
                 save_checkpoint(self.recorder.out, self.checkpoint_state(server_round))
-        result.arrays = protocol.to_array_record(
-            {f"c{cluster}.{name}": value for cluster, model in self.algorithm.cluster_models().items()
-             for name, value in model.items()})
+        models = self.strategy.cluster_models()
+        result.cluster_arrays = {c: protocol.to_array_record(m) for c, m in sorted(models.items())}
+        result.arrays = self.largest_cluster_record()
+        result.assignment = dict(self.strategy.assignment)
+        result.clustering = self.strategy.final_clusters()
         return result
 
+    def largest_cluster_record(self) -> ArrayRecord:
+        """The model of the cluster with the most clients (ties: the lowest id)."""
+        models = self.strategy.cluster_models()
+        if not models:
+            return ArrayRecord()
+        sizes = {c: 0 for c in models}
+        for cluster in self.strategy.assignment.values():
+            if cluster in sizes:
+                sizes[cluster] += 1
+        return protocol.to_array_record(models[max(sorted(sizes), key=lambda c: sizes[c])])
+
+    def wait_for_nodes(self) -> None:
+        """Wait up to the timeout until ``min-available-nodes`` nodes are connected."""
+        needed = self.strategy.params.min_available_nodes
+        if not needed:
+            return
+        deadline = time.monotonic() + self.timeout
+        while (online := len(list(self.grid.get_node_ids()))) < needed:
+            if time.monotonic() >= deadline:
+                raise StrategyParamsError(f"only {online} of min-available-nodes = {needed} nodes connected "
+                                          f"within {self.timeout:g} s")
+            time.sleep(1.0)
+
+    def check_capabilities(self) -> None:
+        """Before round 1: a strategy that needs more than a stock ClientApp gives stops with
+        one message naming the capability and the stock clients."""
+        needed = self.strategy.requires()
+        if needed and self.stock:
+            what = "; ".join(CAPABILITIES[c] for c in sorted(needed))
+            nodes = ", ".join(sorted(self.stock, key=natural)[:5]) + (" …" if len(self.stock) > 5 else "")
+            raise StrategyParamsError(
+                f"strategy {self.strategy.name!r} needs clients capable of {what}, but {len(self.stock)} client(s) "
+                f"answer as a stock Flower ClientApp (no profile query): {nodes}. Build the ClientApp with "
+                f"clusterfed.client (see the README, 'Use clusterfed in your own Flower app').")
+
     def drive(self, server_round: int, steps) -> None:
-        """Run one round of the algorithm: each list of asks it yields is sent, and the
+        """Run one round of the strategy: each list of asks it yields is sent, and the
         validated replies are sent back into it, until the round is done."""
         try:
             asks = next(steps)
@@ -120,10 +208,10 @@ class ClusteredRunner(Strategy):
     def record(self, server_round: int, evals: list[EvalRow], seconds: float, extra: dict[str, Any]) -> dict[str, Any]:
         active = self.active_keys()
         groups = {k: self.clients[k].true_group for k in active}
-        assignment = {k: self.algorithm.assignment[k] for k in active if k in self.algorithm.assignment}
+        assignment = {k: self.strategy.assignment[k] for k in active if k in self.strategy.assignment}
         return self.recorder.record_round(
             server_round, evals=evals, assignment=assignment, true_groups=groups, traffic=self.traffic,
-            round_seconds=seconds, clustering_seconds=self.algorithm.clustering_seconds, extra=extra,
+            round_seconds=seconds, clustering_seconds=self.strategy.clustering_seconds, extra=extra,
             clients_known=len(active), clients_absent=len(self.absent),
         )
 
@@ -144,18 +232,25 @@ class ClusteredRunner(Strategy):
                 self.misses[key] = 0
                 continue
             self.misses[key] = self.misses.get(key, 0) + 1
-            if self.misses[key] >= self.config.absent_after and key not in self.absent:
+            if self.misses[key] >= self.options.absent_after and key not in self.absent:
                 self.absent.add(key)
                 log(logging.WARNING, "round %s: client %s unreachable in %d rounds in a row: marked absent",
                     server_round, key, self.misses[key])
+
+    def profile_config(self, server_round: int) -> dict[str, Any]:
+        config = dict(self.train_config)
+        config.update({"server-round": server_round, "label-stats": "label-stats" in self.strategy.requires()
+                       or getattr(self.strategy, "wants_label_stats", False)})
+        return config
 
     def discover(self, server_round: int) -> None:
         """Profile nodes seen for the first time: stable key, size, label stats. A node
         whose key is known (a restarted device, a resumed run) takes that client's place,
         unless the key's node is listed and answered in its last round (a duplicate key).
-        Deployment: nodes that join after the first round are profiled here and then
-        placed by the algorithm's ``admit``; an absent client's node that is still listed
-        is asked again."""
+        A node that answers with "no query function registered" is a stock Flower
+        ClientApp: keyed by its node id. Deployment: nodes that join after the first round
+        are profiled here and then placed by the algorithm's ``admit``; an absent client's
+        node that is still listed is asked again."""
         live = list(self.grid.get_node_ids())
         new_nodes = [n for n in live if n not in self.key_of_node]
         # an absent client's node that Flower still lists is asked again: it may be back
@@ -164,12 +259,10 @@ class ClusteredRunner(Strategy):
         new_nodes += sorted(probes - set(new_nodes))
         if not new_nodes:
             return
-        config = protocol.client_spec(self.flower_config)
-        config.update({"server-round": server_round,
-                       "label-stats": self.algorithm.wants_label_stats and self.config.share_label_stats})
+        config = self.profile_config(server_round)
         messages = [Message(RecordDict({protocol.CONFIG: protocol.config_record(config)}), dst_node_id=node,
                             message_type=protocol.PROFILE_QUERY, group_id=str(server_round)) for node in new_nodes]
-        message_ids, replies = push_and_collect(self.grid, messages, self.config.timeout, self.lags)
+        message_ids, replies = push_and_collect(self.grid, messages, self.timeout, self.lags)
         node_of_message = dict(zip(message_ids, new_nodes))
         first_contact = not self.clients
         reasons = []
@@ -177,6 +270,11 @@ class ClusteredRunner(Strategy):
         for reply in replies:
             node = node_of_message[reply.metadata.reply_to_message_id]
             answered.add(node)
+            if reply.has_error() and NO_PROFILE_HANDLER in reply.error.reason:
+                info = ClientInfo(f"{STOCK_KEY_PREFIX}{node}", 1, -1)  # size learnt from its first train reply
+                self.stock.add(info.key)
+                self.admit_node(server_round, node, info)
+                continue
             if reply.has_error() and node in probes:
                 log(logging.DEBUG, "absent client's node %s still unreachable: %s", node, reply.error.reason)
                 continue
@@ -198,29 +296,34 @@ class ClusteredRunner(Strategy):
                 self.reject(server_round, f"node {node}", error)
                 reasons.append(str(error))
                 continue
-            self.key_of_node.pop(self.node_of_key.get(info.key, -1), None)
-            if info.key in self.absent or self.node_of_key.get(info.key) not in (None, node):
-                log(logging.INFO, "round %s: client %s is back on node %s", server_round, info.key, node)
-            self.absent.discard(info.key)
-            self.misses[info.key] = 0
-            self.clients[info.key] = info
-            self.node_of_key[info.key] = node
-            self.key_of_node[node] = info.key
+            self.admit_node(server_round, node, info)
         for node in new_nodes:
             if node not in answered and node not in probes:
                 self.traffic.failures += 1
                 self.traffic.fault("timeout")
         if first_contact and not self.clients:
             raise RuntimeError(f"no client could load its data; the first error: {reasons[0] if reasons else 'no reply'}")
-        if first_contact and self.config.newcomer_fraction > 0:
+        if first_contact and self.options.newcomer_fraction > 0:
             keys = sorted(self.clients, key=natural)
-            count = int(round(self.config.newcomer_fraction * len(keys)))
-            rng = np.random.default_rng(self.config.seed + NEWCOMER_SEED_OFFSET)
+            count = int(round(self.options.newcomer_fraction * len(keys)))
+            rng = np.random.default_rng(self.options.seed + NEWCOMER_SEED_OFFSET)
             self.held_back = {keys[i] for i in rng.choice(len(keys), size=count, replace=False)}
+
+    def admit_node(self, server_round: int, node: int, info: ClientInfo) -> None:
+        self.key_of_node.pop(self.node_of_key.get(info.key, -1), None)
+        if info.key in self.absent or self.node_of_key.get(info.key) not in (None, node):
+            log(logging.INFO, "round %s: client %s is back on node %s", server_round, info.key, node)
+        self.absent.discard(info.key)
+        self.misses[info.key] = 0
+        if info.key in self.clients and info.key in self.stock:
+            info = self.clients[info.key]  # keep the size learnt from its replies
+        self.clients[info.key] = info
+        self.node_of_key[info.key] = node
+        self.key_of_node[node] = info.key
 
     def release_newcomers(self, server_round: int) -> None:
         """Simulated newcomers (``newcomer-fraction``) join at ``newcomer-round``."""
-        if self.held_back and server_round >= self.config.newcomer_round:
+        if self.held_back and server_round >= self.options.newcomer_round:
             log(logging.INFO, "round %s: %d newcomers join", server_round, len(self.held_back))
             self.held_back = set()
 
@@ -254,7 +357,7 @@ class ClusteredRunner(Strategy):
             self.messaged.add(key)
         if not messages:
             return {}, 0
-        message_ids, replies = push_and_collect(self.grid, messages, self.config.timeout, self.lags)
+        message_ids, replies = push_and_collect(self.grid, messages, self.timeout, self.lags)
         key_of_message = dict(zip(message_ids, keys))
         out: dict[str, RecordDict] = {}
         bytes_up = 0
@@ -284,39 +387,43 @@ class ClusteredRunner(Strategy):
             self.traffic.fault("timeout")
         return out, bytes_up
 
-    def base_config(self, server_round: int) -> dict[str, Any]:
-        config = protocol.client_spec(self.flower_config)
-        config["server-round"] = server_round
-        return config
-
     def train(self, server_round: int, asks: list[Ask]) -> Replies:
         """Send the asks; the validated replies in send order (rejections recorded)."""
         plan = {}
         for ask in asks:
-            plan[ask.key] = (ask.model, {**self.base_config(server_round), **ask.config})
+            plan[ask.key] = (ask.model, {**self.train_config, **ask.config})
         received, bytes_up = self.exchange(server_round, plan, MessageType.TRAIN)
         replies = Replies(bytes_up=bytes_up)
         for ask in asks:
             if ask.key not in received:
                 continue
             try:
-                replies.append(parse_train_reply(received[ask.key], ask, self.shapes))
+                reply = parse_train_reply(received[ask.key], ask, self.shapes, stock=ask.key in self.stock)
             except ReplyRejected as error:
                 self.reject(server_round, ask.key, error)
+                continue
+            if ask.key in self.stock:  # a stock client's size is known from its replies only
+                self.clients[ask.key].num_examples = reply.num_examples
+            if ask.config.get("phase") == "train":
+                self.round_train_metrics.append((reply.num_examples, reply.metrics))
+            replies.append(reply)
         return replies
 
     def evaluate(self, server_round: int) -> list[EvalRow]:
-        models = self.algorithm.evaluation_models(server_round)
-        plan = {key: (model, {**self.base_config(server_round), "phase": "evaluate", "cluster-id": cluster})
+        models = self.strategy.evaluation_models(server_round)
+        plan = {key: (model, {**self.evaluate_config, "server-round": server_round, "phase": "evaluate",
+                              "cluster-id": cluster})
                 for key, (cluster, model) in models.items()}
         received, _ = self.exchange(server_round, plan, MessageType.EVALUATE)
         rows = []
         for key, content in received.items():
             try:
-                accuracy, loss, n = parse_eval_reply(content, key)
+                metrics, n = parse_eval_reply(content, key)
             except ReplyRejected as error:
                 self.reject(server_round, key, error)
                 continue
+            self.round_eval_metrics.append((n, metrics))
+            accuracy, loss = metric_value(metrics, self.options.metric), metric_value(metrics, "loss")
             rows.append(EvalRow(key, models[key][0], self.clients[key].true_group, accuracy, loss, n))
         return rows
 
@@ -329,23 +436,26 @@ class ClusteredRunner(Strategy):
     def checkpoint_state(self, server_round: int) -> dict[str, Any]:
         return {
             "round": server_round,
-            "config": self.flower_config,
+            "config": self.options.run_config,
             "model_shapes": {k: (list(s), str(d)) for k, (s, d) in self.shapes.items()},
-            "algorithm": self.algorithm.get_state(),
+            "algorithm": self.strategy.get_state(),
             "clients": self.clients,
+            "stock": sorted(self.stock),
             "held_back": sorted(self.held_back),
             "absent": sorted(self.absent),
             "misses": dict(self.misses),
             "recorder": self.recorder.state() if self.recorder is not None else None,
         }
 
-    def resume(self, directory: str | Path) -> int:
+    def resume(self, directory: str) -> int:
         """Restore the state saved after a round; returns that round."""
         state = load_checkpoint(directory)
-        check_compatible(state, self.flower_config, {k: (list(s), str(d)) for k, (s, d) in self.shapes.items()})
-        self.algorithm.set_state(state["algorithm"])
+        check_compatible(state, self.options.run_config,
+                         {k: (list(s), str(d)) for k, (s, d) in self.shapes.items()})
+        self.strategy.set_state(state["algorithm"])
         self.clients.clear()
         self.clients.update(state["clients"])
+        self.stock = set(state.get("stock", ()))
         self.held_back = set(state["held_back"])
         self.absent = set(state.get("absent", ()))
         self.misses = dict(state.get("misses", {}))
@@ -354,19 +464,95 @@ class ClusteredRunner(Strategy):
         log(logging.INFO, "resumed from %s after round %s", directory, state["round"])
         return int(state["round"])
 
-    # ------------------------------------------------- Flower Strategy methods
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        raise NotImplementedError("the runner sends each client its cluster's model in start()")
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        raise NotImplementedError("the algorithm aggregates per cluster; see Algorithm.aggregate_clusters")
+# ---------------------------------------------------------------- metrics
+# names a stock Flower ClientApp (quickstart-pytorch) reports for the same quantities
+METRIC_ALIASES = {"accuracy": ("eval-accuracy", "eval_acc", "eval_accuracy", "accuracy"),
+                  "loss": ("eval-loss", "eval_loss", "loss")}
 
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        raise NotImplementedError("the runner evaluates each client on its cluster's model in start()")
 
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        raise NotImplementedError("see ClusteredRunner.evaluate")
+def metric_value(metrics: dict[str, float], name: str) -> float | None:
+    """The value of the declared metric ``name`` (``accuracy``, ``loss``, or any reply key)."""
+    for key in METRIC_ALIASES.get(name, ()) + (name, f"eval-{name}", f"eval_{name}"):
+        if key in metrics:
+            return float(metrics[key])
+    return None
 
-    def summary(self) -> None:
-        log(logging.INFO, "%s: %d clusters over %d clients", self.algorithm.name,
-            len(set(self.algorithm.assignment.values())), len(self.algorithm.assignment))
+
+def weighted_metrics(rows: list[tuple[int, dict[str, float]]]) -> MetricRecord:
+    """Each metric averaged over the replies by their num-examples, as Flower's FedAvg does;
+    ``num-examples`` is the total."""
+    return average_metrics([{**m, "num-examples": n} for n, m in rows])
+
+
+def average_metrics(records: list) -> MetricRecord:
+    total = sum(int(r.get("num-examples", 0)) for r in records)
+    if not total:
+        return MetricRecord({})
+    sums: dict[str, float] = {}
+    for record in records:
+        n = int(record.get("num-examples", 0))
+        for key, value in record.items():
+            if key != "num-examples" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                sums[key] = sums.get(key, 0.0) + n * float(value)
+    out = {key: value / total for key, value in sums.items()}
+    out["num-examples"] = total
+    return MetricRecord(out)
+
+
+# ------------------------------------------------- Flower's single-phase hooks
+def _driver(strategy: ClusteredStrategy, grid: Grid) -> RoundDriver:
+    if strategy.driver is None or strategy.driver.grid is not grid:
+        driver = strategy.driver = RoundDriver(strategy, strategy.run_options)
+        driver.grid = grid
+        if not strategy.models:
+            raise StrategyParamsError("configure_train/configure_evaluate need an initialised strategy: "
+                                      "call strategy.init(arrays) first, or use start()")
+    return strategy.driver
+
+
+def train_messages(strategy: ClusteredStrategy, server_round: int, config: dict, grid: Grid) -> list[Message]:
+    """The train messages of ``Strategy.configure_train``: each placed trainer its cluster's model."""
+    driver = _driver(strategy, grid)
+    driver.train_config = config
+    driver.discover(server_round)
+    strategy.active = driver.active_keys()
+    unplaced = [k for k in strategy.active if k not in strategy.assignment]
+    if unplaced and (placing := strategy.admit(server_round, unplaced)) is not None:
+        placing.close()  # placing needs clustering phases, which start() runs: they wait
+    driver.pending_asks = {ask.key: ask for ask in strategy.train_asks(server_round, strategy.select_trainers(server_round))}
+    return [Message(RecordDict({protocol.ARRAYS: protocol.to_array_record(ask.model),
+                                protocol.CONFIG: protocol.config_record({**config, **ask.config})}),
+                    dst_node_id=driver.node_of_key[ask.key], message_type=MessageType.TRAIN, group_id=str(server_round))
+            for ask in driver.pending_asks.values()]
+
+
+def aggregate_train_messages(strategy: ClusteredStrategy, server_round: int,
+                             replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    driver = strategy.driver
+    asks = getattr(driver, "pending_asks", {}) if driver is not None else {}
+    good: list[TrainReply] = []
+    for message in replies:
+        key = driver.key_of_node.get(message.metadata.src_node_id) if driver else None
+        if key not in asks or message.has_error():
+            continue
+        try:
+            good.append(parse_train_reply(message.content, asks[key], driver.shapes or strategy.shapes,
+                                          stock=key in driver.stock))
+        except ReplyRejected as error:
+            driver.reject(server_round, key, error)
+    strategy.aggregate_clusters(good)
+    strategy.after_train(server_round, good)
+    strategy.round_extra["train_loss"] = mean_train_loss(good)
+    return driver.largest_cluster_record(), weighted_metrics([(r.num_examples, r.metrics) for r in good])
+
+
+def evaluate_messages(strategy: ClusteredStrategy, server_round: int, config: dict, grid: Grid) -> list[Message]:
+    driver = _driver(strategy, grid)
+    models = strategy.evaluation_models(server_round)
+    return [Message(RecordDict({protocol.ARRAYS: protocol.to_array_record(model),
+                                protocol.CONFIG: protocol.config_record(
+                                    {**config, "server-round": server_round, "phase": "evaluate",
+                                     "cluster-id": cluster})}),
+                    dst_node_id=driver.node_of_key[key], message_type=MessageType.EVALUATE, group_id=str(server_round))
+            for key, (cluster, model) in models.items()]

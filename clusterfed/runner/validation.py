@@ -57,8 +57,13 @@ def _check_key(content: RecordDict, key: str) -> None:
         raise ReplyRejected(f"reply names client-key {client.get('client-key')!r}, expected {key!r}", "identity")
 
 
-def parse_train_reply(content: RecordDict, ask: Ask, shapes: dict[str, tuple[tuple[int, ...], np.dtype]]) -> TrainReply:
-    """The validated reply to ``ask``: exactly the arrays it asked for, finite, right shapes."""
+def parse_train_reply(content: RecordDict, ask: Ask, shapes: dict[str, tuple[tuple[int, ...], np.dtype]],
+                      *, stock: bool = False) -> TrainReply:
+    """The validated reply to ``ask``: exactly the arrays it asked for, finite, right shapes.
+
+    ``stock``: the client is a stock Flower ClientApp, which returns its full weights
+    whatever was asked: the arrays asked for are taken from them (the reply must hold the
+    whole model), and they are weights, never an update."""
     record = _record(content, protocol.ARRAYS, "names")
     metrics = _record(content, protocol.METRICS, "metrics")
     names = ask.upload or list(shapes)
@@ -69,11 +74,17 @@ def parse_train_reply(content: RecordDict, ask: Ask, shapes: dict[str, tuple[tup
         arrays = protocol.from_array_record(record)
     except Exception as error:  # a corrupt Array cannot be decoded
         raise ReplyRejected(f"arrays could not be decoded: {type(error).__name__}: {error}", "decode") from None
-    validate_arrays(arrays, {n: shapes[n] for n in names})
+    if stock:
+        validate_arrays(arrays, shapes)
+        arrays = {n: arrays[n] for n in names}
+    else:
+        validate_arrays(arrays, {n: shapes[n] for n in names})
     num_examples = _positive_int(metrics, "num-examples")
-    loss = metrics.get("train-loss", float("nan"))
-    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
+    loss = metrics.get("train-loss", metrics.get("train_loss"))
+    if loss is not None and (isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss)):
         raise ReplyRejected(f"train-loss must be a finite number, got {loss!r}", "metrics")
+    if loss is None and not stock:
+        raise ReplyRejected("reply lacks its train-loss metric", "metrics")
     _check_key(content, ask.key)
     try:  # a multi-model ask (IFCA): the model the client chose, by the index it reports
         cluster, sent = ask.chosen(metrics)
@@ -85,24 +96,30 @@ def parse_train_reply(content: RecordDict, ask: Ask, shapes: dict[str, tuple[tup
         arrays=arrays,
         sent={n: sent[n] for n in arrays},
         num_examples=num_examples,
-        train_loss=float(loss),
+        train_loss=None if loss is None else float(loss),
         metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
-        is_update=ask.config.get("return") == protocol.RETURN_UPDATE,
+        is_update=not stock and ask.config.get("return") == protocol.RETURN_UPDATE,
     )
 
 
-def parse_eval_reply(content: RecordDict, key: str) -> tuple[float, float, int]:
-    """(accuracy, loss, number of test examples) of a validated evaluate reply."""
+def parse_eval_reply(content: RecordDict, key: str) -> tuple[dict[str, float], int]:
+    """(the numeric metrics, number of test examples) of a validated evaluate reply: every
+    metric finite, an accuracy in [0, 1]."""
     metrics = _record(content, protocol.METRICS, "metrics")
-    accuracy, loss = metrics.get("eval-accuracy"), metrics.get("eval-loss")
-    for name, value in (("eval-accuracy", accuracy), ("eval-loss", loss)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ReplyRejected(f"evaluate reply lacks a number {name!r} (got {value!r})", "metrics")
-    if not (0.0 <= accuracy <= 1.0 and math.isfinite(loss)):
-        raise ReplyRejected(f"evaluate reply out of range: accuracy {accuracy}, loss {loss}", "metrics")
     num_examples = _positive_int(metrics, "num-examples")
+    values = {}
+    for name, value in metrics.items():
+        if name == "num-examples" or isinstance(value, (list, str)):
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ReplyRejected(f"evaluate reply's {name!r} must be a finite number, got {value!r}", "metrics")
+        if "acc" in name and not 0.0 <= value <= 1.0:
+            raise ReplyRejected(f"evaluate reply out of range: {name} {value}", "metrics")
+        values[name] = float(value)
+    if not values:
+        raise ReplyRejected("evaluate reply has no metric besides num-examples", "metrics")
     _check_key(content, key)
-    return float(accuracy), float(loss), num_examples
+    return values, num_examples
 
 
 def parse_profile_reply(content: RecordDict) -> ClientInfo:

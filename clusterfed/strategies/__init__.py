@@ -2,11 +2,19 @@
 
 Entries are import paths, resolved when a run starts, so a strategy's module (and what
 it imports) is loaded only when it is used. Every entry but ``flwr-fedavg`` is a
-transport-free ``Algorithm`` that the runner drives; ``flwr-fedavg`` is Flower's own
-FedAvg strategy, unchanged, kept as the reference our measurements are checked against.
+``ClusteredStrategy``; ``flwr-fedavg`` is Flower's own FedAvg, unchanged, kept as the
+reference our measurements are checked against.
+
+A strategy defined outside clusterfed runs by ``strategy = "package.module:Class"`` in a
+run config, or by name once its package declares an entry point in the
+``clusterfed.strategies`` group (``[project.entry-points."clusterfed.strategies"]
+mystrategy = "package.module:Class"``). Either must subclass ``ClusteredStrategy``.
 """
 
+from __future__ import annotations
+
 from importlib import import_module
+from importlib.metadata import entry_points
 
 REGISTRY = {
     "fedavg": "clusterfed.strategies.fedavg:FedAvg",
@@ -20,18 +28,68 @@ REGISTRY = {
     "layercfl": "clusterfed.strategies.layercfl:LayerCFL",
     "hicfl": "clusterfed.strategies.hicfl:HiCFL",
     "ifca": "clusterfed.strategies.ifca:IFCA",
-    "selection": "clusterfed.strategies.selection:Selection",
+    "selection": "clusterfed.strategies.selection:ClientSelection",
 }
+ENTRY_POINT_GROUP = "clusterfed.strategies"
 
-# driven by Flower's own loop, not by the runner
-FLOWER_STRATEGIES = ("flwr-fedavg",)
+
+class UnknownStrategyError(ValueError):
+    """The strategy name or import path cannot be resolved; the message says why."""
+
+
+def _entry_points() -> dict[str, str]:
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def strategy_names() -> list[str]:
+    """Registered names, then names from installed entry points."""
+    return list(REGISTRY) + [name for name in _entry_points() if name not in REGISTRY]
+
+
+def _load(path: str, origin: str) -> type:
+    module_name, _, attribute = path.partition(":")
+    if not module_name or not attribute:
+        raise UnknownStrategyError(f"{origin} {path!r} is not of the form 'package.module:Class'")
+    try:
+        module = import_module(module_name)
+    except ImportError as error:
+        raise UnknownStrategyError(f"{origin} {path!r}: module {module_name!r} cannot be imported ({error})") from None
+    try:
+        cls = getattr(module, attribute)
+    except AttributeError:
+        raise UnknownStrategyError(f"{origin} {path!r}: module {module_name!r} has no {attribute!r}") from None
+    return cls
 
 
 def strategy_class(name: str) -> type:
-    if name not in REGISTRY:
-        raise ValueError(f"unknown strategy {name!r}; available: {', '.join(REGISTRY)}")
-    module, attribute = REGISTRY[name].split(":")
-    return getattr(import_module(module), attribute)
+    """The class of a registered name, an entry point's name, or a ``module:Class`` path."""
+    from clusterfed.strategies.base import ClusteredStrategy
+
+    if name in REGISTRY:
+        return _load(REGISTRY[name], "strategy")
+    if ":" in name:
+        cls = _load(name, "strategy")
+    elif name in (eps := _entry_points()):
+        cls = _load(eps[name], f"entry point {name!r} =")
+    else:
+        raise UnknownStrategyError(f"unknown strategy {name!r}; available: {', '.join(strategy_names())}, "
+                                   f"or 'package.module:Class' of a ClusteredStrategy subclass")
+    if not (isinstance(cls, type) and issubclass(cls, ClusteredStrategy)):
+        raise UnknownStrategyError(f"strategy {name!r} is not a clusterfed.ClusteredStrategy subclass")
+    return cls
 
 
-__all__ = ["FLOWER_STRATEGIES", "REGISTRY", "strategy_class"]
+def clustered_classes() -> dict[str, type]:
+    """Every registered ClusteredStrategy by name (the configuration reference's order)."""
+    from clusterfed.strategies.base import ClusteredStrategy
+
+    out = {}
+    for name in REGISTRY:
+        cls = strategy_class(name)
+        if issubclass(cls, ClusteredStrategy):
+            out[name] = cls
+    return out
+
+
+__all__ = ["ENTRY_POINT_GROUP", "REGISTRY", "UnknownStrategyError", "clustered_classes", "strategy_class",
+           "strategy_names"]

@@ -48,30 +48,52 @@ pairs the ARI can be below 1; ``share-label-stats = false`` avoids it.
 from __future__ import annotations
 
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from clusterfed.clustering import cluster_within_preclusters, entropy_preclusters, linkage_matrix
-from clusterfed.strategies.base import Steps
-from clusterfed.strategies.oneshot import OneShotClustering
+from clusterfed.strategies.base import LABEL_STATS, Steps
+from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams, OneShotState, PositiveNumber
 
 _STATS = ("num-classes", "label-entropy")
 
 
+class AdaCFLParams(OneShotParams):
+    warmup_rounds: int = Field(1, alias="warmup-rounds", ge=0, description="FedAvg rounds before the clustering step")
+    share_label_stats: bool = Field(True, alias="share-label-stats",
+                                    description="clients report label counts/entropy for the pre-clustering "
+                                                "(false: no pre-clustering; a stock ClientApp then suffices)")
+    entropy_gap: float = Field(0.1, alias="entropy-gap", ge=0, description="pre-cluster gap in label entropy")
+    epsilon: PositiveNumber | Literal["auto"] = Field(
+        "auto", description='newcomer distance above which it founds a new cluster; "auto" = the largest '
+                            'distance between two cluster references')
+
+
+@dataclass
+class AdaCFLState(OneShotState):
+    warmup_cluster: int | None = None
+
+
 class AdaCFL(OneShotClustering):
+    """AdaCFL: warm-up, entropy pre-clustering, threshold clustering on the smallest fc layer."""
+
     name = "adacfl"
+    Params = AdaCFLParams
+    State = AdaCFLState
     layer_rule = "smallest-fc"
-    wants_label_stats = True
-    reads = ("cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette",
-             "warmup-rounds", "share-label-stats", "entropy-gap", "epsilon")
+
+    def requires(self) -> set[str]:
+        return {LABEL_STATS} if self.params.share_label_stats else set()
 
     def init_clusters(self) -> None:
         super().init_clusters()
-        self.warmup_cluster: int | None = None
+        self.warmup_cluster = None
 
     def newcomer_epsilon(self) -> float | None:
-        return self.config.number_or_none("epsilon")  # None: default_epsilon of the references
+        return self.params.number_or_none(self.params.epsilon)  # None: default_epsilon of the references
 
     def admit(self, server_round: int, keys: list[str]) -> Steps:
         if self.clustered:
@@ -83,7 +105,7 @@ class AdaCFL(OneShotClustering):
             self.assignment[key] = self.warmup_cluster
 
     def before_train(self, server_round: int) -> Steps:
-        if self.clustered or server_round <= self.config.warmup_rounds or self.warmup_cluster is None:
+        if self.clustered or server_round <= self.params.warmup_rounds or self.warmup_cluster is None:
             return
         keys = self.members(self.warmup_cluster)
         start = self.models[self.warmup_cluster]
@@ -98,8 +120,8 @@ class AdaCFL(OneShotClustering):
         pre, preclustering = self.preclusters(replied)
         lam, auto_info = self.threshold(X)
         labels, cuts = cluster_within_preclusters(
-            X, pre, lam, metric=self.config.distance, linkage=self.config.linkage,
-            min_silhouette=self.config.auto_min_silhouette, return_cuts=True,
+            X, pre, lam, metric=self.params.distance, linkage=self.params.linkage,
+            min_silhouette=self.params.auto_min_silhouette, return_cuts=True,
         )
         info = {**self.precluster_info(replied, X, pre, cuts, preclustering), "lambda": float(lam), **auto_info}
         self.clustering_seconds += time.perf_counter() - started
@@ -109,7 +131,7 @@ class AdaCFL(OneShotClustering):
     def threshold(self, X: np.ndarray) -> tuple[float, dict[str, Any]]:
         """λ for every pre-cluster. ``auto``: the best-silhouette cut of all clients'
         dendrogram gives one λ, used inside each pre-cluster as the paper uses its one λ."""
-        lam = self.config.number_or_none("lambda_")
+        lam = self.params.number_or_none(self.params.lambda_)
         if lam is not None:
             return lam, {}
         _, info = self.cut(X)
@@ -118,10 +140,10 @@ class AdaCFL(OneShotClustering):
     def preclusters(self, keys: list[str]) -> tuple[np.ndarray, bool]:
         """Entropy pre-cluster per client, and whether pre-clustering ran at all."""
         stats = [self.clients[key].label_stats for key in keys]
-        if not self.config.share_label_stats or any(any(s not in st for s in _STATS) for st in stats):
+        if not self.params.share_label_stats or any(any(s not in st for s in _STATS) for st in stats):
             return np.zeros(len(keys), dtype=np.int64), False
         pre = entropy_preclusters([int(st["num-classes"]) for st in stats], [st["label-entropy"] for st in stats],
-                                  gap=self.config.entropy_gap)
+                                  gap=self.params.entropy_gap)
         return pre, True
 
     def precluster_info(self, keys: list[str], X: np.ndarray, pre: np.ndarray, cuts: dict, preclustering: bool) -> dict[str, Any]:
@@ -134,7 +156,7 @@ class AdaCFL(OneShotClustering):
                 "clients": [keys[i] for i in rows],
                 "lambda": float(cuts[pid].threshold),
                 "silhouette": cuts[pid].silhouette,
-                "linkage": linkage_matrix(X[rows], metric=self.config.distance, linkage=self.config.linkage).tolist()
+                "linkage": linkage_matrix(X[rows], metric=self.params.distance, linkage=self.params.linkage).tolist()
                 if len(rows) > 1 else None,
             })
         return {

@@ -1,15 +1,32 @@
-"""The clustered algorithm base: K cluster models, assignment by stable client key,
-per-cluster training requests and aggregation. As it stands it is FedAvg (K = 1).
+"""The clustered strategy base: a Flower ``Strategy`` with K cluster models, assignment by
+stable client key, per-cluster training requests and aggregation. As it stands it is
+FedAvg (K = 1).
 
-An algorithm is transport-free (no Flower, no torch), in the style of FedJAX's
-``init``/``apply``: ``init(θ0)`` sets up the state; each round ``round(r)`` is a generator
-that yields lists of ``Ask`` (what each client is asked for) and is sent back the
-validated ``Replies``; between rounds the whole state is plain data
-(``get_state``/``set_state``), which is what checkpoints store. The runner
-(``clusterfed.runner``) alone speaks Flower: it discovers and profiles clients, sends the
-asks, validates replies, evaluates and records.
+A user constructs a strategy in their own ServerApp where ``FedAvg(...)`` stood and calls
+Flower's ``start(grid=..., initial_arrays=..., num_rounds=...)``::
 
-A strategy subclass reads like its paper's algorithm box. It overrides ``admit`` (clients
+    from clusterfed import FedClust
+    result = FedClust(fraction_train=1.0).start(grid=grid, initial_arrays=arrays, num_rounds=20)
+
+Each strategy module declares, and nothing else does:
+
+- ``Params``: its typed parameters (a pydantic model; the constructor's keyword arguments,
+  the run config's ``<name>.<param>`` keys, the generated configuration reference);
+- ``State``: everything that decides later rounds, a plain dataclass (checkpointed as
+  JSON + npz). Attributes named in ``State`` live in ``self.state``; reading or writing
+  ``self.<field>`` goes there, and setting an undeclared attribute after construction is
+  an error, so nothing the algorithm remembers can be missed by a checkpoint;
+- ``one_cluster_reasons``: what it says when it ends as FedAvg;
+- ``requires``: what it needs from clients beyond a stock Flower ClientApp.
+
+The algorithm is written in the style of FedJAX's ``init``/``apply``: ``init(θ0)`` sets
+up the state; each round ``round(r)`` is a generator that yields lists of ``Ask`` (what
+each client is asked for) and is sent back the validated ``Replies``. A strategy's own
+logic never touches a Message or the Grid: ``start`` hands the generator to the round
+driver (``clusterfed.runner.runner.RoundDriver``), which alone speaks Flower (discovery,
+profiles, sending, validation, byte and fault counting, evaluation, checkpoints).
+
+Hooks a subclass overrides, reading like its paper's algorithm box: ``admit`` (clients
 not placed yet), ``before_train`` (clustering steps before this round's training),
 ``after_train`` (steps that use this round's training replies) and ``train_instructions``.
 ``admit`` and ``before_train`` may ask clients for work: written as generators, they
@@ -20,11 +37,17 @@ nothing.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections import defaultdict
 from collections.abc import Generator, Iterable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result, Strategy
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from clusterfed.strategies.exchange import (
     RETURN_WEIGHTS,
@@ -40,6 +63,15 @@ from clusterfed.strategies.exchange import (
 
 Steps = Generator[list[Ask], Replies, Any]
 
+# capabilities a strategy may need from its clients beyond a stock Flower ClientApp
+# (train: load arrays, train, reply the full state + num-examples; evaluate: reply metrics)
+MULTI_MODEL = "multi-model"  # choose the lowest-training-loss model among K (IFCA)
+LABEL_STATS = "label-stats"  # report label statistics in the profile (AdaCFL)
+CAPABILITIES = {
+    MULTI_MODEL: "choosing the lowest-training-loss model among the K it is sent",
+    LABEL_STATS: "reporting label statistics (number of classes, label entropy) in its profile",
+}
+
 
 def steps(result: Iterable | None) -> Iterable:
     """``yield from steps(hook(...))``: a hook written as a plain method (returns None)
@@ -47,33 +79,177 @@ def steps(result: Iterable | None) -> Iterable:
     return () if result is None else result
 
 
-class Algorithm:
-    """FedAvg: one cluster, every client in it. Subclasses add clusters."""
+class StrategyParams(BaseModel):
+    """Flower's usual strategy parameters, shared by every clustered strategy. In a run
+    config they are top-level keys (``fraction-train``); a strategy's own parameters are
+    namespaced (``fedclust.lambda``)."""
 
-    name = "fedavg"
-    # run-config keys of the strategy-specific kind (config.STRATEGY_KEYS) that this
-    # strategy reads; setting another one is reported as ignored
-    reads: tuple[str, ...] = ()
-    wants_label_stats = False
-    # state the runner owns and sets each round: not part of the algorithm's state
-    RUNNER_FIELDS = ("config", "clients", "active")
+    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
 
-    def __init__(self, config):
-        self.config = config
+    fraction_train: float = Field(1.0, alias="fraction-train", gt=0, le=1,
+                                  description="share of the placed clients that train each round")
+    fraction_evaluate: float = Field(1.0, alias="fraction-evaluate", ge=0, le=1,
+                                     description="share of the placed clients evaluated each round")
+    min_available_nodes: int = Field(0, alias="min-available-nodes", ge=0,
+                                     description="start once this many nodes are connected (waits up to the timeout)")
+    seed: int = Field(0, ge=0, description="seed of the strategy's own sampling and initialisations")
+
+    @staticmethod
+    def number_or_none(value: float | str) -> float | None:
+        """A ``number | "auto"`` parameter as a float, or None for ``"auto"``."""
+        return None if value == "auto" else float(value)
+
+
+SHARED_PARAMS = tuple(StrategyParams.model_fields)
+
+
+@dataclass
+class ClusteredState:
+    """The base's state: cluster models, the client → cluster assignment, the newcomer
+    log, the start model and its shapes, the next cluster id and the sampling RNG."""
+
+    theta0: Arrays = field(default_factory=dict)
+    shapes: dict[str, tuple[tuple[int, ...], Any]] = field(default_factory=dict)
+    models: dict[int, Arrays] = field(default_factory=dict)
+    assignment: dict[str, int] = field(default_factory=dict)
+    newcomer_log: list[dict[str, Any]] = field(default_factory=list)
+    next_cluster_id: int = 0
+    rng: Any = None
+
+
+class ClusteredResult(Result):
+    """Flower's ``Result`` plus the clustering: ``cluster_arrays`` (the final model of each
+    cluster), ``assignment`` (client key → cluster) and ``clustering`` (the clustering
+    record: splits, cuts, reasons). ``arrays`` is the largest cluster's model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cluster_arrays: dict[int, ArrayRecord] = {}
+        self.assignment: dict[str, int] = {}
+        self.clustering: dict[str, Any] = {}
+
+
+class StrategyParamsError(ValueError):
+    """A strategy parameter is wrong; the message names the strategy, the parameter and what is allowed."""
+
+
+class ClusteredStrategy(Strategy):
+    """FedAvg on the clustered base: one cluster, every client in it. Subclasses add clusters."""
+
+    name: ClassVar[str] = "fedavg"
+    Params: ClassVar[type[StrategyParams]] = StrategyParams
+    State: ClassVar[type] = ClusteredState
+    # reason code -> sentence, for a run that ends with one cluster (``one_cluster_reason``)
+    one_cluster_reasons: ClassVar[dict[str, str]] = {}
+    # clusters.json keys this strategy's figures read (clusterfed.plots draws what is there)
+    figures: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, **params: Any) -> None:
+        try:
+            self.params = self.Params.model_validate(params)
+        except ValidationError as error:
+            raise StrategyParamsError(describe_errors(self.name, error)) from None
         self.clients: dict[str, ClientInfo] = {}
         self.active: list[str] = []
-        self.rng = np.random.default_rng(config.seed)
-        self.models: dict[int, Arrays] = {}
-        self.assignment: dict[str, int] = {}
-        self.newcomer_log: list[dict[str, Any]] = []
-        self.theta0: Arrays = {}
-        self.shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self.clustering_seconds = 0.0
         self.round_extra: dict[str, Any] = {}
-        self.next_cluster_id = 0
+        self.train_config: dict[str, Any] = {}
+        self.run_options = None  # clusterfed.runner.runner.RunOptions, set by an app that wants them
+        self.driver = None
+        self.state = self.State()
+        self._sealed = True
+
+    # ------------------------------------------------------------- state
+    def __getattr__(self, name: str) -> Any:
+        state = self.__dict__.get("state")
+        if state is not None and name in _fields(type(state)):
+            return getattr(state, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        state = self.__dict__.get("state")
+        if state is not None and name in _fields(type(state)):
+            setattr(state, name, value)
+            return
+        if self.__dict__.get("_sealed") and name not in self.__dict__:
+            raise AttributeError(f"{type(self).__name__}.{name} is not declared: add it to {self.State.__name__} "
+                                 f"(state, checkpointed) or set it in __init__")
+        object.__setattr__(self, name, value)
+
+    def get_state(self) -> dict[str, Any]:
+        """Everything that decides later rounds, as plain data (a deep copy of ``State``'s fields)."""
+        return copy.deepcopy({f: getattr(self.state, f) for f in _fields(type(self.state))})
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        unknown = set(state) - set(_fields(self.State))
+        if unknown:
+            raise ValueError(f"state fields {sorted(unknown)} are not part of {self.State.__name__}")
+        self.state = self.State(**copy.deepcopy(state))
+
+    def requires(self) -> set[str]:
+        """Client capabilities this configuration needs beyond a stock Flower ClientApp (``CAPABILITIES``)."""
+        return set()
+
+    def check_train_config(self, train_config: dict[str, Any]) -> None:
+        """Raise StrategyParamsError when ``train_config`` lacks what this strategy needs (before round 1)."""
+
+    # ------------------------------------------------------------- Flower
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Any = None) -> ClusteredResult:
+        """Flower's ``Strategy.start``: run ``num_rounds`` rounds on ``grid`` from
+        ``initial_arrays``. ``train_config`` / ``evaluate_config`` go to every client in every
+        train / evaluate message (as with Flower's FedAvg); ``evaluate_fn(round, arrays)``,
+        if given, is called with each cluster's model after every round and its
+        MetricRecord stored per round (the largest cluster's) in
+        ``evaluate_metrics_serverapp``. Returns Flower's Result with the clustering."""
+        from clusterfed.runner.runner import RoundDriver
+
+        self.driver = RoundDriver(self, self.run_options)
+        return self.driver.start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
+                                 train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Flower's single-phase hook: one message per trainer of this round, each with its
+        own cluster's model (clients not placed yet are left out: placing them may need
+        clustering phases, which ``start`` runs). ``arrays`` is ignored: every cluster has
+        its own model."""
+        from clusterfed.runner.runner import train_messages
+
+        return train_messages(self, server_round, dict(config), grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate the replies to ``configure_train``'s messages and average per cluster;
+        returns the largest cluster's model and the train metrics averaged by num-examples."""
+        from clusterfed.runner.runner import aggregate_train_messages
+
+        return aggregate_train_messages(self, server_round, list(replies))
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """One evaluate message per sampled placed client, with its own cluster's model."""
+        from clusterfed.runner.runner import evaluate_messages
+
+        return evaluate_messages(self, server_round, dict(config), grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The clients' evaluate metrics averaged by num-examples (as Flower's FedAvg)."""
+        from clusterfed.runner.runner import average_metrics
+
+        return average_metrics([m.content["metrics"] for m in replies if m.has_content() and "metrics" in m.content])
+
+    def summary(self) -> None:
+        from flwr.supercore import log
+        import logging
+
+        log(logging.INFO, "%s: %s", type(self).__name__,
+            ", ".join(f"{k}={v!r}" for k, v in self.params.model_dump().items()))
 
     # ------------------------------------------------------------- lifecycle
     def init(self, theta0: Arrays) -> None:
+        self.state = self.State()
+        self.rng = np.random.default_rng(self.params.seed)
         self.theta0 = {k: v.copy() for k, v in theta0.items()}
         self.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
         self.init_clusters()
@@ -88,14 +264,7 @@ class Algorithm:
         replies = yield self.train_asks(server_round, self.select_trainers(server_round))
         self.aggregate_clusters(replies)
         self.after_train(server_round, replies)
-        self.round_extra["train_loss"] = float(np.mean([r.train_loss for r in replies])) if replies else None
-
-    def get_state(self) -> dict[str, Any]:
-        """Everything that decides later rounds, as plain data (a deep copy)."""
-        return copy.deepcopy({k: v for k, v in self.__dict__.items() if k not in self.RUNNER_FIELDS})
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(copy.deepcopy(state))
+        self.round_extra["train_loss"] = mean_train_loss(replies)
 
     # ------------------------------------------------------------------ hooks
     def init_clusters(self) -> None:
@@ -121,6 +290,10 @@ class Algorithm:
         """What clusters.json holds beyond assignment and sizes."""
         return {}
 
+    def one_cluster_reason(self) -> str | None:
+        """Why the run ended with one cluster; None when it has more or one cluster is the design."""
+        return None
+
     # ---------------------------------------------------------------- helpers
     def new_cluster(self, model: Arrays) -> int:
         cluster = self.next_cluster_id
@@ -144,7 +317,7 @@ class Algorithm:
 
     def select_trainers(self, server_round: int) -> list[str]:
         """The keys that train this round: a ``fraction-train`` sample of placed clients."""
-        return self.sample(self.placed(), self.config.fraction_train)
+        return self.sample(self.placed(), self.params.fraction_train)
 
     def train_asks(self, server_round: int, keys: list[str], *, models: dict[str, Arrays] | None = None,
                    extra: dict[str, Any] | None = None, phase: str = "train") -> list[Ask]:
@@ -152,8 +325,8 @@ class Algorithm:
         asks = []
         for key in keys:
             cluster = self.assignment.get(key, -1)
-            config = {"server-round": server_round, "phase": phase, "local-epochs": self.config.local_epochs,
-                      "lr": self.config.lr, "upload": UPLOAD_FULL, "return": RETURN_WEIGHTS, "cluster-id": cluster}
+            config = {"server-round": server_round, "phase": phase, "upload": UPLOAD_FULL, "return": RETURN_WEIGHTS,
+                      "cluster-id": cluster}
             config.update(self.train_instructions(server_round, key))
             config.update(extra or {})
             asks.append(Ask(key, models[key] if models is not None else self.models[cluster], config))
@@ -172,9 +345,9 @@ class Algorithm:
     # ------------------------------------------------------------- evaluation
     def evaluation_models(self, server_round: int) -> dict[str, tuple[int, Arrays]]:
         """Who is evaluated this round, each with (its cluster, the model to test)."""
-        if self.config.fraction_evaluate <= 0:
+        if self.params.fraction_evaluate <= 0:
             return {}
-        keys = self.sample(self.placed(), self.config.fraction_evaluate)
+        keys = self.sample(self.placed(), self.params.fraction_evaluate)
         return {k: (self.assignment[k], self.eval_model(k)) for k in keys}
 
     def eval_model(self, key: str) -> Arrays:
@@ -193,8 +366,38 @@ class Algorithm:
             "newcomers": self.newcomer_log,
         }
         state.update(self.cluster_state())
+        if "one_cluster_reason" not in state and self.one_cluster_reasons:
+            state["one_cluster_reason"] = self.one_cluster_reason()
         return state
 
     def cluster_models(self) -> dict[int, Arrays]:
         """The models clients are served at the end of a run, by cluster id."""
         return self.models
+
+
+def mean_train_loss(replies: list[TrainReply]) -> float | None:
+    """Mean training loss of the replies that reported one (a stock client may not)."""
+    losses = [r.train_loss for r in replies if r.train_loss is not None]
+    return float(np.mean(losses)) if losses else None
+
+
+def _fields(cls: type) -> tuple[str, ...]:
+    cached = _FIELDS.get(cls)
+    if cached is None:
+        cached = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return cached
+
+
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def describe_errors(strategy: str, error: ValidationError) -> str:
+    """One line per problem, naming the strategy's parameter (kebab-case) and what is allowed."""
+    lines = []
+    for problem in error.errors():
+        key = ".".join(str(part) for part in problem["loc"]) or "params"
+        if problem["type"] == "extra_forbidden":
+            lines.append(f"strategy {strategy!r} has no parameter {key!r}")
+        else:
+            lines.append(f"{strategy}.{key} = {problem.get('input')!r}: {problem['msg']}")
+    return "; ".join(lines)

@@ -13,14 +13,16 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from contextlib import contextmanager
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
 from clusterfed.clustering.layercfl import CheckResult, true_group_gap
 from clusterfed.clustering.split_rules import merge_pairs, one_cluster_reason
-from clusterfed.strategies.base import Algorithm, Steps
+from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
 from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, TrainReply, natural, weighted_average
 
 SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
@@ -52,7 +54,43 @@ def check_record(check: CheckResult) -> dict[str, Any]:
             "bound": check.bound}
 
 
-class BiPartitioning(Algorithm):
+class BiPartitioningParams(StrategyParams):
+    """Split criteria, size/timing rules and merging, shared by CFL, LayerCFL and HiCFL."""
+
+    split_criteria: Literal["relative", "absolute"] = Field(
+        "relative", alias="split-criteria",
+        description="Sattler's criteria with absolute eps1/eps2, or relative to the cluster's own norms")
+    eps1: float = Field(0.4, gt=0, description="absolute: near-stationary below this mean-update norm")
+    eps2: float = Field(1.6, gt=0, description="absolute: heterogeneous above this max update norm")
+    rel_eps1: float = Field(0.9, alias="rel-eps1", gt=0, le=1, description="relative: stationary below this x peak mean norm")
+    rel_eps2: float = Field(3.0, alias="rel-eps2", gt=0, description="relative: heterogeneous above this x mean-update norm")
+    split_silhouette_max_k: int = Field(
+        6, alias="split-silhouette-max-k", ge=2, le=20,
+        description="the structure score is the best silhouette over cuts into 2..k clusters (2: the proposed split's own)")
+    min_split_size: int = Field(3, alias="min-split-size", ge=2,
+                                description="fewest members (and updates this round) of a cluster that may split")
+    min_split_round: int = Field(5, alias="min-split-round", ge=1, description="no split before this round")
+    merge: bool = Field(True, description="merge two leaf clusters whose updates became indistinguishable (beyond the papers)")
+    merge_min_cosine: float = Field(0.6, alias="merge-min-cosine", ge=-1, le=1,
+                                    description="merge only if the cosine of the two clusters' mean updates reaches this")
+    merge_max_silhouette: float = Field(0.5, alias="merge-max-silhouette", ge=-1, le=1,
+                                        description="... and the silhouette of their members (labelled by cluster) is at most this")
+
+
+@dataclass
+class BiPartitioningState(ClusteredState):
+    tree: ClusterTree | None = None
+    all_names: list[str] = field(default_factory=list)
+    splits: list[dict[str, Any]] = field(default_factory=list)
+    routes: dict[int, dict[str, Any]] = field(default_factory=dict)  # split node -> how a newcomer picks a side
+    max_mean_norm: dict[int, float] = field(default_factory=dict)  # relative criteria: largest mean-norm per cluster
+    final_clustering_round: int | None = None
+    merges: list[dict[str, Any]] = field(default_factory=list)
+    merged: set[int] = field(default_factory=set)  # clusters made by a merge: final, never split again
+    split_allowed: bool = False  # whether the size and round rules ever allowed a split
+
+
+class BiPartitioning(ClusteredStrategy):
     """Clusters grown by bi-partitions: tree, split log, criteria, newcomer descent.
 
     Subclasses implement ``consider_split(round, cluster, replies, decision)``. Cluster ids
@@ -60,6 +98,10 @@ class BiPartitioning(Algorithm):
     """
 
     name = "bipartitioning"
+    Params = BiPartitioningParams
+    State = BiPartitioningState
+    timing_code = "criteria"  # the reason code when the timing rule never held
+    figures = ("tree", "splits")
 
     # ------------------------------------------------------------ set-up
     def init_clusters(self) -> None:
@@ -68,13 +110,6 @@ class BiPartitioning(Algorithm):
         if root != self.tree.root_id:
             raise RuntimeError(f"the tree's root {self.tree.root_id} and the first cluster {root} must coincide")
         self.all_names = list(self.theta0)
-        self.splits: list[dict[str, Any]] = []
-        self.routes: dict[int, dict[str, Any]] = {}  # split node -> how a newcomer picks a side
-        self.max_mean_norm: dict[int, float] = {}  # relative criteria: largest mean-norm per cluster
-        self.final_clustering_round: int | None = None
-        self.merges: list[dict[str, Any]] = []
-        self.merged: set[int] = set()  # clusters made by a merge: final, never split again
-        self.split_allowed = False  # whether the size and round rules ever allowed a split
 
     def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
         return {"return": RETURN_UPDATE}
@@ -92,7 +127,7 @@ class BiPartitioning(Algorithm):
     def criteria(self, cluster: int, replies: list[TrainReply]) -> SplitDecision:
         """Sattler's criteria on the full updates; keeps the cluster's largest mean-norm."""
         U = np.stack([flatten(r.update, self.all_names) for r in replies])
-        c = self.config
+        c = self.params
         decision = split_criteria(U, [r.num_examples for r in replies], mode=c.split_criteria, eps1=c.eps1,
                                   eps2=c.eps2, rel_eps1=c.rel_eps1, rel_eps2=c.rel_eps2,
                                   max_mean_norm_seen=self.max_mean_norm.get(cluster))
@@ -103,12 +138,12 @@ class BiPartitioning(Algorithm):
         """Size and timing rules: at least ``min-split-size`` members and as many updates
         this round, not before ``min-split-round``; a cluster made by a merge never splits
         again (module docstring)."""
-        size = self.config.min_split_size
-        return (server_round >= self.config.min_split_round and len(self.tree.members(cluster)) >= size
+        size = self.params.min_split_size
+        return (server_round >= self.params.min_split_round and len(self.tree.members(cluster)) >= size
                 and len(replies) >= size and cluster not in self.merged)
 
     def thresholds(self) -> dict[str, Any]:
-        c = self.config
+        c = self.params
         return {"mode": c.split_criteria, "eps1": c.eps1, "eps2": c.eps2, "rel_eps1": c.rel_eps1,
                 "rel_eps2": c.rel_eps2}
 
@@ -128,14 +163,14 @@ class BiPartitioning(Algorithm):
                 decision = self.criteria(cluster, group)
             report[str(cluster)] = {**decision_record(decision), "replies": len(group)}
             self.consider_split(server_round, cluster, group, decision)
-        if self.config.merge:
+        if self.params.merge:
             self.merge_leaves(server_round, {c: g for c, g in by_cluster.items() if self.tree.node(c).is_leaf})
         self.round_extra["split_criteria"] = report
         self.round_extra["last_split_round"] = self.final_clustering_round
 
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
                        decision: SplitDecision) -> None:
-        raise NotImplementedError
+        """Decide whether ``cluster`` splits this round (CFL, LayerCFL, HiCFL); here: never."""
 
     # ------------------------------------------------------------ splitting
     @staticmethod
@@ -190,8 +225,8 @@ class BiPartitioning(Algorithm):
         names = self.merge_names()
         with self.timed():
             updates = {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
-            pairs = merge_pairs(updates, min_cosine=self.config.merge_min_cosine,
-                                max_silhouette=self.config.merge_max_silhouette)
+            pairs = merge_pairs(updates, min_cosine=self.params.merge_min_cosine,
+                                max_silhouette=self.params.merge_max_silhouette)
         for pair in pairs:
             silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
             self.apply_merge(server_round, pair.a, pair.b, {"cosine": pair.cosine, "silhouette": silhouette})
@@ -222,14 +257,15 @@ class BiPartitioning(Algorithm):
 
     # ------------------------------------------------------------ no silent FedAvg
     def refusal_codes(self) -> list[str]:
-        """The reason code of every refused split attempt (``split_rules.ONE_CLUSTER_REASONS``)."""
+        """The reason code of every refused split attempt (``one_cluster_reasons``)."""
         return []
 
     def one_cluster_reason(self) -> str | None:
         """Why the run ended with one cluster (None when it has more)."""
         if len(set(self.assignment.values())) > 1:
             return None
-        return one_cluster_reason(self.name, self.refusal_codes(), self.split_allowed, len(self.splits))
+        return one_cluster_reason(self.one_cluster_reasons, self.refusal_codes(), self.split_allowed, len(self.splits),
+                                  timing=self.timing_code)
 
     def similarity_record(self, keys: list[str], S: np.ndarray) -> dict[str, Any]:
         return {"keys": list(keys), "matrix": np.round(S, SIMILARITY_DECIMALS).tolist()}

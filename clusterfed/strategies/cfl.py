@@ -39,9 +39,11 @@ test off. The shared tree, split log and newcomer descent are in ``bipartitionin
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from clusterfed.clustering.bipartition import (
     SplitDecision,
@@ -52,17 +54,41 @@ from clusterfed.clustering.bipartition import (
     split_silhouette,
 )
 from clusterfed.clustering.layercfl import CheckResult
-from clusterfed.strategies.bipartitioning import BiPartitioning, check_record, decision_record, flatten
+from clusterfed.strategies.bipartitioning import (
+    BiPartitioning,
+    BiPartitioningParams,
+    BiPartitioningState,
+    check_record,
+    decision_record,
+    flatten,
+)
 from clusterfed.strategies.exchange import TrainReply
+
+
+class CFLParams(BiPartitioningParams):
+    split_min_silhouette: float = Field(
+        0.3, alias="split-min-silhouette", ge=-1, le=1,
+        description="keep a proposed bi-partition only if the best cut's silhouette on 1 - cos reaches this (-1 = off)")
+
+
+@dataclass
+class CFLState(BiPartitioningState):
+    last_vector: dict[str, np.ndarray] = field(default_factory=dict)  # latest decision-layer update per client
+    refused: list[dict[str, Any]] = field(default_factory=list)
 
 
 class CFL(BiPartitioning):
     """Sattler's CFL on full updates (module docstring)."""
 
     name = "cfl"
-    reads = ("split-criteria", "eps1", "eps2", "rel-eps1", "rel-eps2", "split-min-silhouette",
-             "split-silhouette-max-k", "min-split-size", "min-split-round", "merge", "merge-min-cosine",
-             "merge-max-silhouette")
+    Params = CFLParams
+    State = CFLState
+    one_cluster_reasons = {
+        "criteria": "split criteria never met: the cluster was never both near-stationary "
+                    "(mean-update norm < rel-eps1 × its peak) and heterogeneous (max norm > rel-eps2 × mean norm)",
+        "silhouette": "every proposed split refused by the structure test: best-cut silhouette below split-min-silhouette",
+        "size": "too few members or replies to split (min-split-size) or the run ended before min-split-round",
+    }
 
     def decision_names(self) -> list[str]:
         """The arrays whose updates the similarity is computed on: all of them."""
@@ -77,11 +103,6 @@ class CFL(BiPartitioning):
 
     def refusal_codes(self) -> list[str]:
         return [r["reason"] for r in self.refused]
-
-    def init_clusters(self) -> None:
-        super().init_clusters()
-        self.last_vector: dict[str, np.ndarray] = {}  # latest decision-layer update per client
-        self.refused: list[dict[str, Any]] = []
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
         names = self.decision_names()
@@ -101,7 +122,7 @@ class CFL(BiPartitioning):
             side_a, side_b = bipartition(S)
             gap = separation_gap(S, side_a, side_b)
             silhouette = split_silhouette(S, side_a, side_b)
-            max_k = self.config.split_silhouette_max_k
+            max_k = self.params.split_silhouette_max_k
             structure, structure_k = best_cut_silhouette(S, max_k) if max_k > 2 else (silhouette, 2)
             check = self.check_split(U, side_a, side_b, S)
         record: dict[str, Any] = {
@@ -113,7 +134,7 @@ class CFL(BiPartitioning):
             "true_group_gap": self.true_gap(keys, S),
             "layers": self.decision_names(),
         }
-        if structure < self.config.split_min_silhouette:  # a bi-partition of noise: keep the cluster whole
+        if structure < self.params.split_min_silhouette:  # a bi-partition of noise: keep the cluster whole
             self.refused.append({"round": server_round, "cluster": cluster, "reason": "silhouette",
                                  "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record})
             self.round_extra["refused_splits"].append({"cluster": cluster, "reason": "silhouette", "gap": gap,
@@ -121,7 +142,7 @@ class CFL(BiPartitioning):
             return
         if check is not None:
             record["check"] = check_record(check)
-            if not check.passed and self.config.correct_clustering_check:
+            if not check.passed and getattr(self.params, 'correct_clustering_check', False):
                 refused = {"round": server_round, "cluster": cluster, "reason": "check",
                            "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record}
                 self.refused.append(refused)

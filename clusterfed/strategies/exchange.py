@@ -88,7 +88,7 @@ class TrainReply:
     arrays: Arrays  # what the client returned (weights or updates)
     sent: Arrays  # the model it was sent (same names as ``arrays``)
     num_examples: int
-    train_loss: float
+    train_loss: float | None  # None: a stock client that reported none
     metrics: dict[str, float]
     is_update: bool = False
 

@@ -1,7 +1,11 @@
-"""FedAvg: one global model, the K = 1 case of the clustered base."""
+"""FedAvg (McMahan et al., "Communication-Efficient Learning of Deep Networks from
+Decentralized Data", AISTATS 2017): one global model, the K = 1 case of the clustered base.
+A stock Flower ClientApp is enough."""
 
-from clusterfed.strategies.base import Algorithm
+from clusterfed.strategies.base import ClusteredStrategy
 
 
-class FedAvg(Algorithm):
+class FedAvg(ClusteredStrategy):
+    """FedAvg on the clustered base: sample-weighted averaging of the clients' weights."""
+
     name = "fedavg"

@@ -19,15 +19,24 @@ from __future__ import annotations
 
 import time
 
+from pydantic import Field
+
 from clusterfed.strategies.base import Steps
-from clusterfed.strategies.oneshot import OneShotClustering
+from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams
+
+
+class FedClustParams(OneShotParams):
+    cluster_sample: int = Field(0, alias="cluster-sample", ge=0,
+                                description="cluster this many sampled clients with the full method and place the "
+                                            "rest at the nearest cluster reference (0 = cluster all)")
 
 
 class FedClust(OneShotClustering):
+    """FedClust: one-shot clustering on the final layer's weights (module docstring)."""
+
     name = "fedclust"
+    Params = FedClustParams
     layer_rule = "final"
-    reads = ("cluster-epochs", "cluster-layers", "lambda", "distance", "linkage", "auto-min-silhouette",
-             "cluster-sample")
 
     def admit(self, server_round: int, keys: list[str]) -> Steps:
         if self.clustered:

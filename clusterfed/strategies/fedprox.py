@@ -1,13 +1,24 @@
-"""FedProx: FedAvg with the client-side proximal term mu/2·||w − w_global||²."""
+"""FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020):
+FedAvg with the client-side proximal term μ/2·||w − w_global||². The server sends
+``proximal-mu`` in every train message; a stock client that ignores it trains FedAvg."""
 
 from typing import Any
 
-from clusterfed.strategies.base import Algorithm
+from pydantic import Field
+
+from clusterfed.strategies.base import ClusteredStrategy, StrategyParams
 
 
-class FedProx(Algorithm):
+class FedProxParams(StrategyParams):
+    proximal_mu: float = Field(0.01, alias="proximal-mu", ge=0,
+                               description="μ of the proximal term the clients add to their loss")
+
+
+class FedProx(ClusteredStrategy):
+    """FedAvg + the proximal term ``proximal-mu`` (sent to the clients)."""
+
     name = "fedprox"
-    reads = ("proximal-mu",)
+    Params = FedProxParams
 
     def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
-        return {"proximal-mu": self.config.proximal_mu}
+        return {"proximal-mu": self.params.proximal_mu}

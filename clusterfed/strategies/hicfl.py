@@ -84,9 +84,11 @@ layer's updates (for figures).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field
 
 from clusterfed.clustering.bipartition import (
     SplitDecision,
@@ -96,7 +98,6 @@ from clusterfed.clustering.bipartition import (
     separation_gap,
 )
 from clusterfed.clustering.split_rules import (
-    ONE_CLUSTER_REASONS,
     layer_scale,
     pick_best,
     ready_layers,
@@ -105,7 +106,15 @@ from clusterfed.clustering.split_rules import (
 )
 from clusterfed.clustering.stability import StabilityTracker, centred_updates, reference_split
 from clusterfed.models.layers import select_layers
-from clusterfed.strategies.bipartitioning import BiPartitioning, cosine, decision_record, flatten
+from clusterfed.strategies.base import StrategyParamsError
+from clusterfed.strategies.bipartitioning import (
+    BiPartitioning,
+    BiPartitioningParams,
+    BiPartitioningState,
+    cosine,
+    decision_record,
+    flatten,
+)
 from clusterfed.strategies.exchange import TrainReply
 
 # A ξ-selection keeping fewer than this share of a layer's weights falls back to the whole
@@ -119,36 +128,90 @@ MIN_KEPT_FRACTION = 0.05
 CENTRE_UPDATES = True
 
 
+PositiveNumber = Annotated[float, Field(gt=0)]
+
+
+class HiCFLParams(BiPartitioningParams):
+    cluster_layers: str = Field("auto", alias="cluster-layers",
+                                description="layers whose stability is watched: a rule or names; auto = every layer")
+    window: int = Field(5, ge=1, description="W: rounds the windowed stability averages over")
+    stability_eps: PositiveNumber | Literal["auto"] = Field(
+        "auto", alias="stability-eps",
+        description='absolute ε (the paper\'s mode), or "auto" = relative to each layer\'s scale (stability-eps-rel)')
+    stability_eps_rel: float = Field(
+        1.5, alias="stability-eps-rel", gt=0,
+        description="ε as a multiple of each layer's median windowed stability at the cluster's first full window")
+    xi: PositiveNumber | Literal["auto"] = Field(
+        "auto", description='ξ of the weight selection, or "auto" = 0.05 × the train config\'s lr')
+    timing: Literal["all", "median"] = Field(
+        "median", json_schema_extra={"legacy": "hicfl-timing"}, description="a layer is ready when every member (the paper) / the median member is below ε")
+    split: Literal["reference", "linkage"] = Field(
+        "linkage", json_schema_extra={"legacy": "hicfl-split"}, description="sign of the cosine with the reference (the paper) or complete linkage (CFL's)")
+    min_silhouette: float = Field(0.45, alias="min-silhouette", json_schema_extra={"legacy": "hicfl-min-silhouette"}, ge=-1, le=1,
+                                  description="structure test on the proposed split; -1 = off (the paper's stop rule)")
+    min_side: int = Field(2, alias="min-side", json_schema_extra={"legacy": "hicfl-min-side"}, ge=1, description="fewest members on each side of a split")
+
+
+@dataclass
+class HiCFLState(BiPartitioningState):
+    epsilon: float | None = None  # absolute ε (the paper's mode) when set; None: relative to each layer's scale
+    eps_rel: float = 1.5
+    scales: dict[int, dict[str, float]] = field(default_factory=dict)  # cluster -> layer -> median S at its first full window
+    xi: float = 0.0
+    tracker: StabilityTracker | None = None
+    layer_keys: dict[str, list[str]] = field(default_factory=dict)
+    layers: list[str] = field(default_factory=list)
+    layer_sizes: dict[str, int] = field(default_factory=dict)
+    no_split: list[dict[str, Any]] = field(default_factory=list)  # ready clusters that did not split, and why
+    windows_filled: bool = False  # whether any cluster ever had every stability window full
+
+
 class HiCFL(BiPartitioning):
+    """HiCFL: splits timed by per-layer model stability (module docstring)."""
+
     name = "hicfl"
+    Params = HiCFLParams
+    State = HiCFLState
     centre_updates = CENTRE_UPDATES
-    reads = ("split-criteria", "eps1", "eps2", "rel-eps1", "rel-eps2", "min-split-size", "min-split-round",
-             "cluster-layers", "window", "stability-eps", "stability-eps-rel", "xi", "hicfl-timing", "hicfl-split",
-             "hicfl-min-silhouette", "hicfl-min-side", "split-silhouette-max-k", "merge", "merge-min-cosine", "merge-max-silhouette")
+    timing_code = "stability"
+    one_cluster_reasons = {
+        "stability": "split timing never met: on every layer the windowed stability (of every member or of the "
+                     "median member, hicfl.timing) stayed at or above ε",
+        "window": "stability windows never filled (fewer than window + 2 rounds in a cluster)",
+        "agree": "stability fired but the members' updates agree (not heterogeneous)",
+        "one_side": "stability fired but every proposed split left a side with fewer than hicfl.min-side members "
+                    "(or, with the reference rule, everyone on one side)",
+        "silhouette": "stability fired but every proposed split was refused by the structure test (hicfl.min-silhouette)",
+        "size": "too few members or replies to split, or the run ended before min-split-round",
+    }
+
+    def check_train_config(self, train_config: dict[str, Any]) -> None:
+        if self.params.xi == "auto" and not isinstance(train_config.get("lr"), (int, float)):
+            raise StrategyParamsError('hicfl.xi = "auto" is 0.05 × the clients\' learning rate, but the train config '
+                                      'has no number "lr": set xi, or pass train_config={"lr": ...}')
 
     def init_clusters(self) -> None:
         super().init_clusters()
-        lr = self.config.lr
-        eps, xi = self.config.number_or_none("stability_eps"), self.config.number_or_none("xi")
-        self.epsilon = eps  # absolute ε (the paper's mode) when set; None: relative to each layer's scale
-        self.eps_rel = self.config.stability_eps_rel
-        self.scales: dict[int, dict[str, float]] = {}  # cluster -> layer -> median S at its first full window
-        self.xi = 0.05 * lr if xi is None else xi
-        self.tracker = StabilityTracker(self.config.window, self.xi, min_kept_fraction=MIN_KEPT_FRACTION)
-        rule = self.config.cluster_layers
+        eps, xi = self.params.number_or_none(self.params.stability_eps), self.params.number_or_none(self.params.xi)
+        self.epsilon = eps
+        self.eps_rel = self.params.stability_eps_rel
+        self.scales = {}
+        self.xi = 0.05 * float(self.train_config["lr"]) if xi is None else xi
+        self.tracker = StabilityTracker(self.params.window, self.xi, min_kept_fraction=MIN_KEPT_FRACTION)
+        rule = self.params.cluster_layers
         names = self.all_names if rule == "auto" else select_layers(self.theta0, rule)
-        self.layer_keys: dict[str, list[str]] = {}
+        self.layer_keys = {}
         for name in names:  # named layer = state-dict prefix: weight and bias together
             self.layer_keys.setdefault(name.rsplit(".", 1)[0], []).append(name)
         self.layers = list(self.layer_keys)
         self.layer_sizes = {layer: int(sum(self.theta0[n].size for n in keys))
                             for layer, keys in self.layer_keys.items()}
-        self.no_split: list[dict[str, Any]] = []  # ready clusters that did not split, and why
-        self.windows_filled = False  # whether any cluster ever had every stability window full
+        self.no_split = []
+        self.windows_filled = False
 
     @property
     def structure_test(self) -> bool:
-        return self.config.hicfl_min_silhouette > -1
+        return self.params.min_silhouette > -1
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
         with self.timed():
@@ -202,12 +265,12 @@ class HiCFL(BiPartitioning):
         U = np.stack([raw[k] for k in members])
         S = cosine_similarity_matrix(U)  # raw: comparable with CFL's
         stability = {k: float(self.tracker.windowed(k, layer)) for k in members}
-        if self.config.hicfl_split == "linkage":
+        if self.params.split == "linkage":
             side_a, side_b = bipartition(S)
-            if min(len(side_a), len(side_b)) < self.config.hicfl_min_side:
+            if min(len(side_a), len(side_b)) < self.params.min_side:
                 return None  # one outlier client is not a group (hicfl-min-side)
             keys_a, keys_b = [members[i] for i in side_a], [members[i] for i in side_b]
-            max_k = self.config.split_silhouette_max_k
+            max_k = self.params.split_silhouette_max_k
             score = float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(U, side_a, side_b)
             route = {"rule": "nearest-mean", "names": self.layer_keys[layer],
                      "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)], "centre": None}
@@ -238,7 +301,7 @@ class HiCFL(BiPartitioning):
         if not self.may_split(server_round, cluster, replies):
             return
         with self.timed():
-            ready = ready_layers(values, threshold, self.config.hicfl_timing)
+            ready = ready_layers(values, threshold, self.params.timing)
         if not ready:
             return
         if not self.structure_test:
@@ -252,7 +315,7 @@ class HiCFL(BiPartitioning):
             self.note_no_split(server_round, cluster, ready[0], "one_side", decision)
             return
         choice = pick_best({layer: p["score"] for layer, p in proposals.items()},
-                           self.config.hicfl_min_silhouette if self.structure_test else -np.inf)
+                           self.params.min_silhouette if self.structure_test else -np.inf)
         if choice.layer is None:  # structure test: no ready layer shows two groups
             self.note_no_split(server_round, cluster, max(choice.silhouettes, key=choice.silhouettes.get),
                                "silhouette", decision, silhouettes=choice.silhouettes)
@@ -308,14 +371,14 @@ class HiCFL(BiPartitioning):
     def one_cluster_reason(self) -> str | None:
         reason = super().one_cluster_reason()
         if reason is not None and self.split_allowed and not self.splits and not self.no_split and not self.windows_filled:
-            return ONE_CLUSTER_REASONS["hicfl"]["window"]
+            return self.one_cluster_reasons["window"]
         return reason
 
     def thresholds(self) -> dict[str, Any]:
-        c = self.config
+        c = self.params
         return {**super().thresholds(), "stability_eps": self.epsilon, "stability_eps_rel": self.eps_rel, "xi": self.xi,
-                "window": c.window, "timing": c.hicfl_timing, "split": c.hicfl_split,
-                "min_silhouette": c.hicfl_min_silhouette}
+                "window": c.window, "timing": c.timing, "split": c.split,
+                "min_silhouette": c.min_silhouette}
 
     def cluster_state(self) -> dict[str, Any]:
         state = super().cluster_state()

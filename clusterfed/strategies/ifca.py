@@ -22,33 +22,57 @@ it and returns it with the chosen index; FedAvg per cluster over the clients tha
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
-from clusterfed.strategies.base import Algorithm, Steps
-from clusterfed.strategies.exchange import CHOICES, Ask, TrainReply, natural, pack_models
+from clusterfed.strategies.base import MULTI_MODEL, ClusteredState, ClusteredStrategy, Steps, StrategyParams, mean_train_loss
+from clusterfed.strategies.exchange import CHOICES, Arrays, Ask, TrainReply, natural, pack_models
 
 
-class IFCA(Algorithm):
+class IFCAParams(StrategyParams):
+    num_clusters: int = Field(4, alias="num-clusters", ge=1, description="K cluster models")
+    init: Literal["random", "kmeans++"] = Field(
+        "random", json_schema_extra={"legacy": "ifca-init"}, description="K seeded random models, or k-means++ seeds among the clients' models after a warm-up round")
+    restarts: int = Field(1, json_schema_extra={"legacy": "ifca-restarts"}, ge=1, le=20, description="initialisations tried in the first round (random) or seedings (kmeans++)")
+
+
+@dataclass
+class IFCAState(ClusteredState):
+    k: int = 0
+    warming_up: bool = False
+    choice_counts: dict[int, int] = field(default_factory=dict)
+    candidates: list[list[Arrays]] = field(default_factory=list)
+
+
+class IFCA(ClusteredStrategy):
+    """IFCA: every sampled client trains the lowest-loss of the K models (module docstring)."""
+
     name = "ifca"
-    reads = ("num-clusters", "ifca-init", "ifca-restarts")
+    Params = IFCAParams
+    State = IFCAState
+
+    def requires(self) -> set[str]:
+        return {MULTI_MODEL}
 
     def init_clusters(self) -> None:
-        self.k = self.config.num_clusters
-        self.warming_up = self.config.ifca_init == "kmeans++"
-        self.choice_counts: dict[int, int] = {}
+        self.k = self.params.num_clusters
+        self.warming_up = self.params.init == "kmeans++"
+        self.choice_counts = {}
         if self.warming_up:
             self.new_cluster(self.theta0)  # the warm-up model, replaced by the seeds
             return
         self.candidates = [random_initialisations(self.theta0, self.k, self.rng)
-                           for _ in range(self.config.ifca_restarts)]
+                           for _ in range(self.params.restarts)]
         for model in self.candidates[0]:
             self.new_cluster(model)
 
     def select_trainers(self, server_round: int) -> list[str]:
         # everyone active may be sampled: a client is placed by its own first choice
-        return self.sample(list(self.active), self.config.fraction_train)
+        return self.sample(list(self.active), self.params.fraction_train)
 
     def admit(self, server_round: int, keys: list[str]) -> None:
         """Nothing to do: a newcomer chooses its cluster by loss when it first trains."""
@@ -57,8 +81,8 @@ class IFCA(Algorithm):
         packed = pack_models([models[c] for c in range(self.k)])
         asks = []
         for key in keys:
-            config = {"server-round": server_round, "phase": "train", "local-epochs": self.config.local_epochs,
-                      "lr": self.config.lr, "upload": "full", "return": "weights", "cluster-id": -1, CHOICES: self.k}
+            config = {"server-round": server_round, "phase": "train", "upload": "full", "return": "weights",
+                      "cluster-id": -1, CHOICES: self.k}
             asks.append(Ask(key, packed, config))
         return asks
 
@@ -70,14 +94,14 @@ class IFCA(Algorithm):
                                             extra={"cluster-id": 0}, phase="warmup")
             self.seed_from(replies)
         else:
-            restarts = getattr(self, "candidates", None) or []
+            restarts = self.candidates or []
             if len(restarts) > 1:
                 replies = yield from self.restart(server_round, trainers, restarts)
             else:
                 replies = yield self.ifca_asks(server_round, trainers, self.models)
                 self.take(replies)
             self.candidates = []
-        self.round_extra["train_loss"] = float(np.mean([r.train_loss for r in replies])) if replies else None
+        self.round_extra["train_loss"] = mean_train_loss(replies)
         self.round_extra["ifca_choices"] = {str(c): sum(1 for r in replies if r.cluster == c) for c in range(self.k)}
 
     def take(self, replies: list[TrainReply]) -> None:
@@ -92,7 +116,8 @@ class IFCA(Algorithm):
         for index, models in enumerate(restarts):
             candidate = dict(enumerate(models))
             replies = yield self.ifca_asks(server_round, trainers, candidate)
-            loss = float(np.mean([r.train_loss for r in replies])) if replies else float("inf")
+            loss = mean_train_loss(replies)
+            loss = float("inf") if loss is None else loss
             if best is None or loss < best[0]:
                 best = (loss, index, replies)
         loss, index, replies = best
@@ -111,7 +136,7 @@ class IFCA(Algorithm):
         X = np.stack([np.concatenate([r.weights[n].ravel() for n in names]).astype(np.float64) for r in replies])
         k = min(self.k, len(replies))
         best = None
-        for _ in range(self.config.ifca_restarts):
+        for _ in range(self.params.restarts):
             seeds, potential = kmeanspp_seeds(X, k, self.rng)
             if best is None or potential < best[1]:
                 best = (seeds, potential)
@@ -127,4 +152,4 @@ class IFCA(Algorithm):
         self.round_extra.update({"ifca_seed_clients": [replies[i].key for i in seeds], "ifca_potential": best[1]})
 
     def cluster_state(self) -> dict:
-        return {"num_clusters": self.k, "init": self.config.ifca_init}
+        return {"num_clusters": self.k, "init": self.params.init}

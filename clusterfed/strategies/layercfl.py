@@ -45,24 +45,55 @@ selected layers: see ``BiPartitioning.admit``.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Literal
+
 import numpy as np
+from pydantic import Field
 
 from clusterfed.clustering.layercfl import CheckResult, correct_clustering_check
 from clusterfed.models.layers import select_layers
-from clusterfed.strategies.cfl import CFL
+from clusterfed.strategies.cfl import CFL, CFLParams, CFLState
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
 
 
+class LayerCFLParams(CFLParams):
+    skew: Literal["label", "feature", "unknown"] = Field(
+        "unknown", description="the data's skew, which picks the layers: feature -> conv, label -> fc, unknown -> conv")
+    cluster_layers: str = Field("auto", alias="cluster-layers",
+                                description="layers the split is decided on: a rule or names; auto = by skew")
+    correct_clustering_check: bool = Field(False, alias="correct-clustering-check",
+                                           description="refuse splits failing the paper's Theorem 1 (false: record it only)")
+
+
+@dataclass
+class LayerCFLState(CFLState):
+    layer_rule: str = ""
+    selected_names: list[str] = field(default_factory=list)
+
+
 class LayerCFL(CFL):
+    """LayerCFL: CFL's splits decided on selected layers (module docstring)."""
+
     name = "layercfl"
-    reads = CFL.reads + ("skew", "cluster-layers", "correct-clustering-check")
+    Params = LayerCFLParams
+    State = LayerCFLState
+    one_cluster_reasons = {
+        "criteria": "split criteria never met (as CFL)",
+        "silhouette": "every proposed split refused by the structure test on the selected layers",
+        "check": "every proposed split refused by the correct-clustering check: estimated γ_max above "
+                 "sqrt((1 − α_cross_max)/2)",
+        "size": "too few members or replies to split, or the run ended before min-split-round",
+    }
 
     def init_clusters(self) -> None:
         super().init_clusters()
-        rule = self.config.cluster_layers
+        rule = self.params.cluster_layers
         if rule == "auto":
-            rule = LAYER_RULE_OF_SKEW[self.config.skew]
+            rule = LAYER_RULE_OF_SKEW[self.params.skew]
+            if rule == "conv" and not any(v.ndim == 4 for v in self.theta0.values()):
+                rule = "fc"  # a model without conv layers (an MLP): its fully connected layers
         self.layer_rule = rule
         self.selected_names = select_layers(self.theta0, rule)
 

@@ -4,10 +4,12 @@ Each client is its own cluster, so the base's per-cluster averaging over one mem
 leaves the client's model as it trained it.
 """
 
-from clusterfed.strategies.base import Algorithm
+from clusterfed.strategies.base import ClusteredStrategy
 
 
-class Local(Algorithm):
+class Local(ClusteredStrategy):
+    """Each client its own model: the lower bound without collaboration."""
+
     name = "local"
 
     def init_clusters(self) -> None:

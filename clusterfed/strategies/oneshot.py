@@ -20,9 +20,11 @@ from __future__ import annotations
 import math
 import time
 from collections import Counter
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
 
 import numpy as np
+from pydantic import Field
 from sklearn.metrics import silhouette_score
 
 from clusterfed.clustering import (
@@ -35,7 +37,7 @@ from clusterfed.clustering import (
     stack_partials,
 )
 from clusterfed.models.layers import select_layers
-from clusterfed.strategies.base import Algorithm, Steps
+from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
 from clusterfed.strategies.exchange import Arrays, natural
 
 # clusters.json keeps the square distance matrix (for the heat-map) up to this many
@@ -43,24 +45,74 @@ from clusterfed.strategies.exchange import Arrays, natural
 MAX_MATRIX_CLIENTS = 500
 
 
-class OneShotClustering(Algorithm):
+PositiveNumber = Annotated[float, Field(gt=0)]
+
+
+class OneShotParams(StrategyParams):
+    """The clustering step's parameters, shared by FedClust and AdaCFL."""
+
+    cluster_epochs: int = Field(10, alias="cluster-epochs", ge=1,
+                                description="local epochs of the clustering step (and of a newcomer's placement)")
+    cluster_layers: str = Field("auto", alias="cluster-layers",
+                                description="layers uploaded and compared: a rule (final, smallest-fc, conv, fc, all) "
+                                            "or layer names; auto = the strategy's own rule")
+    lambda_: PositiveNumber | Literal["auto"] = Field(
+        "auto", alias="lambda", description='distance threshold of the dendrogram cut, or "auto" = the best-silhouette cut')
+    distance: Literal["l2", "cosine"] = Field("l2", description="distance between the clients' partial weights")
+    linkage: Literal["average", "single", "complete", "ward"] = Field("average", description="dendrogram linkage")
+    auto_min_silhouette: float = Field(
+        0.25, alias="auto-min-silhouette", ge=-1, le=1,
+        description='lambda = "auto": below this best silhouette the clients stay one cluster (and say so)')
+
+
+@dataclass
+class OneShotState(ClusteredState):
+    clustered: bool = False
+    # the model every clustering-phase client trains; newcomers train it too, so that
+    # their partial weights are comparable with the cluster references
+    cluster_start: Arrays = field(default_factory=dict)
+    references: dict[int, np.ndarray] = field(default_factory=dict)
+    layer_keys: list[str] = field(default_factory=list)
+    clustering_state: dict[str, Any] = field(default_factory=dict)
+
+
+class OneShotClustering(ClusteredStrategy):
     """Shared machinery of the one-shot clustered strategies (FedClust, AdaCFL)."""
 
+    Params = OneShotParams
+    State = OneShotState
     layer_rule = "final"  # what ``cluster-layers = auto`` means for this strategy
+    one_cluster_reasons = {
+        "silhouette": "the best cut's silhouette stayed below auto-min-silhouette: no cluster structure found",
+        "threshold": "every client lies within lambda of the others: the cut at lambda leaves one cluster",
+        "not_clustered": "the clustering step never ran (no client replied to it)",
+    }
+    figures = ("distance_matrix", "linkage")
 
     def init_clusters(self) -> None:
         self.clustered = False
-        # the model every clustering-phase client trains; newcomers train it too, so that
-        # their partial weights are comparable with the cluster references
-        self.cluster_start: Arrays = self.theta0
-        self.references: dict[int, np.ndarray] = {}
-        self.layer_keys = select_layers(self.theta0, self.layer_rule if self.config.cluster_layers == "auto"
-                                        else self.config.cluster_layers)
-        self.clustering_state: dict[str, Any] = {}
+        self.cluster_start = self.theta0
+        self.references = {}
+        self.layer_keys = select_layers(self.theta0, self.layer_rule if self.params.cluster_layers == "auto"
+                                        else self.params.cluster_layers)
+        self.clustering_state = {}
+
+    def one_cluster_reason(self) -> str | None:
+        """Why the run ended with one cluster (None when it has more)."""
+        if len(set(self.assignment.values())) > 1:
+            return None
+        if not self.clustered:
+            return self.one_cluster_reasons["not_clustered"]
+        best = self.clustering_state.get("auto_best_silhouette")
+        if self.params.lambda_ == "auto":
+            shown = "none (fewer than 3 clients)" if best is None else f"{best:.3f}"
+            return (f"{self.one_cluster_reasons['silhouette']} (best silhouette {shown}, "
+                    f"auto-min-silhouette {self.params.auto_min_silhouette})")
+        return f"{self.one_cluster_reasons['threshold']} (lambda {self.params.lambda_})"
 
     # -------------------------------------------------------------- the phase
     def clustering_epochs(self) -> int:
-        return self.config.cluster_epochs
+        return self.params.cluster_epochs
 
     def collect_partials(self, server_round: int, keys: list[str], start: Arrays) -> Steps:
         """Train ``start`` on each of ``keys`` for ``clustering_epochs()`` and fetch only the
@@ -85,17 +137,17 @@ class OneShotClustering(Algorithm):
 
     def cut(self, X: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
         """Cluster labels of the rows of X at ``lambda`` (number or auto), and what the cut used."""
-        metric, linkage = self.config.distance, self.config.linkage
-        threshold = self.config.number_or_none("lambda_")
-        sample = self.config.cluster_sample if "cluster-sample" in self.reads else 0
+        metric, linkage = self.params.distance, self.params.linkage
+        threshold = self.params.number_or_none(self.params.lambda_)
+        sample = getattr(self.params, "cluster_sample", 0)
         if 0 < sample < len(X):  # many clients: cluster a sample, place the rest by nearest reference
-            result = cluster_sampled(X, sample, seed=self.config.seed, metric=metric, linkage=linkage,
+            result = cluster_sampled(X, sample, seed=self.params.seed, metric=metric, linkage=linkage,
                                      threshold="auto" if threshold is None else threshold,
-                                     min_silhouette=self.config.auto_min_silhouette)
+                                     min_silhouette=self.params.auto_min_silhouette)
             return result.labels, {"lambda": result.threshold, "auto_best_silhouette": result.silhouette,
                                    "cluster_sample": int(sample)}
         if threshold is None:
-            auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.config.auto_min_silhouette)
+            auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.params.auto_min_silhouette)
             # auto_best_silhouette: on the one-cluster fallback, the best score that fell short
             return auto.labels, {"lambda": auto.threshold, "auto_best_silhouette": auto.silhouette}
         return cluster_by_threshold(X, threshold, metric=metric, linkage=linkage), {"lambda": threshold}
@@ -111,10 +163,10 @@ class OneShotClustering(Algorithm):
         # reference = mean of the members' clustering-round partial weights (our choice: the papers leave it open)
         self.references = {cluster_of_label[int(label)]: X[labels == label].mean(axis=0) for label in np.unique(labels)}
         small = len(keys) <= MAX_MATRIX_CLIENTS
-        D = distance_matrix(X, self.config.distance) if small else None
+        D = distance_matrix(X, self.params.distance) if small else None
         silhouette = _silhouette(D, labels) if small else None
         # the dendrogram is for figures; with a sampled clustering it would cost O(m²) memory
-        Z = (linkage_matrix(X, metric=self.config.distance, linkage=self.config.linkage)
+        Z = (linkage_matrix(X, metric=self.params.distance, linkage=self.params.linkage)
              if 1 < len(keys) and (small or "cluster_sample" not in info) else None)
         self.clustering_seconds += time.perf_counter() - started
         self.clustered = True
@@ -123,9 +175,9 @@ class OneShotClustering(Algorithm):
             "clustering_round": server_round,
             "final_clustering_round": server_round,  # one-shot: the same; the grid's column for every strategy
             "layers": list(self.layer_keys),
-            "distance": self.config.distance,
+            "distance": self.params.distance,
             "vectors": "partial weights minus the start model's (L2 distances equal the weights')",
-            "linkage_method": self.config.linkage,
+            "linkage_method": self.params.linkage,
             "lambda": info["lambda"],
             "silhouette": silhouette,
             "client_order": list(keys),
@@ -155,7 +207,7 @@ class OneShotClustering(Algorithm):
         majority = self._majority_groups()  # metrics only, taken before anyone joins
         for key, x in zip(replied, X):
             cluster, distance = place_newcomer(x, self.references, epsilon=self.newcomer_epsilon(),
-                                               metric=self.config.distance)
+                                               metric=self.params.distance)
             founded = cluster is None
             if founded:
                 cluster = self.new_cluster(self.cluster_start)

@@ -1,14 +1,24 @@
 """Oracle: clusters are the true groups. An upper bound for benchmarks only — the one
-strategy allowed to read the ground truth."""
+strategy allowed to read the ground truth (the clients' reported ``true-group``)."""
 
-from clusterfed.strategies.base import Algorithm
+from dataclasses import dataclass, field
+
+from clusterfed.strategies.base import ClusteredState, ClusteredStrategy
 
 
-class Oracle(Algorithm):
+@dataclass
+class OracleState(ClusteredState):
+    cluster_of_group: dict[int, int] = field(default_factory=dict)
+
+
+class Oracle(ClusteredStrategy):
+    """One cluster per true group (benchmarks only)."""
+
     name = "oracle"
+    State = OracleState
 
     def init_clusters(self) -> None:
-        self.cluster_of_group: dict[int, int] = {}
+        self.cluster_of_group = {}
 
     def admit(self, server_round: int, keys: list[str]) -> None:
         for key in keys:

@@ -26,32 +26,59 @@ sent up: 2 per trained client; the runner's ``transmissions`` counts the replies
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
+from pydantic import Field
 
 from clusterfed.clustering import ClusterCountController, cluster_into_k, loss_reduction_ratio
 from clusterfed.models.layers import select_layers
-from clusterfed.strategies.base import Algorithm, Steps
+from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams, mean_train_loss
 from clusterfed.strategies.exchange import TrainReply, natural
 
 
-class Selection(Algorithm):
+class SelectionParams(StrategyParams):
+    warmup_rounds: int = Field(1, alias="warmup-rounds", ge=0, description="rounds in which every client trains")
+    w: float = Field(0.01, ge=0, description="loss-reduction ratio above which p decreases")
+    hold_rounds: int = Field(2, alias="hold-rounds", ge=0, description="rounds p is held after a change")
+    stabilizer: Literal["none", "annealing", "experience"] = Field("none", description="the paper's p stabilisers")
+    anneal_tau: float = Field(50.0, alias="anneal-tau", gt=0,
+                              description="annealing: keep p with probability 1 - exp(-round / anneal-tau)")
+    linkage: Literal["average", "single", "complete", "ward"] = Field(
+        "average", description="linkage of the cut into p groups")
+
+
+@dataclass
+class SelectionState(ClusteredState):
+    layer_keys: list[str] = field(default_factory=list)
+    latest: dict[str, np.ndarray] = field(default_factory=dict)  # client -> its latest final layer, flattened
+    previous_loss: float | None = None
+    controller: ClusterCountController | None = None
+    transmissions: int = 0
+
+
+class ClientSelection(ClusteredStrategy):
+    """Adaptive cluster-count client selection: one representative per cluster trains."""
+
     name = "selection"
-    reads = ("warmup-rounds", "w", "hold-rounds", "stabilizer", "anneal-tau", "linkage")
+    Params = SelectionParams
+    State = SelectionState
+    figures = ("p_history",)
 
     def init_clusters(self) -> None:
         super().init_clusters()
         self.layer_keys = select_layers(self.theta0, "final")
-        self.latest: dict[str, np.ndarray] = {}  # client -> its latest final layer, flattened
-        self.previous_loss: float | None = None
-        self.controller: ClusterCountController | None = None
+        self.latest = {}
+        self.previous_loss = None
+        self.controller = None
         self.transmissions = 0
 
     def round(self, server_round: int) -> Steps:
         self.clustering_seconds, self.round_extra = 0.0, {}
         unplaced = [k for k in self.active if k not in self.assignment]
         self.admit(server_round, unplaced)
-        warmup = server_round <= self.config.warmup_rounds or self.controller is None and not self.latest
+        warmup = server_round <= self.params.warmup_rounds or self.controller is None and not self.latest
         if warmup:
             trainers, p = self.placed(), None
         else:
@@ -59,7 +86,7 @@ class Selection(Algorithm):
         replies = yield self.train_asks(server_round, trainers)
         self.aggregate_clusters(replies)
         self.remember(replies)
-        loss = float(np.mean([r.train_loss for r in replies])) if replies else None
+        loss = mean_train_loss(replies)
         self.round_extra["train_loss"] = loss
         ratio = loss_reduction_ratio(self.previous_loss, loss)
         if not warmup:
@@ -75,8 +102,8 @@ class Selection(Algorithm):
     def count_controller(self) -> ClusterCountController:
         if self.controller is None:
             self.controller = ClusterCountController(
-                m=max(len(self.active), 1), w=self.config.w, hold_rounds=self.config.hold_rounds,
-                stabilizer=self.config.stabilizer, rng=self.rng, anneal_tau=self.config.anneal_tau)
+                m=max(len(self.active), 1), w=self.params.w, hold_rounds=self.params.hold_rounds,
+                stabilizer=self.params.stabilizer, rng=self.rng, anneal_tau=self.params.anneal_tau)
         return self.controller
 
     def representatives(self) -> tuple[list[str], int]:
@@ -89,7 +116,7 @@ class Selection(Algorithm):
         chosen = []
         if known:
             X = np.stack([self.latest[k] for k in known])
-            labels = cluster_into_k(X, p, metric="l2", linkage=self.config.linkage)
+            labels = cluster_into_k(X, p, metric="l2", linkage=self.params.linkage)
             for label in np.unique(labels):
                 members = [k for k, lab in zip(known, labels) if lab == label]
                 chosen.append(members[int(self.rng.integers(len(members)))])
@@ -109,3 +136,6 @@ class Selection(Algorithm):
         history = self.controller.history if self.controller else []
         return {"p_history": [{"round": s.round, "p": s.p, "d": s.d, "action": s.action, "ratio": s.ratio}
                               for s in history], "transmissions": self.transmissions}
+
+
+Selection = ClientSelection  # the name before the public API

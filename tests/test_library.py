@@ -1,0 +1,165 @@
+"""clusterfed as a library: a Flower user's own app (own model, own data, stock ClientApp)
+swaps FedAvg for a clustered strategy in one line; strategies from outside the package;
+what each strategy module may and may not touch."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.supercore.task_identity import TaskIdentity
+from sklearn.metrics import adjusted_rand_score
+from userapp.client_app import app as stock_client_app
+from userapp.task import Net, group_of
+
+import clusterfed
+from clusterfed.runner.inprocess import InProcessGrid
+from clusterfed.strategies import REGISTRY, clustered_classes
+from clusterfed.strategies.base import StrategyParamsError
+
+ROOT = Path(__file__).resolve().parent.parent
+NUM_CLIENTS = 8
+
+
+def run_user_app(strategy, rounds: int, client_app=stock_client_app, num_clients: int = NUM_CLIENTS):
+    """What a user's ServerApp does: ``strategy.start(grid=..., initial_arrays=..., num_rounds=...)``."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    grid = InProcessGrid(client_app, num_clients, node_configs=[{"partition-id": i} for i in range(num_clients)])
+    torch.manual_seed(0)
+    return strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), num_rounds=rounds,
+                          train_config=ConfigRecord({"lr": 0.1, "local-epochs": 1}))
+
+
+def ari(result) -> float:
+    keys = sorted(result.assignment)
+    groups = [group_of(int(k.removeprefix("node-")) - 1000) for k in keys]
+    return adjusted_rand_score(groups, [result.assignment[k] for k in keys])
+
+
+@pytest.mark.parametrize("name, rounds", [("FedClust", 3), ("CFL", 12), ("LayerCFL", 12), ("HiCFL", 20)])
+def test_one_line_swap_recovers_the_groups_with_a_stock_client_app(name, rounds):
+    result = run_user_app(getattr(clusterfed, name)(), rounds)
+    assert ari(result) == 1.0, result.clustering.get("one_cluster_reason")
+    assert len(result.cluster_arrays) >= 2 and set(result.arrays) == set(Net().state_dict())
+    last = result.evaluate_metrics_clientapp[rounds]
+    assert last["num-examples"] == NUM_CLIENTS * 24 and last["eval_acc"] > 0.8
+
+
+@pytest.mark.parametrize("name", ["FedAvg", "FedProx"])
+def test_fedavg_and_fedprox_run_a_stock_client_app(name):
+    result = run_user_app(getattr(clusterfed, name)(), 3)
+    assert len(set(result.assignment.values())) == 1 and set(result.assignment) == {
+        f"node-{1000 + i}" for i in range(NUM_CLIENTS)}
+    # Flower's way: the clients' metrics averaged by num-examples, per round
+    assert sorted(result.train_metrics_clientapp) == [1, 2, 3]
+    assert result.train_metrics_clientapp[1]["num-examples"] == NUM_CLIENTS * 72
+    assert "train_loss" in result.train_metrics_clientapp[1]
+
+
+@pytest.mark.parametrize("strategy, capability", [("IFCA", "choosing the lowest-training-loss model"),
+                                                  ("AdaCFL", "label statistics")])
+def test_a_strategy_needing_more_than_a_stock_client_stops_before_round_1(strategy, capability):
+    with pytest.raises(StrategyParamsError, match=capability) as error:
+        run_user_app(getattr(clusterfed, strategy)(), 2)
+    assert "node-1000" in str(error.value) and "clusterfed.client" in str(error.value)
+
+
+def test_adacfl_without_label_statistics_runs_on_stock_clients():
+    result = run_user_app(clusterfed.AdaCFL(share_label_stats=False, warmup_rounds=0), 2)
+    assert result.clustering["preclustering"] is False
+
+
+def test_constructor_parameters_are_typed_and_checked():
+    assert clusterfed.FedClust(lambda_=0.5).params.lambda_ == 0.5
+    assert clusterfed.FedClust().params.lambda_ == "auto"
+    with pytest.raises(StrategyParamsError, match="'fedclust' has no parameter 'eps1'"):
+        clusterfed.FedClust(eps1=0.2)
+    with pytest.raises(StrategyParamsError, match="fedclust.lambda"):
+        clusterfed.FedClust(lambda_="soon")
+    with pytest.raises(StrategyParamsError, match="fraction_train"):
+        clusterfed.CFL(fraction_train=2.0)
+
+
+def test_every_public_strategy_is_a_flower_strategy_without_unimplemented_methods():
+    from flwr.serverapp.strategy import Strategy
+
+    for name in ("FedAvg", "FedProx", "FedClust", "AdaCFL", "CFL", "LayerCFL", "HiCFL", "IFCA", "ClientSelection"):
+        cls = getattr(clusterfed, name)
+        assert issubclass(cls, Strategy) and not cls.__abstractmethods__
+    for path in (ROOT / "clusterfed" / "strategies").glob("*.py"):
+        assert "NotImplementedError" not in path.read_text(), path.name
+
+
+def test_a_strategy_from_outside_the_package_runs_by_module_and_class(tmp_path):
+    from clusterfed.config import ConfigError, parse_config
+    from clusterfed.simulation import simulate
+
+    config = parse_config({"strategy": "userapp.my_strategy:Halves", "halves.halves": 3, "num-clients": 6,
+                           "rounds": 2, "out-dir": str(tmp_path), "batch-size": 32})
+    summary = simulate(config, engine="inprocess", stream=None)
+    assert summary["num_clusters"] == 3
+    with pytest.raises(ConfigError, match="halves.halves"):
+        parse_config({"strategy": "userapp.my_strategy:Halves", "halves.halves": 0})
+    with pytest.raises(ConfigError, match="has no 'Nope'"):
+        parse_config({"strategy": "userapp.my_strategy:Nope"})
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        parse_config({"strategy": "no_such_package.module:Cls"})
+
+
+def test_bad_strategy_input_is_one_line_and_exit_2():
+    for setting in ("strategy=no_such.module:X", "fedclust.eps1=0.3", "fedclust.lambda=-1"):
+        result = subprocess.run([sys.executable, "-m", "clusterfed.cli", "run", "--engine", "inprocess",
+                                 "--set", "strategy=fedclust", "--set", setting], capture_output=True, text=True)
+        assert result.returncode == 2, setting
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("clusterfed:"), result.stderr
+
+
+# ---------------------------------------------------------------- the shape of the code
+STRATEGY_DIR = ROOT / "clusterfed" / "strategies"
+FLOWER_NAMES = {"Message", "Grid", "send_and_receive", "push_messages", "pull_messages"}
+
+
+def test_no_strategy_module_but_the_base_touches_messages_or_the_grid():
+    for path in STRATEGY_DIR.glob("*.py"):
+        if path.name in ("base.py", "__init__.py"):
+            continue
+        names = {node.id for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Name)}
+        names |= {node.attr for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Attribute)}
+        assert not names & FLOWER_NAMES, (path.name, names & FLOWER_NAMES)
+
+
+def test_no_strategy_name_in_shared_code():
+    names = [n for n in REGISTRY if n != "flwr-fedavg"]
+    shared = [ROOT / "clusterfed" / d for d in ("clustering", "plots", "client", "runner")]
+    shared += [ROOT / "clusterfed" / f for f in ("client_app.py", "results.py", "compare.py", "protocol.py")]
+    found = []
+    for place in shared:
+        for path in ([place] if place.is_file() else place.rglob("*.py")):
+            if not path.exists() or path.name == "flwr_fedavg.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and node.value in names:
+                    found.append((path.name, node.value))
+    assert not found
+
+
+def test_generated_configuration_reference_matches_the_schemas():
+    from clusterfed import reference
+
+    assert (ROOT / "docs" / "configuration.md").read_text() == reference.markdown()
+    assert reference.pyproject_section() in (ROOT / "pyproject.toml").read_text()
+
+
+def test_every_registered_strategy_declares_its_params_and_state():
+    import dataclasses
+
+    for name, cls in clustered_classes().items():
+        assert cls.name == name and dataclasses.is_dataclass(cls.State)
+        strategy = cls()
+        with pytest.raises(AttributeError, match="not declared"):
+            strategy.something_new = 1

@@ -1,0 +1,34 @@
+"""A strategy defined outside clusterfed, on its base: two fixed clusters by node order
+(a stand-in for a user's own clustering rule), with a typed parameter of its own."""
+
+from dataclasses import dataclass, field
+
+from pydantic import Field
+
+from clusterfed import ClusteredState, ClusteredStrategy, StrategyParams
+
+
+class HalvesParams(StrategyParams):
+    halves: int = Field(2, ge=1, description="number of clusters, by client order")
+
+
+@dataclass
+class HalvesState(ClusteredState):
+    seen: list[str] = field(default_factory=list)
+
+
+class Halves(ClusteredStrategy):
+    """Clients split into ``halves`` clusters by the order they were first seen."""
+
+    name = "halves"
+    Params = HalvesParams
+    State = HalvesState
+
+    def init_clusters(self) -> None:
+        for _ in range(self.params.halves):
+            self.new_cluster(self.theta0)
+
+    def admit(self, server_round, keys):
+        for key in keys:
+            self.seen.append(key)
+            self.assignment[key] = len(self.seen) % self.params.halves
