@@ -74,6 +74,7 @@ def split_strategy_params(values: dict[str, Any], *, run_keys: list[str],
     run_values: dict[str, Any] = {}
     params: dict[str, Any] = {}
     from_legacy: dict[str, Any] = {}
+    others: dict[str, dict[str, Any]] = {}  # other strategies' keys: checked, then ignored
     for key, value in values.items():
         if key in run_keys:
             run_values[key] = value
@@ -90,8 +91,10 @@ def split_strategy_params(values: dict[str, Any], *, run_keys: list[str],
                                   f"its parameters: {', '.join(own[ns]) or 'none'}")
             if ns == chosen:
                 params[param] = value
-            elif value != default_of(own[ns][param]):
-                _warn(f"config key {key!r} is ignored: the strategy is {name!r}")
+            else:
+                others.setdefault(ns, {})[param] = value
+                if value != default_of(own[ns][param]):
+                    _warn(f"config key {key!r} is ignored: the strategy is {name!r}")
         elif key in legacy:
             mine = [param for ns, param in legacy[key] if ns == chosen]
             if mine:
@@ -109,6 +112,11 @@ def split_strategy_params(values: dict[str, Any], *, run_keys: list[str],
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ConfigError(f"unknown config key {key!r}{hint}; run keys: {', '.join(run_keys)}; "
                               f"strategy parameters are '<strategy>.<param>' (see 'clusterfed params')")
+    for ns, given in others.items():  # a typo in another strategy's table is still a typo
+        try:
+            classes[ns].Params.model_validate(given)
+        except ValidationError as error:
+            raise ConfigError(problems(error, lambda key: f"{ns}.{key}")) from None
     if not clustered:
         return run_values, {}
     merged = {**from_legacy, **params}
@@ -117,14 +125,18 @@ def split_strategy_params(values: dict[str, Any], *, run_keys: list[str],
     try:
         validated = cls.Params.model_validate({**shared, **merged})
     except ValidationError as error:
-        lines = []
-        for problem in error.errors():
-            key = ".".join(str(part) for part in problem["loc"])
-            shown = key if key in shared else f"{chosen}.{key}"
-            lines.append(f"config key {shown!r} = {problem.get('input')!r}: {problem['msg']}")
-        raise ConfigError("; ".join(lines)) from None
+        raise ConfigError(problems(error, lambda key: key if key in shared else f"{chosen}.{key}")) from None
     dumped = validated.model_dump(by_alias=True)
     return run_values, {k: dumped[k] for k in own[chosen]}
+
+
+def problems(error: ValidationError, shown: Callable[[str], str]) -> str:
+    """One clause per wrong key; a ``number | "auto"`` key's two complaints joined by "or"."""
+    by_key: dict[str, tuple[Any, list[str]]] = {}
+    for problem in error.errors():
+        key = str(problem["loc"][0])
+        by_key.setdefault(key, (problem.get("input"), []))[1].append(problem["msg"])
+    return "; ".join(f"config key {shown(key)!r} = {given!r}: {' or '.join(msgs)}" for key, (given, msgs) in by_key.items())
 
 
 def reference_rows(cls: type) -> list[tuple[str, Any, str, str]]:

@@ -30,9 +30,10 @@ def arrays_of(vector):
 def make_strategy(cls, groups, **config):
     """A strategy with its clusters initialised and ``groups`` (key -> true group) admitted
     to the root, without a Grid: the tests call ``after_train`` with hand-made replies."""
-    values = {"num-clients": len(groups), "out-dir": "/tmp/unused", **ALWAYS_SPLIT}
+    values = {"num-clients": len(groups), "out-dir": "/tmp/unused", "strategy": cls.name, **ALWAYS_SPLIT}
     values.update({k.replace("_", "-"): v for k, v in config.items()})
-    strategy = cls(parse_config(values))
+    strategy = parse_config(values).build_strategy()
+    strategy.train_config = {"lr": 0.05, "local-epochs": 1}
     strategy.init(arrays_of(np.zeros(DIM)))
     for key, group in groups.items():
         strategy.clients[key] = ClientInfo(key, 50, group)
@@ -176,14 +177,14 @@ def test_default_cfl_refuses_splits_of_noise_but_splits_real_groups(seed):
     assert fired >= 10  # the norm criteria alone would have split
     assert iid.splits == [] and set(iid.assignment.values()) == {0}
     assert len(iid.refused) == fired and all(r["reason"] == "silhouette" for r in iid.refused)
-    assert max(r["best_cut_silhouette"] for r in iid.refused) < iid.config.split_min_silhouette
+    assert max(r["best_cut_silhouette"] for r in iid.refused) < iid.params.split_min_silhouette
 
     group_of = {k: i % 2 for i, k in enumerate(keys)}
     grouped = make_strategy(CFL, group_of, split_criteria="relative", min_split_round=5)
     for server_round in range(1, 41):
         run_round(grouped, server_round, converging_updates(rng, keys, server_round, group_of))
     first = grouped.splits[0]
-    assert first["best_cut_silhouette"] >= grouped.config.split_min_silhouette
+    assert first["best_cut_silhouette"] >= grouped.params.split_min_silhouette
     assert {frozenset(group_of[k] for k in side) for side in first["members"]} == {frozenset({0}), frozenset({1})}
     # and the pure halves are never split again: their proposals are noise
     assert len(grouped.splits) == 1
@@ -212,7 +213,7 @@ def test_cfl_equals_fedavg_until_its_first_split_then_recovers_the_groups(small_
     summary = simulate(cfl, engine="inprocess", stream=None)
     clusters = _clusters(cfl.out_dir)
     first = clusters["splits"][0]["round"]
-    assert cfl.min_split_round <= first < cfl.rounds
+    assert cfl.strategy_params["min-split-round"] <= first < cfl.rounds
     a, b = _rounds(fedavg.out_dir), _rounds(cfl.out_dir)
     # same numbers up to and including the split round: it still evaluates the parent's model
     # (the mean may differ in its last bit: replies arrive in no fixed order, so do the sums)
@@ -246,17 +247,17 @@ def test_relative_criteria_fire_on_rotation_where_absolute_ones_do_not(small_con
     simulate(config, engine="inprocess", stream=None)
     clusters, rounds = _clusters(config.out_dir), _rounds(config.out_dir)
     split = clusters["splits"][0]
-    assert split["round"] == config.min_split_round == 5
+    assert split["round"] == config.strategy_params["min-split-round"] == 5
     # a first-level split of 4 groups: every rotation group lies wholly on one side
     groups = clusters["true_groups"]
     sides = [{groups[k] for k in side} for side in split["members"]]
     assert not sides[0] & sides[1] and len(sides[0] | sides[1]) == 4
-    assert split["silhouette"] < config.split_min_silhouette <= split["best_cut_silhouette"]
+    assert split["silhouette"] < config.strategy_params["split-min-silhouette"] <= split["best_cut_silhouette"]
     assert split["best_cut_k"] == 4
     for record in rounds[:split["round"]]:
         norms = record["split_criteria"]["0"]
-        assert not (norms["mean_norm"] < config.eps1 and norms["max_norm"] > config.eps2)
-        assert norms["max_norm"] < config.eps2 / 2
+        assert not (norms["mean_norm"] < config.strategy_params["eps1"] and norms["max_norm"] > config.strategy_params["eps2"])
+        assert norms["max_norm"] < config.strategy_params["eps2"] / 2
 
 
 def test_relative_criteria_do_not_fire_on_iid(small_config, tmp_path):
@@ -264,4 +265,4 @@ def test_relative_criteria_do_not_fire_on_iid(small_config, tmp_path):
     simulate(config, engine="inprocess", stream=None)
     assert _clusters(config.out_dir)["splits"] == []
     criteria = [r["split_criteria"]["0"] for r in _rounds(config.out_dir)]
-    assert not any(c["stationary"] and c["heterogeneous"] for c in criteria[config.min_split_round - 1:])
+    assert not any(c["stationary"] and c["heterogeneous"] for c in criteria[config.strategy_params["min-split-round"] - 1:])

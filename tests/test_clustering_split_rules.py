@@ -84,10 +84,12 @@ def test_merge_pairs_each_cluster_once_and_singletons():
 
 
 def test_one_cluster_reason():
-    assert "stability" in one_cluster_reason("hicfl", [])
-    assert "criteria never met" in one_cluster_reason("cfl", [])
-    text = one_cluster_reason("layercfl", ["check", "check", "silhouette"])
+    from clusterfed.strategies.cfl import CFL
+    from clusterfed.strategies.hicfl import HiCFL
+    from clusterfed.strategies.layercfl import LayerCFL
+
+    assert "stability" in one_cluster_reason(HiCFL.one_cluster_reasons, [], timing="stability")
+    assert "criteria never met" in one_cluster_reason(CFL.one_cluster_reasons, [])
+    text = one_cluster_reason(LayerCFL.one_cluster_reasons, ["check", "check", "silhouette"])
     assert "correct-clustering check" in text and "check ×2" in text
-    assert "min-split-size" in one_cluster_reason("cfl", ["silhouette"], could_split=False)
-    with pytest.raises(ValueError):
-        one_cluster_reason("fedavg", [])
+    assert "min-split-size" in one_cluster_reason(CFL.one_cluster_reasons, ["silhouette"], could_split=False)

@@ -10,9 +10,17 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_pyproject_lists_every_key_with_the_schema_default():
-    flower = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
-    assert set(flower) == set(config_keys())
-    assert RunConfig().to_flower() == flower
+    from flwr.common.config import flatten_dict
+
+    from clusterfed.strategies import clustered_classes
+    from clusterfed.strategy_config import default_of, own_params
+
+    flower = flatten_dict(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"])
+    namespaced = {f"{ns}.{key}": default_of(field) for ns, cls in clustered_classes().items()
+                  for key, field in own_params(cls).items()}
+    assert set(flower) == set(config_keys()) | set(namespaced)
+    assert {**RunConfig().to_flower(), **namespaced} == flower
+    assert parse_config(flower) == RunConfig()  # the pyproject's defaults parse, and are the defaults
 
 
 def test_unknown_key_is_named_with_a_suggestion():
@@ -25,11 +33,11 @@ def test_unknown_key_is_named_with_a_suggestion():
 @pytest.mark.parametrize(
     ("key", "value", "expected"),
     [
-        ("strategy", "fedfoo", "is not one of: fedavg"),
+        ("strategy", "fedfoo", "unknown strategy 'fedfoo'; available: fedavg"),
         ("partitioner", "zipf", "label-skew"),
         ("num-clients", 0, "greater than or equal to 1"),
         ("device", "tpu", "'auto', 'cpu' or 'cuda'"),
-        ("lambda", "big", 'positive number or "auto"'),
+        ("fedclust.lambda", "big", "'auto'"),
         ("test-fraction", 1.5, "less than 1"),
     ],
 )
@@ -40,9 +48,11 @@ def test_bad_value_names_key_and_what_is_allowed(key, value, expected):
 
 
 def test_number_or_auto_fields():
-    config = parse_config({"lambda": 1.4, "epsilon": "auto"})
-    assert config.number_or_none("lambda_") == 1.4
-    assert config.number_or_none("epsilon") is None
+    config = parse_config({"strategy": "adacfl", "adacfl.lambda": 1.4, "epsilon": "auto"})
+    assert config.strategy_params["lambda"] == 1.4 and config.strategy_params["epsilon"] == "auto"
+    strategy = config.build_strategy()
+    assert strategy.params.number_or_none(strategy.params.lambda_) == 1.4
+    assert strategy.params.number_or_none(strategy.params.epsilon) is None
 
 
 def test_set_values_are_read_like_toml():

@@ -71,7 +71,7 @@ def test_relative_epsilon_fires_once_stability_falls_below_its_own_scale():
     assert split["round"] > 8 and split["relative"] and split["rule"] == "linkage"
     sides = [{groups[k] for k in side} for side in split["members"]]
     assert not sides[0] & sides[1] and sides[0] | sides[1] == {0, 1, 2}
-    assert split["silhouettes"][split["layer"]] >= hicfl.config.hicfl_min_silhouette
+    assert split["silhouettes"][split["layer"]] >= hicfl.params.min_silhouette
 
 
 def test_structure_test_refuses_noise_and_reports_why():
@@ -104,7 +104,7 @@ def test_a_split_of_one_group_is_merged_back_with_models_averaged_by_size():
     cfl.models[a] = {n: np.full_like(v, 1.0) for n, v in cfl.models[a].items()}
     cfl.models[b] = {n: np.full_like(v, 4.0) for n, v in cfl.models[b].items()}
     size_a, size_b = (len(cfl.tree.members(c)) for c in (a, b))
-    cfl.config = cfl.config.model_copy(update={"split_criteria": "absolute", "eps1": 1e-9})  # no new split
+    cfl.params = cfl.params.model_copy(update={"split_criteria": "absolute", "eps1": 1e-9})  # no new split
     extra = run_round(cfl, 2, round_updates())
     (merge,) = cfl.merges
     merged = merge["into"]
@@ -162,7 +162,7 @@ def test_defaults_do_not_split_iid_and_say_why(small_config, strategy):
 
 def test_layercfl_defaults_record_the_check_and_use_the_last_conv_layer():
     strategy = make_strategy(LayerCFL, {str(i): i % 2 for i in range(6)})
-    assert strategy.layer_rule == "conv" and not strategy.config.correct_clustering_check
+    assert strategy.layer_rule == "conv" and not strategy.params.correct_clustering_check
     assert list(steps(None)) == []
 
 

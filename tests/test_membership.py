@@ -60,19 +60,16 @@ def churn(monkeypatch):
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     plan = {}
 
-    def build(config, recorder=None, **kwargs):
-        runner = build_runner(config, recorder, **kwargs)
-        discover = runner.discover
+    from clusterfed.runner.runner import RoundDriver
 
-        def discover_after_events(server_round):
-            if server_round in plan["events"]:
-                plan["events"][server_round](runner.grid)
-            discover(server_round)
+    discover = RoundDriver.discover
 
-        runner.discover = discover_after_events
-        return runner
+    def discover_after_events(driver, server_round):
+        if server_round in plan["events"]:
+            plan["events"][server_round](driver.grid)
+        discover(driver, server_round)
 
-    monkeypatch.setattr(server_app, "build_runner", build)
+    monkeypatch.setattr(RoundDriver, "discover", discover_after_events)
     return plan
 
 

@@ -171,7 +171,7 @@ class ClusteredStrategy(Strategy):
         if state is not None and name in _fields(type(state)):
             setattr(state, name, value)
             return
-        if self.__dict__.get("_sealed") and name not in self.__dict__:
+        if self.__dict__.get("_sealed") and name not in self.__dict__ and not hasattr(type(self), name):
             raise AttributeError(f"{type(self).__name__}.{name} is not declared: add it to {self.State.__name__} "
                                  f"(state, checkpointed) or set it in __init__")
         object.__setattr__(self, name, value)
