@@ -72,7 +72,7 @@ def test_a_killed_process_resumes_from_its_last_checkpoint(tmp_path):
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
-        while not (killed / "checkpoint.pkl").exists() and process.poll() is None and time.monotonic() < deadline:
+        while not (killed / "checkpoint.json").exists() and process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         os.killpg(process.pid, signal.SIGKILL)
     finally:
@@ -86,17 +86,27 @@ def test_a_killed_process_resumes_from_its_last_checkpoint(tmp_path):
 def test_corrupt_truncated_and_incompatible_checkpoints_are_refused(tmp_path):
     run = tmp_path / "run"
     simulate(config("fedclust", run, rounds=2), engine="inprocess", stream=None)
-    data = (run / "checkpoint.pkl").read_bytes()
-    cases = {"truncated": data[: len(data) // 2], "flipped": data[:-10] + bytes([data[-10] ^ 1]) + data[-9:],
-             "foreign": b"not a checkpoint"}
-    for name, content in cases.items():
+    files = {p.name: p.read_bytes() for p in run.glob("checkpoint*")}
+    npz = next(name for name in files if name.endswith(".npz"))
+    assert sorted(files) == [npz, "checkpoint.json"]
+    text, arrays = files["checkpoint.json"], files[npz]
+    cases = {"truncated": {"checkpoint.json": text[: len(text) // 2]},
+             "truncated-arrays": {npz: arrays[: len(arrays) // 2]},
+             "flipped": {npz: arrays[:-10] + bytes([arrays[-10] ^ 1]) + arrays[-9:]},
+             "foreign": {"checkpoint.json": b"not a checkpoint"},
+             "no-arrays": {npz: None}}
+    for name, changes in cases.items():
         folder = tmp_path / name
         folder.mkdir()
-        (folder / "checkpoint.pkl").write_bytes(content)
-        with pytest.raises(ConfigError, match="truncated or corrupt|not a clusterfed checkpoint"):
+        content = {**files, **changes}
+        for file, data in content.items():
+            if data is not None:
+                (folder / file).write_bytes(data)
+        with pytest.raises(ConfigError, match="truncated or corrupt|not a clusterfed checkpoint|half-written"):
             simulate(config("fedclust", tmp_path / f"out-{name}", **{"resume-from": str(folder)}),
                      engine="inprocess", stream=None)
-        assert (folder / "checkpoint.pkl").read_bytes() == content  # touched nothing
+        for file, data in content.items():  # touched nothing
+            assert (folder / file).read_bytes() == data if data is not None else not (folder / file).exists()
         assert not (tmp_path / f"out-{name}" / "rounds.jsonl").exists()
     with pytest.raises(ConfigError, match="it is a 'fedclust' run, this run is 'cfl'"):
         simulate(config("cfl", tmp_path / "other", **{"resume-from": str(run)}), engine="inprocess", stream=None)
@@ -106,15 +116,49 @@ def test_corrupt_truncated_and_incompatible_checkpoints_are_refused(tmp_path):
     with pytest.raises(ConfigError, match="seed"):
         simulate(config("fedclust", tmp_path / "seed", seed=3, **{"resume-from": str(run)}),
                  engine="inprocess", stream=None)
-    assert (run / "checkpoint.pkl").read_bytes() == data
+    assert {p.name: p.read_bytes() for p in run.glob("checkpoint*")} == files
+
+
+def test_an_old_pickle_checkpoint_is_refused_with_a_reason(tmp_path):
+    folder = tmp_path / "old"
+    folder.mkdir()
+    (folder / "checkpoint.pkl").write_bytes(b"clusterfed-checkpoint v1\n" + bytes(32) + b"never unpickled")
+    with pytest.raises(ConfigError, match="old pickle checkpoint .* Restart the run"):
+        simulate(config("fedclust", tmp_path / "out", **{"resume-from": str(folder)}), engine="inprocess", stream=None)
+    assert not (tmp_path / "out" / "rounds.jsonl").exists()
 
 
 def test_checkpoint_is_written_atomically(tmp_path):
     save_checkpoint(tmp_path, {"round": 1, "x": np.arange(3)})
-    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pkl"]  # no temporary file left
+    first = sorted(p.name for p in tmp_path.iterdir())
+    assert len(first) == 2 and first[1] == "checkpoint.json" and first[0].endswith(".npz")  # no temporary file left
     assert load_checkpoint(tmp_path)["round"] == 1
+    save_checkpoint(tmp_path, {"round": 2, "x": np.arange(4)})
+    second = sorted(p.name for p in tmp_path.iterdir())
+    assert len(second) == 2 and second[0] != first[0]  # the previous round's arrays are gone
+    assert load_checkpoint(tmp_path)["round"] == 2
     with pytest.raises(CheckpointError, match="cannot read"):
         load_checkpoint(tmp_path / "missing")
+
+
+def test_a_checkpoint_interrupted_before_its_json_leaves_the_previous_one(tmp_path, monkeypatch):
+    """Killed after the new arrays file landed but before the JSON: the old pair still loads."""
+    save_checkpoint(tmp_path, {"round": 1, "x": np.arange(3)})
+    real_replace = os.replace
+
+    def dies_at_the_json(src, dst):
+        if str(dst).endswith(".json"):
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", dies_at_the_json)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, {"round": 2, "x": np.arange(5)})
+    monkeypatch.setattr(os, "replace", real_replace)
+    assert load_checkpoint(tmp_path)["round"] == 1
+    assert not list(tmp_path.glob(".checkpoint-*"))
+    save_checkpoint(tmp_path, {"round": 2, "x": np.arange(5)})  # and the orphaned arrays are cleaned up
+    assert len(list(tmp_path.glob("checkpoint-*.npz"))) == 1 and load_checkpoint(tmp_path)["round"] == 2
 
 
 def test_exported_cluster_model_loads_and_predicts(tmp_path):
