@@ -30,8 +30,6 @@ from clusterfed.label_stats import label_entropy, num_classes_present
 CHOICES = "ifca-k"
 CHOICE = "ifca-choice"
 
-MESSAGE_TYPES = (MessageType.TRAIN, MessageType.EVALUATE, protocol.PROFILE_QUERY)
-
 # imported by Flower's `flwr-clientapp` process (one message, then exit), not by simulations
 _ONE_MESSAGE_PROCESS = "flwr.supernode.runtime.run_clientapp"
 
