@@ -37,7 +37,7 @@ DATA = {"num-clients": 3, "partitioner": "label-groups", "label-groups": "0,1;2,
 
 
 def run_config(out: Path, rounds: int) -> dict:
-    return {**DATA, "strategy": "fedclust", "rounds": rounds, "timeout": 120.0, "cluster-epochs": 2,
+    return {**DATA, "strategy": "fedclust", "rounds": rounds, "timeout": 120.0, "fedclust.cluster-epochs": 2,
             "batch-size": 32, "device": "cpu", "checkpoint": False, "out-dir": str(out)}
 
 

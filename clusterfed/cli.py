@@ -91,10 +91,34 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_params(args: argparse.Namespace) -> int:
+    """Each strategy's parameters, defaults and meanings, from its schema."""
+    from clusterfed.reference import strategy_help
+    from clusterfed.strategies import clustered_classes, strategy_class
+
+    names = [args.strategy] if args.strategy else list(clustered_classes())
+    try:
+        for name in names:
+            strategy_class(name)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    print("\n\n".join(strategy_help(name) for name in names))
+    return 0
+
+
+def _strategies_epilog() -> str:
+    """The --help epilog: the strategies and how their parameters are set (from the registry)."""
+    from clusterfed.strategies import strategy_names
+
+    return (f"strategies: {', '.join(strategy_names())}, or package.module:Class. A strategy's parameters "
+            "are set as --set <strategy>.<param>=value (clusterfed params NAME lists them).")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="clusterfed", description="Clustered federated learning on Flower.")
+    parser = argparse.ArgumentParser(prog="clusterfed", description="Clustered federated learning on Flower.",
+                                     epilog=_strategies_epilog())
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="run one simulation and write results")
+    run = sub.add_parser("run", help="run one simulation and write results", epilog=_strategies_epilog())
     run.add_argument("--out", help="results folder (overrides out-dir)")
     run.add_argument("--engine", choices=("flower", "inprocess"), default="flower",
                      help="flower = Flower's simulation engine (Ray); inprocess = same apps, no Ray (fast, sequential)")
@@ -117,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     partition.add_argument("--out", required=True, metavar="DIR", help="folder for part-<i>.npz and manifest.json")
     _add_config_args(partition)
     partition.set_defaults(func=cmd_partition)
+    params = sub.add_parser("params", help="list a strategy's parameters, defaults and meanings")
+    params.add_argument("strategy", nargs="?", help="a strategy name or package.module:Class (default: all)")
+    params.set_defaults(func=cmd_params)
     plot = sub.add_parser("plot", help="redraw the figures of a results folder")
     plot.add_argument("dir")
     plot.set_defaults(func=cmd_plot)

@@ -24,6 +24,24 @@ CLIENT = "client"  # ConfigRecord of the reply: client-key, true-group (metrics 
 # custom query used once per client to learn its stable key before anything is sent to it
 PROFILE_QUERY = "query.profile"
 
+# a multi-model (IFCA) message: K models in ``arrays``, array ``name`` of model k under
+# ``m{k}.{name}``, and ``config[CHOICES]`` = K; the client trains the one of lowest training
+# loss, returns it under the plain names and reports its index as the metric ``CHOICE``
+CHOICES = "ifca-k"
+CHOICE = "ifca-choice"
+
+
+def pack_models(models: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """K models in one dict, array names prefixed ``m{k}.``."""
+    return {f"m{k}.{name}": value for k, model in enumerate(models) for name, value in model.items()}
+
+
+def unpack_model(packed: Mapping[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
+    """Model k of a ``pack_models`` dict, under the plain names."""
+    prefix = f"m{k}."
+    return {name[len(prefix):]: value for name, value in packed.items() if name.startswith(prefix)}
+
+
 UPLOAD_FULL = "full"
 RETURN_WEIGHTS = "weights"
 RETURN_UPDATE = "update"

@@ -66,9 +66,29 @@ class EvalRow:
     key: str
     cluster: int
     true_group: int
-    accuracy: float
-    loss: float
+    accuracy: float  # the value of the task's declared metric (accuracy for classification)
+    loss: float | None
     num_examples: int
+
+
+@dataclass(frozen=True)
+class Metric:
+    """The metric a task declares: its name (a key of the clients' evaluate replies, with or
+    without ``eval-``), whether higher is better, and the target for rounds/MB to target.
+    Rows and summaries name their columns after it (``accuracy``, ``final_accuracy``,
+    ``client_accuracy``; ``mse``, ``final_mse`` …); ``best`` is the max or the min."""
+
+    name: str = "accuracy"
+    higher_is_better: bool = True
+
+    def reached(self, value: float, target: float) -> bool:
+        return value >= target if self.higher_is_better else value <= target
+
+    def best(self, values: list[float]) -> float:
+        return max(values) if self.higher_is_better else min(values)
+
+
+ACCURACY = Metric()
 
 
 def assignment_ari(assignment: dict[str, int], true_groups: dict[str, int]) -> float:
@@ -82,7 +102,10 @@ def assignment_ari(assignment: dict[str, int], true_groups: dict[str, int]) -> f
 class RunRecorder:
     """Collects per-round records for one run and writes them under ``out_dir``."""
 
-    def __init__(self, out_dir: str | Path, config: dict[str, Any], *, stream: TextIO | None = sys.stdout):
+    def __init__(self, out_dir: str | Path, config: dict[str, Any], *, stream: TextIO | None = sys.stdout,
+                 metric: Metric = ACCURACY, target: float | None = None):
+        self.metric = metric
+        self.target = float(config.get("target-accuracy", 1.0)) if target is None else float(target)
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.config = config
@@ -112,18 +135,20 @@ class RunRecorder:
         ``clients_known`` (default: those evaluated) is what coverage is measured against."""
         self.cum_down += traffic.down
         self.cum_up += traffic.up
+        name = self.metric.name
+        evals = [e for e in evals if e.accuracy is not None]  # a reply without the declared metric
         accuracies = np.array([e.accuracy for e in evals], dtype=float)
         sizes = np.array([e.num_examples for e in evals], dtype=float)
-        losses = np.array([e.loss for e in evals], dtype=float)
+        losses = np.array([e.loss for e in evals if e.loss is not None], dtype=float)
         per_cluster: dict[str, dict[str, float]] = {}
         for cluster in sorted({e.cluster for e in evals}):
             members = [e.accuracy for e in evals if e.cluster == cluster]
-            per_cluster[str(cluster)] = {"accuracy": float(np.mean(members)), "size": len(members)}
+            per_cluster[str(cluster)] = {name: float(np.mean(members)), "size": len(members)}
         record: dict[str, Any] = {
             "round": server_round,
-            "accuracy": _mean(accuracies),
-            "accuracy_weighted": float(np.average(accuracies, weights=sizes)) if sizes.sum() > 0 else None,
-            "accuracy_std": float(accuracies.std()) if len(accuracies) else None,
+            name: _mean(accuracies),
+            f"{name}_weighted": float(np.average(accuracies, weights=sizes)) if sizes.sum() > 0 else None,
+            f"{name}_std": float(accuracies.std()) if len(accuracies) else None,
             "loss": _mean(losses),
             "num_clusters": len(set(assignment.values())),
             "ari": assignment_ari(assignment, true_groups),
@@ -142,7 +167,7 @@ class RunRecorder:
             "round_seconds": round(round_seconds, 4),
             "clustering_seconds": round(clustering_seconds, 4),
             "clusters": per_cluster,
-            "client_accuracy": {e.key: round(e.accuracy, 4) for e in evals},
+            f"client_{name}": {e.key: round(e.accuracy, 4) for e in evals},
         }
         if traffic.rejected:
             record["rejections"] = traffic.rejected
@@ -171,9 +196,10 @@ class RunRecorder:
         if self.stream is None:
             return
         total = self.config.get("rounds", "?")
-        acc = "   n/a" if r["accuracy"] is None else f"{r['accuracy']:.3f} ± {r['accuracy_std']:.3f}"
+        name = self.metric.name
+        acc = "   n/a" if r[name] is None else f"{r[name]:.3f} ± {r[name + '_std']:.3f}"
         print(
-            f"round {r['round']:>3}/{total}  acc {acc}  clusters {r['num_clusters']:>2}  ARI {r['ari']:.2f}  "
+            f"round {r['round']:>3}/{total}  {name[:3] if name == 'accuracy' else name} {acc}  clusters {r['num_clusters']:>2}  ARI {r['ari']:.2f}  "
             f"up {r['cum_bytes_up'] / 1e6:7.2f} MB  down {r['cum_bytes_down'] / 1e6:7.2f} MB  "
             f"{r['round_seconds']:.1f}s" + (f"  rejected {r['rejected']}" if r["rejected"] else "")
             + (f"  failed {r['failures']}" if r["failures"] else "")
@@ -185,8 +211,7 @@ class RunRecorder:
 
     def finish(self, wall_seconds: float, clusters: dict[str, Any] | None = None) -> dict[str, Any]:
         self._rounds_file.close()
-        summary = summarize(self.rounds, float(self.config.get("target-accuracy", 1.0)),
-                            float(self.config.get("target-coverage", 1.0)))
+        summary = summarize(self.rounds, self.target, float(self.config.get("target-coverage", 1.0)), self.metric)
         summary["wall_seconds"] = round(wall_seconds, 2)
         summary["strategy"] = self.config.get("strategy")
         summary["config"] = self.config
@@ -218,20 +243,24 @@ def covered(record: dict[str, Any], coverage: float) -> bool:
     return known > 0 and record.get("clients_evaluated", 0) >= coverage * known - 1e-9
 
 
-def summarize(rounds: list[dict[str, Any]], target: float, coverage: float = 1.0) -> dict[str, Any]:
-    """Final and best accuracy, rounds and MB (up + down) to reach ``target``. A round
-    counts towards the target only if at least ``coverage`` of the known clients were
+def summarize(rounds: list[dict[str, Any]], target: float, coverage: float = 1.0,
+              metric: Metric = ACCURACY) -> dict[str, Any]:
+    """Final and best value of the declared metric, rounds and MB (up + down) to reach
+    ``target`` (at or above it, or at or below it for a metric where lower is better). A
+    round counts towards the target only if at least ``coverage`` of the known clients were
     evaluated in it: a round that missed clients may not reach the target early."""
-    accuracies = [r["accuracy"] for r in rounds if r["accuracy"] is not None]
-    reached = next((r for r in rounds if r["accuracy"] is not None and r["accuracy"] >= target
+    name = metric.name
+    values = [r[name] for r in rounds if r.get(name) is not None]
+    reached = next((r for r in rounds if r.get(name) is not None and metric.reached(r[name], target)
                     and covered(r, coverage)), None)
     last = rounds[-1] if rounds else {}
     total_bytes = last.get("cum_bytes_down", 0) + last.get("cum_bytes_up", 0)
     return {
-        "final_accuracy": accuracies[-1] if accuracies else None,
-        "best_accuracy": max(accuracies) if accuracies else None,
-        "final_accuracy_std": last.get("accuracy_std"),
-        "target_accuracy": target,
+        **({} if name == "accuracy" else {"metric": name, "higher_is_better": metric.higher_is_better}),
+        f"final_{name}": values[-1] if values else None,
+        f"best_{name}": metric.best(values) if values else None,
+        f"final_{name}_std": last.get(f"{name}_std"),
+        f"target_{name}": target,
         "rounds_to_target": reached["round"] if reached else None,
         "mb_to_target": round((reached["cum_bytes_down"] + reached["cum_bytes_up"]) / 1e6, 4) if reached else None,
         "total_mb": round(total_bytes / 1e6, 4),
@@ -263,11 +292,13 @@ def _fmt(value: Any, spec: str) -> str:
 
 
 def summary_table(summaries: list[dict[str, Any]]) -> str:
-    header = f"{'strategy':<12} {'final acc':>9} {'best acc':>9} {'ARI':>5} {'clusters':>8} {'rnds→tgt':>8} {'MB→tgt':>8} {'total MB':>9} {'wall s':>7}"
+    name = summaries[0].get("metric", "accuracy") if summaries else "accuracy"
+    short = "acc" if name == "accuracy" else name[:5]
+    header = f"{'strategy':<12} {'final ' + short:>9} {'best ' + short:>9} {'ARI':>5} {'clusters':>8} {'rnds→tgt':>8} {'MB→tgt':>8} {'total MB':>9} {'wall s':>7}"
     lines = [header, "-" * len(header)]
     for s in summaries:
         lines.append(
-            f"{str(s.get('strategy')):<12} {_fmt(s['final_accuracy'], '9.3f')} {_fmt(s['best_accuracy'], '9.3f')} "
+            f"{str(s.get('strategy')):<12} {_fmt(s[f'final_{name}'], '9.3f')} {_fmt(s[f'best_{name}'], '9.3f')} "
             f"{_fmt(s['final_ari'], '5.2f')} {_fmt(s['num_clusters'], '8d')} {_fmt(s['rounds_to_target'], '8d')} "
             f"{_fmt(s['mb_to_target'], '8.2f')} {_fmt(s['total_mb'], '9.2f')} {_fmt(s.get('wall_seconds'), '7.1f')}"
         )

@@ -167,7 +167,7 @@ def test_deployed_fedclust_with_a_killed_a_restarted_and_a_late_supernode(tmp_pa
         for i in range(3):
             federation.start_node(f"dev-{i}", parts / f"part-{i}.npz")
         run_config = {**data, "strategy": "fedclust", "min-clients": 3, "rounds": 4, "timeout": 60.0,
-                      "absent-after": 1, "cluster-epochs": 2, "batch-size": 32, "device": "cpu",
+                      "absent-after": 1, "fedclust.cluster-epochs": 2, "batch-size": 32, "device": "cpu",
                       "checkpoint": False, "out-dir": str(out), "wait-timeout": float(NODE_UP_SECONDS)}
         overrides = " ".join(f"{k}={json.dumps(v)}" if isinstance(v, str) else f"{k}={str(v).lower()}"
                              if isinstance(v, bool) else f"{k}={v}" for k, v in run_config.items())

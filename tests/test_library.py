@@ -163,3 +163,57 @@ def test_every_registered_strategy_declares_its_params_and_state():
         strategy = cls()
         with pytest.raises(AttributeError, match="not declared"):
             strategy.something_new = 1
+
+
+def test_flat_keys_still_work_and_equal_the_namespaced_ones():
+    from clusterfed import strategy_config
+    from clusterfed.config import parse_config
+
+    strategy_config._SAID.clear()
+    flat = parse_config({"strategy": "hicfl", "hicfl-timing": "all", "eps1": 0.2, "window": 3})
+    namespaced = parse_config({"strategy": "hicfl", "hicfl.timing": "all", "hicfl.eps1": 0.2, "hicfl.window": 3})
+    assert flat == namespaced and flat.strategy_params["timing"] == "all"
+    assert "config key 'hicfl-timing' is deprecated: use hicfl.timing" in strategy_config._SAID
+    # the run config a checkpoint and config.json record carries the namespaced keys
+    assert flat.to_flower()["hicfl.window"] == 3 and "window" not in flat.to_flower()
+
+
+def test_a_declared_metric_where_lower_is_better_drives_the_records(tmp_path):
+    import json
+
+    from clusterfed.results import Metric, RunRecorder
+    from clusterfed.runner.runner import RunOptions
+
+    strategy = clusterfed.FedClust()
+    recorder = RunRecorder(tmp_path, {"rounds": 4}, stream=None, metric=Metric("eval_loss", higher_is_better=False),
+                           target=0.45)
+    strategy.run_options = RunOptions(recorder=recorder)
+    run_user_app(strategy, 4)
+    summary = recorder.finish(0.0, strategy.final_clusters())
+    rows = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    losses = [r["eval_loss"] for r in rows]
+    assert summary["metric"] == "eval_loss" and summary["best_eval_loss"] == min(losses)
+    reached = next(r["round"] for r in rows if r["eval_loss"] <= 0.45)
+    assert summary["rounds_to_target"] == reached
+    assert set(rows[-1]["client_eval_loss"]) == {f"node-{1000 + i}" for i in range(NUM_CLIENTS)}
+
+
+def test_flowers_single_phase_hooks_train_and_evaluate_each_cluster():
+    """configure_train / aggregate_train / configure_evaluate / aggregate_evaluate work as
+    Flower's loop would call them (no clustering phases: the one-cluster step)."""
+    from clusterfed import protocol
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    grid = InProcessGrid(stock_client_app, 4, node_configs=[{"partition-id": i} for i in range(4)])
+    strategy = clusterfed.FedAvg()
+    torch.manual_seed(0)
+    theta0 = protocol.from_array_record(ArrayRecord(Net().state_dict()))
+    strategy.init(theta0)
+    messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord({"lr": 0.1}), grid))
+    assert len(messages) == 4 and all("lr" in m.content["config"] for m in messages)
+    arrays, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))
+    assert metrics["num-examples"] == 4 * 72 and set(arrays) == set(theta0)
+    assert any(not (arrays[n].numpy() == theta0[n]).all() for n in theta0)  # the model moved
+    evaluated = strategy.aggregate_evaluate(1, grid.send_and_receive(
+        strategy.configure_evaluate(1, arrays, ConfigRecord({}), grid)))
+    assert evaluated["num-examples"] == 4 * 24 and 0 <= evaluated["eval_acc"] <= 1

@@ -22,11 +22,10 @@ from clusterfed.clustering.bipartition import ClusterNode, ClusterTree, SplitDec
 from clusterfed.clustering.cluster_count import ClusterCountController, CountStep
 from clusterfed.clustering.layercfl import CheckResult
 from clusterfed.clustering.stability import StabilityTracker
-from clusterfed.config import STRATEGY_NAMES
+from clusterfed.strategies import clustered_classes
 from clusterfed.runner import checkpoint, state_codec
 from clusterfed.runner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from clusterfed.runner.state_codec import DecodeError, decode, dumps_json, encode
-from clusterfed.strategies import FLOWER_STRATEGIES
 from clusterfed.strategies.exchange import ClientInfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -344,7 +343,7 @@ def test_the_checkpoint_modules_do_not_use_pickle():
         assert "allow_pickle=True" not in (ROOT / "clusterfed" / "runner" / module).read_text()
 
 
-@pytest.mark.parametrize("strategy", [s for s in STRATEGY_NAMES if s not in FLOWER_STRATEGIES])
+@pytest.mark.parametrize("strategy", list(clustered_classes()))
 def test_every_strategy_state_round_trips(strategy, tmp_path, monkeypatch, small_config):
     """What each strategy's runner saves after a few rounds comes back the same (types,
     arrays, order, shared Generators) from the files alone."""

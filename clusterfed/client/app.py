@@ -23,21 +23,10 @@ from clusterfed import protocol
 from clusterfed.client.task import ClientTask, as_task_data, count_examples, load_task
 from clusterfed.label_stats import label_entropy, num_classes_present
 
-# a multi-model (IFCA) message: K models in ``arrays``, array ``name`` of model k under
-# ``m{k}.{name}``, and ``config[CHOICES]`` = K; the client trains the one of lowest training
-# loss, returns it under the plain names and reports its index as the metric ``CHOICE``
-# (the server's side: clusterfed.strategies.exchange)
-CHOICES = "ifca-k"
-CHOICE = "ifca-choice"
+from clusterfed.protocol import CHOICE, CHOICES, unpack_model
 
 # imported by Flower's `flwr-clientapp` process (one message, then exit), not by simulations
 _ONE_MESSAGE_PROCESS = "flwr.supernode.runtime.run_clientapp"
-
-
-def unpack_model(packed: Mapping[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
-    """Model k of a multi-model message, under the plain names."""
-    prefix = f"m{k}."
-    return {name[len(prefix):]: value for name, value in packed.items() if name.startswith(prefix)}
 
 
 def _config(content: RecordDict) -> dict[str, Any]:

@@ -14,23 +14,27 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from clusterfed.results import load_run  # noqa: E402
 
 
-def plot_accuracy(rounds: list[dict], path: Path, title: str, target: float | None = None) -> None:
-    """Mean local test accuracy with a ± std band; per-cluster curves when there are clusters."""
+def plot_accuracy(rounds: list[dict], path: Path, title: str, target: float | None = None,
+                  metric: str = "accuracy") -> None:
+    """The declared metric's mean over clients (local test data) with a ± std band;
+    per-cluster curves when there are clusters."""
     x = np.array([r["round"] for r in rounds])
-    mean = np.array([np.nan if r["accuracy"] is None else r["accuracy"] for r in rounds])
-    std = np.array([np.nan if r["accuracy_std"] is None else r["accuracy_std"] for r in rounds])
+    mean = np.array([np.nan if r.get(metric) is None else r[metric] for r in rounds])
+    std = np.array([np.nan if r.get(f"{metric}_std") is None else r[f"{metric}_std"] for r in rounds])
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(x, mean, color="C0", lw=2, label="mean client accuracy")
+    ax.plot(x, mean, color="C0", lw=2, label=f"mean client {metric}")
     ax.fill_between(x, mean - std, mean + std, color="C0", alpha=0.2, label="± std over clients")
     clusters = sorted({c for r in rounds for c in r.get("clusters", {})}, key=int)
     if 1 < len(clusters) <= 20:
         for i, cluster in enumerate(clusters):
-            ys = [r.get("clusters", {}).get(cluster, {}).get("accuracy", np.nan) for r in rounds]
+            ys = [r.get("clusters", {}).get(cluster, {}).get(metric, np.nan) for r in rounds]
             ax.plot(x, ys, lw=0.8, ls="--", color=f"C{(i + 1) % 10}", label=f"cluster {cluster}")
     if target:
         ax.axhline(target, color="grey", ls=":", lw=1, label=f"target {target:.2f}")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set(xlabel="round", ylabel="local test accuracy", ylim=(0, 1.02), title=title)
+    ax.set(xlabel="round", ylabel=f"local test {metric}", title=title)
+    if metric == "accuracy":
+        ax.set_ylim(0, 1.02)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right", ncol=2)
     fig.tight_layout()
@@ -62,7 +66,8 @@ def plot_run(out_dir: str | Path) -> list[Path]:
     config = summary.get("config", {})
     title = f"{config.get('strategy', '?')} · {config.get('dataset', '?')} / {config.get('partitioner', '?')}"
     written = [out / "accuracy.png", out / "traffic.png"]
-    plot_accuracy(rounds, written[0], title, config.get("target-accuracy"))
+    metric = summary.get("metric", "accuracy")
+    plot_accuracy(rounds, written[0], title, summary.get(f"target_{metric}", config.get("target-accuracy")), metric)
     plot_traffic(rounds, written[1], title)
     # strategy figures draw only what their records hold (one-shot cuts, splits)
     from clusterfed.plots.clustering import plot_clustering_figures

@@ -65,8 +65,6 @@ class RunOptions:
     seed: int = 0
     # the flat run config a checkpoint is checked against on resume
     run_config: dict[str, Any] = field(default_factory=dict)
-    # evaluation metric that the recorder reports as the round's metric (the task's declared one)
-    metric: str = "accuracy"
 
 
 def is_simulation(grid: Grid) -> bool:
@@ -139,6 +137,9 @@ class RoundDriver:
             self.drive(server_round, self.strategy.round(server_round))
             evals = self.evaluate(server_round)
             self.update_absence(server_round)
+            result.traffic["bytes_down"] += self.traffic.down
+            result.traffic["bytes_up"] += self.traffic.up
+            result.traffic["eval_bytes_down"] += self.traffic.eval_down
             extra = dict(self.strategy.round_extra)
             if self.deployment and self.lags:
                 extra["reply_lag_seconds"] = round(float(np.mean(self.lags)), 3)
@@ -423,7 +424,8 @@ class RoundDriver:
                 self.reject(server_round, key, error)
                 continue
             self.round_eval_metrics.append((n, metrics))
-            accuracy, loss = metric_value(metrics, self.options.metric), metric_value(metrics, "loss")
+            name = self.recorder.metric.name if self.recorder is not None else "accuracy"
+            accuracy, loss = metric_value(metrics, name), metric_value(metrics, "loss")
             rows.append(EvalRow(key, models[key][0], self.clients[key].true_group, accuracy, loss, n))
         return rows
 

@@ -120,10 +120,12 @@ class ClusteredState:
 class ClusteredResult(Result):
     """Flower's ``Result`` plus the clustering: ``cluster_arrays`` (the final model of each
     cluster), ``assignment`` (client key → cluster) and ``clustering`` (the clustering
-    record: splits, cuts, reasons). ``arrays`` is the largest cluster's model."""
+    record: splits, cuts, reasons) and ``traffic`` (array bytes each way, counted from the
+    messages). ``arrays`` is the largest cluster's model."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.traffic: dict[str, int] = {"bytes_down": 0, "bytes_up": 0, "eval_bytes_down": 0}
         self.cluster_arrays: dict[int, ArrayRecord] = {}
         self.assignment: dict[str, int] = {}
         self.clustering: dict[str, Any] = {}

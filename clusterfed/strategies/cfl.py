@@ -78,7 +78,7 @@ class CFLState(BiPartitioningState):
 
 
 class CFL(BiPartitioning):
-    """Sattler's CFL on full updates (module docstring)."""
+    """CFL (Sattler et al.): recursive bi-partitioning on the cosine similarity of full updates."""
 
     name = "cfl"
     Params = CFLParams

@@ -18,22 +18,8 @@ UPLOAD_FULL = "full"
 RETURN_WEIGHTS = "weights"
 RETURN_UPDATE = "update"
 
-# a multi-model ask (IFCA): ``model`` holds K models, array ``name`` of model k under
-# ``m{k}.{name}``; ``config[CHOICES]`` = K; the client trains the one of lowest training loss,
-# returns it under the plain names and reports its index as the metric ``CHOICE``
-CHOICES = "ifca-k"
-CHOICE = "ifca-choice"
-
-
-def pack_models(models: list[Arrays]) -> Arrays:
-    """K models in one dict, array names prefixed ``m{k}.``."""
-    return {f"m{k}.{name}": value for k, model in enumerate(models) for name, value in model.items()}
-
-
-def unpack_model(packed: Arrays, k: int) -> Arrays:
-    """Model k of a ``pack_models`` dict, under the plain names."""
-    prefix = f"m{k}."
-    return {name[len(prefix):]: value for name, value in packed.items() if name.startswith(prefix)}
+# a multi-model ask (IFCA): the message contract's names, shared with the client
+from clusterfed.protocol import CHOICE, CHOICES, pack_models, unpack_model  # noqa: E402,F401
 
 
 @dataclass

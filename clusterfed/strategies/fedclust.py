@@ -32,7 +32,7 @@ class FedClustParams(OneShotParams):
 
 
 class FedClust(OneShotClustering):
-    """FedClust: one-shot clustering on the final layer's weights (module docstring)."""
+    """FedClust: one-shot clustering on the final layer's weights."""
 
     name = "fedclust"
     Params = FedClustParams

@@ -167,7 +167,7 @@ class HiCFLState(BiPartitioningState):
 
 
 class HiCFL(BiPartitioning):
-    """HiCFL: splits timed by per-layer model stability (module docstring)."""
+    """HiCFL: splits timed by per-layer model stability."""
 
     name = "hicfl"
     Params = HiCFLParams

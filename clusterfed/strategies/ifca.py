@@ -49,7 +49,7 @@ class IFCAState(ClusteredState):
 
 
 class IFCA(ClusteredStrategy):
-    """IFCA: every sampled client trains the lowest-loss of the K models (module docstring)."""
+    """IFCA: every sampled client trains the lowest-loss of the K models."""
 
     name = "ifca"
     Params = IFCAParams

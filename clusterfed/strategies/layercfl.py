@@ -74,7 +74,7 @@ class LayerCFLState(CFLState):
 
 
 class LayerCFL(CFL):
-    """LayerCFL: CFL's splits decided on selected layers (module docstring)."""
+    """LayerCFL: CFL's splits decided on selected layers."""
 
     name = "layercfl"
     Params = LayerCFLParams
