@@ -3,20 +3,21 @@
 Flower 1.41's SuperNode runs every message in a fresh ``flwr-clientapp`` process (its
 ``run_clientapp`` pulls one task, runs it and exits, in subprocess and process isolation
 alike). Importing torch alone costs that process 2-3 s on a laptop core, more on a
-Raspberry Pi, on every message. ``clusterfed.client_entry`` (the ClientApp Flower loads)
-imports only flwr and numpy and hands the message's content to this long-lived process on
-the same device, which runs ``clusterfed.client_app``'s reply functions and sends the reply
-content back.
+Raspberry Pi, on every message. A ClientApp made by ``clusterfed.client.client_app`` from a
+task's import path (``clusterfed.client_entry.app``: the built-in task) imports only flwr and
+numpy and hands the message's content and Context to this long-lived process on the same
+device, which imports the task once, answers with ``clusterfed.client.reply`` and sends the
+reply content back. Context changes made here (``context.state``) do not travel back.
 
 Transport: ``multiprocessing.connection`` over a Unix socket in a per-user folder (mode
 0700), with its HMAC challenge on a random per-user key file (mode 0600), so only this user's
-processes can use the worker. One worker per node config and code version (the socket name
-hashes both), so a new app bundle or another SuperNode on the same machine never talks to a
-stale or foreign worker. The worker serves one request at a time (a SuperNode sends one
+processes can use the worker. One worker per task, node config and code version (the socket
+name hashes them), so a new app bundle or another SuperNode on the same machine never talks to
+a stale or foreign worker. The worker serves one request at a time (a SuperNode sends one
 message at a time) and exits after ``idle_seconds`` without a request.
 
 Run by hand (normally the ClientApp starts it):
-``python -m clusterfed.client_worker --socket PATH [--idle-seconds 900]``.
+``python -m clusterfed.client_worker --socket PATH [--task package.module:name] [--idle-seconds 900]``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import contextlib
 import fcntl
 import hashlib
+import importlib.util
 import json
 import os
 import secrets
@@ -69,31 +71,47 @@ def _authkey(directory: Path) -> bytes:
     return key_file.read_bytes()
 
 
-def _code_version() -> str:
+def _stamps(package: Path) -> list[tuple[str, int]]:
+    return sorted((str(path.relative_to(package)), path.stat().st_mtime_ns) for path in package.rglob("*.py"))
+
+
+def _code_version(task: str) -> str:
     """Where the client code lives and when it last changed: a new app bundle (another folder)
-    or an edited checkout gets a new worker."""
+    or an edited checkout gets a new worker. The code is clusterfed's and, for a task from
+    another package, that package's (found without importing it)."""
     package = Path(__file__).resolve().parent
-    stamps = sorted((str(path.relative_to(package)), path.stat().st_mtime_ns) for path in package.rglob("*.py"))
-    return json.dumps([str(package), sys.executable, stamps])
+    version = [str(package), sys.executable, _stamps(package)]
+    top = task.partition(":")[0].split(".")[0]
+    if top and top != package.name:
+        try:
+            spec = importlib.util.find_spec(top)
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            version += [[str(p), _stamps(Path(p))] for p in spec.submodule_search_locations]
+        elif spec is not None and spec.origin and Path(spec.origin).is_file():
+            version += [spec.origin, Path(spec.origin).stat().st_mtime_ns]
+    return json.dumps(version)
 
 
-def socket_path(node_config: Mapping[str, Any]) -> Path:
-    identity = json.dumps(sorted((str(k), str(v)) for k, v in node_config.items())) + _code_version()
+def socket_path(task: str, node_config: Mapping[str, Any]) -> Path:
+    identity = json.dumps([task, sorted((str(k), str(v)) for k, v in node_config.items())]) + _code_version(task)
     return worker_dir() / f"w-{hashlib.sha256(identity.encode()).hexdigest()[:16]}.sock"
 
 
-def request(message_type: str, content: Any, node_config: Mapping[str, Any],
+def request(task: str, message_type: str, content: Any, context: Any,
             idle_seconds: float = DEFAULT_IDLE_SECONDS) -> Any:
-    """The reply content for one message, from this node's worker (started if not running)."""
-    path = socket_path(node_config)
+    """The reply content for one message to ``task`` (its import path), from this node's worker
+    for that task (started if not running). ``context``: the message's Flower Context."""
+    path = socket_path(task, context.node_config)
     authkey = _authkey(path.parent)
     connection = _connect(path, authkey)
     if connection is None:
         with _spawn_lock(path):
-            connection = _connect(path, authkey) or _spawn_and_connect(path, authkey, idle_seconds)
+            connection = _connect(path, authkey) or _spawn_and_connect(path, authkey, idle_seconds, task)
     with connection:
         try:
-            connection.send((message_type, content, dict(node_config)))
+            connection.send((task, message_type, content, context))
             status, payload = connection.recv()
         except (EOFError, OSError) as exc:  # the worker died mid-request: the next message starts a new one
             raise WorkerError(f"the warm worker stopped during the request ({exc!r}); see {path.with_suffix('.log')}") from exc
@@ -121,13 +139,13 @@ def _spawn_lock(path: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _spawn_and_connect(path: Path, authkey: bytes, idle_seconds: float):
+def _spawn_and_connect(path: Path, authkey: bytes, idle_seconds: float, task: str):
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a stale socket left by a killed worker
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))  # the same code this process runs
     log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 - handed to the child
     # a new session: the worker outlives this one-message process and its process group
-    subprocess.Popen([sys.executable, "-m", "clusterfed.client_worker", "--socket", str(path),
+    subprocess.Popen([sys.executable, "-m", "clusterfed.client_worker", "--socket", str(path), "--task", task,
                       "--idle-seconds", str(idle_seconds)],
                      env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     log.close()
@@ -140,10 +158,15 @@ def _spawn_and_connect(path: Path, authkey: bytes, idle_seconds: float):
     raise WorkerError(f"the warm worker did not start within {START_SECONDS:.0f} s; see {path.with_suffix('.log')}")
 
 
-def serve(path: Path, idle_seconds: float) -> None:
+def serve(path: Path, idle_seconds: float, task: str | None = None) -> None:
     """Answer requests until ``idle_seconds`` pass without one."""
-    # import the heavy code before listening: the first request finds it loaded
-    from clusterfed.client_app import REPLIES
+    from clusterfed.client.task import load_task
+
+    if task:  # import the heavy code before listening: the first request finds it loaded
+        try:
+            load_task(task)
+        except Exception as exc:  # noqa: BLE001 - each request reports it to its ClientApp
+            print(f"cannot load the client task {task}: {exc!r}", flush=True)
 
     authkey = _authkey(path.parent)
     listener = Listener(str(path), family="AF_UNIX", authkey=authkey)
@@ -174,17 +197,19 @@ def serve(path: Path, idle_seconds: float) -> None:
             continue
         with busy, connection:
             last_request[0] = time.monotonic()
-            _answer(connection, REPLIES)
+            _answer(connection)
             last_request[0] = time.monotonic()
 
 
-def _answer(connection, replies) -> None:
+def _answer(connection) -> None:
+    from clusterfed.client.app import reply as task_reply
+
     try:
-        message_type, content, node_config = connection.recv()
+        task, message_type, content, context = connection.recv()
     except (EOFError, OSError):
         return
     try:
-        reply = ("ok", replies[message_type](content, node_config))
+        reply = ("ok", task_reply(task, message_type, content, context))
     except Exception as exc:  # noqa: BLE001 - reported to the ClientApp, which turns it into an error reply
         reply = ("error", f"{type(exc).__name__}: {exc}")
     with contextlib.suppress(OSError):
@@ -194,9 +219,10 @@ def _answer(connection, replies) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clusterfed.client_worker", description=__doc__.split("\n")[0])
     parser.add_argument("--socket", required=True, type=Path)
+    parser.add_argument("--task", default=None, help="the client task's import path, package.module:name")
     parser.add_argument("--idle-seconds", type=float, default=DEFAULT_IDLE_SECONDS)
     args = parser.parse_args(argv)
-    serve(args.socket, args.idle_seconds)
+    serve(args.socket, args.idle_seconds, args.task)
     return 0
 
 

@@ -70,3 +70,33 @@ def corrupt(arrays: dict[str, np.ndarray], kind: str, key: str, server_round: in
     else:  # extra array
         out["unexpected.weight"] = np.zeros(3, dtype=np.float32)
     return out
+
+
+_KINDS_OF_MESSAGE = {"train": KINDS, "evaluate": ("raise", "slow")}
+
+
+def inject_faults(msg, context, call_next):
+    """A Flower ClientApp mod: the built-in task's injected faults (off unless a fault rate is
+    set in the message config). The fault is drawn for the client key the reply names; the
+    client raises (``InjectedFault``), replies ``fault-delay`` late, or replies with damaged
+    arrays (``corrupt``)."""
+    from clusterfed import protocol
+
+    reply = call_next(msg, context)
+    kinds = _KINDS_OF_MESSAGE.get(msg.metadata.message_type)
+    if kinds is None or reply.has_error() or protocol.CONFIG not in msg.content:
+        return reply
+    config = msg.content[protocol.CONFIG]
+    if not any(float(config.get(_RATE_OF_KIND[kind], 0.0) or 0.0) > 0 for kind in kinds):
+        return reply
+    key = str(reply.content[protocol.CLIENT]["client-key"])
+    server_round = int(config["server-round"])
+    fault = draw_fault(config, key, server_round, str(config.get("phase", "train")), kinds)
+    if fault == "raise":
+        raise InjectedFault(f"injected fault (fault-rate) at round {server_round}")
+    if fault == "slow":
+        clock.sleep(float(config.get("fault-delay", 0.0) or 0.0) or float(config.get("timeout", 600.0)) + 1.0)
+    if fault in ("nan", "shape"):
+        arrays = protocol.from_array_record(reply.content[protocol.ARRAYS])
+        reply.content[protocol.ARRAYS] = protocol.to_array_record(corrupt(arrays, fault, key, server_round))
+    return reply

@@ -1,0 +1,202 @@
+"""A ``ClientTask`` answering clusterfed's message contract, and the ClientApp around it.
+
+``reply(task, message_type, content, context)`` is the whole client: a message's content and
+the node's Flower ``Context`` in, the reply's content out. ``client_app(task)`` registers it
+for ``train``, ``evaluate`` and the ``query.profile`` query. Given a task's import path
+(``"package.module:name"``) instead of the task, the ClientApp imports nothing of the task
+in its own process when that is one of Flower's one-message ``flwr-clientapp`` processes:
+it hands each message to a warm worker (``clusterfed.client_worker``) that keeps the task,
+torch and the data loaded. This module imports only flwr and numpy.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from clusterfed import protocol
+from clusterfed.client.task import ClientTask, as_task_data, count_examples, load_task
+from clusterfed.label_stats import label_entropy, num_classes_present
+
+# a multi-model (IFCA) message: K models in ``arrays``, array ``name`` of model k under
+# ``m{k}.{name}``, and ``config[CHOICES]`` = K; the client trains the one of lowest training
+# loss, returns it under the plain names and reports its index as the metric ``CHOICE``
+# (the server's side: clusterfed.strategies.exchange)
+CHOICES = "ifca-k"
+CHOICE = "ifca-choice"
+
+# imported by Flower's `flwr-clientapp` process (one message, then exit), not by simulations
+_ONE_MESSAGE_PROCESS = "flwr.supernode.runtime.run_clientapp"
+
+
+def unpack_model(packed: Mapping[str, np.ndarray], k: int) -> dict[str, np.ndarray]:
+    """Model k of a multi-model message, under the plain names."""
+    prefix = f"m{k}."
+    return {name[len(prefix):]: value for name, value in packed.items() if name.startswith(prefix)}
+
+
+def _config(content: RecordDict) -> dict[str, Any]:
+    return dict(content[protocol.CONFIG]) if protocol.CONFIG in content else {}
+
+
+def _identity(task: ClientTask, context: Context, data) -> ConfigRecord:
+    return ConfigRecord({"client-key": task.key(context), "true-group": int(getattr(data, "true_group", -1))})
+
+
+def label_stats(labels) -> dict[str, float]:
+    """``num-classes`` (classes present) and ``label-entropy`` (bits) of the training labels."""
+    _, counts = np.unique(np.asarray(labels).ravel(), return_counts=True)
+    return {"num-classes": num_classes_present(counts), "label-entropy": float(label_entropy(counts))}
+
+
+def _with_label_stats(metrics: dict, config: Mapping, data) -> dict:
+    labels = getattr(data, "labels", None)
+    if bool(config.get("label-stats", False)) and labels is not None:
+        metrics.update(label_stats(labels))
+    return metrics
+
+
+def _count(metrics: Mapping, data, split: str) -> int:
+    """``num-examples`` as the task's function reported it, else counted from the data."""
+    return int(metrics["num-examples"]) if "num-examples" in metrics else count_examples(data, split)
+
+
+def _device(context: Context, config: Mapping):
+    """Node config ``device`` (a device's own accelerator), else the message's, else ``auto``."""
+    from clusterfed.training import pick_device
+
+    return pick_device(str(context.node_config.get("device", config.get("device", "auto"))))
+
+
+def _receive(task: ClientTask, content: RecordDict, context: Context):
+    """The message's config, this client's data, the model loaded with what it was sent, the
+    device, the arrays received (for IFCA, the chosen model's) and IFCA's choice (or None)."""
+    from clusterfed.training import load_numpy_state
+
+    config = _config(content)
+    if protocol.ARRAYS not in content:
+        raise ValueError(f"the message has no {protocol.ARRAYS!r} record (the model to train or evaluate)")
+    data = as_task_data(task.data_fn(context, config))
+    model = task.model_fn(context, config)
+    device = _device(context, config)
+    received = protocol.from_array_record(content[protocol.ARRAYS])
+    choices = int(config.get(CHOICES, 0) or 0)
+    if not choices:
+        load_numpy_state(model, received)
+        return config, data, model, device, received, None
+    # a multi-model (IFCA) message: keep the model of lowest loss on the *training* data
+    # (the test split never decides)
+    losses = []
+    for k in range(choices):
+        load_numpy_state(model, unpack_model(received, k))
+        losses.append(task.train_loss(model, data, config, device))
+    choice = int(np.argmin(losses))
+    chosen = unpack_model(received, choice)
+    load_numpy_state(model, chosen)
+    return config, data, model, device, chosen, choice
+
+
+def profile_reply(task: ClientTask, content: RecordDict, context: Context) -> RecordDict:
+    """Who am I: the stable key, the data size and (if asked) label statistics."""
+    config = _config(content)
+    data = as_task_data(task.data_fn(context, config))
+    metrics = _with_label_stats({"num-examples": count_examples(data, "train")}, config, data)
+    return RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.CLIENT: _identity(task, context, data)})
+
+
+def train_reply(task: ClientTask, content: RecordDict, context: Context) -> RecordDict:
+    """Train the model sent on this client's data; return exactly the arrays the config asks
+    for (``upload``), as weights or as the update trained - received (``return``)."""
+    from clusterfed.training import state_to_numpy
+
+    config, data, model, device, received, choice = _receive(task, content, context)
+    trained_metrics = task.train(model, data, config, device)
+    trained = state_to_numpy(model)
+    names = protocol.parse_upload(str(config.get("upload", protocol.UPLOAD_FULL)))
+    if names is None:
+        names = list(trained)
+    unknown = [name for name in names if name not in trained]
+    if unknown:
+        raise ValueError(f"upload asks for arrays this model does not have: {unknown}; it has {list(trained)}")
+    if config.get("return", protocol.RETURN_WEIGHTS) == protocol.RETURN_UPDATE:
+        out = {name: trained[name] - received[name] for name in names}
+    else:
+        out = {name: trained[name] for name in names}
+    metrics = {"num-examples": _count(trained_metrics, data, "train"), **trained_metrics}
+    if choice is not None:
+        metrics[CHOICE] = choice
+    _with_label_stats(metrics, config, data)
+    return RecordDict({
+        protocol.ARRAYS: protocol.to_array_record(out),
+        protocol.METRICS: MetricRecord(metrics),
+        protocol.CLIENT: _identity(task, context, data),
+    })
+
+
+def evaluate_reply(task: ClientTask, content: RecordDict, context: Context) -> RecordDict:
+    """The task's evaluation metrics of the model sent, on this client's test data."""
+    config, data, model, device, *_ = _receive(task, content, context)
+    evaluated = task.evaluate(model, data, config, device)
+    metrics = {"num-examples": _count(evaluated, data, "test"), **evaluated}
+    return RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.CLIENT: _identity(task, context, data)})
+
+
+_REPLIES = {MessageType.TRAIN: train_reply, MessageType.EVALUATE: evaluate_reply,
+            protocol.PROFILE_QUERY: profile_reply}
+
+
+def reply(task: ClientTask | str, message_type: str, content: RecordDict, context: Context) -> RecordDict:
+    """The reply content to one message (``task``: a ClientTask or its import path)."""
+    if message_type not in _REPLIES:
+        raise ValueError(f"a clusterfed client answers {list(_REPLIES)} messages, not {message_type!r}")
+    return _REPLIES[message_type](load_task(task) if isinstance(task, str) else task, content, context)
+
+
+def uses_warm_worker(node_config: Mapping) -> bool:
+    """Node config ``warm-worker``: ``"auto"`` (default: exactly in Flower's one-message
+    ``flwr-clientapp`` processes), ``true`` or ``false``."""
+    setting = node_config.get("warm-worker", "auto")
+    if isinstance(setting, bool):
+        return setting
+    if str(setting).lower() in ("true", "false"):
+        return str(setting).lower() == "true"
+    if str(setting) != "auto":
+        raise ValueError(f"node config warm-worker={setting!r}: use \"auto\", true or false")
+    return _ONE_MESSAGE_PROCESS in sys.modules
+
+
+def client_app(task: ClientTask | str, *, mods: Sequence | None = None) -> ClientApp:
+    """A Flower ClientApp answering clusterfed's full message contract with ``task``.
+
+    ``task``: a ``ClientTask``, answered in this process; or its import path
+    ``"package.module:name"``, which is imported on the first message, and which a warm worker
+    answers where node config ``warm-worker`` says so (``warm-worker-idle``: seconds it waits
+    for the next message, default 900). ``mods``: Flower mods around every message.
+    """
+    if isinstance(task, str):
+        if task.count(":") != 1 or not all(task.split(":")):
+            raise ValueError(f"client task {task!r}: write it as \"package.module:name\"")
+    elif not isinstance(task, ClientTask):
+        raise TypeError(f"client_app takes a ClientTask or its import path, got {type(task).__name__}")
+
+    def answer(msg: Message, context: Context) -> Message:
+        message_type = msg.metadata.message_type
+        if isinstance(task, str) and uses_warm_worker(context.node_config):
+            from clusterfed.client_worker import DEFAULT_IDLE_SECONDS, request
+
+            idle = float(context.node_config.get("warm-worker-idle", DEFAULT_IDLE_SECONDS))
+            content = request(task, message_type, msg.content, context, idle_seconds=idle)
+        else:
+            content = reply(task, message_type, msg.content, context)
+        return Message(content, reply_to=msg)
+
+    app = ClientApp(mods=list(mods or []))
+    app.query("profile")(answer)
+    app.train()(answer)
+    app.evaluate()(answer)
+    return app

@@ -1,0 +1,100 @@
+"""The default training and evaluation loops of a ``ClientTask``: plain PyTorch over batches.
+
+A batch is an ``(inputs, labels)`` pair (a ``TensorDataset``'s DataLoader) or a dict whose
+``ClientTask.batch_keys`` name the inputs and labels (Flower Datasets' ``{"img", "label"}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def _loss_fn(task) -> Any:
+    return task.loss_fn if task.loss_fn is not None else nn.CrossEntropyLoss()
+
+
+def batches(task, loader: Iterable, device: torch.device) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, labels) of each batch of ``loader``, on ``device``."""
+    if loader is None:
+        raise ValueError("this split of the task's data is None")
+    x_key, y_key = task.batch_keys
+    for batch in loader:
+        if isinstance(batch, Mapping):
+            if x_key not in batch or y_key not in batch:
+                raise ValueError(f"a batch has keys {sorted(batch)}; set ClientTask(batch_keys=(inputs, labels)) "
+                                 f"(now {task.batch_keys})")
+            x, y = batch[x_key], batch[y_key]
+        elif isinstance(batch, (tuple, list)) and len(batch) == 2:
+            x, y = batch
+        else:
+            raise ValueError(f"a batch is a {type(batch).__name__}: the default loops take (inputs, labels) pairs "
+                             "or dicts; give the ClientTask its own train_fn / evaluate_fn for other data")
+        yield torch.as_tensor(x).to(device), torch.as_tensor(y).to(device)
+
+
+def _number(config: Mapping, key: str, kind=float):
+    if key not in config:
+        raise ValueError(f"the message config has no {key!r} (the default training loop needs 'lr' and "
+                         f"'local-epochs'); it has {sorted(config)}")
+    return kind(config[key])
+
+
+def default_train(task, model: nn.Module, data, config: Mapping, device: torch.device) -> float:
+    """SGD (``lr``, ``momentum`` default 0) for ``local-epochs`` passes over ``data.train``; with
+    ``proximal-mu`` > 0, FedProx's ``mu/2 * ||w - w_received||^2``. The mean training loss."""
+    lr, epochs = _number(config, "lr"), _number(config, "local-epochs", int)
+    mu = float(config.get("proximal-mu", 0.0) or 0.0)
+    model.to(device).train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(config.get("momentum", 0.0) or 0.0))
+    anchor = [p.detach().clone() for p in model.parameters()] if mu > 0 else None
+    loss_fn = _loss_fn(task)
+    total, count = 0.0, 0
+    for _ in range(epochs):
+        for x, y in batches(task, data.train, device):
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            objective = loss
+            if anchor is not None:
+                drift = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+                objective = loss + 0.5 * mu * drift
+            objective.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(y)
+            count += len(y)
+    return total / max(count, 1)
+
+
+@torch.no_grad()
+def _mean_loss_and_accuracy(task, model: nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
+    model.to(device).eval()
+    loss_fn = _loss_fn(task)
+    loss_sum, correct, count = 0.0, 0, 0
+    for x, y in batches(task, loader, device):
+        outputs = model(x)
+        loss_sum += float(loss_fn(outputs, y)) * len(y)
+        if outputs.ndim == 2 and y.ndim == 1:
+            correct += int((outputs.argmax(1) == y).sum())
+        count += len(y)
+    if count == 0:
+        return 0.0, 0.0, 0
+    return loss_sum / count, correct / count, count
+
+
+def default_evaluate(task, model: nn.Module, data, config: Mapping, device: torch.device) -> dict[str, float]:
+    """``eval-loss`` (the task's ``loss_fn``) and ``eval-accuracy`` (argmax) on ``data.test``."""
+    if getattr(data, "test", None) is None:
+        raise ValueError("evaluate needs test data: return TaskData(train, test) from data_fn")
+    loss, accuracy, _ = _mean_loss_and_accuracy(task, model, data.test, device)
+    return {"eval-loss": loss, "eval-accuracy": accuracy}
+
+
+def default_train_loss(task, model: nn.Module, data, config: Mapping, device: torch.device) -> float:
+    """The mean ``loss_fn`` over ``data.train`` (IFCA's choice)."""
+    if task.train_fn is not None and task.loss_fn is None:
+        raise ValueError("IFCA sends several models and the client keeps the one of lowest training loss: a task "
+                         "with its own train_fn must give ClientTask the loss it trains (loss_fn) or a train_loss_fn")
+    return _mean_loss_and_accuracy(task, model, data.train, device)[0]
