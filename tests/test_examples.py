@@ -74,6 +74,10 @@ def test_each_example_has_its_files(example):
 
 @pytest.mark.parametrize("example", PACKAGES)
 def test_pyproject_is_a_flower_app_whose_components_import(example):
+    from flwr.cli.config_utils import load_and_validate
+
+    _, warnings = load_and_validate(EXAMPLES / example / "pyproject.toml", check_module=True)  # what `flwr run` checks
+    assert not warnings
     flwr = pyproject(example)["tool"]["flwr"]
     assert flwr["app"]["publisher"] and flwr["app"]["config"]["num-server-rounds"] >= 1
     run = runner(example)
