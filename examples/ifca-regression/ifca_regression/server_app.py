@@ -1,0 +1,52 @@
+"""The ServerApp: IFCA with k cluster models on the mixture of linear regressions."""
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from clusterfed import CFL, IFCA, ClusteredResult, FedAvg  # noqa: F401 (FedAvg, CFL: the lines below)
+from ifca_regression.task import linear_model
+
+app = ServerApp()
+
+# the keys the clients need to generate their data (sent with every message as well)
+DATA_KEYS = ("num-groups", "dimension", "samples-per-client", "separation", "noise", "batch-size")
+
+
+@app.main()
+def main(grid: Grid, context: Context):
+    k = int(context.run_config["num-groups"])
+    # strategy = FedAvg(fraction_train=1.0)  # one model for everyone
+    strategy = IFCA(num_clusters=k, init="kmeans++", restarts=5, fraction_train=1.0)  # k models
+    # strategy = CFL(split_min_silhouette=0.6, fraction_train=1.0)  # no k needed: splits clusters in two
+    # Why not IFCA's random start: the true weights share a large common part (entries 0 or R), so
+    # k random models near zero are all beaten by the same one and k - 1 of them never get a client.
+    # kmeans++ seeds the k models among the clients' models after a warm-up round (best of 5 seedings).
+    return run(strategy, grid, context.run_config)
+
+
+def run(strategy, grid: Grid, run_config) -> ClusteredResult:
+    """Train with ``strategy``, print the per-round MSE and the clusters; return the result."""
+    torch.manual_seed(int(run_config.get("seed", 0)))
+    data = {key: run_config[key] for key in DATA_KEYS}
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(linear_model(int(run_config["dimension"])).state_dict()),
+        num_rounds=int(run_config["num-server-rounds"]),
+        train_config=ConfigRecord({"lr": float(run_config["learning-rate"]),
+                                   "local-epochs": int(run_config["local-epochs"]), **data}),
+        evaluate_config=ConfigRecord(data),
+    )
+    print(f"\n{type(strategy).__name__}: per round, averaged over the clients by num-examples")
+    print("round  train-loss    eval-mse")
+    for rnd, evaluation in sorted(result.evaluate_metrics_clientapp.items()):
+        train_loss = result.train_metrics_clientapp.get(rnd, {}).get("train-loss")  # none in a warm-up round
+        train_text = "-" if train_loss is None else f"{train_loss:.3g}"
+        print(f"{rnd:5d}  {train_text:>10}  {evaluation['eval-mse']:10.3g}")
+    clusters: dict[int, list[str]] = {}
+    for client, cluster in sorted(result.assignment.items(), key=lambda item: int(item[0])):
+        clusters.setdefault(cluster, []).append(client)
+    print(f"{len(clusters)} cluster(s) of clients (keys are partition ids):")
+    for cluster, clients in sorted(clusters.items()):
+        print(f"  cluster {cluster}: {' '.join(clients)}")
+    return result

@@ -1,0 +1,45 @@
+"""The ServerApp: Flower's quickstart with one line changed, FedAvg -> FedClust."""
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from clusterfed import CFL, ClusteredResult, FedAvg, FedClust  # noqa: F401 (FedAvg, CFL: the lines below)
+from sensor_clusters.task import Net
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context):
+    # strategy = FedAvg(fraction_train=1.0)              # one model for every device
+    strategy = FedClust(fraction_train=1.0)              # one model per group of similar devices
+    # strategy = CFL(fraction_train=1.0, min_split_round=3)  # alternative: split clusters while training
+    return run(strategy, grid, context.run_config)
+
+
+def run(strategy, grid: Grid, run_config) -> ClusteredResult:
+    """Train with ``strategy``, print the per-round metrics and the clusters; return the result."""
+    torch.manual_seed(run_config.get("seed", 0))  # the same initial model for every strategy
+    result = strategy.start(
+        grid=grid,
+        initial_arrays=ArrayRecord(Net().state_dict()),
+        num_rounds=int(run_config["num-server-rounds"]),
+        train_config=ConfigRecord({"lr": float(run_config["learning-rate"]),
+                                   "local-epochs": int(run_config["local-epochs"])}),
+    )
+    print(f"\n{type(strategy).__name__}: per round, averaged over the devices by num-examples")
+    print("round  train_loss  eval_loss  eval_acc")
+    for rnd, evaluation in sorted(result.evaluate_metrics_clientapp.items()):
+        train_loss = result.train_metrics_clientapp.get(rnd, {}).get("train_loss")
+        train_text = "-" if train_loss is None else f"{train_loss:.4f}"
+        print(f"{rnd:5d}  {train_text:>10}  {evaluation['eval_loss']:9.4f}  {evaluation['eval_acc']:8.3f}")
+    clusters: dict[int, list[str]] = {}
+    for client, cluster in sorted(result.assignment.items()):
+        clusters.setdefault(cluster, []).append(client)
+    print(f"{len(clusters)} cluster(s):")
+    for cluster, clients in sorted(clusters.items()):
+        print(f"  cluster {cluster}: {', '.join(clients)}")
+    if result.clustering.get("one_cluster_reason"):  # a run that ended with one cluster says why
+        print("one cluster because:", result.clustering["one_cluster_reason"])
+    return result
