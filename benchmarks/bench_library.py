@@ -7,9 +7,9 @@
    (tests/userapp: an MLP on synthetic sensor readings, two groups with swapped label
    meaning): bytes up, accuracy and ARI per strategy.
 
-    git worktree add /tmp/cf-before c4b4c03
+    git worktree add /tmp/cf-before c4b4c03; git worktree add /tmp/cf-after HEAD
     PYTHONPATH=$PWD:$PWD/tests python benchmarks/bench_library.py --before /tmp/cf-before \
-        --out benchmarks/results/library
+        --after /tmp/cf-after --out benchmarks/results/library
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ def timed_run(tree: Path, values: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def round_times(before: Path, reps: int) -> dict:
+def round_times(before: Path, after: Path, reps: int) -> dict:
     rows: dict[str, dict[str, list]] = {name: {"before": [], "after": []} for name in SETTINGS}
     for rep in range(reps):
         for name, values in SETTINGS.items():
-            for side, tree in (("before", before), ("after", ROOT)) if rep % 2 == 0 else (("after", ROOT), ("before", before)):
+            for side, tree in (("before", before), ("after", after)) if rep % 2 == 0 else (("after", after), ("before", before)):
                 result = timed_run(tree, values)
                 rows[name][side].append(result)
                 print(f"rep {rep} {name:9s} {side:6s} {result['seconds']:.2f} s  accuracy {result['final_accuracy']:.4f}",
@@ -122,7 +122,9 @@ def stock_vs_helper(rounds: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--before", type=Path, help="checkout of the code before the refactor")
+    parser.add_argument("--after", type=Path, default=ROOT, help="checkout of the code after it (default: this tree)")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--skip-stock", action="store_true", help="only the round times")
     parser.add_argument("--rounds", type=int, default=20, help="rounds of the stock-vs-helper runs")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "library")
     args = parser.parse_args()
@@ -130,10 +132,14 @@ def main() -> int:
     manifest = {"command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
                 "machine": {"cores": os.cpu_count(), "load_at_start": os.getloadavg(), "python": platform.python_version()}}
-    results = {"manifest": manifest, "stock_vs_helper": stock_vs_helper(args.rounds)}
-    (args.out / "library.json").write_text(json.dumps(results, indent=2) + "\n")
+    path = args.out / "library.json"
+    results = json.loads(path.read_text()) if path.exists() else {}
+    results["manifest"] = manifest
+    if not args.skip_stock:
+        results["stock_vs_helper"] = stock_vs_helper(args.rounds)
+        path.write_text(json.dumps(results, indent=2) + "\n")
     if args.before:
-        results["round_time"] = round_times(args.before, args.reps)
+        results["round_time"] = round_times(args.before, args.after, args.reps)
     manifest["load_at_end"] = os.getloadavg()
     (args.out / "library.json").write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out / 'library.json'}")

@@ -217,3 +217,16 @@ def test_flowers_single_phase_hooks_train_and_evaluate_each_cluster():
     evaluated = strategy.aggregate_evaluate(1, grid.send_and_receive(
         strategy.configure_evaluate(1, arrays, ConfigRecord({}), grid)))
     assert evaluated["num-examples"] == 4 * 24 and 0 <= evaluated["eval_acc"] <= 1
+
+
+def test_a_strategy_from_an_installed_entry_point_runs_by_name(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    import clusterfed.strategies as registry
+    from clusterfed.config import parse_config
+
+    point = EntryPoint(name="halves", value="userapp.my_strategy:Halves", group=registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [point] if group == registry.ENTRY_POINT_GROUP else [])
+    config = parse_config({"strategy": "halves", "halves.halves": 4})
+    assert type(config.build_strategy()).__name__ == "Halves" and config.strategy_params == {"halves": 4}
+    assert "halves" in registry.strategy_names()

@@ -6,7 +6,7 @@ on a grid whose 12 nodes call the ClientApp one after another.
     python run_inprocess.py CFL 15     # ... and a number of rounds other than num-server-rounds
 
 Prints the per-round metrics, the clusters, and how well they match the machine kinds (ARI).
-``InProcessGrid`` is clusterfed's test grid (clusterfed.runner.inprocess), not part of the app.
+``clusterfed.simulation.inprocess_grid`` stands in for Flower's simulation engine; it is not part of the app.
 """
 
 import sys
@@ -16,11 +16,10 @@ from pathlib import Path
 
 import torch
 from flwr.app import Context, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 from sklearn.metrics import adjusted_rand_score
 
 import clusterfed
-from clusterfed.runner.inprocess import InProcessGrid
+from clusterfed.simulation import inprocess_grid
 from sensor_clusters.client_app import app as client_app
 from sensor_clusters.server_app import main, run
 from sensor_clusters.task import group_of
@@ -34,8 +33,7 @@ def simulate(strategy=None, rounds: int | None = None):
     run_config = tomllib.loads((Path(__file__).parent / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     if rounds is not None:
         run_config["num-server-rounds"] = rounds
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a SuperLink sets
-    grid = InProcessGrid(client_app, NUM_DEVICES,
+    grid = inprocess_grid(client_app, NUM_DEVICES,
                          node_configs=[{"partition-id": i, "num-partitions": NUM_DEVICES} for i in range(NUM_DEVICES)])
     if strategy is None:
         result = main(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=run_config))
