@@ -77,7 +77,7 @@ def test_adacfl_without_label_statistics_runs_on_stock_clients():
 def test_constructor_parameters_are_typed_and_checked():
     assert clusterfed.FedClust(lambda_=0.5).params.lambda_ == 0.5
     assert clusterfed.FedClust().params.lambda_ == "auto"
-    with pytest.raises(StrategyParamsError, match="'fedclust' has no parameter 'eps1'"):
+    with pytest.raises(StrategyParamsError, match=r"'fedclust' has no parameter 'eps1' \(cfl, layercfl, hicfl have it\)"):
         clusterfed.FedClust(eps1=0.2)
     with pytest.raises(StrategyParamsError, match="fedclust.lambda"):
         clusterfed.FedClust(lambda_="soon")
@@ -230,3 +230,13 @@ def test_a_strategy_from_an_installed_entry_point_runs_by_name(monkeypatch):
     config = parse_config({"strategy": "halves", "halves.halves": 4})
     assert type(config.build_strategy()).__name__ == "Halves" and config.strategy_params == {"halves": 4}
     assert "halves" in registry.strategy_names()
+
+
+def test_a_one_shot_strategy_that_ends_as_fedavg_says_why():
+    result = run_user_app(clusterfed.FedClust(auto_min_silhouette=0.99), 2)
+    assert len(result.cluster_arrays) == 1
+    reason = result.clustering["one_cluster_reason"]
+    assert "silhouette" in reason and "0.99" in reason
+    assert clusterfed.FedClust(lambda_=1e6).name == "fedclust"
+    result = run_user_app(clusterfed.FedClust(lambda_=1e6), 2)
+    assert "within lambda" in result.clustering["one_cluster_reason"]

@@ -393,13 +393,24 @@ def _fields(cls: type) -> tuple[str, ...]:
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
+def _strategies_with(param: str) -> list[str]:
+    """Registered strategies that have a parameter of this (snake or kebab) name."""
+    from clusterfed.strategies import clustered_classes
+
+    wanted = {param, param.replace("-", "_")}
+    return [name for name, cls in clustered_classes().items()
+            if wanted & ({n for n in cls.Params.model_fields} | {f.alias for f in cls.Params.model_fields.values() if f.alias})]
+
+
 def describe_errors(strategy: str, error: ValidationError) -> str:
     """One line per problem, naming the strategy's parameter (kebab-case) and what is allowed."""
     lines = []
     for problem in error.errors():
         key = ".".join(str(part) for part in problem["loc"]) or "params"
         if problem["type"] == "extra_forbidden":
-            lines.append(f"strategy {strategy!r} has no parameter {key!r}")
+            having = _strategies_with(key)
+            where = f" ({', '.join(having)} {'has' if len(having) == 1 else 'have'} it)" if having else ""
+            lines.append(f"strategy {strategy!r} has no parameter {key!r}{where}")
         else:
             lines.append(f"{strategy}.{key} = {problem.get('input')!r}: {problem['msg']}")
     return "; ".join(lines)
