@@ -229,3 +229,14 @@ def test_a_newcomer_gets_all_k_models_and_is_placed_by_its_own_choice():
     newcomer = next(a for a in asks if a.key == "9")
     assert newcomer.choices == 2 and algorithm.assignment["9"] == 0  # its choice (the harness default is 1)
     assert algorithm.evaluation_models(2)["9"][0] == 0
+
+
+def test_ifca_ending_with_one_chosen_model_says_why():
+    from harness import drive_round, make, trained
+
+    from clusterfed.strategies.ifca import IFCA
+
+    algorithm = make(IFCA, {str(i): 0 for i in range(4)}, num_clusters=3)
+    drive_round(algorithm, 1, lambda ask: (trained(ask, 0.1), {"ifca-choice": 2}))
+    assert set(algorithm.assignment.values()) == {2}
+    assert "cluster 2 of 3" in algorithm.final_clusters()["one_cluster_reason"]

@@ -54,6 +54,16 @@ class IFCA(ClusteredStrategy):
     name = "ifca"
     Params = IFCAParams
     State = IFCAState
+    one_cluster_reasons = {
+        "one_choice": "every client's lowest-training-loss model was the same one: the other models never won a "
+                      "client (try init = \"kmeans++\" or more restarts)",
+    }
+
+    def one_cluster_reason(self) -> str | None:
+        chosen = set(self.assignment.values())
+        if len(chosen) != 1 or self.k == 1:
+            return None
+        return f"{self.one_cluster_reasons['one_choice']} (cluster {chosen.pop()} of {self.k})"
 
     def requires(self) -> set[str]:
         return {MULTI_MODEL}
