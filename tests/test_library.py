@@ -240,3 +240,20 @@ def test_a_one_shot_strategy_that_ends_as_fedavg_says_why():
     assert clusterfed.FedClust(lambda_=1e6).name == "fedclust"
     result = run_user_app(clusterfed.FedClust(lambda_=1e6), 2)
     assert "within lambda" in result.clustering["one_cluster_reason"]
+
+
+def test_evaluate_fn_is_called_with_the_largest_clusters_model_each_round():
+    from flwr.app import MetricRecord
+
+    calls = []
+
+    def evaluate_fn(server_round, arrays):
+        calls.append((server_round, sorted(arrays)))
+        return MetricRecord({"server-metric": float(server_round)})
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    grid = InProcessGrid(stock_client_app, 4, node_configs=[{"partition-id": i} for i in range(4)])
+    result = clusterfed.FedAvg().start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), num_rounds=2,
+                                       train_config=ConfigRecord({"lr": 0.1}), evaluate_fn=evaluate_fn)
+    assert calls == [(1, sorted(Net().state_dict())), (2, sorted(Net().state_dict()))]
+    assert result.evaluate_metrics_serverapp[2]["server-metric"] == 2.0
