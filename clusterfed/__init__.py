@@ -26,6 +26,9 @@ _PUBLIC = {
     "ClusteredResult": "clusterfed.strategies.base",
     "StrategyParams": "clusterfed.strategies.base",
     "ClusteredState": "clusterfed.strategies.base",
+    "Ask": "clusterfed.strategies.exchange",
+    "TrainReply": "clusterfed.strategies.exchange",
+    "ClientInfo": "clusterfed.strategies.exchange",
 }
 
 __all__ = list(_PUBLIC)

@@ -32,7 +32,7 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0)
     out_dir: str = Field("results/run", alias="out-dir")
     timeout: float = Field(600.0, gt=0, description="seconds to wait for one phase's replies")
-    checkpoint: bool = Field(True, description="write the full state after every round (out-dir/checkpoint.pkl)")
+    checkpoint: bool = Field(True, description="write the full state after every round (out-dir/checkpoint.json + .npz)")
     resume_from: str = Field("", alias="resume-from", description="folder of a checkpoint to continue from")
 
     # membership in a deployment (simulation always has exactly num-clients nodes)

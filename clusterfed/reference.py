@@ -68,7 +68,9 @@ def markdown() -> str:
            "## Run keys", "", "| key | default | meaning |", "|---|---|---|"]
     out += [f"| `{key}` | `{toml_value(default)}` | {text} |" for key, default, text in run_rows()]
     out += ["", "`fraction-train`, `fraction-evaluate` and `seed` are also every strategy's constructor arguments",
-            "(with `min_available_nodes`)."]
+            "(`fraction_train`, …), with Flower's `min_available_nodes`, `min_train_nodes` and `min_evaluate_nodes`",
+            "(defaults 0, 1, 1). In Python a parameter's keyword is its key in snake case (`cluster-epochs` →",
+            "`cluster_epochs`; `lambda` → `lambda_`)."]
     for name, cls in clustered_classes().items():
         out += ["", f"## `{name}` — `clusterfed.{cls.__name__}`", ""]
         doc = (cls.__doc__ or "").strip().splitlines()
@@ -97,8 +99,10 @@ def strategy_help(name: str) -> str:
     lines = [f"{name}: {(cls.__doc__ or '').strip().splitlines()[0] if cls.__doc__ else cls.__name__}"]
     if not rows:
         lines.append("  no parameters of its own")
+    python = {key: n for n, f in cls.Params.model_fields.items() for key in (f.alias or n,)} if rows else {}
     for key, default, kind, text in rows:
-        lines.append(f"  {getattr(cls, 'name', name)}.{key} = {toml_value(default)}  ({kind})  {text}")
+        lines.append(f"  {getattr(cls, 'name', name)}.{key} = {toml_value(default)}  [Python: {python.get(key, key)}]  "
+                     f"({kind})  {text}")
     return "\n".join(lines)
 
 

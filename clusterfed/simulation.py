@@ -32,16 +32,18 @@ class _DropMessages(logging.Filter):
         return not any(fragment in message for fragment in self.fragments)
 
 
-def inprocess_grid(client_app, num_nodes: int, node_configs: list[dict] | None = None):
+def inprocess_grid(client_app, num_nodes: int, node_configs: list[dict] | None = None,
+                   run_config: dict | None = None):
     """A Flower Grid whose ``num_nodes`` nodes call ``client_app`` in this process, one after
     another (no Ray, no SuperLink): for trying a ServerApp's ``main`` or a strategy's
     ``start`` quickly. Node i gets ``node_configs[i]`` (default ``partition-id = i``,
     ``num-partitions``); its node id is ``1000 + i``, so a stock ClientApp's client key is
-    ``node-{1000 + i}``."""
+    ``node-{1000 + i}``. ``run_config`` is what the ClientApps see as ``context.run_config``
+    (under ``flwr run``: the pyproject's ``[tool.flwr.app.config]``)."""
     from clusterfed.runner.inprocess import InProcessGrid
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a SuperLink sets
-    return InProcessGrid(client_app, num_nodes, node_configs=node_configs)
+    return InProcessGrid(client_app, num_nodes, node_configs=node_configs, run_config=run_config)
 
 
 def make_server_app(config: RunConfig, stream: TextIO | None, result: dict[str, Any]) -> ServerApp:

@@ -79,8 +79,13 @@ def test_constructor_parameters_are_typed_and_checked():
     assert clusterfed.FedClust().params.lambda_ == "auto"
     with pytest.raises(StrategyParamsError, match=r"'fedclust' has no parameter 'eps1' \(cfl, layercfl, hicfl have it\)"):
         clusterfed.FedClust(eps1=0.2)
-    with pytest.raises(StrategyParamsError, match="fedclust.lambda"):
+    with pytest.raises(StrategyParamsError, match="lambda_ = 'soon'.*should be 'auto'"):
         clusterfed.FedClust(lambda_="soon")
+    with pytest.raises(StrategyParamsError, match="did you mean 'lambda_'"):
+        clusterfed.FedClust(lamda_=0.5)
+    with pytest.raises(StrategyParamsError, match="does not take Flower's 'weighted_by_key'"):
+        clusterfed.FedClust(weighted_by_key="num-examples")
+    assert clusterfed.CFL(min_train_nodes=3, min_evaluate_nodes=2).params.min_train_nodes == 3
     with pytest.raises(StrategyParamsError, match="fraction_train"):
         clusterfed.CFL(fraction_train=2.0)
 

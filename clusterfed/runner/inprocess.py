@@ -46,14 +46,15 @@ class _VirtualClock:
 
 class InProcessGrid(Grid):
     def __init__(self, client_app, num_nodes: int, run_id: int = 1, timeout: float = float("inf"),
-                 node_configs: list[dict] | None = None):
+                 node_configs: list[dict] | None = None, run_config: dict | None = None):
         self.client_app = client_app
         self._run_id = run_id
         self.timeout = timeout
         self.node_ids = [1000 + i for i in range(num_nodes)]
         configs = node_configs or [{"partition-id": i, "num-partitions": num_nodes} for i in range(num_nodes)]
         self.contexts = {
-            node: Context(run_id=run_id, node_id=node, node_config=dict(configs[i]), state=RecordDict(), run_config={})
+            node: Context(run_id=run_id, node_id=node, node_config=dict(configs[i]), state=RecordDict(),
+                           run_config=dict(run_config or {}))
             for i, node in enumerate(self.node_ids)
         }
         self.pending: dict[str, Message] = {}

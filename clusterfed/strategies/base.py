@@ -92,6 +92,10 @@ class StrategyParams(BaseModel):
                                      description="share of the placed clients evaluated each round")
     min_available_nodes: int = Field(0, alias="min-available-nodes", ge=0,
                                      description="start once this many nodes are connected (waits up to the timeout)")
+    min_train_nodes: int = Field(1, alias="min-train-nodes", ge=1,
+                                 description="train at least this many clients per round, whatever fraction_train gives")
+    min_evaluate_nodes: int = Field(1, alias="min-evaluate-nodes", ge=1,
+                                    description="evaluate at least this many clients per round (when fraction_evaluate > 0)")
     seed: int = Field(0, ge=0, description="seed of the strategy's own sampling and initialisations")
 
     @staticmethod
@@ -150,7 +154,7 @@ class ClusteredStrategy(Strategy):
         try:
             self.params = self.Params.model_validate(params)
         except ValidationError as error:
-            raise StrategyParamsError(describe_errors(self.name, error)) from None
+            raise StrategyParamsError(describe_errors(self.name, error, self.Params)) from None
         self.clients: dict[str, ClientInfo] = {}
         self.active: list[str] = []
         self.clustering_seconds = 0.0
@@ -310,16 +314,16 @@ class ClusteredStrategy(Strategy):
     def placed(self) -> list[str]:
         return [k for k in self.active if k in self.assignment]
 
-    def sample(self, keys: list[str], fraction: float) -> list[str]:
+    def sample(self, keys: list[str], fraction: float, minimum: int = 1) -> list[str]:
         if fraction >= 1.0 or not keys:
             return list(keys)
-        count = max(int(len(keys) * fraction), 1)
+        count = min(max(int(len(keys) * fraction), minimum, 1), len(keys))
         chosen = self.rng.choice(len(keys), size=count, replace=False)
         return [keys[i] for i in sorted(chosen)]
 
     def select_trainers(self, server_round: int) -> list[str]:
         """The keys that train this round: a ``fraction-train`` sample of placed clients."""
-        return self.sample(self.placed(), self.params.fraction_train)
+        return self.sample(self.placed(), self.params.fraction_train, self.params.min_train_nodes)
 
     def train_asks(self, server_round: int, keys: list[str], *, models: dict[str, Arrays] | None = None,
                    extra: dict[str, Any] | None = None, phase: str = "train") -> list[Ask]:
@@ -349,7 +353,7 @@ class ClusteredStrategy(Strategy):
         """Who is evaluated this round, each with (its cluster, the model to test)."""
         if self.params.fraction_evaluate <= 0:
             return {}
-        keys = self.sample(self.placed(), self.params.fraction_evaluate)
+        keys = self.sample(self.placed(), self.params.fraction_evaluate, self.params.min_evaluate_nodes)
         return {k: (self.assignment[k], self.eval_model(k)) for k in keys}
 
     def eval_model(self, key: str) -> Arrays:
@@ -402,15 +406,37 @@ def _strategies_with(param: str) -> list[str]:
             if wanted & ({n for n in cls.Params.model_fields} | {f.alias for f in cls.Params.model_fields.values() if f.alias})]
 
 
-def describe_errors(strategy: str, error: ValidationError) -> str:
-    """One line per problem, naming the strategy's parameter (kebab-case) and what is allowed."""
-    lines = []
+# Flower FedAvg arguments that clustered strategies do not take, and why
+FLOWER_ONLY = {
+    "weighted_by_key": "replies are always weighted by 'num-examples'",
+    "arrayrecord_key": "the model travels under 'arrays'",
+    "configrecord_key": "the config travels under 'config'",
+    "train_metrics_aggr_fn": "train metrics are averaged by num-examples",
+    "evaluate_metrics_aggr_fn": "evaluate metrics are averaged by num-examples",
+}
+
+
+def describe_errors(strategy: str, error: ValidationError, params: type[BaseModel] | None = None) -> str:
+    """One clause per wrong parameter, naming it, what is allowed, and for an unknown one the
+    closest name or the strategies that have it."""
+    import difflib
+
+    by_key: dict[str, tuple[Any, list[str], str]] = {}
     for problem in error.errors():
-        key = ".".join(str(part) for part in problem["loc"]) or "params"
-        if problem["type"] == "extra_forbidden":
-            having = _strategies_with(key)
-            where = f" ({', '.join(having)} {'has' if len(having) == 1 else 'have'} it)" if having else ""
-            lines.append(f"strategy {strategy!r} has no parameter {key!r}{where}")
-        else:
-            lines.append(f"{strategy}.{key} = {problem.get('input')!r}: {problem['msg']}")
+        key = str(problem["loc"][0]) if problem["loc"] else "params"
+        by_key.setdefault(key, (problem.get("input"), [], problem["type"]))[1].append(problem["msg"])
+    lines = []
+    for key, (given, messages, kind) in by_key.items():
+        if kind != "extra_forbidden":
+            lines.append(f"{strategy}: {key} = {given!r}: {' or '.join(messages)}")
+            continue
+        if key in FLOWER_ONLY:
+            lines.append(f"strategy {strategy!r} does not take Flower's {key!r}: {FLOWER_ONLY[key]}")
+            continue
+        having = _strategies_with(key)
+        known = list(params.model_fields) if params is not None else []
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = (f" ({', '.join(having)} {'has' if len(having) == 1 else 'have'} it)" if having
+                else f" (did you mean {close[0]!r}?)" if close else "")
+        lines.append(f"strategy {strategy!r} has no parameter {key!r}{hint}; its parameters: {', '.join(known)}")
     return "; ".join(lines)

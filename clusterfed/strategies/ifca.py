@@ -82,7 +82,7 @@ class IFCA(ClusteredStrategy):
 
     def select_trainers(self, server_round: int) -> list[str]:
         # everyone active may be sampled: a client is placed by its own first choice
-        return self.sample(list(self.active), self.params.fraction_train)
+        return self.sample(list(self.active), self.params.fraction_train, self.params.min_train_nodes)
 
     def admit(self, server_round: int, keys: list[str]) -> None:
         """Nothing to do: a newcomer chooses its cluster by loss when it first trains."""
