@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test bench bench-quick clean test-containers
+.PHONY: run test bench bench-quick clean test-containers test-arm64
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (torch 2.14.1 wheels are for Python 3.11)"; exit 1; }
@@ -40,10 +40,14 @@ bench-quick: $(VENV)/.installed
 
 # Real checks outside `make test` (root on Debian 12 x86_64; each installs what it needs with
 # apt and pip and caches under /var/cache/clusterfed). test-containers: docker/'s images built with
-# podman and the compose federation run plain and with TLS (~20 min the first time).
-# Results: benchmarks/results/containers/.
+# podman and the compose federation run plain and with TLS (~15 min the first time);
+# test-arm64: an emulated aarch64 device (qemu-user) installs the device part and joins one round
+# (~45 min the first time). Results: benchmarks/results/{containers,arm64}/.
 test-containers: $(VENV)/.installed
 	CLUSTERFED_VENV=$(abspath $(VENV)) scripts/test-containers.sh
+
+test-arm64: $(VENV)/.installed
+	CLUSTERFED_VENV=$(abspath $(VENV)) scripts/test-arm64.sh
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
