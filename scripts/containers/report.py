@@ -69,6 +69,9 @@ result = {
         "podman-compose -p clusterfed -f docker/compose.yml -f docker/compose.tls.yml up -d   (then the same)",
     ],
     "timings_seconds": timings,
+    # the first run on this machine, by steps, before anything was cached (base, stand-ins)
+    "timings_first_run_seconds": {line.split()[0]: float(line.split()[1])
+                                  for line in _text(cache / "timings-first-run.txt").split("\n") if line.strip()},
     "image_sizes": images,
     "runs": runs,
 }
@@ -97,6 +100,9 @@ lines = [
 ]
 for name, seconds in t.items():
     lines.append(f"| {name} | {seconds} |")
+if result["timings_first_run_seconds"]:
+    lines += ["", "The first run on this machine (nothing cached; steps run one by one): "
+              + ", ".join(f"{k} {v}" for k, v in result["timings_first_run_seconds"].items()) + " s."]
 lines += ["", "| image | size |", "| --- | --- |"]
 for name, size in images.items():
     lines.append(f"| {name} | {size} |")
