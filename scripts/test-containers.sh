@@ -180,6 +180,12 @@ federation() {
         > "$CACHE/flwr_run_$mode.log" 2>&1 || { tail -40 "$CACHE/flwr_run_$mode.log" >&2; }
     local volume
     volume=$(podman volume inspect "${PROJECT}_results" --format '{{.Mountpoint}}')
+    if [ ! -f "$volume/containers-$mode/status.json" ]; then
+        echo "no status.json from the $mode run: see $CACHE/flwr_run_$mode.log" >&2
+        podman logs --tail 40 "${PROJECT}_serverapp_1" >&2 || true
+        compose "${files[@]}" down -v >/dev/null 2>&1 || true
+        return 1
+    fi
     cp "$volume/containers-$mode/status.json" "$RESULTS/status-$mode.json"
     [ -f "$volume/containers-$mode/summary.json" ] && cp "$volume/containers-$mode/summary.json" "$RESULTS/summary-$mode.json"
     cat "$RESULTS/status-$mode.json"
