@@ -42,7 +42,7 @@ bench-quick: $(VENV)/.installed
 # apt and pip and caches under /var/cache/clusterfed). test-containers: docker/'s images built with
 # podman and the compose federation run plain and with TLS (~15 min the first time);
 # test-arm64: an emulated aarch64 device (qemu-user) installs the device part and joins one round
-# (~45 min the first time). Results: benchmarks/results/{containers,arm64}/.
+# (~40 min the first time). Results: benchmarks/results/{containers,arm64}/.
 test-containers: $(VENV)/.installed
 	CLUSTERFED_VENV=$(abspath $(VENV)) scripts/test-containers.sh
 
