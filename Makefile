@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test bench bench-quick clean
+.PHONY: run test bench bench-quick clean test-containers test-arm64
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (torch 2.14.1 wheels are for Python 3.11)"; exit 1; }
@@ -37,6 +37,17 @@ bench-quick: $(VENV)/.installed
 	$(PY) benchmarks/suite.py quick --workers $(BENCH_WORKERS)
 	$(PY) benchmarks/lambda_sensitivity.py quick --workers $(BENCH_WORKERS)
 	$(PY) benchmarks/report.py
+
+# Real checks outside `make test` (root on Debian 12 x86_64; each installs what it needs with
+# apt and pip and caches under /var/cache/clusterfed). test-containers: docker/'s images built with
+# podman and the compose federation run plain and with TLS (~15 min the first time);
+# test-arm64: an emulated aarch64 device (qemu-user) installs the device part and joins one round
+# (~40 min the first time). Results: benchmarks/results/{containers,arm64}/.
+test-containers: $(VENV)/.installed
+	CLUSTERFED_VENV=$(abspath $(VENV)) scripts/test-containers.sh
+
+test-arm64: $(VENV)/.installed
+	CLUSTERFED_VENV=$(abspath $(VENV)) scripts/test-arm64.sh
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -46,6 +46,10 @@ def _merged(*names):
                     merged["volumes"] = list(by_target.values())
                 elif isinstance(value, tuple) and value[0] == "!reset":
                     merged.pop(key, None)
+                elif isinstance(value, dict):  # e.g. healthcheck: keys merged, `!override` replaces
+                    merged[key] = {**merged.get(key, {}),
+                                   **{k: v[1] if isinstance(v, tuple) and v[0] == "!override" else v
+                                      for k, v in value.items()}}
                 else:
                     merged[key] = value
     return services
@@ -134,6 +138,25 @@ def test_tls_overlay_turns_tls_on_everywhere_and_generates_certificates_first():
             assert "--root-certificates=/certs/ca.crt" in spec["command"]
         if name != "certs":
             assert "./certs:/certs:ro" in spec["volumes"], name
+
+
+def test_tls_overlay_replaces_the_health_checks_with_https_ones():
+    # podman-compose appends an overlay's `test` list to the base one unless it is `!override`
+    for name, spec in _compose("compose.tls.yml")["services"].items():
+        if "healthcheck" in spec:
+            assert spec["healthcheck"]["test"][0] == "!override", name
+    services = _merged("compose.yml", "compose.tls.yml")
+    for name in ["superlink", *(s for s in services if s.startswith("supernode-"))]:
+        test = " ".join(services[name]["healthcheck"]["test"])
+        assert test.startswith("CMD ") and "https://" in test and "/certs/ca.crt" in test and "/health" in test, name
+
+
+def test_compose_files_avoid_what_podman_4_3_rejects():
+    # tmpfs with uid=/gid= options does not start under podman 4.3 (Debian 12)
+    for name in ("compose.yml", "compose.tls.yml", "compose.state.yml"):
+        for service, spec in _compose(name)["services"].items():
+            for entry in spec.get("tmpfs", []) if isinstance(spec.get("tmpfs"), list) else []:
+                assert "uid=" not in entry and "gid=" not in entry, (name, service, entry)
 
 
 def test_state_overlay_keeps_the_database_on_a_volume():
