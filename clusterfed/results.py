@@ -53,6 +53,8 @@ class Traffic:
     transmissions: int = 0
     failures: int = 0
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    # every failure by client: {"client": key or None, "node": node id, "kind", "reason": first line}
+    failed: list[dict[str, Any]] = field(default_factory=list)
     # every fault by kind: "error" (the client raised), "timeout" (no reply in time) and the
     # rejection kinds of clusterfed.runner.validation ("non_finite", "shape", ...)
     faults: dict[str, int] = field(default_factory=dict)
@@ -169,6 +171,8 @@ class RunRecorder:
             "clusters": per_cluster,
             f"client_{name}": {e.key: round(e.accuracy, 4) for e in evals},
         }
+        if traffic.failed:
+            record["failed"] = traffic.failed
         if traffic.rejected:
             record["rejections"] = traffic.rejected
         record.update(extra or {})

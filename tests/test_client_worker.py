@@ -92,6 +92,25 @@ def test_an_error_in_the_worker_reaches_the_client_app_with_its_message(worker_e
              {"client-key": "pi-02", "data-path": str(tmp_path / "bad.npz"), "warm-worker": True})
 
 
+@pytest.mark.parametrize("case", ["garbage", "missing-arrays", "no-file", "empty"])
+def test_a_device_with_broken_data_starts_no_worker(worker_env, tmp_path, case):
+    path = tmp_path / "part.npz"
+    if case == "garbage":
+        path.write_bytes(b"not a zip" * 100)
+    elif case == "missing-arrays":
+        np.savez(path, x_train=np.zeros((2, 8, 8), np.uint8), y_train=np.array([0, 1]))
+    elif case == "empty":
+        np.savez(path, x_train=np.zeros((0, 8, 8), np.uint8), y_train=np.zeros(0, int),
+                 x_test=np.zeros((1, 8, 8), np.uint8), y_test=np.array([1]))
+    expected = {"garbage": "not a readable .npz", "missing-arrays": "lacks the arrays", "no-file": "does not exist",
+                "empty": "non-zero number of examples"}[case]
+    for message in (_message(protocol.PROFILE_QUERY, with_model=False), _message(MessageType.TRAIN)):
+        with pytest.raises((ValueError, FileNotFoundError), match=rf'^\[client-key "pi-04"\] .*{expected}'):
+            _ask(message, {"client-key": "pi-04", "data-path": str(path), "warm-worker": True})
+    # checked in the light process: no worker was started, nothing of one is left
+    assert not worker_env.exists() or not [p for p in worker_env.iterdir() if p.suffix in (".pid", ".sock", ".log")]
+
+
 def test_a_killed_worker_is_replaced_and_an_idle_one_exits(worker_env, part):
     node = {"client-key": "pi-03", "data-path": str(part), "warm-worker": True, "warm-worker-idle": 1.0}
     _ask(_message(protocol.PROFILE_QUERY, with_model=False), node)

@@ -165,3 +165,85 @@ def test_status_file_says_ok_or_failed(tmp_path, churn):
         server_app.main(ChurnGrid(2), context)
     status = json.loads((failed / "status.json").read_text())
     assert status["status"] == "failed" and "SuperNodes" in status["error"]
+
+
+def _garbage_node(grid, tmp_path, key="bad-device"):
+    """A fourth SuperNode whose data file is garbage."""
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"this is not an npz file\n" * 10)
+    node = grid.start_node(3)
+    grid.contexts[node].node_config.update({"data-path": str(garbage), "client-key": key})
+    del grid.contexts[node].node_config["partition-id"]
+    return node
+
+
+def test_a_device_with_garbage_data_is_named_and_marked_absent_and_the_others_cluster_as_before(tmp_path, churn):
+    churn["events"] = {}
+    clean = tmp_path / "clean"
+    run_server(ChurnGrid(3), config(clean, rounds=4), stream=None, deployment=True)
+
+    churn["events"] = {}
+    grid = ChurnGrid(3)
+    node = _garbage_node(grid, tmp_path)
+    run_server(grid, config(tmp_path / "run", rounds=4), stream=None, deployment=True)
+    records, reference = rows(tmp_path / "run"), rows(clean)
+    for record in records[:2]:  # absent-after = 2: named in each failing round ...
+        (failed,) = record["failed"]
+        assert failed["client"] == "bad-device" and failed["node"] == node and failed["kind"] == "error"
+        assert "garbage.npz" in failed["reason"] and "\n" not in failed["reason"]
+        assert failed["reason"].startswith("ValueError: data-path") and "client-key" not in failed["reason"]
+    # ... then marked absent: asked for its profile only, which is not a new fault
+    assert [r["clients_absent"] for r in records] == [0, 1, 1, 1]
+    assert records[2]["absent"] == [{"client": "bad-device", "node": node}]
+    assert [r["failures"] for r in records] == [1, 1, 0, 0]
+    assert "failed" not in records[3]
+    # the others: the same clusters, accuracies and traffic as a run without the broken device
+    for got, want in zip(records, reference):
+        assert got["ari"] == want["ari"] == 1.0 or got["round"] == 1
+        assert got["client_accuracy"] == want["client_accuracy"]
+        assert got["bytes_up"] == want["bytes_up"]
+
+
+def test_a_device_whose_training_fails_is_named_and_marked_absent(tmp_path, churn):
+    def break_client_2(g):
+        g.contexts[g.node_ids[2]].node_config["data-path"] = str(tmp_path / "missing.npz")
+
+    churn["events"] = {2: break_client_2}
+    grid = ChurnGrid(3)
+    run_server(grid, config(tmp_path, rounds=4), stream=None, deployment=True)
+    records = rows(tmp_path)
+    assert "failed" not in records[0]
+    named = {(f["client"], f["node"], f["kind"]) for f in records[1]["failed"]}
+    assert named == {("2", grid.node_ids[2], "error")}
+    assert all("missing.npz" in f["reason"] for f in records[1]["failed"])
+    assert [r["clients_absent"] for r in records] == [0, 0, 1, 1]
+    assert records[3]["absent"] == ["2"] and "2" not in records[3]["client_accuracy"]
+
+
+def test_two_nodes_with_the_same_client_key_are_both_reported_and_neither_is_served(tmp_path, churn, caplog):
+    grid = ChurnGrid(3)
+    first = grid.node_ids[1]  # partition 1, key "1"
+    second = grid.start_node(3)
+    grid.contexts[second].node_config["client-key"] = "1"  # partition 3's device, misconfigured with key "1"
+    churn["events"] = {3: lambda g: g.gone.add(second)}  # the misconfigured SuperNode is stopped
+    with caplog.at_level("WARNING"):
+        run_server(grid, config(tmp_path, rounds=4), stream=None, deployment=True)
+    records = rows(tmp_path)
+    for record in records[:2]:
+        assert record["duplicate_keys"] == [{"client": "1", "nodes": sorted([first, second])}]
+        assert "1" not in record["client_accuracy"] and record["clients_known"] == 2
+    assert any("client-key '1' is claimed by nodes" in m and str(first) in m and str(second) in m
+               for m in caplog.messages)
+    for record in records[2:]:  # only the first is left: it takes part again
+        assert "duplicate_keys" not in record
+        assert "1" in record["client_accuracy"] and record["clients_known"] == 3
+
+
+def test_error_reasons_are_cut_to_one_named_line():
+    from clusterfed.runner.runner import first_line, key_in_reason
+
+    flower = "<class 'ValueError'>:<'[client-key \"pi \\\"3\\\"\"] data-path '/d/x.npz' is bad\nTraceback ...'>"
+    assert key_in_reason(flower) == 'pi "3"'
+    assert first_line(flower) == "ValueError: data-path '/d/x.npz' is bad"
+    assert key_in_reason("Node unavailable") is None and first_line("Node unavailable") == "Node unavailable"
+    assert len(first_line("x" * 1000)) == 300
