@@ -118,6 +118,7 @@ class RunRecorder:
         self.cum_up = 0
         (self.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         self._rounds_file = (self.out / "rounds.jsonl").open("w")
+        self.on_round = None  # called with each round's row once it is written (the ServerApp's heartbeat)
 
     def record_round(
         self,
@@ -180,6 +181,8 @@ class RunRecorder:
         self._rounds_file.write(json.dumps(record) + "\n")
         self._rounds_file.flush()
         self._progress(record)
+        if self.on_round is not None:
+            self.on_round(record)
         return record
 
     def state(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ a dead SuperNode until its heartbeat lapses) and messages to it come back as
 """
 
 import json
+import os
 
 import pytest
 from flwr.app import Context, Error, Message, RecordDict
@@ -160,11 +161,51 @@ def test_status_file_says_ok_or_failed(tmp_path, churn):
     server_app.main(ChurnGrid(2), context)
     assert json.loads((ok / "status.json").read_text())["status"] == "ok"
 
+    status = json.loads((ok / "status.json").read_text())
+    assert status["round"] == 1 and status["pid"] == os.getpid() and status["host"] and status["updated"]
+
     context.run_config.update({"out-dir": str(failed), "wait-timeout": 0.2, "num-clients": 3})
-    with pytest.raises(SystemExit):
+    with pytest.raises(server_app.RunFailed):
         server_app.main(ChurnGrid(2), context)
     status = json.loads((failed / "status.json").read_text())
     assert status["status"] == "failed" and "SuperNodes" in status["error"]
+
+
+def test_a_start_failure_is_logged_at_error_with_the_sentence_of_status_json(tmp_path, churn, caplog):
+    """What ``flwr run --stream`` shows is the ServerApp's log: the reason is in it. The
+    failure is an Exception, so Flower's flwr-serverapp logs it, uploads the logs, marks the
+    run failed and exits 1 (a SystemExit would bypass its handler)."""
+    churn["events"] = {}
+    run_config = {"strategy": "fedavg", "num-clients": 4, "min-clients": 4, "wait-timeout": 0.2, "rounds": 1,
+                  "out-dir": str(tmp_path), "partitioner": "label-groups", "label-groups": "0-4;5-9"}
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=run_config)
+    with caplog.at_level("ERROR"), pytest.raises(server_app.RunFailed) as raised:
+        server_app.main(ChurnGrid(3), context)
+    assert isinstance(raised.value, Exception)
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "failed" and "only 3 of the 4 SuperNodes" in status["error"]
+    assert str(raised.value) == status["error"]
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"clusterfed: run failed: {status['error']}"]
+
+
+def test_a_stale_running_status_is_replaced_with_a_note(tmp_path, churn):
+    churn["events"] = {}
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "status.json").write_text(json.dumps({"status": "running", "pid": int(gone.stdout), "time": "t0",
+                                                      "updated": "t1", "host": socket.gethostname()}))
+    run_config = {"strategy": "fedavg", "num-clients": 2, "rounds": 1, "out-dir": str(tmp_path), "batch-size": 32,
+                  "partitioner": "label-groups", "label-groups": "0-4;5-9"}
+    server_app.main(ChurnGrid(2), Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                                          run_config=run_config))
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "ok"
+    assert f"pid {int(gone.stdout)}" in status["note"] and "last update t1" in status["note"]
+    assert "is no longer running" in status["note"]
 
 
 def _garbage_node(grid, tmp_path, key="bad-device"):
