@@ -20,7 +20,7 @@ from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError, build_runner
-from clusterfed.runner.preflight import check_model, preflight
+from clusterfed.runner.preflight import check_model, preflight, resolve_resume
 from clusterfed.strategies.base import StrategyParamsError
 
 NODE_WAIT_SECONDS = 120.0
@@ -109,6 +109,7 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
     against a SuperLink): start once ``min-clients`` nodes are up; nodes that join later
     are profiled and placed by the algorithm, unreachable ones are marked absent."""
     started = time.perf_counter()
+    config = resolve_resume(config)  # "auto": out-dir's checkpoint, if any
     initial = preflight(config)  # every problem the server can see, before any client is contacted
     if deployment:
         online = wait_for_min_clients(grid, config)

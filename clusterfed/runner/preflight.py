@@ -66,8 +66,28 @@ def check_model(config: RunConfig):
     return protocol.to_array_record(state_to_numpy(model)), None
 
 
+RESUME_AUTO = "auto"
+
+
+def resolve_resume(config: RunConfig, *, announce: bool = True) -> RunConfig:
+    """``resume-from = "auto"``: resume from out-dir's checkpoint if it has one, else start
+    fresh (saying which). Any other value is returned as it is."""
+    if config.resume_from != RESUME_AUTO:
+        return config
+    from clusterfed.runner.checkpoint import checkpoint_path
+
+    found = checkpoint_path(config.out_dir).is_file()
+    if announce:
+        if found:
+            log(logging.INFO, "resume-from=auto: resuming from the checkpoint in %s", config.out_dir)
+        else:
+            log(logging.INFO, "resume-from=auto: no checkpoint in %s, starting fresh", config.out_dir)
+    return config.model_copy(update={"resume_from": config.out_dir if found else ""})
+
+
 def preflight(config: RunConfig):
     """Check the run; raise one ConfigError listing every problem. Returns θ0 as an ArrayRecord."""
+    config = resolve_resume(config, announce=False)
     problems = []
     if (problem := check_partition(config)) is not None:
         problems.append(f"partition: {problem}")
