@@ -27,6 +27,8 @@ def check_partition(config: RunConfig) -> str | None:
 
     try:  # syntax first: it needs no data
         if config.partitioner == "label-groups":
+            if not config.label_groups.strip():  # the library's "" (default groups) is no run setting
+                return "label-groups is empty: give the groups, e.g. label-groups=\"0,1;2,3\""
             parse_label_groups(config.label_groups, DATASET_SHAPES[config.dataset][1])
         if config.partitioner == "rotation":
             parse_rotations(config.rotations)
