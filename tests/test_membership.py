@@ -223,10 +223,14 @@ def test_a_device_with_garbage_data_is_named_and_marked_absent_and_the_others_cl
     clean = tmp_path / "clean"
     run_server(ChurnGrid(3), config(clean, rounds=4), stream=None, deployment=True)
 
-    churn["events"] = {}
+    def fixed_device_restarts(g):  # the operator fixes the file; the SuperNode restarts on a new node id
+        g.gone.add(node)
+        g.contexts[g.start_node(3)].node_config["client-key"] = "bad-device"
+
+    churn["events"] = {5: fixed_device_restarts}
     grid = ChurnGrid(3)
     node = _garbage_node(grid, tmp_path)
-    run_server(grid, config(tmp_path / "run", rounds=4), stream=None, deployment=True)
+    run_server(grid, config(tmp_path / "run", rounds=5), stream=None, deployment=True)
     records, reference = rows(tmp_path / "run"), rows(clean)
     for record in records[:2]:  # absent-after = 2: named in each failing round ...
         (failed,) = record["failed"]
@@ -234,10 +238,12 @@ def test_a_device_with_garbage_data_is_named_and_marked_absent_and_the_others_cl
         assert "garbage.npz" in failed["reason"] and "\n" not in failed["reason"]
         assert failed["reason"].startswith("ValueError: data-path") and "client-key" not in failed["reason"]
     # ... then marked absent: asked for its profile only, which is not a new fault
-    assert [r["clients_absent"] for r in records] == [0, 1, 1, 1]
+    assert [r["clients_absent"] for r in records] == [0, 1, 1, 1, 0]
     assert records[2]["absent"] == [{"client": "bad-device", "node": node}]
-    assert [r["failures"] for r in records] == [1, 1, 0, 0]
-    assert "failed" not in records[3]
+    assert [r["failures"] for r in records] == [1, 1, 0, 0, 0]
+    assert "failed" not in records[3] and "absent" not in records[4]
+    # back with good data: placed and evaluated like any newcomer
+    assert "bad-device" in records[4]["client_accuracy"] and records[4]["clients_known"] == 4
     # the others: the same clusters, accuracies and traffic as a run without the broken device
     for got, want in zip(records, reference):
         assert got["ari"] == want["ari"] == 1.0 or got["round"] == 1

@@ -342,6 +342,8 @@ class RoundDriver:
         node that is still listed is asked again."""
         live = list(self.grid.get_node_ids())
         self.resolve_duplicates(server_round, live)
+        for node in [n for n, key in self.benched.items() if key is None and n not in live]:
+            del self.benched[node]  # a device that never said its key and whose node is gone: forgotten
         claimants = {n for claim in self.duplicates.values() for n in claim}
         new_nodes = [n for n in live if n not in self.key_of_node and n not in claimants and n not in self.benched]
         # an absent client's node that Flower still lists is asked again: it may be back
@@ -408,7 +410,9 @@ class RoundDriver:
     def admit_node(self, server_round: int, node: int, info: ClientInfo) -> None:
         if node in self.benched:
             log(logging.INFO, "round %s: client %s on node %s answers its profile again", server_round, info.key, node)
-        self.benched.pop(node, None)
+        # the device is back (on this node, or restarted on a new one): no longer absent
+        for benched in [n for n, key in self.benched.items() if n == node or key == info.key]:
+            del self.benched[benched]
         self.node_misses.pop(node, None)
         self.key_of_node.pop(self.node_of_key.get(info.key, -1), None)
         if info.key in self.absent or self.node_of_key.get(info.key) not in (None, node):
