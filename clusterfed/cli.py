@@ -1,4 +1,4 @@
-"""``clusterfed run | compare | partition-report | partition | plot``."""
+"""``clusterfed run | compare | partition-report | partition | params | plot | worker stop``."""
 
 from __future__ import annotations
 
@@ -106,6 +106,26 @@ def cmd_params(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_worker(args: argparse.Namespace) -> int:
+    from clusterfed.client_worker import WorkerError, stop_workers, worker_dir
+
+    try:
+        folder = Path(args.dir).expanduser() if args.dir else worker_dir()
+        report = stop_workers(folder, wait_seconds=args.wait)
+    except WorkerError as error:
+        print(f"clusterfed: {error}", file=sys.stderr)
+        return 1
+    for pid in report["stopped"]:
+        print(f"stopped warm worker {pid}")
+    for name, why in report["left_alone"]:
+        print(f"{name}: {why}")
+    if report["removed"]:
+        print(f"removed from {folder}: {' '.join(report['removed'])}")
+    if not report["stopped"]:
+        print(f"no warm worker of this user was running in {folder}")
+    return 0
+
+
 def _strategies_epilog() -> str:
     """The --help epilog: the strategies and how their parameters are set (from the registry)."""
     from clusterfed.strategies import strategy_names
@@ -144,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
     params = sub.add_parser("params", help="list a strategy's parameters, defaults and meanings")
     params.add_argument("strategy", nargs="?", help="a strategy name or package.module:Class (default: all)")
     params.set_defaults(func=cmd_params)
+    worker = sub.add_parser("worker", help="manage this user's warm workers on a device")
+    worker.add_argument("action", choices=("stop",),
+                        help="stop: end this user's warm workers (checked in /proc) and remove stale files")
+    worker.add_argument("--dir", help="the workers' folder (default: $CLUSTERFED_WORKER_DIR or /tmp/clusterfed-<uid>)")
+    worker.add_argument("--wait", type=float, default=10.0, help="seconds to wait after SIGTERM before SIGKILL")
+    worker.set_defaults(func=cmd_worker)
     plot = sub.add_parser("plot", help="redraw the figures of a results folder")
     plot.add_argument("dir")
     plot.set_defaults(func=cmd_plot)

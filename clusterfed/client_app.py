@@ -26,6 +26,7 @@ from clusterfed import faults, protocol
 from clusterfed.client import ClientTask, client_app
 from clusterfed.client.app import reply
 from clusterfed.client.identity import client_key
+from clusterfed.client_entry import check_node_data  # the same cheap test as the device's entry
 from clusterfed.client.identity import data_key as _data_key  # noqa: F401 - tests clear its cache
 from clusterfed.datasets import client_arrays
 from clusterfed.datasets.device_data import load_device_data
@@ -200,7 +201,7 @@ TASK = ClientTask(
     key_fn=builtin_key,
 )
 
-app = client_app(TASK, mods=[faults.inject_faults])
+app = client_app(TASK, mods=[faults.inject_faults], check=check_node_data)
 
 
 # The message handlers of ``app``, for apps that wrap the real client (tests).

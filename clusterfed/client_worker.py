@@ -216,6 +216,101 @@ def _answer(connection) -> None:
         connection.send(reply)
 
 
+def _worker_of_this_user(pid: int, socket_file: Path) -> str | None:
+    """None if ``pid`` is this user's clusterfed warm worker serving ``socket_file``, else
+    why not (checked in ``/proc``: the process's owner and command line)."""
+    proc = Path("/proc") / str(pid)
+    try:
+        owner = proc.stat().st_uid
+        argv = (proc / "cmdline").read_bytes().split(b"\0")
+    except FileNotFoundError:
+        return "no such process"
+    except OSError as error:
+        return f"cannot inspect it ({error.strerror or error})"
+    if owner != os.getuid():
+        return f"it belongs to uid {owner}"
+    args = [a.decode(errors="replace") for a in argv if a]
+    if "clusterfed.client_worker" not in args or "--socket" not in args:
+        return "it is not a clusterfed warm worker"
+    served = args[args.index("--socket") + 1] if args.index("--socket") + 1 < len(args) else ""
+    if Path(served).resolve() != socket_file.resolve():
+        return f"it is the worker of {served}"
+    return None
+
+
+def _unlink(path: Path, removed: list[str]) -> None:
+    try:
+        path.unlink()
+        removed.append(path.name)
+    except FileNotFoundError:
+        pass
+
+
+def _socket_answers(path: Path) -> bool:
+    import socket as sockets
+
+    with contextlib.closing(sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)) as probe:
+        try:
+            probe.connect(str(path))
+        except OSError:
+            return False
+    return True
+
+
+def stop_workers(directory: Path | None = None, wait_seconds: float = 10.0) -> dict[str, list]:
+    """Stop this user's warm workers in ``directory`` (default: ``worker_dir()``) by their pid
+    files, each only after checking in ``/proc`` that the pid is this user's clusterfed worker
+    of that very socket (SIGTERM, SIGKILL after ``wait_seconds``), and remove the files of
+    workers that are gone: a pid file whose pid is dead or another process, a socket nobody
+    listens on, a spawn lock nobody holds. Returns ``{"stopped": [pid, ...], "removed":
+    [file, ...], "left_alone": [(pid file, why), ...]}``."""
+    import signal
+
+    folder = Path(directory) if directory is not None else worker_dir()
+    if not Path("/proc/self/cmdline").exists():
+        raise WorkerError("stopping workers needs /proc (Linux) to check which process a pid file names; "
+                          "none was stopped")
+    report: dict[str, list] = {"stopped": [], "removed": [], "left_alone": []}
+    stopping: dict[int, Path] = {}
+    for pid_file in sorted(folder.glob("w-*.pid")):
+        sock = pid_file.with_suffix(".sock")
+        try:
+            pid = int(pid_file.read_text().strip())
+        except (OSError, ValueError):
+            pid = -1
+        why = _worker_of_this_user(pid, sock) if pid > 0 else "no pid in the file"
+        if why is None:
+            os.kill(pid, signal.SIGTERM)
+            stopping[pid] = pid_file
+        else:  # the worker that wrote it is gone; whatever has the pid now is left alone
+            report["left_alone"].append((pid_file.name, f"pid {pid}: {why}; not signalled"))
+            _unlink(pid_file, report["removed"])
+    deadline = time.monotonic() + wait_seconds
+    while stopping and time.monotonic() < deadline:
+        for pid in [p for p in stopping if _worker_of_this_user(p, stopping[p].with_suffix(".sock")) is not None]:
+            report["stopped"].append(pid)
+            _unlink(stopping.pop(pid), report["removed"])
+        time.sleep(0.05)
+    for pid, pid_file in stopping.items():  # did not stop on SIGTERM (a long request): end it
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        report["stopped"].append(pid)
+        _unlink(pid_file, report["removed"])
+    for sock in sorted(folder.glob("w-*.sock")):
+        if not sock.with_suffix(".pid").exists() and not _socket_answers(sock):
+            _unlink(sock, report["removed"])
+    for lock in sorted(folder.glob("w-*.lock")):
+        if lock.with_suffix(".sock").exists():
+            continue
+        with open(lock, "a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # a ClientApp is starting that worker now
+            _unlink(lock, report["removed"])
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m clusterfed.client_worker", description=__doc__.split("\n")[0])
     parser.add_argument("--socket", required=True, type=Path)

@@ -33,7 +33,9 @@ class RunConfig(BaseModel):
     out_dir: str = Field("results/run", alias="out-dir")
     timeout: float = Field(600.0, gt=0, description="seconds to wait for one phase's replies")
     checkpoint: bool = Field(True, description="write the full state after every round (out-dir/checkpoint.json + .npz)")
-    resume_from: str = Field("", alias="resume-from", description="folder of a checkpoint to continue from")
+    resume_from: str = Field("", alias="resume-from",
+                             description="folder of a checkpoint to continue from; \"auto\": out-dir's checkpoint "
+                                         "if it has one, else start fresh")
 
     # membership in a deployment (simulation always has exactly num-clients nodes)
     min_clients: int = Field(0, alias="min-clients", ge=0,

@@ -53,6 +53,8 @@ class Traffic:
     transmissions: int = 0
     failures: int = 0
     rejected: list[dict[str, Any]] = field(default_factory=list)
+    # every failure by client: {"client": key or None, "node": node id, "kind", "reason": first line}
+    failed: list[dict[str, Any]] = field(default_factory=list)
     # every fault by kind: "error" (the client raised), "timeout" (no reply in time) and the
     # rejection kinds of clusterfed.runner.validation ("non_finite", "shape", ...)
     faults: dict[str, int] = field(default_factory=dict)
@@ -116,6 +118,7 @@ class RunRecorder:
         self.cum_up = 0
         (self.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         self._rounds_file = (self.out / "rounds.jsonl").open("w")
+        self.on_round = None  # called with each round's row once it is written (the ServerApp's heartbeat)
 
     def record_round(
         self,
@@ -169,6 +172,8 @@ class RunRecorder:
             "clusters": per_cluster,
             f"client_{name}": {e.key: round(e.accuracy, 4) for e in evals},
         }
+        if traffic.failed:
+            record["failed"] = traffic.failed
         if traffic.rejected:
             record["rejections"] = traffic.rejected
         record.update(extra or {})
@@ -176,6 +181,8 @@ class RunRecorder:
         self._rounds_file.write(json.dumps(record) + "\n")
         self._rounds_file.flush()
         self._progress(record)
+        if self.on_round is not None:
+            self.on_round(record)
         return record
 
     def state(self) -> dict[str, Any]:

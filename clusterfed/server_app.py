@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 import sys
 import time
 from pathlib import Path
@@ -18,7 +20,7 @@ from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError, build_runner
-from clusterfed.runner.preflight import check_model, preflight
+from clusterfed.runner.preflight import check_model, preflight, resolve_resume
 from clusterfed.strategies.base import StrategyParamsError
 
 NODE_WAIT_SECONDS = 120.0
@@ -98,7 +100,8 @@ def wait_for_min_clients(grid: Grid, config: RunConfig, poll_seconds: float = 1.
 
 
 def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.stdout,
-               node_wait_seconds: float = NODE_WAIT_SECONDS, deployment: bool = False) -> dict[str, Any]:
+               node_wait_seconds: float = NODE_WAIT_SECONDS, deployment: bool = False,
+               status: RunStatus | None = None) -> dict[str, Any]:
     """Everything a server does for one run; returns the summary written to summary.json.
 
     ``deployment=False`` (simulation): the federation must have exactly ``num-clients``
@@ -106,6 +109,7 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
     against a SuperLink): start once ``min-clients`` nodes are up; nodes that join later
     are profiled and placed by the algorithm, unreachable ones are marked absent."""
     started = time.perf_counter()
+    config = resolve_resume(config)  # "auto": out-dir's checkpoint, if any
     initial = preflight(config)  # every problem the server can see, before any client is contacted
     if deployment:
         online = wait_for_min_clients(grid, config)
@@ -114,6 +118,8 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
         wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
     recorder = RunRecorder(out, config.to_flower(), stream=stream)
+    if status is not None:
+        recorder.on_round = status.heartbeat
     strategy = build_runner(config, recorder, deployment=deployment)
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
@@ -129,43 +135,121 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
     return summary
 
 
+class RunFailed(RuntimeError):
+    """The ServerApp stopped; the message is the sentence in status.json. An Exception (not
+    SystemExit): Flower's flwr-serverapp catches it, logs it, uploads the run's logs (what
+    ``flwr run --stream`` shows), marks the run failed and exits 1. A SystemExit would skip
+    all of that."""
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RunStatus:
+    """``out-dir/status.json``: ``"running"`` (with ``updated``, the time of the last round,
+    as a heartbeat), ``"ok"`` or ``"failed"`` (with ``error``), and who writes it (``pid``,
+    ``host``). A ``"running"`` left by a run that is gone is replaced at start-up with a
+    ``note`` saying so."""
+
+    def __init__(self, out_dir: str | Path):
+        self.path = Path(out_dir).resolve() / "status.json"
+        self.started = _now()
+        self.note = ""
+        self.round: int | None = None
+
+    def start(self) -> None:
+        previous = self.read()
+        if previous.get("status") == "running":
+            pid, host = previous.get("pid"), previous.get("host")
+            here = host == socket.gethostname()
+            state = ("is still running" if here and isinstance(pid, int) and _alive(pid) and pid != os.getpid()
+                     else "is no longer running" if here and isinstance(pid, int) else "was not seen to end")
+            self.note = (f"a previous run in this folder (pid {pid} on {host}, last update "
+                         f"{previous.get('updated', previous.get('time'))}) {state} and never wrote how it ended")
+            log(logging.WARNING, "clusterfed: %s", self.note)
+        self.write("running")
+
+    def read(self) -> dict[str, Any]:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def heartbeat(self, record: dict[str, Any]) -> None:
+        self.round = int(record["round"])
+        self.write("running")
+
+    def write(self, status: str, error: str = "") -> None:
+        body: dict[str, Any] = {"status": status, "time": _now(), "started": self.started, "updated": _now(),
+                                "pid": os.getpid(), "host": socket.gethostname()}
+        if self.round is not None:
+            body["round"] = self.round
+        if error:
+            body["error"] = error
+        if self.note:
+            body["note"] = self.note
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_suffix(".json.tmp")
+            tmp.write_text(json.dumps(body, indent=2) + "\n")
+            tmp.replace(self.path)
+        except OSError as failure:
+            log(logging.ERROR, "clusterfed: cannot write %s: %s", self.path, failure)
+
+
 def write_status(out_dir: str | Path, status: str, error: str = "") -> None:
-    """``out-dir/status.json``: "running", "ok" or "failed" (with the error). ``flwr run``
-    exits 0 even when the ServerApp failed; this file says how the run ended."""
-    out = Path(out_dir).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    body = {"status": status, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    if error:
-        body["error"] = error
-    (out / "status.json").write_text(json.dumps(body, indent=2) + "\n")
+    """``out-dir/status.json`` written once (see ``RunStatus``)."""
+    RunStatus(out_dir).write(status, error)
 
 
 app = ServerApp()
+
+
+def _fail(status: RunStatus, sentence: str, cause: BaseException | None = None) -> RunFailed:
+    """Say why at ERROR (``flwr run --stream`` shows the ServerApp's log) and in status.json,
+    in the same sentence."""
+    log(logging.ERROR, "clusterfed: run failed: %s", sentence)
+    status.write("failed", sentence)
+    failure = RunFailed(sentence)
+    failure.__cause__ = cause
+    failure.__suppress_context__ = True
+    return failure
 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     """Entry point under ``flwr run`` against a SuperLink (deployment): the run config
     comes from pyproject.toml's [tool.flwr.app.config] plus --run-config overrides. How the
-    run ended is written to ``out-dir/status.json``."""
+    run ended is written to ``out-dir/status.json`` and, when it failed, logged at ERROR and
+    raised (``RunFailed``: flwr-serverapp then marks the run failed and exits 1)."""
     out_dir = str(context.run_config.get("out-dir", RunConfig().out_dir))
+    status = RunStatus(out_dir)
     try:
         config = parse_config(dict(context.run_config))
     except ConfigError as error:
-        log(logging.ERROR, "bad run config: %s", error)
-        write_status(out_dir, "failed", f"bad run config: {error}")
-        raise SystemExit(f"clusterfed: bad run config: {error}") from None
-    write_status(out_dir, "running")
+        raise _fail(status, f"bad run config: {error}") from None
+    status.start()
     # `flwr run` against a simulation federation hands the app Flower's in-memory grid: that
     # is a simulation (fixed federation); any other grid talks to a SuperLink
     deployment = not isinstance(grid, InMemoryGrid)
     try:
-        run_server(grid, config, deployment=deployment)
+        run_server(grid, config, deployment=deployment, status=status)
     except (ConfigError, CheckpointError, StrategyParamsError) as error:
-        log(logging.ERROR, "%s", error)
-        write_status(out_dir, "failed", str(error))
-        raise SystemExit(f"clusterfed: {error}") from None
-    except BaseException as error:
-        write_status(out_dir, "failed", f"{type(error).__name__}: {error}")
+        raise _fail(status, str(error)) from None
+    except Exception as error:
+        raise _fail(status, f"{type(error).__name__}: {error}", error) from error
+    except BaseException as error:  # stopped (a signal's SystemExit, Ctrl-C)
+        status.write("failed", f"stopped: {type(error).__name__}: {error}")
         raise
-    write_status(out_dir, "ok")
+    status.write("ok")

@@ -175,3 +175,25 @@ def test_exported_cluster_model_loads_and_predicts(tmp_path):
     predicted = model.eval()(x).argmax(dim=1).numpy()
     assert predicted.shape == (50,) and set(predicted) <= set(range(10))
     assert (predicted == digits.target[:50]).mean() > 0.1  # trained, not a constant guess
+
+
+def test_resume_from_auto_starts_fresh_then_continues_from_out_dir(tmp_path, caplog):
+    """``resume-from="auto"`` (what a deployment passes with ``flwr run --run-config``): no
+    checkpoint in out-dir starts fresh, saying so; the same command after a stop resumes,
+    and the run ends bit-identical to an uninterrupted one."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    simulate(config("fedclust", straight, rounds=4), engine="inprocess", stream=None)
+    with caplog.at_level("INFO"):
+        simulate(config("fedclust", stopped, rounds=2, **{"resume-from": "auto"}), engine="inprocess", stream=None)
+    assert any("no checkpoint in" in m and "starting fresh" in m for m in caplog.messages)
+    assert load_checkpoint(stopped)["round"] == 2
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        simulate(config("fedclust", stopped, rounds=4, **{"resume-from": "auto"}), engine="inprocess", stream=None)
+    assert any("resuming from the checkpoint in" in m for m in caplog.messages)
+    assert rows(stopped) == rows(straight)
+    a, b = models(straight), models(stopped)
+    assert a.keys() == b.keys() and len(a) >= 1
+    for name in a:
+        for key in a[name]:
+            assert torch.equal(a[name][key], b[name][key])

@@ -92,6 +92,25 @@ def test_an_error_in_the_worker_reaches_the_client_app_with_its_message(worker_e
              {"client-key": "pi-02", "data-path": str(tmp_path / "bad.npz"), "warm-worker": True})
 
 
+@pytest.mark.parametrize("case", ["garbage", "missing-arrays", "no-file", "empty"])
+def test_a_device_with_broken_data_starts_no_worker(worker_env, tmp_path, case):
+    path = tmp_path / "part.npz"
+    if case == "garbage":
+        path.write_bytes(b"not a zip" * 100)
+    elif case == "missing-arrays":
+        np.savez(path, x_train=np.zeros((2, 8, 8), np.uint8), y_train=np.array([0, 1]))
+    elif case == "empty":
+        np.savez(path, x_train=np.zeros((0, 8, 8), np.uint8), y_train=np.zeros(0, int),
+                 x_test=np.zeros((1, 8, 8), np.uint8), y_test=np.array([1]))
+    expected = {"garbage": "not a readable .npz", "missing-arrays": "lacks the arrays", "no-file": "does not exist",
+                "empty": "non-zero number of examples"}[case]
+    for message in (_message(protocol.PROFILE_QUERY, with_model=False), _message(MessageType.TRAIN)):
+        with pytest.raises((ValueError, FileNotFoundError), match=rf'^\[client-key "pi-04"\] .*{expected}'):
+            _ask(message, {"client-key": "pi-04", "data-path": str(path), "warm-worker": True})
+    # checked in the light process: no worker was started, nothing of one is left
+    assert not worker_env.exists() or not [p for p in worker_env.iterdir() if p.suffix in (".pid", ".sock", ".log")]
+
+
 def test_a_killed_worker_is_replaced_and_an_idle_one_exits(worker_env, part):
     node = {"client-key": "pi-03", "data-path": str(part), "warm-worker": True, "warm-worker-idle": 1.0}
     _ask(_message(protocol.PROFILE_QUERY, with_model=False), node)
@@ -128,3 +147,59 @@ def test_a_shared_worker_folder_is_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTERFED_WORKER_DIR", str(folder))
     with pytest.raises(client_worker.WorkerError, match="must belong to this user and be private"):
         client_worker.worker_dir()
+
+
+def test_worker_stop_ends_only_this_users_workers_and_removes_stale_files(worker_env, capsys):
+    import subprocess
+    import sys
+
+    folder = client_worker.worker_dir()
+    sock = folder / "w-real.sock"
+    worker = subprocess.Popen([sys.executable, "-m", "clusterfed.client_worker", "--socket", str(sock),
+                               "--idle-seconds", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.with_suffix(".pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert int(sock.with_suffix(".pid").read_text()) == worker.pid
+        (folder / "w-fake.pid").write_text(str(bystander.pid))  # an unrelated process of this user
+        (folder / "w-fake.sock").write_text("")
+        (folder / "w-fake.lock").write_text("")
+        (folder / "w-dead.pid").write_text("999999999")
+        (folder / "w-joined.pid").write_text(f"{worker.pid} {bystander.pid}")  # what `cat *.pid` joined
+        assert cli_main(["worker", "stop", "--wait", "20"]) == 0
+        assert worker.wait(timeout=20) is not None  # the worker was ended ...
+        assert bystander.poll() is None  # ... the process a fake pid file names was not
+        left = sorted(p.name for p in folder.iterdir())
+        assert [n for n in left if n.startswith("w-")] == [], left
+        out = capsys.readouterr().out
+        assert f"stopped warm worker {worker.pid}" in out
+        assert f"pid {bystander.pid}: it is not a clusterfed warm worker; not signalled" in out
+    finally:
+        for process in (worker, bystander):
+            process.kill()
+            process.wait()
+
+
+def test_worker_stop_leaves_a_worker_of_another_socket_alone(worker_env):
+    import subprocess
+    import sys
+
+    folder = client_worker.worker_dir()
+    sock = folder / "w-a.sock"
+    worker = subprocess.Popen([sys.executable, "-m", "clusterfed.client_worker", "--socket", str(sock),
+                               "--idle-seconds", "60"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not sock.with_suffix(".pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        other = tmp = folder / "other"
+        other.mkdir()
+        (tmp / "w-b.pid").write_text(str(worker.pid))  # a copied pid file: names a worker, not this one's
+        report = client_worker.stop_workers(other, wait_seconds=5)
+        assert report["stopped"] == [] and worker.poll() is None
+        assert "it is the worker of" in report["left_alone"][0][1]
+    finally:
+        worker.kill()
+        worker.wait()

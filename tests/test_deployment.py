@@ -208,3 +208,28 @@ def test_deployed_fedclust_with_a_killed_a_restarted_and_a_late_supernode(tmp_pa
     assert assignment["dev-0"] == assignment["dev-2"] != assignment["dev-1"] == assignment["dev-3"]
     assert records[-1]["ari"] == 1.0
     assert len(workers) == 4
+
+
+def test_a_serverapp_that_cannot_start_says_why_in_the_streamed_output(tmp_path):
+    """min-clients = 2 with one SuperNode and a short wait-timeout: `flwr run --stream`
+    shows the reason at ERROR, and status.json says failed with the same sentence."""
+    parts, out = tmp_path / "parts", tmp_path / "out"
+    from clusterfed.cli import main as cli_main
+
+    assert cli_main(["partition", "--out", str(parts), "--set", "num-clients=2", "--set", "dataset=digits"]) == 0
+    federation = Federation(tmp_path)
+    try:
+        federation.start_superlink()
+        federation.start_node("dev-0", parts / "part-0.npz")
+        overrides = f'num-clients=2 min-clients=2 wait-timeout=3.0 rounds=1 out-dir="{out}"'
+        run = federation.spawn([FLWR, "run", str(ROOT), "test", "--stream", "--run-config", overrides], "flwr-run")
+        code = run.wait(timeout=RUN_SECONDS)
+    finally:
+        federation.close()
+    log = (tmp_path / "logs" / "flwr-run.log").read_text(errors="replace")
+    # `flwr run` itself exits 0 here (code is 0 with Flower 1.41: it does not pass the run's
+    # outcome on); the ServerApp's process exits with Flower's code 201, as the log says
+    assert code is not None
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and "only" in status["error"] and "SuperNodes" in status["error"], status
+    assert f"clusterfed: run failed: {status['error']}" in log, log[-3000:]

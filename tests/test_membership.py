@@ -7,6 +7,7 @@ a dead SuperNode until its heartbeat lapses) and messages to it come back as
 """
 
 import json
+import os
 
 import pytest
 from flwr.app import Context, Error, Message, RecordDict
@@ -160,8 +161,136 @@ def test_status_file_says_ok_or_failed(tmp_path, churn):
     server_app.main(ChurnGrid(2), context)
     assert json.loads((ok / "status.json").read_text())["status"] == "ok"
 
+    status = json.loads((ok / "status.json").read_text())
+    assert status["round"] == 1 and status["pid"] == os.getpid() and status["host"] and status["updated"]
+
     context.run_config.update({"out-dir": str(failed), "wait-timeout": 0.2, "num-clients": 3})
-    with pytest.raises(SystemExit):
+    with pytest.raises(server_app.RunFailed):
         server_app.main(ChurnGrid(2), context)
     status = json.loads((failed / "status.json").read_text())
     assert status["status"] == "failed" and "SuperNodes" in status["error"]
+
+
+def test_a_start_failure_is_logged_at_error_with_the_sentence_of_status_json(tmp_path, churn, caplog):
+    """What ``flwr run --stream`` shows is the ServerApp's log: the reason is in it. The
+    failure is an Exception, so Flower's flwr-serverapp logs it, uploads the logs, marks the
+    run failed and exits 1 (a SystemExit would bypass its handler)."""
+    churn["events"] = {}
+    run_config = {"strategy": "fedavg", "num-clients": 4, "min-clients": 4, "wait-timeout": 0.2, "rounds": 1,
+                  "out-dir": str(tmp_path), "partitioner": "label-groups", "label-groups": "0-4;5-9"}
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=run_config)
+    with caplog.at_level("ERROR"), pytest.raises(server_app.RunFailed) as raised:
+        server_app.main(ChurnGrid(3), context)
+    assert isinstance(raised.value, Exception)
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "failed" and "only 3 of the 4 SuperNodes" in status["error"]
+    assert str(raised.value) == status["error"]
+    errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert errors == [f"clusterfed: run failed: {status['error']}"]
+
+
+def test_a_stale_running_status_is_replaced_with_a_note(tmp_path, churn):
+    churn["events"] = {}
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (tmp_path / "status.json").write_text(json.dumps({"status": "running", "pid": int(gone.stdout), "time": "t0",
+                                                      "updated": "t1", "host": socket.gethostname()}))
+    run_config = {"strategy": "fedavg", "num-clients": 2, "rounds": 1, "out-dir": str(tmp_path), "batch-size": 32,
+                  "partitioner": "label-groups", "label-groups": "0-4;5-9"}
+    server_app.main(ChurnGrid(2), Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                                          run_config=run_config))
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "ok"
+    assert f"pid {int(gone.stdout)}" in status["note"] and "last update t1" in status["note"]
+    assert "is no longer running" in status["note"]
+
+
+def _garbage_node(grid, tmp_path, key="bad-device"):
+    """A fourth SuperNode whose data file is garbage."""
+    garbage = tmp_path / "garbage.npz"
+    garbage.write_bytes(b"this is not an npz file\n" * 10)
+    node = grid.start_node(3)
+    grid.contexts[node].node_config.update({"data-path": str(garbage), "client-key": key})
+    del grid.contexts[node].node_config["partition-id"]
+    return node
+
+
+def test_a_device_with_garbage_data_is_named_and_marked_absent_and_the_others_cluster_as_before(tmp_path, churn):
+    churn["events"] = {}
+    clean = tmp_path / "clean"
+    run_server(ChurnGrid(3), config(clean, rounds=4), stream=None, deployment=True)
+
+    def fixed_device_restarts(g):  # the operator fixes the file; the SuperNode restarts on a new node id
+        g.gone.add(node)
+        g.contexts[g.start_node(3)].node_config["client-key"] = "bad-device"
+
+    churn["events"] = {5: fixed_device_restarts}
+    grid = ChurnGrid(3)
+    node = _garbage_node(grid, tmp_path)
+    run_server(grid, config(tmp_path / "run", rounds=5), stream=None, deployment=True)
+    records, reference = rows(tmp_path / "run"), rows(clean)
+    for record in records[:2]:  # absent-after = 2: named in each failing round ...
+        (failed,) = record["failed"]
+        assert failed["client"] == "bad-device" and failed["node"] == node and failed["kind"] == "error"
+        assert "garbage.npz" in failed["reason"] and "\n" not in failed["reason"]
+        assert failed["reason"].startswith("ValueError: data-path") and "client-key" not in failed["reason"]
+    # ... then marked absent: asked for its profile only, which is not a new fault
+    assert [r["clients_absent"] for r in records] == [0, 1, 1, 1, 0]
+    assert records[2]["absent"] == [{"client": "bad-device", "node": node}]
+    assert [r["failures"] for r in records] == [1, 1, 0, 0, 0]
+    assert "failed" not in records[3] and "absent" not in records[4]
+    # back with good data: placed and evaluated like any newcomer
+    assert "bad-device" in records[4]["client_accuracy"] and records[4]["clients_known"] == 4
+    # the others: the same clusters, accuracies and traffic as a run without the broken device
+    for got, want in zip(records, reference):
+        assert got["ari"] == want["ari"] == 1.0 or got["round"] == 1
+        assert got["client_accuracy"] == want["client_accuracy"]
+        assert got["bytes_up"] == want["bytes_up"]
+
+
+def test_a_device_whose_training_fails_is_named_and_marked_absent(tmp_path, churn):
+    def break_client_2(g):
+        g.contexts[g.node_ids[2]].node_config["data-path"] = str(tmp_path / "missing.npz")
+
+    churn["events"] = {2: break_client_2}
+    grid = ChurnGrid(3)
+    run_server(grid, config(tmp_path, rounds=4), stream=None, deployment=True)
+    records = rows(tmp_path)
+    assert "failed" not in records[0]
+    named = {(f["client"], f["node"], f["kind"]) for f in records[1]["failed"]}
+    assert named == {("2", grid.node_ids[2], "error")}
+    assert all("missing.npz" in f["reason"] for f in records[1]["failed"])
+    assert [r["clients_absent"] for r in records] == [0, 0, 1, 1]
+    assert records[3]["absent"] == ["2"] and "2" not in records[3]["client_accuracy"]
+
+
+def test_two_nodes_with_the_same_client_key_are_both_reported_and_neither_is_served(tmp_path, churn, caplog):
+    grid = ChurnGrid(3)
+    first = grid.node_ids[1]  # partition 1, key "1"
+    second = grid.start_node(3)
+    grid.contexts[second].node_config["client-key"] = "1"  # partition 3's device, misconfigured with key "1"
+    churn["events"] = {3: lambda g: g.gone.add(second)}  # the misconfigured SuperNode is stopped
+    with caplog.at_level("WARNING"):
+        run_server(grid, config(tmp_path, rounds=4), stream=None, deployment=True)
+    records = rows(tmp_path)
+    for record in records[:2]:
+        assert record["duplicate_keys"] == [{"client": "1", "nodes": sorted([first, second])}]
+        assert "1" not in record["client_accuracy"] and record["clients_known"] == 2
+    assert any("client-key '1' is claimed by nodes" in m and str(first) in m and str(second) in m
+               for m in caplog.messages)
+    for record in records[2:]:  # only the first is left: it takes part again
+        assert "duplicate_keys" not in record
+        assert "1" in record["client_accuracy"] and record["clients_known"] == 3
+
+
+def test_error_reasons_are_cut_to_one_named_line():
+    from clusterfed.runner.runner import first_line, key_in_reason
+
+    flower = "<class 'ValueError'>:<'[client-key \"pi \\\"3\\\"\"] data-path '/d/x.npz' is bad\nTraceback ...'>"
+    assert key_in_reason(flower) == 'pi "3"'
+    assert first_line(flower) == "ValueError: data-path '/d/x.npz' is bad"
+    assert key_in_reason("Node unavailable") is None and first_line("Node unavailable") == "Node unavailable"
+    assert len(first_line("x" * 1000)) == 300

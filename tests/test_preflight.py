@@ -25,9 +25,12 @@ def cli(*args, cwd=None):
     ("label-groups=0,1;x", "malformed label-groups"),
     ("num-clients=500", "partition"),
     ("out-dir=/etc/passwd/x", "out-dir '/etc/passwd/x' cannot be written"),
+    ("test-fraction=0.99", "test-fraction 0.99 leaves client"),
+    ("label-groups=", "label-groups is empty"),
+    ("partitioner=rotation rotations=", "malformed rotations ''"),
 ])
 def test_bad_input_ends_with_one_line_before_any_client(setting, message, tmp_path):
-    args = ["run", "--engine", "inprocess", "--set", setting]
+    args = ["run", "--engine", "inprocess"] + [a for part in setting.split(" ") for a in ("--set", part)]
     if not setting.startswith("out-dir"):
         args += ["--set", f"out-dir={tmp_path / 'out'}"]
     result = cli(*args)

@@ -11,8 +11,9 @@ torch and the data loaded. This module imports only flwr and numpy.
 
 from __future__ import annotations
 
+import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,33 @@ from clusterfed.protocol import CHOICE, CHOICES, unpack_model
 
 # imported by Flower's `flwr-clientapp` process (one message, then exit), not by simulations
 _ONE_MESSAGE_PROCESS = "flwr.supernode.runtime.run_clientapp"
+
+
+KEY_TAG = "[client-key "  # how an error names its client: [client-key "pi-03"] <message>
+
+
+def _key_or_none(task: ClientTask | str, context: Context) -> str | None:
+    try:
+        if isinstance(task, ClientTask):
+            return str(task.key(context))
+        from clusterfed.client.identity import client_key  # a task by path: the default key, nothing imported
+
+        return client_key(context.node_config)
+    except Exception:  # noqa: BLE001 - a node config without a key: the server names the node only
+        return None
+
+
+def _name_client(task: ClientTask | str, context: Context, error: Exception) -> None:
+    """Prefix the exception's message with ``[client-key "<key>"]`` (its type is kept): Flower's
+    error reply carries only the type and this text, and the server names the device from it."""
+    key = _key_or_none(task, context)
+    if key is None or str(error).startswith(KEY_TAG):
+        return
+    tag = f"{KEY_TAG}{json.dumps(key)}] "
+    if error.args and isinstance(error.args[0], str):
+        error.args = (tag + error.args[0], *error.args[1:])
+    elif not error.args:
+        error.args = (tag.rstrip(),)
 
 
 def _config(content: RecordDict) -> dict[str, Any]:
@@ -159,13 +187,17 @@ def uses_warm_worker(node_config: Mapping) -> bool:
     return _ONE_MESSAGE_PROCESS in sys.modules
 
 
-def client_app(task: ClientTask | str, *, mods: Sequence | None = None) -> ClientApp:
+def client_app(task: ClientTask | str, *, mods: Sequence | None = None,
+               check: Callable[[Context], None] | None = None) -> ClientApp:
     """A Flower ClientApp answering clusterfed's full message contract with ``task``.
 
     ``task``: a ``ClientTask``, answered in this process; or its import path
     ``"package.module:name"``, which is imported on the first message, and which a warm worker
     answers where node config ``warm-worker`` says so (``warm-worker-idle``: seconds it waits
     for the next message, default 900). ``mods``: Flower mods around every message.
+    ``check(context)``: a cheap test of the node (its data file, say) run in this process
+    before each message; what it raises is the error reply, and no warm worker is started.
+    Every error names the client key at the start of its message (``[client-key "<key>"]``).
     """
     if isinstance(task, str):
         if task.count(":") != 1 or not all(task.split(":")):
@@ -175,13 +207,19 @@ def client_app(task: ClientTask | str, *, mods: Sequence | None = None) -> Clien
 
     def answer(msg: Message, context: Context) -> Message:
         message_type = msg.metadata.message_type
-        if isinstance(task, str) and uses_warm_worker(context.node_config):
-            from clusterfed.client_worker import DEFAULT_IDLE_SECONDS, request
+        try:
+            if check is not None:
+                check(context)
+            if isinstance(task, str) and uses_warm_worker(context.node_config):
+                from clusterfed.client_worker import DEFAULT_IDLE_SECONDS, request
 
-            idle = float(context.node_config.get("warm-worker-idle", DEFAULT_IDLE_SECONDS))
-            content = request(task, message_type, msg.content, context, idle_seconds=idle)
-        else:
-            content = reply(task, message_type, msg.content, context)
+                idle = float(context.node_config.get("warm-worker-idle", DEFAULT_IDLE_SECONDS))
+                content = request(task, message_type, msg.content, context, idle_seconds=idle)
+            else:
+                content = reply(task, message_type, msg.content, context)
+        except Exception as error:
+            _name_client(task, context, error)
+            raise
         return Message(content, reply_to=msg)
 
     app = ClientApp(mods=list(mods or []))

@@ -8,6 +8,7 @@ range(num_groups).
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -135,6 +136,12 @@ def make_partition(
             raise PartitionError(
                 f"partition {name!r}: client {i} gets {len(draft.idx)} samples, fewer than "
                 f"min_samples={min_samples}; use fewer clients or a smaller min-samples"
+            )
+        size = len(draft.idx)
+        if test_fraction > 0 and size >= 2 and size - math.ceil(test_fraction * size) < 1:
+            raise PartitionError(
+                f"partition {name!r}: test-fraction {test_fraction:g} leaves client {i} ({size} samples) "
+                f"no training data; lower test-fraction"
             )
     clients = []
     for draft in drafts:

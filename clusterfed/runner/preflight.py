@@ -27,6 +27,8 @@ def check_partition(config: RunConfig) -> str | None:
 
     try:  # syntax first: it needs no data
         if config.partitioner == "label-groups":
+            if not config.label_groups.strip():  # the library's "" (default groups) is no run setting
+                return "label-groups is empty: give the groups, e.g. label-groups=\"0,1;2,3\""
             parse_label_groups(config.label_groups, DATASET_SHAPES[config.dataset][1])
         if config.partitioner == "rotation":
             parse_rotations(config.rotations)
@@ -66,8 +68,28 @@ def check_model(config: RunConfig):
     return protocol.to_array_record(state_to_numpy(model)), None
 
 
+RESUME_AUTO = "auto"
+
+
+def resolve_resume(config: RunConfig, *, announce: bool = True) -> RunConfig:
+    """``resume-from = "auto"``: resume from out-dir's checkpoint if it has one, else start
+    fresh (saying which). Any other value is returned as it is."""
+    if config.resume_from != RESUME_AUTO:
+        return config
+    from clusterfed.runner.checkpoint import checkpoint_path
+
+    found = checkpoint_path(config.out_dir).is_file()
+    if announce:
+        if found:
+            log(logging.INFO, "resume-from=auto: resuming from the checkpoint in %s", config.out_dir)
+        else:
+            log(logging.INFO, "resume-from=auto: no checkpoint in %s, starting fresh", config.out_dir)
+    return config.model_copy(update={"resume_from": config.out_dir if found else ""})
+
+
 def preflight(config: RunConfig):
     """Check the run; raise one ConfigError listing every problem. Returns θ0 as an ArrayRecord."""
+    config = resolve_resume(config, announce=False)
     problems = []
     if (problem := check_partition(config)) is not None:
         problems.append(f"partition: {problem}")

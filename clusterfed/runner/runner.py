@@ -20,7 +20,9 @@ arrays the strategy asked for are sliced from them here.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,6 +49,34 @@ NEWCOMER_SEED_OFFSET = 7919
 # Flower's ClientApp answers a message type it has no function for with this error
 NO_PROFILE_HANDLER = "No query function registered"
 STOCK_KEY_PREFIX = "node-"
+# how clusterfed's ClientApp names itself in an error reply (clusterfed.client.app.ClientFailure)
+KEY_IN_REASON = re.compile(r'\[client-key ("(?:[^"\\]|\\.)*")\]\s*')
+# Flower's SuperNode wraps a ClientApp's exception as "<class 'X'>:<'message'>"
+FLOWER_REASON = re.compile(r"^<class '([^']*)'>:<'(.*)'>$", re.DOTALL)
+REASON_CHARS = 300
+
+
+def key_in_reason(reason: str) -> str | None:
+    """The client key a clusterfed ClientApp put into its error reply, if any."""
+    match = KEY_IN_REASON.search(reason or "")
+    if match is None:
+        return None
+    try:
+        return str(json.loads(match.group(1)))
+    except ValueError:
+        return None
+
+
+def first_line(reason: str) -> str:
+    """An error reply's reason as one line: ``Type: message`` (Flower's ``<class ...>:<'...'>``
+    wrapper and the client-key tag taken off), the first non-empty line, at most ``REASON_CHARS`` characters."""
+    text = str(reason or "")
+    match = FLOWER_REASON.match(text.strip())
+    if match is not None:
+        text = f"{match.group(1).rpartition('.')[2]}: {match.group(2)}"
+    text = KEY_IN_REASON.sub("", text, count=1)
+    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
+    return line if len(line) <= REASON_CHARS else line[:REASON_CHARS - 1] + "…"
 
 
 @dataclass
@@ -92,6 +122,14 @@ class RoundDriver:
         self.stock: set[str] = set()  # keys of stock Flower ClientApps (no profile query)
         self.node_of_key: dict[str, int] = {}
         self.key_of_node: dict[int, str] = {}
+        self.failed_keys: set[str] = set()  # clients whose reply this round was an error or rejected
+        # nodes whose profile failed (never admitted): misses in a row, and those marked absent
+        # (node id -> the key their error reply named, or None)
+        self.node_misses: dict[int, int] = {}
+        self.benched: dict[int, str | None] = {}
+        # client keys claimed by more than one live node: key -> {node: its profile}; neither
+        # claimant is trained or evaluated until only one is listed
+        self.duplicates: dict[str, dict[int, ClientInfo | None]] = {}
         self.held_back: set[str] = set()
         self.shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
         self.traffic = Traffic()
@@ -129,7 +167,7 @@ class RoundDriver:
             self.traffic = Traffic()
             self.round_train_metrics, self.round_eval_metrics = [], []
             self.release_newcomers(server_round)
-            self.answered, self.messaged, self.lags = set(), set(), []
+            self.answered, self.messaged, self.lags, self.failed_keys = set(), set(), [], set()
             self.discover(server_round)
             if server_round == first_round:
                 self.check_capabilities()
@@ -143,6 +181,12 @@ class RoundDriver:
             extra = dict(self.strategy.round_extra)
             if self.deployment and self.lags:
                 extra["reply_lag_seconds"] = round(float(np.mean(self.lags)), 3)
+            if self.absent or self.benched:
+                extra["absent"] = sorted(self.absent, key=natural) + [
+                    {"client": key, "node": node} for node, key in sorted(self.benched.items())]
+            if self.duplicates:
+                extra["duplicate_keys"] = [{"client": key, "nodes": sorted(claim)}
+                                           for key, claim in sorted(self.duplicates.items())]
             result.train_metrics_clientapp[server_round] = weighted_metrics(self.round_train_metrics)
             result.evaluate_metrics_clientapp[server_round] = weighted_metrics(self.round_eval_metrics)
             if evaluate_fn is not None:
@@ -213,30 +257,74 @@ class RoundDriver:
         return self.recorder.record_round(
             server_round, evals=evals, assignment=assignment, true_groups=groups, traffic=self.traffic,
             round_seconds=seconds, clustering_seconds=self.strategy.clustering_seconds, extra=extra,
-            clients_known=len(active), clients_absent=len(self.absent),
+            clients_known=len(active), clients_absent=len(self.absent) + len(self.benched),
         )
 
     # ------------------------------------------------------------ membership
     def active_keys(self) -> list[str]:
-        return sorted((k for k in self.clients if k not in self.held_back and k not in self.absent), key=natural)
+        return sorted((k for k in self.clients
+                       if k not in self.held_back and k not in self.absent and k not in self.duplicates), key=natural)
 
     def update_absence(self, server_round: int) -> None:
-        """Deployment: a client messaged this round that never replied with content (an
-        error reply or none) misses the round; ``absent-after`` misses in a row mark it
+        """Deployment: a client messaged this round that never replied with usable content
+        (an error reply, a rejected reply or none) misses the round; ``absent-after`` misses
+        in a row mark it
         absent. An absent client keeps its place in the algorithm's assignment and is not
         messaged again until a profile (of a restarted node, or of its node if Flower still
         lists it) brings its key back."""
         if not self.deployment:
             return
         for key in self.messaged:
-            if key in self.answered:
+            if key in self.answered and key not in self.failed_keys:
                 self.misses[key] = 0
                 continue
             self.misses[key] = self.misses.get(key, 0) + 1
             if self.misses[key] >= self.options.absent_after and key not in self.absent:
                 self.absent.add(key)
-                log(logging.WARNING, "round %s: client %s unreachable in %d rounds in a row: marked absent",
-                    server_round, key, self.misses[key])
+                log(logging.WARNING, "round %s: client %s (node %s) failed or was unreachable in %d rounds in a "
+                    "row: marked absent, not messaged until it answers a profile query again",
+                    server_round, key, self.node_of_key.get(key), self.misses[key])
+
+    def fail(self, kind: str, reason: str, key: str | None, node: int | None) -> None:
+        """One failure (an error reply, no reply, an undeliverable message), named."""
+        self.traffic.failures += 1
+        self.traffic.fault(kind)
+        self.traffic.failed.append({"client": key, "node": node, "kind": kind, "reason": first_line(reason)})
+        if key is not None:
+            self.failed_keys.add(key)
+
+    def profile_failed(self, server_round: int, node: int, key: str | None) -> None:
+        """A node whose profile failed is never admitted; ``absent-after`` failures in a row
+        mark it absent: it is then only asked for its profile again, and a failure of that is
+        not a new fault."""
+        self.node_misses[node] = self.node_misses.get(node, 0) + 1
+        if self.node_misses[node] >= self.options.absent_after and node not in self.benched:
+            self.benched[node] = key
+            log(logging.WARNING, "round %s: client %s (node %s) failed its profile query in %d rounds in a row: "
+                "marked absent", server_round, key if key is not None else "(no key)", node, self.node_misses[node])
+
+    def resolve_duplicates(self, server_round: int, live: list[int]) -> None:
+        """A key claimed by several nodes goes to the one left listed, when only one is."""
+        for key, claim in list(self.duplicates.items()):
+            for node in [n for n in claim if n not in live]:
+                del claim[node]
+            if len(claim) > 1:
+                continue
+            del self.duplicates[key]
+            if not claim:
+                self.absent.add(key)
+                continue
+            node, info = next(iter(claim.items()))
+            log(logging.WARNING, "round %s: client-key %r is now claimed by node %s alone: it takes part again",
+                server_round, key, node)
+            self.admit_node(server_round, node, info if info is not None else self.clients[key])
+
+    def contest(self, server_round: int, key: str, owner: int, node: int, info: ClientInfo) -> None:
+        claim = self.duplicates.setdefault(key, {owner: self.clients.get(key)})
+        claim[node] = info
+        log(logging.WARNING, "round %s: client-key %r is claimed by nodes %s: neither is trained nor evaluated "
+            "until only one of them is connected; give each SuperNode its own client-key",
+            server_round, key, ", ".join(map(str, sorted(claim))))
 
     def profile_config(self, server_round: int) -> dict[str, Any]:
         config = dict(self.train_config)
@@ -253,10 +341,15 @@ class RoundDriver:
         are profiled here and then placed by the algorithm's ``admit``; an absent client's
         node that is still listed is asked again."""
         live = list(self.grid.get_node_ids())
-        new_nodes = [n for n in live if n not in self.key_of_node]
+        self.resolve_duplicates(server_round, live)
+        for node in [n for n, key in self.benched.items() if key is None and n not in live]:
+            del self.benched[node]  # a device that never said its key and whose node is gone: forgotten
+        claimants = {n for claim in self.duplicates.values() for n in claim}
+        new_nodes = [n for n in live if n not in self.key_of_node and n not in claimants and n not in self.benched]
         # an absent client's node that Flower still lists is asked again: it may be back
         # (a failed re-probe is not counted as a new fault: the client is known to be absent)
         probes = {self.node_of_key[k] for k in self.absent if self.node_of_key.get(k) in live}
+        probes |= {n for n in self.benched if n in live}
         new_nodes += sorted(probes - set(new_nodes))
         if not new_nodes:
             return
@@ -280,28 +373,32 @@ class RoundDriver:
                 log(logging.DEBUG, "absent client's node %s still unreachable: %s", node, reply.error.reason)
                 continue
             if reply.has_error():
-                self.traffic.failures += 1
-                self.traffic.fault("error")
-                reasons.append(reply.error.reason)
-                log(logging.WARNING, "profile of node %s failed: %s", node, reply.error.reason)
+                key = key_in_reason(reply.error.reason)
+                self.fail("error", reply.error.reason, key, node)
+                reasons.append(first_line(reply.error.reason))
+                log(logging.WARNING, "round %s: profile of client %s (node %s) failed: %s", server_round,
+                    key if key is not None else "(no key)", node, first_line(reply.error.reason))
+                self.profile_failed(server_round, node, key)
                 continue
             try:
                 info = parse_profile_reply(reply.content)
-                owner = self.node_of_key.get(info.key)
-                # Flower lists a dead node for a while: a key whose node missed its last
-                # round (or is absent) may move to a new node
-                owner_gone = info.key in self.absent or self.misses.get(info.key, 0) > 0
-                if owner is not None and owner != node and owner in live and not owner_gone:
-                    raise ReplyRejected(f"client-key {info.key!r} is already used by live node {owner}", "identity")
             except ReplyRejected as error:
-                self.reject(server_round, f"node {node}", error)
+                self.reject(server_round, None, error, node=node)
                 reasons.append(str(error))
+                self.profile_failed(server_round, node, None)
+                continue
+            owner = self.node_of_key.get(info.key)
+            # Flower lists a dead node for a while: a key whose node missed its last
+            # round (or is absent) may move to a new node
+            owner_gone = info.key in self.absent or self.misses.get(info.key, 0) > 0
+            if owner is not None and owner != node and owner in live and not owner_gone:
+                self.contest(server_round, info.key, owner, node, info)
                 continue
             self.admit_node(server_round, node, info)
         for node in new_nodes:
             if node not in answered and node not in probes:
-                self.traffic.failures += 1
-                self.traffic.fault("timeout")
+                self.fail("timeout", f"no reply to the profile query within {self.timeout:g} s", None, node)
+                self.profile_failed(server_round, node, None)
         if first_contact and not self.clients:
             raise RuntimeError(f"no client could load its data; the first error: {reasons[0] if reasons else 'no reply'}")
         if first_contact and self.options.newcomer_fraction > 0:
@@ -311,6 +408,12 @@ class RoundDriver:
             self.held_back = {keys[i] for i in rng.choice(len(keys), size=count, replace=False)}
 
     def admit_node(self, server_round: int, node: int, info: ClientInfo) -> None:
+        if node in self.benched:
+            log(logging.INFO, "round %s: client %s on node %s answers its profile again", server_round, info.key, node)
+        # the device is back (on this node, or restarted on a new one): no longer absent
+        for benched in [n for n, key in self.benched.items() if n == node or key == info.key]:
+            del self.benched[benched]
+        self.node_misses.pop(node, None)
         self.key_of_node.pop(self.node_of_key.get(info.key, -1), None)
         if info.key in self.absent or self.node_of_key.get(info.key) not in (None, node):
             log(logging.INFO, "round %s: client %s is back on node %s", server_round, info.key, node)
@@ -365,9 +468,9 @@ class RoundDriver:
         for reply in replies:
             key = key_of_message[reply.metadata.reply_to_message_id]
             if reply.has_error():
-                self.traffic.failures += 1
-                self.traffic.fault("error")
-                log(logging.WARNING, "client %s failed: %s", key, reply.error.reason)
+                self.fail("error", reply.error.reason, key, self.node_of_key.get(key))
+                log(logging.WARNING, "round %s: client %s (node %s) failed: %s", server_round, key,
+                    self.node_of_key.get(key), first_line(reply.error.reason))
                 continue
             self.answered.add(key)
             if message_type != MessageType.EVALUATE:
@@ -376,16 +479,15 @@ class RoundDriver:
                 bytes_up += nbytes
                 self.traffic.transmissions += 1
             out[key] = reply.content
+        replied = {reply.metadata.reply_to_message_id for reply in replies}
         for message_id, key in zip(message_ids, keys):
             if not message_id:
-                self.traffic.failures += 1
-                self.traffic.fault("unavailable")
+                self.fail("unavailable", "its node is gone: the message was not delivered", key,
+                          self.node_of_key[key])
                 log(logging.WARNING, "client %s: its node %s is gone; the message was not delivered",
                     key, self.node_of_key[key])
-        missing = len([m for m in message_ids if m]) - len(replies)
-        self.traffic.failures += missing
-        for _ in range(missing):
-            self.traffic.fault("timeout")
+            elif message_id not in replied:
+                self.fail("timeout", f"no reply within {self.timeout:g} s", key, self.node_of_key[key])
         return out, bytes_up
 
     def train(self, server_round: int, asks: list[Ask]) -> Replies:
@@ -429,10 +531,13 @@ class RoundDriver:
             rows.append(EvalRow(key, models[key][0], self.clients[key].true_group, accuracy, loss, n))
         return rows
 
-    def reject(self, server_round: int, who: str, error: ReplyRejected) -> None:
-        self.traffic.rejected.append({"client": who, "kind": error.kind, "reason": str(error)})
+    def reject(self, server_round: int, key: str | None, error: ReplyRejected, node: int | None = None) -> None:
+        node = self.node_of_key.get(key) if node is None and key is not None else node
+        self.traffic.rejected.append({"client": key, "node": node, "kind": error.kind, "reason": first_line(str(error))})
         self.traffic.fault(error.kind)
-        log(logging.WARNING, "round %s: rejected reply of client %s: %s", server_round, who, error)
+        if key is not None:
+            self.failed_keys.add(key)
+        log(logging.WARNING, "round %s: rejected reply of client %s (node %s): %s", server_round, key, node, error)
 
     # ------------------------------------------------------------ checkpoints
     def checkpoint_state(self, server_round: int) -> dict[str, Any]:
