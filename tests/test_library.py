@@ -262,3 +262,28 @@ def test_evaluate_fn_is_called_with_the_largest_clusters_model_each_round():
                                        train_config=ConfigRecord({"lr": 0.1}), evaluate_fn=evaluate_fn)
     assert calls == [(1, sorted(Net().state_dict())), (2, sorted(Net().state_dict()))]
     assert result.evaluate_metrics_serverapp[2]["server-metric"] == 2.0
+
+
+def test_a_run_in_which_no_train_reply_is_accepted_says_so():
+    """A quickstart ClientApp that reads local-epochs from its run config, under a grid that
+    gives it none: every train reply fails, and the result says why instead of a clustering reason."""
+    from flwr.app import Message
+    from flwr.clientapp import ClientApp
+
+    broken = ClientApp()
+
+    @broken.train()
+    def train(msg: Message, context):
+        return Message(RecordDict({}), reply_to=msg) if context.run_config["local-epochs"] else None
+
+    from flwr.app import RecordDict
+
+    for name in ("IFCA", "CFL"):
+        strategy = getattr(clusterfed, name)()
+        if name == "IFCA":
+            with pytest.raises(StrategyParamsError):  # a stock client: refused before round 1
+                run_user_app(strategy, 2, client_app=broken, num_clients=4)
+            continue
+        result = run_user_app(strategy, 2, client_app=broken, num_clients=4)
+        reason = result.clustering["one_cluster_reason"]
+        assert reason.startswith("no client's train reply was accepted in 2 round(s)") and "local-epochs" in reason

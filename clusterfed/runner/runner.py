@@ -141,6 +141,8 @@ class RoundDriver:
         self.round_eval_metrics: list[tuple[int, dict[str, float]]] = []
         self.completed_rounds = 0
         self.pending_asks: dict[str, Ask] = {}
+        self.accepted_train = 0  # train replies accepted over the run
+        self.first_failure: str | None = None
 
     # ------------------------------------------------------------ the loop
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
@@ -196,6 +198,13 @@ class RoundDriver:
             if self.recorder is not None:
                 self.record(server_round, evals, time.perf_counter() - started, extra)
             self.completed_rounds = server_round
+            if not self.accepted_train:  # a run in which nothing trained is not a clustering result
+                self.strategy.training_failed = (
+                    f"no client's train reply was accepted in {server_round - first_round + 1} round(s); "
+                    f"the first failure: {self.first_failure or 'no reply'}")
+                log(logging.ERROR, "round %s: %s", server_round, self.strategy.training_failed)
+            else:
+                self.strategy.training_failed = None
             if self.options.checkpoint and self.recorder is not None:
                 save_checkpoint(self.recorder.out, self.checkpoint_state(server_round))
         models = self.strategy.cluster_models()
@@ -290,6 +299,7 @@ class RoundDriver:
         self.traffic.failures += 1
         self.traffic.fault(kind)
         self.traffic.failed.append({"client": key, "node": node, "kind": kind, "reason": first_line(reason)})
+        self.first_failure = self.first_failure or f"client {key} (node {node}): {first_line(reason)}"
         if key is not None:
             self.failed_keys.add(key)
 
@@ -510,6 +520,7 @@ class RoundDriver:
             if ask.config.get("phase") == "train":
                 self.round_train_metrics.append((reply.num_examples, reply.metrics))
             replies.append(reply)
+            self.accepted_train += 1
         return replies
 
     def evaluate(self, server_round: int) -> list[EvalRow]:
@@ -534,6 +545,7 @@ class RoundDriver:
     def reject(self, server_round: int, key: str | None, error: ReplyRejected, node: int | None = None) -> None:
         node = self.node_of_key.get(key) if node is None and key is not None else node
         self.traffic.rejected.append({"client": key, "node": node, "kind": error.kind, "reason": first_line(str(error))})
+        self.first_failure = self.first_failure or f"client {key} (node {node}): {first_line(str(error))}"
         self.traffic.fault(error.kind)
         if key is not None:
             self.failed_keys.add(key)

@@ -162,6 +162,7 @@ class ClusteredStrategy(Strategy):
         self.train_config: dict[str, Any] = {}
         self.run_options = None  # clusterfed.runner.runner.RunOptions, set by an app that wants them
         self.driver = None
+        self.training_failed: str | None = None  # set by the driver: why nothing trained
         self.state = self.State()
         self._sealed = True
 
@@ -374,6 +375,8 @@ class ClusteredStrategy(Strategy):
         state.update(self.cluster_state())
         if "one_cluster_reason" not in state and self.one_cluster_reasons:
             state["one_cluster_reason"] = self.one_cluster_reason()
+        if self.training_failed:  # nothing trained: that, not the algorithm, is why
+            state["one_cluster_reason"] = state["training_failed"] = self.training_failed
         return state
 
     def cluster_models(self) -> dict[int, Arrays]:
