@@ -233,3 +233,50 @@ def test_a_serverapp_that_cannot_start_says_why_in_the_streamed_output(tmp_path)
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "failed" and "only" in status["error"] and "SuperNodes" in status["error"], status
     assert f"clusterfed: run failed: {status['error']}" in log, log[-3000:]
+
+
+def test_a_deployed_run_resumes_after_the_superlink_is_killed(tmp_path):
+    """The SuperLink (and with it the ServerApp) is killed after round 2 of 4; restarted on
+    the same database, the devices reconnect, and `flwr run` with resume-from="auto" goes
+    on from the checkpoint in out-dir to round 4."""
+    from clusterfed.cli import main as cli_main
+
+    parts, out, database = tmp_path / "parts", tmp_path / "out", tmp_path / "state.db"
+    settings = ["num-clients=2", "dataset=digits", "partitioner=label-groups", 'label-groups="0-4;5-9"']
+    assert cli_main(["partition", "--out", str(parts), *sum((["--set", s] for s in settings), [])]) == 0
+    federation = Federation(tmp_path)
+    overrides = ('strategy="fedavg" num-clients=2 min-clients=2 rounds=4 partitioner="label-groups" '
+                 f'label-groups="0-4;5-9" batch-size=32 device="cpu" timeout=60.0 wait-timeout={float(NODE_UP_SECONDS)} '
+                 f'resume-from="auto" out-dir="{out}"')
+    try:
+        federation.start_superlink("--database", str(database))
+        superlink_args = federation.processes[-1].args
+        for i in range(2):
+            federation.start_node(f"dev-{i}", parts / f"part-{i}.npz")
+        first = federation.spawn([FLWR, "run", str(ROOT), "test", "--stream", "--run-config", overrides], "flwr-run")
+        wait_for(lambda: len(rows(out)) >= 2 or first.poll() is not None, RUN_SECONDS, "round 2")
+        assert len(rows(out)) >= 2 and (out / "checkpoint.json").exists()
+        federation.stop(federation.processes[0], signal.SIGKILL)  # the SuperLink, its SuperExec and ServerApp
+        first.wait(timeout=120)
+        done_before = len(rows(out))
+        federation.spawn(superlink_args, "superlink-restarted")
+        def accepting():
+            try:
+                with socket.create_connection(("127.0.0.1", federation.port), timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(accepting, NODE_UP_SECONDS, "the restarted SuperLink")
+        second = federation.spawn([FLWR, "run", str(ROOT), "test", "--stream", "--run-config", overrides],
+                                  "flwr-run-resumed")
+        second.wait(timeout=RUN_SECONDS)
+    finally:
+        federation.close()
+    status = json.loads((out / "status.json").read_text())
+    log = (tmp_path / "logs" / "flwr-run-resumed.log").read_text(errors="replace")
+    assert status["status"] == "ok", f"{status}\n{log[-3000:]}"
+    records = rows(out)
+    assert [r["round"] for r in records] == [1, 2, 3, 4] and done_before < 4
+    assert records[-1]["clients_known"] == 2
+    assert "resumed from" in log, log[-3000:]
