@@ -39,7 +39,11 @@ stop_ray() {  # stop_ray DIR...: the Ray processes started with these temp dirs,
   done
   [ ${#pids[@]} -gt 0 ] || return 0
   kill "${pids[@]}" 2>/dev/null || true
-  for i in $(seq 20); do kill -0 "${pids[@]}" 2>/dev/null || return 0; sleep 0.5; done
+  for i in $(seq 20); do  # Ray's gcs_server and raylet take a few seconds over SIGTERM
+    pids=($(for p in "${pids[@]}"; do kill -0 "$p" 2>/dev/null && echo "$p"; done)) || true
+    [ ${#pids[@]} -gt 0 ] || return 0
+    sleep 0.5
+  done
   kill -9 "${pids[@]}" 2>/dev/null || true
 }
 
@@ -56,7 +60,9 @@ run_flwr() {
   t1=$(date +%s.%N)
   kill $(pids_with "--control-api-address 127.0.0.1:$cport") 2>/dev/null || true  # its SuperLink
   # `flwr run --stream` exits 0 even when the simulation crashed: a finished run has summary.json
-  if [ ! -f "$WORK/out-$label/summary.json" ]; then
+  # A run in which Ray lost actors (e.g. its memory monitor killed workers on a machine near
+  # 95% memory: ray.exceptions.OutOfMemoryError) has failed replies and other numbers: retried too.
+  if [ ! -f "$WORK/out-$label/summary.json" ] || grep -q '"failures": [1-9]' "$WORK/out-$label/rounds.jsonl"; then
     echo "$label: failed"; grep -m3 -E "Exception|Error" "$WORK/$label.log" || tail -20 "$WORK/$label.log"
     cp "$WORK/$label.log" "$WORK/$label.failed.$(date +%s).log"; return 1
   fi
@@ -67,7 +73,8 @@ run_flwr() {
 # 1. Flower's default: the simulation starts its own local Ray (RAY_ADDRESS=local forces a new
 #    instance even where `ray start` ran before). 2 CPUs here -> 2 ClientApp actors.
 # A run whose Ray fails to start (on a loaded machine the raylet can time out waiting for its
-# agents: "The current node timed out during startup") is tried once more; result.json says so.
+# agents: "The current node timed out during startup"), or that lost replies, is tried once more
+# (result.json's "attempts"; failed attempts' logs stay in $WORK).
 attempt() { local label=$1; shift; : > "$WORK/$label.attempts"
   for _ in 1 2; do echo x >> "$WORK/$label.attempts"; run_flwr "$label" "$@" && return 0; stop_ray "$WORK/local"; done
   return 1; }
@@ -78,12 +85,14 @@ stop_ray "$WORK/local"  # normally gone already: the simulation shuts its Ray do
 PORT=$(free_port)
 stop_cluster() { stop_ray "$WORK/head" "$WORK/worker"; }
 trap stop_cluster EXIT
+t0=$(date +%s.%N)
 RAY_TMPDIR="$WORK/head" python "$REPO/benchmarks/ray_loopback_start.py" --head --node-ip-address=127.0.0.1 \
   --port="$PORT" --num-cpus=1 --include-dashboard=false --temp-dir="$WORK/head" > "$WORK/ray-head.log" 2>&1
 RAY_TMPDIR="$WORK/worker" python "$REPO/benchmarks/ray_loopback_start.py" --address="127.0.0.1:$PORT" \
   --node-ip-address=127.0.0.1 --num-cpus=1 --temp-dir="$WORK/worker" > "$WORK/ray-worker.log" 2>&1
-ray status --address="127.0.0.1:$PORT" > "$WORK/ray-status.txt" 2>&1 || true
+python -c "print(round($(date +%s.%N) - $t0, 1))" > "$WORK/ray-start.wall"  # both `ray start`s
 attempt cluster RAY_ADDRESS="127.0.0.1:$PORT"
+ray status --address="127.0.0.1:$PORT" > "$WORK/ray-status.txt" 2>&1 || true  # after: both nodes listed
 
 # Where Ray put the ClientApp actors: each node's own session logs (its --temp-dir) hold one
 # worker-<id>-<pid>.out per worker process; an actor's starts with ":actor_name:ClientAppActor".
@@ -139,6 +148,7 @@ result = {
     "run_config": sys.argv[4],
     "federation_config": sys.argv[5],
     "ray_address": f"127.0.0.1:{port}",
+    "ray_start_seconds": float((work / "ray-start.wall").read_text()),  # not in the cluster run's wall time
     "runs": runs,
     "identical": {"rounds_jsonl_without_timings": a[0] == b[0], "clusters_json_without_timings": a[1] == b[1]},
     "ray_nodes": nodes,
