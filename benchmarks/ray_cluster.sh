@@ -28,14 +28,15 @@ free_port() { python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 
 pids_with() {  # pids of this user's processes whose command line contains $1 (a unique string)
   local p
   for p in /proc/[0-9]*; do
-    { tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null | grep -qF -- "$1" && echo "${p#/proc/}"
+    # grep reads to the end (no -q): with pipefail, tr's SIGPIPE would fail a long command line
+    { tr '\0' ' ' < "$p/cmdline"; } 2>/dev/null | grep -F -- "$1" > /dev/null && echo "${p#/proc/}"
   done || true
 }
 
 stop_ray() {  # stop_ray DIR...: the Ray processes started with these temp dirs, and their children
   local d p pids=() i
   for d in "$@"; do
-    for p in $(pids_with "$d/"); do pids+=("$p" $(ps -o pid= --ppid "$p")); done
+    for p in $(pids_with "$d/"); do pids+=("$p" $(ps -o pid= --ppid "$p" || true)); done
   done
   [ ${#pids[@]} -gt 0 ] || return 0
   kill "${pids[@]}" 2>/dev/null || true
