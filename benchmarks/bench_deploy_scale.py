@@ -39,18 +39,11 @@ import sys  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 
+from bench_deployment import overrides  # noqa: E402
 from test_deployment import FLWR, Federation, rows, wait_for  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
 GROUPS = "0,1;2,3;4,5;6,7;8,9"
-
-
-def overrides(config: dict) -> str:
-    def value(v):
-        if isinstance(v, bool):
-            return str(v).lower()
-        return json.dumps(v) if isinstance(v, str) else str(v)
-    return " ".join(f"{k}={value(v)}" for k, v in config.items())
 
 
 def processes() -> dict[int, dict]:

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from clusterfed.strategies import UnknownStrategyError, clustered_classes, strategy_class
-from clusterfed.strategies.base import SHARED_PARAMS, ClusteredStrategy
+from clusterfed.strategies.base import SHARED_PARAMS, ClusteredStrategy, group_errors
 
 _SAID: set[str] = set()  # each warning once per process
 
@@ -132,11 +132,8 @@ def split_strategy_params(values: dict[str, Any], *, run_keys: list[str],
 
 def problems(error: ValidationError, shown: Callable[[str], str]) -> str:
     """One clause per wrong key; a ``number | "auto"`` key's two complaints joined by "or"."""
-    by_key: dict[str, tuple[Any, list[str]]] = {}
-    for problem in error.errors():
-        key = str(problem["loc"][0])
-        by_key.setdefault(key, (problem.get("input"), []))[1].append(problem["msg"])
-    return "; ".join(f"config key {shown(key)!r} = {given!r}: {' or '.join(msgs)}" for key, (given, msgs) in by_key.items())
+    return "; ".join(f"config key {shown(key)!r} = {given!r}: {' or '.join(msgs)}"
+                     for key, (given, msgs, _) in group_errors(error).items())
 
 
 def reference_rows(cls: type) -> list[tuple[str, Any, str, str]]:

@@ -91,7 +91,13 @@ class Federation:
                     "--ssl-certfile", str(self.certs / "server.pem"), "--ssl-keyfile", str(self.certs / "server.key"),
                     "--host", "127.0.0.1", "--port", str(self.port),
                     "--disable-runtime-dependency-installation", *extra_args], "superlink")
+        self.wait_for_superlink()
+        (self.tmp / "flwr").mkdir(exist_ok=True)
+        (self.tmp / "flwr" / "config.toml").write_text(
+            '[superlink]\ndefault = "test"\n\n[superlink.test]\n'
+            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{self.certs / "ca.crt"}"\n')
 
+    def wait_for_superlink(self) -> None:
         def accepting():
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=1):
@@ -100,10 +106,6 @@ class Federation:
                 return False
 
         wait_for(accepting, NODE_UP_SECONDS, "the SuperLink's port")
-        (self.tmp / "flwr").mkdir(exist_ok=True)
-        (self.tmp / "flwr" / "config.toml").write_text(
-            '[superlink]\ndefault = "test"\n\n[superlink.test]\n'
-            f'address = "127.0.0.1:{self.port}"\nroot-certificates = "{self.certs / "ca.crt"}"\n')
 
     def start_node(self, key: str, data: Path, extra_node_config: str = "", extra_args: tuple[str, ...] = ()) -> None:
         node_config = f'client-key="{key}" data-path="{data}" {extra_node_config}'.strip()
@@ -260,14 +262,7 @@ def test_a_deployed_run_resumes_after_the_superlink_is_killed(tmp_path):
         first.wait(timeout=120)
         done_before = len(rows(out))
         federation.spawn(superlink_args, "superlink-restarted")
-        def accepting():
-            try:
-                with socket.create_connection(("127.0.0.1", federation.port), timeout=1):
-                    return True
-            except OSError:
-                return False
-
-        wait_for(accepting, NODE_UP_SECONDS, "the restarted SuperLink")
+        federation.wait_for_superlink()
         second = federation.spawn([FLWR, "run", str(ROOT), "test", "--stream", "--run-config", overrides],
                                   "flwr-run-resumed")
         second.wait(timeout=RUN_SECONDS)

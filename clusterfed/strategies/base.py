@@ -419,17 +419,23 @@ FLOWER_ONLY = {
 }
 
 
+def group_errors(error: ValidationError) -> dict[str, tuple[Any, list[str], str]]:
+    """Pydantic's errors by parameter: (the value given, its messages, the first error's
+    type); a ``number | "auto"`` parameter's two complaints land under one key."""
+    by_key: dict[str, tuple[Any, list[str], str]] = {}
+    for problem in error.errors():
+        key = str(problem["loc"][0]) if problem["loc"] else "params"
+        by_key.setdefault(key, (problem.get("input"), [], problem["type"]))[1].append(problem["msg"])
+    return by_key
+
+
 def describe_errors(strategy: str, error: ValidationError, params: type[BaseModel] | None = None) -> str:
     """One clause per wrong parameter, naming it, what is allowed, and for an unknown one the
     closest name or the strategies that have it."""
     import difflib
 
-    by_key: dict[str, tuple[Any, list[str], str]] = {}
-    for problem in error.errors():
-        key = str(problem["loc"][0]) if problem["loc"] else "params"
-        by_key.setdefault(key, (problem.get("input"), [], problem["type"]))[1].append(problem["msg"])
     lines = []
-    for key, (given, messages, kind) in by_key.items():
+    for key, (given, messages, kind) in group_errors(error).items():
         if kind != "extra_forbidden":
             lines.append(f"{strategy}: {key} = {given!r}: {' or '.join(messages)}")
             continue

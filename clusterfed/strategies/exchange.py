@@ -13,13 +13,17 @@ import numpy as np
 
 Arrays = dict[str, np.ndarray]
 
-# values of an Ask's "upload" and "return" config keys (the message contract)
-UPLOAD_FULL = "full"
-RETURN_WEIGHTS = "weights"
-RETURN_UPDATE = "update"
-
-# a multi-model ask (IFCA): the message contract's names, shared with the client
-from clusterfed.protocol import CHOICE, CHOICES, pack_models, unpack_model  # noqa: E402,F401
+# the message contract's names (an Ask's "upload"/"return" values, IFCA's multi-model ask),
+# shared with the client
+from clusterfed.protocol import (  # noqa: E402,F401
+    CHOICE,
+    CHOICES,
+    RETURN_UPDATE,
+    RETURN_WEIGHTS,
+    UPLOAD_FULL,
+    pack_models,
+    unpack_model,
+)
 
 
 @dataclass
