@@ -37,7 +37,7 @@ from clusterfed.results import EvalRow, RunRecorder, Traffic
 from clusterfed.runner.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from clusterfed.runner.transport import push_and_collect
 from clusterfed.runner.validation import ReplyRejected, parse_eval_reply, parse_profile_reply, parse_train_reply
-from clusterfed.strategies.base import CAPABILITIES, ClusteredResult, StrategyParamsError, mean_train_loss
+from clusterfed.strategies.base import CAPABILITIES, LABEL_STATS, ClusteredResult, StrategyParamsError, mean_train_loss
 from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo, Replies, TrainReply, natural
 
 if TYPE_CHECKING:
@@ -338,8 +338,7 @@ class RoundDriver:
 
     def profile_config(self, server_round: int) -> dict[str, Any]:
         config = dict(self.train_config)
-        config.update({"server-round": server_round, "label-stats": "label-stats" in self.strategy.requires()
-                       or getattr(self.strategy, "wants_label_stats", False)})
+        config.update({"server-round": server_round, "label-stats": LABEL_STATS in self.strategy.requires()})
         return config
 
     def discover(self, server_round: int) -> None:

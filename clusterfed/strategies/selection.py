@@ -136,6 +136,3 @@ class ClientSelection(ClusteredStrategy):
         history = self.controller.history if self.controller else []
         return {"p_history": [{"round": s.round, "p": s.p, "d": s.d, "action": s.action, "ratio": s.ratio}
                               for s in history], "transmissions": self.transmissions}
-
-
-Selection = ClientSelection  # the name before the public API
