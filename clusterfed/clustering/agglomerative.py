@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.cluster import hierarchy
 
+from .null_reference import reference_score, structure_threshold
 from .distances import as_client_matrix, check_distance_method, check_metric, condensed_distances
 
 LINKAGES = ("average", "single", "complete", "ward")
@@ -114,6 +115,9 @@ class AutoCut:
     clusters; on the one-cluster fallback, the best score that failed to reach
     ``min_silhouette`` (None when there was no candidate cut, e.g. m < 3).
     scores: silhouette per candidate number of clusters (for logs and plots).
+    reference: the best silhouette of the no-group reference data sets
+    (``null_reference``), when they were drawn; required: the silhouette the best cut
+    had to reach.
     """
 
     labels: np.ndarray
@@ -121,6 +125,8 @@ class AutoCut:
     silhouette: float | None
     num_clusters: int
     scores: dict[int, float] = field(default_factory=dict)
+    reference: float | None = None
+    required: float | None = None
 
 
 def _one_cluster_threshold(heights: np.ndarray) -> float:
@@ -137,6 +143,8 @@ def cluster_auto(
     min_silhouette: float = DEFAULT_MIN_SILHOUETTE,
     max_clusters: int | None = DEFAULT_MAX_CLUSTERS,
     distances: str = "pdist",
+    reference_draws: int = 0,
+    seed: int = 0,
 ) -> AutoCut:
     """λ = "auto": the dendrogram cut with the best silhouette, or one cluster.
 
@@ -145,6 +153,13 @@ def cluster_auto(
     midpoint between the two merge heights that bound the chosen cut. Ties in score go to
     fewer clusters. If the best score is below ``min_silhouette`` — no structure, e.g. IID
     clients — every client goes to one cluster. ``max_clusters=None`` considers all cuts.
+
+    ``reference_draws > 0``: when the best score falls short of ``min_silhouette``, the
+    threshold is lowered to the best score that the same procedure reaches on that many
+    group-free Gaussian data sets shaped like X (``null_reference``): many small, noisy
+    clients hold real groups whose silhouette is below a threshold fit for tens of clients,
+    and noise of that size scores lower still. A cut that passes ``min_silhouette`` is never
+    affected.
     """
     check_linkage(linkage, metric)
     check_distance_method(distances)
@@ -164,17 +179,27 @@ def cluster_auto(
     if scores:
         best_score = max(scores.values())
         best_k = min(k for k, s in scores.items() if s == best_score)
-    if not scores or best_score < min_silhouette:
+    reference, required = None, min_silhouette
+    if scores and best_score < min_silhouette and reference_draws > 0:
+        def score(R: np.ndarray) -> float | None:
+            return cluster_auto(R, metric=metric, linkage=linkage, min_silhouette=-1.0,
+                                max_clusters=max_clusters, distances=distances).silhouette
+        reference = reference_score(X, score, draws=reference_draws, seed=seed)
+        required = structure_threshold(min_silhouette, reference)
+    if not scores or best_score < required:
         return AutoCut(
             np.zeros(m, dtype=np.int64),
             _one_cluster_threshold(heights),
             best_score if scores else None,
             1,
             scores,
+            reference,
+            required,
         )
     merges = m - best_k  # merges 0..merges-1 are applied in this cut
     threshold = 0.5 * (float(heights[merges - 1]) + float(heights[merges]))
-    return AutoCut(relabel_in_order(labels_of[best_k]), threshold, float(best_score), best_k, scores)
+    return AutoCut(relabel_in_order(labels_of[best_k]), threshold, float(best_score), best_k, scores,
+                   reference, required)
 
 
 def _leaf_roots(Z: np.ndarray, m: int, merges: int) -> np.ndarray:

@@ -54,6 +54,7 @@ from clusterfed.clustering.bipartition import (
     split_silhouette,
 )
 from clusterfed.clustering.layercfl import CheckResult
+from clusterfed.clustering.null_reference import DEFAULT_DRAWS, reference_score, structure_threshold
 from clusterfed.strategies.bipartitioning import (
     BiPartitioning,
     BiPartitioningParams,
@@ -68,7 +69,16 @@ from clusterfed.strategies.exchange import TrainReply
 class CFLParams(BiPartitioningParams):
     split_min_silhouette: float = Field(
         0.3, alias="split-min-silhouette", ge=-1, le=1,
-        description="keep a proposed bi-partition only if the best cut's silhouette on 1 - cos reaches this (-1 = off)")
+        description="keep a proposed bi-partition only if the best cut's silhouette on 1 - cos reaches this (-1 = off), "
+                    "or beats what group-free updates of the same size reach (split-reference-draws)")
+    split_reference_draws: int = Field(
+        DEFAULT_DRAWS, alias="split-reference-draws", ge=0,
+        description="a best cut below split-min-silhouette still counts when it beats the best silhouette of this "
+                    "many group-free Gaussian reference sets shaped like the updates (0 = fixed threshold only)")
+    similarity_decay: float = Field(
+        0.8, alias="similarity-decay", ge=0, lt=1,
+        description="the similarity compares each client's updates summed over its rounds with this decay "
+                    "(0 = this round's update only, as in the paper)")
 
 
 @dataclass
@@ -86,7 +96,8 @@ class CFL(BiPartitioning):
     one_cluster_reasons = {
         "criteria": "split criteria never met: the cluster was never both near-stationary "
                     "(mean-update norm < rel-eps1 × its peak) and heterogeneous (max norm > rel-eps2 × mean norm)",
-        "silhouette": "every proposed split refused by the structure test: best-cut silhouette below split-min-silhouette",
+        "silhouette": "every proposed split refused by the structure test: best-cut silhouette below split-min-silhouette "
+                      "and below what group-free updates of the same size reach",
         "size": "too few members or replies to split (min-split-size) or the run ended before min-split-round",
     }
 
@@ -106,8 +117,13 @@ class CFL(BiPartitioning):
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
         names = self.decision_names()
+        decay = self.params.similarity_decay
         for reply in replies:
-            self.last_vector[reply.key] = flatten(reply.update, names)
+            update = flatten(reply.update, names)
+            previous = self.last_vector.get(reply.key)
+            # a client's own updates summed with decay: its persistent pull on the model
+            # grows with every round, the noise of its few samples only as the square root
+            self.last_vector[reply.key] = update if previous is None or decay == 0 else decay * previous + update
         self.round_extra["refused_splits"] = []
         super().after_train(server_round, replies)
 
@@ -125,6 +141,7 @@ class CFL(BiPartitioning):
             max_k = self.params.split_silhouette_max_k
             structure, structure_k = best_cut_silhouette(S, max_k) if max_k > 2 else (silhouette, 2)
             check = self.check_split(U, side_a, side_b, S)
+            required, reference = self.required_structure(U, structure, max_k)
         record: dict[str, Any] = {
             "criterion": decision_record(decision),
             "gap": gap,
@@ -132,9 +149,11 @@ class CFL(BiPartitioning):
             "best_cut_silhouette": structure,
             "best_cut_k": structure_k,
             "true_group_gap": self.true_gap(keys, S),
+            "required_silhouette": required,
+            "reference_silhouette": reference,
             "layers": self.decision_names(),
         }
-        if structure < self.params.split_min_silhouette:  # a bi-partition of noise: keep the cluster whole
+        if structure < required:  # a bi-partition of noise: keep the cluster whole
             self.refused.append({"round": server_round, "cluster": cluster, "reason": "silhouette",
                                  "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record})
             self.round_extra["refused_splits"].append({"cluster": cluster, "reason": "silhouette", "gap": gap,
@@ -158,6 +177,21 @@ class CFL(BiPartitioning):
         record["absent"] = [extra_a, extra_b]
         record["similarity"] = self.similarity_record(keys, S)
         self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route)
+
+    def required_structure(self, U: np.ndarray, structure: float, max_k: int) -> tuple[float, float | None]:
+        """The best-cut silhouette a split needs: ``split-min-silhouette``, lowered to what
+        group-free updates of this size and shape reach when the cut falls short of it
+        (``null_reference``), and that reference score (None when not drawn)."""
+        fixed = self.params.split_min_silhouette
+        if structure >= fixed or self.params.split_reference_draws <= 0:
+            return fixed, None
+
+        def score(R: np.ndarray) -> float:
+            S = cosine_similarity_matrix(R)
+            return best_cut_silhouette(S, max_k)[0] if max_k > 2 else split_silhouette(S, *bipartition(S))
+
+        reference = reference_score(U, score, draws=self.params.split_reference_draws, seed=self.params.seed)
+        return structure_threshold(fixed, reference), reference
 
     def cluster_state(self) -> dict[str, Any]:
         state = super().cluster_state()

@@ -27,6 +27,7 @@ import numpy as np
 from pydantic import Field
 from sklearn.metrics import silhouette_score
 
+from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering import (
     cluster_auto,
     cluster_by_threshold,
@@ -58,11 +59,18 @@ class OneShotParams(StrategyParams):
                                             "or layer names; auto = the strategy's own rule")
     lambda_: PositiveNumber | Literal["auto"] = Field(
         "auto", alias="lambda", description='distance threshold of the dendrogram cut, or "auto" = the best-silhouette cut')
-    distance: Literal["l2", "cosine"] = Field("l2", description="distance between the clients' partial weights")
+    distance: Literal["l2", "cosine"] = Field(
+        "cosine", description="distance between the clients' partial weights (changes from the start model)")
     linkage: Literal["average", "single", "complete", "ward"] = Field("average", description="dendrogram linkage")
     auto_min_silhouette: float = Field(
         0.25, alias="auto-min-silhouette", ge=-1, le=1,
-        description='lambda = "auto": below this best silhouette the clients stay one cluster (and say so)')
+        description='lambda = "auto": below this best silhouette the clients stay one cluster (and say so), '
+                    'unless it beats what group-free data of the same size reaches (auto-reference-draws)')
+    auto_reference_draws: int = Field(
+        DEFAULT_DRAWS, alias="auto-reference-draws", ge=0,
+        description='lambda = "auto": a best cut below auto-min-silhouette still counts when it beats the best '
+                    'silhouette of this many group-free Gaussian reference data sets shaped like the clients\' '
+                    'weights (many small clients; 0 = fixed threshold only)')
 
 
 @dataclass
@@ -83,7 +91,8 @@ class OneShotClustering(ClusteredStrategy):
     State = OneShotState
     layer_rule = "final"  # what ``cluster-layers = auto`` means for this strategy
     one_cluster_reasons = {
-        "silhouette": "the best cut's silhouette stayed below auto-min-silhouette: no cluster structure found",
+        "silhouette": "the best cut's silhouette stayed below auto-min-silhouette and below what group-free data "
+                      "of the same size reaches: no cluster structure found",
         "threshold": "every client lies within lambda of the others: the cut at lambda leaves one cluster",
         "not_clustered": "the clustering step never ran (no client replied to it)",
     }
@@ -106,8 +115,10 @@ class OneShotClustering(ClusteredStrategy):
         best = self.clustering_state.get("auto_best_silhouette")
         if self.params.lambda_ == "auto":
             shown = "none (fewer than 3 clients)" if best is None else f"{best:.3f}"
+            reference = self.clustering_state.get("auto_reference_silhouette")
+            noise = "" if reference is None else f", group-free data of this size reaches {reference:.3f}"
             return (f"{self.one_cluster_reasons['silhouette']} (best silhouette {shown}, "
-                    f"auto-min-silhouette {self.params.auto_min_silhouette})")
+                    f"auto-min-silhouette {self.params.auto_min_silhouette}{noise})")
         return f"{self.one_cluster_reasons['threshold']} (lambda {self.params.lambda_})"
 
     # -------------------------------------------------------------- the phase
@@ -147,9 +158,11 @@ class OneShotClustering(ClusteredStrategy):
             return result.labels, {"lambda": result.threshold, "auto_best_silhouette": result.silhouette,
                                    "cluster_sample": int(sample)}
         if threshold is None:
-            auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.params.auto_min_silhouette)
+            auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.params.auto_min_silhouette,
+                                reference_draws=self.params.auto_reference_draws, seed=self.params.seed)
             # auto_best_silhouette: on the one-cluster fallback, the best score that fell short
-            return auto.labels, {"lambda": auto.threshold, "auto_best_silhouette": auto.silhouette}
+            return auto.labels, {"lambda": auto.threshold, "auto_best_silhouette": auto.silhouette,
+                                 "auto_reference_silhouette": auto.reference, "auto_required_silhouette": auto.required}
         return cluster_by_threshold(X, threshold, metric=metric, linkage=linkage), {"lambda": threshold}
 
     def form_clusters(self, server_round: int, keys: list[str], X: np.ndarray, labels: np.ndarray,

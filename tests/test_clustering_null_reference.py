@@ -1,0 +1,71 @@
+"""The group-free reference that lowers a silhouette threshold for many small, noisy clients."""
+
+import numpy as np
+import pytest
+from scipy.spatial.distance import pdist
+from sklearn.metrics import adjusted_rand_score
+
+from clusterfed.clustering.agglomerative import cluster_auto
+from clusterfed.clustering.null_reference import (
+    reference_draws,
+    reference_score,
+    span_coordinates,
+    structure_threshold,
+)
+
+
+def groups_in_noise(separation: float, m: int = 200, d: int = 2000, k: int = 8, seed: int = 1):
+    """k equal groups whose centres are ``separation`` × N(0, I) away from each other, with
+    N(0, I) noise per member: many clients, each one noisy (weak but real groups)."""
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((k, d)) * separation
+    groups = np.repeat(np.arange(k), m // k)
+    return centres[groups] + rng.standard_normal((m, d)), groups
+
+
+def test_span_coordinates_keep_l2_and_cosine_distances():
+    X = np.random.default_rng(0).standard_normal((12, 300))
+    C = span_coordinates(X)
+    assert C.shape == (12, 12)
+    for metric in ("euclidean", "cosine"):
+        np.testing.assert_allclose(pdist(C, metric), pdist(X, metric), rtol=1e-9, atol=1e-9)
+
+
+def test_reference_draws_have_the_data_shape_and_are_seeded():
+    X = np.random.default_rng(0).standard_normal((30, 100)) + 5.0
+    a, b = reference_draws(X, 3, seed=4), reference_draws(X, 3, seed=4)
+    assert len(a) == 3 and a[0].shape == (30, 30)
+    np.testing.assert_array_equal(a[1], b[1])
+    assert reference_draws(np.zeros((800, 5)) + 1.0, 1, seed=0, max_rows=600)[0].shape[0] == 600
+
+
+def test_weak_real_groups_are_found_below_the_fixed_threshold():
+    X, groups = groups_in_noise(0.5)
+    fixed_only = cluster_auto(X, metric="cosine", min_silhouette=0.25)
+    assert fixed_only.num_clusters == 1 and fixed_only.silhouette < 0.25  # today's threshold misses them
+    cut = cluster_auto(X, metric="cosine", min_silhouette=0.25, reference_draws=19)
+    assert cut.reference is not None and cut.silhouette > cut.reference
+    assert cut.required == pytest.approx(cut.reference)
+    assert adjusted_rand_score(groups, cut.labels) == pytest.approx(1.0)
+
+
+def test_noise_of_the_same_size_stays_one_cluster():
+    X, _ = groups_in_noise(0.0)
+    cut = cluster_auto(X, metric="cosine", min_silhouette=0.25, reference_draws=19)
+    assert cut.num_clusters == 1
+    assert cut.silhouette <= cut.reference
+
+
+def test_a_cut_that_passes_the_fixed_threshold_is_not_touched():
+    X, groups = groups_in_noise(1.0, m=40, d=200, k=4)
+    plain = cluster_auto(X, metric="cosine")
+    with_reference = cluster_auto(X, metric="cosine", reference_draws=19)
+    assert plain.silhouette >= 0.25 and with_reference.reference is None
+    np.testing.assert_array_equal(plain.labels, with_reference.labels)
+
+
+def test_the_threshold_is_only_ever_lowered():
+    assert structure_threshold(0.25, None) == 0.25
+    assert structure_threshold(0.25, 0.07) == 0.07
+    assert structure_threshold(0.25, 0.4) == 0.25
+    assert reference_score(np.ones((2, 5)), lambda R: 1.0) is None
