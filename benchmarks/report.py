@@ -166,7 +166,7 @@ def results_page(folder: Path, settings: dict[str, list[dict]]) -> str:
         title, _, body = (lam / "table.md").read_text().partition("\n")
         out += ["### " + title.lstrip("# ").strip(), "",
                 f"Source: `{rel(lam / 'table.md')}` (figure `{rel(lam / 'lambda.png')}`).", "", body.strip(), ""]
-    listed = sorted(p for p in RESULTS.glob("*.md") if p.name != "fidelity.md") + sorted(RESULTS.glob("*/README.md"))
+    listed = sorted(RESULTS.glob("*.md")) + sorted(RESULTS.glob("*/README.md"))
     if listed:
         out += ["### Other measurements", "",
                 "Each file says how it was measured (command, commit, machine).", ""]
