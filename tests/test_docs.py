@@ -8,14 +8,16 @@ Rules (what a failure here means):
   --write``), docs/results.md, docs/fidelity.md and README.md's ``results-summary`` block
   (``python benchmarks/report.py``). Fix: run the generator and commit what it writes.
 - Every measured number in README.md and docs/**/*.md outside generated text — a decimal
-  (0.873, 12.5), a percentage (61 %) or points (3.1 pp) — must occur in a file that the same
-  section (heading to next heading) cites by path (a `benchmarks/results/...` file or folder,
-  `benchmarks/RESULTS.md`, ...; in backticks or as a link), as written there; a folder stands
-  for the files under it. In a file with few numbers (at most ``ROUNDED_MAX``) it may be
-  rounded (0.8733 in the file reads 0.873, 0.61 reads 61 %); in a bigger one it must be
-  written as in the file, or any number would match. Not measurements, and not checked: integers, numbers in code (backticks, fenced
-  blocks), dotted versions (2.9.1) and a version after a software name (Python 3.11).
-  Fix: cite the file the number comes from in that section, or drop the number.
+  (0.873, 12.5), a percentage (61 %) or points (3.1 pp) — must occur in a file that its
+  paragraph cites by path, or, when the paragraph cites none, its section (heading to next
+  heading): a `benchmarks/results/...` file or folder, `benchmarks/RESULTS.md`, ..., in
+  backticks or as a link; a folder stands for the files under it. The number is written as
+  in the file; a fraction may be written as its percentage (0.61 reads 61 %), and in a file
+  with few numbers (at most ``ROUNDED_MAX``) a number may be rounded to 3 or 4 decimals
+  (0.8733 reads 0.873) — in a bigger file rounding would match anything. Not measurements,
+  and not checked: integers, numbers in code (backticks, fenced blocks), dotted versions
+  (2.9.1) and a version after a software name (Python 3.11).
+  Fix: cite the file the number comes from in that paragraph, or drop the number.
 - Relative links resolve (file, and heading anchor in a Markdown file); no ``../shared``
   paths and no issue numbers.
 """
@@ -103,6 +105,23 @@ def sections(text: str) -> list[tuple[str, str]]:
     return out
 
 
+def paragraphs(section: str) -> list[str]:
+    """Blocks between blank lines, a fenced block never split."""
+    out, block, in_fence = [], [], False
+    for line in section.split("\n"):
+        if line.startswith("```"):
+            in_fence = not in_fence
+        if not line.strip() and not in_fence:
+            if block:
+                out.append("\n".join(block))
+            block = []
+        else:
+            block.append(line)
+    if block:
+        out.append("\n".join(block))
+    return out
+
+
 def expand_braces(path: str) -> list[str]:
     match = re.search(r"\{([^{}]*)\}", path)
     if not match:
@@ -134,8 +153,8 @@ def cited_files(section: str, page: Path) -> list[Path]:
 
 @functools.lru_cache(maxsize=None)
 def file_numbers(path: Path) -> frozenset[str]:
-    """Every number in a file as written; in a file of at most ROUNDED_MAX distinct numbers also
-    rounded to 0–4 decimals and as a percentage of a fraction (a big file would match anything)."""
+    """Every number in a file as written, and a fraction as its exact percentage; in a file of at
+    most ROUNDED_MAX distinct numbers also rounded to 3 or 4 decimals (a big file would match anything)."""
     if path.suffix not in TEXT_SUFFIXES or path.stat().st_size > MAX_FILE_BYTES:
         return frozenset()
     try:
@@ -144,12 +163,14 @@ def file_numbers(path: Path) -> frozenset[str]:
         return frozenset()
     tokens = set(re.findall(r"\d+(?:\.\d+)?(?:[eE]-?\d+)?", text))
     out = set(tokens) | {t + "%" for t in tokens}
-    if len(tokens) <= ROUNDED_MAX:
-        for token in tokens:
-            value = float(token)
-            for digits in range(5):
-                out.add(f"{value:.{digits}f}")
-                out.add(f"{100 * value:.{digits}f}%")
+    for token in tokens:
+        value = float(token)
+        for digits in range(5):
+            percent = 100 * value
+            if abs(percent - round(percent, digits)) < 1e-9:
+                out.add(f"{percent:.{digits}f}%")  # 0.61 is 61 %, exactly
+        if len(tokens) <= ROUNDED_MAX:
+            out.update(f"{value:.{digits}f}" for digits in (3, 4))  # 0.8733 reads 0.873
     return frozenset(out)
 
 
@@ -181,15 +202,17 @@ def number_in(number: str, files: list[Path]) -> bool:
 def test_every_number_comes_from_a_cited_file(page):
     problems = []
     for heading, body in sections(strip_generated(page.read_text())):
-        numbers = measured_numbers(body)
-        if not numbers:
+        if not measured_numbers(body):
             continue
-        files = cited_files(body, page)
-        for number, line in numbers:
-            if not number_in(number, files):
-                problems.append(f"{heading!r}: {number} (in: {line[:110]})")
-    assert not problems, (f"{page.relative_to(ROOT)}: numbers no file cited in their section holds "
-                          "(cite the result file there, or drop the number):\n  " + "\n  ".join(problems))
+        section_files = cited_files(body, page)
+        for paragraph in paragraphs(body):
+            files = cited_files(paragraph, page) or section_files
+            for number, line in measured_numbers(paragraph):
+                if not number_in(number, files):
+                    problems.append(f"{heading!r}: {number} (in: {line[:110]})")
+    assert not problems, (f"{page.relative_to(ROOT)}: numbers no file cited in their paragraph (or, if it cites "
+                          "none, their section) holds; cite the result file there, or drop the number:\n  "
+                          + "\n  ".join(problems))
 
 
 def test_the_number_rule_itself(tmp_path):
