@@ -74,6 +74,11 @@ def test_generated_reference_pages_are_current():
     assert not stale, f"parameter tables stale in {stale}: python -m clusterfed.reference --write"
     for path in (ROOT / "docs" / "algorithms").glob("*.md"):
         assert "<!-- params:" in path.read_text(), f"{path.name} has no generated parameter table"
+    from clusterfed.strategies import REGISTRY
+
+    documented = "".join(p.read_text() for p in (ROOT / "docs" / "algorithms").glob("*.md"))
+    missing = [name for name in REGISTRY if f"<!-- params:{name}:begin -->" not in documented]
+    assert not missing, f"registered strategies without a page under docs/algorithms/: {missing}"
 
 
 def test_generated_result_pages_are_current():
