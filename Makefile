@@ -23,8 +23,8 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest tests
 
-# Every strategy on every setting (benchmarks/suite.py), FedClust's λ sweep, then the summary
-# tables and the README's Results and Fidelity sections regenerated from the files
+# Every strategy on every setting (benchmarks/suite.py), FedClust's λ sweep, then docs/results.md,
+# docs/fidelity.md and the README's results summary regenerated from the files
 # (benchmarks/report.py). Measured: full 23 min, quick 2 min (2 shared cores, 2 workers).
 BENCH_WORKERS ?= 2
 

@@ -1,4 +1,4 @@
-"""The message contract between the server and client apps (the README's "Message contract"), in one place.
+"""The message contract between the server and client apps (docs/message-contract.md), in one place.
 
 Record keys, the config keys a client needs to build its data and model, array
 conversion and byte counting. Both apps import this; nothing here trains or clusters.

@@ -2,12 +2,16 @@
 strategy's ``Params``): the ``[tool.flwr.app.config]`` section of pyproject.toml, the page
 docs/configuration.md and ``clusterfed params``. A test fails when the files drift.
 
-    python -m clusterfed.reference --write     # regenerate both files
+    python -m clusterfed.reference --write     # regenerate them (and docs/algorithms/*.md's parameter tables)
+
+The algorithm pages under docs/algorithms/ are written by hand except the block between
+``<!-- params:NAME:begin -->`` and ``<!-- params:NAME:end -->``: strategy NAME's parameters.
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -106,6 +110,39 @@ def strategy_help(name: str) -> str:
     return "\n".join(lines)
 
 
+def params_block(name: str) -> str:
+    """The parameter table of strategy NAME for its page under docs/algorithms/."""
+    from clusterfed.strategies import strategy_class
+    from clusterfed.strategy_config import reference_rows
+
+    cls = strategy_class(name)
+    rows = reference_rows(cls) if hasattr(cls, "Params") else []
+    out = [f"Parameters of `{name}` (`clusterfed params {name}`; generated from `{cls.__module__}.{cls.__name__}`'s "
+           "`Params` by `python -m clusterfed.reference --write`):", ""]
+    if not rows:
+        out += ["No parameters of its own."]
+    else:
+        out += ["| key | default | type | meaning |", "|---|---|---|---|"]
+        out += [f"| `{name}.{key}` | `{toml_value(default)}` | {kind} | {text} |" for key, default, kind, text in rows]
+    needs = sorted(cls().requires()) if hasattr(cls, "requires") else []
+    if needs:
+        out += ["", "With its defaults it needs clients capable of: " + ", ".join(needs)
+                + " (the `clusterfed.client` helper; a stock Flower ClientApp is refused before round 1)."]
+    return "\n".join(out) + "\n"
+
+
+PARAMS_BLOCK = re.compile(r"(<!-- params:([\w-]+):begin -->\n).*?(<!-- params:\2:end -->)", re.S)
+
+
+def algorithm_pages() -> dict[Path, str]:
+    """docs/algorithms/*.md with their parameter blocks regenerated."""
+    pages = {}
+    for path in sorted((ROOT / "docs" / "algorithms").glob("*.md")):
+        text = path.read_text()
+        pages[path] = PARAMS_BLOCK.sub(lambda m: m.group(1) + params_block(m.group(2)) + m.group(3), text)
+    return pages
+
+
 def pyproject_with_section(text: str) -> str:
     head = text.split(BEGIN)[0] if BEGIN in text else text.split("[tool.flwr.app.config]")[0]
     return head.rstrip("\n") + "\n\n" + pyproject_section()
@@ -113,14 +150,16 @@ def pyproject_with_section(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--write", action="store_true", help="rewrite pyproject.toml's section and docs/configuration.md")
+    parser.add_argument("--write", action="store_true", help="rewrite pyproject.toml's section, docs/configuration.md and docs/algorithms/'s tables")
     args = parser.parse_args(argv)
     pyproject, doc = ROOT / "pyproject.toml", ROOT / "docs" / "configuration.md"
     if args.write:
         pyproject.write_text(pyproject_with_section(pyproject.read_text()))
         doc.parent.mkdir(exist_ok=True)
         doc.write_text(markdown())
-        print(f"wrote {pyproject} and {doc}")
+        for path, text in algorithm_pages().items():
+            path.write_text(text)
+        print(f"wrote {pyproject}, {doc} and the parameter tables of docs/algorithms/")
     else:
         sys.stdout.write(markdown())
     return 0

@@ -36,7 +36,7 @@ def initial_arrays(config: RunConfig):
 
 def export_models(out: Path, config: RunConfig, models: dict[int, dict]) -> list[Path]:
     """``out/models/cluster-<id>.pt``: torch state dicts loadable into
-    ``clusterfed.models.build_model(...)`` (see the README)."""
+    ``clusterfed.models.build_model(...)`` (see docs/checkpoints-faults.md)."""
     import torch
 
     folder = out / "models"

@@ -15,7 +15,7 @@
 #                                            stand-ins (scripts/containers/flwr-standin.Containerfile)
 #   docker.io/library/alpine:3.20            stand-in for the TLS overlay's one-shot `certs`
 #                                            service (the base: sh + openssl)
-# With Docker and a registry none of this is needed: see the README's Containers section.
+# With Docker and a registry none of this is needed: see docs/deployment.md, Containers.
 #
 # Environment: CLUSTERFED_CACHE (default /var/cache/clusterfed), CLUSTERFED_VENV (the host's
 # venv with `clusterfed` and `flwr`, default .venv: `make test-containers` creates it),

@@ -1,4 +1,4 @@
-"""SuperNode authentication on 127.0.0.1, as the README's Deploy section documents it: a TLS
+"""SuperNode authentication on 127.0.0.1, as docs/deployment.md documents it: a TLS
 SuperLink with ``--enable-supernode-auth``; a device whose public key was registered with
 ``flwr supernode register`` joins and trains; a device with an unregistered key is refused.
 Starts and stops only its own processes (``test_deployment.Federation``)."""

@@ -21,9 +21,9 @@ Algorithm box (the paper's Alg. 1 and 2):
 
 Choices the paper leaves open (documented here, all configurable):
 
-- **Local training of the clustering step: ``cluster-epochs`` epochs (default 10), not the
-  paper's single epoch**: one epoch leaves too little signal in the layer on digits (ARI
-  0.48-0.71 vs 0.92-1.0, benchmarks/RESULTS.md). ``--set cluster-epochs=1`` gives the
+- **Local training of the clustering step: ``cluster-epochs`` epochs, not the paper's
+  single epoch**: one epoch leaves too little signal in the layer on small clients (the
+  measurement: docs/algorithms/adacfl.md). ``--set adacfl.cluster-epochs=1`` gives the
   paper's step.
 - **λ = auto picks one λ for all pre-clusters**: the best-silhouette cut of all clients'
   dendrogram (``cluster_auto``), then the paper's threshold cut at that λ inside each
@@ -40,9 +40,9 @@ Choices the paper leaves open (documented here, all configurable):
   client did not report them, the step is skipped (``preclustering`` = false in
   rounds.jsonl and clusters.json) rather than pre-clustering only some clients.
 
-Known behaviour (benchmarks/RESULTS.md): the paper's 10 % entropy gap isolates a client
-whose labels are unevenly balanced (e.g. 89/11 % among clients at ~50/50), so on digit
-pairs the ARI can be below 1; ``share-label-stats = false`` avoids it.
+Known behaviour: the paper's entropy gap can isolate a client whose labels are unevenly
+balanced among clients that hold the same labels evenly, so on digit pairs the ARI can be
+below 1 (docs/algorithms/adacfl.md); ``share-label-stats = false`` avoids it.
 """
 
 from __future__ import annotations

@@ -14,27 +14,25 @@ replied (``after_train``):
    similarity of the repliers' updates, two sides by complete linkage;
 3. **noise-aware acceptance (choice, beyond the paper)**: the proposed split is kept only if
    the cluster shows structure on the cosine distances ``1 − S``: the best silhouette over
-   the complete-linkage cuts into 2..``split-silhouette-max-k`` (default 6) clusters
-   (``bipartition.best_cut_silhouette``) reaches ``split-min-silhouette`` (default 0.3);
-   otherwise the cluster stays whole and the refusal is logged in ``refused_splits``
-   (reason ``silhouette``) — it is proposed again in a later round while the criteria hold;
+   the complete-linkage cuts into 2..``split-silhouette-max-k`` clusters
+   (``bipartition.best_cut_silhouette``) reaches ``split-min-silhouette``; otherwise the
+   cluster stays whole and the refusal is logged in ``refused_splits`` (reason
+   ``silhouette``) — it is proposed again in a later round while the criteria hold;
 4. both children start from the cluster's (just aggregated) model and can split again;
 5. **merging (choice, beyond the paper; ``merge = true``)**: two leaf clusters whose
-   members' updates have become indistinguishable are merged (``bipartitioning.py``).
-   CFL over-splits label groups (a 4-member pure group's best cut scores above 0.3):
-   measured on digits label-groups digit pairs, seed 0, ARI 0.60 (3 seeds) → 1.00 with
-   merging; see benchmarks/results/hierarchical_defaults.md.
+   members' updates have become indistinguishable are merged (``bipartitioning.py``);
+   it repairs over-split pure groups.
 
 The side-based separation Gap is recorded for every split, never used as a veto (it is
 negative for a pure split while a side still holds two groups).
 
-Defaults ``rel-eps1 = 0.9``, ``rel-eps2 = 3.0``, ``split-min-silhouette = 0.3`` and
-``split-silhouette-max-k = 6`` were chosen from measured norm ratios and silhouettes of
-real SGD updates on digits (benchmarks/RESULTS.md, "Recursive bi-partitioning"): Sattler's
-absolute ``eps1``/``eps2`` never fire there, the relative criteria fire on structured and,
-late in training, on iid clients alike, and the best-cut silhouette separates the two
-(iid roots ≤ 0.26, first-level splits ≥ 0.30). ``split-min-silhouette = -1`` switches the
-test off. The shared tree, split log and newcomer descent are in ``bipartitioning.py``.
+The defaults of ``rel-eps1``, ``rel-eps2``, ``split-min-silhouette`` and
+``split-silhouette-max-k`` were chosen from measured norm ratios and silhouettes of real SGD
+updates: Sattler's absolute ``eps1``/``eps2`` never fire on small clients' updates, the
+relative criteria fire on structured and, late in training, on iid clients alike, and the
+best-cut silhouette separates the two (the measurements: docs/algorithms/cfl.md).
+``split-min-silhouette = -1`` switches the test off. The shared tree, split log and newcomer
+descent are in ``bipartitioning.py``.
 """
 
 from __future__ import annotations

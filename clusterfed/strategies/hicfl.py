@@ -1,4 +1,5 @@
-"""HiCFL (Gong et al., hierarchical clustered federated learning, IEEE Transactions on Mobile Computing 2023).
+"""HiCFL (Gong, Xing, Liu, Xi, Chen, "Towards Hierarchical Clustered Federated Learning With
+Model Stability on Mobile Devices", IEEE Transactions on Mobile Computing 2023).
 
 All clients start in one cluster; every round each member trains its cluster's model and
 sends its full update (``return = update``); the server aggregates per cluster. Then:
@@ -14,61 +15,50 @@ sends its full update (``return = update``); the server aggregates per cluster. 
    split) only the indexes with ``|Δ_new − Δ_old| > ξ`` of each layer are kept for its
    stability (``xi``, default ``0.05·lr``); the first update after entering is compared
    with the previous one, so stability starts one round later. A selection keeping fewer
-   than ``MIN_KEPT_FRACTION`` (5 %) of a layer falls back to the whole layer: on one or
-   two weights every cosine is ±1 and S is 0 by construction. The fraction of weights
-   kept is reported every round.
+   than ``MIN_KEPT_FRACTION`` of a layer falls back to the whole layer: on one or two
+   weights every cosine is ±1 and S is 0 by construction. The fraction of weights kept is
+   reported every round.
 3. **Split timing** (paper): a cluster is ready to split when, on one layer, the windowed
    stability of every member is below ε (``stability-eps``; the paper sets ε = 0.5·η).
-   **Defaults beyond the paper** (each measured on digits, 20 clients, lr 0.05; the
-   numbers are in benchmarks/results/hierarchical_defaults.md):
+   **Defaults beyond the paper** (the measurements behind them: docs/algorithms/hicfl.md):
 
-   - *relative ε* (``stability-eps = auto``, ``stability-eps-rel = 1.5``): ε is 1.5 × the
+   - *relative ε* (``stability-eps = auto``, ``stability-eps-rel``): ε is a multiple of the
      layer's median windowed stability at the cluster's first full window
      (``split_rules.layer_scale`` / ``relative_stability``; every new cluster takes its own
-     scale). Why: the layers' stability scales differ by a factor ~3 (median S at the first
-     full window: conv 0.025–0.028, output layer 0.010), so ε = 0.5·η = 0.025 is met on the
-     output layer at the very first window and on no conv layer. Setting ``stability-eps``
-     to a number restores the paper's absolute ε.
-   - *median member* (``hicfl-timing = median``; ``all`` = the paper): a layer is ready when
-     the median member's relative stability is below ε. With ``all``, windowed stability
-     *grows* during training (the updates become noise-dominated), so one noisy member
-     held every layer back: label-groups never split, rotation split once
-     (hicfl_split_rules, seed 0: ARI 0 / 0.68 with ``all`` vs 0.38 / 0.83 with ``median``,
-     before merging).
+     scale), because the layers' stability scales differ, so one absolute ε is met on some
+     layers at once and on others never. A number in ``stability-eps`` restores the
+     paper's absolute ε.
+   - *median member* (``timing = median``; ``all`` = the paper): a layer is ready when the
+     median member's relative stability is below ε. Windowed stability grows during
+     training (the updates become noise-dominated), so with ``all`` one noisy member holds
+     every layer back.
 
 4. **The split** (paper: reference ``c_r = argmin S`` on the ready layer; members whose
    update has ``cos > 0`` with the reference's join its side). **Default beyond the paper**
-   (``hicfl-split = linkage``): CFL's complete-linkage bi-partition of the cosine
-   similarities of the members' latest updates of the layer, the same rule that gives CFL
-   and LayerCFL pure splits. The sign rule with one reference is pure on only 0–29 of 33
-   rounds depending on layer and setting when a cluster holds ≥ 4 groups, and end to end
-   it gave label-swap ARI 0.30 vs 1.00 with linkage (seed 0). ``reference`` keeps the
-   paper's rule, on **centred** updates (choice, ``CENTRE_UPDATES``): each member's update
-   minus the members' sample-weighted mean (``clustering/stability.centred_updates``) —
-   the mean is the cluster's common progress, which dominates early on, so raw cosines
-   are almost all positive and the raw sign split off only the clients pulling hardest
-   against it (raw rule, 3 seeds: rotation ARI 0.06, label-swap 0.19). If every member
-   points the reference's way there is no split (never an empty side).
+   (``split = linkage``): CFL's complete-linkage bi-partition of the cosine similarities of
+   the members' latest updates of the layer, the same rule that gives CFL and LayerCFL pure
+   splits; the sign rule with one reference is rarely pure when a cluster holds several
+   groups. ``reference`` keeps the paper's rule, on **centred** updates (choice,
+   ``CENTRE_UPDATES``): each member's update minus the members' sample-weighted mean
+   (``clustering/stability.centred_updates``) — the mean is the cluster's common progress,
+   which dominates early on, so raw cosines are almost all positive and the raw sign split
+   off only the clients pulling hardest against it. If every member points the reference's
+   way there is no split (never an empty side).
 
-   **Structure test and layer choice (beyond the paper; ``hicfl-min-silhouette = 0.45``)**:
-   every ready layer proposes a split; the one with the largest structure score is taken
-   and kept only if the score reaches the threshold (``split_rules.pick_best``). The score
-   is the silhouette on cosine distances 1 − cos of the layer's raw updates: for
-   ``linkage`` the best over complete-linkage cuts into 2..``split-silhouette-max-k``
-   clusters (as CFL's acceptance test), for ``reference`` the proposed split's own. iid
-   clients never reach it (3 seeds); with it on, the paper's heterogeneity stop rule (step
-   5) is skipped: on rotation it blocked every round from 13 on, before any pure split
-   was possible. ``hicfl-min-silhouette = -1`` switches the test off and restores the
-   stop rule and the paper's layer (the first ready one).
-   **Minimum side (beyond the paper; ``hicfl-min-side = 2``)**: a linkage split leaving a
-   side with fewer members is not proposed — one outlier client is not a group. With 1, an
-   iid run (seed 1) split 19 | 1 and pure rotation groups split 4 | 1; with 2 no iid seed
-   splits (digits, 50 rounds, seeds 0-2; benchmarks/results/hicfl_min_side_*).
+   **Structure test and layer choice (beyond the paper; ``min-silhouette``)**: every ready
+   layer proposes a split; the one with the largest structure score is taken and kept only
+   if the score reaches the threshold (``split_rules.pick_best``). The score is the
+   silhouette on cosine distances 1 − cos of the layer's raw updates: for ``linkage`` the
+   best over complete-linkage cuts into 2..``split-silhouette-max-k`` clusters (as CFL's
+   acceptance test), for ``reference`` the proposed split's own. With it on, the paper's
+   heterogeneity stop rule (step 5) is skipped. ``min-silhouette = -1`` switches the test
+   off and restores the stop rule and the paper's layer (the first ready one).
+   **Minimum side (beyond the paper; ``min-side``)**: a linkage split leaving a side with
+   fewer members is not proposed — one outlier client is not a group.
 
    Children start from the parent's model; their members' stability windows and weight
    selections restart, so children split again later (hierarchy). Over-splitting of pure
-   groups (a 4-member group's best cut scores up to 0.9) is repaired by merging
-   (``merge``, see ``bipartitioning.py``).
+   groups is repaired by merging (``merge``, see ``bipartitioning.py``).
 5. **Stop rule** (only with the structure test off): a cluster whose updates agree stops
    splitting — the heterogeneity half of CFL's criteria (``split-criteria``; relative:
    ``max_c ||Δ_c|| > rel-eps2 · ||Σ n_c/N Δ_c||``, absolute: ``> eps2``) must hold in the

@@ -1,4 +1,5 @@
-"""LayerCFL (layer-wise clustered federated learning; the paper's Algorithm 2).
+"""LayerCFL (layer-wise clustered federated learning; "LayerCFL: efficient clustered federated
+learning with layer-wised clustering", the paper's Algorithm 2).
 
 Sattler's CFL procedure (``cfl.py``: same criteria, timing, complete-linkage
 bi-partition, acceptance test and merging) with two changes:
@@ -19,19 +20,15 @@ bi-partition, acceptance test and merging) with two changes:
    (reason ``silhouette``).
 
 **Why the check is recorded, not enforced, by default.** Evaluated on the *true*
-partition of digits clients (rotation and label-swap, rounds 10/20/30, conv and fc
-layers, 2 seeds, three γ estimators: leave-one-out group mean, nearest same-group peer,
-5-round averaged updates) the bound √((1 − α_cross_max)/2) is 0.44–0.61 while γ_max is
-0.82–2.05: two same-group clients' SGD updates have cosine ≈ 0.4–0.6, so γ is genuinely
-≈ 1 and the theorem cannot certify even the correct clustering. Enforced, LayerCFL
-never split rotation or label-swap (= FedAvg). iid clients are kept whole by the
-silhouette test instead (no split, 3 seeds).
+partition of small clients, the bound is below the estimated γ_max: two same-group clients'
+SGD updates are far from parallel, so the theorem cannot certify even the correct
+clustering, and enforced it leaves LayerCFL equal to FedAvg. iid clients are kept whole by
+the silhouette test instead.
 
-**Why ``unknown`` → the last conv layer.** Measured end to end (50 rounds, 3 seeds, check
-recorded): conv gave ARI 1.00 on rotation and label-swap; choosing conv or fc per
-proposal by the better best-cut silhouette (``split_rules.best_separated_layers``) gave
-0.86 on both; all layers is CFL itself. On label groups fc separates slightly better but
-the accuracy is the oracle's either way.
+**Why ``unknown`` → the last conv layer.** Measured end to end, conv separated rotation and
+label-swap best; choosing conv or fc per proposal by the better best-cut silhouette
+(``split_rules.best_separated_layers``) did worse; all layers is CFL itself. The
+measurements behind both choices: docs/algorithms/layercfl.md.
 
 The split criteria (stationarity / heterogeneity) stay on the full updates, as in
 Algorithm 1/2 of the paper: they describe the cluster's training state, not its structure.

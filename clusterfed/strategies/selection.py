@@ -8,8 +8,7 @@ cluster trains, which cuts the transmissions.
    latest *change* (local model minus the global model the client started from): the
    latest models of clients that last trained in different rounds differ mostly by how
    far the global model has moved since, which would cluster stale against fresh
-   clients rather than by data. (choice; measured on digits pairs: on the weights
-   themselves the representatives of a 5-cut missed whole digit-pair groups)
+   clients rather than by data. (choice; docs/algorithms/selection.md)
 2. Every later round the clients' latest final layers are clustered (agglomerative,
    ``linkage``, L2) into exactly ``p`` groups; one random client per group trains the
    global model; the global model is the ``n_c``-weighted average of their models, and
