@@ -91,3 +91,13 @@ def test_a_newcomer_farther_than_epsilon_founds_a_cluster(without_stats):
     assert rounds[2]["num_clusters"] == 5
     # their groups already have clusters, so founding a new one is not a match
     assert not any(n["matches_true_group"] for n in newcomers)
+
+
+def test_pre_clustering_is_skipped_when_clients_hold_too_few_examples_per_class(tmp_path):
+    """About 120 training digits of two classes per client: 60 per class, below a
+    required 100, so the class counts and entropies are not trusted; the weights alone
+    still find the groups."""
+    _, rounds, clusters = run(tmp_path, **{"adacfl.entropy-min-per-class": 100, "newcomer-fraction": 0.0})
+    assert rounds[1]["preclustering"] is False and clusters["preclustering"] is False
+    assert "< entropy-min-per-class 100" in rounds[1]["preclustering_skipped"]
+    assert rounds[1]["ari"] == 1.0

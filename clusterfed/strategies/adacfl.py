@@ -38,7 +38,11 @@ Choices the paper leaves open (documented here, all configurable):
   cluster starts where the others started.
 - Pre-clustering uses the statistics every client reported in its profile; if any
   client did not report them, the step is skipped (``preclustering`` = false in
-  rounds.jsonl and clusters.json) rather than pre-clustering only some clients.
+  rounds.jsonl and clusters.json) rather than pre-clustering only some clients. It is
+  skipped too when the median client holds fewer than ``entropy-min-per-class`` examples
+  per class it holds (choice, beyond the paper): a client of a few dozen examples shows a
+  random subset of its classes, so the class count would split one group at random
+  (``preclustering_skipped`` in rounds.jsonl says so).
 
 Known behaviour: the paper's entropy gap can isolate a client whose labels are unevenly
 balanced among clients that hold the same labels evenly, so on digit pairs the ARI can be
@@ -67,6 +71,10 @@ class AdaCFLParams(OneShotParams):
                                     description="clients report label counts/entropy for the pre-clustering "
                                                 "(false: no pre-clustering; a stock ClientApp then suffices)")
     entropy_gap: float = Field(0.1, alias="entropy-gap", ge=0, description="pre-cluster gap in label entropy")
+    entropy_min_per_class: float = Field(
+        5.0, alias="entropy-min-per-class", ge=0,
+        description="pre-cluster only when the median client holds at least this many examples per class it "
+                    "holds: below, its class count and entropy are sampling noise (Cochran's rule of five)")
     epsilon: PositiveNumber | Literal["auto"] = Field(
         "auto", description='newcomer distance above which it founds a new cluster; "auto" = the largest '
                             'distance between two cluster references')
@@ -141,6 +149,15 @@ class AdaCFL(OneShotClustering):
         """Entropy pre-cluster per client, and whether pre-clustering ran at all."""
         stats = [self.clients[key].label_stats for key in keys]
         if not self.params.share_label_stats or any(any(s not in st for s in _STATS) for st in stats):
+            return np.zeros(len(keys), dtype=np.int64), False
+        per_class = float(np.median([self.clients[key].num_examples / max(int(st["num-classes"]), 1)
+                                     for key, st in zip(keys, stats)]))
+        if per_class < self.params.entropy_min_per_class:
+            # a 16-example client of 10 balanced classes shows 7–10 of them: pre-clusters by
+            # class count would be sampling noise, so every client goes to the weight clustering
+            self.round_extra["preclustering_skipped"] = (
+                f"median {per_class:.1f} examples per class held < entropy-min-per-class "
+                f"{self.params.entropy_min_per_class}")
             return np.zeros(len(keys), dtype=np.int64), False
         pre = entropy_preclusters([int(st["num-classes"]) for st in stats], [st["label-entropy"] for st in stats],
                                   gap=self.params.entropy_gap)
