@@ -11,11 +11,20 @@ replied (``after_train``):
    ``absolute`` = Sattler's ``eps1``/``eps2``);
 2. if the cluster is near-stationary and heterogeneous, has at least ``min-split-size``
    members (and as many replies) and the round is ≥ ``min-split-round``: cosine
-   similarity of the repliers' updates, two sides by complete linkage;
+   similarity of the repliers' updates, two sides by complete linkage. **Choice, beyond
+   the paper (``similarity-decay``, default 0.8; 0 = the paper's this-round update):**
+   each client's vector is its updates summed over its rounds with that decay. A client
+   of a few dozen examples sends an update dominated by the noise of its batches; its
+   group's pull repeats every round while that noise does not, so the sum separates the
+   groups where one round's update cannot;
 3. **noise-aware acceptance (choice, beyond the paper)**: the proposed split is kept only if
    the cluster shows structure on the cosine distances ``1 − S``: the best silhouette over
    the complete-linkage cuts into 2..``split-silhouette-max-k`` clusters
-   (``bipartition.best_cut_silhouette``) reaches ``split-min-silhouette``; otherwise the
+   (``bipartition.best_cut_silhouette``) reaches ``split-min-silhouette`` — or, when it
+   falls short, beats the best silhouette of ``split-reference-draws`` group-free Gaussian
+   sets shaped like the updates (``clustering/null_reference.py``: the threshold that fits
+   tens of clients is too high for hundreds of small ones, whose real groups score lower
+   and whose noise scores lower still); otherwise the
    cluster stays whole and the refusal is logged in ``refused_splits`` (reason
    ``silhouette``) — it is proposed again in a later round while the criteria hold;
 4. both children start from the cluster's (just aggregated) model and can split again;

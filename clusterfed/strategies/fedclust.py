@@ -4,9 +4,11 @@ layer's weights, then per-cluster FedAvg.
 
 1. Clustering round (the first round, all available clients): each client trains ``θ0`` for
    ``cluster-epochs`` epochs and uploads only the ``final`` layer (``cluster-layers``).
-   The server builds the distance matrix on these partial weights (``distance``), cuts the
-   dendrogram at ``lambda`` (a number, or ``auto``: the best-silhouette cut) and starts
-   every cluster model at ``θ0``.
+   The server builds the distance matrix on these partial weights (``distance``; cosine
+   by default, the paper's L2 selectable), cuts the dendrogram at ``lambda`` (a number,
+   or ``auto``: the best-silhouette cut, kept when its silhouette reaches
+   ``auto-min-silhouette`` or beats what group-free data of the same size reaches,
+   ``clustering/null_reference.py``) and starts every cluster model at ``θ0``.
 2. Every round: a ``fraction-train`` sample trains its cluster's model; FedAvg per cluster.
 3. Newcomers (a client key with no assignment, any later round) train ``θ0`` the same way,
    upload the same layer and join the nearest cluster reference; FedClust never founds a
