@@ -18,14 +18,12 @@ import re
 import sys
 from pathlib import Path
 
-import numpy as np
 
 ROOT = Path(__file__).resolve().parent
 REPO = ROOT.parent
 RESULTS = ROOT / "results"
-sys.path.insert(0, str(REPO))
 
-from clusterfed.compare import read_csv  # noqa: E402
+from clusterfed.experiments.results import column_stat, read_csv
 
 CLUSTERED = ("fedclust", "adacfl", "cfl", "layercfl", "hicfl", "ifca")
 LABEL_SKEW = ("digits-pairs", "digits-shards", "digits-dominant", "digits-dirichlet", "mnist-pairs")
@@ -40,11 +38,7 @@ def load_suite() -> tuple[Path, dict[str, list[dict]]]:
 
 
 def stat(rows: list[dict], strategy: str, column: str) -> tuple[float | None, float | None, int, int]:
-    group = [r for r in rows if r["strategy"] == strategy]
-    values = [r[column] for r in group if r.get(column) is not None]
-    if not values:
-        return None, None, 0, len(group)
-    return float(np.mean(values)), float(np.std(values)), len(values), len(group)
+    return tuple(column_stat(rows, column, strategy))
 
 
 def fmt(value: float | None, digits: int = 3) -> str:

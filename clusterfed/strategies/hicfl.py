@@ -63,7 +63,7 @@ sends its full update (``return = update``); the server aggregates per cluster. 
    **Minimum side (beyond the paper; ``hicfl-min-side = 2``)**: a linkage split leaving a
    side with fewer members is not proposed — one outlier client is not a group. With 1, an
    iid run (seed 1) split 19 | 1 and pure rotation groups split 4 | 1; with 2 no iid seed
-   splits (digits, 50 rounds, seeds 0-2; benchmarks/results/hicfl_min_side_*).
+   splits (digits, 50 rounds, seeds 0-2; benchmarks/archive/results/hicfl_min_side_*).
 
    Children start from the parent's model; their members' stability windows and weight
    selections restart, so children split again later (hierarchy). Over-splitting of pure
