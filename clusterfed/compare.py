@@ -26,7 +26,9 @@ def compare(base: dict[str, Any], strategies: list[str], seeds: list[int], out: 
         raise ConfigError("no seed given")
     if len(set(strategies)) != len(strategies):
         raise ConfigError(f"a strategy is named twice in {','.join(strategies)}")
-    data = {"strategies": strategies, "seeds": seeds, "grid": [{"folder": "", "config": dict(base)}]}
+    # a config file (a pyproject's [tool.flwr.app.config]) may name a strategy, seed and out-dir: the grid sets them
+    config = {k: v for k, v in base.items() if k not in ("strategy", "seed", "out-dir")}
+    data = {"strategies": strategies, "seeds": seeds, "grid": [{"folder": "", "config": config}]}
     experiment = parse_experiment(data, source="clusterfed compare", base_dir=Path.cwd(), name="compare",
                                   out=Path(out), skip_missing_data=False)
     return run_experiment(experiment, engine=engine, workers=workers, stream=stream)[""]

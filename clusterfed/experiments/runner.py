@@ -139,7 +139,8 @@ def plan(experiment: Experiment) -> list[tuple[Grid, list[tuple[str, RunConfig]]
         except ConfigError as error:
             problems.append(str(error))
     if problems:
-        raise ConfigError(f"experiment {experiment.source} refused: " + "; ".join(problems))
+        head = "" if experiment.name == "compare" else f"experiment {experiment.source} refused: "
+        raise ConfigError(head + "; ".join(problems))
     return planned
 
 

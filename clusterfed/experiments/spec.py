@@ -98,12 +98,16 @@ class Experiment:
                 "sweeps": [vars(s) for s in self.sweeps]}
 
 
+def _at(where: str) -> str:
+    return f"{where}: " if where else ""
+
+
 def _unknown_keys(table: dict, allowed: tuple[str, ...], where: str) -> list[str]:
     problems = []
     for key in table:
         if key not in allowed:
             close = difflib.get_close_matches(key, allowed, n=1)
-            problems.append(f"{where}: unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
+            problems.append(f"{_at(where)}unknown key {key!r}" + (f" (did you mean {close[0]!r}?)" if close else "")
                             + f"; allowed: {', '.join(allowed)}")
     return problems
 
@@ -116,32 +120,34 @@ def _variants(entries: Any, params: dict[str, dict], where: str, problems: list[
     if isinstance(entries, str):
         entries = [e.strip() for e in entries.split(",") if e.strip()]
     if not isinstance(entries, list) or not entries:
-        problems.append(f"{where}: strategies must be \"all\" or a non-empty list, got {entries!r}")
+        problems.append(f"{_at(where)}strategies must be \"all\" or a non-empty list, got {entries!r}")
         return []
     out = []
     for entry in entries:
         if isinstance(entry, str):
             entry = {"strategy": entry}
         if not isinstance(entry, dict) or not isinstance(entry.get("strategy"), str):
-            problems.append(f"{where}: a strategy entry is a name or a table with `strategy`, got {entry!r}")
+            problems.append(f"{_at(where)}a strategy entry is a name or a table with `strategy`, got {entry!r}")
             continue
         own = {k: v for k, v in entry.items() if k not in ("strategy", "label")}
         name = entry["strategy"]
         out.append(Variant(str(entry.get("label", name)), name, {**params.get(name, {}), **own}))
     unknown = list(dict.fromkeys(v.strategy for v in out if v.strategy not in REGISTRY and ":" not in v.strategy))
     if unknown:
-        hints = [f"{n!r} → {c[0]!r}" for n in unknown if (c := difflib.get_close_matches(n, list(REGISTRY), n=1))]
-        problems.append(f"{where}: unknown strateg{'y' if len(unknown) == 1 else 'ies'} {', '.join(map(repr, unknown))}"
-                        + (f" (did you mean {', '.join(hints)}?)" if hints else "") + f"; available: {', '.join(REGISTRY)}")
+        close = {n: c[0] for n in unknown if (c := difflib.get_close_matches(n, list(REGISTRY), n=1))}
+        hint = (f" (did you mean {next(iter(close.values()))!r}?)" if len(unknown) == 1 and close else
+                f" (did you mean: {', '.join(f'{n!r} → {c!r}' for n, c in close.items())}?)" if close else "")
+        problems.append(f"{_at(where)}unknown strateg{'y' if len(unknown) == 1 else 'ies'} "
+                        f"{', '.join(map(repr, unknown))}{hint}; available: {', '.join(REGISTRY)}")
     labels = [v.label for v in out]
     for label in dict.fromkeys(lab for lab in labels if labels.count(lab) > 1):
-        problems.append(f"{where}: strategy label {label!r} is used twice (give variants a `label`)")
+        problems.append(f"{_at(where)}strategy label {label!r} is used twice (give variants a `label`)")
     return out
 
 
 def _seeds(value: Any, where: str, problems: list[str]) -> list[int]:
     if not isinstance(value, list) or not value or not all(isinstance(s, int) and s >= 0 for s in value):
-        problems.append(f"{where}: seeds must be a non-empty list of integers ≥ 0, got {value!r}")
+        problems.append(f"{_at(where)}seeds must be a non-empty list of integers ≥ 0, got {value!r}")
         return []
     return list(value)
 
@@ -150,7 +156,7 @@ def _params(value: Any, where: str, problems: list[str]) -> dict[str, dict]:
     if value is None:
         return {}
     if not isinstance(value, dict) or not all(isinstance(v, dict) for v in value.values()):
-        problems.append(f"{where}: params must be tables [params.<strategy>], got {value!r}")
+        problems.append(f"{_at(where)}params must be tables [params.<strategy>], got {value!r}")
         return {}
     return value
 
@@ -177,7 +183,7 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
     for index, raw in enumerate(grids_data):
         where = f"{source} [[grid]] #{index + 1}"
         if not isinstance(raw, dict):
-            problems.append(f"{where}: not a table")
+            problems.append(f"{_at(where)}not a table")
             continue
         problems += _unknown_keys(raw, GRID_KEYS, where)
         values: dict[str, Any] = {}
@@ -186,33 +192,35 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
             try:
                 values.update(setting(name_))
             except UnknownSetting as error:
-                problems.append(f"{where}: {error}")
+                problems.append(f"{_at(where)}{error}")
                 continue
         folder = str(raw.get("folder", name_ or ""))
         if name_ is None and "folder" not in raw:
-            problems.append(f"{where}: give a `setting` (or a `folder` and the run keys in `config`)")
+            problems.append(f"{_at(where)}give a `setting` (or a `folder` and the run keys in `config`)")
             continue
-        where = f"{source} [[grid]] {folder!r}"
-        if uses_data_dir(values) and data_dir is not None:
-            values["data-dir"] = str(Path(data_dir).expanduser().resolve())
+        where = f"{source} [[grid]] {folder!r}" if folder else source
+        if name == "compare":  # the command line: no file to point into
+            where = ""
         config = raw.get("config", {})
         if not isinstance(config, dict):
-            problems.append(f"{where}: config must be a table of run-config keys")
+            problems.append(f"{_at(where)}config must be a table of run-config keys")
             config = {}
         values.update(top_config)
         values.update(config)
+        if uses_data_dir(values) and data_dir is not None:
+            values["data-dir"] = str(Path(data_dir).expanduser().resolve())
         grid_rounds = rounds or raw.get("rounds", data.get("rounds"))
         if grid_rounds is not None:
             values["rounds"] = grid_rounds
         for reserved in ("strategy", "seed", "out-dir"):
             if reserved in values:
-                problems.append(f"{where}: {reserved!r} is set by the experiment, not in config")
+                problems.append(f"{_at(where)}{reserved!r} is set by the experiment, not in config")
                 values.pop(reserved)
         params = {**top_params, **_params(raw.get("params"), where, problems)}
         variants = _variants(raw.get("strategies", data.get("strategies", "all")), params, where, problems)
         grid_seeds = _seeds(seeds or raw.get("seeds", top_seeds), where, problems)
         if folder in [g.folder for g in grids]:
-            problems.append(f"{where}: folder {folder!r} is used by two grids")
+            problems.append(f"{_at(where)}folder {folder!r} is used by two grids")
         grid = Grid(folder, name_, values, variants, grid_seeds, str(raw.get("title", "")))
         if only is not None and folder not in only:
             continue
@@ -229,24 +237,25 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
         where = f"{source} [[sweep]] #{index + 1}"
         problems += _unknown_keys(raw, SWEEP_KEYS, where)
         if raw.get("kind") not in SWEEP_KINDS:
-            problems.append(f"{where}: kind must be one of {', '.join(SWEEP_KINDS)}, got {raw.get('kind')!r}")
+            problems.append(f"{_at(where)}kind must be one of {', '.join(SWEEP_KINDS)}, got {raw.get('kind')!r}")
             continue
         of = next((g for g in grids if g.folder == raw.get("of")), None)
         if of is None:
-            problems.append(f"{where}: `of` must name a grid folder of this file, got {raw.get('of')!r}")
+            problems.append(f"{_at(where)}`of` must name a grid folder of this file, got {raw.get('of')!r}")
             continue
         if raw.get("strategy") not in [v.label for v in of.variants]:
-            problems.append(f"{where}: strategy {raw.get('strategy')!r} does not run in grid {of.folder!r}")
+            problems.append(f"{_at(where)}strategy {raw.get('strategy')!r} does not run in grid {of.folder!r}")
             continue
         counts = raw.get("counts")
         if not isinstance(counts, list) or not counts or not all(isinstance(c, int) and c >= 1 for c in counts):
-            problems.append(f"{where}: counts must be a list of cluster counts ≥ 1, got {counts!r}")
+            problems.append(f"{_at(where)}counts must be a list of cluster counts ≥ 1, got {counts!r}")
             continue
         sweeps.append(Sweep("dendrogram-cuts", of.folder, raw["strategy"], str(raw.get("param", "lambda")),
                             counts, str(raw.get("title", ""))))
     if problems:
-        raise ExperimentError(f"experiment {source} refused ({len(problems)} problem"
-                              f"{'' if len(problems) == 1 else 's'}): " + "; ".join(dict.fromkeys(problems)))
+        count = f"({len(problems)} problem{'' if len(problems) == 1 else 's'}): "
+        head = "" if name == "compare" else f"experiment {source} refused {count}"
+        raise ExperimentError(head + "; ".join(dict.fromkeys(problems)))
     out_path = (out if out is not None else base_dir / str(data.get("out", f"results/{name}"))).resolve()
     return Experiment(name=name, source=source, out=Path(out_path), profile=str(data.get("profile", name)),
                       grids=grids, sweeps=sweeps, skipped=skipped, partial=only is not None)
