@@ -30,5 +30,5 @@ def compare(base: dict[str, Any], strategies: list[str], seeds: list[int], out: 
     config = {k: v for k, v in base.items() if k not in ("strategy", "seed", "out-dir")}
     data = {"strategies": strategies, "seeds": seeds, "grid": [{"folder": "", "config": config}]}
     experiment = parse_experiment(data, source="clusterfed compare", base_dir=Path.cwd(), name="compare",
-                                  out=Path(out), skip_missing_data=False)
+                                  out=Path(out), skip_missing_data=False, command_line=True)
     return run_experiment(experiment, engine=engine, workers=workers, stream=stream)[""]

@@ -139,7 +139,7 @@ def plan(experiment: Experiment) -> list[tuple[Grid, list[tuple[str, RunConfig]]
         except ConfigError as error:
             problems.append(str(error))
     if problems:
-        head = "" if experiment.name == "compare" else f"experiment {experiment.source} refused: "
+        head = "" if experiment.command_line else f"experiment {experiment.source} refused: "
         raise ConfigError(head + "; ".join(problems))
     return planned
 

@@ -90,6 +90,7 @@ class Experiment:
     sweeps: list[Sweep] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # grid folder -> why it does not run
     partial: bool = False  # only some grids of the file (--only)
+    command_line: bool = False  # given on the command line (clusterfed compare), not in a file
 
     def resolved(self) -> dict[str, Any]:
         """The experiment as plain data (what the manifest's config hash is taken of)."""
@@ -164,9 +165,11 @@ def _params(value: Any, where: str, problems: list[str]) -> dict[str, dict]:
 def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name: str,
                      out: Path | None = None, data_dir: Path | None = None, rounds: int | None = None,
                      seeds: list[int] | None = None, only: list[str] | None = None,
-                     skip_missing_data: bool = True) -> Experiment:
+                     skip_missing_data: bool = True, command_line: bool = False) -> Experiment:
     """Check an experiment's structure (keys, settings, strategies, seeds); every problem in one error.
-    The run configs themselves are checked by the runner's ``plan`` (schema and preflight)."""
+    The run configs themselves are checked by the runner's ``plan`` (schema and preflight).
+    ``command_line``: the experiment was given on the command line (``clusterfed compare``), so
+    messages point into no file."""
     problems = _unknown_keys(data, TOP_KEYS, source)
     top_params = _params(data.get("params"), source, problems)
     top_config = data.get("config", {})
@@ -199,7 +202,7 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
             problems.append(f"{_at(where)}give a `setting` (or a `folder` and the run keys in `config`)")
             continue
         where = f"{source} [[grid]] {folder!r}" if folder else source
-        if name == "compare":  # the command line: no file to point into
+        if command_line:
             where = ""
         config = raw.get("config", {})
         if not isinstance(config, dict):
@@ -233,7 +236,11 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
         if missing:
             problems.append(f"--only: no grid folder {', '.join(map(repr, missing))} in {source}")
     sweeps = []
-    for index, raw in enumerate(data.get("sweep", [])):
+    sweeps_data = data.get("sweep", [])
+    if not isinstance(sweeps_data, list) or not all(isinstance(raw, dict) for raw in sweeps_data):
+        problems.append(f"{source}: sweeps are [[sweep]] tables")
+        sweeps_data = []
+    for index, raw in enumerate(sweeps_data):
         where = f"{source} [[sweep]] #{index + 1}"
         problems += _unknown_keys(raw, SWEEP_KEYS, where)
         if raw.get("kind") not in SWEEP_KINDS:
@@ -254,11 +261,12 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
                             counts, str(raw.get("title", ""))))
     if problems:
         count = f"({len(problems)} problem{'' if len(problems) == 1 else 's'}): "
-        head = "" if name == "compare" else f"experiment {source} refused {count}"
+        head = "" if command_line else f"experiment {source} refused {count}"
         raise ExperimentError(head + "; ".join(dict.fromkeys(problems)))
     out_path = (out if out is not None else base_dir / str(data.get("out", f"results/{name}"))).resolve()
     return Experiment(name=name, source=source, out=Path(out_path), profile=str(data.get("profile", name)),
-                      grids=grids, sweeps=sweeps, skipped=skipped, partial=only is not None)
+                      grids=grids, sweeps=sweeps, skipped=skipped, partial=only is not None,
+                      command_line=command_line)
 
 
 def _has_data(values: dict[str, Any]) -> bool:
