@@ -215,8 +215,13 @@ def main(argv: list[str] | None = None) -> int:
     from clusterfed.datasets import DatasetNotFoundError, PartitionError
     from clusterfed.runner import CheckpointError
 
+    from clusterfed.experiments.runner import RunsFailed
+
     try:
         return args.func(args)
+    except RunsFailed as error:
+        print(f"clusterfed: {error}", file=sys.stderr)
+        return 1
     except (ConfigError, CheckpointError, DatasetNotFoundError, PartitionError, FileNotFoundError,
             tomllib.TOMLDecodeError) as error:
         print(f"clusterfed: {error}", file=sys.stderr)

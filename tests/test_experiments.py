@@ -151,3 +151,24 @@ def test_mean_std_is_one_function():
     assert mean_std([None]).format() == "–"
     assert mean_std([0.5]).format(3) == "0.500"
     assert mean_std([1.0, 2.0, None]).format(1) == "1.5 ± 0.5 (2/3)"
+
+
+def test_a_failed_run_does_not_lose_the_others(tmp_path, monkeypatch, capsys):
+    real = runner_module.run_one
+
+    def flaky(config, engine, label=None):
+        if label == "oracle-x":
+            raise RuntimeError("boom")
+        return real(config, engine, label)
+
+    monkeypatch.setattr(runner_module, "run_one", flaky)
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY.replace("rounds = 2", "rounds = 1"))
+    code = main(["experiment", str(path), "--out", str(tmp_path / "out")])
+    assert code == 1
+    assert "oracle-x/seed0: RuntimeError: boom" in capsys.readouterr().err
+    with (tmp_path / "out" / "digits-label-swap" / "comparison.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [r["strategy"] for r in rows] == ["fedavg", "oracle-x"] and rows[1]["final_accuracy"] == ""
+    timing = json.loads((tmp_path / "out" / "timing.json").read_text())
+    assert list(timing["failures"]) == ["digits-label-swap/oracle-x/seed0"]

@@ -24,7 +24,7 @@ from typing import Any, TextIO
 
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.experiments.manifest import config_hash, start_manifest, write_manifest
-from clusterfed.experiments.results import run_row, write_outputs
+from clusterfed.experiments.results import CSV_COLUMNS, run_row, write_outputs
 from clusterfed.experiments.spec import Experiment, Grid, Variant
 
 
@@ -98,18 +98,36 @@ def run_configs(runs: list[tuple[str, RunConfig]], *, engine: str = "inprocess",
         rows[index] = row
         if progress is not None:
             acc = row["final_accuracy"]
-            progress.step(f"{row['strategy']} seed {row['seed']}: acc "
-                          f"{'n/a' if acc is None else f'{acc:.3f}'} ARI {row['final_ari'] or 0:.2f}")
+            result = (f"FAILED: {row['error']}" if row.get("error") else
+                      f"acc {'n/a' if acc is None else f'{acc:.3f}'} ARI {row['final_ari'] or 0:.2f}")
+            progress.step(f"{row['strategy']} seed {row['seed']}: {result}")
+
+    def failed(index: int, error: BaseException) -> dict[str, Any]:
+        label, config = runs[index]
+        return {**dict.fromkeys(CSV_COLUMNS), "strategy": label, "seed": config.seed,
+                "error": f"{type(error).__name__}: {error}"}
 
     if workers <= 1:
         for index, (label, config) in enumerate(runs):
-            done(index, runner(config, engine, label))
+            try:
+                row = runner(config, engine, label)
+            except Exception as error:  # noqa: BLE001 - one failed run must not lose the others
+                row = failed(index, error)
+            done(index, row)
     else:
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
             futures = {pool.submit(runner, config, engine, label): i for i, (label, config) in enumerate(runs)}
             for future in as_completed(futures):
-                done(futures[future], future.result())
+                try:
+                    row = future.result()
+                except Exception as error:  # noqa: BLE001
+                    row = failed(futures[future], error)
+                done(futures[future], row)
     return [rows[i] for i in range(len(runs))]
+
+
+class RunsFailed(RuntimeError):
+    """Some runs raised; every grid's tables were still written (the failed runs' rows are empty)."""
 
 
 def cost(config: RunConfig) -> float:
@@ -185,16 +203,22 @@ def run_experiment(experiment: Experiment, *, workers: int = 1, engine: str = "i
         rows.update(sweeps.run_sweep(sweep, experiment, [g for g, _ in planned], manifest, engine=engine, workers=workers,
                                      stream=stream, runner=runner))
     seconds = time.perf_counter() - started
-    write_timing(experiment, planned, rows, seconds, workers)
+    failures = {f"{folder}/{r['strategy']}/seed{r['seed']}": r["error"]
+                for folder, grid_rows in rows.items() for r in grid_rows if r.get("error")}
+    write_timing(experiment, planned, rows, seconds, workers, failures)
     write_manifest(experiment.out, manifest, experiment=experiment.source, profile=experiment.profile,
-                   skipped=experiment.skipped)
+                   skipped=experiment.skipped, failures=failures)
     if stream is not None:
         print(f"{sum(len(r) for r in rows.values())} runs in {seconds / 60:.1f} min; results under {experiment.out}",
               file=stream)
+    if failures:
+        raise RunsFailed(f"{len(failures)} run(s) failed (tables written without them): "
+                         + "; ".join(f"{where}: {why}" for where, why in failures.items()))
     return rows
 
 
-def write_timing(experiment: Experiment, planned, rows: dict[str, list[dict]], seconds: float, workers: int) -> None:
+def write_timing(experiment: Experiment, planned, rows: dict[str, list[dict]], seconds: float, workers: int,
+                 failures: dict[str, str] | None = None) -> None:
     """``<out>/timing.json``: profile, runs, wall time; per grid its rounds, seeds and summed run time.
     A partial re-run (``--only``) keeps the record of the other grids."""
     path = experiment.out / "timing.json"
@@ -208,9 +232,11 @@ def write_timing(experiment: Experiment, planned, rows: dict[str, list[dict]], s
                                                         "wall_seconds": round(seconds, 1)})
     for folder, grid_rows in rows.items():
         timing["settings"][folder] = {
-            "runs": len(grid_rows), "rounds": int(max(r["rounds"] or 0 for r in grid_rows)),
+            "runs": len(grid_rows), "rounds": int(max(r["rounds"] or 0 for r in grid_rows)),  # 0: every run failed
             "seeds": sorted({int(r["seed"]) for r in grid_rows}),
             "run_seconds_sum": round(sum(r["wall_seconds"] or 0 for r in grid_rows), 1)}
     if experiment.skipped:
         timing["skipped"] = experiment.skipped
+    if failures:
+        timing["failures"] = failures
     path.write_text(json.dumps(timing, indent=1) + "\n")
