@@ -5,8 +5,9 @@
 Each total fault rate is split equally over the four kinds (the client raises, NaN/Inf
 weights, wrong shape or missing/extra array, a reply later than the timeout; the late
 ones wait on the in-process engine's virtual clock). Writes results.json (one row per
-strategy × rate × seed) and table.md (mean ± population std over seeds, ``clusterfed.experiments.stats``;
-the committed table predates it and shows the sample std; and the change from the clean run).
+strategy × rate × seed), manifest.json (``clusterfed.experiments.manifest``) and table.md
+(mean ± population std over seeds, ``clusterfed.experiments.stats`` — the committed table
+predates it and shows the sample std — and the change from the clean run).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from clusterfed.experiments.manifest import start_manifest, write_manifest
 from clusterfed.experiments.stats import mean_std
 
 STRATEGIES = ("fedclust", "cfl", "hicfl")
@@ -81,6 +83,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = json.loads((out / "results.json").read_text()) if args.table_only else []
+    manifest = start_manifest({"strategies": STRATEGIES, "rates": RATES, **vars(args)})
     seeds = [int(s) for s in args.seeds.split(",")]
     total = len(STRATEGIES) * len(RATES) * len(seeds)
     for strategy in STRATEGIES if not args.table_only else ():
@@ -94,6 +97,8 @@ def main() -> None:
     command = f"python benchmarks/bench_faults.py --rounds {args.rounds} --seeds {args.seeds} --out {args.out}"
     (out / "table.md").write_text(f"Digits, label-swap, 20 clients, {args.rounds} rounds, seeds {args.seeds}.\n"
                                   f"Command: `{command}`\n\n{table(rows)}\n")
+    if not args.table_only:
+        write_manifest(out, manifest)
     print(table(rows))
 
 
