@@ -23,19 +23,21 @@ run: $(VENV)/.installed
 test: $(VENV)/.installed
 	$(PY) -m pytest tests
 
-# Every strategy on every setting (benchmarks/suite.py), FedClust's λ sweep, then docs/results.md,
-# docs/fidelity.md and the README's results summary regenerated from the files
-# (benchmarks/report.py). Measured: full 23 min, quick 2 min (2 shared cores, 2 workers).
+# Every strategy on every setting (benchmarks/experiments/suite-*.toml), FedClust's λ sweep
+# (lambda-sensitivity*.toml), then docs/results.md, docs/fidelity.md and the README's results
+# summary regenerated from the files (benchmarks/report.py). Each result folder gets a
+# manifest.json (commit, config hash, versions, machine). Wall times: the folders' timing.json.
 BENCH_WORKERS ?= 2
+EXPERIMENTS := benchmarks/experiments
 
 bench: $(VENV)/.installed
-	$(PY) benchmarks/suite.py full --workers $(BENCH_WORKERS)
-	$(PY) benchmarks/lambda_sensitivity.py full --workers $(BENCH_WORKERS)
+	$(VENV)/bin/clusterfed experiment $(EXPERIMENTS)/suite-full.toml --workers $(BENCH_WORKERS)
+	$(VENV)/bin/clusterfed experiment $(EXPERIMENTS)/lambda-sensitivity.toml --workers $(BENCH_WORKERS)
 	$(PY) benchmarks/report.py
 
 bench-quick: $(VENV)/.installed
-	$(PY) benchmarks/suite.py quick --workers $(BENCH_WORKERS)
-	$(PY) benchmarks/lambda_sensitivity.py quick --workers $(BENCH_WORKERS)
+	$(VENV)/bin/clusterfed experiment $(EXPERIMENTS)/suite-quick.toml --workers $(BENCH_WORKERS)
+	$(VENV)/bin/clusterfed experiment $(EXPERIMENTS)/lambda-sensitivity-quick.toml --workers $(BENCH_WORKERS)
 	$(PY) benchmarks/report.py
 
 # Real checks outside `make test` (root on Debian 12 x86_64; each installs what it needs with

@@ -34,7 +34,6 @@ import tracemalloc
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 DIM = 850
 SHARES = (0.40, 0.25, 0.20, 0.10, 0.05)

@@ -17,7 +17,7 @@ anything in the root's session; a process's CPU time is its last sampled value (
 living less than one sample interval is missed, and CPU time is counted per process, not
 from the parents' cutime).
 
-    PYTHONPATH=$PWD python benchmarks/bench_deploy_scale.py --nodes 20 --rounds 3 \
+    PYTHONPATH=$PWD:$PWD/tests python benchmarks/bench_deploy_scale.py --nodes 20 --rounds 3 \
         --out benchmarks/results/deploy_scale/n20.json
 
 Writes the JSON given by --out (the markdown report is written by hand).
@@ -37,9 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 import sys  # noqa: E402
 
-sys.path.insert(0, str(ROOT / "tests"))
-
-from bench_deployment import overrides  # noqa: E402
+from benchmarks.bench_deployment import overrides  # noqa: E402
+from clusterfed.experiments.settings import setting  # noqa: E402
 from test_deployment import FLWR, Federation, rows, wait_for  # noqa: E402
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -177,7 +176,7 @@ def main() -> None:
     tmp = Path(args.tmp or tempfile.mkdtemp(prefix=f"clusterfed-bench-scale-{n}-"))
     tmp.mkdir(parents=True, exist_ok=True)
     parts, out = tmp / "parts", tmp / "out"
-    data = {"num-clients": n, "partitioner": "label-groups", "label-groups": GROUPS, "dataset": "digits"}
+    data = {**setting("digits-pairs"), "num-clients": n}
     settings = sum((["--set", f"{k}={json.dumps(v) if isinstance(v, str) else v}"] for k, v in data.items()), [])
     assert cli_main(["partition", "--out", str(parts), *settings]) == 0
     manifest = json.loads((parts / "manifest.json").read_text())

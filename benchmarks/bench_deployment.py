@@ -10,8 +10,8 @@ ClientApp process; ``auto``: the message is handed to the device's warm worker).
 their own: the start-up of a ClientApp process (Python + flwr + clusterfed imports) and
 loading one device's data.
 
-    PYTHONPATH=$PWD python benchmarks/bench_deployment.py --polls 3,0.5 --rounds 3
-    PYTHONPATH=$PWD python benchmarks/bench_deployment.py --polls 0.5 --warm false,auto --rounds 3 \
+    PYTHONPATH=$PWD:$PWD/tests python benchmarks/bench_deployment.py --polls 3,0.5 --rounds 3
+    PYTHONPATH=$PWD:$PWD/tests python benchmarks/bench_deployment.py --polls 0.5 --warm false,auto --rounds 3 \
         --out benchmarks/results/deployment_warm.json
 
 Writes benchmarks/results/deployment.json (the markdown report is written by hand).
@@ -29,11 +29,11 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
 
+from clusterfed.experiments.settings import setting  # noqa: E402
 from test_deployment import FLWR, Federation, rows, wait_for  # noqa: E402
 
-DATA = {"num-clients": 3, "partitioner": "label-groups", "label-groups": "0,1;2,3", "dataset": "digits"}
+DATA = setting("digits-two-pairs-3")
 
 
 def run_config(out: Path, rounds: int) -> dict:

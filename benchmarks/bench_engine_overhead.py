@@ -1,9 +1,9 @@
 """Engine overhead of an in-process round: round time / the clients' own compute.
 
-    python benchmarks/bench_engine_overhead.py inprocess [--clients 20,100] [--rounds 5]
-    python benchmarks/bench_engine_overhead.py profile --clients 20 [--rounds 3]   # cProfile, top functions
-    python benchmarks/bench_engine_overhead.py flower [--clients 20,100] [--rounds 5]
-    python benchmarks/bench_engine_overhead.py clustered [--clients 20] [--rounds 10]
+    PYTHONPATH=$PWD python benchmarks/bench_engine_overhead.py inprocess [--clients 20,100] [--rounds 5]
+    PYTHONPATH=$PWD python benchmarks/bench_engine_overhead.py profile --clients 20 [--rounds 3]   # cProfile, top functions
+    PYTHONPATH=$PWD python benchmarks/bench_engine_overhead.py flower [--clients 20,100] [--rounds 5]
+    PYTHONPATH=$PWD python benchmarks/bench_engine_overhead.py clustered [--clients 20] [--rounds 10]
 
 ``inprocess``: FedAvg on digits (iid, so 100 clients fit), in-process engine. The floor of a
 round is what the clients compute themselves: ``clusterfed.training.train`` and
@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
 
 OUT = ROOT / "results" / "engine_overhead.json"
 
@@ -46,7 +45,9 @@ OUT = ROOT / "results" / "engine_overhead.json"
 def _config(strategy: str, clients: int, rounds: int, out: str, **extra):
     from clusterfed.config import parse_config
 
-    values = {"strategy": strategy, "num-clients": clients, "rounds": rounds, "seed": 0, "partitioner": "iid",
+    from clusterfed.experiments.settings import setting
+
+    values = {**setting("digits-iid"), "strategy": strategy, "num-clients": clients, "rounds": rounds, "seed": 0,
               "checkpoint": False, "out-dir": out, **extra}
     return parse_config(values)
 
@@ -163,11 +164,13 @@ def measure_flower(clients: int, rounds: int, seed: int) -> dict:
 def measure_clustered(clients: int, rounds: int, strategies: list[str]) -> dict:
     from clusterfed.simulation import simulate
 
-    setting = {"partitioner": "label-groups", "label-groups": "0,1;2,3;4,5;6,7;8,9"}
+    from clusterfed.experiments.settings import setting
+
+    pairs = setting("digits-pairs")
     out = {}
     for strategy in ["fedavg", *strategies]:
         with tempfile.TemporaryDirectory() as tmp:
-            simulate(_config(strategy, clients, rounds, tmp, **setting), engine="inprocess", stream=None)
+            simulate(_config(strategy, clients, rounds, tmp, **pairs), engine="inprocess", stream=None)
             rows = [json.loads(line) for line in (Path(tmp) / "rounds.jsonl").read_text().splitlines()]
         seconds = [r["round_seconds"] for r in rows]
         out[strategy] = {"round_seconds_median": round(statistics.median(seconds), 4),

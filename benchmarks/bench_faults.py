@@ -1,12 +1,13 @@
 """Accuracy and ARI under client faults: fedclust, cfl and hicfl on digits label-swap.
 
-    python benchmarks/bench_faults.py --rounds 50 --seeds 0,1,2 --out benchmarks/results/faults_label_swap
+    PYTHONPATH=$PWD python benchmarks/bench_faults.py --rounds 50 --seeds 0,1,2 --out benchmarks/results/faults_label_swap
 
 Each total fault rate is split equally over the four kinds (the client raises, NaN/Inf
 weights, wrong shape or missing/extra array, a reply later than the timeout; the late
 ones wait on the in-process engine's virtual clock). Writes results.json (one row per
-strategy × rate × seed) and table.md (mean ± std over seeds, and the change from the
-clean run).
+strategy × rate × seed), manifest.json (``clusterfed.experiments.manifest``) and table.md
+(mean ± population std over seeds, ``clusterfed.experiments.stats`` — the committed table
+predates it and shows the sample std — and the change from the clean run).
 """
 
 from __future__ import annotations
@@ -18,17 +19,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from clusterfed.experiments.manifest import start_manifest, write_manifest
+from clusterfed.experiments.stats import mean_std
+
 STRATEGIES = ("fedclust", "cfl", "hicfl")
 RATES = (0.0, 0.1, 0.2, 0.4)
 
 
 def one_run(strategy: str, rate: float, seed: int, rounds: int) -> dict:
     from clusterfed.config import parse_config
+    from clusterfed.experiments.settings import setting
     from clusterfed.simulation import simulate
 
     each = rate / 4
     with tempfile.TemporaryDirectory() as tmp:
-        config = parse_config({"strategy": strategy, "partitioner": "label-swap", "num-clients": 20, "rounds": rounds,
+        config = parse_config({**setting("digits-label-swap"), "strategy": strategy, "rounds": rounds,
                                "seed": seed, "out-dir": tmp, "checkpoint": False, "timeout": 600, "fault-delay": 1000,
                                "fault-rate": each, "fault-nan-rate": each, "fault-shape-rate": each,
                                "fault-slow-rate": each, "target-coverage": 0.5})
@@ -53,8 +58,7 @@ def table(rows: list[dict]) -> str:
             ari = [r["final_ari"] for r in sel]
             counted = statistics.mean(sum(r["faults"].values()) for r in sel)
             delta = 100 * (statistics.mean(acc) - statistics.mean(clean)) if clean else float("nan")
-            sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
-            lines.append(f"| {strategy} | {rate:.0%} | {statistics.mean(acc):.3f} ± {sd:.3f} | {delta:+.1f} | "
+            lines.append(f"| {strategy} | {rate:.0%} | {mean_std(acc).format(3)} | {delta:+.1f} | "
                          f"{statistics.mean(ari):.2f} | {counted:.0f} |")
     lines += ["", "Per seed (final accuracy / ARI):", "", "| strategy | fault rate | " +
               " | ".join(f"seed {s}" for s in sorted({r['seed'] for r in rows})) + " |",
@@ -79,6 +83,7 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = json.loads((out / "results.json").read_text()) if args.table_only else []
+    manifest = start_manifest({"strategies": STRATEGIES, "rates": RATES, **vars(args)})
     seeds = [int(s) for s in args.seeds.split(",")]
     total = len(STRATEGIES) * len(RATES) * len(seeds)
     for strategy in STRATEGIES if not args.table_only else ():
@@ -92,6 +97,8 @@ def main() -> None:
     command = f"python benchmarks/bench_faults.py --rounds {args.rounds} --seeds {args.seeds} --out {args.out}"
     (out / "table.md").write_text(f"Digits, label-swap, 20 clients, {args.rounds} rounds, seeds {args.seeds}.\n"
                                   f"Command: `{command}`\n\n{table(rows)}\n")
+    if not args.table_only:
+        write_manifest(out, manifest)
     print(table(rows))
 
 

@@ -1,6 +1,6 @@
 """Our `fedavg` (clustered base, K = 1) against Flower's built-in `FedAvg` (`flwr-fedavg`).
 
-    python benchmarks/bench_fedavg_overhead.py [--engine inprocess|flower] [--seeds 0,1,2] [--rounds 30]
+    PYTHONPATH=$PWD python benchmarks/bench_fedavg_overhead.py [--engine inprocess|flower] [--seeds 0,1,2] [--rounds 30]
 
 Same data, seed and clients; runs alternate (ours, Flower's) so that machine load hits
 both alike. Writes benchmarks/results/fedavg_overhead_<engine>.json and prints a table:
@@ -18,7 +18,6 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
 
 from clusterfed.config import parse_config  # noqa: E402
 from clusterfed.results import load_run  # noqa: E402

@@ -1,7 +1,7 @@
 """IFCA and adaptive cluster-count client selection on digits, in-process, one run at a time.
 
-    python benchmarks/bench_ifca_selection.py selection --rounds 200 --seeds 0,1,2 --out results/bench_sel
-    python benchmarks/bench_ifca_selection.py ifca --rounds 30 --seeds 0 --out results/bench_ifca
+    PYTHONPATH=$PWD python benchmarks/bench_ifca_selection.py selection --rounds 200 --seeds 0,1,2 --out results/bench_sel
+    PYTHONPATH=$PWD python benchmarks/bench_ifca_selection.py ifca --rounds 30 --seeds 0 --out results/bench_ifca
 
 ``selection``: the client-selection paper's setting (8 clients, a pair of digits per two
 clients), selection with each stabilizer against FedAvg: final accuracy and total
@@ -19,17 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from clusterfed.config import parse_config
+from clusterfed.experiments import settings as registry
+from clusterfed.experiments.stats import mean_std
 from clusterfed.simulation import simulate
 
 SELECTION = {"fedavg": {"strategy": "fedavg"}} | {
     f"selection/{s}": {"strategy": "selection", "stabilizer": s} for s in ("none", "annealing", "experience")}
-SELECTION_DATA = {"partitioner": "label-groups", "label-groups": "0,1;2,3;4,5;6,7", "num-clients": 8,
-                  "warmup-rounds": 2}
-SETTINGS = {
-    "digit pairs": {"partitioner": "label-groups", "label-groups": "0,1;2,3;4,5;6,7", "num-clusters": 4},
-    "label-swap": {"partitioner": "label-swap", "num-groups": 4, "num-clusters": 4},
-    "rotation": {"partitioner": "rotation", "rotations": "0,90,180,270", "num-clusters": 4},
-}
+SELECTION_DATA = {**registry.setting("digits-four-pairs-8"), "warmup-rounds": 2}
+# IFCA's comparisons: (table name, registered setting), 20 clients, IFCA with 4 clusters
+IFCA_SETTINGS = (("digit pairs", "digits-four-pairs"), ("label-swap", "digits-label-swap"),
+                 ("rotation", "digits-rotation"))
 IFCA = ("ifca", "fedclust", "cfl")
 
 
@@ -70,15 +69,15 @@ def main() -> None:
     if args.which == "selection":
         cases = [(name, "pairs", {**SELECTION_DATA, **values}) for name, values in SELECTION.items()]
     else:
-        cases = [(name, setting, {**data, "strategy": name, "num-clients": 20})
-                 for setting, data in SETTINGS.items() for name in IFCA]
+        cases = [(name, table_name, {**registry.setting(setting), "num-clusters": 4, "strategy": name})
+                 for table_name, setting in IFCA_SETTINGS for name in IFCA]
     for name, setting, values in cases:
         results = [run({**values, "rounds": args.rounds, "seed": seed},
                        out / setting.replace(" ", "-") / name.replace("/", "-") / f"seed{seed}") for seed in seeds]
         mean = {k: float(np.mean([r[k] for r in results])) for k in ("accuracy", "ari", "mb_down", "mb_total",
                                                                      "transmissions")}
-        std = float(np.std([r["accuracy"] for r in results]))
-        rows.append(f"| {setting} | {name} | {mean['accuracy']:.3f} ± {std:.3f} | {mean['ari']:.2f} | "
+        accuracy = mean_std(r["accuracy"] for r in results).format(3)
+        rows.append(f"| {setting} | {name} | {accuracy} | {mean['ari']:.2f} | "
                     f"{mean['transmissions']:.0f} | {mean['mb_down']:.1f} | {mean['mb_total']:.1f} | "
                     f"{[r['final_p'] for r in results]} |")
         print(rows[-1], flush=True)

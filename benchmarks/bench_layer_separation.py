@@ -1,7 +1,7 @@
 """Which layers' updates separate the true groups? (LayerCFL's claim: conv for feature skew,
 fc for label skew.)
 
-    .venv/bin/python benchmarks/bench_layer_separation.py --settings rotation,label-swap,label-groups,shards \
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_layer_separation.py --settings rotation,label-swap,label-groups,shards \
         --seeds 0,1,2 --rounds 30 --workers 2
 
 Digits, 20 clients, digits-cnn, FedAvg dynamics (one cluster, never split), so every layer set
@@ -35,9 +35,8 @@ from scipy.spatial.distance import squareform
 from sklearn.metrics import adjusted_rand_score, silhouette_score
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
 
-from benchmarks.grid import SETTINGS  # noqa: E402
+from clusterfed.experiments import settings as registry  # noqa: E402
 from clusterfed.clustering.bipartition import best_cut_silhouette, bipartition, cosine_similarity_matrix  # noqa: E402
 from clusterfed.config import parse_config  # noqa: E402
 from clusterfed.models import select_layers  # noqa: E402
@@ -83,7 +82,7 @@ def one_run(job: tuple[str, int, int]) -> list[dict]:
     RECORDS.clear()
     values = {"strategy": "cfl", "num-clients": 20, "rounds": rounds, "seed": seed,
               "out-dir": tempfile.mkdtemp(prefix="layer-separation-"), "min-split-round": rounds + 1,
-              **SETTINGS[setting]}
+              **registry.setting(setting)}
     simulate(parse_config(values), engine="inprocess", stream=None)
     print(f"done {setting} seed {seed}: {len(RECORDS)} records", flush=True)
     return [{"setting": setting, "seed": seed, **r} for r in RECORDS]

@@ -23,12 +23,15 @@ import sys
 import time
 from pathlib import Path
 
+from clusterfed.experiments.settings import setting
+
 ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = {
-    "fedavg": {"strategy": "fedavg", "partitioner": "label-groups", "num-clients": 20, "rounds": 10},
-    "fedclust": {"strategy": "fedclust", "partitioner": "label-groups", "num-clients": 20, "rounds": 10,
-                 "cluster-epochs": 3},
-    "cfl": {"strategy": "cfl", "partitioner": "rotation", "num-clients": 20, "rounds": 10},
+# the runs timed on both trees (built here from the settings registry and passed as JSON, so the
+# earlier tree needs no registry)
+RUNS = {
+    "fedavg": {**setting("digits-pairs"), "strategy": "fedavg", "rounds": 10},
+    "fedclust": {**setting("digits-pairs"), "strategy": "fedclust", "rounds": 10, "cluster-epochs": 3},
+    "cfl": {**setting("digits-rotation"), "strategy": "cfl", "rounds": 10},
 }
 TIMED = """
 import json, sys, tempfile, time
@@ -54,9 +57,9 @@ def timed_run(tree: Path, values: dict) -> dict:
 
 
 def round_times(before: Path, after: Path, reps: int) -> dict:
-    rows: dict[str, dict[str, list]] = {name: {"before": [], "after": []} for name in SETTINGS}
+    rows: dict[str, dict[str, list]] = {name: {"before": [], "after": []} for name in RUNS}
     for rep in range(reps):
-        for name, values in SETTINGS.items():
+        for name, values in RUNS.items():
             for side, tree in (("before", before), ("after", after)) if rep % 2 == 0 else (("after", after), ("before", before)):
                 result = timed_run(tree, values)
                 rows[name][side].append(result)
@@ -66,7 +69,7 @@ def round_times(before: Path, after: Path, reps: int) -> dict:
     for name, sides in rows.items():
         b = sorted(r["seconds"] for r in sides["before"])
         a = sorted(r["seconds"] for r in sides["after"])
-        rounds = SETTINGS[name]["rounds"]
+        rounds = RUNS[name]["rounds"]
         table[name] = {"before_s_per_round_median": b[len(b) // 2] / rounds, "after_s_per_round_median": a[len(a) // 2] / rounds,
                        "ratio_after_over_before": a[len(a) // 2] / b[len(b) // 2],
                        "same_accuracy": all(x["final_accuracy"] == y["final_accuracy"]

@@ -1,6 +1,6 @@
 """Wall time per round of the in-process engine (the same work before and after a change).
 
-    python benchmarks/bench_round_time.py --label after --out benchmarks/results/round_time.json
+    PYTHONPATH=$PWD python benchmarks/bench_round_time.py --label after --out benchmarks/results/round_time.json
 
 Runs fedavg, fedclust and cfl on digits (label-swap, 20 clients, 10 rounds, seed 0) three
 times each and records the median of the mean round_seconds (wall) and of the process's
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import runpy
 import json
 import statistics
 import subprocess
@@ -22,7 +23,10 @@ import time
 from pathlib import Path
 
 STRATEGIES = ("fedavg", "fedclust", "cfl")
-SETTING = {"partitioner": "label-swap", "num-clients": 20, "rounds": 10, "seed": 0}
+# the setting from this tree's registry, read by path: the code measured may be an earlier
+# checkout (PYTHONPATH) that has no registry
+_REGISTRY = runpy.run_path(str(Path(__file__).resolve().parents[1] / "clusterfed" / "experiments" / "settings.py"))
+SETTING = {**_REGISTRY["setting"]("digits-label-swap"), "rounds": 10, "seed": 0}
 
 
 def one_run(strategy: str, extra: dict) -> tuple[float, float]:

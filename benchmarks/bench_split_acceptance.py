@@ -1,8 +1,8 @@
 """Measure the split-acceptance statistic of CFL (silhouette of the proposed bi-partition).
 
-    .venv/bin/python benchmarks/bench_split_acceptance.py --seeds 0,1 --rounds 50 \
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_split_acceptance.py --seeds 0,1 --rounds 50 \
         --settings iid,rotation,label-swap,label-groups,shards --workers 2
-    .venv/bin/python benchmarks/bench_split_acceptance.py --no-split --seeds 0 --rounds 50 \
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_split_acceptance.py --no-split --seeds 0 --rounds 50 \
         --settings rotation,label-swap,shards,label-groups --workers 2 --out /tmp/nosplit.json
 
 (The committed JSON merges three such runs; its ``commands`` and ``note`` say which.)
@@ -40,9 +40,8 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
 
-from benchmarks.grid import SETTINGS  # noqa: E402
+from clusterfed.experiments import settings as registry  # noqa: E402
 from clusterfed.clustering.bipartition import (  # noqa: E402
     best_cut_silhouette,
     bipartition,
@@ -96,8 +95,8 @@ def one_run(job: tuple[str, int, int, bool]) -> list[dict]:
     RECORDS.clear()
     values = {"strategy": "cfl", "num-clients": 20, "rounds": rounds, "seed": seed,
               "out-dir": tempfile.mkdtemp(prefix="split-acceptance-"), "split-min-silhouette": -1.0,
-              **SETTINGS[setting]}
-    if setting == "iid" or no_split:
+              **registry.setting(setting)}
+    if registry.setting_name(setting) == "digits-iid" or no_split:
         values["min-split-round"] = rounds + 1
     simulate(parse_config(values), engine="inprocess", stream=None)
     print(f"done {setting} seed {seed}: {len(RECORDS)} records", flush=True)

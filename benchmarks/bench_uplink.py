@@ -1,7 +1,7 @@
 """Clustering-round uplink: partial weights (the layer FedClust / AdaCFL ask for) versus
 full weights, per client and for the round.
 
-    .venv/bin/python benchmarks/bench_uplink.py [--data-dir DIR-HOLDING-MNIST/raw] [--clients 20] [--no-run]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_uplink.py [--data-dir DIR-HOLDING-MNIST/raw] [--clients 20] [--no-run]
 
 Computed from the model's state dict for LeNet-5 (MNIST, 28x28, 10 classes) and, for
 reference, the digits CNN; then confirmed with two one-round FedClust runs of LeNet-5 on
@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
-sys.path.insert(0, str(ROOT.parent))
 
 from clusterfed.config import parse_config  # noqa: E402
 from clusterfed.datasets.shapes import DATASET_SHAPES  # noqa: E402
+from clusterfed.experiments.settings import setting  # noqa: E402
 from clusterfed.models import build_model, select_layers  # noqa: E402
 from clusterfed.training import state_to_numpy  # noqa: E402
 
@@ -49,8 +49,8 @@ def measured_run(data_dir: Path, clients: int, layers: str) -> dict:
     from clusterfed.simulation import simulate
 
     with tempfile.TemporaryDirectory() as out:
-        config = parse_config({"strategy": "fedclust", "dataset": "mnist", "model": "lenet5", "data-dir": str(data_dir),
-                               "partitioner": "label-groups", "num-clients": clients, "rounds": 1,
+        config = parse_config({**setting("mnist-pairs"), "strategy": "fedclust", "model": "lenet5",
+                               "data-dir": str(data_dir), "num-clients": clients, "rounds": 1,
                                "cluster-epochs": 1, "cluster-layers": layers, "fraction-evaluate": 0.0,
                                "batch-size": 32, "out-dir": out})
         started = time.perf_counter()

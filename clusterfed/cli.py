@@ -1,4 +1,4 @@
-"""``clusterfed run | compare | partition-report | partition | params | plot | worker stop``."""
+"""``clusterfed run | compare | experiment | partition-report | partition | params | plot | worker stop``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from clusterfed.config import ConfigError, RunConfig, load_config_file, parse_config, parse_overrides
+
+
+def parse_list(text: str, kind: type = str) -> list:
+    return [kind(part.strip()) for part in text.split(",") if part.strip()]
 
 
 def resolve_config(config_file: str | None, overrides: list[str], out: str | None = None) -> RunConfig:
@@ -39,7 +43,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Every strategy × seed on the same partition; comparison.csv, comparison.md, figures."""
-    from clusterfed.compare import compare, markdown_table, parse_list
+    from clusterfed.compare import compare, markdown_table
 
     values: dict[str, Any] = {}
     if args.config:
@@ -53,6 +57,23 @@ def cmd_compare(args: argparse.Namespace) -> int:
     rows = compare(values, parse_list(args.strategies), seeds, out, engine=args.engine, workers=args.workers)
     print(markdown_table(rows))
     print(f"results in {out.resolve()}")
+    return 0
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    """Every grid of an experiment file; per grid folder comparison.csv/.md, figures, manifest.json."""
+    from clusterfed.experiments.runner import run_experiment
+    from clusterfed.experiments.spec import load_experiment
+
+    try:
+        seeds = parse_list(args.seeds, int) if args.seeds else None
+    except ValueError:
+        raise ConfigError(f"--seeds must be comma-separated integers, got {args.seeds!r}") from None
+    experiment = load_experiment(args.file, out=Path(args.out) if args.out else None,
+                                 data_dir=Path(args.data_dir) if args.data_dir else None, rounds=args.rounds,
+                                 seeds=seeds, only=parse_list(args.only) if args.only else None)
+    run_experiment(experiment, workers=args.workers, engine=args.engine, command=["clusterfed", *args.argv])
+    print(f"results in {experiment.out.resolve()}")
     return 0
 
 
@@ -153,6 +174,18 @@ def build_parser() -> argparse.ArgumentParser:
                          help="runs at a time, each in its own process (in-process engine only)")
     _add_config_args(compare)
     compare.set_defaults(func=cmd_compare)
+    experiment = sub.add_parser(
+        "experiment", help="run an experiment file (settings × strategies × seeds; benchmarks/experiments/*.toml)")
+    experiment.add_argument("file", help="experiment file (TOML)")
+    experiment.add_argument("--out", help="results folder (default: the file's `out`)")
+    experiment.add_argument("--workers", type=int, default=1,
+                            help="runs at a time, each in its own process (in-process engine only)")
+    experiment.add_argument("--engine", choices=("flower", "inprocess"), default="inprocess")
+    experiment.add_argument("--data-dir", help="folder holding MNIST/raw etc. (replaces the settings' data-dir)")
+    experiment.add_argument("--only", help="comma-separated grid folders to run (default: all)")
+    experiment.add_argument("--rounds", type=int, help="replace every grid's rounds (e.g. a 2-round smoke run)")
+    experiment.add_argument("--seeds", help="replace every grid's seeds, comma-separated")
+    experiment.set_defaults(func=cmd_experiment)
     report = sub.add_parser("partition-report", help="show what a partition setting gives each client")
     report.add_argument("--png", default="partition.png", help="where to write the figure")
     _add_config_args(report)
@@ -178,11 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     from clusterfed.datasets import DatasetNotFoundError, PartitionError
     from clusterfed.runner import CheckpointError
 
+    from clusterfed.experiments.runner import RunsFailed
+
     try:
         return args.func(args)
+    except RunsFailed as error:
+        print(f"clusterfed: {error}", file=sys.stderr)
+        return 1
     except (ConfigError, CheckpointError, DatasetNotFoundError, PartitionError, FileNotFoundError,
             tomllib.TOMLDecodeError) as error:
         print(f"clusterfed: {error}", file=sys.stderr)

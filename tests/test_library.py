@@ -140,7 +140,7 @@ def test_no_strategy_module_but_the_base_touches_messages_or_the_grid():
 
 def test_no_strategy_name_in_shared_code():
     names = [n for n in REGISTRY if n != "flwr-fedavg"]
-    shared = [ROOT / "clusterfed" / d for d in ("clustering", "plots", "client", "runner")]
+    shared = [ROOT / "clusterfed" / d for d in ("clustering", "plots", "client", "runner", "experiments")]
     shared += [ROOT / "clusterfed" / f for f in ("client_app.py", "results.py", "compare.py", "protocol.py")]
     found = []
     for place in shared:

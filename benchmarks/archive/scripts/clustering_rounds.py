@@ -1,11 +1,11 @@
-"""Rounds to the clustering, from a grid's run folders (``benchmarks/grid.py`` keeps them
+"""Rounds to the clustering, from a grid's run folders (``benchmarks/archive/scripts/grid.py`` keeps them
 under ``results/<name>/runs/``): per setting and strategy, mean ± std over seeds of
 
 - ``first_ari_095``: the first round whose ARI against the true groups is ≥ 0.95 (the
   correct clustering reached; "–" when never);
 - ``last_change``: the round of the last split or merge (``final_clustering_round``).
 
-    python benchmarks/clustering_rounds.py hierarchical_defaults_digits [strategy ...]
+    python benchmarks/archive/scripts/clustering_rounds.py hierarchical_defaults_digits [strategy ...]
 
 Prints a markdown table. HiCFL's claim (Gong et al.): it reaches its clustering in 27–80 %
 fewer rounds than CFL.

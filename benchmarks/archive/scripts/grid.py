@@ -1,6 +1,6 @@
 """Run a grid of (strategy × setting × seed) simulations and write a results table.
 
-    python benchmarks/grid.py --name fedavg_baseline --strategies fedavg \
+    python benchmarks/archive/scripts/grid.py --name fedavg_baseline --strategies fedavg \
         --settings shards,rotation,label-swap --seeds 0 --rounds 30 [--set key=value ...]
 
 Runs with the in-process engine (same apps as Flower's simulation engine, no Ray; see

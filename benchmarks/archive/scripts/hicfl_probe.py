@@ -1,7 +1,7 @@
 """Probe HiCFL's splits on one digits setting: each split's round, layer, sizes and the
 true groups on each side (for measuring changes to the split rule; not a results table).
 
-    python benchmarks/hicfl_probe.py --setting rotation --seed 0 --rounds 50 [--set key=value ...] [--raw]
+    python benchmarks/archive/scripts/hicfl_probe.py --setting rotation --seed 0 --rounds 50 [--set key=value ...] [--raw]
 """
 
 from __future__ import annotations

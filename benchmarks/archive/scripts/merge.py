@@ -1,7 +1,7 @@
 """Merge the results of several grid runs into one table (mean ± std over seeds).
 
-    python benchmarks/merge.py --out benchmarks/results/bipartition_table.md \
-        benchmarks/results/cfl_bestcut_a benchmarks/results/hicfl_vs_cfl=hicfl-v2: ...
+    python benchmarks/archive/scripts/merge.py --out benchmarks/archive/results/bipartition_table.md \
+        benchmarks/archive/results/cfl_bestcut_a benchmarks/archive/results/hicfl_vs_cfl=hicfl-v2: ...
 
 Each argument is a grid folder (holding ``results.json``); ``FOLDER=PREFIX`` prefixes that
 folder's strategy names (to tell versions of one strategy apart), ``FOLDER@a,b`` keeps only

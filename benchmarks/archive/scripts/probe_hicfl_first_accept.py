@@ -1,5 +1,5 @@
-# Offline probe on recordings of benchmarks/record_updates.py (run in the folder that holds rec/<setting>_s<seed>.npz).
-# Recordings: for s in iid rotation label-swap label-groups; do for seed in 0 1; do python benchmarks/record_updates.py --setting $s --seed $seed --rounds 40 --out rec; done; done
+# Offline probe on recordings of benchmarks/archive/scripts/record_updates.py (run in the folder that holds rec/<setting>_s<seed>.npz).
+# Recordings: for s in iid rotation label-swap label-groups; do for seed in 0 1; do python benchmarks/archive/scripts/record_updates.py --setting $s --seed $seed --rounds 40 --out rec; done; done
 import re
 cur=None; rows={}
 for line in open('hicfl_reference_split.txt'):

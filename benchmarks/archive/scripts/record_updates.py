@@ -1,7 +1,7 @@
 """Record every client's update of every round under FedAvg dynamics (one cluster, no
 split), per named layer, for offline study of split rules.
 
-    python benchmarks/record_updates.py --setting rotation --seed 0 --rounds 50 --out /tmp/rec [--set key=value ...]
+    python benchmarks/archive/scripts/record_updates.py --setting rotation --seed 0 --rounds 50 --out /tmp/rec [--set key=value ...]
 
 Runs ``cfl`` with splitting disabled (so the dynamics are FedAvg's) and writes
 ``<out>/<setting>_s<seed>.npz``: ``<layer>`` arrays of shape (rounds, clients, size)
