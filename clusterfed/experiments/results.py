@@ -25,9 +25,12 @@ COLUMNS: tuple[tuple[str, str, int], ...] = (
     ("transmissions", "transmissions", -1),
     ("wall_seconds", "wall s", -1),
 )
-# first_clustered_round: the first round whose assignment has more than one cluster (empty if never)
+# first_clustered_round: the first round whose assignment has more than one cluster (empty if never);
+# rounds_to_ari: the first round whose ARI against the true groups reaches RECOVERED_ARI (empty if never);
+# round_seconds: mean wall time of a round
+RECOVERED_ARI = 0.9
 CSV_COLUMNS = ("strategy", "seed", *(name for name, _, _ in COLUMNS), "first_clustered_round", "rounds",
-               "target_accuracy")
+               "target_accuracy", "rounds_to_ari", "round_seconds")
 
 
 def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
@@ -55,6 +58,8 @@ def run_row(run_dir: Path, label: str | None = None) -> dict[str, Any]:
         "first_clustered_round": next((r["round"] for r in rounds if r.get("num_clusters", 1) > 1), None),
         "rounds": len(rounds),
         "target_accuracy": summary.get("target_accuracy"),
+        "rounds_to_ari": next((r["round"] for r in rounds if (r.get("ari") or 0) >= RECOVERED_ARI), None),
+        "round_seconds": (sum(r.get("round_seconds", 0.0) for r in rounds) / len(rounds)) if rounds else None,
     }
 
 
