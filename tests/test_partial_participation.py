@@ -289,3 +289,50 @@ def test_fraction_evaluate_coverage_is_judged_against_the_evaluation_sample(tmp_
     old = {"round": 1, "accuracy": 0.9, "cum_bytes_up": 0, "cum_bytes_down": 0, "clients_evaluated": 6,
            "clients_known": 12}
     assert summarize([old], target=0.5)["rounds_to_target"] is None
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_provisional_members_round_trip_a_checkpoint_and_are_placed_after_resuming(tmp_path):
+    """The provisional placements (new state) survive a checkpoint; the resumed strategy
+    places the member by descent when it is sampled, as the uninterrupted one does."""
+    from test_state_codec import assert_same
+
+    from clusterfed.runner.checkpoint import load_checkpoint, save_checkpoint
+    from clusterfed.strategies.exchange import TrainReply
+
+    code_of, vectors = hierarchical_updates(1)
+    groups = {k: t for k, (t, _, _) in code_of.items()}
+    strategy = make_strategy(CFL, groups, min_split_round=2)
+    run_round(strategy, 1, vectors)
+    absent = "5"
+    run_round(strategy, 2, {k: v for k, v in vectors.items() if k != absent})
+    assert strategy.provisional == {absent: 0}
+    save_checkpoint(tmp_path, {"round": 2, "algorithm": strategy.get_state()})
+    state = load_checkpoint(tmp_path)["algorithm"]
+    assert_same(strategy.get_state(), state)
+    resumed = make_strategy(CFL, groups, min_split_round=2)
+    resumed.set_state(state)
+
+    def place(algorithm):
+        algorithm.round_extra = {}
+        algorithm.sampled = [absent]
+        steps = algorithm.before_train(3)
+        (ask,) = next(steps)
+        assert ask.key == absent and ask.config["phase"] == "placement"
+        names = ask.upload
+        update = arrays_of(vectors[absent])
+        reply = TrainReply(key=absent, cluster=ask.config["cluster-id"], arrays={n: update[n] for n in names},
+                           sent={n: ask.model[n] for n in names}, num_examples=50, train_loss=0.0, metrics={},
+                           is_update=True)
+        with pytest.raises(StopIteration):
+            steps.send([reply])
+        return algorithm.assignment[absent], algorithm.provisional
+
+    assert place(strategy) == place(resumed)
+    assert resumed.provisional == {}
+    side = [s for s, members in enumerate(resumed.splits[0]["members"]) if absent in members][0]
+    # the descent put it with its own group
+    assert {code_of[k][0] for k in resumed.tree.members(resumed.assignment[absent])} == {code_of[absent][0]}
+    assert side in (0, 1)
