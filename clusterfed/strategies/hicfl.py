@@ -66,21 +66,21 @@ sends its full update (``return = update``); the server aggregates per cluster. 
    which is the paper's point (split before the cluster's model has converged).
 
 Partial participation (``fraction-train`` < 1): stability is tracked per client over its
-own participations — a client's last three updates and its window of W scores come from
-the rounds it trained in, a round it sat out adds nothing (gaps are skipped, never filled
-in). The split timing, the proposals, the structure test and the recorded similarities
-use the members that replied this round. With full participation every one of them needs
-a full window (the paper's every member); with ``fraction-train`` < 1 windows fill at
-random times (a member needs W + 2 participations after entering its cluster), so the
-repliers whose windows are full vote, propose and set the ε scale, at least
-``min-split-size`` of them; a replier whose window is not full yet joins the side its
-update of this round points to (recorded under ``unwindowed``). A member that did not reply is put at once on the side
-its last update of the chosen layer points to (by the split's own rule: nearest side mean,
-or the sign with the centred reference), or on the larger side if it has none; it is
-recorded under ``absent`` and keeps a model (its side's). When next sampled it is placed
-for real by the newcomer descent from that split (``bipartitioning.py``); if that moves it,
-its windows restart. All members' windows restart after the split. With full
-participation this is the paper's rule on every member.
+own participations — a client's last three updates and its window of W scores come from the
+rounds it trained in, a round it sat out adds nothing (gaps are skipped, never filled in).
+The split timing, the proposals, the structure test and the recorded similarities use the
+members that replied this round. With full participation every one of them needs a full
+window (the paper's every member); with ``fraction-train`` < 1 windows fill at random times
+(a member needs W + 2 participations after entering its cluster), so the repliers whose
+windows are full vote, propose and set the ε scale, at least ``min-split-size`` of them; a
+replier whose window is not full yet joins the side its update of this round points to
+(recorded under ``unwindowed``). A member that did not reply is put at once on the side its
+last update of the chosen layer points to (by the split's own rule: nearest side mean, or
+the sign with the centred reference), or on the larger side if it has none; it is recorded
+under ``absent`` and keeps a model (its side's). When next sampled it is placed for real by
+the newcomer descent from that split (``bipartitioning.py``); if that moves it, its windows
+restart. All members' windows restart after the split. With full participation this is the
+paper's rule on every member.
 
 Also as in CFL: at least ``min-split-size`` members (and as many updates this round) and
 not before ``min-split-round``. Each split records the rule, the layer, the ready layers and
