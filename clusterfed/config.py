@@ -72,7 +72,8 @@ class RunConfig(BaseModel):
     fraction_evaluate: float = Field(1.0, alias="fraction-evaluate", ge=0, le=1)
     target_accuracy: float = Field(0.9, alias="target-accuracy", gt=0, le=1)
     target_coverage: float = Field(1.0, alias="target-coverage", gt=0, le=1,
-                                   description="a round counts towards the target only if this share of known clients was evaluated")
+                                   description="a round counts towards the target only if this share of the clients sampled for "
+                                               "evaluation (fraction-evaluate) replied")
 
     # fault injection on the clients, for tests and benchmarks (clusterfed/faults.py)
     fault_rate: float = Field(0.0, alias="fault-rate", ge=0, le=1, description="share of train messages whose client raises")

@@ -35,6 +35,7 @@ ROUND_FIELDS = (
     "faults",
     "clients_evaluated",
     "clients_known",
+    "clients_to_evaluate",
     "clients_absent",
     "round_seconds",
     "clustering_seconds",
@@ -133,9 +134,12 @@ class RunRecorder:
         extra: dict[str, Any] | None = None,
         clients_known: int | None = None,
         clients_absent: int = 0,
+        clients_to_evaluate: int | None = None,
     ) -> dict[str, Any]:
         """One round's row. Accuracy is over the clients evaluated this round;
-        ``clients_known`` (default: those evaluated) is what coverage is measured against."""
+        ``clients_to_evaluate`` (the clients sent an evaluate message: the ``fraction-evaluate``
+        sample; default ``clients_known``, default those evaluated) is what coverage is
+        measured against."""
         self.cum_down += traffic.down
         self.cum_up += traffic.up
         name = self.metric.name
@@ -166,6 +170,8 @@ class RunRecorder:
             "faults": dict(sorted(traffic.faults.items())),
             "clients_evaluated": len(evals),
             "clients_known": len(evals) if clients_known is None else clients_known,
+            "clients_to_evaluate": (clients_to_evaluate if clients_to_evaluate is not None
+                                    else len(evals) if clients_known is None else clients_known),
             "clients_absent": clients_absent,
             "round_seconds": round(round_seconds, 4),
             "clustering_seconds": round(clustering_seconds, 4),
@@ -245,8 +251,10 @@ def _jsonable(value: Any) -> Any:
 
 
 def covered(record: dict[str, Any], coverage: float) -> bool:
-    """Whether enough of the known clients were evaluated for the round's accuracy to count."""
-    known = record.get("clients_known", 0)
+    """Whether enough of the clients sent an evaluate message (the ``fraction-evaluate``
+    sample; in files without that field, every known client) replied for the round's
+    accuracy to count."""
+    known = record.get("clients_to_evaluate", record.get("clients_known", 0))
     return known > 0 and record.get("clients_evaluated", 0) >= coverage * known - 1e-9
 
 
@@ -254,8 +262,9 @@ def summarize(rounds: list[dict[str, Any]], target: float, coverage: float = 1.0
               metric: Metric = ACCURACY) -> dict[str, Any]:
     """Final and best value of the declared metric, rounds and MB (up + down) to reach
     ``target`` (at or above it, or at or below it for a metric where lower is better). A
-    round counts towards the target only if at least ``coverage`` of the known clients were
-    evaluated in it: a round that missed clients may not reach the target early."""
+    round counts towards the target only if at least ``coverage`` of the clients it sent an
+    evaluate message to replied (``covered``): a round that missed clients may not reach the
+    target early, and a ``fraction-evaluate`` sample is judged against itself."""
     name = metric.name
     values = [r[name] for r in rounds if r.get(name) is not None]
     reached = next((r for r in rounds if r.get(name) is not None and metric.reached(r[name], target)

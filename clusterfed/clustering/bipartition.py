@@ -439,6 +439,15 @@ class ClusterTree:
             raise ValueError(f"client {key!r} is already assigned")
         node.members.append(key)
 
+    def remove_member(self, cluster_id: int, key: Hashable) -> None:
+        """Take a client out of a leaf cluster (to place it elsewhere with ``add_member``)."""
+        node = self.node(cluster_id)
+        if not node.is_leaf:
+            raise ValueError(f"cluster {cluster_id} is not a leaf")
+        if key not in node.members:
+            raise ValueError(f"client {key!r} is not a member of cluster {cluster_id}")
+        node.members.remove(key)
+
     # ---- serialisation
     def to_dict(self) -> dict:
         """JSON-serialisable view: root id and every node with members, parent, children,

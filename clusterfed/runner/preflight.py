@@ -110,7 +110,4 @@ def preflight(config: RunConfig):
     if problems:
         raise ConfigError("; ".join(problems) if len(problems) == 1 else
                           f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
-    if config.fraction_evaluate < config.target_coverage:
-        log(logging.WARNING, "fraction-evaluate %.2f < target-coverage %.2f: no round can count towards "
-            "rounds_to_target; lower target-coverage", config.fraction_evaluate, config.target_coverage)
     return initial

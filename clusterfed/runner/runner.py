@@ -140,6 +140,7 @@ class RoundDriver:
         self.round_train_metrics: list[tuple[int, dict[str, float]]] = []
         self.round_eval_metrics: list[tuple[int, dict[str, float]]] = []
         self.completed_rounds = 0
+        self.evaluate_sent = 0  # clients sent an evaluate message this round
         self.pending_asks: dict[str, Ask] = {}
         self.accepted_train = 0  # train replies accepted over the run
         self.first_failure: str | None = None
@@ -267,6 +268,7 @@ class RoundDriver:
             server_round, evals=evals, assignment=assignment, true_groups=groups, traffic=self.traffic,
             round_seconds=seconds, clustering_seconds=self.strategy.clustering_seconds, extra=extra,
             clients_known=len(active), clients_absent=len(self.absent) + len(self.benched),
+            clients_to_evaluate=self.evaluate_sent,
         )
 
     # ------------------------------------------------------------ membership
@@ -524,6 +526,7 @@ class RoundDriver:
 
     def evaluate(self, server_round: int) -> list[EvalRow]:
         models = self.strategy.evaluation_models(server_round)
+        self.evaluate_sent = len(models)
         plan = {key: (model, {**self.evaluate_config, "server-round": server_round, "phase": "evaluate",
                               "cluster-id": cluster})
                 for key, (cluster, model) in models.items()}
@@ -635,6 +638,7 @@ def train_messages(strategy: ClusteredStrategy, server_round: int, config: dict,
     driver.train_config = config
     driver.discover(server_round)
     strategy.active = driver.active_keys()
+    strategy.sampled = strategy.draw_sample(server_round)
     unplaced = [k for k in strategy.active if k not in strategy.assignment]
     if unplaced and (placing := strategy.admit(server_round, unplaced)) is not None:
         placing.close()  # placing needs clustering phases, which start() runs: they wait

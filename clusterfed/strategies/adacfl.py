@@ -44,6 +44,13 @@ Choices the paper leaves open (documented here, all configurable):
   random subset of its classes, so the class count would split one group at random
   (``preclustering_skipped`` in rounds.jsonl says so).
 
+Partial participation (``fraction-train`` < 1): the warm-up is FedAvg over each round's
+sample, every client placed in the warm-up cluster from the start (that asks nothing).
+The clustering step runs on the sample of round ``warmup-rounds + 1``: the sampled clients
+that reply are clustered; every other client leaves the warm-up cluster (whose model is
+gone) and is placed by the newcomer rule with ε (step 4) in the first round it is sampled,
+training at once. Until then it holds no cluster and is not evaluated (``oneshot.py``).
+
 Known behaviour: the paper's entropy gap can isolate a client whose labels are unevenly
 balanced among clients that hold the same labels evenly, so on digit pairs the ARI can be
 below 1 (docs/algorithms/adacfl.md); ``share-label-stats = false`` avoids it.
@@ -115,13 +122,16 @@ class AdaCFL(OneShotClustering):
     def before_train(self, server_round: int) -> Steps:
         if self.clustered or server_round <= self.params.warmup_rounds or self.warmup_cluster is None:
             return
-        keys = self.members(self.warmup_cluster)
+        keys = self.reachable(self.members(self.warmup_cluster))  # partial participation: the sample
+        if not keys:
+            return
         start = self.models[self.warmup_cluster]
         replied, X, bytes_up = yield from self.collect_partials(server_round, keys, start)
         if X is None:
             return  # nobody replied: stay in warm-up, try again next round
-        # clients whose reply was lost leave the warm-up cluster and come back as newcomers
-        for key in keys:
+        # clients whose reply was lost, that were not sampled or are absent leave the warm-up
+        # cluster (its model goes) and come back as newcomers
+        for key in [k for k, c in self.assignment.items() if c == self.warmup_cluster]:
             del self.assignment[key]
         del self.models[self.warmup_cluster]
         started = time.perf_counter()

@@ -32,6 +32,14 @@ not placed yet), ``before_train`` (clustering steps before this round's training
 ``admit`` and ``before_train`` may ask clients for work: written as generators, they
 ``yield`` a list of asks and receive the replies; written as plain methods, they ask
 nothing.
+
+Partial participation (``fraction-train`` < 1): by default every client not placed yet is
+placed at the start of a round (placing asks nothing) and the trainers are a
+``fraction-train`` sample of the placed clients. A strategy whose placement asks clients
+for work (a clustering round, a newcomer's partial upload) overrides ``draw_sample``: the
+round's sample is then drawn among all active clients *before* placement, placement asks
+only sampled clients, and the trainers are the sampled clients that are placed
+(``self.sampled``). ``fraction-evaluate`` samples the placed clients for evaluation.
 """
 
 from __future__ import annotations
@@ -163,6 +171,9 @@ class ClusteredStrategy(Strategy):
         self.run_options = None  # clusterfed.runner.runner.RunOptions, set by an app that wants them
         self.driver = None
         self.training_failed: str | None = None  # set by the driver: why nothing trained
+        # this round's sample drawn before placement (``draw_sample``); None: trainers are
+        # sampled among the placed clients. Per round, not state: a round is never resumed midway
+        self.sampled: list[str] | None = None
         self.state = self.State()
         self._sealed = True
 
@@ -264,6 +275,7 @@ class ClusteredStrategy(Strategy):
     def round(self, server_round: int) -> Steps:
         """One round: place newcomers, clustering steps, train, aggregate per cluster."""
         self.clustering_seconds, self.round_extra = 0.0, {}
+        self.sampled = self.draw_sample(server_round)
         unplaced = [k for k in self.active if k not in self.assignment]
         if unplaced:
             yield from steps(self.admit(server_round, unplaced))
@@ -322,8 +334,30 @@ class ClusteredStrategy(Strategy):
         chosen = self.rng.choice(len(keys), size=count, replace=False)
         return [keys[i] for i in sorted(chosen)]
 
+    def draw_sample(self, server_round: int) -> list[str] | None:
+        """This round's ``fraction-train`` sample drawn among all active clients before
+        placement, for a strategy whose placement asks clients for work (it then asks only
+        these); None (the default): the trainers are sampled among the placed clients after
+        placement, which asks nothing."""
+        return None
+
+    def sample_active(self) -> list[str]:
+        """A ``fraction-train`` sample of every active client, placed or not."""
+        return self.sample(list(self.active), self.params.fraction_train, self.params.min_train_nodes)
+
+    def reachable(self, keys: list[str]) -> list[str]:
+        """``keys`` that may be asked for work this round: those in the round's sample
+        (``draw_sample``), or all of them when the round has none."""
+        if self.sampled is None:
+            return list(keys)
+        chosen = set(self.sampled)
+        return [k for k in keys if k in chosen]
+
     def select_trainers(self, server_round: int) -> list[str]:
-        """The keys that train this round: a ``fraction-train`` sample of placed clients."""
+        """The keys that train this round: a ``fraction-train`` sample of placed clients,
+        or the sampled clients that are placed when the sample was drawn before placement."""
+        if self.sampled is not None:
+            return [k for k in self.sampled if k in self.assignment]
         return self.sample(self.placed(), self.params.fraction_train, self.params.min_train_nodes)
 
     def train_asks(self, server_round: int, keys: list[str], *, models: dict[str, Arrays] | None = None,

@@ -6,6 +6,17 @@ the arrays the split was decided on, and follow the side whose split-round direc
 update resembles (CFL / LayerCFL: the side's mean update, by cosine; HiCFL: the sign of
 the cosine with the reference client's update, as in the split itself). Before the first
 split that is simply the root.
+
+Partial participation (``fraction-train`` < 1): a split is decided on the members that
+replied in its round. A member that did not is put on a side at once — the side its latest
+recorded update points to, or the larger side when it has none — so it always holds a
+cluster and a model; the placement is *provisional* (``provisional``: client → the split it
+missed, recorded under the split's ``absent``). The first round it is sampled again it is
+placed for real, before training, exactly as a newcomer descends the tree but starting at
+that split: one local training on the split-round model, an upload of the split's arrays,
+the side its update points to (and so on down any later splits). It then trains its
+final cluster's model in the same round. A placement reply that is lost leaves it where it
+is, still provisional.
 """
 
 from __future__ import annotations
@@ -88,6 +99,9 @@ class BiPartitioningState(ClusteredState):
     merges: list[dict[str, Any]] = field(default_factory=list)
     merged: set[int] = field(default_factory=set)  # clusters made by a merge: final, never split again
     split_allowed: bool = False  # whether the size and round rules ever allowed a split
+    # members placed on a side of a split they sat out -> that split's node, until they are
+    # placed by descent from it when next sampled (module docstring)
+    provisional: dict[str, int] = field(default_factory=dict)
 
 
 class BiPartitioning(ClusteredStrategy):
@@ -113,6 +127,34 @@ class BiPartitioning(ClusteredStrategy):
 
     def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
         return {"return": RETURN_UPDATE}
+
+    def draw_sample(self, server_round: int) -> list[str] | None:
+        """Placing a provisional member asks it for work: sample before placement."""
+        return self.sample_active()
+
+    def before_train(self, server_round: int) -> Steps:
+        """Partial participation: the sampled members placed provisionally at a split they
+        sat out descend from that split now, as newcomers do (module docstring)."""
+        due = {k: self.provisional[k] for k in self.reachable(self.placed()) if k in self.provisional}
+        if not due:
+            return
+        at, path, failed = yield from self.descend(server_round, due)
+        moved = []
+        for key, leaf in at.items():
+            if key in failed:
+                continue  # no placement reply: stays where it is, still provisional
+            del self.provisional[key]
+            old = self.assignment[key]
+            if leaf != old:
+                self.tree.remove_member(old, key)
+                self.tree.add_member(leaf, key)
+                self.assignment[key] = leaf
+                self.entered(leaf, [key])
+            moved.append({"client": key, "from": old, "cluster": leaf, "path": path[key]})
+        self.round_extra["replaced"] = moved
+
+    def entered(self, cluster: int, keys: list[str]) -> None:
+        """Strategy state to restart for clients that moved into ``cluster`` (HiCFL: windows)."""
 
     @contextmanager
     def timed(self):
@@ -181,14 +223,17 @@ class BiPartitioning(ClusteredStrategy):
             return 0 if sims[0] > 0 else 1
         return int(np.argmax(sims))  # nearest side mean; ties -> side 0
 
-    def place_absent(self, absent: list[str], route: dict[str, Any], last: dict[str, np.ndarray],
+    def place_absent(self, cluster: int, absent: list[str], route: dict[str, Any], last: dict[str, np.ndarray],
                      sizes: tuple[int, int]) -> tuple[list[str], list[str]]:
-        """Members that did not reply in the split round: the side their latest update
-        points to; with no update on record, the larger side."""
+        """Members of ``cluster`` that did not reply in its split round: provisionally the
+        side their latest update points to; with no update on record, the larger side. They
+        descend from this split when next sampled (``before_train``); one already
+        provisional keeps the earlier split it missed, whose descent passes this one."""
         extra: tuple[list[str], list[str]] = ([], [])
         for key in absent:
             side = self.side_of(last[key], route) if key in last else (0 if sizes[0] >= sizes[1] else 1)
             extra[side].append(key)
+            self.provisional.setdefault(key, cluster)
         return extra
 
     def apply_split(self, server_round: int, cluster: int, keys_a: list[str], keys_b: list[str],
@@ -279,8 +324,21 @@ class BiPartitioning(ClusteredStrategy):
     def admit(self, server_round: int, keys: list[str]) -> Steps:
         """Descend the tree: at each split node train once on the split-round model and
         follow the side the update points to (see the module docstring)."""
-        at = {key: self.tree.root_id for key in keys}
-        path: dict[str, list[int]] = {key: [] for key in keys}
+        at, path, _ = yield from self.descend(server_round, {key: self.tree.root_id for key in keys})
+        for key, leaf in at.items():
+            self.tree.add_member(leaf, key)
+            self.assignment[key] = leaf
+            if server_round > 1:
+                self.newcomer_log.append({"round": server_round, "client": key, "cluster": leaf, "path": path[key]})
+
+    def descend(self, server_round: int, start: dict[str, int]) -> Steps:
+        """From node ``start[key]`` down to a leaf per key: at each split node train once on
+        the split-round model and follow the side the update points to. Returns (leaf per
+        key, the split nodes passed, the keys whose placement reply was lost at some node:
+        those took the larger side there)."""
+        at = dict(start)
+        path: dict[str, list[int]] = {key: [] for key in start}
+        failed: set[str] = set()
         while True:
             waiting: dict[int, list[str]] = defaultdict(list)
             for key, node in at.items():
@@ -304,13 +362,10 @@ class BiPartitioning(ClusteredStrategy):
                             side = self.side_of(got[key], route)
                         else:  # the placement round failed for this client
                             side = 0 if sizes[0] >= sizes[1] else 1
+                            failed.add(key)
                         path[key].append(node)
                         at[key] = children[side]
-        for key, leaf in at.items():
-            self.tree.add_member(leaf, key)
-            self.assignment[key] = leaf
-            if server_round > 1:
-                self.newcomer_log.append({"round": server_round, "client": key, "cluster": leaf, "path": path[key]})
+        return at, path, failed
 
     # ------------------------------------------------------------ outputs
     def cluster_state(self) -> dict[str, Any]:

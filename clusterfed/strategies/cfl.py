@@ -35,6 +35,17 @@ replied (``after_train``):
 The side-based separation Gap is recorded for every split, never used as a veto (it is
 negative for a pure split while a side still holds two groups).
 
+Partial participation (``fraction-train`` < 1): the criteria (mean and max update
+norm), the similarity matrix, the bi-partition and the acceptance test use the members
+that replied this round (``min-split-size`` of them at least); the aggregate is theirs; a
+client's summed updates (``similarity-decay``) run over the rounds it trained in. A member
+of a splitting cluster that did not reply is put at once on the side whose mean its own
+summed update on the decision layers is nearest to by cosine, or on the larger side if it
+never replied (recorded under the split's ``absent``), so it keeps a model; when next
+sampled it is placed for real by the newcomer descent from that split
+(``bipartitioning.py``). Merging, too, compares the clusters' repliers. With full
+participation this is the paper's procedure.
+
 The defaults of ``rel-eps1``, ``rel-eps2``, ``split-min-silhouette`` and
 ``split-silhouette-max-k`` were chosen from measured norm ratios and silhouettes of real SGD
 updates: Sattler's absolute ``eps1``/``eps2`` never fire on small clients' updates, the
@@ -180,7 +191,7 @@ class CFL(BiPartitioning):
         route = {"rule": "nearest-mean", "names": self.decision_names(), "model": replies[0].sent,
                  "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)]}
         absent = [k for k in self.tree.members(cluster) if k not in set(keys)]
-        extra_a, extra_b = self.place_absent(absent, route, self.last_vector, (len(keys_a), len(keys_b)))
+        extra_a, extra_b = self.place_absent(cluster, absent, route, self.last_vector, (len(keys_a), len(keys_b)))
         record["absent"] = [extra_a, extra_b]
         record["similarity"] = self.similarity_record(keys, S)
         self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route)

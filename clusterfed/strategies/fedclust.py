@@ -14,6 +14,11 @@ layer's weights, then per-cluster FedAvg.
    upload the same layer and join the nearest cluster reference; FedClust never founds a
    new cluster (ε = inf).
 
+Partial participation (``fraction-train`` < 1): the clustering round is the first
+round's sample (the clients of the sample that reply are clustered); a client first
+sampled later is placed as a newcomer (step 3) in that round and trains at once. Until
+then it holds no cluster and is not evaluated (``oneshot.py``).
+
 The shared machinery (partial-weight phase, cut, references, newcomers) is in ``oneshot.py``.
 """
 
@@ -43,6 +48,9 @@ class FedClust(OneShotClustering):
     def admit(self, server_round: int, keys: list[str]) -> Steps:
         if self.clustered:
             yield from self.place_newcomers(server_round, keys)
+            return
+        keys = self.reachable(keys)  # partial participation: the round's sample is clustered
+        if not keys:
             return
         replied, X, bytes_up = yield from self.collect_partials(server_round, keys, self.theta0)
         if X is None:

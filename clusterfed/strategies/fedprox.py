@@ -1,6 +1,9 @@
 """FedProx (Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020):
 FedAvg with the client-side proximal term μ/2·||w − w_global||². The server sends
-``proximal-mu`` in every train message; a stock client that ignores it trains FedAvg."""
+``proximal-mu`` in every train message; a stock client that ignores it trains FedAvg.
+
+Partial participation (``fraction-train`` < 1): as FedAvg — a random sample trains each
+round (the paper's setting: a subset of devices per round)."""
 
 from typing import Any
 

@@ -65,6 +65,23 @@ sends its full update (``return = update``); the server aggregates per cluster. 
    split round. Stationarity is not required: stability replaces it as the timing signal,
    which is the paper's point (split before the cluster's model has converged).
 
+Partial participation (``fraction-train`` < 1): stability is tracked per client over its
+own participations — a client's last three updates and its window of W scores come from the
+rounds it trained in, a round it sat out adds nothing (gaps are skipped, never filled in).
+The split timing, the proposals, the structure test and the recorded similarities use the
+members that replied this round. With full participation every one of them needs a full
+window (the paper's every member); with ``fraction-train`` < 1 windows fill at random times
+(a member needs W + 2 participations after entering its cluster), so the repliers whose
+windows are full vote, propose and set the ε scale, at least ``min-split-size`` of them; a
+replier whose window is not full yet joins the side its update of this round points to
+(recorded under ``unwindowed``). A member that did not reply is put at once on the side its
+last update of the chosen layer points to (by the split's own rule: nearest side mean, or
+the sign with the centred reference), or on the larger side if it has none; it is recorded
+under ``absent`` and keeps a model (its side's). When next sampled it is placed for real by
+the newcomer descent from that split (``bipartitioning.py``); if that moves it, its windows
+restart. All members' windows restart after the split. With full participation this is the
+paper's rule on every member.
+
 Also as in CFL: at least ``min-split-size`` members (and as many updates this round) and
 not before ``min-split-round``. Each split records the rule, the layer, the ready layers and
 their scores, the reference (``reference`` rule), the members' stabilities, the criteria,
@@ -286,8 +303,17 @@ class HiCFL(BiPartitioning):
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
                        decision: SplitDecision) -> None:
         members = self.tree.members(cluster)
+        replied = {r.key for r in replies}
+        # timing and split on the members that replied this round (every member with full
+        # participation); under partial participation only those with full windows vote
+        # and propose, the others follow their update after the split (module docstring)
+        present = [k for k in members if k in replied]
+        if self.params.fraction_train < 1:
+            present = [k for k in present if all(self.tracker.windowed(k, layer) is not None for layer in self.layers)]
+            if len(present) < self.params.min_split_size:
+                return
         with self.timed():
-            values, threshold = self.stability_against_eps(cluster, members)
+            values, threshold = self.stability_against_eps(cluster, present)
         if not self.may_split(server_round, cluster, replies):
             return
         with self.timed():
@@ -300,7 +326,7 @@ class HiCFL(BiPartitioning):
                 self.note_no_split(server_round, cluster, ready[0], "agree", decision)
                 return
         with self.timed():
-            proposals = {layer: p for layer in ready if (p := self.propose(layer, members)) is not None}
+            proposals = {layer: p for layer in ready if (p := self.propose(layer, present)) is not None}
         if not proposals:
             self.note_no_split(server_round, cluster, ready[0], "one_side", decision)
             return
@@ -313,7 +339,7 @@ class HiCFL(BiPartitioning):
         chosen = proposals[choice.layer]
         keys_a, keys_b = chosen["keys"]
         S = chosen["S"]
-        position = {k: i for i, k in enumerate(members)}
+        position = {k: i for i, k in enumerate(present)}
         record = {
             "layer": choice.layer,
             **chosen["record"],
@@ -323,12 +349,24 @@ class HiCFL(BiPartitioning):
             "relative": self.epsilon is None,
             "criterion": decision_record(decision),
             "gap": separation_gap(S, [position[k] for k in keys_a], [position[k] for k in keys_b]),
-            "true_group_gap": self.true_gap(members, S),
+            "true_group_gap": self.true_gap(present, S),
             "layers": self.layer_keys[choice.layer],
-            "similarity": self.similarity_record(members, S),
+            "similarity": self.similarity_record(present, S),
         }
         route = {**chosen["route"], "model": replies[0].sent}
-        self.apply_split(server_round, cluster, list(keys_a), list(keys_b), record, route)
+        # repliers whose windows were not full: the side this round's update points to (as
+        # the descent would place them: final); members that did not reply: provisionally
+        fresh: tuple[list[str], list[str]] = ([], [])
+        for key in (k for k in members if k in replied and k not in position):
+            fresh[self.side_of(self.tracker.last_update(key, choice.layer), route)].append(key)
+        absent = [k for k in members if k not in replied]
+        last = {k: v for k in absent if (v := self.tracker.last_update(k, choice.layer)) is not None}
+        extra_a, extra_b = self.place_absent(cluster, absent, route, last, (len(keys_a), len(keys_b)))
+        record["absent"] = [extra_a, extra_b]
+        if fresh[0] or fresh[1]:
+            record["unwindowed"] = [fresh[0], fresh[1]]
+        self.apply_split(server_round, cluster, list(keys_a) + fresh[0] + extra_a, list(keys_b) + fresh[1] + extra_b,
+                         record, route)
         self.tracker.reset(members)  # children: windows and weight selection restart
 
     @staticmethod
@@ -354,6 +392,9 @@ class HiCFL(BiPartitioning):
 
     def after_merge(self, cluster: int, keys: list[str]) -> None:
         self.tracker.reset(keys)  # as after a split: the merged cluster's windows restart
+
+    def entered(self, cluster: int, keys: list[str]) -> None:
+        self.tracker.reset(keys)  # a provisional member placed elsewhere: its windows restart
 
     def refusal_codes(self) -> list[str]:
         return [n["code"] for n in self.no_split]

@@ -17,6 +17,12 @@ it and returns it with the chosen index; FedAvg per cluster over the clients tha
   paper restarts whole runs; restarting the first round keeps it inside one run)
 - A client is evaluated with the model it chose last; a client that has not trained yet
   (a newcomer) is not evaluated until it has chosen, which it does by loss like everyone.
+
+Partial participation (``fraction-train`` < 1): as in the paper, each round a random
+``fraction-train`` sample of all clients receives the K models, and each sampled client
+chooses and trains; FedAvg per cluster over the sample's choices (a model chosen by nobody
+keeps its weights). A client keeps its last choice between the rounds it is sampled; one
+never sampled yet has no cluster and is not evaluated until its first choice.
 """
 
 from __future__ import annotations

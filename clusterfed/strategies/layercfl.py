@@ -38,6 +38,11 @@ whole update anyway and the split decision reads the selected layers out of that
 upload — LayerCFL saves no uplink here. It would only save uplink in a protocol with
 rounds that do not aggregate. (Newcomers placed after a split do upload only the
 selected layers: see ``BiPartitioning.admit``.)
+
+Partial participation (``fraction-train`` < 1): as CFL (``cfl.py``) — criteria and split
+on this round's repliers; a member that did not reply follows its latest update of the
+selected layers to the nearer side (the larger side when it has none) until it is placed
+by the newcomer descent from that split when next sampled.
 """
 
 from __future__ import annotations

@@ -2,6 +2,9 @@
 
 Each client is its own cluster, so the base's per-cluster averaging over one member
 leaves the client's model as it trained it.
+
+Partial participation (``fraction-train`` < 1): every client has its own model from the
+start; it changes only in the rounds its client is sampled.
 """
 
 from clusterfed.strategies.base import ClusteredStrategy

@@ -13,6 +13,14 @@ Choices the papers leave open (documented here, measured in benchmarks/RESULTS.m
   partial weights.
 - Clients whose clustering reply is lost or rejected stay unplaced and are admitted as
   newcomers in a later round.
+
+Partial participation (``fraction-train`` < 1): each round's sample is drawn among all
+active clients before placement (``draw_sample``), so a client not placed yet is asked for
+work only when it is sampled. The one-shot clustering is of the clients sampled in the
+clustering round that replied; every other client is placed by the newcomer rule (same
+start model, same partial upload, nearest reference) in the first round it is sampled, and
+trains its cluster's model in that same round. Until then it has no cluster and is not
+evaluated: no model was chosen for it. Every round trains exactly the sampled clients.
 """
 
 from __future__ import annotations
@@ -105,6 +113,10 @@ class OneShotClustering(ClusteredStrategy):
         self.layer_keys = select_layers(self.theta0, self.layer_rule if self.params.cluster_layers == "auto"
                                         else self.params.cluster_layers)
         self.clustering_state = {}
+
+    def draw_sample(self, server_round: int) -> list[str] | None:
+        """Placing asks clients for work: sample among all active clients first."""
+        return self.sample_active()
 
     def one_cluster_reason(self) -> str | None:
         """Why the run ended with one cluster (None when it has more)."""
@@ -212,6 +224,9 @@ class OneShotClustering(ClusteredStrategy):
         return math.inf
 
     def place_newcomers(self, server_round: int, keys: list[str]) -> Steps:
+        keys = self.reachable(keys)  # only this round's sampled clients are asked
+        if not keys:
+            return
         replied, X, bytes_up = yield from self.collect_partials(server_round, keys, self.cluster_start)
         self.round_extra["newcomer_bytes_up"] = self.round_extra.get("newcomer_bytes_up", 0) + bytes_up
         if X is None:

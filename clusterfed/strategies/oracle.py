@@ -1,5 +1,9 @@
 """Oracle: clusters are the true groups. An upper bound for benchmarks only — the one
-strategy allowed to read the ground truth (the clients' reported ``true-group``)."""
+strategy allowed to read the ground truth (the clients' reported ``true-group``).
+
+Partial participation (``fraction-train`` < 1): every client is in its group's cluster from
+the start; a random sample trains; a cluster none of whose members was sampled keeps its
+model that round."""
 
 from dataclasses import dataclass, field
 

@@ -17,6 +17,15 @@ cluster trains, which cuts the transmissions.
    ``clustering.cluster_count`` on the loss-reduction ratio of the mean participant
    training loss (``w``, doubling step ``d``, ``hold-rounds``, ``stabilizer``).
 
+Partial participation (``fraction-train`` < 1): the paper's selection *is* its client
+sampling, so ``fraction-train`` is read as availability — each round only a random
+``fraction-train`` sample of the clients can be reached (cross-device FL). The warm-up
+trains the reachable clients; afterwards the cut into ``p`` groups is still over every
+client's latest final layer (the paper's), and each group's representative is drawn
+among its reachable members; a group with none reachable does not train this round, and a
+reachable client with no latest model yet trains too. With ``fraction-train = 1`` every
+client is reachable: the paper's scheme.
+
 rounds.jsonl records, every round: ``p`` (the cut used), ``p_next``, the rule's action,
 the ratio, the representatives and ``models_exchanged`` (models sent down plus models
 sent up: 2 per trained client; the runner's ``transmissions`` counts the replies).
@@ -75,11 +84,12 @@ class ClientSelection(ClusteredStrategy):
 
     def round(self, server_round: int) -> Steps:
         self.clustering_seconds, self.round_extra = 0.0, {}
+        self.sampled = self.draw_sample(server_round)  # the clients reachable this round
         unplaced = [k for k in self.active if k not in self.assignment]
         self.admit(server_round, unplaced)
         warmup = server_round <= self.params.warmup_rounds or self.controller is None and not self.latest
         if warmup:
-            trainers, p = self.placed(), None
+            trainers, p = self.reachable(self.placed()), None
         else:
             trainers, p = self.representatives()
         replies = yield self.train_asks(server_round, trainers)
@@ -98,6 +108,10 @@ class ClientSelection(ClusteredStrategy):
                                  "loss_reduction_ratio": ratio, "trained_clients": len(trainers),
                                  "models_exchanged": 2 * len(trainers), "cum_models_exchanged": self.transmissions})
 
+    def draw_sample(self, server_round: int) -> list[str] | None:
+        """``fraction-train`` is availability: the clients reachable this round."""
+        return self.sample_active()
+
     def count_controller(self) -> ClusterCountController:
         if self.controller is None:
             self.controller = ClusterCountController(
@@ -106,22 +120,28 @@ class ClientSelection(ClusteredStrategy):
         return self.controller
 
     def representatives(self) -> tuple[list[str], int]:
-        """Cut the clients' latest final layers into exactly p groups; one random client per
-        group. Clients with no latest model yet (newcomers) train too."""
+        """Cut the clients' latest final layers into exactly p groups; one random reachable
+        client per group (a group with none reachable sits the round out). Reachable clients
+        with no latest model yet (newcomers) train too."""
         started = time.perf_counter()
         known = sorted((k for k in self.placed() if k in self.latest), key=natural)
-        fresh = [k for k in self.placed() if k not in self.latest]
+        reachable = set(self.reachable(known))
+        fresh = [k for k in self.reachable(self.placed()) if k not in self.latest]
         p = min(self.count_controller().p, len(known)) if known else 0
         chosen = []
         if known:
             X = np.stack([self.latest[k] for k in known])
             labels = cluster_into_k(X, p, metric="l2", linkage=self.params.linkage)
+            groups = 0
             for label in np.unique(labels):
-                members = [k for k, lab in zip(known, labels) if lab == label]
-                chosen.append(members[int(self.rng.integers(len(members)))])
+                members = [k for k, lab in zip(known, labels) if lab == label and k in reachable]
+                groups += 1
+                if members:
+                    chosen.append(members[int(self.rng.integers(len(members)))])
             # SciPy never splits a tie, so a cut may have fewer than p groups: top up at random
-            rest = [k for k in known if k not in chosen]
-            extra = self.rng.choice(len(rest), size=p - len(chosen), replace=False) if p > len(chosen) else []
+            rest = [k for k in known if k not in chosen and k in reachable]
+            missing = min(p - groups, len(rest))
+            extra = self.rng.choice(len(rest), size=missing, replace=False) if missing > 0 else []
             chosen += [rest[int(i)] for i in extra]
         self.clustering_seconds += time.perf_counter() - started
         return sorted(chosen + fresh, key=natural), p

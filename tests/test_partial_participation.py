@@ -1,0 +1,338 @@
+"""Partial participation (``fraction-train`` < 1) for every registered strategy: each round
+trains exactly its sample, no client is ever left in a cluster without a model, clients not
+sampled yet are placed when first sampled, the clustered strategies still recover the true
+groups, a split assigns the members that sat the split round out, and evaluation with
+``fraction-evaluate`` < 1 records what it measured. Short in-process runs on digits plus
+hand-made replies for the split rules."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from harness import drive_round, make, trained
+from test_cfl import DIM, arrays_of, hierarchical_updates, make_strategy, run_round
+
+from clusterfed.config import parse_config
+from clusterfed.results import covered, summarize
+from clusterfed.runner.runner import RoundDriver
+from clusterfed.simulation import simulate
+from clusterfed.strategies import clustered_classes
+from clusterfed.strategies.cfl import CFL
+from clusterfed.strategies.hicfl import HiCFL
+
+CLIENTS = 12
+FRACTION = 0.5
+SAMPLE = int(CLIENTS * FRACTION)
+# three groups of digit pairs, four clients each (test_fedclust.py's structured setting)
+BASE = {"num-clients": CLIENTS, "partitioner": "label-groups", "label-groups": "0,1;2,3;4,5", "batch-size": 32,
+        "fraction-train": FRACTION, "fraction-evaluate": 1.0, "rounds": 3}
+# criteria that always fire (tests/golden/make_golden.py) from round 4, on at least 5 replies
+FORCE = {"split-criteria": "absolute", "eps1": 100.0, "eps2": 0.001, "min-split-round": 4, "min-split-size": 5}
+ROTATION = {"partitioner": "rotation", "rotations": "0,180", "num-groups": 2}
+# per strategy: run-config overrides and the ARI the final assignment must reach (None: no groups to find)
+RUNS: dict[str, tuple[dict, float | None]] = {
+    "fedavg": ({}, None),
+    "fedprox": ({}, None),
+    "local": ({}, None),
+    "oracle": ({}, 1.0),
+    "fedclust": ({"rounds": 4, "cluster-epochs": 5}, 0.9),
+    "adacfl": ({"rounds": 4, "cluster-epochs": 5}, 0.9),
+    "cfl": ({**FORCE, "num-clients": 18, "rounds": 7}, 0.9),
+    "layercfl": ({**FORCE, "num-clients": 18, "rounds": 7, "skew": "label"}, 0.9),
+    "hicfl": ({**FORCE, **ROTATION, "num-clients": 16, "rounds": 10, "window": 1, "stability-eps": 5.0}, 0.9),
+    "ifca": ({**ROTATION, "num-clusters": 2, "rounds": 5, "local-epochs": 2, "seed": 1}, 0.9),
+    "selection": ({"rounds": 4}, None),
+}
+ONE_SHOT = {"fedclust", "adacfl"}  # placing asks for work: a client is placed when first sampled
+CHOOSING = {"ifca"}  # a client is placed by its own first choice
+
+
+def test_every_registered_strategy_has_a_run_and_documents_partial_participation():
+    import sys
+
+    assert set(RUNS) == set(clustered_classes())
+    for name, cls in clustered_classes().items():
+        assert "Partial participation" in (sys.modules[cls.__module__].__doc__ or ""), name
+
+
+def run_logged(tmp_path, monkeypatch, name: str, **values):
+    """Run ``name`` in process, logging per round every ask by phase and, after training,
+    the active clients, the assignment, the cluster models and the evaluation sample."""
+    asks: list[tuple[int, str, list[str], list[str]]] = []
+    after: dict[int, dict] = {}
+    real_train, real_evaluate = RoundDriver.train, RoundDriver.evaluate
+
+    def train(driver, server_round, batch):
+        replies = real_train(driver, server_round, batch)
+        phases = {a.config.get("phase") for a in batch}
+        asks.append((server_round, phases.pop() if len(phases) == 1 else "mixed", [a.key for a in batch],
+                     [r.key for r in replies]))
+        return replies
+
+    def evaluate(driver, server_round):
+        strategy = driver.strategy
+        models = strategy.evaluation_models  # the sample is drawn inside: record what it gave
+        drawn = {}
+
+        def recording(r):
+            drawn.update(models(r))
+            return drawn
+
+        strategy.evaluation_models = recording
+        try:
+            rows = real_evaluate(driver, server_round)
+        finally:
+            del strategy.evaluation_models
+        after[server_round] = {"active": list(strategy.active), "assignment": dict(strategy.assignment),
+                               "models": set(strategy.cluster_models()), "evaluated": sorted(drawn),
+                               "sampled": list(strategy.sampled) if strategy.sampled is not None else None}
+        return rows
+
+    monkeypatch.setattr(RoundDriver, "train", train)
+    monkeypatch.setattr(RoundDriver, "evaluate", evaluate)
+    out = tmp_path / name
+    config = parse_config({**BASE, "strategy": name, "out-dir": str(out), **values})
+    summary = simulate(config, engine="inprocess", stream=None)
+    rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
+    clusters = json.loads((out / "clusters.json").read_text())
+    return summary, rounds, clusters, asks, after
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_half_the_clients_train_each_round_and_none_is_orphaned(name, tmp_path, monkeypatch):
+    overrides, ari = RUNS[name]
+    summary, rounds, clusters, asks, after = run_logged(tmp_path, monkeypatch, name, **overrides)
+    sample = int(overrides.get("num-clients", CLIENTS) * FRACTION)
+    seen: set[str] = set()  # clients that replied to a clustering / placement (one-shot) or train (IFCA) ask
+    for record in rounds:
+        r = record["round"]
+        state = after[r]
+        batches = [(phase, keys, replied) for rr, phase, keys, replied in asks if rr == r]
+        train = [keys for phase, keys, _ in batches if phase == "train"]
+        assert len(train) == 1, (name, r, batches)
+        trainers = train[0]
+        for phase, _, replied in batches:
+            if phase == ("cluster" if name in ONE_SHOT else "train"):
+                seen.update(replied)
+        if name == "selection":
+            # the paper's selection decides who trains, among the clients reachable this round
+            assert set(trainers) <= set(state["sampled"]) and len(state["sampled"]) == sample
+            if record["warmup"]:
+                assert len(trainers) == sample
+        else:
+            assert len(trainers) == sample, (name, r)  # exactly the sample trains
+        assert len(set(trainers)) == len(trainers)
+        # every placed client's cluster has a model; who must be placed depends on the strategy
+        assignment = state["assignment"]
+        assert set(assignment.values()) <= state["models"], (name, r)
+        must = seen if name in ONE_SHOT | CHOOSING else set(state["active"])
+        assert must <= set(assignment), (name, r, sorted(must - set(assignment)))
+        assert set(trainers) <= set(assignment)
+        # evaluation: every placed client (fraction-evaluate = 1), each on its cluster's model
+        assert state["evaluated"] == sorted(k for k in state["active"] if k in assignment)
+        assert record["clients_evaluated"] == record["clients_to_evaluate"] == len(state["evaluated"])
+    # with full participation the assignment would hold every client from round 1; here at
+    # least everyone sampled so far, and a placed client never loses its cluster
+    placed_before: set[str] = set()
+    for r in sorted(after):
+        placed_now = set(after[r]["assignment"])
+        if not (name == "adacfl" and r == 2):  # its clustering step dissolves the warm-up cluster
+            assert placed_before <= placed_now, (name, r)
+        placed_before = placed_now
+    if ari is not None:
+        assert summary["final_ari"] >= ari, (name, summary["final_ari"])
+    for split in clusters.get("splits", []):
+        # a member that sat the split round out is put on one of the two sides (it then
+        # holds a model: checked above), and only the repliers decided the split
+        for side, extra in enumerate(split["absent"]):
+            assert set(extra) <= set(split["members"][side])
+            assert not set(extra) & set(split["similarity"]["keys"])
+    if name in {"cfl", "layercfl", "hicfl"}:
+        assert clusters["splits"] and any(s["absent"][0] + s["absent"][1] for s in clusters["splits"])
+        # provisional members were placed by descent when sampled again ("replaced")
+        assert any(record.get("replaced") for record in rounds)
+    if name in ONE_SHOT:
+        first = [keys for rr, phase, keys, _ in asks if phase == "cluster"][0]
+        assert len(first) == sample  # the one-shot clustering is of the first sample
+        assert len(clusters["client_order"]) <= sample
+        late = {entry["client"] for entry in clusters["newcomers"]}
+        assert late and not late & set(clusters["client_order"])  # the others came in as newcomers
+
+
+# ----------------------------------------------------------------------------- split rules
+
+
+def test_cfl_member_that_never_replied_joins_the_larger_side_and_keeps_a_model():
+    code_of, vectors = hierarchical_updates(2)
+    strategy = make_strategy(CFL, {k: t for k, (t, _, _) in code_of.items()})
+    silent = sorted(code_of, key=int)[0]
+    run_round(strategy, 1, {k: v for k, v in vectors.items() if k != silent})
+    (split,) = strategy.splits[:1]
+    sizes = [len(side) for side in split["members"]]
+    side = 0 if silent in split["absent"][0] else 1
+    assert silent in split["absent"][side] and sizes[side] == max(sizes)
+    assert strategy.assignment[silent] in strategy.models
+
+
+HICFL_UNIT = {"window": 2, "stability_eps": 0.5, "xi": 1e-9, "min_split_round": 1,
+              "hicfl_timing": "all", "hicfl_split": "reference", "hicfl_min_silhouette": -1, "merge": False}
+
+
+def test_hicfl_times_and_splits_on_the_repliers_and_places_the_absent_by_their_last_update():
+    """Client ``late`` trains in the first two rounds only, ``never`` not at all; the others
+    every round. The split comes once the repliers' windows are full (the absent ones'
+    are not); ``late`` follows its last update to its group's side, ``never`` the larger
+    side; both keep a model."""
+    code_of, vectors = hierarchical_updates(0)
+    groups = {k: t for k, (t, _, _) in code_of.items()}
+    strategy = make_strategy(HiCFL, groups, **HICFL_UNIT)
+    keys = sorted(code_of, key=int)
+    late, never = keys[0], keys[1]
+    rng = np.random.default_rng(0)
+    for server_round in range(1, 12):
+        present = {k: v + 0.001 * rng.standard_normal(DIM) for k, v in vectors.items()
+                   if k != never and (k != late or server_round <= 2)}
+        run_round(strategy, server_round, present)
+        if strategy.splits:
+            break
+    split = strategy.splits[0]
+    assert late not in split["similarity"]["keys"] and never not in split["similarity"]["keys"]
+    assert set(split["stability"]) == set(keys) - {late, never}
+    side_of = {k: s for s, side in enumerate(split["members"]) for k in side}
+    assert {groups[k] for k in split["members"][side_of[late]] if k != never} == {groups[late]}
+    assert {groups[k] for k in split["members"][1 - side_of[late]] if k != never} == {1 - groups[late]}
+    assert never in split["absent"][side_of[never]]
+    sizes = [len(side) for side in split["members"]]
+    assert sizes[side_of[never]] == max(sizes)
+    for key in (late, never):
+        assert strategy.assignment[key] in strategy.models
+
+
+def test_hicfl_stability_windows_count_participations_not_rounds():
+    """A client that skips rounds keeps its window: it fills after as many participations
+    as a client that trains every round, whatever the gaps."""
+    code_of, vectors = hierarchical_updates(1)
+    strategy = make_strategy(HiCFL, {k: 0 for k in code_of}, **{**HICFL_UNIT, "min_split_round": 100})
+    steady, gappy = sorted(code_of, key=int)[:2]
+    layer = strategy.layers[0]
+    for server_round in range(1, 11):
+        present = {k: vectors[k] for k in (steady, gappy) if k == steady or server_round % 2 == 0}
+        run_round(strategy, server_round, present)
+        if server_round == 5:  # 5 participations fill a window of 2 (one to select, two more to score)
+            assert strategy.tracker.windowed(steady, layer) is not None
+            assert strategy.tracker.windowed(gappy, layer) is None
+    assert strategy.tracker.windowed(gappy, layer) is not None  # its 5th participation, in round 10
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize("name", ["fedclust", "adacfl"])
+def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampled(name):
+    groups = {str(i): i % 2 for i in range(8)}
+    stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
+    algorithm = make(clustered_classes()[name], groups, stats=stats, fraction_train=0.5, warmup_rounds=0,
+                     cluster_epochs=1)
+
+    def respond(ask):
+        return trained(ask, 1.0 if groups[ask.key] == 0 else -1.0)
+
+    batches = drive_round(algorithm, 1, respond)
+    cluster, train = batches
+    assert [a.config["phase"] for a in cluster] == ["cluster"] * 4 and len(train) == 4
+    assert {a.key for a in cluster} == {a.key for a in train} == set(algorithm.assignment)
+    placed = set(algorithm.assignment)
+    for server_round in range(2, 8):
+        batches = drive_round(algorithm, server_round, respond)
+        train = batches[-1]
+        assert len(train) == 4 and {a.key for a in train} <= set(algorithm.assignment)
+        newcomers = [a.key for batch in batches[:-1] for a in batch]
+        assert not set(newcomers) & placed  # only clients not placed yet are asked to place
+        placed = set(algorithm.assignment)
+    assert placed == set(groups)  # 7 rounds of half-samples reached everyone (seed 0)
+    by_cluster = {}
+    for key, cluster_id in algorithm.assignment.items():
+        by_cluster.setdefault(cluster_id, set()).add(groups[key])
+    assert all(len(g) == 1 for g in by_cluster.values())
+
+
+def test_selection_reads_fraction_train_as_availability():
+    groups = {str(i): i % 2 for i in range(8)}
+    algorithm = make(clustered_classes()["selection"], groups, fraction_train=0.5, warmup_rounds=1)
+    respond = lambda ask: trained(ask, 1.0 if groups[ask.key] == 0 else -1.0)  # noqa: E731
+    for server_round in range(1, 6):
+        (train,) = drive_round(algorithm, server_round, respond)
+        keys = {a.key for a in train}
+        assert len(algorithm.sampled) == 4 and keys <= set(algorithm.sampled)
+        if server_round == 1:
+            assert len(keys) == 4  # warm-up: every reachable client
+
+
+# ----------------------------------------------------------------------------- evaluation
+
+
+def test_fraction_evaluate_coverage_is_judged_against_the_evaluation_sample(tmp_path):
+    config = parse_config({**BASE, "strategy": "fedavg", "fraction-evaluate": 0.5, "target-accuracy": 0.01,
+                           "rounds": 2, "out-dir": str(tmp_path)})
+    summary = simulate(config, engine="inprocess", stream=None)
+    rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
+    for record in rounds:
+        assert record["clients_to_evaluate"] == record["clients_evaluated"] == SAMPLE
+        assert record["clients_known"] == CLIENTS and record["accuracy"] is not None
+        assert record["ari"] == 0.0 and len(record["client_accuracy"]) == SAMPLE
+    assert summary["rounds_to_target"] == 1
+    # a row missing one of its sampled clients does not count; a file without the field
+    # (written before it existed) is judged against every known client as before
+    assert not covered({"clients_to_evaluate": 6, "clients_evaluated": 5, "clients_known": 12}, 1.0)
+    old = {"round": 1, "accuracy": 0.9, "cum_bytes_up": 0, "cum_bytes_down": 0, "clients_evaluated": 6,
+           "clients_known": 12}
+    assert summarize([old], target=0.5)["rounds_to_target"] is None
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_provisional_members_round_trip_a_checkpoint_and_are_placed_after_resuming(tmp_path):
+    """The provisional placements (new state) survive a checkpoint; the resumed strategy
+    places the member by descent when it is sampled, as the uninterrupted one does."""
+    from test_state_codec import assert_same
+
+    from clusterfed.runner.checkpoint import load_checkpoint, save_checkpoint
+    from clusterfed.strategies.exchange import TrainReply
+
+    code_of, vectors = hierarchical_updates(1)
+    groups = {k: t for k, (t, _, _) in code_of.items()}
+    strategy = make_strategy(CFL, groups, min_split_round=2)
+    run_round(strategy, 1, vectors)
+    absent = "5"
+    run_round(strategy, 2, {k: v for k, v in vectors.items() if k != absent})
+    assert strategy.provisional == {absent: 0}
+    save_checkpoint(tmp_path, {"round": 2, "algorithm": strategy.get_state()})
+    state = load_checkpoint(tmp_path)["algorithm"]
+    assert_same(strategy.get_state(), state)
+    resumed = make_strategy(CFL, groups, min_split_round=2)
+    resumed.set_state(state)
+
+    def place(algorithm):
+        algorithm.round_extra = {}
+        algorithm.sampled = [absent]
+        steps = algorithm.before_train(3)
+        (ask,) = next(steps)
+        assert ask.key == absent and ask.config["phase"] == "placement"
+        names = ask.upload
+        update = arrays_of(vectors[absent])
+        reply = TrainReply(key=absent, cluster=ask.config["cluster-id"], arrays={n: update[n] for n in names},
+                           sent={n: ask.model[n] for n in names}, num_examples=50, train_loss=0.0, metrics={},
+                           is_update=True)
+        with pytest.raises(StopIteration):
+            steps.send([reply])
+        return algorithm.assignment[absent], algorithm.provisional
+
+    assert place(strategy) == place(resumed)
+    assert resumed.provisional == {}
+    side = [s for s, members in enumerate(resumed.splits[0]["members"]) if absent in members][0]
+    # the descent put it with its own group
+    assert {code_of[k][0] for k in resumed.tree.members(resumed.assignment[absent])} == {code_of[absent][0]}
+    assert side in (0, 1)
