@@ -12,7 +12,8 @@ replied (``after_train``):
 2. if the cluster is near-stationary and heterogeneous, has at least ``min-split-size``
    members (and as many replies) and the round is ≥ ``min-split-round``: cosine
    similarity of the repliers' updates, two sides by complete linkage. **Choice, beyond
-   the paper (``similarity-decay``, default 0.8; 0 = the paper's this-round update):**
+   the paper (``similarity-decay``; ``auto`` = 0.8 for clients of fewer than 50 examples, else
+   0 = the paper's this-round update):**
    each client's vector is its updates summed over its rounds with that decay. A client
    of a few dozen examples sends an update dominated by the noise of its batches; its
    group's pull repeats every round while that noise does not, so the sum separates the
@@ -58,7 +59,7 @@ descent are in ``bipartitioning.py``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
@@ -84,6 +85,14 @@ from clusterfed.strategies.bipartitioning import (
 from clusterfed.strategies.exchange import TrainReply
 
 
+# similarity-decay = auto: summed updates for clients this small. Measured: with 16-25 MNIST
+# examples a client, one round's updates do not separate the groups and summed ones do; with
+# 70+ digits a client, one round's do and summing delayed the first pure split
+# (docs/algorithms/cfl.md).
+SMALL_CLIENT_EXAMPLES = 50
+SMALL_CLIENT_DECAY = 0.8
+
+
 class CFLParams(BiPartitioningParams):
     split_min_silhouette: float = Field(
         0.3, alias="split-min-silhouette", ge=-1, le=1,
@@ -93,10 +102,11 @@ class CFLParams(BiPartitioningParams):
         DEFAULT_DRAWS, alias="split-reference-draws", ge=0,
         description="a best cut below split-min-silhouette still counts when it beats the best silhouette of this "
                     "many group-free Gaussian reference sets shaped like the updates (0 = fixed threshold only)")
-    similarity_decay: float = Field(
-        0.8, alias="similarity-decay", ge=0, lt=1,
+    similarity_decay: Annotated[float, Field(ge=0, lt=1)] | Literal["auto"] = Field(
+        "auto", alias="similarity-decay",
         description="the similarity compares each client's updates summed over its rounds with this decay "
-                    "(0 = this round's update only, as in the paper)")
+                    "(0 = this round's update only, as in the paper); auto = 0.8 when the median client holds "
+                    f"fewer than {SMALL_CLIENT_EXAMPLES} examples, else 0")
 
 
 @dataclass
@@ -135,7 +145,7 @@ class CFL(BiPartitioning):
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
         names = self.decision_names()
-        decay = self.params.similarity_decay
+        decay = self.decay()
         for reply in replies:
             update = flatten(reply.update, names)
             previous = self.last_vector.get(reply.key)
@@ -195,6 +205,15 @@ class CFL(BiPartitioning):
         record["absent"] = [extra_a, extra_b]
         record["similarity"] = self.similarity_record(keys, S)
         self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route)
+
+    def decay(self) -> float:
+        """``similarity-decay``; ``auto``: 0.8 for small clients (the median client of those
+        known holds fewer than ``SMALL_CLIENT_EXAMPLES`` examples), 0 (the paper) otherwise."""
+        decay = self.params.similarity_decay
+        if decay != "auto":
+            return float(decay)
+        sizes = [info.num_examples for info in self.clients.values()]
+        return SMALL_CLIENT_DECAY if sizes and float(np.median(sizes)) < SMALL_CLIENT_EXAMPLES else 0.0
 
     def required_structure(self, U: np.ndarray, structure: float, max_k: int) -> tuple[float, float | None]:
         """The best-cut silhouette a split needs: ``split-min-silhouette``, lowered to what
