@@ -27,19 +27,24 @@ def cap_threads() -> None:
         torch.set_num_threads(threads)
 
 
-def state_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+def state_to_numpy(model: nn.Module, copy: bool = True) -> dict[str, np.ndarray]:
+    """The model's state as arrays; ``copy=False``: views of the model's own memory on the CPU
+    (for a caller that copies them before the model changes, e.g. into a message)."""
+    if copy:
+        return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
 
 
 def load_numpy_state(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
-    expected = set(model.state_dict())
-    if set(arrays) != expected:
-        missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
+    state = model.state_dict()
+    if arrays.keys() != state.keys():
+        expected, given = set(state), set(arrays)
+        missing, extra = sorted(expected - given), sorted(given - expected)
         raise ValueError(f"model arrays do not match: missing {missing}, unexpected {extra}")
     # copied into the model's own tensors (cast to their dtype and device): what
     # load_state_dict does, without its per-module hook machinery on every message
     with torch.no_grad():
-        for name, target in model.state_dict().items():
+        for name, target in state.items():
             source = torch.from_numpy(np.asarray(arrays[name]))
             if tuple(source.shape) != tuple(target.shape):
                 raise ValueError(f"array {name!r} has shape {tuple(source.shape)}, the model's is {tuple(target.shape)}")

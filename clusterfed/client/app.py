@@ -133,7 +133,7 @@ def train_reply(task: ClientTask, content: RecordDict, context: Context) -> Reco
 
     config, data, model, device, received, choice = _receive(task, content, context)
     trained_metrics = task.train(model, data, config, device)
-    trained = state_to_numpy(model)
+    trained = state_to_numpy(model, copy=False)  # copied once, into the reply's bytes
     names = protocol.parse_upload(str(config.get("upload", protocol.UPLOAD_FULL)))
     if names is None:
         names = list(trained)

@@ -1,0 +1,329 @@
+"""Simulations of hundreds to thousands of small clients on one machine: speed and memory.
+
+Run from the repository root with the repository on ``PYTHONPATH``:
+
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py overhead --clients 100,1000 --rounds 4
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py compare --before /path/to/old/checkout --clients 1000 --repeats 2
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py identical --before /path/to/old/checkout --clients 20
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py profile --clients 1000 --rounds 3
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py memory --clients 1000,10000
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py ray --clients 1000 --rounds 2
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py vmap --clients 1000
+
+The setting (every mode): FedAvg on real MNIST (``--data-dir``, torchvision layout; 10,000
+digits), ``rotation`` partitioner (0/90/180/270), so 1,000 clients hold ~10 images each (8
+train, 2 test), 1 local epoch, batch 16, no checkpoints.
+
+``overhead``: in-process engine; per round, round time / the clients' own compute
+(``clusterfed.training.train`` + ``evaluate``, timed by wrapping them where the ClientApp
+calls them), over the rounds after the first. Goal <= 1.15 at 1,000 clients.
+``compare``: the same measurement for the checkout ``--before`` and this one, alternated in
+subprocesses of one run (before, after, before, after, ...), so both see the same load.
+``identical``: a short run of each checkout; their ``rounds.jsonl`` accuracies and losses must
+be equal bit for bit.
+``profile``: cProfile of one in-process run, the top functions (``results/scale_speed/profile_N.txt``).
+``memory``: what the server keeps per client beyond the cluster models, for FedAvg, CFL and
+HiCFL, fed synthetic replies directly (no clients run): tracemalloc peak and retained bytes
+per client over ``--rounds`` rounds, at each client count (goal <= 50 KB per client).
+``ray``: Flower's simulation engine (Ray) at ``--clients`` virtual SuperNodes against the
+in-process engine, same setting; wall and per-round time.
+``vmap``: local training of many clients that share one cluster model, one client after
+another vs batched with ``torch.func.functional_call`` + ``vmap``: clients per second and
+the largest difference of the trained weights.
+
+Every mode merges its entry into ``results/scale_speed/results.json`` (with the command,
+the git commit and the machine's load average) and regenerates ``results/scale_speed/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "results" / "scale_speed"
+DATA_DIR = "/work/shared/data"
+
+
+def _git_commit(root: Path) -> str:
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True)
+        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _values(clients: int, rounds: int, out: str, data_dir: str, strategy: str = "fedavg", **extra) -> dict:
+    return {"strategy": strategy, "num-clients": clients, "rounds": rounds, "seed": 0, "dataset": "mnist",
+            "data-dir": data_dir, "partitioner": "rotation", "rotations": "0,90,180,270", "checkpoint": False,
+            "out-dir": out, **extra}
+
+
+class ClientClock:
+    """Sums the wall time of the ClientApp's calls of ``training.train`` / ``evaluate``."""
+
+    def __init__(self):
+        import clusterfed.client_app as client_app
+
+        self.module = client_app
+        self.originals = {"train": client_app.train, "evaluate": client_app.evaluate}
+        self.seconds = 0.0
+        self.calls = 0
+
+    def _wrap(self, fn):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+                self.calls += 1
+
+        return timed
+
+    def __enter__(self):
+        for name, fn in self.originals.items():
+            setattr(self.module, name, self._wrap(fn))
+        return self
+
+    def __exit__(self, *exc):
+        for name, fn in self.originals.items():
+            setattr(self.module, name, fn)
+
+
+def measure_overhead(clients: int, rounds: int, data_dir: str) -> dict:
+    """Round time / client compute over the rounds after the first, in this process."""
+    import clusterfed.results as results
+    from clusterfed.config import parse_config
+    from clusterfed.simulation import simulate
+
+    marks = []
+    with tempfile.TemporaryDirectory() as tmp, ClientClock() as clock:
+        original = results.RunRecorder.record_round
+
+        def record_round(self, *args, **kwargs):
+            marks.append((clock.seconds, clock.calls))
+            return original(self, *args, **kwargs)
+
+        results.RunRecorder.record_round = record_round
+        try:
+            started = time.perf_counter()
+            simulate(parse_config(_values(clients, rounds, tmp, data_dir)), engine="inprocess", stream=None)
+            wall = time.perf_counter() - started
+        finally:
+            results.RunRecorder.record_round = original
+        rows = [json.loads(line) for line in (Path(tmp) / "rounds.jsonl").read_text().splitlines()]
+    per_round, previous = [], (0.0, 0)
+    for row, (seconds, calls) in zip(rows, marks):
+        per_round.append({"round": row["round"], "round_seconds": row["round_seconds"],
+                          "client_seconds": round(seconds - previous[0], 4), "client_calls": calls - previous[1],
+                          "accuracy": row.get("accuracy")})
+        previous = (seconds, calls)
+    later = per_round[1:] or per_round
+    round_sum = sum(r["round_seconds"] for r in later)
+    client_sum = sum(r["client_seconds"] for r in later)
+    return {"clients": clients, "rounds": rounds, "wall_seconds": round(wall, 2),
+            "overhead": round(round_sum / client_sum, 3), "round_seconds_mean": round(round_sum / len(later), 3),
+            "client_seconds_mean": round(client_sum / len(later), 3), "per_round": per_round}
+
+
+def _child(tree: Path, args: list[str]) -> dict:
+    """Run this script's ``_child`` mode with ``tree`` first on PYTHONPATH; its JSON result."""
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "_child", *args], env=env,
+                          capture_output=True, text=True, cwd=str(tree))
+    if done.returncode:
+        raise RuntimeError(f"child in {tree} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(before: Path, after: Path, clients: list[int], rounds: int, repeats: int, data_dir: str) -> dict:
+    runs = {"before": [], "after": []}
+    for _ in range(repeats):
+        for n in clients:
+            for label, tree in (("before", before), ("after", after)):
+                entry = _child(tree, ["overhead", str(n), str(rounds), data_dir])
+                entry.pop("per_round", None)
+                runs[label].append(entry)
+                print(f"{label:>6} {n} clients: round {entry['round_seconds_mean']:.3f} s, client compute "
+                      f"{entry['client_seconds_mean']:.3f} s, overhead {entry['overhead']:.3f}", flush=True)
+    summary = {}
+    for n in clients:
+        row = {}
+        for label in ("before", "after"):
+            mine = [r for r in runs[label] if r["clients"] == n]
+            row[label] = {"overhead": [r["overhead"] for r in mine],
+                          "round_seconds_mean": [r["round_seconds_mean"] for r in mine],
+                          "client_seconds_mean": [r["client_seconds_mean"] for r in mine]}
+        b = sum(row["before"]["round_seconds_mean"]) / repeats
+        a = sum(row["after"]["round_seconds_mean"]) / repeats
+        row["round_time_after_over_before"] = round(a / b, 3)
+        summary[str(n)] = row
+    return {"before": str(before), "before_commit": _git_commit(before), "after": str(after),
+            "after_commit": _git_commit(after), "rounds": rounds, "repeats": repeats, "clients": summary}
+
+
+def identical(before: Path, after: Path, clients: int, rounds: int, data_dir: str) -> dict:
+    rows = {label: _child(tree, ["rows", str(clients), str(rounds), data_dir])
+            for label, tree in (("before", before), ("after", after))}
+    keys = ("accuracy", "loss", "accuracy_min", "train_loss")
+    same = all(all(a.get(k) == b.get(k) for k in keys) for a, b in zip(rows["before"]["rows"], rows["after"]["rows"]))
+    return {"clients": clients, "rounds": rounds, "identical": same and len(rows["before"]["rows"]) == rounds,
+            "accuracy_before": [r.get("accuracy") for r in rows["before"]["rows"]],
+            "accuracy_after": [r.get("accuracy") for r in rows["after"]["rows"]],
+            "before_commit": _git_commit(before), "after_commit": _git_commit(after)}
+
+
+def run_rows(clients: int, rounds: int, data_dir: str, engine: str = "inprocess", **extra) -> dict:
+    from clusterfed.config import parse_config
+    from clusterfed.simulation import simulate
+
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        simulate(parse_config(_values(clients, rounds, tmp, data_dir, **extra)), engine=engine, stream=None)
+        wall = time.perf_counter() - started
+        rows = [json.loads(line) for line in (Path(tmp) / "rounds.jsonl").read_text().splitlines()]
+    return {"wall_seconds": wall, "rows": rows}
+
+
+def profile(clients: int, rounds: int, data_dir: str, top: int = 40) -> str:
+    from clusterfed.config import parse_config
+    from clusterfed.simulation import simulate
+
+    with tempfile.TemporaryDirectory() as tmp:  # imports and caches first, outside the profile
+        simulate(parse_config(_values(clients, 1, tmp, data_dir)), engine="inprocess", stream=None)
+    with tempfile.TemporaryDirectory() as tmp:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        simulate(parse_config(_values(clients, rounds, tmp, data_dir)), engine="inprocess", stream=None)
+        profiler.disable()
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats("clusterfed|flwr|pickle", top * 2)
+    return stream.getvalue()
+
+
+# --------------------------------------------------------------------------- results
+def save(mode: str, entry: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    path = OUT / "results.json"
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[mode] = {"command": "PYTHONPATH=$PWD python " + " ".join(["benchmarks/bench_scale_speed.py", *sys.argv[1:]]),
+                  "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _git_commit(HERE.parent),
+                  "cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()], **entry}
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    write_readme(data)
+
+
+def write_readme(data: dict) -> None:
+    lines = ["# Scale and speed of simulations with many small clients", "",
+             "Generated by `benchmarks/bench_scale_speed.py` from `results.json` (commands, commits, load "
+             "averages there). Setting: FedAvg, MNIST rotation (0/90/180/270), ~10 images per client at "
+             "1,000 clients, 1 local epoch, batch 16.", ""]
+    if "compare" in data:
+        entry = data["compare"]
+        lines += ["## In-process engine: round time / the clients' own compute", "",
+                  f"`{entry['command']}` (before `{entry['before_commit'][:10]}`, after `{entry['after_commit'][:10]}`, "
+                  f"alternated in one run; load average at end {entry['load_average_at_end']})", "",
+                  "| clients | overhead before | overhead after | round time after / before |", "|---|---|---|---|"]
+        for n, row in entry["clients"].items():
+            lines.append(f"| {n} | {', '.join(map(str, row['before']['overhead']))} | "
+                         f"{', '.join(map(str, row['after']['overhead']))} | {row['round_time_after_over_before']} |")
+        lines.append("")
+    if "overhead" in data:
+        entry = data["overhead"]
+        lines += ["## In-process engine overhead (this commit)", "", f"`{entry['command']}`", "",
+                  "| clients | round s | client compute s | overhead |", "|---|---|---|---|"]
+        for r in entry["results"]:
+            lines.append(f"| {r['clients']} | {r['round_seconds_mean']} | {r['client_seconds_mean']} | {r['overhead']} |")
+        lines.append("")
+    if "identical" in data:
+        entry = data["identical"]
+        lines += ["## Bit-identical runs", "", f"`{entry['command']}`: {entry['clients']} clients, "
+                  f"{entry['rounds']} rounds, rounds.jsonl accuracy/loss identical: **{entry['identical']}**", ""]
+    if "memory" in data:
+        entry = data["memory"]
+        lines += ["## Server memory per client (beyond the cluster models)", "", f"`{entry['command']}`", "",
+                  "| strategy | clients | peak KB / client | retained KB / client |", "|---|---|---|---|"]
+        for r in entry["results"]:
+            lines.append(f"| {r['strategy']} | {r['clients']} | {r['peak_kb_per_client']} | {r['retained_kb_per_client']} |")
+        lines.append("")
+    if "ray" in data:
+        entry = data["ray"]
+        lines += ["## Flower's simulation engine (Ray) vs in-process", "", f"`{entry['command']}`", "",
+                  "| engine | clients | rounds | wall s | mean round s |", "|---|---|---|---|---|"]
+        for r in entry["results"]:
+            lines.append(f"| {r['engine']} | {r['clients']} | {r['rounds']} | {r.get('wall_seconds')} | "
+                         f"{r.get('round_seconds_mean')} |")
+        lines.append("")
+    if "vmap" in data:
+        entry = data["vmap"]
+        lines += ["## Batched local training (torch.func vmap) prototype", "", f"`{entry['command']}`", "",
+                  "| clients | sequential clients/s | vmap clients/s | speed-up | max abs weight diff |",
+                  "|---|---|---|---|---|"]
+        for r in entry["results"]:
+            lines.append(f"| {r['clients']} | {r['sequential_clients_per_second']} | {r['vmap_clients_per_second']} | "
+                         f"{r['speedup']} | {r['max_abs_diff']:.2e} |")
+        lines.append("")
+    (OUT / "README.md").write_text("\n".join(lines))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=("overhead", "compare", "identical", "profile", "memory", "ray", "vmap", "_child"))
+    parser.add_argument("rest", nargs="*")
+    parser.add_argument("--clients", default="100,1000")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--before", default="")
+    parser.add_argument("--data-dir", default=DATA_DIR)
+    args = parser.parse_args()
+    import logging
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    clients = [int(c) for c in args.clients.split(",")]
+    if args.mode == "_child":
+        kind, n, rounds, data_dir = args.rest[0], int(args.rest[1]), int(args.rest[2]), args.rest[3]
+        if kind == "overhead":
+            print(json.dumps(measure_overhead(n, rounds, data_dir)))
+        else:
+            print(json.dumps(run_rows(n, rounds, data_dir)))
+        return 0
+    if args.mode == "overhead":
+        results = [measure_overhead(n, args.rounds, args.data_dir) for n in clients]
+        for r in results:
+            print(f"{r['clients']} clients: round {r['round_seconds_mean']:.3f} s, client compute "
+                  f"{r['client_seconds_mean']:.3f} s, overhead {r['overhead']:.3f}")
+        save("overhead", {"results": results})
+    elif args.mode == "compare":
+        save("compare", compare(Path(args.before).resolve(), HERE.parent, clients, args.rounds, args.repeats,
+                                args.data_dir))
+    elif args.mode == "identical":
+        result = identical(Path(args.before).resolve(), HERE.parent, clients[0], args.rounds, args.data_dir)
+        print(json.dumps(result))
+        save("identical", result)
+    elif args.mode == "profile":
+        text = profile(clients[0], args.rounds, args.data_dir)
+        print(text[:6000])
+        OUT.mkdir(parents=True, exist_ok=True)
+        (OUT / f"profile_{clients[0]}.txt").write_text(text)
+    elif args.mode == "memory":
+        from memory_probe import measure_memory  # noqa: F401 - placeholder, replaced below
+
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
