@@ -146,9 +146,11 @@ def encode_array(value: np.ndarray) -> Array:
     return _array(dtype, shape, header + memoryview(array.reshape(-1).view(np.uint8)))
 
 
-def decode_array(array: Array) -> np.ndarray:
+def decode_array(array: Array, copy: bool = True) -> np.ndarray:
     """``array.numpy()``, reading the data directly when its header is the one ``np.save``
-    writes for the Array's declared dtype and shape; anything else goes through ``np.load``."""
+    writes for the Array's declared dtype and shape; anything else goes through ``np.load``.
+    ``copy=False``: a read-only view of the Array's bytes where it can be (for a caller that
+    only reads it, e.g. to load it into a model)."""
     if array.stype == NUMPY_STYPE:
         shape = tuple(array.shape)
         known = _decoding(array.dtype, shape)
@@ -156,7 +158,8 @@ def decode_array(array: Array) -> np.ndarray:
             dtype, header, nbytes = known
             data = array.data
             if len(data) - len(header) == nbytes and data.startswith(header):
-                return np.frombuffer(data, dtype=dtype, offset=len(header)).reshape(shape).copy()
+                view = np.frombuffer(data, dtype=dtype, offset=len(header)).reshape(shape)
+                return view.copy() if copy else view
     return array.numpy()
 
 
@@ -168,8 +171,9 @@ def to_array_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     return record
 
 
-def from_array_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {name: decode_array(array) for name, array in record.items()}
+def from_array_record(record: ArrayRecord, copy: bool = True) -> dict[str, np.ndarray]:
+    """The record's arrays by name; ``copy=False``: read-only views where they can be."""
+    return {name: decode_array(array, copy) for name, array in record.items()}
 
 
 def array_bytes(record: ArrayRecord | None) -> int:
@@ -185,7 +189,8 @@ def _itemsize(dtype: str) -> int:
 
 
 def message_array_bytes(content: RecordDict) -> int:
-    return sum(array_bytes(record) for record in content.array_records.values())
+    # the records themselves, not ``content.array_records`` (a view built on every access)
+    return sum(array_bytes(record) for record in content.values() if isinstance(record, ArrayRecord))
 
 
 def parse_upload(value: str) -> list[str] | None:

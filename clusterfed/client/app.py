@@ -101,7 +101,7 @@ def _receive(task: ClientTask, content: RecordDict, context: Context):
     data = as_task_data(task.data_fn(context, config))
     model = task.model_fn(context, config)
     device = _device(context, config)
-    received = protocol.from_array_record(content[protocol.ARRAYS])
+    received = protocol.from_array_record(content[protocol.ARRAYS], copy=False)  # read only: loaded, subtracted
     choices = int(config.get(CHOICES, 0) or 0)
     if not choices:
         load_numpy_state(model, received)

@@ -41,16 +41,19 @@ def _clone(value):
     kind = type(value)
     if kind in _SHARED:
         return value
-    if kind is list:
-        return [item if type(item) in _SHARED else _clone(item) for item in value]
-    if kind is dict:
-        return {key: item if type(item) in _SHARED else _clone(item) for key, item in value.items()}
-    if kind is tuple:
-        return tuple(item if type(item) in _SHARED else _clone(item) for item in value)
     if kind in _CLONED:
         copy = kind.__new__(kind)
-        copy.__dict__.update(_clone(value.__dict__))
+        copy.__dict__.update({name: item if type(item) in _SHARED else _clone(item)
+                              for name, item in value.__dict__.items()})
         return copy
+    if kind is dict:
+        return {key: item if type(item) in _SHARED else _clone(item) for key, item in value.items()}
+    if kind is list:
+        return [item if type(item) in _SHARED else _clone(item) for item in value]
+    if kind is tuple:
+        if all(type(item) in _SHARED for item in value):
+            return value
+        return tuple(_clone(item) for item in value)
     return pickle.loads(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
 
 
