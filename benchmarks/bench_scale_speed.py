@@ -215,6 +215,86 @@ def profile(clients: int, rounds: int, data_dir: str, top: int = 40) -> str:
     return stream.getvalue()
 
 
+# --------------------------------------------------------------------------- memory
+MNIST_SHAPES = {"conv1.weight": (20, 1, 5, 5), "conv1.bias": (20,), "conv2.weight": (50, 20, 5, 5),
+                "conv2.bias": (50,), "fc1.weight": (10, 800), "fc1.bias": (10,)}  # the MNIST CNN: 33,580 numbers
+
+
+def _drive(strategy, server_round: int, rng) -> int:
+    """One round of ``strategy`` answered with synthetic replies (float32, as clients send);
+    returns the bytes of the replies of its largest batch (the uploads a server must hold)."""
+    import numpy as np
+
+    from clusterfed.strategies.exchange import Replies, TrainReply
+
+    largest = 0
+    steps = strategy.round(server_round)
+    try:
+        asks = next(steps)
+        while True:
+            replies = Replies()
+            for ask in asks:
+                names = ask.upload or list(ask.model)
+                update = ask.config.get("return") == "update"
+                arrays = {n: (rng.standard_normal(ask.model[n].shape, dtype=np.float32) * np.float32(0.01)
+                              + (0 if update else ask.model[n])).astype(np.float32) for n in names}
+                cluster, sent = ask.chosen({})
+                replies.append(TrainReply(key=ask.key, cluster=cluster, arrays=arrays, sent={n: sent[n] for n in names},
+                                          num_examples=10, train_loss=1.0, metrics={}, is_update=update))
+            largest = max(largest, sum(a.nbytes for r in replies for a in r.arrays.values()))
+            asks = steps.send(replies)
+    except StopIteration:
+        pass
+    return largest
+
+
+def measure_memory(strategy_name: str, clients: int, rounds: int, extra: dict | None = None) -> dict:
+    """What ``strategy_name`` keeps per client beyond its cluster models, fed synthetic replies."""
+    import gc
+    import tracemalloc
+
+    import numpy as np
+
+    from clusterfed.config import parse_config
+    from clusterfed.strategies.base import steps as run_steps
+    from clusterfed.strategies.exchange import ClientInfo
+
+    values = {"strategy": strategy_name, "num-clients": clients, "out-dir": "/tmp/unused", **(extra or {})}
+    strategy = parse_config(values).build_strategy()
+    strategy.train_config = {"lr": 0.05, "local-epochs": 1}
+    theta0 = {n: np.zeros(shape, np.float32) for n, shape in MNIST_SHAPES.items()}
+    model_bytes = sum(a.nbytes for a in theta0.values())
+    rng = np.random.default_rng(0)
+    gc.collect()
+    tracemalloc.start()
+    strategy.init(theta0)
+    keys = [str(i) for i in range(clients)]
+    for key in keys:
+        strategy.clients[key] = ClientInfo(key, 10, i % 4 if (i := int(key)) >= 0 else 0)
+    strategy.active = keys
+    list(run_steps(strategy.admit(1, keys)))
+    gc.collect()
+    base, _ = tracemalloc.get_traced_memory()
+    tracemalloc.reset_peak()
+    uploads = 0
+    started = time.perf_counter()
+    for server_round in range(1, rounds + 1):
+        strategy.round_extra = {}
+        uploads = max(uploads, _drive(strategy, server_round, rng))
+    gc.collect()
+    current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    cluster_bytes = len(strategy.models) * model_bytes
+    kept = current - base - (cluster_bytes - model_bytes)  # beyond the cluster models (one existed at base)
+    return {"strategy": strategy_name, "clients": clients, "rounds": rounds, "clusters": len(strategy.models),
+            "model_bytes": model_bytes, "seconds": round(time.perf_counter() - started, 1),
+            "retained_kb_per_client": round(kept / clients / 1024, 2),
+            "peak_kb_per_client": round((peak - base - (cluster_bytes - model_bytes)) / clients / 1024, 2),
+            "peak_minus_uploads_kb_per_client": round((peak - base - uploads - (cluster_bytes - model_bytes))
+                                                      / clients / 1024, 2),
+            "uploads_kb_per_client": round(uploads / clients / 1024, 2), "extra": extra or {}}
+
+
 # --------------------------------------------------------------------------- results
 def save(mode: str, entry: dict) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
@@ -258,7 +338,8 @@ def write_readme(data: dict) -> None:
         lines += ["## Server memory per client (beyond the cluster models)", "", f"`{entry['command']}`", "",
                   "| strategy | clients | peak KB / client | retained KB / client |", "|---|---|---|---|"]
         for r in entry["results"]:
-            lines.append(f"| {r['strategy']} | {r['clients']} | {r['peak_kb_per_client']} | {r['retained_kb_per_client']} |")
+            lines.append(f"| {r['strategy']} | {r['clients']} | {r['peak_kb_per_client']} "
+                         f"(uploads {r['uploads_kb_per_client']}) | {r['retained_kb_per_client']} |")
         lines.append("")
     if "ray" in data:
         entry = data["ray"]
@@ -289,6 +370,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--before", default="")
     parser.add_argument("--data-dir", default=DATA_DIR)
+    parser.add_argument("--strategies", default="fedavg,cfl,hicfl")
     args = parser.parse_args()
     import logging
 
@@ -320,7 +402,17 @@ def main() -> int:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"profile_{clients[0]}.txt").write_text(text)
     elif args.mode == "memory":
-        from memory_probe import measure_memory  # noqa: F401 - placeholder, replaced below
+        results = []
+        for n in clients:
+            for name in args.strategies.split(","):
+                # no split or merge during the measurement: what is kept per client between rounds
+                extra = {f"{name}.min-split-round": 10_000} if name in ("cfl", "hicfl") else {}
+                results.append(measure_memory(name, n, args.rounds, extra))
+                r = results[-1]
+                print(f"{name:>7} {n:>6} clients: retained {r['retained_kb_per_client']:.1f} KB/client, peak "
+                      f"{r['peak_kb_per_client']:.1f} KB/client (of which uploads {r['uploads_kb_per_client']:.1f}), "
+                      f"{r['seconds']} s", flush=True)
+        save("memory", {"results": results})
 
     return 0
 

@@ -28,9 +28,11 @@ from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, TrainReply, na
 SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
 
 
-def flatten(arrays: Arrays, names: list[str]) -> np.ndarray:
-    """The named arrays as one float64 vector, in ``names`` order."""
-    return np.concatenate([np.asarray(arrays[n], dtype=np.float64).ravel() for n in names])
+def flatten(arrays: Arrays, names: list[str], dtype: Any = np.float64) -> np.ndarray:
+    """The named arrays as one float64 vector, in ``names`` order; ``dtype=None``: in the
+    arrays' own (common) dtype, for vectors kept between rounds (the float32 a client sent is
+    half the memory of its float64 copy, and casting it when used gives the same numbers)."""
+    return np.concatenate([np.asarray(arrays[n], dtype=dtype).ravel() for n in names])
 
 
 def cosine(u: np.ndarray, v: np.ndarray) -> float:
@@ -187,7 +189,8 @@ class BiPartitioning(ClusteredStrategy):
         points to; with no update on record, the larger side."""
         extra: tuple[list[str], list[str]] = ([], [])
         for key in absent:
-            side = self.side_of(last[key], route) if key in last else (0 if sizes[0] >= sizes[1] else 1)
+            side = (self.side_of(np.asarray(last[key], dtype=np.float64), route) if key in last
+                    else (0 if sizes[0] >= sizes[1] else 1))
             extra[side].append(key)
         return extra
 

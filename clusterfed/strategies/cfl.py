@@ -73,7 +73,7 @@ class CFLParams(BiPartitioningParams):
 
 @dataclass
 class CFLState(BiPartitioningState):
-    last_vector: dict[str, np.ndarray] = field(default_factory=dict)  # latest decision-layer update per client
+    last_vector: dict[str, np.ndarray] = field(default_factory=dict)  # latest decision-layer update per client, as sent
     refused: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -107,7 +107,7 @@ class CFL(BiPartitioning):
     def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
         names = self.decision_names()
         for reply in replies:
-            self.last_vector[reply.key] = flatten(reply.update, names)
+            self.last_vector[reply.key] = flatten(reply.update, names, dtype=None)  # as sent (float32)
         self.round_extra["refused_splits"] = []
         super().after_train(server_round, replies)
 
@@ -117,7 +117,7 @@ class CFL(BiPartitioning):
             return
         keys = [r.key for r in replies]
         with self.timed():
-            U = np.stack([self.last_vector[k] for k in keys])
+            U = np.stack([np.asarray(self.last_vector[k], dtype=np.float64) for k in keys])
             S = cosine_similarity_matrix(U)
             side_a, side_b = bipartition(S)
             gap = separation_gap(S, side_a, side_b)
