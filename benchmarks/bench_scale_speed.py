@@ -174,24 +174,26 @@ def compare(before: Path, after: Path, clients: list[int], rounds: int, repeats:
             "after_commit": _git_commit(after), "rounds": rounds, "repeats": repeats, "clients": summary}
 
 
-def identical(before: Path, after: Path, clients: int, rounds: int, data_dir: str) -> dict:
-    rows = {label: _child(tree, ["rows", str(clients), str(rounds), data_dir])
+def identical(before: Path, after: Path, clients: int, rounds: int, data_dir: str, strategy: str = "fedavg") -> dict:
+    rows = {label: _child(tree, ["rows", str(clients), str(rounds), data_dir, strategy])
             for label, tree in (("before", before), ("after", after))}
-    keys = ("accuracy", "loss", "accuracy_min", "train_loss")
+    keys = ("accuracy", "loss", "accuracy_min", "train_loss", "clusters", "ari")
     same = all(all(a.get(k) == b.get(k) for k in keys) for a, b in zip(rows["before"]["rows"], rows["after"]["rows"]))
-    return {"clients": clients, "rounds": rounds, "identical": same and len(rows["before"]["rows"]) == rounds,
+    return {"strategy": strategy, "clients": clients, "rounds": rounds,
+            "identical": same and len(rows["before"]["rows"]) == rounds,
             "accuracy_before": [r.get("accuracy") for r in rows["before"]["rows"]],
             "accuracy_after": [r.get("accuracy") for r in rows["after"]["rows"]],
             "before_commit": _git_commit(before), "after_commit": _git_commit(after)}
 
 
-def run_rows(clients: int, rounds: int, data_dir: str, engine: str = "inprocess", **extra) -> dict:
+def run_rows(clients: int, rounds: int, data_dir: str, engine: str = "inprocess", strategy: str = "fedavg",
+             **extra) -> dict:
     from clusterfed.config import parse_config
     from clusterfed.simulation import simulate
 
     with tempfile.TemporaryDirectory() as tmp:
         started = time.perf_counter()
-        simulate(parse_config(_values(clients, rounds, tmp, data_dir, **extra)), engine=engine, stream=None)
+        simulate(parse_config(_values(clients, rounds, tmp, data_dir, strategy, **extra)), engine=engine, stream=None)
         wall = time.perf_counter() - started
         rows = [json.loads(line) for line in (Path(tmp) / "rounds.jsonl").read_text().splitlines()]
     return {"wall_seconds": wall, "rows": rows}
@@ -213,6 +215,25 @@ def profile(clients: int, rounds: int, data_dir: str, top: int = 40) -> str:
     stats.sort_stats("tottime").print_stats(top)
     stats.sort_stats("cumulative").print_stats("clusterfed|flwr|pickle", top * 2)
     return stream.getvalue()
+
+
+def ray_vs_inprocess(clients: int, rounds: int, data_dir: str) -> list[dict]:
+    """The same short run on Flower's simulation engine (Ray) and in-process."""
+    out = []
+    for engine in ("flower", "inprocess"):
+        started = time.perf_counter()
+        try:
+            run = run_rows(clients, rounds, data_dir, engine=engine)
+        except Exception as error:  # noqa: BLE001 - a failed engine is a result too
+            out.append({"engine": engine, "clients": clients, "rounds": rounds, "error": f"{type(error).__name__}: {error}",
+                        "wall_seconds": round(time.perf_counter() - started, 1)})
+            continue
+        seconds = [r["round_seconds"] for r in run["rows"]]
+        out.append({"engine": engine, "clients": clients, "rounds": rounds, "wall_seconds": round(run["wall_seconds"], 1),
+                    "round_seconds": seconds, "round_seconds_mean": round(sum(seconds) / len(seconds), 2),
+                    "accuracy": [r.get("accuracy") for r in run["rows"]]})
+        print(out[-1], flush=True)
+    return out
 
 
 # --------------------------------------------------------------------------- memory
@@ -295,11 +316,89 @@ def measure_memory(strategy_name: str, clients: int, rounds: int, extra: dict | 
             "uploads_kb_per_client": round(uploads / clients / 1024, 2), "extra": extra or {}}
 
 
+# --------------------------------------------------------------------------- vmap
+def vmap_prototype(clients: int, data_dir: str, per_client: int = 8, batch_size: int = 16, lr: float = 0.05,
+                   momentum: float = 0.5, repeats: int = 2) -> dict:
+    """One local epoch of ``clients`` clients sharing one cluster model (MNIST CNN, ``per_client``
+    images each, fewer than a batch: one SGD step): ``clusterfed.training.train`` client after
+    client, against one ``torch.func.vmap`` over the clients of ``functional_call`` + ``grad``
+    (the first step of SGD with momentum is ``w - lr * g``). Same data order (each client's seeded
+    permutation), same start. Returns clients per second both ways and the largest weight gap."""
+    import numpy as np
+    import torch
+    from torch.func import functional_call, grad, vmap
+
+    from clusterfed.datasets import load_source
+    from clusterfed.models import build_model
+    from clusterfed.training import cap_threads, load_numpy_state, state_to_numpy, train
+
+    if per_client > batch_size:
+        raise ValueError("the prototype covers one step per epoch (per_client <= batch_size)")
+    cap_threads()
+    source = load_source("mnist", data_dir)
+    x = source.x[: clients * per_client].reshape(clients, per_client, *source.x.shape[1:]).copy()
+    y = source.y[: clients * per_client].reshape(clients, per_client).copy()
+    model = build_model("auto", "mnist", source.input_shape, source.num_classes, 0)
+    theta = state_to_numpy(model)
+    seeds = list(range(clients))
+
+    def sequential():
+        out = []
+        for c in range(clients):
+            load_numpy_state(model, theta)
+            train(model, x[c], y[c], epochs=1, batch_size=batch_size, lr=lr, momentum=momentum, seed=seeds[c])
+            out.append(state_to_numpy(model))
+        return out
+
+    names = [n for n, _ in model.named_parameters()]
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def loss_of(params, xb, yb):
+        return loss_fn(functional_call(model, params, (xb,)), yb)
+
+    per_client_grad = vmap(grad(loss_of), in_dims=(None, 0, 0))
+
+    def batched():
+        load_numpy_state(model, theta)
+        model.train()
+        params = {n: p.detach() for n, p in model.named_parameters()}
+        orders = torch.stack([torch.randperm(per_client, generator=torch.Generator().manual_seed(s)) for s in seeds])
+        xt, yt = torch.from_numpy(x), torch.from_numpy(y)
+        index = orders[:, :, None, None, None].expand(-1, -1, *xt.shape[2:])
+        xb, yb = torch.gather(xt, 1, index), torch.gather(yt, 1, orders)
+        grads = per_client_grad(params, xb, yb)
+        # SGD with momentum, first step: buffer = g, w <- w - lr * g
+        return {n: (params[n][None] - lr * grads[n]).numpy() for n in names}
+
+    timings = {"sequential": [], "vmap": []}
+    results = {}
+    for _ in range(repeats):  # alternated, so both see the same load
+        for label, fn in (("sequential", sequential), ("vmap", batched)):
+            started = time.perf_counter()
+            results[label] = fn()
+            timings[label].append(time.perf_counter() - started)
+    gap = max(float(np.max(np.abs(results["vmap"][n][c] - results["sequential"][c][n])))
+              for c in range(clients) for n in names)
+    seq, vec = min(timings["sequential"]), min(timings["vmap"])
+    return {"clients": clients, "per_client": per_client, "sequential_seconds": round(seq, 3),
+            "vmap_seconds": round(vec, 3), "sequential_clients_per_second": round(clients / seq, 1),
+            "vmap_clients_per_second": round(clients / vec, 1), "speedup": round(seq / vec, 2), "max_abs_diff": gap,
+            "torch_threads": torch.get_num_threads()}
+
+
 # --------------------------------------------------------------------------- results
 def save(mode: str, entry: dict) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / "results.json"
     data = json.loads(path.read_text()) if path.exists() else {}
+    if "results" in entry and "results" in data.get(mode, {}):  # keep earlier rows of other settings
+        def ident(row):
+            return (row.get("strategy"), row.get("engine"), row["clients"])
+
+        mine = {ident(r) for r in entry["results"]}
+        kept = [{**r, "command": r.get("command", data[mode]["command"])} for r in data[mode]["results"]
+                if ident(r) not in mine]
+        entry = {**entry, "results": sorted(kept + entry["results"], key=lambda r: (r["clients"], str(ident(r)[:2])))}
     data[mode] = {"command": "PYTHONPATH=$PWD python " + " ".join(["benchmarks/bench_scale_speed.py", *sys.argv[1:]]),
                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _git_commit(HERE.parent),
                   "cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()], **entry}
@@ -331,8 +430,12 @@ def write_readme(data: dict) -> None:
         lines.append("")
     if "identical" in data:
         entry = data["identical"]
-        lines += ["## Bit-identical runs", "", f"`{entry['command']}`: {entry['clients']} clients, "
-                  f"{entry['rounds']} rounds, rounds.jsonl accuracy/loss identical: **{entry['identical']}**", ""]
+        lines += ["## Bit-identical runs (before / after)", "", f"`{entry['command']}`", "",
+                  "| strategy | clients | rounds | rounds.jsonl accuracy, loss, clusters, ARI identical |",
+                  "|---|---|---|---|"]
+        for r in entry["results"]:
+            lines.append(f"| {r['strategy']} | {r['clients']} | {r['rounds']} | {r['identical']} |")
+        lines.append("")
     if "memory" in data:
         entry = data["memory"]
         lines += ["## Server memory per client (beyond the cluster models)", "", f"`{entry['command']}`", "",
@@ -381,7 +484,8 @@ def main() -> int:
         if kind == "overhead":
             print(json.dumps(measure_overhead(n, rounds, data_dir)))
         else:
-            print(json.dumps(run_rows(n, rounds, data_dir)))
+            strategy = args.rest[4] if len(args.rest) > 4 else "fedavg"
+            print(json.dumps(run_rows(n, rounds, data_dir, strategy=strategy)))
         return 0
     if args.mode == "overhead":
         results = [measure_overhead(n, args.rounds, args.data_dir) for n in clients]
@@ -393,14 +497,26 @@ def main() -> int:
         save("compare", compare(Path(args.before).resolve(), HERE.parent, clients, args.rounds, args.repeats,
                                 args.data_dir))
     elif args.mode == "identical":
-        result = identical(Path(args.before).resolve(), HERE.parent, clients[0], args.rounds, args.data_dir)
-        print(json.dumps(result))
-        save("identical", result)
+        results = []
+        for name in args.strategies.split(","):
+            results.append(identical(Path(args.before).resolve(), HERE.parent, clients[0], args.rounds, args.data_dir,
+                                     name))
+            print(json.dumps(results[-1]), flush=True)
+        save("identical", {"results": results})
     elif args.mode == "profile":
         text = profile(clients[0], args.rounds, args.data_dir)
         print(text[:6000])
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"profile_{clients[0]}.txt").write_text(text)
+    elif args.mode == "ray":
+        results = [r for n in clients for r in ray_vs_inprocess(n, args.rounds, args.data_dir)]
+        ok = {r["engine"]: r for r in results if "error" not in r}
+        entry = {"results": results}
+        if len(ok) == 2:
+            entry["ray_over_inprocess_round_time"] = round(ok["flower"]["round_seconds_mean"]
+                                                           / ok["inprocess"]["round_seconds_mean"], 2)
+            entry["ray_over_inprocess_wall"] = round(ok["flower"]["wall_seconds"] / ok["inprocess"]["wall_seconds"], 2)
+        save("ray", entry)
     elif args.mode == "memory":
         results = []
         for n in clients:
@@ -414,6 +530,12 @@ def main() -> int:
                       f"{r['seconds']} s", flush=True)
         save("memory", {"results": results})
 
+    elif args.mode == "vmap":
+        results = []
+        for n in clients:
+            results.append(vmap_prototype(n, args.data_dir))
+            print(results[-1], flush=True)
+        save("vmap", {"results": results})
     return 0
 
 

@@ -61,6 +61,7 @@ from clusterfed.strategies.bipartitioning import (
     check_record,
     decision_record,
     flatten,
+    stack_float64,
 )
 from clusterfed.strategies.exchange import TrainReply
 
@@ -117,7 +118,7 @@ class CFL(BiPartitioning):
             return
         keys = [r.key for r in replies]
         with self.timed():
-            U = np.stack([np.asarray(self.last_vector[k], dtype=np.float64) for k in keys])
+            U = stack_float64([self.last_vector[k] for k in keys])
             S = cosine_similarity_matrix(U)
             side_a, side_b = bipartition(S)
             gap = separation_gap(S, side_a, side_b)
