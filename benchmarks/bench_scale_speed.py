@@ -428,16 +428,20 @@ NOTES = {
               "now keep the float32 the clients sent (cast to float64 where used: the same numbers) and HiCFL's "
               "selections as int32, and CFL's split criteria fill one float64 matrix instead of a list of float64 "
               "rows plus their stack. Below 50 KB per client would need fewer numbers than one float32 update of the "
-              "model (131 KB for the MNIST CNN), i.e. different results (a projection or float16), so it is not done.",
+              "model (131 KB for the MNIST CNN), i.e. different results (a projection or float16), so it is not done. "
+              "CFL's peak is its split criteria's matrix (one float64 row per replying client, from which its "
+              "norms are computed; computing them streaming would sum in another order).",
     "ray": "Flower's simulation engine with `client_resources = {num_cpus: 1}` (clusterfed/simulation.py): two "
            "actors on two cores, 1,000 virtual SuperNodes; the same accuracies as in-process. Round 1 includes the "
            "actors' start, their data loading and the 1,000 profile queries.",
     "vmap": "One SGD step per client (8 images < batch 16), all clients from the same cluster model: the per-client "
             "gradients of a vmap over functional_call agree with sequential training to float tolerance, not bit for "
-            "bit (batched convolutions sum in another order), and on this CPU the batched step is slower than the "
-            "clients one after another, so it is not adopted: it would change every golden number and gain nothing "
-            "here. It would also need equal-sized, padded client batches and a per-client optimizer state for more "
-            "than one step.",
+            "bit (batched convolutions sum in another order), and on this 2-core CPU the batched step is no clear win "
+            "over the clients one after another (the table: from slower to a little faster, run to run, under the "
+            "load of other jobs): conv2d already fills the core for a batch of 8, so batching the clients saves only "
+            "the per-call overhead. Not adopted: it would change every golden number for no dependable gain here, "
+            "and it needs equal-sized (padded) client batches, per-client optimizer state for more than one step, "
+            "and a training loop the built-in task does not control for a user's own ClientTask.",
 }
 
 
