@@ -2,13 +2,15 @@
 
 Run from the repository root with the repository on ``PYTHONPATH``:
 
-    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py overhead --clients 100,1000 --rounds 4
-    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py compare --before /path/to/old/checkout --clients 1000 --repeats 2
-    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py identical --before /path/to/old/checkout --clients 20
-    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py profile --clients 1000 --rounds 3
-    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py memory --clients 1000,10000
+    git worktree add --detach ../before <commit>     # the checkout to compare against
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py compare --before ../before --clients 1000 --rounds 3 --repeats 2
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py identical --before ../before --clients 20 --rounds 6 --strategies fedavg,cfl,hicfl
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py overhead --clients 100,1000 --rounds 3
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py profile --clients 1000 --rounds 2
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py memory --clients 1000 --rounds 4 --before ../before
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py memory --clients 10000 --rounds 3 --strategies fedavg,cfl
     PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py ray --clients 1000 --rounds 2
-    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py vmap --clients 1000
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py vmap --clients 100,1000
 
 The setting (every mode): FedAvg on real MNIST (``--data-dir``, torchvision layout; 10,000
 digits), ``rotation`` partitioner (0/90/180/270), so 1,000 clients hold ~10 images each (8
@@ -19,12 +21,13 @@ train, 2 test), 1 local epoch, batch 16, no checkpoints.
 calls them), over the rounds after the first. Goal <= 1.15 at 1,000 clients.
 ``compare``: the same measurement for the checkout ``--before`` and this one, alternated in
 subprocesses of one run (before, after, before, after, ...), so both see the same load.
-``identical``: a short run of each checkout; their ``rounds.jsonl`` accuracies and losses must
-be equal bit for bit.
+``identical``: a short run of each checkout per strategy; every field of their ``rounds.jsonl``
+but the timings must be equal bit for bit.
 ``profile``: cProfile of one in-process run, the top functions (``results/scale_speed/profile_N.txt``).
 ``memory``: what the server keeps per client beyond the cluster models, for FedAvg, CFL and
 HiCFL, fed synthetic replies directly (no clients run): tracemalloc peak and retained bytes
-per client over ``--rounds`` rounds, at each client count (goal <= 50 KB per client).
+per client over ``--rounds`` rounds, at each client count (goal <= 50 KB per client); with
+``--before``, each also measured on that checkout (in a subprocess).
 ``ray``: Flower's simulation engine (Ray) at ``--clients`` virtual SuperNodes against the
 in-process engine, same setting; wall and per-round time.
 ``vmap``: local training of many clients that share one cluster model, one client after
