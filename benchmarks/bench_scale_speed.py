@@ -422,7 +422,9 @@ NOTES = {
                "view; FedAvg sums in place. What is left per client and round is Flower's own message machinery "
                "(Message, RecordDict, ConfigRecord and MetricRecord constructors validate every value), the "
                "server's reply validation and decode, and the sample-weighted sum: about a tenth of a millisecond "
-               "each, against about 5 ms of compute for 8 training images.",
+               "each, against about 5 ms of compute for 8 training images. The last column compares runs minutes apart "
+               "while other jobs' load on the two cores changed several-fold; the overhead ratio, taken within each "
+               "run, is the measure.",
     "memory": "Retained = what the strategy keeps between rounds beyond its cluster models; peak includes the round's "
               "uploads, which any Flower server holds while it aggregates. FedAvg keeps nothing per client. CFL keeps "
               "each client's latest full update (an absent member of a splitting cluster is placed by it) and HiCFL "
@@ -436,7 +438,8 @@ NOTES = {
               "norms are computed; computing them streaming would sum in another order).",
     "ray": "Flower's simulation engine with `client_resources = {num_cpus: 1}` (clusterfed/simulation.py): two "
            "actors on two cores, 1,000 virtual SuperNodes; the same accuracies as in-process. Round 1 includes the "
-           "actors' start, their data loading and the 1,000 profile queries.",
+           "actors' start, their data loading and the 1,000 profile queries; compare round 2 (`round_seconds` in "
+           "results.json) for the engines' steady state.",
     "vmap": "One SGD step per client (8 images < batch 16), all clients from the same cluster model: the per-client "
             "gradients of a vmap over functional_call agree with sequential training to float tolerance, not bit for "
             "bit (batched convolutions sum in another order), and on this 2-core CPU the batched step is no clear win "
