@@ -52,7 +52,11 @@ def _partition(spec_items: tuple):
     return build_partition(dict(spec_items))
 
 
-@lru_cache(maxsize=256)
+# The partitioners split the data set among the clients, so all clients' arrays together are
+# about one copy of it whatever their count: the bound is above the client counts one process
+# serves (so no client's arrays are rebuilt every round), and keeps a process that serves
+# several runs from keeping them all.
+@lru_cache(maxsize=16384)
 def _load_client_data(spec_items: tuple, partition_id: int) -> ClientData:
     source, partition = _partition(tuple((k, v) for k, v in spec_items if k in PARTITION_KEYS))
     if not 0 <= partition_id < len(partition.clients):

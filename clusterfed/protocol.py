@@ -7,6 +7,7 @@ conversion and byte counting. Both apps import this; nothing here trains or clus
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Mapping
 from functools import lru_cache
 
@@ -90,50 +91,106 @@ def _npy_header(dtype: str, shape: tuple[int, ...]) -> bytes:
     return buffer.getvalue()
 
 
+@lru_cache(maxsize=512)
+def _encoding(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[str, tuple[int, ...], bytes]:
+    """(dtype name, shape of Python ints, .npy header) of an array: what every message of a
+    model repeats, worked out once (``str(dtype)`` alone costs microseconds)."""
+    name = str(dtype)
+    shape = tuple(int(n) for n in shape)
+    return name, shape, _npy_header(name, shape)
+
+
+@lru_cache(maxsize=512)
+def _decoding(dtype: str, shape: tuple[int, ...]) -> tuple[np.dtype, bytes, int] | None:
+    """(dtype, .npy header, payload bytes) an Array of this declared dtype and shape has when
+    ``np.save`` wrote it, or None for a declaration numpy cannot read."""
+    try:
+        header = _npy_header(dtype, shape)
+        numpy_dtype = np.dtype(dtype)
+    except (TypeError, ValueError):
+        return None
+    return numpy_dtype, header, numpy_dtype.itemsize * math.prod(shape)
+
+
+def _fields_only_array() -> bool:
+    """True when Flower's ``Array`` keeps exactly its four fields and a dirty flag in its
+    ``__dict__`` (Flower 1.41): then an Array can be made without its constructor's argument
+    parsing (a third of an encode). Anything else takes the constructor."""
+    try:
+        probe = Array(dtype="float32", shape=(1,), stype=NUMPY_STYPE, data=b"\0\0\0\0")
+        return vars(probe) == {"dtype": "float32", "shape": (1,), "stype": NUMPY_STYPE, "data": b"\0\0\0\0",
+                               "_is_dirty": True}
+    except Exception:  # noqa: BLE001 - any other Array: the constructor
+        return False
+
+
+_FIELDS_ONLY_ARRAY = _fields_only_array()
+
+
+def _array(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
+    if not _FIELDS_ONLY_ARRAY:
+        return Array(dtype=dtype, shape=shape, stype=NUMPY_STYPE, data=data)
+    array = Array.__new__(Array)
+    array.__dict__.update(dtype=dtype, shape=shape, stype=NUMPY_STYPE, data=data, _is_dirty=True)
+    return array
+
+
 def encode_array(value: np.ndarray) -> Array:
     """``flwr.app.Array(ndarray)`` with the same bytes (a test checks), without ``np.save``'s
     per-call header formatting: the header is cached per dtype and shape."""
     array = np.ascontiguousarray(value)
     if array.dtype.hasobject or not array.dtype.isnative:
         return Array(array)
-    shape = tuple(int(n) for n in array.shape)
-    return Array(dtype=str(array.dtype), shape=shape, stype=NUMPY_STYPE,
-                 data=_npy_header(str(array.dtype), shape) + array.tobytes())
+    dtype, shape, header = _encoding(array.dtype, array.shape)
+    # bytes + a buffer copies the array's memory once (tobytes() first would copy it twice)
+    return _array(dtype, shape, header + memoryview(array.reshape(-1).view(np.uint8)))
 
 
-def decode_array(array: Array) -> np.ndarray:
+def decode_array(array: Array, copy: bool = True) -> np.ndarray:
     """``array.numpy()``, reading the data directly when its header is the one ``np.save``
-    writes for the Array's declared dtype and shape; anything else goes through ``np.load``."""
+    writes for the Array's declared dtype and shape; anything else goes through ``np.load``.
+    ``copy=False``: a read-only view of the Array's bytes where it can be (for a caller that
+    only reads it, e.g. to load it into a model)."""
     if array.stype == NUMPY_STYPE:
         shape = tuple(array.shape)
-        try:
-            header = _npy_header(array.dtype, shape)
-        except (TypeError, ValueError):
-            header = None
-        if header is not None and array.data.startswith(header):
-            dtype = np.dtype(array.dtype)
-            if len(array.data) - len(header) == dtype.itemsize * int(np.prod(shape, dtype=np.int64)):
-                return np.frombuffer(array.data, dtype=dtype, offset=len(header)).reshape(shape).copy()
+        known = _decoding(array.dtype, shape)
+        if known is not None:
+            dtype, header, nbytes = known
+            data = array.data
+            if len(data) - len(header) == nbytes and data.startswith(header):
+                view = np.frombuffer(data, dtype=dtype, offset=len(header)).reshape(shape)
+                return view.copy() if copy else view
     return array.numpy()
 
 
 def to_array_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({name: encode_array(value) for name, value in arrays.items()})
+    # set item by item: ``ArrayRecord(dict_of_arrays)`` would build every Array a second time
+    record = ArrayRecord()
+    for name, value in arrays.items():
+        record[name] = encode_array(value)
+    return record
 
 
-def from_array_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {name: decode_array(array) for name, array in record.items()}
+def from_array_record(record: ArrayRecord, copy: bool = True) -> dict[str, np.ndarray]:
+    """The record's arrays by name; ``copy=False``: read-only views where they can be."""
+    return {name: decode_array(array, copy) for name, array in record.items()}
 
 
 def array_bytes(record: ArrayRecord | None) -> int:
     """Payload bytes of the arrays in a record: the sum of each array's ``nbytes``."""
     if record is None:
         return 0
-    return sum(int(np.prod(array.shape, dtype=np.int64)) * np.dtype(array.dtype).itemsize for array in record.values())
+    return sum(math.prod(array.shape) * _itemsize(array.dtype) for array in record.values())
+
+
+@lru_cache(maxsize=64)
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
 
 
 def message_array_bytes(content: RecordDict) -> int:
-    return sum(array_bytes(record) for record in content.array_records.values())
+    # the records themselves, not ``content.array_records`` (a view built on every access)
+    return sum(array_bytes(record) for record in content.values() if isinstance(record, ArrayRecord))
 
 
 def parse_upload(value: str) -> list[str] | None:

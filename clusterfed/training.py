@@ -27,23 +27,40 @@ def cap_threads() -> None:
         torch.set_num_threads(threads)
 
 
-def state_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+# torch dtype -> numpy dtype, for the dtypes both have
+_NUMPY_DTYPES = {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np.float32),
+                 torch.float16: np.dtype(np.float16), torch.int64: np.dtype(np.int64), torch.int32: np.dtype(np.int32),
+                 torch.int16: np.dtype(np.int16), torch.int8: np.dtype(np.int8), torch.uint8: np.dtype(np.uint8),
+                 torch.bool: np.dtype(np.bool_)}
+
+
+def state_to_numpy(model: nn.Module, copy: bool = True) -> dict[str, np.ndarray]:
+    """The model's state as arrays; ``copy=False``: views of the model's own memory on the CPU
+    (for a caller that copies them before the model changes, e.g. into a message)."""
+    if copy:
+        return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
 
 
 def load_numpy_state(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:
-    expected = set(model.state_dict())
-    if set(arrays) != expected:
-        missing, extra = sorted(expected - set(arrays)), sorted(set(arrays) - expected)
+    state = model.state_dict()
+    if arrays.keys() != state.keys():
+        expected, given = set(state), set(arrays)
+        missing, extra = sorted(expected - given), sorted(given - expected)
         raise ValueError(f"model arrays do not match: missing {missing}, unexpected {extra}")
     # copied into the model's own tensors (cast to their dtype and device): what
     # load_state_dict does, without its per-module hook machinery on every message
     with torch.no_grad():
-        for name, target in model.state_dict().items():
-            source = torch.from_numpy(np.asarray(arrays[name]))
+        for name, target in state.items():
+            source = np.asarray(arrays[name])
             if tuple(source.shape) != tuple(target.shape):
                 raise ValueError(f"array {name!r} has shape {tuple(source.shape)}, the model's is {tuple(target.shape)}")
-            target.copy_(source)
+            if not source.flags.writeable:  # a read-only view of a message's bytes
+                if target.device.type == "cpu" and source.dtype == _NUMPY_DTYPES.get(target.dtype):
+                    target.numpy()[...] = source  # the same copy, without torch's warning about read-only memory
+                    continue
+                source = source.copy()
+            target.copy_(torch.from_numpy(source))
 
 
 def train(

@@ -101,7 +101,7 @@ def _receive(task: ClientTask, content: RecordDict, context: Context):
     data = as_task_data(task.data_fn(context, config))
     model = task.model_fn(context, config)
     device = _device(context, config)
-    received = protocol.from_array_record(content[protocol.ARRAYS])
+    received = protocol.from_array_record(content[protocol.ARRAYS], copy=False)  # read only: loaded, subtracted
     choices = int(config.get(CHOICES, 0) or 0)
     if not choices:
         load_numpy_state(model, received)
@@ -133,7 +133,7 @@ def train_reply(task: ClientTask, content: RecordDict, context: Context) -> Reco
 
     config, data, model, device, received, choice = _receive(task, content, context)
     trained_metrics = task.train(model, data, config, device)
-    trained = state_to_numpy(model)
+    trained = state_to_numpy(model, copy=False)  # copied once, into the reply's bytes
     names = protocol.parse_upload(str(config.get("upload", protocol.UPLOAD_FULL)))
     if names is None:
         names = list(trained)

@@ -37,6 +37,22 @@ def _flat(x: np.ndarray) -> np.ndarray:
     return np.asarray(x, dtype=np.float64).ravel()
 
 
+def _index(idx: np.ndarray, size: int | None) -> np.ndarray:
+    """A kept selection: int32 when the layer is shorter than 2**31 (half the memory of int64;
+    it picks the same weights in the same order)."""
+    if size is not None and size < 2**31 and (idx.size == 0 or int(idx.max()) < 2**31):
+        return idx.astype(np.int32)
+    return idx
+
+
+def _kept(x: np.ndarray) -> np.ndarray:
+    """A vector to keep between rounds: float16/float32 in its own dtype, copied (float32 as
+    clients send it: half the memory of float64, and every use casts it with ``_flat``, giving
+    the same numbers), anything else as float64 (``_flat``)."""
+    x = np.asarray(x)
+    return x.ravel().copy() if x.dtype in (np.float16, np.float32) else _flat(x)
+
+
 def stability_score(d_tm2: np.ndarray, d_tm1: np.ndarray, d_t: np.ndarray) -> float:
     """HiCFL model stability S_t of three consecutive updates (eq. 12–14); in [0, 2].
 
@@ -137,7 +153,7 @@ class StabilityTracker:
     def add(self, key: Hashable, layer: Hashable, update_vector: np.ndarray) -> float | None:
         """Record this round's update of one layer; returns the new S_t, or None if fewer
         than three selected updates are held yet."""
-        v = _flat(update_vector)
+        v = _kept(update_vector)
         st = self._get(key, layer)
         if st.size is not None and st.size != v.size:
             raise ValueError(
@@ -150,7 +166,7 @@ class StabilityTracker:
             if previous is None:
                 return None  # selection needs two updates; start next round
             min_kept = int(np.ceil(self.min_kept_fraction * v.size))
-            st.selection = select_unstable_weights(v, previous, self.xi, min_kept=min_kept)
+            st.selection = _index(select_unstable_weights(v, previous, self.xi, min_kept=min_kept), v.size)
             self._restart(st)
 
         st.history.append(v if st.selection is None else v[st.selection])
@@ -164,12 +180,12 @@ class StabilityTracker:
         """Use only ``idx`` of this layer for stability (None: all weights). The history and
         window restart, since earlier vectors were taken on other coordinates."""
         st = self._get(key, layer)
-        st.selection = None if idx is None else np.asarray(idx, dtype=np.int64).ravel()
+        st.selection = None if idx is None else _index(np.asarray(idx, dtype=np.int64).ravel(), st.size)
         self._restart(st)
 
     def selection(self, key: Hashable, layer: Hashable) -> np.ndarray | None:
         st = self._state.get((key, layer))
-        return None if st is None else st.selection
+        return None if st is None or st.selection is None else st.selection.astype(np.int64)
 
     def kept_fraction(self, key: Hashable, layer: Hashable) -> float | None:
         """Fraction of the layer's weights used for stability; None if never seen or not
@@ -184,7 +200,7 @@ class StabilityTracker:
     def last_update(self, key: Hashable, layer: Hashable) -> np.ndarray | None:
         """The previous full (unselected) update of this layer, for manual selection."""
         st = self._state.get((key, layer))
-        return None if st is None else st.last_full
+        return None if st is None or st.last_full is None else _flat(st.last_full)
 
     def scores(self, key: Hashable, layer: Hashable) -> list[float]:
         """The stability values currently in the window (oldest first)."""

@@ -81,6 +81,7 @@ from clusterfed.strategies.bipartitioning import (
     check_record,
     decision_record,
     flatten,
+    stack_float64,
 )
 from clusterfed.strategies.exchange import TrainReply
 
@@ -111,7 +112,7 @@ class CFLParams(BiPartitioningParams):
 
 @dataclass
 class CFLState(BiPartitioningState):
-    last_vector: dict[str, np.ndarray] = field(default_factory=dict)  # latest decision-layer update per client
+    last_vector: dict[str, np.ndarray] = field(default_factory=dict)  # latest decision-layer update per client, as sent
     refused: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -147,11 +148,13 @@ class CFL(BiPartitioning):
         names = self.decision_names()
         decay = self.decay()
         for reply in replies:
-            update = flatten(reply.update, names)
             previous = self.last_vector.get(reply.key)
-            # a client's own updates summed with decay: its persistent pull on the model
-            # grows with every round, the noise of its few samples only as the square root
-            self.last_vector[reply.key] = update if previous is None or decay == 0 else decay * previous + update
+            if previous is None or decay == 0:
+                self.last_vector[reply.key] = flatten(reply.update, names, dtype=None)  # as sent (float32)
+            else:
+                # a client's own updates summed with decay (float64): its persistent pull on the
+                # model grows with every round, the noise of its few samples only as the square root
+                self.last_vector[reply.key] = decay * previous + flatten(reply.update, names)
         self.round_extra["refused_splits"] = []
         super().after_train(server_round, replies)
 
@@ -161,7 +164,7 @@ class CFL(BiPartitioning):
             return
         keys = [r.key for r in replies]
         with self.timed():
-            U = np.stack([self.last_vector[k] for k in keys])
+            U = stack_float64([self.last_vector[k] for k in keys])
             S = cosine_similarity_matrix(U)
             side_a, side_b = bipartition(S)
             gap = separation_gap(S, side_a, side_b)

@@ -103,11 +103,17 @@ class Replies(list):
 def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:
     """Sample-weighted mean per array name, summed in float64 in list order."""
     total = float(sum(weights))
-    names = arrays[0].keys()
-    return {
-        n: (sum(w * a[n].astype(np.float64) for a, w in zip(arrays, weights)) / total).astype(arrays[0][n].dtype)
-        for n in names
-    }
+    out = {}
+    for n in arrays[0].keys():
+        # 0 + w_0 a_0 + w_1 a_1 + ... in float64, in place: the numbers ``sum()`` of the
+        # products gives (from the same zero), without two temporaries per client and array
+        acc = np.zeros(np.shape(arrays[0][n]), np.float64)
+        term = np.empty_like(acc)
+        for a, w in zip(arrays, weights):
+            np.multiply(a[n], w, out=term, dtype=np.float64)
+            acc += term
+        out[n] = (acc / total).astype(np.asarray(arrays[0][n]).dtype)
+    return out
 
 
 def natural(key: str) -> tuple[int, str]:

@@ -225,7 +225,7 @@ class HiCFL(BiPartitioning):
             for reply in replies:
                 update = reply.update
                 for layer, keys in self.layer_keys.items():
-                    self.tracker.add(reply.key, layer, flatten(update, keys))
+                    self.tracker.add(reply.key, layer, flatten(update, keys, dtype=None))  # kept as sent
         self.record_stability()  # before a split restarts the windows, so figures show the trigger
         self.round_extra["no_split"] = []
         super().after_train(server_round, replies)
