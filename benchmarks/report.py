@@ -173,6 +173,45 @@ def results_page(folder: Path, settings: dict[str, list[dict]]) -> str:
     return "\n".join(out).rstrip("\n") + "\n"
 
 
+# ---------------------------------------------------------------- scale: many small clients
+
+SCALE = RESULTS / "scale"
+SCALE_COLUMNS = (("final_accuracy", "final acc", 3), ("final_ari", "ARI", 2), ("num_clusters", "clusters", 1),
+                 ("rounds_to_ari", "rounds to ARI 0.9", 1), ("rounds_to_target", "rounds to target", 1),
+                 ("mb_up", "MB up", 0), ("mb_down", "MB down", 0), ("round_seconds", "s / round", 1))
+
+
+def scale_page() -> str | None:
+    """docs/scale.md from benchmarks/results/scale/<grid>/comparison.csv (None when never run)."""
+    grids = {p.parent.name: read_csv(p) for p in sorted(SCALE.glob("*/comparison.csv"))}
+    if not grids:
+        return None
+    out = [HEADER, "", "# Many small clients", "",
+           "Every registered strategy at hundreds of clients holding a few dozen examples each, full and "
+           "10 % participation (`benchmarks/experiments/scale.toml`; each grid folder has its "
+           "`manifest.json`: commit, machine, load, command). Mean ± std over the seeds run "
+           "(the `seeds` column); gap = points below the best final accuracy of the grid. "
+           "In the 10 % grids a round also evaluates a 10 % sample, so accuracies are noisier.", ""]
+    for name, rows in grids.items():
+        strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+        means = {st: stat(rows, st, "final_accuracy")[0] for st in strategies}
+        best = max((v for v in means.values() if v is not None), default=None)
+        out += [f"## {name}", "", f"Source: `{rel(SCALE / name / 'comparison.csv')}`.", "",
+                "| strategy | seeds | gap pp | " + " | ".join(h for _, h, _ in SCALE_COLUMNS) + " |",
+                "|---|---|---|" + "---|" * len(SCALE_COLUMNS)]
+        for st in strategies:
+            _, _, _, total = stat(rows, st, "final_accuracy")
+            gap = "–" if best is None or means[st] is None else f"{100 * (best - means[st]):.1f}"
+            cells = []
+            for column, _, digits in SCALE_COLUMNS:
+                mean, std, n, count = stat(rows, st, column)
+                text = fmt(mean, digits) + ("" if mean is None or count <= 1 else f" ± {std:.{digits}f}")
+                cells.append(text + (f" ({n}/{count})" if 0 < n < count else ""))
+            out.append(f"| {st} | {total} | {gap} | " + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
 # ---------------------------------------------------------------- fidelity, driven by fidelity_claims.toml
 
 class Values:
@@ -333,7 +372,9 @@ def generated(readme_text: str | None = None) -> dict[Path, str]:
         raise SystemExit("no suite results: run make bench or make bench-quick first")
     readme = REPO / "README.md"
     text = readme.read_text() if readme_text is None else readme_text
+    scale = scale_page()
     return {
+        **({DOCS / "scale.md": scale} if scale is not None else {}),
         folder / "summary.md": f"# Benchmark suite ({folder.name})\n\n{summary_markdown(folder, settings)}",
         DOCS / "results.md": results_page(folder, settings),
         DOCS / "fidelity.md": fidelity_page(folder, settings),
