@@ -67,42 +67,13 @@ def _git_commit(root: Path) -> str:
         return "unknown"
 
 
+from bench_engine_overhead import ClientClock  # noqa: E402  (same folder: the script's own)
+
+
 def _values(clients: int, rounds: int, out: str, data_dir: str, strategy: str = "fedavg", **extra) -> dict:
     return {"strategy": strategy, "num-clients": clients, "rounds": rounds, "seed": 0, "dataset": "mnist",
             "data-dir": data_dir, "partitioner": "rotation", "rotations": "0,90,180,270", "checkpoint": False,
             "out-dir": out, **extra}
-
-
-class ClientClock:
-    """Sums the wall time of the ClientApp's calls of ``training.train`` / ``evaluate``."""
-
-    def __init__(self):
-        import clusterfed.client_app as client_app
-
-        self.module = client_app
-        self.originals = {"train": client_app.train, "evaluate": client_app.evaluate}
-        self.seconds = 0.0
-        self.calls = 0
-
-    def _wrap(self, fn):
-        def timed(*args, **kwargs):
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.seconds += time.perf_counter() - started
-                self.calls += 1
-
-        return timed
-
-    def __enter__(self):
-        for name, fn in self.originals.items():
-            setattr(self.module, name, self._wrap(fn))
-        return self
-
-    def __exit__(self, *exc):
-        for name, fn in self.originals.items():
-            setattr(self.module, name, fn)
 
 
 def measure_overhead(clients: int, rounds: int, data_dir: str) -> dict:
