@@ -67,13 +67,13 @@ def _git_commit(root: Path) -> str:
         return "unknown"
 
 
+from clusterfed.experiments.settings import setting  # noqa: E402
 from bench_engine_overhead import ClientClock  # noqa: E402  (same folder: the script's own)
 
 
 def _values(clients: int, rounds: int, out: str, data_dir: str, strategy: str = "fedavg", **extra) -> dict:
-    return {"strategy": strategy, "num-clients": clients, "rounds": rounds, "seed": 0, "dataset": "mnist",
-            "data-dir": data_dir, "partitioner": "rotation", "rotations": "0,90,180,270", "checkpoint": False,
-            "out-dir": out, **extra}
+    return {**setting("mnist-rotation"), "strategy": strategy, "num-clients": clients, "rounds": rounds, "seed": 0,
+            "data-dir": data_dir, "checkpoint": False, "out-dir": out, **extra}
 
 
 def measure_overhead(clients: int, rounds: int, data_dir: str) -> dict:
