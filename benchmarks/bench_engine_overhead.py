@@ -26,6 +26,7 @@ Every mode writes ``benchmarks/results/engine_overhead.json`` (one entry per mod
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -84,35 +85,48 @@ class ClientClock:
             setattr(self.module, name, fn)
 
 
+@contextlib.contextmanager
+def marking_rounds(clock: ClientClock):
+    """While open, every round the recorder records appends (client seconds, calls) so far
+    to the yielded list: the client compute of round r is the difference of two marks."""
+    import clusterfed.results as results
+
+    marks: list[tuple[float, int]] = []
+    original = results.RunRecorder.record_round
+
+    def record_round(self, *args, **kwargs):
+        marks.append((clock.seconds, clock.calls))
+        return original(self, *args, **kwargs)
+
+    results.RunRecorder.record_round = record_round
+    try:
+        yield marks
+    finally:
+        results.RunRecorder.record_round = original
+
+
 def measure_inprocess(clients: int, rounds: int) -> dict:
     """Per round: round_seconds and the clients' train + evaluate seconds."""
     from clusterfed.simulation import simulate
 
-    per_round = []
-    with tempfile.TemporaryDirectory() as tmp, ClientClock() as clock:
+    with tempfile.TemporaryDirectory() as tmp, ClientClock() as clock, marking_rounds(clock) as marks:
         config = _config("fedavg", clients, rounds, tmp)
-        marks = []
-
-        import clusterfed.results as results
-
-        original = results.RunRecorder.record_round
-
-        def record_round(self, *args, **kwargs):
-            marks.append((clock.seconds, clock.calls))
-            return original(self, *args, **kwargs)
-
-        results.RunRecorder.record_round = record_round
-        try:
-            started = time.perf_counter()
-            simulate(config, engine="inprocess", stream=None)
-            wall = time.perf_counter() - started
-        finally:
-            results.RunRecorder.record_round = original
+        started = time.perf_counter()
+        simulate(config, engine="inprocess", stream=None)
+        wall = time.perf_counter() - started
         rows = [json.loads(line) for line in (Path(tmp) / "rounds.jsonl").read_text().splitlines()]
-    previous = (0.0, 0)
+    return overhead_record(rows, marks, clients, rounds, wall)
+
+
+def overhead_record(rows: list[dict], marks: list[tuple[float, int]], clients: int, rounds: int, wall: float,
+                    keys: tuple[str, ...] = ()) -> dict:
+    """Round time / client compute over the rounds after the first (round 1 builds the
+    partition and warms caches), with the per-round figures (``keys``: more rounds.jsonl fields)."""
+    per_round, previous = [], (0.0, 0)
     for row, (seconds, calls) in zip(rows, marks):
         per_round.append({"round": row["round"], "round_seconds": row["round_seconds"],
-                          "client_seconds": round(seconds - previous[0], 4), "client_calls": calls - previous[1]})
+                          "client_seconds": round(seconds - previous[0], 4), "client_calls": calls - previous[1],
+                          **{k: row.get(k) for k in keys}})
         previous = (seconds, calls)
     later = per_round[1:] or per_round
     round_sum = sum(r["round_seconds"] for r in later)

@@ -68,7 +68,7 @@ def _git_commit(root: Path) -> str:
 
 
 from clusterfed.experiments.settings import setting  # noqa: E402
-from bench_engine_overhead import ClientClock  # noqa: E402  (same folder: the script's own)
+from bench_engine_overhead import ClientClock, marking_rounds, overhead_record  # noqa: E402  (same folder: the script's own)
 
 
 def _values(clients: int, rounds: int, out: str, data_dir: str, strategy: str = "fedavg", **extra) -> dict:
@@ -78,38 +78,15 @@ def _values(clients: int, rounds: int, out: str, data_dir: str, strategy: str = 
 
 def measure_overhead(clients: int, rounds: int, data_dir: str) -> dict:
     """Round time / client compute over the rounds after the first, in this process."""
-    import clusterfed.results as results
     from clusterfed.config import parse_config
     from clusterfed.simulation import simulate
 
-    marks = []
-    with tempfile.TemporaryDirectory() as tmp, ClientClock() as clock:
-        original = results.RunRecorder.record_round
-
-        def record_round(self, *args, **kwargs):
-            marks.append((clock.seconds, clock.calls))
-            return original(self, *args, **kwargs)
-
-        results.RunRecorder.record_round = record_round
-        try:
-            started = time.perf_counter()
-            simulate(parse_config(_values(clients, rounds, tmp, data_dir)), engine="inprocess", stream=None)
-            wall = time.perf_counter() - started
-        finally:
-            results.RunRecorder.record_round = original
+    with tempfile.TemporaryDirectory() as tmp, ClientClock() as clock, marking_rounds(clock) as marks:
+        started = time.perf_counter()
+        simulate(parse_config(_values(clients, rounds, tmp, data_dir)), engine="inprocess", stream=None)
+        wall = time.perf_counter() - started
         rows = [json.loads(line) for line in (Path(tmp) / "rounds.jsonl").read_text().splitlines()]
-    per_round, previous = [], (0.0, 0)
-    for row, (seconds, calls) in zip(rows, marks):
-        per_round.append({"round": row["round"], "round_seconds": row["round_seconds"],
-                          "client_seconds": round(seconds - previous[0], 4), "client_calls": calls - previous[1],
-                          "accuracy": row.get("accuracy")})
-        previous = (seconds, calls)
-    later = per_round[1:] or per_round
-    round_sum = sum(r["round_seconds"] for r in later)
-    client_sum = sum(r["client_seconds"] for r in later)
-    return {"clients": clients, "rounds": rounds, "wall_seconds": round(wall, 2),
-            "overhead": round(round_sum / client_sum, 3), "round_seconds_mean": round(round_sum / len(later), 3),
-            "client_seconds_mean": round(client_sum / len(later), 3), "per_round": per_round}
+    return overhead_record(rows, marks, clients, rounds, wall, keys=("accuracy",))
 
 
 def _child(tree: Path, args: list[str]) -> dict:
