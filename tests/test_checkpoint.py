@@ -45,6 +45,15 @@ def models(out):
     return {p.name: torch.load(p) for p in sorted((out / "models").glob("*.pt"))}
 
 
+def assert_same_models(first, second):
+    """Both runs saved the same cluster models, tensor for tensor."""
+    a, b = models(first), models(second)
+    assert a.keys() == b.keys() and len(a) >= 1
+    for name in a:
+        for key in a[name]:
+            assert torch.equal(a[name][key], b[name][key])
+
+
 @pytest.mark.parametrize("strategy", ["fedclust", "cfl", "hicfl"])
 def test_resumed_run_is_bit_identical(strategy, tmp_path):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
@@ -53,11 +62,7 @@ def test_resumed_run_is_bit_identical(strategy, tmp_path):
     assert load_checkpoint(stopped)["round"] == 3
     simulate(config(strategy, stopped, **{"resume-from": str(stopped)}), engine="inprocess", stream=None)
     assert rows(stopped) == rows(straight)
-    a, b = models(straight), models(stopped)
-    assert a.keys() == b.keys() and len(a) >= 1
-    for name in a:
-        for key in a[name]:
-            assert torch.equal(a[name][key], b[name][key])
+    assert_same_models(straight, stopped)
     clusters = [json.loads((d / "clusters.json").read_text())["assignment"] for d in (straight, stopped)]
     assert clusters[0] == clusters[1]
 
@@ -192,8 +197,4 @@ def test_resume_from_auto_starts_fresh_then_continues_from_out_dir(tmp_path, cap
         simulate(config("fedclust", stopped, rounds=4, **{"resume-from": "auto"}), engine="inprocess", stream=None)
     assert any("resuming from the checkpoint in" in m for m in caplog.messages)
     assert rows(stopped) == rows(straight)
-    a, b = models(straight), models(stopped)
-    assert a.keys() == b.keys() and len(a) >= 1
-    for name in a:
-        for key in a[name]:
-            assert torch.equal(a[name][key], b[name][key])
+    assert_same_models(straight, stopped)
