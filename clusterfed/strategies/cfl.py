@@ -86,10 +86,9 @@ from clusterfed.strategies.bipartitioning import (
 from clusterfed.strategies.exchange import TrainReply
 
 
-# similarity-decay = auto: summed updates for clients this small. Measured: with 16-25 MNIST
-# examples a client, one round's updates do not separate the groups and summed ones do; with
-# 70+ digits a client, one round's do and summing delayed the first pure split
-# (docs/algorithms/cfl.md).
+# similarity-decay = auto: summed updates only for clients this small, where one round's
+# update is mostly batch noise; for larger clients summing delayed the first pure split
+# (benchmarks/results/small_client_defaults/README.md).
 SMALL_CLIENT_EXAMPLES = 50
 SMALL_CLIENT_DECAY = 0.8
 
@@ -112,7 +111,8 @@ class CFLParams(BiPartitioningParams):
 
 @dataclass
 class CFLState(BiPartitioningState):
-    last_vector: dict[str, np.ndarray] = field(default_factory=dict)  # latest decision-layer update per client, as sent
+    # per client: its latest decision-layer update as sent, or its decayed sum (similarity-decay)
+    last_vector: dict[str, np.ndarray] = field(default_factory=dict)
     refused: list[dict[str, Any]] = field(default_factory=list)
 
 
