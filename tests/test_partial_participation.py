@@ -258,6 +258,62 @@ def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampl
     assert all(len(g) == 1 for g in by_cluster.values())
 
 
+def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int):
+    """FedClust at a quarter participation, 16 clients whose first sample holds one group only;
+    the clients met later hold ``groups_after_first`` in turn. A client's clustering upload is
+    its group's direction of change, group 1's with a little noise of its own (group 0's are
+    equal: its clients alone show no groups)."""
+    from clusterfed.strategies.fedclust import FedClust
+
+    keys = [str(i) for i in range(16)]
+    algorithm = make(FedClust, {k: 0 for k in keys}, fraction_train=0.25, cluster_epochs=1)
+    size = sum(v.size for v in algorithm.theta0.values())
+    directions = [np.ones(size), np.resize([1.0, -1.0], size)]
+    groups: dict[str, int] = {}
+
+    def respond(ask):
+        if ask.config["phase"] != "cluster":
+            return trained(ask, 0.0)
+        if ask.key not in groups:  # the first sample is group 0, later clients as given
+            groups[ask.key] = 0 if ask.config["server-round"] == 1 else groups_after_first[len(groups) % len(groups_after_first)]
+            algorithm.clients[ask.key].true_group = groups[ask.key]
+        noise = np.random.default_rng(int(ask.key)).normal(0, 0.05, size) * (groups[ask.key] == 1)
+        change, offset = directions[groups[ask.key]] + noise, 0
+        out = {}
+        for name in ask.upload:
+            n = ask.model[name].size
+            out[name] = ask.model[name] + change[offset:offset + n].reshape(ask.model[name].shape).astype(np.float32)
+            offset += n
+        return out
+
+    for server_round in range(1, rounds + 1):
+        drive_round(algorithm, server_round, respond)
+    return algorithm, groups
+
+
+def test_fedclust_cuts_again_when_the_first_sample_showed_no_groups():
+    from sklearn.metrics import adjusted_rand_score
+
+    algorithm, groups = fedclust_on_a_growing_sample([0, 1], rounds=12)
+    first = algorithm.recuts[0]
+    assert first["clients"] == 8 and first["clusters"] == 2  # cut again once the 4 became 8
+    assert algorithm.recut_at == 0 and not algorithm.unclustered  # done: later clients are newcomers
+    assert set(algorithm.assignment) == set(groups) and len(set(algorithm.assignment.values())) == 2
+    assert set(algorithm.models) == set(algorithm.assignment.values())  # the one cluster's model is gone
+    keys = sorted(groups)
+    assert adjusted_rand_score([groups[k] for k in keys], [algorithm.assignment[k] for k in keys]) == 1.0
+    state = algorithm.final_clusters()
+    assert state["clustering_round"] == 1 and state["final_clustering_round"] == first["round"] > 1
+    assert state["one_cluster_reason"] is None and state["recuts"][0]["clients"] == 8
+
+
+def test_fedclust_one_group_stays_one_cluster_and_says_how_many_clients_it_last_cut():
+    algorithm, groups = fedclust_on_a_growing_sample([0], rounds=20)
+    assert [r["clients"] for r in algorithm.recuts] == [8, 16]  # each time the sample doubled
+    assert len(set(algorithm.assignment.values())) == 1 and set(algorithm.assignment) == set(groups)
+    assert "last on 16 clients" in algorithm.final_clusters()["one_cluster_reason"]
+
+
 def test_selection_reads_fraction_train_as_availability():
     groups = {str(i): i % 2 for i in range(8)}
     algorithm = make(clustered_classes()["selection"], groups, fraction_train=0.5, warmup_rounds=1)

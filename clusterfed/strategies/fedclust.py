@@ -19,17 +19,30 @@ round's sample (the clients of the sample that reply are clustered); a client fi
 sampled later is placed as a newcomer (step 3) in that round and trains at once. Until
 then it holds no cluster and is not evaluated (``oneshot.py``).
 
+A first sample too small to show the groups (``lambda = auto`` found one cluster): the
+server keeps the partial weights of every client placed in that one cluster (the
+clustering round's and each newcomer's, all trained from ``θ0``) and cuts them again each
+time their number has doubled since the last cut. The first cut that finds clusters forms
+them from the one cluster's current model, assigns every kept client and makes later
+newcomers join the nearest reference; until then the clients stay one cluster and the
+run's reason names the number of clients the last cut saw. With every client in the
+first round (full participation) there is nothing to add, and the run is the paper's.
+
 The shared machinery (partial-weight phase, cut, references, newcomers) is in ``oneshot.py``.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
 from pydantic import Field
 
 from clusterfed.strategies.base import Steps
-from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams
+from clusterfed.strategies.exchange import natural
+from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams, OneShotState
 
 
 class FedClustParams(OneShotParams):
@@ -38,16 +51,30 @@ class FedClustParams(OneShotParams):
                                             "rest at the nearest cluster reference (0 = cluster all)")
 
 
+@dataclass
+class FedClustState(OneShotState):
+    # a sample that showed no groups: the partial weights of every client placed in the one
+    # cluster since (all trained from θ0), cut again when their number reaches ``recut_at``
+    unclustered: dict[str, np.ndarray] = field(default_factory=dict)
+    recut_at: int = 0
+    recuts: list[dict[str, Any]] = field(default_factory=list)
+
+
 class FedClust(OneShotClustering):
     """FedClust: one-shot clustering on the final layer's weights."""
 
     name = "fedclust"
     Params = FedClustParams
+    State = FedClustState
     layer_rule = "final"
 
     def admit(self, server_round: int, keys: list[str]) -> Steps:
         if self.clustered:
-            yield from self.place_newcomers(server_round, keys)
+            replied, X = yield from self.place_newcomers(server_round, keys)
+            if self.recut_at and X is not None:
+                self.unclustered.update(zip(replied, X))
+                if len(self.unclustered) >= self.recut_at:
+                    self.recut(server_round)
             return
         keys = self.reachable(keys)  # partial participation: the round's sample is clustered
         if not keys:
@@ -59,3 +86,37 @@ class FedClust(OneShotClustering):
         labels, info = self.cut(X)
         self.clustering_seconds += time.perf_counter() - started
         self.form_clusters(server_round, replied, X, labels, self.theta0, bytes_up, info)
+        if self.params.lambda_ == "auto" and len(np.unique(labels)) == 1:
+            self.unclustered = dict(zip(replied, X))
+            self.recut_at = 2 * len(replied)
+
+    def recut(self, server_round: int) -> None:
+        """Cut the kept partial weights of the one cluster's members again (a grown sample);
+        on clusters, form them from the one cluster's current model."""
+        started = time.perf_counter()
+        keys = sorted(self.unclustered, key=natural)
+        X = np.stack([self.unclustered[key] for key in keys])
+        labels, info = self.cut(X)
+        self.clustering_seconds += time.perf_counter() - started
+        found = len(np.unique(labels)) > 1
+        self.recuts.append({"round": server_round, "clients": len(keys), "clusters": int(len(np.unique(labels))),
+                            "best_silhouette": info.get("auto_best_silhouette"),
+                            "required_silhouette": info.get("auto_required_silhouette")})
+        self.round_extra["recut_clients"] = len(keys)
+        if not found:
+            self.recut_at = 2 * len(keys)
+            self.clustering_state.update({k: v for k, v in info.items() if k != "lambda"})
+            self.clustering_state["recuts"] = list(self.recuts)
+            return
+        (single,) = set(self.models)
+        current = self.models.pop(single)
+        first_round = self.clustering_state["clustering_round"]
+        self.form_clusters(server_round, keys, X, labels, self.theta0, 0, info, models_from=current)
+        self.clustering_state.update({"clustering_round": first_round, "recuts": list(self.recuts)})
+        self.unclustered, self.recut_at = {}, 0
+
+    def one_cluster_reason(self) -> str | None:
+        reason = super().one_cluster_reason()
+        if reason and self.recuts:
+            reason += f" (cut again on a grown sample: last on {self.recuts[-1]['clients']} clients)"
+        return reason

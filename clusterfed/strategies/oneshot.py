@@ -178,11 +178,13 @@ class OneShotClustering(ClusteredStrategy):
         return cluster_by_threshold(X, threshold, metric=metric, linkage=linkage), {"lambda": threshold}
 
     def form_clusters(self, server_round: int, keys: list[str], X: np.ndarray, labels: np.ndarray,
-                      start: Arrays, bytes_up: int, info: dict[str, Any]) -> None:
-        """Make one cluster per label, every model at ``start``; store references, the
-        state for the figures, and this round's diagnostics."""
+                      start: Arrays, bytes_up: int, info: dict[str, Any], models_from: Arrays | None = None) -> None:
+        """Make one cluster per label, every model at ``models_from`` (default ``start``, the
+        model the rows of X were trained from and newcomers will train); store references,
+        the state for the figures, and this round's diagnostics."""
         started = time.perf_counter()
-        cluster_of_label = {int(label): self.new_cluster(start) for label in np.unique(labels)}
+        first = start if models_from is None else models_from
+        cluster_of_label = {int(label): self.new_cluster(first) for label in np.unique(labels)}
         for key, label in zip(keys, labels):
             self.assignment[key] = cluster_of_label[int(label)]
         # reference = mean of the members' clustering-round partial weights (our choice: the papers leave it open)
@@ -224,13 +226,15 @@ class OneShotClustering(ClusteredStrategy):
         return math.inf
 
     def place_newcomers(self, server_round: int, keys: list[str]) -> Steps:
+        """Place each of ``keys`` sampled this round at its nearest cluster reference.
+        Returns (the keys that replied, their partial weights as rows or None)."""
         keys = self.reachable(keys)  # only this round's sampled clients are asked
         if not keys:
-            return
+            return [], None
         replied, X, bytes_up = yield from self.collect_partials(server_round, keys, self.cluster_start)
         self.round_extra["newcomer_bytes_up"] = self.round_extra.get("newcomer_bytes_up", 0) + bytes_up
         if X is None:
-            return
+            return [], None
         started = time.perf_counter()
         majority = self._majority_groups()  # metrics only, taken before anyone joins
         for key, x in zip(replied, X):
@@ -251,6 +255,7 @@ class OneShotClustering(ClusteredStrategy):
             })
         self.clustering_seconds += time.perf_counter() - started
         self.round_extra["newcomers_placed"] = self.round_extra.get("newcomers_placed", 0) + len(replied)
+        return replied, X
 
     def _majority_groups(self) -> dict[int, int]:
         """Cluster -> the true group most of its members hold (metrics only)."""
