@@ -258,7 +258,8 @@ def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampl
     assert all(len(g) == 1 for g in by_cluster.values())
 
 
-def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int):
+def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int, checkpoint_after: int = 0,
+                                 tmp_path=None):
     """FedClust at a quarter participation, 16 clients whose first sample holds one group only;
     the clients met later hold ``groups_after_first`` in turn. A client's clustering upload is
     its group's direction of change, group 1's with a little noise of its own (group 0's are
@@ -266,7 +267,10 @@ def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int):
     from clusterfed.strategies.fedclust import FedClust
 
     keys = [str(i) for i in range(16)]
-    algorithm = make(FedClust, {k: 0 for k in keys}, fraction_train=0.25, cluster_epochs=1)
+    def build():
+        return make(FedClust, {k: 0 for k in keys}, fraction_train=0.25, cluster_epochs=1)
+
+    algorithm = build()
     size = sum(v.size for v in algorithm.theta0.values())
     directions = [np.ones(size), np.resize([1.0, -1.0], size)]
     groups: dict[str, int] = {}
@@ -288,6 +292,14 @@ def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int):
 
     for server_round in range(1, rounds + 1):
         drive_round(algorithm, server_round, respond)
+        if server_round == checkpoint_after:  # resume from a checkpoint, as a restarted server would
+            from clusterfed.runner.checkpoint import load_checkpoint, save_checkpoint
+
+            save_checkpoint(tmp_path, {"round": server_round, "algorithm": algorithm.get_state()})
+            algorithm = build()
+            algorithm.set_state(load_checkpoint(tmp_path)["algorithm"])
+            for key, group in groups.items():
+                algorithm.clients[key].true_group = group
     return algorithm, groups
 
 
@@ -305,6 +317,12 @@ def test_fedclust_cuts_again_when_the_first_sample_showed_no_groups():
     state = algorithm.final_clusters()
     assert state["clustering_round"] == 1 and state["final_clustering_round"] == first["round"] > 1
     assert state["one_cluster_reason"] is None and state["recuts"][0]["clients"] == 8
+
+
+def test_fedclust_kept_partial_weights_survive_a_checkpoint(tmp_path):
+    straight, _ = fedclust_on_a_growing_sample([0, 1], rounds=12)
+    resumed, _ = fedclust_on_a_growing_sample([0, 1], rounds=12, checkpoint_after=1, tmp_path=tmp_path)
+    assert resumed.recuts == straight.recuts and resumed.assignment == straight.assignment
 
 
 def test_fedclust_one_group_stays_one_cluster_and_says_how_many_clients_it_last_cut():
