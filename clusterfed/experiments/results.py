@@ -75,8 +75,15 @@ def read_csv(path: Path) -> list[dict[str, Any]]:
     rows = []
     with path.open() as handle:
         for raw in csv.DictReader(handle):
-            rows.append({k: (raw[k] if k == "strategy" else (None if raw[k] == "" else float(raw[k]))) for k in raw})
+            rows.append({k: (raw[k] if k == "strategy" else _number(raw[k])) for k in raw})
     return rows
+
+
+def _number(text: str) -> int | float | None:
+    """A csv cell as written: empty is None, an integer stays one (a rewritten file keeps its counts)."""
+    if text == "":
+        return None
+    return int(text) if text.lstrip("-").isdigit() else float(text)
 
 
 def aggregate(rows: list[dict[str, Any]]) -> dict[str, dict[str, MeanStd]]:
