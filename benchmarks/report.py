@@ -102,9 +102,17 @@ def describe_profile(folder: Path) -> str:
     parts = [f"{name}: {info['rounds']} rounds, seeds {','.join(map(str, info['seeds']))}"
              for name, info in timing["settings"].items()]
     command = "make bench" if timing["profile"] == "full" else "make bench-quick"
+    machine = ""
+    if (folder / "manifest.json").is_file():  # the machine and the code it ran
+        manifest = json.loads((folder / "manifest.json").read_text())
+        loads = manifest["machine"]
+        machine = (f" on {loads['cores']} cores at commit {manifest['git']['commit'][:10]}"
+                   f"{' (with uncommitted changes)' if manifest['git']['dirty'] else ''}, 1-minute load average "
+                   f"{loads['load_average_start'][0]} at the start and {loads['load_average_end'][0]} at the end "
+                   f"(`{rel(folder / 'manifest.json')}`)")
     return (f"`{command}` (`benchmarks/experiments/suite-{timing['profile']}.toml`): {timing['runs']} runs, "
             f"{timing['workers']} worker processes, {timing['wall_seconds'] / 60:.1f} min wall "
-            f"(`{rel(folder / 'timing.json')}`). Grids — " + "; ".join(parts) + ".")
+            f"(`{rel(folder / 'timing.json')}`){machine}. Grids — " + "; ".join(parts) + ".")
 
 
 def source_line(folder: Path, names: list[str]) -> str:
