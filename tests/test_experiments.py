@@ -172,3 +172,26 @@ def test_a_failed_run_does_not_lose_the_others(tmp_path, monkeypatch, capsys):
     assert [r["strategy"] for r in rows] == ["fedavg", "oracle-x"] and rows[1]["final_accuracy"] == ""
     timing = json.loads((tmp_path / "out" / "timing.json").read_text())
     assert list(timing["failures"]) == ["digits-label-swap/oracle-x/seed0"]
+
+
+def test_runs_of_a_grid_made_in_pieces_merge_into_one_folder(tiny_experiment, tmp_path):
+    """benchmarks/merge_runs.py: the other piece's runs join the folder's rows, counts stay integers."""
+    import importlib.util
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("merge_runs", REPO / "benchmarks" / "merge_runs.py")
+    merge_runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(merge_runs)
+    path = tmp_path / "tiny.toml"
+    path.write_text(TINY)
+    assert main(["experiment", str(path), "--out", str(tmp_path / "piece"), "--seeds", "1"]) == 0
+    into = tmp_path / "into"
+    shutil.copytree(tiny_experiment / "digits-label-swap", into)
+    merged = merge_runs.merge(tmp_path / "piece" / "digits-label-swap", into, "seed1", merge_runs.grid_title(into))
+    assert merged == ["fedavg/seed1", "oracle-x/seed1"]
+    with (into / "comparison.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["strategy"], r["seed"], r["num_clusters"]) for r in rows] == [
+        ("fedavg", "0", "1"), ("fedavg", "1", "1"), ("oracle-x", "0", "2"), ("oracle-x", "1", "2")]
+    assert (into / "oracle-x" / "seed1" / "rounds.jsonl").exists() and (into / "manifest-seed1.json").exists()
+    assert "seeds 0, 1" in (into / "comparison.md").read_text()
