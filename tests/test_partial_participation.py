@@ -259,7 +259,7 @@ def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampl
 
 
 def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int, checkpoint_after: int = 0,
-                                 tmp_path=None):
+                                 tmp_path=None, **params):
     """FedClust at a quarter participation, 16 clients whose first sample holds one group only;
     the clients met later hold ``groups_after_first`` in turn. A client's clustering upload is
     its group's direction of change, group 1's with a little noise of its own (group 0's are
@@ -268,7 +268,7 @@ def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int, che
 
     keys = [str(i) for i in range(16)]
     def build():
-        return make(FedClust, {k: 0 for k in keys}, fraction_train=0.25, cluster_epochs=1)
+        return make(FedClust, {k: 0 for k in keys}, fraction_train=0.25, cluster_epochs=1, **params)
 
     algorithm = build()
     size = sum(v.size for v in algorithm.theta0.values())
@@ -317,6 +317,11 @@ def test_fedclust_cuts_again_when_the_first_sample_showed_no_groups():
     state = algorithm.final_clusters()
     assert state["clustering_round"] == 1 and state["final_clustering_round"] == first["round"] > 1
     assert state["one_cluster_reason"] is None and state["recuts"][0]["clients"] == 8
+
+
+def test_fedclust_recut_false_keeps_the_papers_single_cut():
+    algorithm, _ = fedclust_on_a_growing_sample([0, 1], rounds=12, recut=False)
+    assert algorithm.recuts == [] and len(set(algorithm.assignment.values())) == 1
 
 
 def test_fedclust_kept_partial_weights_survive_a_checkpoint(tmp_path):

@@ -26,7 +26,8 @@ time their number has doubled since the last cut. The first cut that finds clust
 them from the one cluster's current model, assigns every kept client and makes later
 newcomers join the nearest reference; until then the clients stay one cluster and the
 run's reason names the number of clients the last cut saw. With every client in the
-first round (full participation) there is nothing to add, and the run is the paper's.
+first round (full participation) there is nothing to add, and the run is the paper's;
+``recut = false`` keeps the paper's single cut under partial participation too.
 
 The shared machinery (partial-weight phase, cut, references, newcomers) is in ``oneshot.py``.
 """
@@ -49,6 +50,9 @@ class FedClustParams(OneShotParams):
     cluster_sample: int = Field(0, alias="cluster-sample", ge=0,
                                 description="cluster this many sampled clients with the full method and place the "
                                             "rest at the nearest cluster reference (0 = cluster all)")
+    recut: bool = Field(True, description='lambda = "auto", a first cut that left one cluster: cut the placed clients\' '
+                                          "partial weights again each time their number doubles (partial "
+                                          "participation; false = the paper's single cut)")
 
 
 @dataclass
@@ -86,7 +90,7 @@ class FedClust(OneShotClustering):
         labels, info = self.cut(X)
         self.clustering_seconds += time.perf_counter() - started
         self.form_clusters(server_round, replied, X, labels, self.theta0, bytes_up, info)
-        if self.params.lambda_ == "auto" and len(np.unique(labels)) == 1:
+        if self.params.recut and self.params.lambda_ == "auto" and len(np.unique(labels)) == 1:
             self.unclustered = dict(zip(replied, X))
             self.recut_at = 2 * len(replied)
 
