@@ -6,8 +6,8 @@ Each total fault rate is split equally over the four kinds (the client raises, N
 weights, wrong shape or missing/extra array, a reply later than the timeout; the late
 ones wait on the in-process engine's virtual clock). Writes results.json (one row per
 strategy × rate × seed), manifest.json (``clusterfed.experiments.manifest``) and table.md
-(mean ± population std over seeds, ``clusterfed.experiments.stats`` — the committed table
-predates it and shows the sample std — and the change from the clean run).
+(mean ± population std over seeds, ``clusterfed.experiments.stats``, and the change from the
+clean run).
 """
 
 from __future__ import annotations
