@@ -32,6 +32,9 @@ def merge(source: Path, into: Path, name: str, title: str) -> list[str]:
     merged, rows = [], {(r["strategy"], int(r["seed"])): r for r in read_csv(into / "comparison.csv")}
     for row in read_csv(source / "comparison.csv"):
         run = f"{row['strategy']}/seed{int(row['seed'])}"
+        if not (source / run / "summary.json").is_file():  # a run that failed: keep what INTO has
+            print(f"skipped {run}: no finished run in {source}")
+            continue
         target = into / run
         if target.exists():
             shutil.rmtree(target)

@@ -197,7 +197,9 @@ def scale_page() -> str | None:
     out = [HEADER, "", "# Many small clients", "",
            "Every registered strategy at hundreds of clients holding a few dozen examples each, full and "
            "10 % participation (`benchmarks/experiments/scale.toml`; each grid folder has its "
-           "`manifest.json`: commit, machine, load, command). Mean ± std over the seeds run "
+           "`manifest.json`: commit, machine, load, command; seeds or strategies run later in pieces, "
+           "`benchmarks/experiments/scale-seeds.toml`, have a `manifest-<piece>.json` each, and their "
+           "seconds per round were measured under different loads). Mean ± std over the seeds run "
            "(the `seeds` column); gap = points below the best final accuracy of the grid. "
            "In the 10 % grids a round also evaluates a 10 % sample, so accuracies are noisier.", ""]
     for name, rows in grids.items():

@@ -26,8 +26,9 @@ time their number has doubled since the last cut. The first cut that finds clust
 them from the one cluster's current model, assigns every kept client and makes later
 newcomers join the nearest reference; until then the clients stay one cluster and the
 run's reason names the number of clients the last cut saw. With every client in the
-first round (full participation) there is nothing to add, and the run is the paper's;
-``recut = false`` keeps the paper's single cut under partial participation too.
+first round (full participation, nobody joining later) there is nothing to add, and the run
+is the paper's; clients joining later (``newcomer-fraction``) count as the sample growing.
+``recut = false`` keeps the paper's single cut.
 
 The shared machinery (partial-weight phase, cut, references, newcomers) is in ``oneshot.py``.
 """
@@ -52,7 +53,7 @@ class FedClustParams(OneShotParams):
                                             "rest at the nearest cluster reference (0 = cluster all)")
     recut: bool = Field(True, description='lambda = "auto", a first cut that left one cluster: cut the placed clients\' '
                                           "partial weights again each time their number doubles (partial "
-                                          "participation; false = the paper's single cut)")
+                                          "participation, late joiners; false = the paper's single cut)")
 
 
 @dataclass
