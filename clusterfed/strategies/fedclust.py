@@ -103,22 +103,24 @@ class FedClust(OneShotClustering):
         X = np.stack([self.unclustered[key] for key in keys])
         labels, info = self.cut(X)
         self.clustering_seconds += time.perf_counter() - started
-        found = len(np.unique(labels)) > 1
-        self.recuts.append({"round": server_round, "clients": len(keys), "clusters": int(len(np.unique(labels))),
+        clusters = len(np.unique(labels))
+        self.recuts.append({"round": server_round, "clients": len(keys), "clusters": int(clusters),
                             "best_silhouette": info.get("auto_best_silhouette"),
                             "required_silhouette": info.get("auto_required_silhouette")})
         self.round_extra["recut_clients"] = len(keys)
-        if not found:
+        if clusters == 1:
             self.recut_at = 2 * len(keys)
             self.clustering_state.update({k: v for k, v in info.items() if k != "lambda"})
-            self.clustering_state["recuts"] = list(self.recuts)
             return
         (single,) = set(self.models)
         current = self.models.pop(single)
         first_round = self.clustering_state["clustering_round"]
         self.form_clusters(server_round, keys, X, labels, self.theta0, 0, info, models_from=current)
-        self.clustering_state.update({"clustering_round": first_round, "recuts": list(self.recuts)})
+        self.clustering_state["clustering_round"] = first_round
         self.unclustered, self.recut_at = {}, 0
+
+    def cluster_state(self) -> dict[str, Any]:
+        return {**super().cluster_state(), **({"recuts": list(self.recuts)} if self.recuts else {})}
 
     def one_cluster_reason(self) -> str | None:
         reason = super().one_cluster_reason()
