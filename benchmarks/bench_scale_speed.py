@@ -11,10 +11,15 @@ Run from the repository root with the repository on ``PYTHONPATH``:
     PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py memory --clients 10000 --rounds 3 --strategies fedavg,cfl
     PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py ray --clients 1000 --rounds 2
     PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py vmap --clients 100,1000
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py overhead --setting synthetic-rotation-10000-frac0.1 --clients 10000 --rounds 3
+    PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py memory --setting synthetic-rotation-10000 --clients 10000 --rounds 3
 
 The setting (every mode): FedAvg on real MNIST (``--data-dir``, torchvision layout; 10,000
 digits), ``rotation`` partitioner (0/90/180/270), so 1,000 clients hold ~10 images each (8
-train, 2 test), 1 local epoch, batch 16, no checkpoints.
+train, 2 test), 1 local epoch, batch 16, no checkpoints. ``--setting`` names another setting
+of the registry (``--clients`` still sets the client count), e.g. the 10,000 clients of
+generated 8×8 digits, ``synthetic-rotation-10000`` (``-frac0.1``: 10 % of the clients
+train and are evaluated each round); ``memory`` then replies with that setting's model.
 
 ``overhead``: in-process engine; per round, round time / the clients' own compute
 (``clusterfed.training.train`` + ``evaluate``, timed by wrapping them where the ClientApp
@@ -54,7 +59,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "results" / "scale_speed"
-DATA_DIR = "/work/shared/data"
+DEFAULT_SETTING = "mnist-rotation"
+SETTING = DEFAULT_SETTING  # --setting
 
 
 def _git_commit(root: Path) -> str:
@@ -67,12 +73,15 @@ def _git_commit(root: Path) -> str:
         return "unknown"
 
 
-from clusterfed.experiments.settings import setting  # noqa: E402
+from clusterfed.experiments.settings import default_data_dir, setting, setting_name  # noqa: E402
 from bench_engine_overhead import ClientClock, marking_rounds, overhead_record  # noqa: E402  (same folder: the script's own)
 
 
 def _values(clients: int, rounds: int, out: str, data_dir: str, strategy: str = "fedavg", **extra) -> dict:
-    return {**setting("mnist-rotation"), "strategy": strategy, "num-clients": clients, "rounds": rounds, "seed": 0,
+    values = setting(SETTING)
+    # a cross-device round evaluates a sample too, as large as the one that trains
+    sampled = {"fraction-evaluate": values["fraction-train"]} if values.get("fraction-train", 1.0) < 1 else {}
+    return {**values, **sampled, "strategy": strategy, "num-clients": clients, "rounds": rounds, "seed": 0,
             "data-dir": data_dir, "checkpoint": False, "out-dir": out, **extra}
 
 
@@ -86,13 +95,14 @@ def measure_overhead(clients: int, rounds: int, data_dir: str) -> dict:
         simulate(parse_config(_values(clients, rounds, tmp, data_dir)), engine="inprocess", stream=None)
         wall = time.perf_counter() - started
         rows = [json.loads(line) for line in (Path(tmp) / "rounds.jsonl").read_text().splitlines()]
-    return overhead_record(rows, marks, clients, rounds, wall, keys=("accuracy",))
+    return {"setting": SETTING, **overhead_record(rows, marks, clients, rounds, wall, keys=("accuracy",))}
 
 
 def _child(tree: Path, args: list[str]) -> dict:
     """Run this script's ``_child`` mode with ``tree`` first on PYTHONPATH; its JSON result."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "_child", *args], env=env,
+    setting_args = ["--setting", SETTING] if SETTING != DEFAULT_SETTING else []
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "_child", *args, *setting_args], env=env,
                           capture_output=True, text=True, cwd=str(tree))
     if done.returncode:
         raise RuntimeError(f"child in {tree} failed:\n{done.stderr[-3000:]}")
@@ -178,11 +188,13 @@ def ray_vs_inprocess(clients: int, rounds: int, data_dir: str) -> list[dict]:
         try:
             run = run_rows(clients, rounds, data_dir, engine=engine)
         except Exception as error:  # noqa: BLE001 - a failed engine is a result too
-            out.append({"engine": engine, "clients": clients, "rounds": rounds, "error": f"{type(error).__name__}: {error}",
+            out.append({"setting": SETTING, "engine": engine, "clients": clients, "rounds": rounds,
+                        "error": f"{type(error).__name__}: {error}",
                         "wall_seconds": round(time.perf_counter() - started, 1)})
             continue
         seconds = [r["round_seconds"] for r in run["rows"]]
-        out.append({"engine": engine, "clients": clients, "rounds": rounds, "wall_seconds": round(run["wall_seconds"], 1),
+        out.append({"setting": SETTING, "engine": engine, "clients": clients, "rounds": rounds,
+                    "wall_seconds": round(run["wall_seconds"], 1),
                     "round_seconds": seconds, "round_seconds_mean": round(sum(seconds) / len(seconds), 2),
                     "accuracy": [r.get("accuracy") for r in run["rows"]]})
         print(out[-1], flush=True)
@@ -190,31 +202,42 @@ def ray_vs_inprocess(clients: int, rounds: int, data_dir: str) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- memory
-MNIST_SHAPES = {"conv1.weight": (20, 1, 5, 5), "conv1.bias": (20,), "conv2.weight": (50, 20, 5, 5),
-                "conv2.bias": (50,), "fc1.weight": (10, 800), "fc1.bias": (10,)}  # the MNIST CNN: 33,580 numbers
+def model_shapes(setting_name: str) -> dict[str, tuple[int, ...]]:
+    """The array shapes of the setting's model (``model = "auto"``): the MNIST CNN's 33,580
+    numbers for MNIST, the digits CNN's for 8×8 images."""
+    from clusterfed.datasets.shapes import DATASET_SHAPES
+    from clusterfed.models import build_model
+
+    dataset = setting(setting_name)["dataset"]
+    shape, num_classes = DATASET_SHAPES[dataset]
+    return {name: tuple(t.shape) for name, t in build_model("auto", dataset, shape, num_classes).state_dict().items()}
 
 
-def _drive(strategy, server_round: int, rng) -> int:
-    """One round of ``strategy`` answered with synthetic replies (float32, as clients send);
-    returns the bytes of the replies of its largest batch (the uploads a server must hold)."""
+def _answer(steps, rng) -> int:
+    """Run a strategy's exchange (a round, or the admission of clients) to its end, every ask
+    answered with synthetic replies (float32, as clients send); returns the bytes of the
+    replies of its largest batch (the uploads a server must hold)."""
     import numpy as np
 
-    from clusterfed.strategies.exchange import Replies, TrainReply
+    from clusterfed.strategies.base import steps as hook_steps
+    from clusterfed.strategies.exchange import CHOICE, Replies, TrainReply
 
     largest = 0
-    steps = strategy.round(server_round)
+    steps = iter(hook_steps(steps))
     try:
         asks = next(steps)
         while True:
             replies = Replies()
             for ask in asks:
-                names = ask.upload or list(ask.model)
+                # a multi-model ask (IFCA) is answered with a drawn choice among its models
+                metrics = {CHOICE: int(rng.integers(ask.choices))} if ask.choices else {}
+                cluster, sent = ask.chosen(metrics)
+                names = ask.upload or list(sent)
                 update = ask.config.get("return") == "update"
-                arrays = {n: (rng.standard_normal(ask.model[n].shape, dtype=np.float32) * np.float32(0.01)
-                              + (0 if update else ask.model[n])).astype(np.float32) for n in names}
-                cluster, sent = ask.chosen({})
+                arrays = {n: (rng.standard_normal(sent[n].shape, dtype=np.float32) * np.float32(0.01)
+                              + (0 if update else sent[n])).astype(np.float32) for n in names}
                 replies.append(TrainReply(key=ask.key, cluster=cluster, arrays=arrays, sent={n: sent[n] for n in names},
-                                          num_examples=10, train_loss=1.0, metrics={}, is_update=update))
+                                          num_examples=10, train_loss=1.0, metrics=metrics, is_update=update))
             largest = max(largest, sum(a.nbytes for r in replies for a in r.arrays.values()))
             asks = steps.send(replies)
     except StopIteration:
@@ -230,13 +253,12 @@ def measure_memory(strategy_name: str, clients: int, rounds: int, extra: dict | 
     import numpy as np
 
     from clusterfed.config import parse_config
-    from clusterfed.strategies.base import steps as run_steps
     from clusterfed.strategies.exchange import ClientInfo
 
     values = {"strategy": strategy_name, "num-clients": clients, "out-dir": "/tmp/unused", **(extra or {})}
     strategy = parse_config(values).build_strategy()
     strategy.train_config = {"lr": 0.05, "local-epochs": 1}
-    theta0 = {n: np.zeros(shape, np.float32) for n, shape in MNIST_SHAPES.items()}
+    theta0 = {n: np.zeros(shape, np.float32) for n, shape in model_shapes(SETTING).items()}
     model_bytes = sum(a.nbytes for a in theta0.values())
     rng = np.random.default_rng(0)
     gc.collect()
@@ -246,7 +268,7 @@ def measure_memory(strategy_name: str, clients: int, rounds: int, extra: dict | 
     for key in keys:
         strategy.clients[key] = ClientInfo(key, 10, i % 4 if (i := int(key)) >= 0 else 0)
     strategy.active = keys
-    list(run_steps(strategy.admit(1, keys)))
+    _answer(strategy.admit(1, keys), rng)
     gc.collect()
     base, _ = tracemalloc.get_traced_memory()
     tracemalloc.reset_peak()
@@ -254,13 +276,14 @@ def measure_memory(strategy_name: str, clients: int, rounds: int, extra: dict | 
     started = time.perf_counter()
     for server_round in range(1, rounds + 1):
         strategy.round_extra = {}
-        uploads = max(uploads, _drive(strategy, server_round, rng))
+        uploads = max(uploads, _answer(strategy.round(server_round), rng))
     gc.collect()
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     cluster_bytes = len(strategy.models) * model_bytes
     kept = current - base - (cluster_bytes - model_bytes)  # beyond the cluster models (one existed at base)
-    return {"strategy": strategy_name, "clients": clients, "rounds": rounds, "clusters": len(strategy.models),
+    return {"setting": SETTING, "strategy": strategy_name, "clients": clients, "rounds": rounds,
+            "clusters": len(strategy.models),
             "model_bytes": model_bytes, "seconds": round(time.perf_counter() - started, 1),
             "retained_kb_per_client": round(kept / clients / 1024, 2),
             "peak_kb_per_client": round((peak - base - (cluster_bytes - model_bytes)) / clients / 1024, 2),
@@ -346,12 +369,13 @@ def save(mode: str, entry: dict) -> None:
     data = json.loads(path.read_text()) if path.exists() else {}
     if "results" in entry and "results" in data.get(mode, {}):  # keep earlier rows of other settings
         def ident(row):
-            return (row.get("strategy"), row.get("engine"), row["clients"])
+            return (row.get("strategy"), row.get("engine"), row["clients"], row.get("setting", DEFAULT_SETTING))
 
         mine = {ident(r) for r in entry["results"]}
         kept = [{**r, "command": r.get("command", data[mode]["command"])} for r in data[mode]["results"]
                 if ident(r) not in mine]
-        entry = {**entry, "results": sorted(kept + entry["results"], key=lambda r: (r["clients"], str(ident(r)[:2])))}
+        entry = {**entry, "results": sorted(kept + entry["results"],
+                                            key=lambda r: (ident(r)[3] != DEFAULT_SETTING, r["clients"], str(ident(r)[:2])))}
     data[mode] = {"command": "PYTHONPATH=$PWD python " + " ".join(["benchmarks/bench_scale_speed.py", *sys.argv[1:]]),
                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _git_commit(HERE.parent),
                   "cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()], **entry}
@@ -374,16 +398,20 @@ NOTES = {
                "while other jobs' load on the two cores changed several-fold; the overhead ratio, taken within each "
                "run, is the measure.",
     "memory": "Retained = what the strategy keeps between rounds beyond its cluster models; peak includes the round's "
-              "uploads, which any Flower server holds while it aggregates. FedAvg keeps nothing per client. CFL keeps "
-              "each client's latest full update (an absent member of a splitting cluster is placed by it) and HiCFL "
-              "per layer the latest full update (the weight selection and the reference split read it), up to three "
-              "selected updates (the three-update stability score) and the selection. Both kept float64 copies; they "
-              "now keep the float32 the clients sent (cast to float64 where used: the same numbers) and HiCFL's "
-              "selections as int32, and CFL's split criteria fill one float64 matrix instead of a list of float64 "
-              "rows plus their stack. Below 50 KB per client would need fewer numbers than one float32 update of the "
-              "model (131 KB for the MNIST CNN), i.e. different results (a projection or float16), so it is not done. "
-              "CFL's peak is its split criteria's matrix (one float64 row per replying client, from which its "
-              "norms are computed; computing them streaming would sum in another order).",
+              "uploads, which any Flower server holds while it aggregates. FedAvg, the oracle, IFCA and FedClust keep "
+              "nothing per client (AdaCFL under 1 KB: its assignments and newcomer records). CFL keeps per client "
+              "what its similarity compares (an absent member of a splitting cluster is placed by it): the latest "
+              "update as sent (float32), or for clients of fewer than 50 examples, as here (similarity-decay auto), "
+              "the updates summed with decay 0.8 in float64, twice the bytes of one update: 262 KB for the MNIST "
+              "CNN, 107 KB for the digits CNN. LayerCFL keeps the same for its decision layers only. HiCFL keeps per "
+              "layer the latest full update (the weight selection and the reference split read it), up to three "
+              "selected updates (the three-update stability score) and the selection. (The float32 copies and int32 "
+              "selections that halved CFL's and HiCFL's retained bytes were measured before/after in commit "
+              "ed1725af58's version of this file; CFL's summed updates came later.) Below 50 KB per client would need fewer numbers "
+              "than one float32 update of the model (131 KB for the MNIST CNN, 54 KB for the digits CNN), i.e. "
+              "different results (a projection or float16), so it is not done. CFL's peak is its split criteria's "
+              "matrix (one float64 row per replying client, from which its norms are computed; computing them "
+              "streaming would sum in another order).",
     "ray": "Flower's simulation engine with `client_resources = {num_cpus: 1}` (clusterfed/simulation.py): two "
            "actors on two cores, 1,000 virtual SuperNodes; the same accuracies as in-process. Round 1 includes the "
            "actors' start, their data loading and the 1,000 profile queries; compare round 2 (`round_seconds` in "
@@ -403,7 +431,9 @@ def write_readme(data: dict) -> None:
     lines = ["# Scale and speed of simulations with many small clients", "",
              "Generated by `benchmarks/bench_scale_speed.py` from `results.json` (commands, commits, load "
              "averages there). Setting: FedAvg, MNIST rotation (0/90/180/270), ~10 images per client at "
-             "1,000 clients, 1 local epoch, batch 16.", ""]
+             "1,000 clients, 1 local epoch, batch 16, unless a row names another setting of the registry: "
+             "`synthetic-rotation-10000` is 10,000 clients of 12 generated 8×8 digits (the digits CNN, 13,706 "
+             "numbers), `-frac0.1` with 10 % of them training and evaluated each round.", ""]
     if "compare" in data:
         entry = data["compare"]
         lines += ["## In-process engine: round time / the clients' own compute", "",
@@ -417,9 +447,10 @@ def write_readme(data: dict) -> None:
     if "overhead" in data:
         entry = data["overhead"]
         lines += ["## In-process engine overhead (this commit)", "", f"`{entry['command']}`", "",
-                  "| clients | round s | client compute s | overhead |", "|---|---|---|---|"]
+                  "| setting | clients | round s | client compute s | overhead |", "|---|---|---|---|---|"]
         for r in entry["results"]:
-            lines.append(f"| {r['clients']} | {r['round_seconds_mean']} | {r['client_seconds_mean']} | {r['overhead']} |")
+            lines.append(f"| {r.get('setting', DEFAULT_SETTING)} | {r['clients']} | {r['round_seconds_mean']} | "
+                         f"{r['client_seconds_mean']} | {r['overhead']} |")
         lines.append("")
     if "identical" in data:
         entry = data["identical"]
@@ -432,17 +463,20 @@ def write_readme(data: dict) -> None:
     if "memory" in data:
         entry = data["memory"]
         lines += ["## Server memory per client (beyond the cluster models)", "", f"`{entry['command']}`", "",
-                  "| strategy | clients | peak KB / client | retained KB / client |", "|---|---|---|---|"]
+                  "| setting | strategy | clients | peak KB / client | peak beyond the uploads | retained KB / client |",
+                  "|---|---|---|---|---|---|"]
         for r in entry["results"]:
-            lines.append(f"| {r['strategy']} | {r['clients']} | {r['peak_kb_per_client']} "
-                         f"(uploads {r['uploads_kb_per_client']}) | {r['retained_kb_per_client']} |")
+            lines.append(f"| {r.get('setting', DEFAULT_SETTING)} | {r['strategy']} | {r['clients']} | {r['peak_kb_per_client']} "
+                         f"(uploads {r['uploads_kb_per_client']}) | {r['peak_minus_uploads_kb_per_client']} | "
+                         f"{r['retained_kb_per_client']} |")
         lines.append("")
     if "ray" in data:
         entry = data["ray"]
         lines += ["## Flower's simulation engine (Ray) vs in-process", "", f"`{entry['command']}`", "",
-                  "| engine | clients | rounds | wall s | mean round s |", "|---|---|---|---|---|"]
+                  "| setting | engine | clients | rounds | wall s | mean round s |", "|---|---|---|---|---|---|"]
         for r in entry["results"]:
-            lines.append(f"| {r['engine']} | {r['clients']} | {r['rounds']} | {r.get('wall_seconds')} | "
+            lines.append(f"| {r.get('setting', DEFAULT_SETTING)} | {r['engine']} | {r['clients']} | {r['rounds']} | "
+                         f"{r.get('wall_seconds')} | "
                          f"{r.get('round_seconds_mean')} |")
         lines.append("")
     if "vmap" in data:
@@ -466,9 +500,12 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--before", default="")
-    parser.add_argument("--data-dir", default=DATA_DIR)
+    parser.add_argument("--data-dir", default=str(default_data_dir()))
     parser.add_argument("--strategies", default="fedavg,cfl,hicfl")
+    parser.add_argument("--setting", default=DEFAULT_SETTING, help="a setting of the registry (default mnist-rotation)")
     args = parser.parse_args()
+    global SETTING
+    SETTING = setting_name(args.setting)
     import logging
 
     logging.getLogger("flwr").setLevel(logging.WARNING)

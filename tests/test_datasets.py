@@ -37,6 +37,46 @@ def test_digits_shape_and_normalisation():
     assert abs(float(src.x.std()) - 1.0) < 1e-3
 
 
+def test_synthetic_digits_are_noisy_copies_of_the_digits_of_their_label():
+    """The generated pool: seeded (the same images in every process), every label drawn,
+    and each image nearer the digits of its own label than of any other (the noise hides
+    no label: a nearest-class-mean rule recovers them)."""
+    from clusterfed.datasets.sources import (
+        SYNTHETIC_DIGITS_SIZE,
+        _generate_synthetic_digits,
+        _load_digits,
+    )
+
+    images, labels, num_classes = _generate_synthetic_digits(size=2_000)
+    again, labels_again, _ = _generate_synthetic_digits(size=2_000)
+    assert np.array_equal(images, again) and np.array_equal(labels, labels_again)
+    assert images.shape == (2_000, 1, 8, 8) and num_classes == 10
+    assert set(np.unique(labels)) == set(range(10))
+    digits, targets, _ = _load_digits()
+    means = np.stack([digits[targets == c].mean(axis=0) for c in range(10)]).reshape(10, -1)
+    nearest = np.argmin(((images.reshape(len(images), 1, -1) - means[None]) ** 2).sum(axis=2), axis=1)
+    assert (nearest == labels).mean() > 0.8
+    # the noise is there: no image is one of the digits as it is
+    assert np.abs(images - digits[np.argmin(((images.reshape(len(images), 1, -1)
+                                              - digits.reshape(1, len(digits), -1)) ** 2).sum(2), axis=1)]).max() > 0.3
+    source = load_source("synthetic-digits")  # no data-dir: it is generated
+    assert source.x.shape == (SYNTHETIC_DIGITS_SIZE, 1, 8, 8) and source.input_shape == (1, 8, 8)
+    assert abs(float(source.x.mean())) < 1e-3 and abs(float(source.x.std()) - 1.0) < 1e-3
+
+
+def test_the_10000_client_setting_gives_every_client_its_minimum():
+    from clusterfed.experiments.settings import setting
+
+    values = setting("synthetic-rotation-10000-frac0.1")
+    source = load_source(values["dataset"])
+    partition = make_partition(source.y, source.num_classes, name=values["partitioner"],
+                               num_clients=values["num-clients"], seed=0, min_samples=values["min-samples"],
+                               rotations=values["rotations"])
+    sizes = [client.num_samples for client in partition.clients]
+    assert len(sizes) == 10_000 and min(sizes) >= values["min-samples"] and sum(sizes) == len(source)
+    assert sorted(set(partition.groups().tolist())) == [0, 1, 2, 3]
+
+
 def test_sources_are_cached_and_read_only():
     a = load_source("digits")
     assert load_source("digits") is a

@@ -8,6 +8,7 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clusterfed.cli import main
@@ -195,3 +196,22 @@ def test_runs_of_a_grid_made_in_pieces_merge_into_one_folder(tiny_experiment, tm
         ("fedavg", "0", "1"), ("fedavg", "1", "1"), ("oracle-x", "0", "2"), ("oracle-x", "1", "2")]
     assert (into / "oracle-x" / "seed1" / "rounds.jsonl").exists() and (into / "manifest-seed1.json").exists()
     assert "seeds 0, 1" in (into / "comparison.md").read_text()
+
+
+def test_the_memory_benchmark_answers_every_kind_of_ask_and_counts_what_is_kept(monkeypatch):
+    """benchmarks/bench_scale_speed.py memory: the uploads it reports are the replies' array
+    bytes; FedAvg keeps nothing per client, CFL at least one float32 update per client; an
+    admission exchange (FedClust) and multi-model asks (IFCA) are answered too."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    bench = importlib.import_module("bench_scale_speed")
+    monkeypatch.setattr(bench, "SETTING", "synthetic-rotation-10000")
+    update_kb = sum(4 * int(np.prod(shape)) for shape in bench.model_shapes(bench.SETTING).values()) / 1024
+    fedavg = bench.measure_memory("fedavg", 40, 2)
+    assert fedavg["uploads_kb_per_client"] == round(update_kb, 2)
+    assert abs(fedavg["retained_kb_per_client"]) < 1
+    cfl = bench.measure_memory("cfl", 40, 2, {"cfl.min-split-round": 10_000})
+    assert cfl["retained_kb_per_client"] >= update_kb
+    for name in ("fedclust", "ifca"):
+        assert bench.measure_memory(name, 40, 2)["rounds"] == 2

@@ -47,6 +47,7 @@ UNKNOWN_GROUP = -1
 # simulation's train+test pool statistics only in the third decimal.
 CHANNEL_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "digits": ((0.30526,), (0.37605,)),
+    "synthetic-digits": ((0.30519,), (0.48079,)),  # its generated pool's, as for digits
     "mnist": ((0.1307,), (0.3081,)),
     "fmnist": ((0.2860,), (0.3530,)),
     "emnist-letters": ((0.1722,), (0.3309,)),

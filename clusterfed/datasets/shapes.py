@@ -6,6 +6,7 @@ deployment) can still start a run.
 
 DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
     "digits": ((1, 8, 8), 10),
+    "synthetic-digits": ((1, 8, 8), 10),
     "mnist": ((1, 28, 28), 10),
     "fmnist": ((1, 28, 28), 10),
     "emnist-letters": ((1, 28, 28), 26),

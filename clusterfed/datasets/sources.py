@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DATASETS = ("digits", "mnist", "fmnist", "emnist-letters", "cifar10", "svhn")
+DATASETS = ("digits", "synthetic-digits", "mnist", "fmnist", "emnist-letters", "cifar10", "svhn")
+# the data sets built in memory, with no files to read (no `data-dir`)
+EMBEDDED = ("digits", "synthetic-digits")
+
+# synthetic-digits: enough images for 10,000 clients of 12 (cross-device scale), drawn with a
+# fixed seed so every process and every run sees the same pool
+SYNTHETIC_DIGITS_SIZE = 120_000
+SYNTHETIC_DIGITS_NOISE = 0.3
 
 
 class DatasetNotFoundError(RuntimeError):
@@ -70,16 +77,19 @@ _CACHE: dict[tuple[str, str | None], DataSource] = {}
 def load_source(name: str, data_dir: str | None = None) -> DataSource:
     """Load (once per process) the pool of data set `name`.
 
-    `digits` ships with scikit-learn and needs no `data_dir`; every other set is read with
-    torchvision (download=False) from `data_dir` in torchvision's folder layout.
+    `digits` ships with scikit-learn and `synthetic-digits` is generated from it, so neither
+    needs a `data_dir`; every other set is read with torchvision (download=False) from
+    `data_dir` in torchvision's folder layout.
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
-    root = None if name == "digits" else _require_dir(name, data_dir)
+    root = None if name in EMBEDDED else _require_dir(name, data_dir)
     key = (name, root)
     if key not in _CACHE:
         if name == "digits":
             images, labels, num_classes = _load_digits()
+        elif name == "synthetic-digits":
+            images, labels, num_classes = _generate_synthetic_digits()
         else:
             images, labels, num_classes = _load_torchvision(name, root)
         _CACHE[key] = _make_source(name, images, labels, num_classes)
@@ -113,6 +123,23 @@ def _load_digits() -> tuple[np.ndarray, np.ndarray, int]:
     bunch = load_digits()
     images = bunch.images.astype(np.float32)[:, None, :, :] / 16.0  # pixel values 0..16
     return images, bunch.target.astype(np.int64), 10
+
+
+def _generate_synthetic_digits(size: int = SYNTHETIC_DIGITS_SIZE, noise: float = SYNTHETIC_DIGITS_NOISE,
+                               seed: int = 0) -> tuple[np.ndarray, np.ndarray, int]:
+    """`size` 8×8 images for simulations of many clients (the 1,797 digits hold too few):
+    each a uniformly drawn label, one of scikit-learn's digits of that label, plus Gaussian
+    pixel noise of std `noise` (pixels scaled to [0, 1]). Seeded: the same pool everywhere."""
+    digits, targets, num_classes = _load_digits()
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, num_classes, size).astype(np.int64)
+    images = np.empty((size, *digits.shape[1:]), dtype=np.float32)
+    for label in range(num_classes):
+        where = np.flatnonzero(labels == label)
+        members = np.flatnonzero(targets == label)
+        images[where] = digits[members[rng.integers(0, len(members), len(where))]]
+    images += rng.normal(0.0, noise, images.shape).astype(np.float32)
+    return images, labels, num_classes
 
 
 def _to_numpy(a) -> np.ndarray:

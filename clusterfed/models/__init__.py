@@ -15,6 +15,7 @@ from .layers import LAYER_RULES, layer_names, num_parameters_bytes, select_layer
 MODELS = ("mnist-cnn", "fmnist-cnn", "cifar-cnn", "lenet5", "selection-cnn", "digits-cnn")
 AUTO_MODEL = {
     "digits": "digits-cnn",
+    "synthetic-digits": "digits-cnn",
     "mnist": "mnist-cnn",
     "fmnist": "fmnist-cnn",
     "emnist-letters": "mnist-cnn",
