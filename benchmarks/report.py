@@ -197,7 +197,9 @@ def scale_page() -> str | None:
     out = [HEADER, "", "# Many small clients", "",
            "Every registered strategy at 400 clients holding 25 examples each, full and 10 % participation "
            "(`benchmarks/experiments/scale.toml`), and the references and the papers' strategies at 1,000 "
-           "clients of 10 examples, seed 0 (`benchmarks/experiments/scale-1000.toml`); each grid folder has its "
+           "clients of 10 examples, seed 0 (`benchmarks/experiments/scale-1000.toml`), and the references and "
+           "FedClust at 10,000 clients of 12 generated 8×8 digits, 10 % participation, seed 0 "
+           "(`benchmarks/experiments/scale-10000.toml`); each grid folder has its "
            "`manifest.json`: commit, machine, load, command; seeds or strategies run later in pieces, "
            "`benchmarks/experiments/scale-seeds.toml`, have a `manifest-<piece>.json` each, and their "
            "seconds per round were measured under different loads). Mean ± std over the seeds run "
