@@ -35,6 +35,7 @@ The shared machinery (partial-weight phase, cut, references, newcomers) is in ``
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,16 @@ from pydantic import Field
 from clusterfed.strategies.base import Steps
 from clusterfed.strategies.exchange import natural
 from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams, OneShotState
+
+
+def recut_max_clusters(clients: int) -> int:
+    """The most clusters a re-cut of ``clients`` kept partial weights may form: sqrt(clients / 2),
+    the rule of thumb for the number of clusters in Mardia, Kent and Bibby, "Multivariate
+    Analysis" (1979), and at least 2. Why: clients holding a few images train alike when
+    their labels are alike, so their rows hold tight groups of a few clients below the true
+    groups; the group-free reference has no such fine structure, so an unbounded
+    best-silhouette cut can pass it with many clusters of two or three clients."""
+    return max(2, int(math.sqrt(clients / 2)))
 
 
 class FedClustParams(OneShotParams):
@@ -101,10 +112,11 @@ class FedClust(OneShotClustering):
         started = time.perf_counter()
         keys = sorted(self.unclustered, key=natural)
         X = np.stack([self.unclustered[key] for key in keys])
-        labels, info = self.cut(X)
+        bound = recut_max_clusters(len(keys))
+        labels, info = self.cut(X, max_clusters=bound)
         self.clustering_seconds += time.perf_counter() - started
         clusters = len(np.unique(labels))
-        self.recuts.append({"round": server_round, "clients": len(keys), "clusters": int(clusters),
+        self.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound, "clusters": int(clusters),
                             "best_silhouette": info.get("auto_best_silhouette"),
                             "required_silhouette": info.get("auto_required_silhouette")})
         self.round_extra["recut_clients"] = len(keys)

@@ -158,8 +158,9 @@ class OneShotClustering(ClusteredStrategy):
         X -= stack_partials([[start[name] for name in self.layer_keys]])
         return [reply.key for reply in replies], X, bytes_up
 
-    def cut(self, X: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
-        """Cluster labels of the rows of X at ``lambda`` (number or auto), and what the cut used."""
+    def cut(self, X: np.ndarray, max_clusters: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+        """Cluster labels of the rows of X at ``lambda`` (number or auto), and what the cut used;
+        ``max_clusters`` bounds the auto cut's candidates (default: cluster_auto's)."""
         metric, linkage = self.params.distance, self.params.linkage
         threshold = self.params.number_or_none(self.params.lambda_)
         sample = getattr(self.params, "cluster_sample", 0)
@@ -170,8 +171,9 @@ class OneShotClustering(ClusteredStrategy):
             return result.labels, {"lambda": result.threshold, "auto_best_silhouette": result.silhouette,
                                    "cluster_sample": int(sample)}
         if threshold is None:
+            bound = {} if max_clusters is None else {"max_clusters": max_clusters}
             auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.params.auto_min_silhouette,
-                                reference_draws=self.params.auto_reference_draws, seed=self.params.seed)
+                                reference_draws=self.params.auto_reference_draws, seed=self.params.seed, **bound)
             # auto_best_silhouette: on the one-cluster fallback, the best score that fell short
             return auto.labels, {"lambda": auto.threshold, "auto_best_silhouette": auto.silhouette,
                                  "auto_reference_silhouette": auto.reference, "auto_required_silhouette": auto.required}
