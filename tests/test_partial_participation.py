@@ -317,6 +317,32 @@ def test_fedclust_cuts_again_when_the_first_sample_showed_no_groups():
     state = algorithm.final_clusters()
     assert state["clustering_round"] == 1 and state["final_clustering_round"] == first["round"] > 1
     assert state["one_cluster_reason"] is None and state["recuts"][0]["clients"] == 8
+    assert first["max_clusters"] == 2  # sqrt(8 / 2)
+
+
+def test_fedclust_recut_does_not_take_tight_handfuls_of_clients_for_groups():
+    """Rows of 4 groups, each made of tight triples (clients of a few images that train
+    alike): the unbounded best-silhouette cut takes the 32 triples; the re-cut's bound,
+    sqrt(96 / 2) = 6 clusters, finds the 4 groups."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from clusterfed.strategies.fedclust import FedClust, recut_max_clusters
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(0, 1, (4, 50))
+    rows, truth = [], []
+    for group in range(4):
+        for _ in range(8):
+            triple = centres[group] + rng.normal(0, 0.6, 50)
+            rows += [triple + rng.normal(0, 0.05, 50) for _ in range(3)]
+            truth += [group] * 3
+    X = np.array(rows)
+    algorithm = make(FedClust, {str(i): 0 for i in range(4)})
+    unbounded, _ = algorithm.cut(X)
+    assert len(np.unique(unbounded)) == 32
+    assert recut_max_clusters(len(X)) == 6
+    bounded, info = algorithm.cut(X, max_clusters=recut_max_clusters(len(X)))
+    assert adjusted_rand_score(truth, bounded) == 1.0 and info["auto_best_silhouette"] > 0.25
 
 
 def test_fedclust_recut_false_keeps_the_papers_single_cut():

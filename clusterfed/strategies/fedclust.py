@@ -63,8 +63,9 @@ class FedClustParams(OneShotParams):
                                 description="cluster this many sampled clients with the full method and place the "
                                             "rest at the nearest cluster reference (0 = cluster all)")
     recut: bool = Field(True, description='lambda = "auto", a first cut that left one cluster: cut the placed clients\' '
-                                          "partial weights again each time their number doubles (partial "
-                                          "participation, late joiners; false = the paper's single cut)")
+                                          "partial weights again, into at most sqrt(n / 2) clusters, each time "
+                                          "their number n doubles (partial participation, late joiners; false = "
+                                          "the paper's single cut)")
 
 
 @dataclass
