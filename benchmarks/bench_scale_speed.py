@@ -268,12 +268,12 @@ def measure_memory(strategy_name: str, clients: int, rounds: int, extra: dict | 
     for key in keys:
         strategy.clients[key] = ClientInfo(key, 10, i % 4 if (i := int(key)) >= 0 else 0)
     strategy.active = keys
-    _answer(strategy.admit(1, keys), rng)
     gc.collect()
+    # from before the admission: what a one-shot strategy keeps from its clustering round counts
     base, _ = tracemalloc.get_traced_memory()
     tracemalloc.reset_peak()
-    uploads = 0
     started = time.perf_counter()
+    uploads = _answer(strategy.admit(1, keys), rng)
     for server_round in range(1, rounds + 1):
         strategy.round_extra = {}
         uploads = max(uploads, _answer(strategy.round(server_round), rng))

@@ -361,6 +361,8 @@ def test_fedclust_one_group_stays_one_cluster_and_says_how_many_clients_it_last_
     assert [r["clients"] for r in algorithm.recuts] == [8, 16]  # each time the sample doubled
     assert len(set(algorithm.assignment.values())) == 1 and set(algorithm.assignment) == set(groups)
     assert "last on 16 clients" in algorithm.final_clusters()["one_cluster_reason"]
+    # every known client was in the last cut: nothing left to grow, the kept rows are dropped
+    assert algorithm.unclustered == {} and algorithm.recut_at == 0
 
 
 def test_selection_reads_fraction_train_as_availability():
