@@ -14,12 +14,13 @@ Run from the repository root with the repository on ``PYTHONPATH``:
     PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py overhead --setting synthetic-rotation-10000-frac0.1 --clients 10000 --rounds 3
     PYTHONPATH=$PWD python benchmarks/bench_scale_speed.py memory --setting synthetic-rotation-10000 --clients 10000 --rounds 3
 
-The setting (every mode): FedAvg on real MNIST (``--data-dir``, torchvision layout; 10,000
+The setting (every mode; ``vmap`` always): FedAvg on real MNIST (``--data-dir``, torchvision layout; 10,000
 digits), ``rotation`` partitioner (0/90/180/270), so 1,000 clients hold ~10 images each (8
 train, 2 test), 1 local epoch, batch 16, no checkpoints. ``--setting`` names another setting
-of the registry (``--clients`` still sets the client count), e.g. the 10,000 clients of
-generated 8×8 digits, ``synthetic-rotation-10000`` (``-frac0.1``: 10 % of the clients
-train and are evaluated each round); ``memory`` then replies with that setting's model.
+of the registry for ``overhead``, ``profile``, ``ray`` and ``memory`` (``--clients`` still sets
+the client count), e.g. the 10,000 clients of generated 8×8 digits, ``synthetic-rotation-10000``
+(``-frac0.1``: 10 % of the clients train and are evaluated each round); ``memory`` takes only
+the setting's model from it (its rows name the setting for that).
 
 ``overhead``: in-process engine; per round, round time / the clients' own compute
 (``clusterfed.training.train`` + ``evaluate``, timed by wrapping them where the ClientApp
@@ -439,7 +440,9 @@ def write_readme(data: dict) -> None:
              "averages there). Setting: FedAvg, MNIST rotation (0/90/180/270), ~10 images per client at "
              "1,000 clients, 1 local epoch, batch 16, unless a row names another setting of the registry: "
              "`synthetic-rotation-10000` is 10,000 clients of 12 generated 8×8 digits (the digits CNN, 13,706 "
-             "numbers), `-frac0.1` with 10 % of them training and evaluated each round.", ""]
+             "numbers), `-frac0.1` with 10 % of them training and evaluated each round. In the memory table "
+             "the setting gives only the model; the client count is the row's. Retained bytes slightly below "
+             "zero are the measurement's noise (allocator and garbage collection), i.e. nothing kept.", ""]
     if "compare" in data:
         entry = data["compare"]
         lines += ["## In-process engine: round time / the clients' own compute", "",

@@ -214,8 +214,8 @@ def test_the_memory_benchmark_answers_every_kind_of_ask_and_counts_what_is_kept(
     cfl = bench.measure_memory("cfl", 40, 2, {"cfl.min-split-round": 10_000})
     assert cfl["retained_kb_per_client"] >= update_kb
     # FedClust's clustering round on random replies finds no groups: it keeps every client's
-    # final-layer change (float64) for a later cut, which the measurement must show
+    # final-layer change (float32) for a later cut, which the measurement must show
     final_layer = sum(int(np.prod(shape)) for name, shape in bench.model_shapes(bench.SETTING).items()
                       if name.startswith("fc2"))
-    assert bench.measure_memory("fedclust", 40, 2)["retained_kb_per_client"] >= 8 * final_layer / 1024
+    assert bench.measure_memory("fedclust", 40, 2)["retained_kb_per_client"] >= 4 * final_layer / 1024
     assert bench.measure_memory("ifca", 40, 2)["rounds"] == 2

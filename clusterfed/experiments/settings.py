@@ -44,6 +44,11 @@ def default_data_dir() -> Path:
     return Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
 
+def _sampled(fraction: float) -> dict[str, float]:
+    """A cross-device round samples who trains and who is evaluated alike."""
+    return {"fraction-train": fraction, "fraction-evaluate": fraction}
+
+
 def _build() -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for name, keys in PARTITIONS.items():
@@ -65,15 +70,14 @@ def _build() -> dict[str, dict[str, Any]]:
             for fraction in SCALE_FRACTIONS:
                 suffix = "" if fraction == 1.0 else f"-frac{fraction:g}"
                 out[f"mnist-{name}-{clients}{suffix}"] = {
-                    **mnist, "num-clients": clients, **PARTITIONS[name], "fraction-train": fraction,
-                    "min-samples": 5}
+                    **mnist, "num-clients": clients, **PARTITIONS[name], **_sampled(fraction), "min-samples": 5}
     # 10,000 clients of 12 generated images (about 10 to train, 2 to test) for speed and memory
     for name in ("rotation", "pairs"):
         for fraction in SCALE_FRACTIONS:
             suffix = "" if fraction == 1.0 else f"-frac{fraction:g}"
             out[f"synthetic-{name}-{GENERATED_SCALE_CLIENTS}{suffix}"] = {
                 "dataset": "synthetic-digits", "num-clients": GENERATED_SCALE_CLIENTS, **PARTITIONS[name],
-                "fraction-train": fraction, "min-samples": 5}
+                **_sampled(fraction), "min-samples": 5}
     return out
 
 
