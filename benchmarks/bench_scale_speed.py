@@ -368,6 +368,9 @@ def save(mode: str, entry: dict) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     path = OUT / "results.json"
     data = json.loads(path.read_text()) if path.exists() else {}
+    command = "PYTHONPATH=$PWD python " + " ".join(["benchmarks/bench_scale_speed.py", *sys.argv[1:]])
+    if "results" in entry:  # every row names the command that measured it
+        entry = {**entry, "results": [{**r, "command": r.get("command", command)} for r in entry["results"]]}
     if "results" in entry and "results" in data.get(mode, {}):  # keep earlier rows of other settings
         def ident(row):
             return (row.get("strategy"), row.get("engine"), row["clients"], row.get("setting", DEFAULT_SETTING))
@@ -377,7 +380,7 @@ def save(mode: str, entry: dict) -> None:
                 if ident(r) not in mine]
         entry = {**entry, "results": sorted(kept + entry["results"],
                                             key=lambda r: (ident(r)[3] != DEFAULT_SETTING, r["clients"], str(ident(r)[:2])))}
-    data[mode] = {"command": "PYTHONPATH=$PWD python " + " ".join(["benchmarks/bench_scale_speed.py", *sys.argv[1:]]),
+    data[mode] = {"command": command,
                   "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "commit": _git_commit(HERE.parent),
                   "cpus": os.cpu_count(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()], **entry}
     path.write_text(json.dumps(data, indent=1) + "\n")
@@ -399,8 +402,11 @@ NOTES = {
                "while other jobs' load on the two cores changed several-fold; the overhead ratio, taken within each "
                "run, is the measure.",
     "memory": "Retained = what the strategy keeps between rounds beyond its cluster models; peak includes the round's "
-              "uploads, which any Flower server holds while it aggregates. FedAvg, the oracle, IFCA and FedClust keep "
-              "nothing per client (AdaCFL under 1 KB: its assignments and newcomer records). CFL keeps per client "
+              "uploads, which any Flower server holds while it aggregates. FedAvg, the oracle and IFCA keep nothing "
+              "per client (AdaCFL under 1 KB: its assignments and newcomer records). FedClust, whose clustering "
+              "round on these random replies finds no groups, keeps every client's final-layer change as sent "
+              "(float32) for a later cut until a cut finds groups or has seen every known client; its peak is "
+              "its clustering round's float64 rows and distances. CFL keeps per client "
               "what its similarity compares (an absent member of a splitting cluster is placed by it): the latest "
               "update as sent (float32), or for clients of fewer than 50 examples, as here (similarity-decay auto), "
               "the updates summed with decay 0.8 in float64, twice the bytes of one update: 262 KB for the MNIST "
@@ -472,7 +478,9 @@ def write_readme(data: dict) -> None:
         lines.append("")
     if "memory" in data:
         entry = data["memory"]
-        lines += ["## Server memory per client (beyond the cluster models)", "", f"`{entry['command']}`", "",
+        commands = dict.fromkeys(r.get("command", entry["command"]) for r in entry["results"])
+        lines += ["## Server memory per client (beyond the cluster models)", "",
+                  *[x for c in commands for x in (f"`{c}`", "")],
                   "| setting | strategy | clients | peak KB / client | peak beyond the uploads | retained KB / client |",
                   "|---|---|---|---|---|---|"]
         for r in entry["results"]:
