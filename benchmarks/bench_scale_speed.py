@@ -79,10 +79,7 @@ from bench_engine_overhead import ClientClock, marking_rounds, overhead_record  
 
 
 def _values(clients: int, rounds: int, out: str, data_dir: str, strategy: str = "fedavg", **extra) -> dict:
-    values = setting(SETTING)
-    # a cross-device round evaluates a sample too, as large as the one that trains
-    sampled = {"fraction-evaluate": values["fraction-train"]} if values.get("fraction-train", 1.0) < 1 else {}
-    return {**values, **sampled, "strategy": strategy, "num-clients": clients, "rounds": rounds, "seed": 0,
+    return {**setting(SETTING), "strategy": strategy, "num-clients": clients, "rounds": rounds, "seed": 0,
             "data-dir": data_dir, "checkpoint": False, "out-dir": out, **extra}
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from clusterfed.config import ConfigError, RunConfig, parse_config
+from clusterfed.datasets.shapes import DATASET_SHAPES
 from clusterfed.experiments.manifest import config_hash, start_manifest, write_manifest
 from clusterfed.experiments.results import CSV_COLUMNS, run_row, write_outputs
 from clusterfed.experiments.spec import Experiment, Grid, Variant
@@ -132,7 +133,7 @@ class RunsFailed(RuntimeError):
 
 def cost(config: RunConfig) -> float:
     """Rough relative cost of a run, to start the longest first."""
-    small_images = config.dataset in ("digits", "synthetic-digits")  # 8×8, the digits CNN
+    small_images = DATASET_SHAPES[config.dataset][0][1:] == (8, 8)  # the digits CNN
     per_round = (1.0 if small_images else 8.0) * config.num_clients / 20 * config.fraction_train
     return per_round * config.rounds
 

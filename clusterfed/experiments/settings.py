@@ -20,6 +20,8 @@ import difflib
 from pathlib import Path
 from typing import Any
 
+from clusterfed.datasets.sources import EMBEDDED
+
 PAIRS = "0,1;2,3;4,5;6,7;8,9"
 ROTATIONS = "0,90,180,270"
 
@@ -109,6 +111,4 @@ def setting(name: str) -> dict[str, Any]:
 
 
 def uses_data_dir(values: dict[str, Any]) -> bool:
-    from clusterfed.datasets.sources import EMBEDDED
-
     return values.get("dataset", "digits") not in EMBEDDED

@@ -52,8 +52,8 @@ from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams, OneS
 def recut_max_clusters(clients: int) -> int:
     """The most clusters a re-cut of ``clients`` kept partial weights may form: sqrt(clients / 2),
     the rule of thumb for the number of clusters in Mardia, Kent and Bibby, "Multivariate
-    Analysis" (1979), at least 2 and at most the first cut's bound (DEFAULT_MAX_CLUSTERS). Why: clients holding a few images train alike when
-    their labels are alike, so their rows hold tight groups of a few clients below the true
+    Analysis" (1979), at least 2 and at most the first cut's bound (DEFAULT_MAX_CLUSTERS).
+    Why: clients holding a few images train alike when their labels are alike, so their rows hold tight groups of a few clients below the true
     groups; the group-free reference has no such fine structure, so an unbounded
     best-silhouette cut can pass it with many clusters of two or three clients."""
     return max(2, min(DEFAULT_MAX_CLUSTERS, int(math.sqrt(clients / 2))))
@@ -124,11 +124,10 @@ class FedClust(OneShotClustering):
                             "required_silhouette": info.get("auto_required_silhouette")})
         self.round_extra["recut_clients"] = len(keys)
         if clusters == 1:
-            # next when the sample has doubled or holds every known client; after a cut of them
-            # all nothing is left to grow, so the kept rows are dropped
-            everyone = len(keys) >= len(self.clients)
-            self.unclustered = {} if everyone else self.unclustered
-            self.recut_at = 0 if everyone else min(2 * len(keys), len(self.clients))
+            if len(keys) >= len(self.clients):  # every known client was cut: nothing left to grow
+                self.unclustered, self.recut_at = {}, 0
+            else:  # next when the sample has doubled or holds every known client
+                self.recut_at = min(2 * len(keys), len(self.clients))
             self.clustering_state.update({k: v for k, v in info.items() if k != "lambda"})
             return
         (single,) = set(self.models)
