@@ -147,13 +147,19 @@ def _now() -> str:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` on this host still runs. A zombie (ended, not yet reaped,
+    as under an init that does not reap) answers signal 0 but does not run."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        # /proc/<pid>/stat: "pid (name) state ...", and the name may hold spaces or ")"
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 class RunStatus:

@@ -141,6 +141,27 @@ class Federation:
             except (ProcessLookupError, ValueError):
                 pass
 
+    def kill_superlink(self, superlink: subprocess.Popen) -> None:
+        """SIGKILL the SuperLink and what it launched, as a crash of its host would. Flower
+        starts the SuperExec in a session of its own and the SuperExec starts the ServerApp:
+        neither is in the SuperLink's process group. They exit once they see their parent
+        gone, but a parent only looks gone once it is reaped, and an init that does not reap
+        (as in some CI containers) leaves the old ServerApp running; it then reconnects to the
+        restarted SuperLink and writes to out-dir beside the resumed run."""
+        self.stop(superlink, signal.SIGKILL)
+        address = f"127.0.0.1:{self.port}"
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            except OSError:
+                continue
+            launched = any(Path(arg).name in ("flower-superexec", "flwr-serverapp") for arg in argv[:2])
+            if launched and address in argv:
+                try:
+                    os.kill(int(proc.name), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def warm_workers(self) -> list[Path]:
         return sorted((self.tmp / "workers").glob("*.pid"))
 
@@ -258,7 +279,7 @@ def test_a_deployed_run_resumes_after_the_superlink_is_killed(tmp_path):
         first = federation.spawn([FLWR, "run", str(ROOT), "test", "--stream", "--run-config", overrides], "flwr-run")
         wait_for(lambda: len(rows(out)) >= 2 or first.poll() is not None, RUN_SECONDS, "round 2")
         assert len(rows(out)) >= 2 and (out / "checkpoint.json").exists()
-        federation.stop(federation.processes[0], signal.SIGKILL)  # the SuperLink, its SuperExec and ServerApp
+        federation.kill_superlink(federation.processes[0])  # with its SuperExec and ServerApp
         first.wait(timeout=120)
         done_before = len(rows(out))
         federation.spawn(superlink_args, "superlink-restarted")
@@ -275,3 +296,5 @@ def test_a_deployed_run_resumes_after_the_superlink_is_killed(tmp_path):
     assert [r["round"] for r in records] == [1, 2, 3, 4] and done_before < 4
     assert records[-1]["clients_known"] == 2
     assert "resumed from" in log, log[-3000:]
+    # the killed ServerApp never wrote how its run ended: the resumed run's status says so
+    assert "never wrote how it ended" in status.get("note", ""), status

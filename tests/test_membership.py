@@ -8,6 +8,8 @@ a dead SuperNode until its heartbeat lapses) and messages to it come back as
 
 import json
 import os
+import time
+from pathlib import Path
 
 import pytest
 from flwr.app import Context, Error, Message, RecordDict
@@ -206,6 +208,30 @@ def test_a_stale_running_status_is_replaced_with_a_note(tmp_path, churn):
     assert status["status"] == "ok"
     assert f"pid {int(gone.stdout)}" in status["note"] and "last update t1" in status["note"]
     assert "is no longer running" in status["note"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_a_zombie_process_is_not_taken_for_a_running_one():
+    import signal
+    import subprocess
+    import sys
+
+    from clusterfed.server_app import _alive
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert _alive(child.pid)
+        os.kill(child.pid, signal.SIGKILL)
+        # not reaped yet: it answers signal 0 until we wait for it
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        os.kill(child.pid, 0)
+        assert not _alive(child.pid)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def _garbage_node(grid, tmp_path, key="bad-device"):
