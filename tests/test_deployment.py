@@ -291,7 +291,8 @@ def test_a_deployed_run_resumes_after_the_superlink_is_killed(tmp_path):
         federation.close()
     status = json.loads((out / "status.json").read_text())
     log = (tmp_path / "logs" / "flwr-run-resumed.log").read_text(errors="replace")
-    assert status["status"] == "ok", f"{status}\n{log[-3000:]}"
+    superlink_log = (tmp_path / "logs" / "superlink-restarted.log").read_text(errors="replace")
+    assert status["status"] == "ok", f"{status}\n{log[-3000:]}\nrestarted SuperLink:\n{superlink_log[-3000:]}"
     records = rows(out)
     assert [r["round"] for r in records] == [1, 2, 3, 4] and done_before < 4
     assert records[-1]["clients_known"] == 2

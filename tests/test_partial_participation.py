@@ -345,6 +345,30 @@ def test_fedclust_recut_does_not_take_tight_handfuls_of_clients_for_groups():
     assert adjusted_rand_score(truth, bounded) == 1.0 and info["auto_best_silhouette"] > 0.25
 
 
+def test_fedclust_recut_bound_reaches_a_sampled_cut():
+    """With cluster-sample set, the re-cut's bound reaches the sampled clustering: 4 groups
+    of 24 rows, each 8 tight triples; a sample of 60 rows cut unbounded takes the triples
+    apart from their groups, the bound of 6 clusters finds the 4 groups."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from clusterfed.strategies.fedclust import FedClust, recut_max_clusters
+
+    rng = np.random.default_rng(0)
+    centres = rng.normal(0, 1, (4, 50))
+    rows, truth = [], []
+    for group in range(4):
+        for _ in range(8):
+            triple = centres[group] + rng.normal(0, 0.6, 50)
+            rows += [triple + rng.normal(0, 0.05, 50) for _ in range(3)]
+            truth += [group] * 3
+    X = np.array(rows)
+    algorithm = make(FedClust, {str(i): 0 for i in range(4)}, cluster_sample=60)
+    unbounded, info = algorithm.cut(X)
+    assert info["cluster_sample"] == 60 and len(np.unique(unbounded)) > 6
+    bounded, _ = algorithm.cut(X, max_clusters=recut_max_clusters(len(X)))
+    assert adjusted_rand_score(truth, bounded) == 1.0
+
+
 def test_fedclust_recut_false_keeps_the_papers_single_cut():
     algorithm, _ = fedclust_on_a_growing_sample([0, 1], rounds=12, recut=False)
     assert algorithm.recuts == [] and len(set(algorithm.assignment.values())) == 1

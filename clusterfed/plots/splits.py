@@ -172,7 +172,8 @@ def plot_stability(rounds: list[dict], splits: list[dict], path: Path, title: st
         _split_lines(ax, splits)
         ax.set(yscale="log", xlabel="round", ylabel="windowed stability S", title=f"layer {layer}")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
+        if ax.get_legend_handles_labels()[0]:  # neither ε nor a split: nothing to name
+            ax.legend(fontsize=7, loc="upper left")
     for ax in axes.ravel()[len(layers):]:
         ax.axis("off")
     fig.suptitle(f"{title}: stability per client (one line each)", fontsize=10)

@@ -164,14 +164,14 @@ class OneShotClustering(ClusteredStrategy):
         metric, linkage = self.params.distance, self.params.linkage
         threshold = self.params.number_or_none(self.params.lambda_)
         sample = getattr(self.params, "cluster_sample", 0)
+        bound = {} if max_clusters is None else {"max_clusters": max_clusters}
         if 0 < sample < len(X):  # many clients: cluster a sample, place the rest by nearest reference
             result = cluster_sampled(X, sample, seed=self.params.seed, metric=metric, linkage=linkage,
                                      threshold="auto" if threshold is None else threshold,
-                                     min_silhouette=self.params.auto_min_silhouette)
+                                     min_silhouette=self.params.auto_min_silhouette, **bound)
             return result.labels, {"lambda": result.threshold, "auto_best_silhouette": result.silhouette,
                                    "cluster_sample": int(sample)}
         if threshold is None:
-            bound = {} if max_clusters is None else {"max_clusters": max_clusters}
             auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.params.auto_min_silhouette,
                                 reference_draws=self.params.auto_reference_draws, seed=self.params.seed, **bound)
             # auto_best_silhouette: on the one-cluster fallback, the best score that fell short
