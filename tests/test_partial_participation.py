@@ -320,14 +320,9 @@ def test_fedclust_cuts_again_when_the_first_sample_showed_no_groups():
     assert first["max_clusters"] == 2  # sqrt(8 / 2)
 
 
-def test_fedclust_recut_does_not_take_tight_handfuls_of_clients_for_groups():
-    """Rows of 4 groups, each made of tight triples (clients of a few images that train
-    alike): the unbounded best-silhouette cut takes the 32 triples; the re-cut's bound,
-    sqrt(96 / 2) = 6 clusters, finds the 4 groups."""
-    from sklearn.metrics import adjusted_rand_score
-
-    from clusterfed.strategies.fedclust import FedClust, recut_max_clusters
-
+def _tight_triples() -> tuple[np.ndarray, list[int]]:
+    """96 rows of 4 groups, each made of 8 tight triples (clients of a few images that train
+    alike), and each row's group."""
     rng = np.random.default_rng(0)
     centres = rng.normal(0, 1, (4, 50))
     rows, truth = [], []
@@ -336,7 +331,18 @@ def test_fedclust_recut_does_not_take_tight_handfuls_of_clients_for_groups():
             triple = centres[group] + rng.normal(0, 0.6, 50)
             rows += [triple + rng.normal(0, 0.05, 50) for _ in range(3)]
             truth += [group] * 3
-    X = np.array(rows)
+    return np.array(rows), truth
+
+
+def test_fedclust_recut_does_not_take_tight_handfuls_of_clients_for_groups():
+    """Rows of 4 groups, each made of tight triples (clients of a few images that train
+    alike): the unbounded best-silhouette cut takes the 32 triples; the re-cut's bound,
+    sqrt(96 / 2) = 6 clusters, finds the 4 groups."""
+    from sklearn.metrics import adjusted_rand_score
+
+    from clusterfed.strategies.fedclust import FedClust, recut_max_clusters
+
+    X, truth = _tight_triples()
     algorithm = make(FedClust, {str(i): 0 for i in range(4)})
     unbounded, _ = algorithm.cut(X)
     assert len(np.unique(unbounded)) == 32
@@ -353,15 +359,7 @@ def test_fedclust_recut_bound_reaches_a_sampled_cut():
 
     from clusterfed.strategies.fedclust import FedClust, recut_max_clusters
 
-    rng = np.random.default_rng(0)
-    centres = rng.normal(0, 1, (4, 50))
-    rows, truth = [], []
-    for group in range(4):
-        for _ in range(8):
-            triple = centres[group] + rng.normal(0, 0.6, 50)
-            rows += [triple + rng.normal(0, 0.05, 50) for _ in range(3)]
-            truth += [group] * 3
-    X = np.array(rows)
+    X, truth = _tight_triples()
     algorithm = make(FedClust, {str(i): 0 for i in range(4)}, cluster_sample=60)
     unbounded, info = algorithm.cut(X)
     assert info["cluster_sample"] == 60 and len(np.unique(unbounded)) > 6
