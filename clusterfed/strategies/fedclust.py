@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from clusterfed.clustering.agglomerative import DEFAULT_MAX_CLUSTERS
+from clusterfed.clustering import DEFAULT_MAX_CLUSTERS
 from clusterfed.strategies.base import Steps
 from clusterfed.strategies.exchange import natural
 from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams, OneShotState
@@ -53,9 +53,10 @@ def recut_max_clusters(clients: int) -> int:
     """The most clusters a re-cut of ``clients`` kept partial weights may form: sqrt(clients / 2),
     the rule of thumb for the number of clusters in Mardia, Kent and Bibby, "Multivariate
     Analysis" (1979), at least 2 and at most the first cut's bound (DEFAULT_MAX_CLUSTERS).
-    Why: clients holding a few images train alike when their labels are alike, so their rows hold tight groups of a few clients below the true
-    groups; the group-free reference has no such fine structure, so an unbounded
-    best-silhouette cut can pass it with many clusters of two or three clients."""
+    Why: clients holding a few images train alike when their labels are alike, so their rows
+    hold tight groups of a few clients below the true groups; the group-free reference has no
+    such fine structure, so an unbounded best-silhouette cut can pass it with many clusters of
+    two or three clients."""
     return max(2, min(DEFAULT_MAX_CLUSTERS, int(math.sqrt(clients / 2))))
 
 
@@ -114,7 +115,7 @@ class FedClust(OneShotClustering):
         on clusters, form them from the one cluster's current model."""
         started = time.perf_counter()
         keys = sorted(self.unclustered, key=natural)
-        X = np.stack([self.unclustered[key] for key in keys]).astype(np.float64)
+        X = np.stack([self.unclustered[key] for key in keys], dtype=np.float64)
         bound = recut_max_clusters(len(keys))
         labels, info = self.cut(X, max_clusters=bound)
         self.clustering_seconds += time.perf_counter() - started

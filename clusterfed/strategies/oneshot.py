@@ -37,6 +37,7 @@ from sklearn.metrics import silhouette_score
 
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering import (
+    DEFAULT_MAX_CLUSTERS,
     cluster_auto,
     cluster_by_threshold,
     cluster_sampled,
@@ -158,22 +159,22 @@ class OneShotClustering(ClusteredStrategy):
         X -= stack_partials([[start[name] for name in self.layer_keys]])
         return [reply.key for reply in replies], X, bytes_up
 
-    def cut(self, X: np.ndarray, max_clusters: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
+    def cut(self, X: np.ndarray, max_clusters: int = DEFAULT_MAX_CLUSTERS) -> tuple[np.ndarray, dict[str, Any]]:
         """Cluster labels of the rows of X at ``lambda`` (number or auto), and what the cut used;
-        ``max_clusters`` bounds the auto cut's candidates (default: cluster_auto's)."""
+        ``max_clusters`` bounds the auto cut's candidates."""
         metric, linkage = self.params.distance, self.params.linkage
         threshold = self.params.number_or_none(self.params.lambda_)
         sample = getattr(self.params, "cluster_sample", 0)
-        bound = {} if max_clusters is None else {"max_clusters": max_clusters}
         if 0 < sample < len(X):  # many clients: cluster a sample, place the rest by nearest reference
             result = cluster_sampled(X, sample, seed=self.params.seed, metric=metric, linkage=linkage,
                                      threshold="auto" if threshold is None else threshold,
-                                     min_silhouette=self.params.auto_min_silhouette, **bound)
+                                     min_silhouette=self.params.auto_min_silhouette, max_clusters=max_clusters)
             return result.labels, {"lambda": result.threshold, "auto_best_silhouette": result.silhouette,
                                    "cluster_sample": int(sample)}
         if threshold is None:
             auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.params.auto_min_silhouette,
-                                reference_draws=self.params.auto_reference_draws, seed=self.params.seed, **bound)
+                                reference_draws=self.params.auto_reference_draws, seed=self.params.seed,
+                                max_clusters=max_clusters)
             # auto_best_silhouette: on the one-cluster fallback, the best score that fell short
             return auto.labels, {"lambda": auto.threshold, "auto_best_silhouette": auto.silhouette,
                                  "auto_reference_silhouette": auto.reference, "auto_required_silhouette": auto.required}
