@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy.cluster import hierarchy
 
-from .null_reference import reference_score, structure_threshold
+from .null_reference import ReferenceMethod, reference_score, structure_threshold
 from .distances import as_client_matrix, check_distance_method, check_metric, condensed_distances
 
 LINKAGES = ("average", "single", "complete", "ward")
@@ -145,6 +145,7 @@ def cluster_auto(
     distances: str = "pdist",
     reference_draws: int = 0,
     seed: int = 0,
+    reference_method: ReferenceMethod = "rotation",
 ) -> AutoCut:
     """λ = "auto": the dendrogram cut with the best silhouette, or one cluster.
 
@@ -156,10 +157,12 @@ def cluster_auto(
 
     ``reference_draws > 0``: when the best score falls short of ``min_silhouette``, the
     threshold is lowered to the best score that the same procedure reaches on that many
-    group-free Gaussian data sets shaped like X (``null_reference``): many small, noisy
-    clients hold real groups whose silhouette is below a threshold fit for tens of clients,
-    and noise of that size scores lower still. A cut that passes ``min_silhouette`` is never
-    affected.
+    group-free data sets shaped like X (``null_reference``; ``reference_method``: X's rows
+    rotated about their mean, exact for Gaussian noise of any covariance, or Gaussian draws
+    with X's covariance): many small, noisy clients hold real groups whose silhouette is
+    below a threshold fit for tens of clients, and so do a few clients whose updates have
+    thousands of coordinates; noise of that size and shape scores lower still. A cut that
+    passes ``min_silhouette`` is never affected.
     """
     check_linkage(linkage, metric)
     check_distance_method(distances)
@@ -184,7 +187,7 @@ def cluster_auto(
         def score(R: np.ndarray) -> float | None:
             return cluster_auto(R, metric=metric, linkage=linkage, min_silhouette=-1.0,
                                 max_clusters=max_clusters, distances=distances).silhouette
-        reference = reference_score(X, score, draws=reference_draws, seed=seed)
+        reference = reference_score(X, score, draws=reference_draws, seed=seed, method=reference_method)
         required = structure_threshold(min_silhouette, reference)
     if not scores or best_score < required:
         return AutoCut(

@@ -6,22 +6,43 @@ clients, but the best silhouette that noise reaches falls with the number of cli
 the silhouette of real groups of small, noisy clients falls too: hundreds of clients with a
 few dozen samples each hold real groups whose silhouette is well below a threshold chosen at
 20 clients. The reference here is the idea of Tibshirani, Walther and Hastie's gap statistic
-("Estimating the number of clusters in a data set via the gap statistic", JRSS-B 2001) with
-their principal-component reference: draw data sets with no groups — Gaussian, with the
-clients' own mean and covariance — score each with the same clustering procedure, and take
-a high quantile of those scores as "what noise reaches at this size and shape".
+("Estimating the number of clusters in a data set via the gap statistic", JRSS-B 2001):
+draw data sets with no groups shaped like the clients' rows, score each with the same
+clustering procedure, and take the largest of ``draws`` scores as "what noise reaches at
+this size and shape" (with 19 draws, a one-sided 5 % Monte Carlo test).
 
-scikit-learn and SciPy have the clustering and the silhouette but no reference
-distribution, so the draw is written here. The rows are first expressed in an orthonormal
-basis of their span (an m × min(m, d) matrix), which keeps every L2 and cosine distance and
-makes a draw cost O(m³) instead of O(m²·d).
+Two ways to draw them (``method``):
+
+- ``"gaussian"``: their principal-component reference, Gaussian rows with the rows' mean
+  and covariance. With m rows the covariance has rank m - 1, so the draws live in m - 1
+  dimensions; a few clients' update vectors live in thousands, where noise makes every
+  pairwise distance nearly the same (the rows form a near-regular simplex: Hall, Marron and
+  Neeman, "Geometric representation of high dimension, low sample size data", JRSS-B 2005).
+  Gaussian points in m - 1 dimensions clump by chance far more, so at 6-16 clients this
+  reference scores high (0.5-0.75) and can never lower the fixed threshold.
+- ``"rotation"``: a rotation test (Langsrud, "Rotation tests", Statistics and Computing
+  2005): the rows' deviations from their mean are mixed by a random orthogonal matrix that
+  keeps the all-ones direction (Haar on its complement). For rows that are i.i.d. Gaussian
+  with any mean and any covariance the rotated sets have the data's own distribution, so
+  the test is exact whatever the spread of the noise across directions, and nothing is
+  estimated; every rotated set keeps the data's Gram spectrum, hence its distance
+  concentration. Group means are mixed into Gaussian-like spreads, which is what the
+  clustering has to beat.
+
+scikit-learn and SciPy have the clustering and the silhouette but neither reference, so the
+draws are written here. The rows are first expressed in an orthonormal basis of their span
+(an m × min(m, d) matrix), which keeps every L2 and cosine distance and makes a draw cost
+O(m³) instead of O(m²·d).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal
 
 import numpy as np
+
+ReferenceMethod = Literal["gaussian", "rotation"]
+REFERENCE_METHODS = ("gaussian", "rotation")
 
 # Quantile of the reference scores a structured data set must beat; with 19 draws the
 # largest one (a one-sided 5 % test).
@@ -42,29 +63,50 @@ def span_coordinates(X: np.ndarray) -> np.ndarray:
     return r.T  # X = r.T q.T, so r.T holds the coordinates of each row
 
 
-def reference_draws(X: np.ndarray, draws: int, seed: int, max_rows: int = MAX_REFERENCE_ROWS) -> list[np.ndarray]:
-    """``draws`` Gaussian data sets with X's row count (capped at ``max_rows``), mean and
-    covariance, and no groups."""
+def reference_draws(X: np.ndarray, draws: int, seed: int, max_rows: int = MAX_REFERENCE_ROWS,
+                    method: ReferenceMethod = "gaussian") -> list[np.ndarray]:
+    """``draws`` data sets with X's row count (capped at ``max_rows``) and no groups:
+    Gaussian with X's mean and covariance (``"gaussian"``), or X's rows rotated about their
+    mean (``"rotation"``)."""
+    if method not in REFERENCE_METHODS:
+        raise ValueError(f"unknown reference method {method!r}; expected one of {REFERENCE_METHODS}")
     rng = np.random.default_rng(seed)
     X = np.asarray(X, dtype=np.float64)
     if len(X) > max_rows:
         X = X[np.sort(rng.choice(len(X), size=max_rows, replace=False))]
     C = span_coordinates(X)
+    m = len(C)
+    if method == "rotation":
+        return [rotation_about_mean(m, rng) @ C for _ in range(int(draws))]
     mean = C.mean(axis=0)
     centred = C - mean
-    m = len(C)
     scale = 1.0 / np.sqrt(max(m - 1, 1))
     return [mean + (rng.standard_normal((m, m)) * scale) @ centred for _ in range(int(draws))]
 
 
+def rotation_about_mean(m: int, rng: np.random.Generator) -> np.ndarray:
+    """A random m × m orthogonal matrix that maps the all-ones vector to itself and is
+    Haar-distributed on its orthogonal complement: applied to rows, it keeps their mean
+    and rotates their deviations from it."""
+    # an orthonormal basis of the complement of the ones vector (the first column of q)
+    q, _ = np.linalg.qr(np.hstack([np.ones((m, 1)), np.eye(m)[:, : m - 1]]))
+    basis = q[:, 1:]
+    # Haar on O(m - 1): QR of a Gaussian matrix with the signs of R's diagonal moved into Q
+    # (Mezzadri, "How to generate random matrices from the classical compact groups", 2007)
+    g, r = np.linalg.qr(rng.standard_normal((m - 1, m - 1)))
+    haar = g * np.sign(np.diag(r))
+    return basis @ haar @ basis.T + np.full((m, m), 1.0 / m)
+
+
 def reference_score(X: np.ndarray, score: Callable[[np.ndarray], float | None], *, draws: int = DEFAULT_DRAWS,
-                    seed: int = 0, max_rows: int = MAX_REFERENCE_ROWS) -> float | None:
+                    seed: int = 0, max_rows: int = MAX_REFERENCE_ROWS,
+                    method: ReferenceMethod = "gaussian") -> float | None:
     """The largest ``score`` over ``draws`` reference data sets shaped like X (None when no
     draw could be scored, e.g. fewer than 3 rows). ``score`` maps a row matrix to the best
     silhouette the clustering procedure finds in it."""
     if draws <= 0 or len(X) < 3:
         return None
-    scores = [s for s in (score(R) for R in reference_draws(X, draws, seed, max_rows)) if s is not None]
+    scores = [s for s in (score(R) for R in reference_draws(X, draws, seed, max_rows, method)) if s is not None]
     return max(scores) if scores else None
 
 

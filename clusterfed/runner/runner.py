@@ -376,7 +376,7 @@ class RoundDriver:
             node = node_of_message[reply.metadata.reply_to_message_id]
             answered.add(node)
             if reply.has_error() and NO_PROFILE_HANDLER in reply.error.reason:
-                info = ClientInfo(f"{STOCK_KEY_PREFIX}{node}", 1, -1)  # size learnt from its first train reply
+                info = ClientInfo(f"{STOCK_KEY_PREFIX}{node}", 1, -1, stock=True)  # size learnt from its first train reply
                 self.stock.add(info.key)
                 self.admit_node(server_round, node, info)
                 continue

@@ -34,6 +34,9 @@ class ClientInfo:
     num_examples: int
     true_group: int  # metrics only: no algorithm may read it (the oracle excepted)
     label_stats: dict[str, float] = field(default_factory=dict)
+    # a stock Flower ClientApp (no profile query): it trains its own run config's
+    # local-epochs, whatever the message says, and returns its whole model
+    stock: bool = False
 
 
 @dataclass

@@ -48,7 +48,7 @@ from clusterfed.clustering import (
 )
 from clusterfed.models.layers import select_layers
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
-from clusterfed.strategies.exchange import Arrays, natural
+from clusterfed.strategies.exchange import UPLOAD_FULL, Arrays, TrainReply, natural
 
 # clusters.json keeps the square distance matrix (for the heat-map) up to this many
 # clients; beyond, it would take O(m²) memory and megabytes of JSON per run
@@ -142,13 +142,36 @@ class OneShotClustering(ClusteredStrategy):
         """Train ``start`` on each of ``keys`` for ``clustering_epochs()`` and fetch only the
         selected layer(s). Returns (keys that replied, their partial weights as rows, the
         uplink bytes of this phase). Clients whose reply was lost or rejected stay unplaced
-        and are admitted again next round."""
-        received = yield self.train_asks(
-            server_round, keys, models={key: start for key in keys},
-            extra={"local-epochs": self.clustering_epochs(), "upload": ",".join(self.layer_keys)}, phase="cluster",
-        )
-        replies = sorted(received, key=lambda reply: natural(reply.key))
+        and are admitted again next round.
+
+        A stock ClientApp trains its run config's ``local-epochs`` whatever the message asks
+        and returns its whole model: unless its reply confirms the epochs asked (a
+        ``local-epochs`` metric equal to them), it is sent its own reply back until it has
+        trained ``stock_requests()`` times in all, so that its rows are as trained as the
+        others'."""
+        epochs = self.clustering_epochs()
+        extra = {"local-epochs": epochs, "upload": ",".join(self.layer_keys)}
+        asks = self.train_asks(server_round, keys, models={key: start for key in keys}, extra=extra, phase="cluster")
+        for ask in asks:
+            if self.clients[ask.key].stock:  # it sends its whole model anyway; the next request needs it
+                ask.config["upload"] = UPLOAD_FULL
+        received = yield asks
         bytes_up = received.bytes_up
+        replies = [reply for reply in received if not self.trains_on(reply, epochs)]
+        done = [reply for reply in received if self.trains_on(reply, epochs)]
+        chained = 0
+        for _ in range(self.stock_requests() - 1):
+            if not replies:
+                break
+            received = yield self.train_asks(server_round, [reply.key for reply in replies],
+                                             models={reply.key: reply.weights for reply in replies},
+                                             extra={**extra, "upload": UPLOAD_FULL}, phase="cluster")
+            bytes_up += received.bytes_up
+            chained += len(replies)
+            replies = list(received)  # a client that fails on the way stays unplaced
+        if chained:
+            self.round_extra["stock_chained_requests"] = self.round_extra.get("stock_chained_requests", 0) + chained
+        replies = sorted(done + replies, key=lambda reply: natural(reply.key))
         if not replies:
             return [], None, bytes_up
         # rows in layer order, so every client's vector lines up. Rows are the change from
@@ -158,6 +181,18 @@ class OneShotClustering(ClusteredStrategy):
         X = stack_partials([[reply.arrays[name] for name in self.layer_keys] for reply in replies])
         X -= stack_partials([[start[name] for name in self.layer_keys]])
         return [reply.key for reply in replies], X, bytes_up
+
+    def trains_on(self, reply: TrainReply, epochs: int) -> bool:
+        """Whether ``reply`` trained the clustering step's ``epochs`` in one request: a
+        clusterfed client does; a stock ClientApp only when it says so (``local-epochs``)."""
+        return not self.clients[reply.key].stock or reply.metrics.get("local-epochs") == epochs
+
+    def stock_requests(self) -> int:
+        """Requests that give a stock ClientApp the clustering step's epochs: it trains its
+        run config's ``local-epochs`` per request, which the server reads from its own train
+        config (Flower's quickstart default, 1, when absent)."""
+        per_request = max(int(self.train_config.get("local-epochs", 1) or 1), 1)
+        return math.ceil(self.clustering_epochs() / per_request)
 
     def cut(self, X: np.ndarray, max_clusters: int = DEFAULT_MAX_CLUSTERS) -> tuple[np.ndarray, dict[str, Any]]:
         """Cluster labels of the rows of X at ``lambda`` (number or auto), and what the cut used;

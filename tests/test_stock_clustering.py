@@ -1,0 +1,67 @@
+"""One-shot clustering with stock ClientApps written like Flower's quickstart-pytorch: they
+train their run config's ``local-epochs`` (1) with SGD momentum and ignore the clustering
+step's ``cluster-epochs``; the server chains requests until they have trained as long."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
+from flwr.supercore.task_identity import TaskIdentity
+from quickstartapp.client_app import app as quickstart_client_app
+from quickstartapp.task import Net, group_of
+from sklearn.metrics import adjusted_rand_score
+
+import clusterfed
+from clusterfed.runner.inprocess import InProcessGrid
+
+NUM_CLIENTS = 9  # three label-permutation groups of three
+CLUSTER_EPOCHS = 10
+
+
+def run_quickstart(strategy, rounds: int = 1, server_local_epochs: int = 1):
+    """9 stock clients whose run config says local-epochs = 1; the server's train config
+    says ``server_local_epochs`` (what it takes a stock client to train per request)."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    grid = InProcessGrid(quickstart_client_app, NUM_CLIENTS,
+                         node_configs=[{"partition-id": i} for i in range(NUM_CLIENTS)],
+                         run_config={"local-epochs": 1, "batch-size": 32})
+    torch.manual_seed(0)
+    return strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), num_rounds=rounds,
+                          train_config=ConfigRecord({"lr": 0.03, "local-epochs": server_local_epochs}))
+
+
+def ari(result) -> float:
+    keys = sorted(result.assignment)
+    groups = [group_of(int(k.removeprefix("node-")) - 1000) for k in keys]
+    return adjusted_rand_score(groups, [result.assignment[k] for k in keys])
+
+
+def model_bytes() -> int:
+    return sum(t.numel() * t.element_size() for t in Net().state_dict().values())
+
+
+def test_fedclust_chains_requests_until_a_quickstart_client_trained_cluster_epochs():
+    result = run_quickstart(clusterfed.FedClust(cluster_epochs=CLUSTER_EPOCHS))
+    assert ari(result) >= 0.9, result.clustering.get("one_cluster_reason")
+    # every request, chained or not, sends and returns the whole model (a stock client
+    # returns it whatever is asked): 10 clustering requests and round 1's training per client
+    requests = NUM_CLIENTS * (CLUSTER_EPOCHS + 1)
+    assert result.traffic["bytes_up"] == requests * model_bytes()
+    assert result.traffic["bytes_down"] == requests * model_bytes()
+
+
+def test_one_epoch_of_a_quickstart_client_does_not_show_the_groups():
+    # the server told that a stock client trains 10 epochs per request sends one request:
+    # the clients train 1 epoch, and that is too little to tell the groups apart
+    result = run_quickstart(clusterfed.FedClust(cluster_epochs=CLUSTER_EPOCHS), server_local_epochs=CLUSTER_EPOCHS)
+    assert ari(result) < 0.5
+    assert result.traffic["bytes_up"] == NUM_CLIENTS * 2 * model_bytes()
+
+
+@pytest.mark.parametrize("warmup_rounds", [0, 1])
+def test_adacfl_without_label_statistics_chains_the_same_way(warmup_rounds):
+    result = run_quickstart(clusterfed.AdaCFL(share_label_stats=False, warmup_rounds=warmup_rounds,
+                                              cluster_epochs=CLUSTER_EPOCHS),
+                            rounds=warmup_rounds + 1)
+    assert ari(result) >= 0.9, result.clustering.get("one_cluster_reason")
