@@ -9,6 +9,8 @@ from clusterfed.clustering.agglomerative import cluster_auto
 from clusterfed.clustering.null_reference import (
     reference_draws,
     reference_score,
+    complement_of_ones,
+    haar_orthogonal,
     span_coordinates,
     structure_threshold,
 )
@@ -69,3 +71,49 @@ def test_the_threshold_is_only_ever_lowered():
     assert structure_threshold(0.25, 0.07) == 0.07
     assert structure_threshold(0.25, 0.4) == 0.25
     assert reference_score(np.ones((2, 5)), lambda R: 1.0) is None
+
+
+# ----------------------------------------------------------- a few clients
+def few_clients(m: int, separation: float, seed: int, d: int = 850):
+    """m update rows of d coordinates: a direction every client shares (norm 1), isotropic
+    noise of total variance 1, and (separation > 0) three equal groups whose centres are
+    ``separation`` away from that direction: every within-group distance below every
+    between-group one, yet the noise keeps the silhouette below 0.25."""
+    rng = np.random.default_rng(seed)
+    groups = np.arange(m) % 3
+    centres = rng.standard_normal((3, d))
+    centres *= separation / np.linalg.norm(centres, axis=1, keepdims=True)
+    return rng.standard_normal((m, d)) / np.sqrt(d) + 1.0 / np.sqrt(d) + centres[groups], groups
+
+
+def test_a_rotation_about_the_mean_keeps_the_mean_and_the_distances_spectrum():
+    Q, B = haar_orthogonal(8, np.random.default_rng(3)), complement_of_ones(9)
+    np.testing.assert_allclose(Q @ Q.T, np.eye(8), atol=1e-12)
+    np.testing.assert_allclose(B.T @ B, np.eye(8), atol=1e-12)
+    np.testing.assert_allclose(B.T @ np.ones(9), np.zeros(8), atol=1e-12)
+    X, _ = few_clients(9, 0.5, seed=0)
+    (R,) = reference_draws(X, 1, seed=5, method="rotation")
+    C = span_coordinates(X)
+    np.testing.assert_allclose(R.mean(axis=0), C.mean(axis=0), atol=1e-12)
+    gram = lambda A: np.linalg.eigvalsh((A - A.mean(0)) @ (A - A.mean(0)).T)  # noqa: E731
+    np.testing.assert_allclose(gram(R), gram(C), atol=1e-9)
+    with pytest.raises(ValueError, match="unknown reference method"):
+        reference_draws(X, 1, seed=0, method="uniform")
+
+
+def test_clear_groups_of_nine_clients_are_cut_though_their_silhouette_is_below_the_threshold():
+    X, groups = few_clients(9, 0.5, seed=0)
+    fixed_only = cluster_auto(X, metric="cosine")
+    assert fixed_only.num_clusters == 1 and fixed_only.silhouette < 0.25
+    # Gaussian draws in the rows' 8-dimensional span clump by chance: that reference vetoes
+    gaussian = cluster_auto(X, metric="cosine", reference_draws=19, reference_method="gaussian")
+    assert gaussian.num_clusters == 1 and gaussian.reference > 0.25
+    cut = cluster_auto(X, metric="cosine", reference_draws=19)  # the rotation reference, the default
+    assert cut.reference < cut.silhouette < 0.25
+    assert adjusted_rand_score(groups, cut.labels) == 1.0
+
+
+def test_group_free_nine_clients_are_mostly_left_as_one_cluster():
+    splits = sum(cluster_auto(few_clients(9, 0.0, seed=seed)[0], metric="cosine", reference_draws=19,
+                              seed=seed).num_clusters > 1 for seed in range(40))
+    assert splits <= 4  # a 5 % test: about 2 of 40

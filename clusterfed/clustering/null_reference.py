@@ -76,26 +76,30 @@ def reference_draws(X: np.ndarray, draws: int, seed: int, max_rows: int = MAX_RE
         X = X[np.sort(rng.choice(len(X), size=max_rows, replace=False))]
     C = span_coordinates(X)
     m = len(C)
-    if method == "rotation":
-        return [rotation_about_mean(m, rng) @ C for _ in range(int(draws))]
     mean = C.mean(axis=0)
+    if method == "rotation":
+        # the deviations in an orthonormal basis of the complement of the ones vector, then
+        # rotated there: mean + basis · haar · basisᵀ · (C - mean), O(m³) per draw
+        basis = complement_of_ones(m)
+        deviations = basis.T @ (C - mean)
+        return [mean + basis @ (haar_orthogonal(m - 1, rng) @ deviations) for _ in range(int(draws))]
     centred = C - mean
     scale = 1.0 / np.sqrt(max(m - 1, 1))
     return [mean + (rng.standard_normal((m, m)) * scale) @ centred for _ in range(int(draws))]
 
 
-def rotation_about_mean(m: int, rng: np.random.Generator) -> np.ndarray:
-    """A random m × m orthogonal matrix that maps the all-ones vector to itself and is
-    Haar-distributed on its orthogonal complement: applied to rows, it keeps their mean
-    and rotates their deviations from it."""
-    # an orthonormal basis of the complement of the ones vector (the first column of q)
+def complement_of_ones(m: int) -> np.ndarray:
+    """An m × (m - 1) orthonormal basis of the vectors orthogonal to the all-ones vector."""
     q, _ = np.linalg.qr(np.hstack([np.ones((m, 1)), np.eye(m)[:, : m - 1]]))
-    basis = q[:, 1:]
-    # Haar on O(m - 1): QR of a Gaussian matrix with the signs of R's diagonal moved into Q
-    # (Mezzadri, "How to generate random matrices from the classical compact groups", 2007)
-    g, r = np.linalg.qr(rng.standard_normal((m - 1, m - 1)))
-    haar = g * np.sign(np.diag(r))
-    return basis @ haar @ basis.T + np.full((m, m), 1.0 / m)
+    return q[:, 1:]
+
+
+def haar_orthogonal(n: int, rng: np.random.Generator) -> np.ndarray:
+    """A Haar-distributed n × n orthogonal matrix: QR of a Gaussian matrix with the signs of
+    R's diagonal moved into Q (Mezzadri, "How to generate random matrices from the classical
+    compact groups", Notices of the AMS 2007)."""
+    q, r = np.linalg.qr(rng.standard_normal((n, n)))
+    return q * np.sign(np.diag(r))
 
 
 def reference_score(X: np.ndarray, score: Callable[[np.ndarray], float | None], *, draws: int = DEFAULT_DRAWS,
