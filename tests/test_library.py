@@ -238,7 +238,8 @@ def test_a_strategy_from_an_installed_entry_point_runs_by_name(monkeypatch):
 
 
 def test_a_one_shot_strategy_that_ends_as_fedavg_says_why():
-    result = run_user_app(clusterfed.FedClust(auto_min_silhouette=0.99), 2)
+    # the fixed threshold alone (no group-free reference, which would let the real groups through)
+    result = run_user_app(clusterfed.FedClust(auto_min_silhouette=0.99, auto_reference_draws=0), 2)
     assert len(result.cluster_arrays) == 1
     reason = result.clustering["one_cluster_reason"]
     assert "silhouette" in reason and "0.99" in reason

@@ -4,16 +4,19 @@ step's ``cluster-epochs``; the server chains requests until they have trained as
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.supercore.task_identity import TaskIdentity
+from harness import drive_round, make, trained
 from quickstartapp.client_app import app as quickstart_client_app
 from quickstartapp.task import Net, group_of
 from sklearn.metrics import adjusted_rand_score
 
 import clusterfed
 from clusterfed.runner.inprocess import InProcessGrid
+from clusterfed.strategies import strategy_class
 
 NUM_CLIENTS = 9  # three label-permutation groups of three
 CLUSTER_EPOCHS = 10
@@ -65,3 +68,27 @@ def test_adacfl_without_label_statistics_chains_the_same_way(warmup_rounds):
                                               cluster_epochs=CLUSTER_EPOCHS),
                             rounds=warmup_rounds + 1)
     assert ari(result) >= 0.9, result.clustering.get("one_cluster_reason")
+
+
+def test_the_chain_sends_each_stock_client_its_own_reply_and_stops_for_one_that_confirms():
+    groups = {str(i): i % 2 for i in range(4)}
+    algorithm = make(strategy_class("fedclust"), groups, **{"fedclust.cluster_epochs": 5})
+    algorithm.train_config["local-epochs"] = 2  # what a stock client trains per request: 3 requests
+    for key in ("0", "1", "2"):
+        algorithm.clients[key].stock = True
+    sent = []
+
+    def respond(ask):  # +1 per request on group 0, -1 on group 1; client 2 confirms the epochs
+        sent.append((ask.key, float(ask.model["fc2.bias"][0])))
+        out = trained(ask, 1.0 if groups[ask.key] == 0 else -1.0)
+        return (out, {"local-epochs": 5}) if ask.key == "2" else out
+
+    first, second, third, _ = drive_round(algorithm, 1, respond)
+    assert [a.key for a in first] == ["0", "1", "2", "3"] and [a.key for a in second] == ["0", "1"] == [
+        a.key for a in third]
+    # a stock client is asked for its whole model (the next request starts from it); the helper client "3" for the layer
+    assert [a.upload for a in first] == [None, None, None, ["fc2.weight", "fc2.bias"]]
+    assert [bias for key, bias in sent if key == "0"][:3] == [0.0, 1.0, 2.0]  # its own replies, sent back
+    rows = dict(zip(algorithm.clustering_state["client_order"], algorithm.clustering_state["labels"]))
+    assert rows["0"] == rows["2"] != rows["1"] == rows["3"]
+    assert algorithm.round_extra["stock_chained_requests"] == 4

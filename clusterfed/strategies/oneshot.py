@@ -13,6 +13,10 @@ Choices the papers leave open (documented here, measured in benchmarks/RESULTS.m
   partial weights.
 - Clients whose clustering reply is lost or rejected stay unplaced and are admitted as
   newcomers in a later round.
+- A stock ClientApp (no profile query) trains its own run config's ``local-epochs`` and
+  ignores the message's: unless its reply confirms the epochs asked (a ``local-epochs``
+  metric), it is sent its own reply back until it has trained ``cluster-epochs``
+  (``collect_partials``), so its row is as trained as a helper client's.
 
 Partial participation (``fraction-train`` < 1): each round's sample is drawn among all
 active clients before placement (``draw_sample``), so a client not placed yet is asked for
@@ -78,8 +82,8 @@ class OneShotParams(StrategyParams):
     auto_reference_draws: int = Field(
         DEFAULT_DRAWS, alias="auto-reference-draws", ge=0,
         description='lambda = "auto": a best cut below auto-min-silhouette still counts when it beats the best '
-                    'silhouette of this many group-free Gaussian reference data sets shaped like the clients\' '
-                    'weights (many small clients; 0 = fixed threshold only)')
+                    'silhouette of this many group-free reference sets, the clients\' rows rotated at random about '
+                    'their mean (many small clients, or a few with large layers; 0 = fixed threshold only)')
 
 
 @dataclass
