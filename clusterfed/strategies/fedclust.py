@@ -3,12 +3,15 @@ through Weight-Driven Client Clustering", ICPP 2024): one-shot clustering on the
 layer's weights, then per-cluster FedAvg.
 
 1. Clustering round (the first round, all available clients): each client trains ``θ0`` for
-   ``cluster-epochs`` epochs and uploads only the ``final`` layer (``cluster-layers``).
+   ``cluster-epochs`` epochs and uploads only the ``final`` layer (``cluster-layers``); a
+   stock ClientApp, which trains its own ``local-epochs``, is sent its reply back until it
+   has trained as long (``oneshot.py``).
    The server builds the distance matrix on these partial weights (``distance``; cosine
    by default, the paper's L2 selectable), cuts the dendrogram at ``lambda`` (a number,
    or ``auto``: the best-silhouette cut, kept when its silhouette reaches
-   ``auto-min-silhouette`` or beats what group-free data of the same size reaches,
-   ``clustering/null_reference.py``) and starts every cluster model at ``θ0``.
+   ``auto-min-silhouette`` or beats what group-free data of the same size and shape reaches:
+   the rows rotated about their mean, ``clustering/null_reference.py``) and starts every
+   cluster model at ``θ0``.
 2. Every round: a ``fraction-train`` sample trains its cluster's model; FedAvg per cluster.
 3. Newcomers (a client key with no assignment, any later round) train ``θ0`` the same way,
    upload the same layer and join the nearest cluster reference; FedClust never founds a
