@@ -1,4 +1,4 @@
-"""Does the automatic cut find clear groups among 6-16 clients, and how often does it split
+"""Does the automatic cut find clear groups among 6-16 clients (and 40, 100), and how often does it split
 clients that hold none? A clustering-level experiment on generated update vectors.
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_small_federations.py
@@ -96,7 +96,7 @@ def table(cells: list[dict], separation: float, field: str) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--clients", default="6,9,12,16")
+    parser.add_argument("--clients", default="6,9,12,16,40,100")
     parser.add_argument("--separations", default="0,0.5,0.8")
     parser.add_argument("--metrics", default="cosine")
     parser.add_argument("--null-draws", type=int, default=200, help="group-free data sets per cell")
