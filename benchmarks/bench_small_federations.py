@@ -1,5 +1,6 @@
-"""Does the automatic cut find clear groups among 6-16 clients (and 40, 100), and how often does it split
-clients that hold none? A clustering-level experiment on generated update vectors.
+"""Does the automatic cut find clear groups among 6-16 clients (and 40, 100), and how often
+does it split clients that hold none? A clustering-level experiment on generated update
+vectors.
 
     OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_small_federations.py
 
