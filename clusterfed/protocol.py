@@ -22,7 +22,13 @@ CONFIG = "config"
 METRICS = "metrics"
 CLIENT = "client"  # ConfigRecord of the reply: client-key, true-group (metrics only)
 
-# custom query used once per client to learn its stable key before anything is sent to it
+# the profile probe: an evaluate message whose config has phase = PROFILE_PHASE and which
+# carries the initial model. A clusterfed client answers with its profile (client record with
+# CAPABILITIES_KEY, training-set size); a stock ClientApp evaluates the model, so it answers
+# without an error (and without a traceback in Flower's log)
+PROFILE_PHASE = "profile"
+CAPABILITIES_KEY = "capabilities"  # in the profile's client record: what the client can do
+# the query servers before the probe sent; clusterfed clients still answer it
 PROFILE_QUERY = "query.profile"
 
 # a multi-model (IFCA) message: K models in ``arrays``, array ``name`` of model k under
