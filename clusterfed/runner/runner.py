@@ -9,7 +9,7 @@ state; it never sees a message.
 Why not Flower's ``Strategy.start`` loop: it threads one ArrayRecord through
 configure/aggregate and sends every sampled node the same content. Clustered FL sends
 each client its own cluster's model, asks some clients for partial layers, and needs a
-profile query before the first send; the loop below does that with Flower's Grid,
+profile probe before the first send; the loop below does that with Flower's Grid,
 Message and records.
 
 Stock Flower ClientApps (no profile, full weights back, Flower's metric names) are served
@@ -185,7 +185,7 @@ class RoundDriver:
         self.messaged: set[str] = set()
         self.lags: list[float] = []  # seconds from a reply's creation to its pick-up, this round
         self.clients: dict[str, ClientInfo] = strategy.clients
-        self.stock: set[str] = set()  # keys of stock Flower ClientApps (no profile query)
+        self.stock: set[str] = set()  # keys of stock Flower ClientApps (no profile)
         self.node_of_key: dict[str, int] = {}
         self.key_of_node: dict[int, str] = {}
         self.failed_keys: set[str] = set()  # clients whose reply this round was an error or rejected
@@ -209,7 +209,6 @@ class RoundDriver:
         self.evaluate_sent = 0  # clients sent an evaluate message this round
         self.pending_asks: dict[str, Ask] = {}
         self.accepted_train = 0  # train replies accepted over the run
-        self.first_failure: str | None = None
         self.probe_record = ArrayRecord()  # the initial model, sent with the profile probe
         self.probe_bytes = 0  # array bytes the profile probes carried
         self.failing_rounds = 0  # rounds in a row in which train was asked and no reply accepted
@@ -432,7 +431,7 @@ class RoundDriver:
             if self.misses[key] >= self.options.absent_after and key not in self.absent:
                 self.absent.add(key)
                 log(logging.WARNING, "round %s: client %s (node %s) failed or was unreachable in %d rounds in a "
-                    "row: marked absent, not messaged until it answers a profile query again",
+                    "row: marked absent, not messaged until it answers a profile probe again",
                     server_round, key, self.node_of_key.get(key), self.misses[key])
 
     def fail(self, kind: str, reason: str, key: str | None, node: int | None) -> None:
@@ -440,7 +439,6 @@ class RoundDriver:
         self.traffic.failures += 1
         self.traffic.fault(kind)
         self.traffic.failed.append({"client": key, "node": node, "kind": kind, "reason": first_line(reason)})
-        self.first_failure = self.first_failure or f"client {key} (node {node}): {first_line(reason)}"
         if key is not None:
             self.failed_keys.add(key)
 
@@ -451,7 +449,7 @@ class RoundDriver:
         self.node_misses[node] = self.node_misses.get(node, 0) + 1
         if self.node_misses[node] >= self.options.absent_after and node not in self.benched:
             self.benched[node] = key
-            log(logging.WARNING, "round %s: client %s (node %s) failed its profile query in %d rounds in a row: "
+            log(logging.WARNING, "round %s: client %s (node %s) failed its profile probe in %d rounds in a row: "
                 "marked absent", server_round, key if key is not None else "(no key)", node, self.node_misses[node])
 
     def resolve_duplicates(self, server_round: int, live: list[int]) -> None:
@@ -725,7 +723,6 @@ class RoundDriver:
     def reject(self, server_round: int, key: str | None, error: ReplyRejected, node: int | None = None) -> None:
         node = self.node_of_key.get(key) if node is None and key is not None else node
         self.traffic.rejected.append({"client": key, "node": node, "kind": error.kind, "reason": first_line(str(error))})
-        self.first_failure = self.first_failure or f"client {key} (node {node}): {first_line(str(error))}"
         self.traffic.fault(error.kind)
         if key is not None:
             self.failed_keys.add(key)
