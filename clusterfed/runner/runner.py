@@ -476,7 +476,9 @@ class RoundDriver:
             server_round, key, ", ".join(map(str, sorted(claim))))
 
     def profile_config(self, server_round: int) -> dict[str, Any]:
-        config = dict(self.train_config)
+        """The probe's config: what an evaluate message carries (a stock ClientApp evaluates
+        it), the train config (a clusterfed client builds its data from it) and the phase."""
+        config = {**self.evaluate_config, **self.train_config}
         config.update({"server-round": server_round, "phase": protocol.PROFILE_PHASE,
                        "label-stats": LABEL_STATS in self.strategy.requires()})
         return config

@@ -486,6 +486,9 @@ def params_docstring(params: type[BaseModel]) -> str:
 def document_params(cls: type[ClusteredStrategy]) -> None:
     """Give a strategy class the signature and the docstring's ``Parameters`` section of its
     ``Params``: one source for the constructor, ``clusterfed params NAME`` and the reference."""
+    if "__init__" in cls.__dict__ and cls is not ClusteredStrategy:
+        cls.__signature__ = None  # a constructor of its own: inspect reads that one
+        return
     own = cls.__dict__.get("__doc__") or f"The {cls.__name__} strategy."
     cls.__doc__ = f"{inspect.cleandoc(own)}\n\n{params_docstring(cls.Params)}"
     cls.__signature__ = params_signature(cls.Params)
