@@ -318,10 +318,9 @@ class RoundDriver:
         failures = self.traffic.failed + self.traffic.rejected
         if self.deployment:
             failures = [f for f in failures if f["kind"] not in ("timeout", "unavailable")]
-        for failure in failures:
-            if failure.get("client") is not None:
-                count, _ = self.failing.get(failure["client"], (0, ""))
-                self.failing[failure["client"]] = (count + 1, failure["reason"])
+        last_reason = {f["client"]: f["reason"] for f in failures if f.get("client") is not None}
+        for key, reason in last_reason.items():  # rounds in a row, not replies
+            self.failing[key] = (self.failing.get(key, (0, ""))[0] + 1, reason)
         for key in self.answered - self.failed_keys:
             self.failing.pop(key, None)
         if not self.round_asked or self.round_accepted or not failures:
