@@ -40,7 +40,7 @@ INSTALLS = {
     "dev": ("everything and the test tools: clusterfed[dev]", "[dev]", [], True),
 }
 # the same roles before: the device took the core (torch included), the server the [server] extra
-BEFORE = {"server": "[server]", "server-builtin": "[server]", "device": "", "dev": "[dev]"}
+BEFORE = {"server": "[server]", "device": "", "dev": "[dev]"}
 
 
 def canonical(name: str) -> str:
@@ -114,8 +114,8 @@ def main() -> None:
     manifest = start_manifest(vars(args))
     folders = [Path(p) for p in args.site_packages] if args.site_packages else [
         *(ROOT.glob(".venv/lib/python*/site-packages")), *(ROOT.glob(".venv-compat-*/lib/python*/site-packages"))]
-    sizes = installed_sizes(folders)
     constraints = ROOT / "constraints.txt"
+    resolved: dict = {"after": {}, "before": {}}
     results: dict = {"after": {}, "before": {}}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -123,16 +123,15 @@ def main() -> None:
         no_torch_pins.write_text("".join(line + "\n" for line in constraints.read_text().splitlines()
                                          if not re.match(r"(torch|torchvision|triton|nvidia-|cuda-)", line)))
         for name, (what, extra, more, pinned_torch) in INSTALLS.items():
-            resolved = resolve(args.python, ROOT, extra, more, constraints if pinned_torch else no_torch_pins)
-            results["after"][name] = {"what": what, **measure(resolved, sizes)}
+            resolved["after"][name] = (what, resolve(args.python, ROOT, extra, more,
+                                                     constraints if pinned_torch else no_torch_pins))
         old = tmp / "before"
         old.mkdir()
         archive = subprocess.run(["git", "archive", args.before, "pyproject.toml", "README.md", "clusterfed"],
                                  cwd=ROOT, check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
         for name, extra in BEFORE.items():
-            resolved = resolve(args.python, old, extra, [], constraints)
-            results["before"][name] = {"what": f"clusterfed{extra} at {args.before}", **measure(resolved, sizes)}
+            resolved["before"][name] = (f"clusterfed{extra} at {args.before}", resolve(args.python, old, extra, [], constraints))
         wheel_dir = tmp / "wheel"
         subprocess.run([args.python, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(wheel_dir)],
                        check=True, capture_output=True)
@@ -141,6 +140,10 @@ def main() -> None:
             "server": real_install(args.python, [[wheel]], tmp, "server"),
             "beside_flower_1_42": real_install(args.python, [["flwr==1.42.0"], [wheel]], tmp, "beside"),
         }
+    sizes = installed_sizes(folders)  # read last: the venvs named may still be filling when this starts
+    for when, installs in resolved.items():
+        for name, (what, distributions) in installs.items():
+            results[when][name] = {"what": what, **measure(distributions, sizes)}
     check = results["real_installs"]["beside_flower_1_42"]
     results["flower_1_42_kept_and_no_torch"] = check["flwr"] == "1.42.0" and check["torch"] is None
     out = Path(args.out)
