@@ -167,8 +167,10 @@ def test_digits_partition_end_to_end():
 
 
 @pytest.fixture
-def saved_digits(tmp_path) -> tuple[Path, np.ndarray, np.ndarray]:
+def saved_digits(tmp_path, monkeypatch) -> tuple[Path, np.ndarray, np.ndarray]:
     """scikit-learn's digits as a Hugging Face data set on disk (train/test, PIL images, ClassLabel)."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # local files only (read when datasets is first imported)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from datasets import ClassLabel, Dataset, DatasetDict, Features, Image
     from sklearn.datasets import load_digits
 

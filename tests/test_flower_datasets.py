@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
+import os
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # local files only: never ask the Hub (CI has no network)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
 import pytest
 from datasets import ClassLabel, Dataset, Features, Image, Sequence, Value
 from flwr_datasets import FederatedDataset
