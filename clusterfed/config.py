@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clusterfed.datasets import DATASETS, PARTITIONERS
+from clusterfed.datasets.sources import is_known_dataset
 from clusterfed.models import MODELS
 
 class ConfigError(ValueError):
@@ -95,7 +96,9 @@ class RunConfig(BaseModel):
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, value: str) -> str:
-        return _one_of(value, DATASETS)
+        if is_known_dataset(value):  # a built-in name or hf:<name or folder>
+            return value
+        return _one_of(value, (*DATASETS, "hf:<name or folder>"))
 
     @field_validator("partitioner")
     @classmethod
