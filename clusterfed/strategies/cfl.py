@@ -131,8 +131,8 @@ class CFL(BiPartitioning):
     }
 
     def decision_names(self) -> list[str]:
-        """The arrays whose updates the similarity is computed on: all of them."""
-        return self.all_names
+        """The arrays whose updates the similarity is computed on: every compared array."""
+        return self.compared
 
     def check_split(self, U: np.ndarray, side_a: np.ndarray, side_b: np.ndarray, S: np.ndarray) -> CheckResult | None:
         """CFL keeps every proposed split; LayerCFL adds its correct-clustering check."""

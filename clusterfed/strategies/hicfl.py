@@ -206,7 +206,7 @@ class HiCFL(BiPartitioning):
         self.xi = 0.05 * float(self.train_config["lr"]) if xi is None else xi
         self.tracker = StabilityTracker(self.params.window, self.xi, min_kept_fraction=MIN_KEPT_FRACTION)
         rule = self.params.cluster_layers
-        names = self.all_names if rule == "auto" else select_layers(self.theta0, rule)
+        names = self.compared if rule == "auto" else select_layers(self.theta0, rule, self.params.compare_arrays)
         self.layer_keys = {}
         for name in names:  # named layer = state-dict prefix: weight and bias together
             self.layer_keys.setdefault(name.rsplit(".", 1)[0], []).append(name)
