@@ -369,3 +369,86 @@ def test_cfl_splits_a_batchnorm_model_by_its_groups_whatever_the_counters_say():
     # comparing every array, as before, the buffers decide the split: the wrong one
     _, sides_all = cfl_after_one_round(theta0, updates, compare_arrays=lambda name, array: True)
     assert sides_all and sides_all != truth
+
+
+# ---------------------------------------------------------------- a stock ClientApp, end to end
+class BatchNormNet(nn.Module):
+    """The user app's MLP with a BatchNorm layer and a 0-d buffer."""
+
+    def __init__(self):
+        super().__init__()
+        self.hidden = nn.Linear(4, 16)
+        self.bn = nn.BatchNorm1d(16)
+        self.out = nn.Linear(16, 2)
+        self.register_buffer("temperature", torch.tensor(1.0))
+
+    def forward(self, x):
+        return self.out(torch.relu(self.bn(self.hidden(x)))) / self.temperature
+
+
+def batchnorm_client_app():
+    """A quickstart-style ClientApp on the user app's data (two label-swapped groups): it
+    loads whatever arrays it is sent and replies with its full state dict."""
+    from flwr.app import Message
+    from flwr.clientapp import ClientApp
+    from userapp.task import load_data, test, train
+
+    app = ClientApp()
+
+    @app.train()
+    def train_fn(msg, context):
+        torch.manual_seed(context.node_config["partition-id"])
+        net = BatchNormNet()
+        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        loader, _ = load_data(context.node_config["partition-id"])
+        loss = train(net, loader, epochs=1, lr=float(msg.content["config"]["lr"]))
+        metrics = MetricRecord({"train_loss": loss, "num-examples": len(loader.dataset)})
+        return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics}), reply_to=msg)
+
+    @app.evaluate()
+    def evaluate_fn(msg, context):
+        net = BatchNormNet()
+        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        _, loader = load_data(context.node_config["partition-id"])
+        loss, accuracy = test(net, loader)
+        metrics = MetricRecord({"eval_loss": loss, "eval_acc": accuracy, "num-examples": len(loader.dataset)})
+        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+    return app
+
+
+def test_cfl_on_a_stock_batchnorm_client_recovers_the_groups_and_keeps_the_buffers_dtypes():
+    from flwr.app import ConfigRecord
+    from flwr.supercore.task_identity import TaskIdentity
+    from sklearn.metrics import adjusted_rand_score
+    from userapp.task import group_of
+
+    from clusterfed.runner.inprocess import InProcessGrid
+
+    clients = 8
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    grid = InProcessGrid(batchnorm_client_app(), clients, node_configs=[{"partition-id": i} for i in range(clients)])
+    torch.manual_seed(0)
+    initial = BatchNormNet().state_dict()
+    result = CFL().start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=12,
+                         train_config=ConfigRecord({"lr": 0.1}))
+    keys = sorted(result.assignment)
+    groups = [group_of(int(k.removeprefix("node-")) - 1000) for k in keys]
+    assert adjusted_rand_score(groups, [result.assignment[k] for k in keys]) == 1.0, \
+        result.clustering.get("one_cluster_reason")
+    for record in result.cluster_arrays.values():
+        arrays = protocol.from_array_record(record)
+        assert {k: (v.shape, v.dtype) for k, v in arrays.items()} == {
+            k: (tuple(v.shape), v.numpy().dtype) for k, v in initial.items()}
+        # every client ran 12 rounds of 5 batches: the cluster's counter is their mean, 60
+        assert int(arrays["bn.num_batches_tracked"]) == 60
+
+
+def test_a_checkpoint_keeps_0d_arrays_and_every_dtype(tmp_path):
+    from clusterfed.runner.checkpoint import load_checkpoint, save_checkpoint
+
+    model = numpy_state(ScalarBuffer())
+    model.update({"mask": np.array([True, False]), "count": np.array(7, np.int64), "half": np.ones(2, np.float16)})
+    save_checkpoint(tmp_path, {"round": 1, "models": {0: model}})
+    back = load_checkpoint(tmp_path)["models"][0]
+    assert {k: (v.dtype, v.shape) for k, v in back.items()} == {k: (v.dtype, v.shape) for k, v in model.items()}
