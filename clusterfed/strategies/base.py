@@ -336,8 +336,12 @@ class ClusteredStrategy(Strategy):
     # ---------------------------------------------------------------- helpers
     def compared_names(self) -> list[str]:
         """The arrays of θ0 whose updates are compared (``compare-arrays``; every other
-        array is only averaged per cluster)."""
-        return compared_names(self.theta0, self.params.compare_arrays)
+        array is only averaged per cluster). StrategyParamsError when it selects nothing
+        or names an array the model lacks."""
+        try:
+            return compared_names(self.theta0, self.params.compare_arrays)
+        except ValueError as error:
+            raise StrategyParamsError(f"{self.name}: {error}") from None
 
     def new_cluster(self, model: Arrays) -> int:
         cluster = self.next_cluster_id
