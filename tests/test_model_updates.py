@@ -425,12 +425,15 @@ def test_cfl_on_a_stock_batchnorm_client_recovers_the_groups_and_keeps_the_buffe
 
     from clusterfed.runner.inprocess import InProcessGrid
 
+    from clusterfed.training import cap_threads
+
+    cap_threads()  # torch's default thread pool spins on tiny BatchNorm batches
     clients = 8
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     grid = InProcessGrid(batchnorm_client_app(), clients, node_configs=[{"partition-id": i} for i in range(clients)])
     torch.manual_seed(0)
     initial = BatchNormNet().state_dict()
-    result = CFL().start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=12,
+    result = CFL(fraction_evaluate=0.0).start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=6,
                          train_config=ConfigRecord({"lr": 0.1}))
     keys = sorted(result.assignment)
     groups = [group_of(int(k.removeprefix("node-")) - 1000) for k in keys]
@@ -440,8 +443,8 @@ def test_cfl_on_a_stock_batchnorm_client_recovers_the_groups_and_keeps_the_buffe
         arrays = protocol.from_array_record(record)
         assert {k: (v.shape, v.dtype) for k, v in arrays.items()} == {
             k: (tuple(v.shape), v.numpy().dtype) for k, v in initial.items()}
-        # every client ran 12 rounds of 5 batches: the cluster's counter is their mean, 60
-        assert int(arrays["bn.num_batches_tracked"]) == 60
+        # every client ran 6 rounds of 5 batches: the cluster's counter is their mean, 30
+        assert int(arrays["bn.num_batches_tracked"]) == 30
 
 
 def test_a_checkpoint_keeps_0d_arrays_and_every_dtype(tmp_path):
@@ -452,3 +455,43 @@ def test_a_checkpoint_keeps_0d_arrays_and_every_dtype(tmp_path):
     save_checkpoint(tmp_path, {"round": 1, "models": {0: model}})
     back = load_checkpoint(tmp_path)["models"][0]
     assert {k: (v.dtype, v.shape) for k, v in back.items()} == {k: (v.dtype, v.shape) for k, v in model.items()}
+
+
+class MaskedBatchNormNet(BatchNormNet):
+    """BatchNormNet with a bool buffer as well."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("keep", torch.tensor([True, False, True]))
+
+
+def test_the_client_helper_returns_buffers_and_0d_arrays_in_their_dtypes_and_the_server_accepts_them():
+    from flwr.app import ConfigRecord, Context, Message
+    from flwr.common import MessageType
+    from flwr.supercore.task_identity import TaskIdentity
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from clusterfed.client import ClientTask, TaskData, client_app
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    x = torch.randn(32, 4, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).long()
+    loader = DataLoader(TensorDataset(x, y), batch_size=8)
+    task = ClientTask(model_fn=lambda context, config: MaskedBatchNormNet(),
+                      data_fn=lambda context, config: TaskData(loader, loader))
+    torch.manual_seed(0)
+    sent = numpy_state(MaskedBatchNormNet())
+    shapes = {k: (v.shape, v.dtype) for k, v in sent.items()}
+    for returned in ("weights", "update"):
+        config = {"server-round": 1, "phase": "train", "local-epochs": 1, "lr": 0.1, "cluster-id": 0,
+                  "upload": "full", "return": returned}
+        content = RecordDict({protocol.CONFIG: ConfigRecord(config), protocol.ARRAYS: protocol.to_array_record(sent)})
+        message = Message(content, dst_node_id=7, message_type=MessageType.TRAIN)
+        message.metadata.__dict__["_message_id"] = "m1"
+        context = Context(run_id=1, node_id=7, node_config={"partition-id": 0}, state=RecordDict(), run_config={})
+        reply_content = client_app(task)(message, context).content
+        reply = parse_train_reply(reply_content, Ask("0", sent, config), shapes)
+        weights = reply.weights
+        assert {k: (v.shape, v.dtype) for k, v in weights.items()} == shapes
+        assert int(weights["bn.num_batches_tracked"]) == 4  # 32 examples in batches of 8
+        assert weights["temperature"] == 1.0 and weights["keep"].tolist() == [True, False, True]
