@@ -6,8 +6,10 @@ bi-partition, acceptance test and merging) with two changes:
 
 1. the cosine similarity is computed on the updates of the selected layers only:
    ``skew = feature`` → ``conv`` (last conv layer), ``label`` → ``fc`` (first fully
-   connected layer), ``unknown`` → ``conv`` (**default choice**, see below); an explicit
-   ``cluster-layers`` (``fc``, ``all``, a rule or layer names) overrides the skew;
+   connected layer), ``unknown`` → ``conv`` (**default choice**, see below); a model
+   without a conv layer (an MLP, a GRU, a Transformer) falls back to ``fc``, and without
+   a fully connected one to ``final``; an explicit ``cluster-layers`` (``fc``, ``all``, a
+   rule or layer names) overrides the skew;
 2. the correct-clustering check (Theorem 1, eq. 20: ``sqrt((1 − α_cross_max)/2) > γ_max``)
    with γ estimated from each client's nearest peer on its own side
    (``clustering/layercfl.estimate_gammas``: the side-mean estimator would veto every
