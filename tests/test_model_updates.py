@@ -386,55 +386,26 @@ class BatchNormNet(nn.Module):
         return self.out(torch.relu(self.bn(self.hidden(x)))) / self.temperature
 
 
-def batchnorm_client_app():
-    """A quickstart-style ClientApp on the user app's data (two label-swapped groups): it
-    loads whatever arrays it is sent and replies with its full state dict."""
-    from flwr.app import Message
-    from flwr.clientapp import ClientApp
-    from userapp.task import load_data, test, train
-
-    app = ClientApp()
-
-    @app.train()
-    def train_fn(msg, context):
-        torch.manual_seed(context.node_config["partition-id"])
-        net = BatchNormNet()
-        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        loader, _ = load_data(context.node_config["partition-id"])
-        loss = train(net, loader, epochs=1, lr=float(msg.content["config"]["lr"]))
-        metrics = MetricRecord({"train_loss": loss, "num-examples": len(loader.dataset)})
-        return Message(RecordDict({"arrays": ArrayRecord(net.state_dict()), "metrics": metrics}), reply_to=msg)
-
-    @app.evaluate()
-    def evaluate_fn(msg, context):
-        net = BatchNormNet()
-        net.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        _, loader = load_data(context.node_config["partition-id"])
-        loss, accuracy = test(net, loader)
-        metrics = MetricRecord({"eval_loss": loss, "eval_acc": accuracy, "num-examples": len(loader.dataset)})
-        return Message(RecordDict({"metrics": metrics}), reply_to=msg)
-
-    return app
-
-
-def test_cfl_on_a_stock_batchnorm_client_recovers_the_groups_and_keeps_the_buffers_dtypes():
+def test_cfl_on_a_stock_batchnorm_client_recovers_the_groups_and_keeps_the_buffers_dtypes(monkeypatch):
+    """The user app's stock ClientApp (two label-swapped groups), its model swapped for BatchNormNet."""
     from flwr.app import ConfigRecord
     from flwr.supercore.task_identity import TaskIdentity
     from sklearn.metrics import adjusted_rand_score
+    from userapp import client_app as stock
     from userapp.task import group_of
 
     from clusterfed.runner.inprocess import InProcessGrid
-
     from clusterfed.training import cap_threads
 
     cap_threads()  # torch's default thread pool spins on tiny BatchNorm batches
     clients = 8
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    grid = InProcessGrid(batchnorm_client_app(), clients, node_configs=[{"partition-id": i} for i in range(clients)])
+    monkeypatch.setattr(stock, "Net", BatchNormNet)
+    grid = InProcessGrid(stock.app, clients, node_configs=[{"partition-id": i} for i in range(clients)])
     torch.manual_seed(0)
     initial = BatchNormNet().state_dict()
     result = CFL(fraction_evaluate=0.0).start(grid=grid, initial_arrays=ArrayRecord(initial), num_rounds=6,
-                         train_config=ConfigRecord({"lr": 0.1}))
+                                              train_config=ConfigRecord({"lr": 0.1, "local-epochs": 1}))
     keys = sorted(result.assignment)
     groups = [group_of(int(k.removeprefix("node-")) - 1000) for k in keys]
     assert adjusted_rand_score(groups, [result.assignment[k] for k in keys]) == 1.0, \
