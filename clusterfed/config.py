@@ -67,6 +67,10 @@ class RunConfig(BaseModel):
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.5, ge=0, lt=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    compare_arrays: str = Field(
+        "auto", alias="compare-arrays",
+        description="arrays whose updates clustering compares: auto = floating-point arrays that are not buffers "
+                    "(BatchNorm running statistics, counters), or a regular expression on their names")
 
     # participation and measurement
     fraction_train: float = Field(1.0, alias="fraction-train", gt=0, le=1)
@@ -137,7 +141,8 @@ class RunConfig(BaseModel):
         from clusterfed.strategies import strategy_class
 
         cls = strategy_class(self.strategy)
-        shared = {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed}
+        shared = {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed,
+                  "compare-arrays": self.compare_arrays}
         return cls(**cls.Params.model_validate({**shared, **self.strategy_params}).model_dump())
 
 

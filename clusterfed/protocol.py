@@ -49,6 +49,19 @@ def unpack_model(packed: Mapping[str, np.ndarray], k: int) -> dict[str, np.ndarr
     return {name[len(prefix):]: value for name, value in packed.items() if name.startswith(prefix)}
 
 
+def difference(trained: np.ndarray, sent: np.ndarray) -> np.ndarray:
+    """The update ``trained - sent`` in the arrays' dtype; for bool arrays, which numpy
+    cannot subtract, ``trained XOR sent`` (integers wrap, so ``apply_difference`` restores
+    ``trained`` exactly in every integer and bool dtype)."""
+    # np.asarray: numpy turns the difference of two 0-d arrays into a scalar
+    return np.asarray(np.logical_xor(trained, sent) if np.asarray(sent).dtype == np.bool_ else trained - sent)
+
+
+def apply_difference(sent: np.ndarray, update: np.ndarray) -> np.ndarray:
+    """``sent + update``, the inverse of ``difference`` (XOR for bool arrays)."""
+    return np.asarray(np.logical_xor(sent, update) if np.asarray(sent).dtype == np.bool_ else sent + update)
+
+
 UPLOAD_FULL = "full"
 RETURN_WEIGHTS = "weights"
 RETURN_UPDATE = "update"
@@ -144,7 +157,8 @@ def _array(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
 def encode_array(value: np.ndarray) -> Array:
     """``flwr.app.Array(ndarray)`` with the same bytes (a test checks), without ``np.save``'s
     per-call header formatting: the header is cached per dtype and shape."""
-    array = np.ascontiguousarray(value)
+    # order="C", not np.ascontiguousarray, which turns a 0-d array into shape (1,)
+    array = np.asarray(value, order="C")
     if array.dtype.hasobject or not array.dtype.isnative:
         return Array(array)
     dtype, shape, header = _encoding(array.dtype, array.shape)

@@ -147,7 +147,7 @@ def train_reply(task: ClientTask, content: RecordDict, context: Context) -> Reco
     if unknown:
         raise ValueError(f"upload asks for arrays this model does not have: {unknown}; it has {list(trained)}")
     if config.get("return", protocol.RETURN_WEIGHTS) == protocol.RETURN_UPDATE:
-        out = {name: trained[name] - received[name] for name in names}
+        out = {name: protocol.difference(trained[name], received[name]) for name in names}
     else:
         out = {name: trained[name] for name in names}
     metrics = {"num-examples": _count(trained_metrics, data, "train"), **trained_metrics}

@@ -52,7 +52,7 @@ import operator
 import types
 import typing
 from collections import defaultdict
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -60,7 +60,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from clusterfed.models.parameters import compared_names
 
 from clusterfed.strategies.exchange import (
     RETURN_WEIGHTS,
@@ -110,6 +112,24 @@ class StrategyParams(BaseModel):
     min_evaluate_nodes: int = Field(1, alias="min-evaluate-nodes", ge=1,
                                     description="evaluate at least this many clients per round (when fraction_evaluate > 0)")
     seed: int = Field(0, ge=0, description="seed of the strategy's own sampling and initialisations")
+    compare_arrays: str | list[str] | Callable[[str, Any], bool] = Field(
+        "auto", alias="compare-arrays",
+        description="the arrays whose updates are compared (distances, split criteria, layer rules, stability): "
+                    "auto = floating-point arrays that are not buffers (BatchNorm running statistics, counters, "
+                    "scalars); else a regular expression on the names, a list of names, or (from Python) a "
+                    "predicate (name, array) -> bool. The other arrays are only averaged per cluster")
+
+    @field_validator("compare_arrays")
+    @classmethod
+    def _compare_arrays_pattern(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "auto":
+            import re
+
+            try:
+                re.compile(value)
+            except re.error as error:
+                raise ValueError(f"not a regular expression: {error}") from None
+        return value
 
     @staticmethod
     def number_or_none(value: float | str) -> float | None:
@@ -339,6 +359,15 @@ class ClusteredStrategy(Strategy):
         return None
 
     # ---------------------------------------------------------------- helpers
+    def compared_names(self) -> list[str]:
+        """The arrays of θ0 whose updates are compared (``compare-arrays``; every other
+        array is only averaged per cluster). StrategyParamsError when it selects nothing
+        or names an array the model lacks."""
+        try:
+            return compared_names(self.theta0, self.params.compare_arrays)
+        except ValueError as error:
+            raise StrategyParamsError(f"{self.name}: {error}") from None
+
     def new_cluster(self, model: Arrays) -> int:
         cluster = self.next_cluster_id
         self.next_cluster_id += 1
