@@ -38,11 +38,14 @@ _PUBLIC = {
     "TrainReply": "clusterfed.strategies.exchange",
     "ClientInfo": "clusterfed.strategies.exchange",
     "inprocess_grid": "clusterfed.simulation",
+    "compared_names": "clusterfed.models.parameters",
+    "trainable_names": "clusterfed.models.parameters",
 }
 
 __all__ = list(_PUBLIC)
 
 if TYPE_CHECKING:  # what IDEs and type checkers read; at run time each is imported on first use
+    from clusterfed.models.parameters import compared_names, trainable_names
     from clusterfed.simulation import inprocess_grid
     from clusterfed.strategies.adacfl import AdaCFL
     from clusterfed.strategies.base import (
