@@ -5,14 +5,31 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test bench bench-quick clean test-containers test-arm64
+.PHONY: run test bench bench-quick clean test-containers test-arm64 test-compat constraints
 
-$(VENV)/.installed: pyproject.toml
-	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (torch 2.14.1 wheels are for Python 3.11)"; exit 1; }
+# pyproject.toml holds ranges; constraints.txt the exact versions make test and CI install.
+$(VENV)/.installed: pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (constraints.txt is frozen on Python 3.11)"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev]" -c constraints.txt
 	touch $@
+
+# Freeze .venv into constraints.txt (after upgrading a package within pyproject's ranges, e.g.
+# `.venv/bin/pip install -U "flwr[simulation]==1.42.0"`, and `make test`). CUDA torch and its
+# libraries are x86_64 wheels: their lines carry a marker so an aarch64 machine resolves its own.
+constraints:
+	{ echo "# Exact versions for make test and CI (pip install -c constraints.txt); written by make constraints."; \
+	  $(PY) -m pip freeze --exclude-editable | grep -v '^#' \
+	  | sed -E 's/^((torch|torchvision|triton|nvidia-[a-z0-9-]+|cuda-[a-z0-9-]+)==.*)$$/\1; platform_machine != "aarch64"/'; \
+	} > constraints.txt
+
+# The library, client-helper and example tests on the newest Flower here and on the lowest
+# supported one, each in its own venv (.venv-compat-<version>) with CPU torch; ~10 min each the
+# first time. COMPAT_TORCH / COMPAT_PIP_ARGS: see scripts/test-compat.sh.
+COMPAT_FLOWER ?= 1.42.0 1.41.0
+test-compat:
+	PYTHON=$(PYTHON) scripts/test-compat.sh $(COMPAT_FLOWER)
 
 # FedClust beside FedAvg on scikit-learn's digits, 20 clients in 5 groups of digit
 # pairs, on Flower's simulation engine.

@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from clusterfed.datasets import DATASETS, PARTITIONERS
+from clusterfed.datasets.sources import is_known_dataset
 from clusterfed.models import MODELS
 
 class ConfigError(ValueError):
@@ -66,6 +67,10 @@ class RunConfig(BaseModel):
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.5, ge=0, lt=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    compare_arrays: str = Field(
+        "auto", alias="compare-arrays",
+        description="arrays whose updates clustering compares: auto = floating-point arrays that are not buffers "
+                    "(BatchNorm running statistics, counters), or a regular expression on their names")
 
     # participation and measurement
     fraction_train: float = Field(1.0, alias="fraction-train", gt=0, le=1)
@@ -95,7 +100,9 @@ class RunConfig(BaseModel):
     @field_validator("dataset")
     @classmethod
     def _known_dataset(cls, value: str) -> str:
-        return _one_of(value, DATASETS)
+        if is_known_dataset(value):  # a built-in name or hf:<name or folder>
+            return value
+        return _one_of(value, (*DATASETS, "hf:<name or folder>"))
 
     @field_validator("partitioner")
     @classmethod
@@ -134,7 +141,8 @@ class RunConfig(BaseModel):
         from clusterfed.strategies import strategy_class
 
         cls = strategy_class(self.strategy)
-        shared = {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed}
+        shared = {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed,
+                  "compare-arrays": self.compare_arrays}
         return cls(**cls.Params.model_validate({**shared, **self.strategy_params}).model_dump())
 
 

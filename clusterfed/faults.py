@@ -87,6 +87,8 @@ def inject_faults(msg, context, call_next):
     if kinds is None or reply.has_error() or protocol.CONFIG not in msg.content:
         return reply
     config = msg.content[protocol.CONFIG]
+    if config.get("phase") == protocol.PROFILE_PHASE:  # the profile probe is not faulted
+        return reply
     if not any(float(config.get(_RATE_OF_KIND[kind], 0.0) or 0.0) > 0 for kind in kinds):
         return reply
     key = str(reply.content[protocol.CLIENT]["client-key"])

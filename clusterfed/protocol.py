@@ -22,7 +22,13 @@ CONFIG = "config"
 METRICS = "metrics"
 CLIENT = "client"  # ConfigRecord of the reply: client-key, true-group (metrics only)
 
-# custom query used once per client to learn its stable key before anything is sent to it
+# the profile probe: an evaluate message whose config has phase = PROFILE_PHASE and which
+# carries the initial model. A clusterfed client answers with its profile (client record with
+# CAPABILITIES_KEY, training-set size); a stock ClientApp evaluates the model, so it answers
+# without an error (and without a traceback in Flower's log)
+PROFILE_PHASE = "profile"
+CAPABILITIES_KEY = "capabilities"  # in the profile's client record: what the client can do
+# the query servers before the probe sent; clusterfed clients still answer it
 PROFILE_QUERY = "query.profile"
 
 # a multi-model (IFCA) message: K models in ``arrays``, array ``name`` of model k under
@@ -41,6 +47,19 @@ def unpack_model(packed: Mapping[str, np.ndarray], k: int) -> dict[str, np.ndarr
     """Model k of a ``pack_models`` dict, under the plain names."""
     prefix = f"m{k}."
     return {name[len(prefix):]: value for name, value in packed.items() if name.startswith(prefix)}
+
+
+def difference(trained: np.ndarray, sent: np.ndarray) -> np.ndarray:
+    """The update ``trained - sent`` in the arrays' dtype; for bool arrays, which numpy
+    cannot subtract, ``trained XOR sent`` (integers wrap, so ``apply_difference`` restores
+    ``trained`` exactly in every integer and bool dtype)."""
+    # np.asarray: numpy turns the difference of two 0-d arrays into a scalar
+    return np.asarray(np.logical_xor(trained, sent) if np.asarray(sent).dtype == np.bool_ else trained - sent)
+
+
+def apply_difference(sent: np.ndarray, update: np.ndarray) -> np.ndarray:
+    """``sent + update``, the inverse of ``difference`` (XOR for bool arrays)."""
+    return np.asarray(np.logical_xor(sent, update) if np.asarray(sent).dtype == np.bool_ else sent + update)
 
 
 UPLOAD_FULL = "full"
@@ -138,7 +157,8 @@ def _array(dtype: str, shape: tuple[int, ...], data: bytes) -> Array:
 def encode_array(value: np.ndarray) -> Array:
     """``flwr.app.Array(ndarray)`` with the same bytes (a test checks), without ``np.save``'s
     per-call header formatting: the header is cached per dtype and shape."""
-    array = np.ascontiguousarray(value)
+    # order="C", not np.ascontiguousarray, which turns a 0-d array into shape (1,)
+    array = np.asarray(value, order="C")
     if array.dtype.hasobject or not array.dtype.isnative:
         return Array(array)
     dtype, shape, header = _encoding(array.dtype, array.shape)

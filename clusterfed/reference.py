@@ -71,7 +71,8 @@ def markdown() -> str:
            "work for the chosen strategy, with a warning naming the new key.", "",
            "## Run keys", "", "| key | default | meaning |", "|---|---|---|"]
     out += [f"| `{key}` | `{toml_value(default)}` | {text} |" for key, default, text in run_rows()]
-    out += ["", "`fraction-train`, `fraction-evaluate` and `seed` are also every strategy's constructor arguments",
+    out += ["", "`fraction-train`, `fraction-evaluate`, `seed` and `compare-arrays` are also every strategy's "
+            "constructor arguments",
             "(`fraction_train`, …), with Flower's `min_available_nodes`, `min_train_nodes` and `min_evaluate_nodes`",
             "(defaults 0, 1, 1). In Python a parameter's keyword is its key in snake case (`cluster-epochs` →",
             "`cluster_epochs`; `lambda` → `lambda_`)."]

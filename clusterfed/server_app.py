@@ -9,6 +9,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from flwr.app import ConfigRecord, Context
@@ -21,7 +22,7 @@ from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError, build_runner
 from clusterfed.runner.preflight import check_model, preflight, resolve_resume
-from clusterfed.strategies.base import StrategyParamsError
+from clusterfed.strategies.base import CapabilityError, ClientFailureError, ModelMismatchError, StrategyParamsError
 
 NODE_WAIT_SECONDS = 120.0
 
@@ -118,9 +119,11 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
         wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
     recorder = RunRecorder(out, config.to_flower(), stream=stream)
+    strategy = build_runner(config, recorder, deployment=deployment)
     if status is not None:
         recorder.on_round = status.heartbeat
-    strategy = build_runner(config, recorder, deployment=deployment)
+        status.rounds = config.rounds
+        status.devices = lambda: strategy.driver.device_report() if getattr(strategy, "driver", None) else {}
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
     train_config, evaluate_config = task_configs(config)
@@ -164,15 +167,18 @@ def _alive(pid: int) -> bool:
 
 class RunStatus:
     """``out-dir/status.json``: ``"running"`` (with ``updated``, the time of the last round,
-    as a heartbeat), ``"ok"`` or ``"failed"`` (with ``error``), and who writes it (``pid``,
-    ``host``). A ``"running"`` left by a run that is gone is replaced at start-up with a
-    ``note`` saying so."""
+    as a heartbeat), ``"ok"`` or ``"failed"`` (with ``error``), ``ended`` (how the run ended,
+    in a sentence), the devices ``absent`` and ``failing`` (docs/outputs.md), and who writes
+    it (``pid``, ``host``). A ``"running"`` left by a run that is gone is replaced at start-up
+    with a ``note`` saying so."""
 
     def __init__(self, out_dir: str | Path):
         self.path = Path(out_dir).resolve() / "status.json"
         self.started = _now()
         self.note = ""
         self.round: int | None = None
+        self.rounds: int | None = None  # the rounds the run was asked for
+        self.devices: Callable[[], dict[str, Any]] | None = None  # absent and failing devices, now
 
     def start(self) -> None:
         previous = self.read()
@@ -185,6 +191,15 @@ class RunStatus:
                          f"{previous.get('updated', previous.get('time'))}) {state} and never wrote how it ended")
             log(logging.WARNING, "clusterfed: %s", self.note)
         self.write("running")
+
+    def ended(self, status: str, error: str) -> str:
+        """How the run ended, in one sentence."""
+        done = (f"after round {self.round} of {self.rounds}" if self.rounds else f"after round {self.round}") \
+            if self.round is not None else "before round 1 ended"
+        if status == "ok":
+            return f"completed all {self.rounds} rounds" if self.rounds and self.round == self.rounds else \
+                f"completed {done}"
+        return f"stopped {done}: {error}"
 
     def read(self) -> dict[str, Any]:
         try:
@@ -203,6 +218,10 @@ class RunStatus:
             body["round"] = self.round
         if error:
             body["error"] = error
+        if status != "running":
+            body["ended"] = self.ended(status, error)
+        if self.devices is not None:
+            body.update({"absent": [], "failing": [], **self.devices()})
         if self.note:
             body["note"] = self.note
         try:
@@ -251,7 +270,8 @@ def main(grid: Grid, context: Context) -> None:
     deployment = not isinstance(grid, InMemoryGrid)
     try:
         run_server(grid, config, deployment=deployment, status=status)
-    except (ConfigError, CheckpointError, StrategyParamsError) as error:
+    except (ConfigError, CheckpointError, StrategyParamsError, CapabilityError, ClientFailureError,
+            ModelMismatchError) as error:
         raise _fail(status, str(error)) from None
     except Exception as error:
         raise _fail(status, f"{type(error).__name__}: {error}", error) from error

@@ -34,12 +34,24 @@ _NUMPY_DTYPES = {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np
                  torch.bool: np.dtype(np.bool_)}
 
 
+BFLOAT16_MESSAGE = (
+    "arrays {names} are bfloat16, which numpy has no dtype for: Flower's ArrayRecord cannot carry them "
+    "(torch raises 'Got unsupported ScalarType BFloat16'). Exchange the model in float32 "
+    "(model.float() before building the reply, model.to(torch.bfloat16) after loading the arrays) "
+    "or use float16")
+
+
 def state_to_numpy(model: nn.Module, copy: bool = True) -> dict[str, np.ndarray]:
     """The model's state as arrays; ``copy=False``: views of the model's own memory on the CPU
-    (for a caller that copies them before the model changes, e.g. into a message)."""
+    (for a caller that copies them before the model changes, e.g. into a message).
+    TypeError for a bfloat16 tensor, which numpy (and so a Flower ArrayRecord) cannot hold."""
+    state = model.state_dict()
+    bfloat16 = [k for k, v in state.items() if v.dtype == torch.bfloat16]
+    if bfloat16:
+        raise TypeError(BFLOAT16_MESSAGE.format(names=", ".join(bfloat16)))
     if copy:
-        return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
-    return {k: v.detach().cpu().numpy() for k, v in model.state_dict().items()}
+        return {k: v.detach().cpu().numpy().copy() for k, v in state.items()}
+    return {k: v.detach().cpu().numpy() for k, v in state.items()}
 
 
 def load_numpy_state(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None:

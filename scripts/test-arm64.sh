@@ -120,16 +120,16 @@ install() {
     local wheel
     wheel=$(basename "$CACHE"/dist/clusterfed-*.whl)
     rm -rf "$ROOTFS/opt/dist" && cp -r "$CACHE/dist" "$ROOTFS/opt/dist"
-    # the device's pip, as a Pi would run it: `pip install clusterfed-*.whl`, no extras
+    # the device's pip, as a Pi would run it: `pip install "clusterfed-*.whl[torch]"` (torch is an extra)
     timed resolve_after dev python3 -m pip install -q --dry-run --ignore-installed \
-        --break-system-packages --report /opt/dist/report-after.json "/opt/dist/$wheel"
+        --break-system-packages --report /opt/dist/report-after.json "/opt/dist/$wheel[torch]"
     fetch "$ROOTFS/opt/dist/report-after.json" "$CACHE/wheels"
     rm -rf "$ROOTFS/opt/wheels" && mkdir -p "$ROOTFS/opt/wheels"
     cp "$CACHE"/wheels/* "$ROOTFS/opt/wheels/"
     rm -rf "$ROOTFS/opt/device"
     dev python3 -m venv /opt/device
     timed install_after dev /opt/device/bin/pip install -q --no-index --find-links /opt/wheels \
-        "/opt/dist/$wheel"
+        "/opt/dist/$wheel[torch]"
     dev /opt/device/bin/pip freeze > "$CACHE/freeze-after.txt"
     du -sb "$ROOTFS/opt/device" | cut -f1 > "$CACHE/venv-after.bytes"
     du -sb "$ROOTFS/opt/device/lib/python3.11/site-packages"/* | sort -rn | sed -n 1,12p > "$CACHE/largest-after.txt"

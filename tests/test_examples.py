@@ -23,7 +23,8 @@ from flwr.serverapp import ServerApp
 import clusterfed
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-PACKAGES = {"sensor-clusters": "sensor_clusters", "ifca-regression": "ifca_regression"}
+PACKAGES = {"sensor-clusters": "sensor_clusters", "ifca-regression": "ifca_regression",
+            "sklearn-clusters": "sklearn_clusters"}
 FILES = ["pyproject.toml", "README.md", "run_inprocess.py", "{pkg}/__init__.py", "{pkg}/client_app.py",
          "{pkg}/server_app.py", "{pkg}/task.py"]
 
@@ -136,3 +137,45 @@ def test_ifca_regression_with_cfl_as_the_readme_shows_recovers_the_groups():
     (result, ari), _ = quietly(runner("ifca-regression").simulate,
                                clusterfed.CFL(split_min_silhouette=0.6, fraction_train=1.0), 12)
     assert ari == 1.0 and result.evaluate_metrics_clientapp[12]["eval-mse"] < 0.01
+
+
+# ---------------------------------------------------------------- (c) scikit-learn clients, a server without torch
+_WITHOUT_TORCH = """
+import importlib.abc, sys
+class NoTorch(importlib.abc.MetaPathFinder):  # as if torch were not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("torch", "torchvision"):
+            raise ImportError(f"{name} is not installed on this server")
+sys.meta_path.insert(0, NoTorch())
+import contextlib, io, json
+import clusterfed, run_inprocess
+with contextlib.redirect_stdout(io.StringIO()) as printed:
+    fedclust, fedclust_ari = run_inprocess.simulate()  # the ServerApp's main: FedClust, 5 rounds
+    fedavg, fedavg_ari = run_inprocess.simulate("FedAvg", 2)
+    cfl, cfl_ari = run_inprocess.simulate(
+        clusterfed.CFL(fraction_train=1.0, min_split_round=2, split_min_silhouette=0.6), 8)
+print(json.dumps({"fedclust": [fedclust_ari, fedclust.evaluate_metrics_clientapp[5]["eval-acc"], len(fedclust.cluster_arrays)],
+                  "fedavg": [fedavg_ari, fedavg.evaluate_metrics_clientapp[2]["eval-acc"]],
+                  "cfl": [cfl_ari, cfl.evaluate_metrics_clientapp[8]["eval-acc"]],
+                  "printed": printed.getvalue(),
+                  "torch_loaded": sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "torchvision"))}))
+"""
+
+
+def test_sklearn_clients_under_fedclust_and_cfl_recover_the_sites_on_a_server_without_torch():
+    """A stock scikit-learn ClientApp (logistic regression as NumPy arrays) and the ServerApp, in a
+    process where torch cannot be imported: FedClust and CFL find the three kinds of site."""
+    import json
+    import os
+    import subprocess
+
+    folder = EXAMPLES / "sklearn-clusters"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(folder), str(EXAMPLES.parent)]))
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH], cwd=folder, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["torch_loaded"] == []
+    (ari, accuracy, clusters), (fedavg_ari, fedavg_accuracy) = found["fedclust"], found["fedavg"]
+    assert ari == 1.0 and clusters == 3 and accuracy > 0.95 and fedavg_ari == 0.0 and fedavg_accuracy < 0.5
+    assert found["cfl"][0] == 1.0 and found["cfl"][1] > 0.95
+    assert "3 cluster(s):" in found["printed"] and "round   eval-loss  eval-acc" in found["printed"]

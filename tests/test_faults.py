@@ -143,15 +143,18 @@ def test_malformed_profile_is_rejected_and_the_client_tried_again(tmp_path):
     calls = {"n": 0}
     app = ClientApp()
 
-    @app.query("profile")
-    def bad_profile(msg, context):
+    @app.evaluate()
+    def bad_profile(msg, context):  # the profile probe is an evaluate message of phase "profile"
+        if msg.content[protocol.CONFIG].get("phase") != protocol.PROFILE_PHASE:
+            return do_evaluate(msg, context)
         calls["n"] += 1
-        if int(context.node_config["partition-id"]) == 1 and calls["n"] <= 4:
-            return Message(RecordDict({protocol.METRICS: MetricRecord({"num-examples": 0})}), reply_to=msg)
+        if int(context.node_config["partition-id"]) == 1 and calls["n"] <= 4:  # a profile without a key
+            return Message(RecordDict({protocol.METRICS: MetricRecord({"num-examples": 0}),
+                                       protocol.CLIENT: ConfigRecord({protocol.CAPABILITIES_KEY: ["label-stats"]})}),
+                           reply_to=msg)
         return profile(msg, context)
 
     app.train()(do_train)
-    app.evaluate()(do_evaluate)
     config = parse_config({"num-clients": 4, "rounds": 2, "out-dir": str(tmp_path), "batch-size": 32,
                            "partitioner": "label-groups", "label-groups": "0-4;5-9"})
     simulate(config, engine="inprocess", stream=None, client_app=app)

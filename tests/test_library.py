@@ -5,6 +5,7 @@ what each strategy module may and may not touch."""
 from __future__ import annotations
 
 import ast
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -63,10 +64,13 @@ def test_fedavg_and_fedprox_run_a_stock_client_app(name):
 
 @pytest.mark.parametrize("strategy, capability", [("IFCA", "choosing the lowest-training-loss model"),
                                                   ("AdaCFL", "label statistics")])
-def test_a_strategy_needing_more_than_a_stock_client_stops_before_round_1(strategy, capability):
-    with pytest.raises(StrategyParamsError, match=capability) as error:
+def test_a_strategy_needing_more_than_a_stock_client_stops_before_round_1(strategy, capability, caplog):
+    with pytest.raises(clusterfed.CapabilityError, match=capability) as error:
         run_user_app(getattr(clusterfed, strategy)(), 2)
     assert "node-1000" in str(error.value) and "clusterfed.client" in str(error.value)
+    assert not isinstance(error.value, StrategyParamsError)  # no parameter is wrong
+    # refused after the profile probe, before any train message, and with nothing logged per node
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_adacfl_without_label_statistics_runs_on_stock_clients():
@@ -265,9 +269,9 @@ def test_evaluate_fn_is_called_with_the_largest_clusters_model_each_round():
     assert result.evaluate_metrics_serverapp[2]["server-metric"] == 2.0
 
 
-def test_a_run_in_which_no_train_reply_is_accepted_says_so():
+def test_a_run_in_which_no_train_reply_is_accepted_stops_quoting_the_clients_error():
     """A quickstart ClientApp that reads local-epochs from its run config, under a grid that
-    gives it none: every train reply fails, and the result says why instead of a clustering reason."""
+    gives it none: every train reply fails, and the run stops with the clients' own error."""
     from flwr.app import Message
     from flwr.clientapp import ClientApp
 
@@ -282,9 +286,140 @@ def test_a_run_in_which_no_train_reply_is_accepted_says_so():
     for name in ("IFCA", "CFL"):
         strategy = getattr(clusterfed, name)()
         if name == "IFCA":
-            with pytest.raises(StrategyParamsError):  # a stock client: refused before round 1
+            with pytest.raises(clusterfed.CapabilityError):  # a stock client: refused before round 1
                 run_user_app(strategy, 2, client_app=broken, num_clients=4)
             continue
-        result = run_user_app(strategy, 2, client_app=broken, num_clients=4)
-        reason = result.clustering["one_cluster_reason"]
-        assert reason.startswith("no client's train reply was accepted in 2 round(s)") and "local-epochs" in reason
+        with pytest.raises(clusterfed.ClientFailureError, match="accepted in 2 round") as error:
+            run_user_app(strategy, 3, client_app=broken, num_clients=4)
+        assert "KeyError: 'local-epochs'" in str(error.value) and "node-1000" in str(error.value)
+        assert strategy.driver.completed_rounds == 2
+
+
+# ------------------------------------------------- stock clients: logs, errors, names
+class RecordingGrid(InProcessGrid):
+    """The in-process grid, remembering the type of every message sent."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.sent: list[str] = []
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.sent += [m.metadata.message_type for m in messages]
+        return super().push_messages(messages)
+
+
+def recording_grid(client_app=stock_client_app, num_clients: int = 4) -> RecordingGrid:
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    return RecordingGrid(client_app, num_clients, node_configs=[{"partition-id": i} for i in range(num_clients)])
+
+
+def test_a_stock_client_run_sends_only_what_it_answers_and_logs_one_info_line_a_round(caplog):
+    caplog.set_level(logging.INFO, logger="flwr")
+    grid = recording_grid()
+    torch.manual_seed(0)
+    clusterfed.FedAvg().start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), num_rounds=3,
+                              train_config=ConfigRecord({"lr": 0.1}))
+    assert set(grid.sent) == {"train", "evaluate"}  # no query a stock ClientApp has no function for
+    ours = [r.getMessage() for r in caplog.records if r.pathname.startswith(str(ROOT / "clusterfed"))]
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    rounds = [line for line in ours if line.startswith("[ROUND")]
+    assert len(rounds) == 3 and len(ours) == 3 + 1  # one line a round, one at the start
+    assert rounds[0].startswith("[ROUND 1/3] train: 4 of 4 replies accepted; 1 cluster; train loss ")
+    assert "evaluate eval_acc " in rounds[0] and "eval_loss" in rounds[0]
+
+
+def test_the_clients_own_error_text_is_taken_out_of_the_simulation_engines_wrapper():
+    from clusterfed.runner.runner import first_line
+
+    ray = ("<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m "
+           "(pid=1, ip=192.0.2.2)\n           ^^^^^\n  File \"/x/userapp/client_app.py\", line 19, in train_fn\n"
+           "    loss = train(net, loader, epochs=int(context.run_config[\"local-epochs\"]))\n"
+           "KeyError: 'local-epochs'\n\nThe above exception was the direct cause of the following exception:\n\n"
+           "\x1b[36mray::ClientAppActor.run()\x1b[39m (pid=1)\n  File \"/x/ray_actor.py\", line 65, in run\n"
+           "    raise ClientAppException(str(ex)) from ex\nflwr.clientapp.client_app.ClientAppException: \n"
+           "Exception ClientAppException occurred. Message: 'local-epochs''>")
+    assert first_line(ray) == "KeyError: 'local-epochs'"
+    bare = "<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'ray::x\nException ClientAppException " \
+           "occurred. Message: [client-key \"s-1\"] disk full'>"
+    assert first_line(bare) == "disk full"
+
+
+def test_a_model_that_does_not_match_the_clients_stops_in_round_1_naming_array_and_client():
+    grid = recording_grid()
+    float64 = {name: value.double() for name, value in Net().state_dict().items()}
+    strategy = clusterfed.FedAvg()
+    with pytest.raises(clusterfed.ModelMismatchError, match=r"client node-1000 .*hidden\.weight: dtype float32 != "
+                                                           r"expected float64"):
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(float64), num_rounds=5,
+                       train_config=ConfigRecord({"lr": 0.1}))
+    assert strategy.driver.completed_rounds == 0 and grid.sent.count("train") == 4
+
+
+def test_num_rounds_below_one_is_refused_before_any_message():
+    grid = recording_grid()
+    for rounds in (0, -1):
+        with pytest.raises(StrategyParamsError, match=rf"num_rounds = {rounds}: a run needs at least one round"):
+            clusterfed.CFL().start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), num_rounds=rounds)
+    assert grid.sent == []
+
+
+def test_a_capability_refusal_comes_before_any_train_message():
+    grid = recording_grid()
+    with pytest.raises(clusterfed.CapabilityError):
+        clusterfed.IFCA().start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), num_rounds=2,
+                                train_config=ConfigRecord({"lr": 0.1}))
+    assert grid.sent == ["evaluate"] * 4  # the profile probe only
+
+
+def named_client_app(how: str):
+    """The stock user app, its evaluate replies naming the client (the way docs/library.md shows)."""
+    from flwr.app import ConfigRecord as Config
+    from flwr.clientapp import ClientApp
+    from userapp.client_app import evaluate_fn, train_fn
+
+    app = ClientApp()
+    app.train()(train_fn)
+
+    @app.evaluate()
+    def evaluate(msg, context):
+        reply = evaluate_fn(msg, context)
+        partition = int(context.node_config["partition-id"])
+        if how == "metric":
+            reply.content["metrics"]["partition-id"] = partition
+        else:
+            reply.content["client"] = Config({"client-key": f"site-{partition}"})
+        return reply
+
+    return app
+
+
+@pytest.mark.parametrize("how, keys", [("metric", [str(i) for i in range(6)]),
+                                       ("record", [f"site-{i}" for i in range(6)])])
+def test_a_stock_client_that_names_itself_is_keyed_by_that_name(how, keys):
+    result = run_user_app(clusterfed.FedClust(), 2, client_app=named_client_app(how), num_clients=6)
+    assert sorted(result.assignment) == sorted(keys)
+    assert "partition-id" not in result.evaluate_metrics_clientapp[2]  # a name is not averaged
+
+
+def test_the_strategies_show_their_parameters_and_the_package_its_names():
+    import inspect
+
+    signature = inspect.signature(clusterfed.FedClust)
+    assert signature.parameters["lambda_"].default == "auto"
+    assert signature.parameters["fraction_train"].default == 1.0
+    assert signature.parameters["cluster_epochs"].kind is inspect.Parameter.KEYWORD_ONLY
+    doc = clusterfed.FedClust.__doc__
+    assert "lambda_ : float or 'auto', default 'auto' (run config: ``lambda``)" in doc
+    assert clusterfed.FedClust.Params.model_fields["recut"].description in doc
+    for name, cls in clustered_classes().items():
+        assert list(inspect.signature(cls).parameters) == list(cls.Params.model_fields), name
+    assert {"FedClust", "CFL", "IFCA", "CapabilityError", "ModelMismatchError"} <= set(dir(clusterfed))
+    assert (ROOT / "clusterfed" / "py.typed").exists()
+
+
+def test_the_helpers_capabilities_are_the_strategies_capability_names():
+    from clusterfed.client.app import HELPER_CAPABILITIES
+    from clusterfed.strategies.base import CAPABILITIES
+
+    assert set(HELPER_CAPABILITIES) == set(CAPABILITIES)

@@ -172,6 +172,23 @@ def test_status_file_says_ok_or_failed(tmp_path, churn):
     assert status["status"] == "failed" and "SuperNodes" in status["error"]
 
 
+def test_status_file_says_how_the_run_ended_and_names_absent_and_failing_devices(tmp_path, churn):
+    def break_client_2(g):
+        g.contexts[g.node_ids[2]].node_config["data-path"] = str(tmp_path / "missing.npz")
+
+    churn["events"] = {2: break_client_2}
+    grid = ChurnGrid(3)
+    run_config = {"strategy": "fedavg", "num-clients": 3, "rounds": 4, "out-dir": str(tmp_path), "batch-size": 32,
+                  "partitioner": "label-groups", "label-groups": "0-4;5-9"}
+    server_app.main(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=run_config))
+    status = json.loads((tmp_path / "status.json").read_text())
+    assert status["status"] == "ok" and status["ended"] == "completed all 4 rounds"
+    assert status["absent"] == [{"client": "2", "node": grid.node_ids[2]}]
+    [failing] = status["failing"]
+    assert failing["client"] == "2" and failing["node"] == grid.node_ids[2] and failing["failures"] >= 2
+    assert "missing.npz" in failing["reason"]
+
+
 def test_a_start_failure_is_logged_at_error_with_the_sentence_of_status_json(tmp_path, churn, caplog):
     """What ``flwr run --stream`` shows is the ServerApp's log: the reason is in it. The
     failure is an Exception, so Flower's flwr-serverapp logs it, uploads the logs, marks the
@@ -285,7 +302,8 @@ def test_a_device_whose_training_fails_is_named_and_marked_absent(tmp_path, chur
     assert named == {("2", grid.node_ids[2], "error")}
     assert all("missing.npz" in f["reason"] for f in records[1]["failed"])
     assert [r["clients_absent"] for r in records] == [0, 0, 1, 1]
-    assert records[3]["absent"] == ["2"] and "2" not in records[3]["client_accuracy"]
+    assert records[3]["absent"] == [{"client": "2", "node": grid.node_ids[2]}]
+    assert "2" not in records[3]["client_accuracy"]
 
 
 def test_two_nodes_with_the_same_client_key_are_both_reported_and_neither_is_served(tmp_path, churn, caplog):

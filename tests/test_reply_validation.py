@@ -16,7 +16,7 @@ from flwr.clientapp import ClientApp
 
 from harness import capture_algorithms
 
-from clusterfed import protocol
+from clusterfed import ClientFailureError, protocol
 from clusterfed.client_app import do_evaluate, do_train, profile
 from clusterfed.config import parse_config
 from clusterfed.simulation import simulate
@@ -123,8 +123,9 @@ def test_malformed_reply_is_rejected_and_touches_no_model(kind, tmp_path, monkey
             np.testing.assert_array_equal(value, models_without_the_bad_client[cluster][name])
 
 
-def test_every_reply_malformed_leaves_the_model_at_theta0(tmp_path, monkeypatch):
-    # corrupt all four clients: no valid reply, so the one cluster keeps θ0
+def test_every_reply_malformed_leaves_the_model_at_theta0_and_stops_the_run(tmp_path, monkeypatch):
+    # corrupt all four clients: no valid reply, so the one cluster keeps θ0, and a run in
+    # which nothing trained stops saying why
     def train(msg, context):
         reply = do_train(msg, context)
         arrays = protocol.from_array_record(reply.content[protocol.ARRAYS])
@@ -132,8 +133,14 @@ def test_every_reply_malformed_leaves_the_model_at_theta0(tmp_path, monkeypatch)
         reply.content[protocol.ARRAYS] = protocol.to_array_record(arrays)
         return reply
 
-    strategy, rounds = run(tmp_path, monkeypatch, app_with(train))
+    captured = capture_algorithms(monkeypatch)
+    config = parse_config({"num-clients": 4, "rounds": 1, "batch-size": 32, "out-dir": str(tmp_path),
+                           "partitioner": "label-groups", "label-groups": "0-4;5-9"})
+    with pytest.raises(ClientFailureError, match="contains NaN or infinite values"):
+        simulate(config, engine="inprocess", stream=None, client_app=app_with(train))
+    rounds = [json.loads(line) for line in (tmp_path / "rounds.jsonl").read_text().splitlines()]
     assert rounds[0]["rejected"] == 4
+    strategy = captured[-1]
     for name, value in strategy.models[0].items():
         np.testing.assert_array_equal(value, strategy.theta0[name])
 

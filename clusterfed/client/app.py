@@ -2,7 +2,8 @@
 
 ``reply(task, message_type, content, context)`` is the whole client: a message's content and
 the node's Flower ``Context`` in, the reply's content out. ``client_app(task)`` registers it
-for ``train``, ``evaluate`` and the ``query.profile`` query. Given a task's import path
+for ``train`` and ``evaluate`` (an evaluate message of phase ``profile`` is the server's
+profile probe, answered with the profile) and for the ``query.profile`` query of earlier servers. Given a task's import path
 (``"package.module:name"``) instead of the task, the ClientApp imports nothing of the task
 in its own process when that is one of Flower's one-message ``flwr-clientapp`` processes:
 it hands each message to a warm worker (``clusterfed.client_worker``) that keeps the task,
@@ -31,6 +32,9 @@ _ONE_MESSAGE_PROCESS = "flwr.supernode.runtime.run_clientapp"
 
 
 KEY_TAG = "[client-key "  # how an error names its client: [client-key "pi-03"] <message>
+# what this helper's clients can do beyond a stock ClientApp (the names of
+# clusterfed.strategies.base.CAPABILITIES), told to the server in the profile
+HELPER_CAPABILITIES = ("label-stats", "multi-model")
 
 
 def _key_or_none(task: ClientTask | str, context: Context) -> str | None:
@@ -123,7 +127,9 @@ def profile_reply(task: ClientTask, content: RecordDict, context: Context) -> Re
     config = _config(content)
     data = as_task_data(task.data_fn(context, config))
     metrics = _with_label_stats({"num-examples": count_examples(data, "train")}, config, data)
-    return RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.CLIENT: _identity(task, context, data)})
+    identity = _identity(task, context, data)
+    identity[protocol.CAPABILITIES_KEY] = list(HELPER_CAPABILITIES)
+    return RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.CLIENT: identity})
 
 
 def train_reply(task: ClientTask, content: RecordDict, context: Context) -> RecordDict:
@@ -141,7 +147,7 @@ def train_reply(task: ClientTask, content: RecordDict, context: Context) -> Reco
     if unknown:
         raise ValueError(f"upload asks for arrays this model does not have: {unknown}; it has {list(trained)}")
     if config.get("return", protocol.RETURN_WEIGHTS) == protocol.RETURN_UPDATE:
-        out = {name: trained[name] - received[name] for name in names}
+        out = {name: protocol.difference(trained[name], received[name]) for name in names}
     else:
         out = {name: trained[name] for name in names}
     metrics = {"num-examples": _count(trained_metrics, data, "train"), **trained_metrics}
@@ -171,7 +177,10 @@ def reply(task: ClientTask | str, message_type: str, content: RecordDict, contex
     """The reply content to one message (``task``: a ClientTask or its import path)."""
     if message_type not in _REPLIES:
         raise ValueError(f"a clusterfed client answers {list(_REPLIES)} messages, not {message_type!r}")
-    return _REPLIES[message_type](load_task(task) if isinstance(task, str) else task, content, context)
+    answer = _REPLIES[message_type]
+    if message_type == MessageType.EVALUATE and _config(content).get("phase") == protocol.PROFILE_PHASE:
+        answer = profile_reply
+    return answer(load_task(task) if isinstance(task, str) else task, content, context)
 
 
 def uses_warm_worker(node_config: Mapping) -> bool:

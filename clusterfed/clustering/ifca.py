@@ -19,8 +19,11 @@ import numpy as np
 Arrays = dict[str, np.ndarray]
 
 
-def random_initialisations(theta0: Arrays, k: int, rng: np.random.Generator) -> list[Arrays]:
-    """K starting models: θ0 and K-1 independent redraws of its non-constant arrays."""
+def random_initialisations(theta0: Arrays, k: int, rng: np.random.Generator,
+                           names: list[str] | None = None) -> list[Arrays]:
+    """K starting models: θ0 and K-1 independent redraws of its non-constant arrays among
+    ``names`` (None: all; buffers such as a positional encoding are kept as they are)."""
+    redrawn = set(theta0 if names is None else names)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     models = [{n: v.copy() for n, v in theta0.items()}]
@@ -28,7 +31,7 @@ def random_initialisations(theta0: Arrays, k: int, rng: np.random.Generator) -> 
         model = {}
         for name, value in theta0.items():
             flat = np.asarray(value).ravel()
-            constant = flat.size == 0 or not np.issubdtype(value.dtype, np.floating) or np.all(flat == flat[0])
+            constant = name not in redrawn or flat.size == 0 or not np.issubdtype(value.dtype, np.floating) or np.all(flat == flat[0])
             if constant:
                 model[name] = value.copy()
             else:

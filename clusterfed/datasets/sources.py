@@ -15,6 +15,9 @@ import numpy as np
 DATASETS = ("digits", "synthetic-digits", "mnist", "fmnist", "emnist-letters", "cifar10", "svhn")
 # the data sets built in memory, with no files to read (no `data-dir`)
 EMBEDDED = ("digits", "synthetic-digits")
+# `hf:<name or folder>`: an image classification set from Flower Datasets / the Hugging Face Hub
+# (by name, e.g. `hf:ylecun/mnist`, from the Hub's cache) or a folder written by `save_to_disk`
+HUGGING_FACE_PREFIX = "hf:"
 
 # synthetic-digits: enough images for 10,000 clients of 12 (cross-device scale), drawn with a
 # fixed seed so every process and every run sees the same pool
@@ -79,14 +82,19 @@ def load_source(name: str, data_dir: str | None = None) -> DataSource:
 
     `digits` ships with scikit-learn and `synthetic-digits` is generated from it, so neither
     needs a `data_dir`; every other set is read with torchvision (download=False) from
-    `data_dir` in torchvision's folder layout.
+    `data_dir` in torchvision's folder layout. `hf:<name or folder>` is read with Hugging
+    Face `datasets` (the `datasets` extra): every split joined, the first image column and
+    the first class-label (or `label`) column; `data_dir` is then not used.
     """
-    if name not in DATASETS:
-        raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}")
-    root = None if name in EMBEDDED else _require_dir(name, data_dir)
+    if not is_known_dataset(name):
+        raise ValueError(f"unknown dataset {name!r}; choose one of: {', '.join(DATASETS)}, "
+                         f"or {HUGGING_FACE_PREFIX}<name or folder> for a Hugging Face data set")
+    root = None if name in EMBEDDED or is_hugging_face(name) else _require_dir(name, data_dir)
     key = (name, root)
     if key not in _CACHE:
-        if name == "digits":
+        if is_hugging_face(name):
+            images, labels, num_classes = _load_hugging_face(name[len(HUGGING_FACE_PREFIX):])
+        elif name == "digits":
             images, labels, num_classes = _load_digits()
         elif name == "synthetic-digits":
             images, labels, num_classes = _generate_synthetic_digits()
@@ -94,6 +102,15 @@ def load_source(name: str, data_dir: str | None = None) -> DataSource:
             images, labels, num_classes = _load_torchvision(name, root)
         _CACHE[key] = _make_source(name, images, labels, num_classes)
     return _CACHE[key]
+
+
+def is_hugging_face(name: str) -> bool:
+    return name.startswith(HUGGING_FACE_PREFIX)
+
+
+def is_known_dataset(name: str) -> bool:
+    """A built-in data set or a well-formed `hf:` reference (whether it exists is checked on load)."""
+    return name in DATASETS or (is_hugging_face(name) and bool(name[len(HUGGING_FACE_PREFIX):].strip()))
 
 
 def _require_dir(name: str, data_dir: str | None) -> str:
@@ -186,6 +203,56 @@ def _load_torchvision(name: str, root: str) -> tuple[np.ndarray, np.ndarray, int
         labels = np.concatenate([np.asarray(p.labels) for p in parts]).astype(np.int64)
         num_classes = 10
     return images.astype(np.float32) / 255.0, labels, num_classes
+
+
+def _load_hugging_face(target: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """Images (N, C, H, W) in [0, 1] for uint8 pixels, labels and class count of a Hugging
+    Face data set: a folder from `save_to_disk`, else a name `datasets.load_dataset` knows."""
+    try:
+        import datasets
+    except ImportError:
+        raise DatasetNotFoundError(f"dataset 'hf:{target}' needs Hugging Face datasets: "
+                                   "pip install \"clusterfed[datasets]\"") from None
+    folder = os.path.expanduser(target)
+    try:
+        data = datasets.load_from_disk(folder) if os.path.isdir(folder) else datasets.load_dataset(target)
+    except (FileNotFoundError, OSError, ValueError, ConnectionError) as exc:
+        where = f"the folder {folder!r}" if os.path.isdir(folder) else f"the Hugging Face Hub or its cache"
+        raise DatasetNotFoundError(f"dataset 'hf:{target}' could not be read from {where}: {exc}") from None
+    splits = list(data.values()) if isinstance(data, datasets.DatasetDict) else [data]
+    if not splits or not sum(len(s) for s in splits):
+        raise DatasetNotFoundError(f"dataset 'hf:{target}' holds no rows")
+    joined = datasets.concatenate_datasets(splits)
+    image_col, label_col = _image_and_label_columns(target, joined.features)
+    images = np.stack([np.asarray(img) for img in joined[image_col]])
+    if images.ndim == 3:  # (N, H, W): one channel
+        images = images[:, None]
+    elif images.ndim == 4:  # (N, H, W, C), as images are stored
+        images = images.transpose(0, 3, 1, 2)
+    else:
+        raise DatasetNotFoundError(f"dataset 'hf:{target}': column {image_col!r} holds {images.ndim - 1}-d "
+                                   "values, not images (H, W) or (H, W, C)")
+    scale = 255.0 if images.dtype == np.uint8 else 1.0
+    labels = np.asarray(joined[label_col])
+    if not np.issubdtype(labels.dtype, np.integer) or labels.min() < 0:
+        raise DatasetNotFoundError(f"dataset 'hf:{target}': column {label_col!r} must hold class ids 0..C-1")
+    num_classes = getattr(joined.features[label_col], "num_classes", None) or int(labels.max()) + 1
+    return images.astype(np.float32) / scale, labels.astype(np.int64), int(num_classes)
+
+
+def _image_and_label_columns(target: str, features) -> tuple[str, str]:
+    """The first `Image` (else `image`/`img`) column and the first `ClassLabel` (else `label`) column."""
+    from datasets import ClassLabel, Image
+
+    names = list(features)
+    image = next((n for n in names if isinstance(features[n], Image)), None) or next(
+        (n for n in ("image", "img") if n in names), None)
+    label = next((n for n in names if isinstance(features[n], ClassLabel)), None) or next(
+        (n for n in ("label", "labels") if n in names), None)
+    if image is None or label is None:
+        raise DatasetNotFoundError(f"dataset 'hf:{target}' needs an image column and a class-label column; "
+                                   f"it has {', '.join(names)}")
+    return image, label
 
 
 def _make_source(name: str, images: np.ndarray, labels: np.ndarray, num_classes: int) -> DataSource:

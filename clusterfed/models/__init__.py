@@ -1,9 +1,9 @@
 """Model registry, seeded construction and layer selection.
 
-Layer selection (``layers.py``) works on state-dict keys only and tells conv from fully connected
-layers by the weight's number of dimensions (4 = conv, 2 = linear), so it gives the
-same answer for a module, a state dict of tensors, or a dict of numpy arrays (what a
-Flower client/server holds).
+Which arrays are compared (``parameters.py``: trainable floating-point arrays, buffers
+excluded) and layer selection (``layers.py``) work on state-dict keys, dtypes and shapes, so
+they give the same answer for a state dict of tensors or a dict of numpy arrays (what a
+Flower client/server holds); given a module, layer selection reads its module types.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .layers import LAYER_RULES, layer_names, num_parameters_bytes, select_layers
+from .parameters import BUFFER_NAMES, compared_names, trainable_names
 
 MODELS = ("mnist-cnn", "fmnist-cnn", "cifar-cnn", "lenet5", "selection-cnn", "digits-cnn")
 AUTO_MODEL = {
@@ -25,13 +26,16 @@ AUTO_MODEL = {
 
 __all__ = [
     "AUTO_MODEL",
+    "BUFFER_NAMES",
     "LAYER_RULES",
     "MODELS",
     "build_model",
+    "compared_names",
     "layer_names",
     "num_parameters_bytes",
     "resolve_model_name",
     "select_layers",
+    "trainable_names",
 ]
 
 

@@ -1,15 +1,29 @@
 """Layer selection by rule on state-dict keys: no torch needed (the server's algorithms
-use it on dicts of numpy arrays; a torch module's state dict works the same).
+use it on dicts of numpy arrays; a torch module works the same and is read more exactly).
 
-A layer's kind comes from its weight's number of dimensions (4 = conv, 2 = linear).
+A *layer* is a state-dict prefix (``layer1.0.conv1`` of ``layer1.0.conv1.weight``); only its
+compared arrays (``parameters.compared_names``: trainable floating-point arrays, buffers
+such as BatchNorm running statistics excluded) belong to a selection. A layer's kind comes
+from its ``.weight``: 3-, 4- or 5-D = convolution (Conv1d/2d/3d), 2-D = fully connected —
+unless its name marks an embedding (``EMBEDDING_NAME``). 1-D weights (BatchNorm, LayerNorm,
+GroupNorm) make no layer of either kind; a GRU/LSTM's ``weight_ih_l0`` and an attention
+block's ``in_proj_weight`` are not ``.weight`` and so neither conv nor fc, but they count for
+``final``. Given a torch module, the kinds come from the module types instead
+(``nn.Linear`` = fc, ``nn.Conv*`` = conv, ``nn.Embedding`` neither).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from .parameters import AUTO, Selector, compared_names
+
 LAYER_RULES = ("final", "smallest-fc", "conv", "fc", "all")
+CONV_NDIMS = (3, 4, 5)
+# a 2-D ``.weight`` whose layer is named like this is an embedding table, not a linear layer
+EMBEDDING_NAME = re.compile(r"emb|^wte$|^wpe$|lookup", re.IGNORECASE)
 
 
 def _layer_of(key: str) -> str:
@@ -35,36 +49,81 @@ def _ndim(value: Any) -> int:
     return len(tuple(value.shape))
 
 
-def select_layers(model_or_state_dict: Any, rule: str) -> list[str]:
-    """State-dict keys (weight and bias) of the layers ``rule`` picks, in state-dict order.
+def _module_kinds(model: Any) -> dict[str, str] | None:
+    """Layer prefix -> ``conv`` / ``fc`` / ``other`` from a torch module's submodule types;
+    None for a state dict."""
+    if not callable(getattr(model, "named_modules", None)):
+        return None
+    import torch.nn as nn
 
-    Rules: ``final`` (last layer with weights), ``smallest-fc`` / ``smallest_fc``
-    (the linear layer with the fewest parameters), ``conv`` (last conv layer),
-    ``fc`` (first linear layer), ``all``; otherwise a comma-separated list of layer
-    names (``fc1,conv2``) or exact keys (``fc1.weight``). Named rules take precedence
-    over a layer that happens to carry the same name.
+    kinds = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, nn.modules.conv._ConvNd):
+            kinds[prefix] = "conv"
+        elif isinstance(module, nn.Linear):
+            kinds[prefix] = "fc"
+        else:
+            kinds[prefix] = "other"
+    return kinds
+
+
+def _kind_by_name(layer: str, weight: Any) -> str:
+    ndim = _ndim(weight)
+    if ndim in CONV_NDIMS:
+        return "conv"
+    if ndim == 2 and not EMBEDDING_NAME.search(layer.rsplit(".", 1)[-1]):
+        return "fc"
+    return "other"
+
+
+def select_layers(model_or_state_dict: Any, rule: str, compare: Selector = AUTO) -> list[str]:
+    """State-dict keys of the layers ``rule`` picks, in state-dict order: each picked
+    layer's compared arrays (weight and bias; never a buffer).
+
+    Rules: ``final`` (the last layer with a compared array of two or more dimensions: the
+    classifier head, not a trailing norm layer), ``smallest-fc`` / ``smallest_fc`` (the
+    fully connected layer with the fewest compared parameters), ``conv`` (the last
+    convolution), ``fc`` (the first fully connected layer), ``all`` (every compared array);
+    otherwise a comma-separated list of layer names (``fc1,conv2``) or exact keys
+    (``fc1.weight``). Named rules take precedence over a layer that happens to carry the
+    same name. ``compare``: which arrays count (``parameters.compared_names``); given a torch
+    module and ``"auto"``, its trainable parameters (a tied weight once).
     """
     state_dict = _as_state_dict(model_or_state_dict)
     keys = list(state_dict.keys())
+    kinds = _module_kinds(model_or_state_dict)
+    if kinds is not None and (compare is None or compare == AUTO):
+        from .parameters import trainable_names
+
+        compare = trainable_names(model_or_state_dict)
+    compared = set(compared_names(state_dict, compare))
     layers = layer_names(keys)
     keys_by_layer: dict[str, list[str]] = {layer: [] for layer in layers}
     for key in keys:
-        keys_by_layer[_layer_of(key)].append(key)
+        if key in compared:
+            keys_by_layer[_layer_of(key)].append(key)
+    layers = [layer for layer in layers if keys_by_layer[layer]]
 
-    # A layer's kind comes from its weight tensor: 4-D conv, 2-D linear.
-    weight_ndim = {
-        layer: _ndim(state_dict[f"{layer}.weight"]) for layer in layers if f"{layer}.weight" in state_dict
-    }
-    conv_layers = [layer for layer in layers if weight_ndim.get(layer) == 4]
-    fc_layers = [layer for layer in layers if weight_ndim.get(layer) == 2]
+    def kind(layer: str) -> str:
+        weight = f"{layer}.weight"
+        if weight not in compared:
+            return "other"
+        if kinds is not None and layer in kinds:
+            return kinds[layer]
+        return _kind_by_name(layer, state_dict[weight])
+
+    kind_of = {layer: kind(layer) for layer in layers}
+    conv_layers = [layer for layer in layers if kind_of[layer] == "conv"]
+    fc_layers = [layer for layer in layers if kind_of[layer] == "fc"]
 
     normalized = rule.strip().lower().replace("_", "-")
     if normalized == "all":
-        return keys
+        return [key for key in keys if key in compared]
     if normalized == "final":
-        if not weight_ndim:
-            raise ValueError("rule 'final': the state dict has no layer with a weight")
-        return list(keys_by_layer[list(weight_ndim)[-1]])
+        with_matrix = [layer for layer in layers if any(_ndim(state_dict[k]) >= 2 for k in keys_by_layer[layer])]
+        if not with_matrix:
+            raise ValueError(f"rule 'final': no compared array has two or more dimensions among {', '.join(layers)}")
+        return list(keys_by_layer[with_matrix[-1]])
     if normalized == "smallest-fc":
         if not fc_layers:
             raise ValueError(f"rule 'smallest-fc': no fully connected layer among {', '.join(layers)}")
@@ -88,14 +147,19 @@ def select_layers(model_or_state_dict: Any, rule: str) -> list[str]:
     names = [name.strip() for name in rule.split(",") if name.strip()]
     if not names:
         raise ValueError(f"empty layer rule; use one of {', '.join(LAYER_RULES)} or layer names: {', '.join(layers)}")
-    unknown = []
+    unknown, not_compared = [], []
     for name in names:
-        if name in keys_by_layer:
+        if name in keys_by_layer and keys_by_layer[name]:
             wanted.update(keys_by_layer[name])
-        elif name in state_dict:
+        elif name in compared:
             wanted.add(name)
+        elif name in state_dict:
+            not_compared.append(name)
         else:
             unknown.append(name)
+    if not_compared:
+        raise ValueError(f"{', '.join(map(repr, not_compared))}: not compared (a buffer, or outside "
+                         f"compare-arrays); layers that are: {', '.join(layers)}")
     if unknown:
         raise ValueError(
             f"unknown layer(s) {', '.join(map(repr, unknown))}; rules: {', '.join(LAYER_RULES)}; "

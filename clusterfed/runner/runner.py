@@ -9,13 +9,15 @@ state; it never sees a message.
 Why not Flower's ``Strategy.start`` loop: it threads one ArrayRecord through
 configure/aggregate and sends every sampled node the same content. Clustered FL sends
 each client its own cluster's model, asks some clients for partial layers, and needs a
-profile query before the first send; the loop below does that with Flower's Grid,
+profile probe before the first send; the loop below does that with Flower's Grid,
 Message and records.
 
-Stock Flower ClientApps (no profile query, full weights back, Flower's metric names) are
-served too: a node that answers the profile query with "no query function registered" is
-keyed by its node id (``node-<id>``), its replies are taken as full weights, and the
-arrays the strategy asked for are sliced from them here.
+Stock Flower ClientApps (no profile, full weights back, Flower's metric names) are served
+too, and cost no error: the profile is asked by an evaluate message of phase ``profile``
+carrying the initial model, which a clusterfed client answers with its profile and a stock
+ClientApp by evaluating the model. A stock client is keyed by the name it gives in that reply
+(``stock_key``) or by its node id (``node-<id>``); its replies are taken as full weights, and
+the arrays the strategy asked for are sliced from them here.
 """
 
 from __future__ import annotations
@@ -37,7 +39,16 @@ from clusterfed.results import EvalRow, RunRecorder, Traffic
 from clusterfed.runner.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from clusterfed.runner.transport import push_and_collect
 from clusterfed.runner.validation import ReplyRejected, parse_eval_reply, parse_profile_reply, parse_train_reply
-from clusterfed.strategies.base import CAPABILITIES, LABEL_STATS, ClusteredResult, StrategyParamsError, mean_train_loss
+from clusterfed.strategies.base import (
+    CAPABILITIES,
+    LABEL_STATS,
+    CapabilityError,
+    ClientFailureError,
+    ClusteredResult,
+    ModelMismatchError,
+    StrategyParamsError,
+    mean_train_loss,
+)
 from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo, Replies, TrainReply, natural
 
 if TYPE_CHECKING:
@@ -46,14 +57,25 @@ if TYPE_CHECKING:
 # the held-back newcomers of a simulation are drawn with their own seed, apart from the
 # algorithm's sampling
 NEWCOMER_SEED_OFFSET = 7919
-# Flower's ClientApp answers a message type it has no function for with this error
-NO_PROFILE_HANDLER = "No query function registered"
+# Flower's ClientApp answers a message type it has no function for with this error (a stock
+# ClientApp without an evaluate function, probed)
+NO_EVALUATE_HANDLER = "No evaluate function registered"
 STOCK_KEY_PREFIX = "node-"
+# how a stock ClientApp may name itself in its evaluate reply: a number under one of these
+# metrics, or a "client" ConfigRecord with a "client-key" (as clusterfed's clients send)
+STOCK_KEY_METRICS = ("client-key", "partition-id")
 # how clusterfed's ClientApp names itself in an error reply (clusterfed.client.app.ClientFailure)
 KEY_IN_REASON = re.compile(r'\[client-key ("(?:[^"\\]|\\.)*")\]\s*')
 # Flower's SuperNode wraps a ClientApp's exception as "<class 'X'>:<'message'>"
 FLOWER_REASON = re.compile(r"^<class '([^']*)'>:<'(.*)'>$", re.DOTALL)
+# Flower's simulation engine (Ray) wraps it again: a RayTaskError whose text is the client's
+# traceback, then "The above exception was the direct cause", then Flower's ClientAppException
+RAY_CAUSE = "The above exception was the direct cause of the following exception"
+CLIENT_APP_EXCEPTION = "Exception ClientAppException occurred. Message: "
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REASON_CHARS = 300
+# rejection kinds that say the server's model and the client's differ
+MISMATCH_KINDS = ("names", "shape", "dtype")
 
 
 def key_in_reason(reason: str) -> str | None:
@@ -67,16 +89,60 @@ def key_in_reason(reason: str) -> str | None:
         return None
 
 
+def client_exception(text: str) -> str:
+    """The client's own ``Type: message`` out of a Ray-wrapped reason: the exception line after
+    the last frame of the client's traceback (before Flower re-raised it), else Flower's
+    ``ClientAppException`` message; ``text`` itself when it is not Ray's."""
+    if RAY_CAUSE in text:
+        lines = text.split(RAY_CAUSE)[0].rstrip().splitlines()
+        frames = [i for i, line in enumerate(lines) if line.startswith("  File ")]
+        if frames:
+            rest = lines[frames[-1] + 1:]
+            while rest and rest[0].startswith("    "):  # the frame's source line(s)
+                rest = rest[1:]
+            if rest:
+                kind, sep, message = "\n".join(rest).partition(": ")
+                return f"{kind.rpartition('.')[2]}{sep}{message}"
+    if CLIENT_APP_EXCEPTION in text:
+        return text.split(CLIENT_APP_EXCEPTION, 1)[1]
+    return text
+
+
 def first_line(reason: str) -> str:
     """An error reply's reason as one line: ``Type: message`` (Flower's ``<class ...>:<'...'>``
-    wrapper and the client-key tag taken off), the first non-empty line, at most ``REASON_CHARS`` characters."""
-    text = str(reason or "")
+    wrapper, the simulation engine's Ray wrapper and the client-key tag taken off), the
+    first non-empty line, at most ``REASON_CHARS`` characters."""
+    text = ANSI.sub("", str(reason or ""))
     match = FLOWER_REASON.match(text.strip())
     if match is not None:
-        text = f"{match.group(1).rpartition('.')[2]}: {match.group(2)}"
+        inner = match.group(2)
+        text = client_exception(inner) if RAY_CAUSE in inner or CLIENT_APP_EXCEPTION in inner else \
+            f"{match.group(1).rpartition('.')[2]}: {inner}"
     text = KEY_IN_REASON.sub("", text, count=1)
     line = next((part.strip() for part in text.splitlines() if part.strip()), "")
     return line if len(line) <= REASON_CHARS else line[:REASON_CHARS - 1] + "…"
+
+
+def is_profile(content: RecordDict) -> bool:
+    """Whether a reply to the profile probe is a clusterfed client's profile (its client
+    record lists its capabilities), not a stock ClientApp's evaluation."""
+    client = content.get(protocol.CLIENT) if hasattr(content, "get") else None
+    return client is not None and protocol.CAPABILITIES_KEY in client
+
+
+def stock_key(content: RecordDict, node: int) -> str:
+    """The key of a stock ClientApp from its evaluate reply: a ``client`` ConfigRecord's
+    ``client-key``, else a ``client-key`` or ``partition-id`` metric (a number), else
+    ``node-<node id>``."""
+    client = content.get(protocol.CLIENT) if hasattr(content, "get") else None
+    if client is not None and str(client.get("client-key", "")).strip():
+        return str(client["client-key"])
+    metrics = content.get(protocol.METRICS) if hasattr(content, "get") else None
+    for name in STOCK_KEY_METRICS:
+        value = metrics.get(name) if metrics is not None else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+            return str(int(value))
+    return f"{STOCK_KEY_PREFIX}{node}"
 
 
 @dataclass
@@ -119,7 +185,7 @@ class RoundDriver:
         self.messaged: set[str] = set()
         self.lags: list[float] = []  # seconds from a reply's creation to its pick-up, this round
         self.clients: dict[str, ClientInfo] = strategy.clients
-        self.stock: set[str] = set()  # keys of stock Flower ClientApps (no profile query)
+        self.stock: set[str] = set()  # keys of stock Flower ClientApps (no profile)
         self.node_of_key: dict[str, int] = {}
         self.key_of_node: dict[int, str] = {}
         self.failed_keys: set[str] = set()  # clients whose reply this round was an error or rejected
@@ -143,12 +209,21 @@ class RoundDriver:
         self.evaluate_sent = 0  # clients sent an evaluate message this round
         self.pending_asks: dict[str, Ask] = {}
         self.accepted_train = 0  # train replies accepted over the run
-        self.first_failure: str | None = None
+        self.probe_record = ArrayRecord()  # the initial model, sent with the profile probe
+        self.probe_bytes = 0  # array bytes the profile probes carried
+        self.failing_rounds = 0  # rounds in a row in which train was asked and no reply accepted
+        self.round_asked = 0  # train replies asked for this round
+        self.round_accepted = 0  # and accepted
+        # per client: failures in a row and the last reason (status.json's "failing")
+        self.failing: dict[str, tuple[int, str]] = {}
 
     # ------------------------------------------------------------ the loop
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Any = None) -> ClusteredResult:
+        if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 1:
+            raise StrategyParamsError(f"{self.strategy.name}: num_rounds = {num_rounds!r}: a run needs at least "
+                                      f"one round (an integer >= 1)")
         self.grid, self.timeout = grid, float(timeout)
         if self.options.deployment is None:
             self.deployment = not is_simulation(grid)
@@ -157,8 +232,14 @@ class RoundDriver:
         self.strategy.check_train_config(self.train_config)
         self.strategy.train_config = self.train_config
         theta0 = protocol.from_array_record(initial_arrays)
+        if not theta0:
+            raise StrategyParamsError(f"{self.strategy.name}: initial_arrays is empty: give the model's "
+                                      f"ArrayRecord (e.g. ArrayRecord(model.state_dict()))")
         self.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
+        self.probe_record = protocol.to_array_record(theta0)
         self.wait_for_nodes()
+        log(logging.INFO, "%s: %d rounds, %d arrays (%.2f MB)", type(self.strategy).__name__, num_rounds,
+            len(theta0), sum(v.nbytes for v in theta0.values()) / 1e6)
         first_round = 1
         if self.options.resume_from:
             first_round = self.resume(self.options.resume_from) + 1
@@ -171,6 +252,7 @@ class RoundDriver:
             self.round_train_metrics, self.round_eval_metrics = [], []
             self.release_newcomers(server_round)
             self.answered, self.messaged, self.lags, self.failed_keys = set(), set(), [], set()
+            self.round_asked = self.round_accepted = 0
             self.discover(server_round)
             if server_round == first_round:
                 self.check_capabilities()
@@ -185,8 +267,7 @@ class RoundDriver:
             if self.deployment and self.lags:
                 extra["reply_lag_seconds"] = round(float(np.mean(self.lags)), 3)
             if self.absent or self.benched:
-                extra["absent"] = sorted(self.absent, key=natural) + [
-                    {"client": key, "node": node} for node, key in sorted(self.benched.items())]
+                extra["absent"] = self.absent_devices()
             if self.duplicates:
                 extra["duplicate_keys"] = [{"client": key, "nodes": sorted(claim)}
                                            for key, claim in sorted(self.duplicates.items())]
@@ -199,13 +280,9 @@ class RoundDriver:
             if self.recorder is not None:
                 self.record(server_round, evals, time.perf_counter() - started, extra)
             self.completed_rounds = server_round
-            if not self.accepted_train:  # a run in which nothing trained is not a clustering result
-                self.strategy.training_failed = (
-                    f"no client's train reply was accepted in {server_round - first_round + 1} round(s); "
-                    f"the first failure: {self.first_failure or 'no reply'}")
-                log(logging.ERROR, "round %s: %s", server_round, self.strategy.training_failed)
-            else:
-                self.strategy.training_failed = None
+            self.log_round(server_round, num_rounds, result)
+            self.strategy.training_failed = None
+            self.check_failing(server_round, num_rounds)
             if self.options.checkpoint and self.recorder is not None:
                 save_checkpoint(self.recorder.out, self.checkpoint_state(server_round))
         models = self.strategy.cluster_models()
@@ -213,7 +290,67 @@ class RoundDriver:
         result.arrays = self.largest_cluster_record()
         result.assignment = dict(self.strategy.assignment)
         result.clustering = self.strategy.final_clusters()
+        result.traffic["probe_bytes_down"] = self.probe_bytes
         return result
+
+    def log_round(self, server_round: int, num_rounds: int, result: ClusteredResult) -> None:
+        """The round's one INFO line: replies and failures, clusters, mean train loss and the
+        clients' evaluate metrics (averaged by num-examples, as Flower's FedAvg does)."""
+        loss = self.strategy.round_extra.get("train_loss")
+        clusters = len({self.strategy.assignment[k] for k in self.active_keys() if k in self.strategy.assignment})
+        failed = len(self.failed_keys)
+        evaluated = {k: v for k, v in result.evaluate_metrics_clientapp.get(server_round, {}).items()
+                     if k not in ("num-examples", *STOCK_KEY_METRICS)}
+        parts = [f"[ROUND {server_round}/{num_rounds}] train: {self.round_accepted} of {self.round_asked} replies "
+                 f"accepted" + (f", {failed} client(s) failed" if failed else ""),
+                 f"{clusters} cluster{'s' if clusters != 1 else ''}"]
+        if loss is not None:
+            parts.append(f"train loss {loss:.4g}")
+        if evaluated:
+            parts.append("evaluate " + ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(evaluated.items())))
+        log(logging.INFO, "%s", "; ".join(parts))
+
+    def check_failing(self, server_round: int, num_rounds: int) -> None:
+        """Stop the run (``ClientFailureError``, quoting the clients' own error text) when train
+        was asked and no reply accepted in ``absent-after`` rounds in a row, or in every round of
+        a run that ends so. In a deployment, clients that did not reply in time are absent,
+        not failing: only error replies and rejected replies count there."""
+        failures = self.traffic.failed + self.traffic.rejected
+        if self.deployment:
+            failures = [f for f in failures if f["kind"] not in ("timeout", "unavailable")]
+        last_reason = {f["client"]: f["reason"] for f in failures if f.get("client") is not None}
+        for key, reason in last_reason.items():  # rounds in a row, not replies
+            self.failing[key] = (self.failing.get(key, (0, ""))[0] + 1, reason)
+        for key in self.answered - self.failed_keys:
+            self.failing.pop(key, None)
+        if not self.round_asked or self.round_accepted or not failures:
+            self.failing_rounds = 0
+            return
+        self.failing_rounds += 1
+        if self.failing_rounds < self.options.absent_after and not (server_round == num_rounds and not self.accepted_train):
+            return
+        quoted: dict[str, list[str]] = {}
+        for failure in failures:
+            quoted.setdefault(failure["reason"], []).append(str(failure["client"] if failure["client"] is not None
+                                                                else f"node {failure['node']}"))
+        causes = "; ".join(f"{', '.join(who[:3])}{' …' if len(who) > 3 else ''}: {reason}"
+                           for reason, who in list(quoted.items())[:3])
+        self.strategy.training_failed = (f"no client's train reply was accepted in {self.failing_rounds} round(s) in a "
+                                         f"row (to round {server_round}); the clients' errors: {causes}")
+        raise ClientFailureError(self.strategy.training_failed)
+
+    def absent_devices(self) -> list[dict[str, Any]]:
+        """Clients marked absent and nodes whose profile kept failing, one shape:
+        ``{"client": key or None, "node": node id or None}``."""
+        devices = [{"client": key, "node": self.node_of_key.get(key)} for key in sorted(self.absent, key=natural)]
+        return devices + [{"client": key, "node": node} for node, key in sorted(self.benched.items())]
+
+    def device_report(self) -> dict[str, Any]:
+        """For status.json: the devices absent at the end and those whose last replies failed
+        (``{"client", "node", "failures": in a row, "reason": the last}``)."""
+        failing = [{"client": key, "node": self.node_of_key.get(key), "failures": count, "reason": reason}
+                   for key, (count, reason) in sorted(self.failing.items(), key=lambda item: natural(item[0]))]
+        return {"absent": self.absent_devices(), "failing": failing}
 
     def largest_cluster_record(self) -> ArrayRecord:
         """The model of the cluster with the most clients (ties: the lowest id)."""
@@ -245,9 +382,9 @@ class RoundDriver:
         if needed and self.stock:
             what = "; ".join(CAPABILITIES[c] for c in sorted(needed))
             nodes = ", ".join(sorted(self.stock, key=natural)[:5]) + (" …" if len(self.stock) > 5 else "")
-            raise StrategyParamsError(
+            raise CapabilityError(
                 f"strategy {self.strategy.name!r} needs clients capable of {what}, but {len(self.stock)} client(s) "
-                f"answer as a stock Flower ClientApp (no profile query): {nodes}. Build the ClientApp with "
+                f"answer as a stock Flower ClientApp (no profile): {nodes}. Build the ClientApp with "
                 f"clusterfed.client (see the README, 'Use clusterfed in your own Flower app').")
 
     def drive(self, server_round: int, steps) -> None:
@@ -293,7 +430,7 @@ class RoundDriver:
             if self.misses[key] >= self.options.absent_after and key not in self.absent:
                 self.absent.add(key)
                 log(logging.WARNING, "round %s: client %s (node %s) failed or was unreachable in %d rounds in a "
-                    "row: marked absent, not messaged until it answers a profile query again",
+                    "row: marked absent, not messaged until it answers a profile probe again",
                     server_round, key, self.node_of_key.get(key), self.misses[key])
 
     def fail(self, kind: str, reason: str, key: str | None, node: int | None) -> None:
@@ -301,7 +438,6 @@ class RoundDriver:
         self.traffic.failures += 1
         self.traffic.fault(kind)
         self.traffic.failed.append({"client": key, "node": node, "kind": kind, "reason": first_line(reason)})
-        self.first_failure = self.first_failure or f"client {key} (node {node}): {first_line(reason)}"
         if key is not None:
             self.failed_keys.add(key)
 
@@ -312,7 +448,7 @@ class RoundDriver:
         self.node_misses[node] = self.node_misses.get(node, 0) + 1
         if self.node_misses[node] >= self.options.absent_after and node not in self.benched:
             self.benched[node] = key
-            log(logging.WARNING, "round %s: client %s (node %s) failed its profile query in %d rounds in a row: "
+            log(logging.WARNING, "round %s: client %s (node %s) failed its profile probe in %d rounds in a row: "
                 "marked absent", server_round, key if key is not None else "(no key)", node, self.node_misses[node])
 
     def resolve_duplicates(self, server_round: int, live: list[int]) -> None:
@@ -339,18 +475,38 @@ class RoundDriver:
             server_round, key, ", ".join(map(str, sorted(claim))))
 
     def profile_config(self, server_round: int) -> dict[str, Any]:
-        config = dict(self.train_config)
-        config.update({"server-round": server_round, "label-stats": LABEL_STATS in self.strategy.requires()})
+        """The probe's config: what an evaluate message carries (a stock ClientApp evaluates
+        it), the train config (a clusterfed client builds its data from it) and the phase."""
+        config = {**self.evaluate_config, **self.train_config}
+        config.update({"server-round": server_round, "phase": protocol.PROFILE_PHASE,
+                       "label-stats": LABEL_STATS in self.strategy.requires()})
         return config
+
+    def probe_messages(self, server_round: int, nodes: list[int]) -> list[Message]:
+        """The profile probe of each node: an evaluate message of phase ``profile``; it carries
+        the initial model unless the node's client is known to be a clusterfed client (a
+        stock ClientApp evaluates the model it is sent, and would fail without one)."""
+        config = protocol.config_record(self.profile_config(server_round))
+        helper_nodes = {self.node_of_key[k] for k in self.clients if k not in self.stock and k in self.node_of_key}
+        helper_nodes |= {n for n, key in self.benched.items() if key is not None}  # it named itself: a helper
+        messages = []
+        for node in nodes:
+            content = RecordDict({protocol.CONFIG: config})
+            if node not in helper_nodes:
+                content[protocol.ARRAYS] = self.probe_record
+                self.probe_bytes += protocol.message_array_bytes(content)
+            messages.append(Message(content, dst_node_id=node, message_type=MessageType.EVALUATE,
+                                    group_id=str(server_round)))
+        return messages
 
     def discover(self, server_round: int) -> None:
         """Profile nodes seen for the first time: stable key, size, label stats. A node
         whose key is known (a restarted device, a resumed run) takes that client's place,
         unless the key's node is listed and answered in its last round (a duplicate key).
-        A node that answers with "no query function registered" is a stock Flower
-        ClientApp: keyed by its node id. Deployment: nodes that join after the first round
-        are profiled here and then placed by the algorithm's ``admit``; an absent client's
-        node that is still listed is asked again."""
+        A node whose reply to the probe is not a profile is a stock Flower ClientApp: keyed
+        by the name it gives (``stock_key``) or its node id. Deployment: nodes that join
+        after the first round are profiled here and then placed by the algorithm's
+        ``admit``; an absent client's node that is still listed is asked again."""
         live = list(self.grid.get_node_ids())
         self.resolve_duplicates(server_round, live)
         for node in [n for n, key in self.benched.items() if key is None and n not in live]:
@@ -364,9 +520,7 @@ class RoundDriver:
         new_nodes += sorted(probes - set(new_nodes))
         if not new_nodes:
             return
-        config = self.profile_config(server_round)
-        messages = [Message(RecordDict({protocol.CONFIG: protocol.config_record(config)}), dst_node_id=node,
-                            message_type=protocol.PROFILE_QUERY, group_id=str(server_round)) for node in new_nodes]
+        messages = self.probe_messages(server_round, new_nodes)
         message_ids, replies = push_and_collect(self.grid, messages, self.timeout, self.lags)
         node_of_message = dict(zip(message_ids, new_nodes))
         first_contact = not self.clients
@@ -375,10 +529,8 @@ class RoundDriver:
         for reply in replies:
             node = node_of_message[reply.metadata.reply_to_message_id]
             answered.add(node)
-            if reply.has_error() and NO_PROFILE_HANDLER in reply.error.reason:
-                info = ClientInfo(f"{STOCK_KEY_PREFIX}{node}", 1, -1, stock=True)  # size learnt from its first train reply
-                self.stock.add(info.key)
-                self.admit_node(server_round, node, info)
+            if reply.has_error() and NO_EVALUATE_HANDLER in reply.error.reason:
+                self.admit_stock(server_round, node, f"{STOCK_KEY_PREFIX}{node}")
                 continue
             if reply.has_error() and node in probes:
                 log(logging.DEBUG, "absent client's node %s still unreachable: %s", node, reply.error.reason)
@@ -391,6 +543,9 @@ class RoundDriver:
                     key if key is not None else "(no key)", node, first_line(reply.error.reason))
                 self.profile_failed(server_round, node, key)
                 continue
+            if not is_profile(reply.content):
+                self.admit_stock(server_round, node, stock_key(reply.content, node), live)
+                continue
             try:
                 info = parse_profile_reply(reply.content)
             except ReplyRejected as error:
@@ -398,25 +553,36 @@ class RoundDriver:
                 reasons.append(str(error))
                 self.profile_failed(server_round, node, None)
                 continue
-            owner = self.node_of_key.get(info.key)
-            # Flower lists a dead node for a while: a key whose node missed its last
-            # round (or is absent) may move to a new node
-            owner_gone = info.key in self.absent or self.misses.get(info.key, 0) > 0
-            if owner is not None and owner != node and owner in live and not owner_gone:
-                self.contest(server_round, info.key, owner, node, info)
-                continue
-            self.admit_node(server_round, node, info)
+            self.claim(server_round, node, info, live)
         for node in new_nodes:
             if node not in answered and node not in probes:
-                self.fail("timeout", f"no reply to the profile query within {self.timeout:g} s", None, node)
+                self.fail("timeout", f"no reply to the profile probe within {self.timeout:g} s", None, node)
                 self.profile_failed(server_round, node, None)
         if first_contact and not self.clients:
-            raise RuntimeError(f"no client could load its data; the first error: {reasons[0] if reasons else 'no reply'}")
+            raise ClientFailureError(f"no client could be profiled; the first error: "
+                                     f"{reasons[0] if reasons else 'no reply'}")
         if first_contact and self.options.newcomer_fraction > 0:
             keys = sorted(self.clients, key=natural)
             count = int(round(self.options.newcomer_fraction * len(keys)))
             rng = np.random.default_rng(self.options.seed + NEWCOMER_SEED_OFFSET)
             self.held_back = {keys[i] for i in rng.choice(len(keys), size=count, replace=False)}
+
+    def admit_stock(self, server_round: int, node: int, key: str, live: list[int] | None = None) -> None:
+        """A stock ClientApp: its size is learnt from its first train reply."""
+        self.stock.add(key)
+        self.claim(server_round, node, ClientInfo(key, 1, -1, stock=True), live or [])
+
+    def claim(self, server_round: int, node: int, info: ClientInfo, live: list[int]) -> None:
+        """``node`` says it is client ``info.key``: admitted, unless another listed node that
+        answered its last round holds that key (then both wait: a duplicate key)."""
+        owner = self.node_of_key.get(info.key)
+        # Flower lists a dead node for a while: a key whose node missed its last
+        # round (or is absent) may move to a new node
+        owner_gone = info.key in self.absent or self.misses.get(info.key, 0) > 0
+        if owner is not None and owner != node and owner in live and not owner_gone:
+            self.contest(server_round, info.key, owner, node, info)
+            return
+        self.admit_node(server_round, node, info)
 
     def admit_node(self, server_round: int, node: int, info: ClientInfo) -> None:
         if node in self.benched:
@@ -508,6 +674,8 @@ class RoundDriver:
             plan[ask.key] = (ask.model, {**self.train_config, **ask.config})
         received, bytes_up = self.exchange(server_round, plan, MessageType.TRAIN)
         replies = Replies(bytes_up=bytes_up)
+        mismatches = []
+        self.round_asked += len(asks)
         for ask in asks:
             if ask.key not in received:
                 continue
@@ -515,6 +683,8 @@ class RoundDriver:
                 reply = parse_train_reply(received[ask.key], ask, self.shapes, stock=ask.key in self.stock)
             except ReplyRejected as error:
                 self.reject(server_round, ask.key, error)
+                if error.kind in MISMATCH_KINDS:
+                    mismatches.append((ask.key, error))
                 continue
             if ask.key in self.stock:  # a stock client's size is known from its replies only
                 self.clients[ask.key].num_examples = reply.num_examples
@@ -522,6 +692,13 @@ class RoundDriver:
                 self.round_train_metrics.append((reply.num_examples, reply.metrics))
             replies.append(reply)
             self.accepted_train += 1
+            self.round_accepted += 1
+        if mismatches and not self.accepted_train:
+            key, error = mismatches[0]
+            raise ModelMismatchError(
+                f"the clients' model does not match initial_arrays: client {key} (node {self.node_of_key.get(key)}) "
+                f"replied {error} ({len(mismatches)} of {len(asks)} replies differ so, none matched); give start() "
+                f"the arrays of the model the ClientApp trains")
         return replies
 
     def evaluate(self, server_round: int) -> list[EvalRow]:
@@ -538,7 +715,7 @@ class RoundDriver:
             except ReplyRejected as error:
                 self.reject(server_round, key, error)
                 continue
-            self.round_eval_metrics.append((n, metrics))
+            self.round_eval_metrics.append((n, {k: v for k, v in metrics.items() if k not in STOCK_KEY_METRICS}))
             name = self.recorder.metric.name if self.recorder is not None else "accuracy"
             accuracy, loss = metric_value(metrics, name), metric_value(metrics, "loss")
             rows.append(EvalRow(key, models[key][0], self.clients[key].true_group, accuracy, loss, n))
@@ -547,7 +724,6 @@ class RoundDriver:
     def reject(self, server_round: int, key: str | None, error: ReplyRejected, node: int | None = None) -> None:
         node = self.node_of_key.get(key) if node is None and key is not None else node
         self.traffic.rejected.append({"client": key, "node": node, "kind": error.kind, "reason": first_line(str(error))})
-        self.first_failure = self.first_failure or f"client {key} (node {node}): {first_line(str(error))}"
         self.traffic.fault(error.kind)
         if key is not None:
             self.failed_keys.add(key)
@@ -629,6 +805,7 @@ def _driver(strategy: ClusteredStrategy, grid: Grid) -> RoundDriver:
         if not strategy.models:
             raise StrategyParamsError("configure_train/configure_evaluate need an initialised strategy: "
                                       "call strategy.init(arrays) first, or use start()")
+        driver.probe_record = protocol.to_array_record(strategy.theta0)
     return strategy.driver
 
 

@@ -46,8 +46,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import inspect
+import operator
+import types
+import typing
 from collections import defaultdict
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -55,7 +60,9 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from clusterfed.models.parameters import compared_names
 
 from clusterfed.strategies.exchange import (
     RETURN_WEIGHTS,
@@ -105,6 +112,24 @@ class StrategyParams(BaseModel):
     min_evaluate_nodes: int = Field(1, alias="min-evaluate-nodes", ge=1,
                                     description="evaluate at least this many clients per round (when fraction_evaluate > 0)")
     seed: int = Field(0, ge=0, description="seed of the strategy's own sampling and initialisations")
+    compare_arrays: str | list[str] | Callable[[str, Any], bool] = Field(
+        "auto", alias="compare-arrays",
+        description="the arrays whose updates are compared (distances, split criteria, layer rules, stability): "
+                    "auto = floating-point arrays that are not buffers (BatchNorm running statistics, counters, "
+                    "scalars); else a regular expression on the names, a list of names, or (from Python) a "
+                    "predicate (name, array) -> bool. The other arrays are only averaged per cluster")
+
+    @field_validator("compare_arrays")
+    @classmethod
+    def _compare_arrays_pattern(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "auto":
+            import re
+
+            try:
+                re.compile(value)
+            except re.error as error:
+                raise ValueError(f"not a regular expression: {error}") from None
+        return value
 
     @staticmethod
     def number_or_none(value: float | str) -> float | None:
@@ -137,7 +162,8 @@ class ClusteredResult(Result):
 
     def __init__(self) -> None:
         super().__init__()
-        self.traffic: dict[str, int] = {"bytes_down": 0, "bytes_up": 0, "eval_bytes_down": 0}
+        # probe_bytes_down: the initial model sent with each node's profile probe
+        self.traffic: dict[str, int] = {"bytes_down": 0, "bytes_up": 0, "eval_bytes_down": 0, "probe_bytes_down": 0}
         self.cluster_arrays: dict[int, ArrayRecord] = {}
         self.assignment: dict[str, int] = {}
         self.clustering: dict[str, Any] = {}
@@ -145,6 +171,21 @@ class ClusteredResult(Result):
 
 class StrategyParamsError(ValueError):
     """A strategy parameter is wrong; the message names the strategy, the parameter and what is allowed."""
+
+
+class CapabilityError(RuntimeError):
+    """The strategy needs something of its clients that they cannot do (IFCA with stock
+    ClientApps, say); raised before round 1, naming the capability and the clients."""
+
+
+class ClientFailureError(RuntimeError):
+    """The clients keep failing: no train reply was accepted in several rounds in a row; the
+    message quotes the clients' own error text."""
+
+
+class ModelMismatchError(ValueError):
+    """The clients' first replies do not match ``initial_arrays`` (array names, shapes or
+    dtypes); raised in round 1, naming the first mismatched array and its client."""
 
 
 class ClusteredStrategy(Strategy):
@@ -157,6 +198,10 @@ class ClusteredStrategy(Strategy):
     one_cluster_reasons: ClassVar[dict[str, str]] = {}
     # clusters.json keys this strategy's figures read (clusterfed.plots draws what is there)
     figures: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        document_params(cls)
 
     def __init__(self, **params: Any) -> None:
         try:
@@ -314,6 +359,15 @@ class ClusteredStrategy(Strategy):
         return None
 
     # ---------------------------------------------------------------- helpers
+    def compared_names(self) -> list[str]:
+        """The arrays of θ0 whose updates are compared (``compare-arrays``; every other
+        array is only averaged per cluster). StrategyParamsError when it selects nothing
+        or names an array the model lacks."""
+        try:
+            return compared_names(self.theta0, self.params.compare_arrays)
+        except ValueError as error:
+            raise StrategyParamsError(f"{self.name}: {error}") from None
+
     def new_cluster(self, model: Arrays) -> int:
         cluster = self.next_cluster_id
         self.next_cluster_id += 1
@@ -418,10 +472,64 @@ class ClusteredStrategy(Strategy):
         return self.models
 
 
+def plain_type(annotation: Any) -> Any:
+    """A field's annotation without pydantic's constraint metadata (``Annotated[...]``)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return plain_type(args[0])
+    if origin in (typing.Union, types.UnionType):
+        return functools.reduce(operator.or_, [plain_type(a) for a in args])
+    return annotation
+
+
+def type_text(annotation: Any) -> str:
+    """A field's type as a reader writes it: ``float or 'auto'``, ``'l2' or 'cosine'``."""
+    annotation = plain_type(annotation)
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " or ".join(repr(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(type_text(a) for a in args)
+    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
+
+
+def params_signature(params: type[BaseModel]) -> inspect.Signature:
+    """The constructor's signature from a ``Params`` model: each parameter keyword-only, with
+    its type and default (what ``help()``, ``inspect.signature`` and completion show)."""
+    return inspect.Signature([
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=plain_type(field.annotation),
+                          default=field.get_default(call_default_factory=True))
+        for name, field in params.model_fields.items()], return_annotation=None)
+
+
+def params_docstring(params: type[BaseModel]) -> str:
+    """A numpydoc ``Parameters`` section from a ``Params`` model's fields and descriptions."""
+    lines = ["Parameters", "----------"]
+    for name, field in params.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        key = f" (run config: ``{field.alias}``)" if field.alias else ""
+        lines += [f"{name} : {type_text(field.annotation)}, default {default!r}{key}", f"    {field.description or ''}".rstrip()]
+    return "\n".join(lines)
+
+
+def document_params(cls: type[ClusteredStrategy]) -> None:
+    """Give a strategy class the signature and the docstring's ``Parameters`` section of its
+    ``Params``: one source for the constructor, ``clusterfed params NAME`` and the reference."""
+    if "__init__" in cls.__dict__ and cls is not ClusteredStrategy:
+        cls.__signature__ = None  # a constructor of its own: inspect reads that one
+        return
+    own = cls.__dict__.get("__doc__") or f"The {cls.__name__} strategy."
+    cls.__doc__ = f"{inspect.cleandoc(own)}\n\n{params_docstring(cls.Params)}"
+    cls.__signature__ = params_signature(cls.Params)
+
+
 def mean_train_loss(replies: list[TrainReply]) -> float | None:
     """Mean training loss of the replies that reported one (a stock client may not)."""
     losses = [r.train_loss for r in replies if r.train_loss is not None]
     return float(np.mean(losses)) if losses else None
+
+
+document_params(ClusteredStrategy)
 
 
 def _fields(cls: type) -> tuple[str, ...]:

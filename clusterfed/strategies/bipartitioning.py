@@ -102,7 +102,7 @@ class BiPartitioningParams(StrategyParams):
 @dataclass
 class BiPartitioningState(ClusteredState):
     tree: ClusterTree | None = None
-    all_names: list[str] = field(default_factory=list)
+    compared: list[str] = field(default_factory=list)  # the arrays whose updates are compared (compare-arrays)
     splits: list[dict[str, Any]] = field(default_factory=list)
     routes: dict[int, dict[str, Any]] = field(default_factory=dict)  # split node -> how a newcomer picks a side
     max_mean_norm: dict[int, float] = field(default_factory=dict)  # relative criteria: largest mean-norm per cluster
@@ -134,7 +134,7 @@ class BiPartitioning(ClusteredStrategy):
         root = self.new_cluster(self.theta0)
         if root != self.tree.root_id:
             raise RuntimeError(f"the tree's root {self.tree.root_id} and the first cluster {root} must coincide")
-        self.all_names = list(self.theta0)
+        self.compared = self.compared_names()
 
     def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
         return {"return": RETURN_UPDATE}
@@ -178,8 +178,9 @@ class BiPartitioning(ClusteredStrategy):
 
     # ------------------------------------------------------------ criteria
     def criteria(self, cluster: int, replies: list[TrainReply]) -> SplitDecision:
-        """Sattler's criteria on the full updates; keeps the cluster's largest mean-norm."""
-        U = stack_float64([flatten(r.update, self.all_names, dtype=None) for r in replies])
+        """Sattler's criteria on the full updates of the compared arrays (buffers such as
+        BatchNorm's counters excluded); keeps the cluster's largest mean-norm."""
+        U = stack_float64([flatten(r.update, self.compared, dtype=None) for r in replies])
         c = self.params
         decision = split_criteria(U, [r.num_examples for r in replies], mode=c.split_criteria, eps1=c.eps1,
                                   eps2=c.eps2, rel_eps1=c.rel_eps1, rel_eps2=c.rel_eps2,
@@ -271,8 +272,8 @@ class BiPartitioning(ClusteredStrategy):
 
     # ------------------------------------------------------------ merging
     def merge_names(self) -> list[str]:
-        """The arrays whose updates decide a merge: every array (CFL family overrides)."""
-        return self.all_names
+        """The arrays whose updates decide a merge: every compared array (CFL family overrides)."""
+        return self.compared
 
     def merge_leaves(self, server_round: int, groups: dict[int, list[TrainReply]]) -> None:
         """Merge the leaf pairs ``split_rules.merge_pairs`` finds among the clusters that

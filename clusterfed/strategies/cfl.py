@@ -6,7 +6,9 @@ Every round each cluster's members train its model and send their update Δ_c
 (``return = update``); the base averages per cluster. Then, for every cluster that
 replied (``after_train``):
 
-1. criteria on the members' full updates of this round: ``mean-norm = ||Σ n_c/N Δ_c||``
+1. criteria on the members' full updates of this round (every compared array: trainable
+   floating-point arrays, not buffers such as BatchNorm's counters; ``compare-arrays``):
+   ``mean-norm = ||Σ n_c/N Δ_c||``
    and ``max-norm = max_c ||Δ_c||`` (``split-criteria``: ``relative`` by default,
    ``absolute`` = Sattler's ``eps1``/``eps2``);
 2. if the cluster is near-stationary and heterogeneous, has at least ``min-split-size``
@@ -131,8 +133,8 @@ class CFL(BiPartitioning):
     }
 
     def decision_names(self) -> list[str]:
-        """The arrays whose updates the similarity is computed on: all of them."""
-        return self.all_names
+        """The arrays whose updates the similarity is computed on: every compared array."""
+        return self.compared
 
     def check_split(self, U: np.ndarray, side_a: np.ndarray, side_b: np.ndarray, S: np.ndarray) -> CheckResult | None:
         """CFL keeps every proposed split; LayerCFL adds its correct-clustering check."""

@@ -21,6 +21,8 @@ from clusterfed.protocol import (  # noqa: E402,F401
     RETURN_UPDATE,
     RETURN_WEIGHTS,
     UPLOAD_FULL,
+    apply_difference,
+    difference,
     pack_models,
     unpack_model,
 )
@@ -87,11 +89,11 @@ class TrainReply:
 
     @property
     def update(self) -> Arrays:
-        return self.arrays if self.is_update else {k: self.arrays[k] - self.sent[k] for k in self.arrays}
+        return self.arrays if self.is_update else {k: difference(self.arrays[k], self.sent[k]) for k in self.arrays}
 
     @property
     def weights(self) -> Arrays:
-        return {k: self.sent[k] + self.arrays[k] for k in self.arrays} if self.is_update else self.arrays
+        return {k: apply_difference(self.sent[k], self.arrays[k]) for k in self.arrays} if self.is_update else self.arrays
 
 
 class Replies(list):
@@ -104,18 +106,31 @@ class Replies(list):
 
 
 def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:
-    """Sample-weighted mean per array name, summed in float64 in list order."""
+    """Sample-weighted aggregate per array name, in each array's own dtype and shape.
+
+    Floating-point (and complex) arrays: the weighted mean, summed in float64 (complex128)
+    in list order. Integer arrays (``num_batches_tracked`` and other counters): the weighted
+    mean rounded to the nearest integer (halves to even). Bool arrays (masks): the weighted
+    majority, True on a tie."""
     total = float(sum(weights))
     out = {}
     for n in arrays[0].keys():
+        dtype = np.asarray(arrays[0][n]).dtype
+        wide = np.complex128 if np.issubdtype(dtype, np.complexfloating) else np.float64
         # 0 + w_0 a_0 + w_1 a_1 + ... in float64, in place: the numbers ``sum()`` of the
         # products gives (from the same zero), without two temporaries per client and array
-        acc = np.zeros(np.shape(arrays[0][n]), np.float64)
+        acc = np.zeros(np.shape(arrays[0][n]), wide)
         term = np.empty_like(acc)
         for a, w in zip(arrays, weights):
-            np.multiply(a[n], w, out=term, dtype=np.float64)
+            np.multiply(a[n], w, out=term, dtype=wide)
             acc += term
-        out[n] = (acc / total).astype(np.asarray(arrays[0][n]).dtype)
+        mean = np.asarray(acc / total)  # asarray: a 0-d quotient is a numpy scalar
+        if dtype == np.bool_:
+            out[n] = np.asarray(mean >= 0.5)
+        elif np.issubdtype(dtype, np.integer):
+            out[n] = np.asarray(np.rint(mean)).astype(dtype)
+        else:
+            out[n] = mean.astype(dtype)
     return out
 
 

@@ -10,7 +10,8 @@ sends its full update (``return = update``); the server aggregates per cluster. 
    A *layer* is a named layer of the state dict — its weight and bias flattened together
    (``conv1``, ``conv2``, ``fc1``, ``fc2`` for the digits CNN): that is the paper's
    "layer l" and keeps the bias with the weights it shifts. ``cluster-layers`` (a rule or
-   names) restricts the layers watched; ``auto`` = every layer.
+   names) restricts the layers watched; ``auto`` = every layer of compared arrays (buffers
+   such as BatchNorm running statistics are never watched: ``compare-arrays``).
 2. **Weight selection**: when a client enters a cluster (the start, or after its cluster
    split) only the indexes with ``|Δ_new − Δ_old| > ξ`` of each layer are kept for its
    stability (``xi``, default ``0.05·lr``); the first update after entering is compared
@@ -140,7 +141,7 @@ PositiveNumber = Annotated[float, Field(gt=0)]
 
 class HiCFLParams(BiPartitioningParams):
     cluster_layers: str = Field("auto", alias="cluster-layers",
-                                description="layers whose stability is watched: a rule or names; auto = every layer")
+                                description="layers whose stability is watched: a rule or names; auto = every layer of compared arrays")
     window: int = Field(5, ge=1, description="W: rounds the windowed stability averages over")
     stability_eps: PositiveNumber | Literal["auto"] = Field(
         "auto", alias="stability-eps",
@@ -206,7 +207,7 @@ class HiCFL(BiPartitioning):
         self.xi = 0.05 * float(self.train_config["lr"]) if xi is None else xi
         self.tracker = StabilityTracker(self.params.window, self.xi, min_kept_fraction=MIN_KEPT_FRACTION)
         rule = self.params.cluster_layers
-        names = self.all_names if rule == "auto" else select_layers(self.theta0, rule)
+        names = self.compared if rule == "auto" else select_layers(self.theta0, rule, self.params.compare_arrays)
         self.layer_keys = {}
         for name in names:  # named layer = state-dict prefix: weight and bias together
             self.layer_keys.setdefault(name.rsplit(".", 1)[0], []).append(name)

@@ -81,7 +81,7 @@ class IFCA(ClusteredStrategy):
         if self.warming_up:
             self.new_cluster(self.theta0)  # the warm-up model, replaced by the seeds
             return
-        self.candidates = [random_initialisations(self.theta0, self.k, self.rng)
+        self.candidates = [random_initialisations(self.theta0, self.k, self.rng, self.compared_names())
                            for _ in range(self.params.restarts)]
         for model in self.candidates[0]:
             self.new_cluster(model)
@@ -148,7 +148,7 @@ class IFCA(ClusteredStrategy):
             return  # nobody replied: warm up again next round
         started = time.perf_counter()
         replies = sorted(replies, key=lambda r: natural(r.key))
-        names = sorted(self.shapes)
+        names = sorted(self.compared_names())  # buffers (BatchNorm counters) would swamp the distances
         X = np.stack([np.concatenate([r.weights[n].ravel() for n in names]).astype(np.float64) for r in replies])
         k = min(self.k, len(replies))
         best = None
@@ -158,7 +158,7 @@ class IFCA(ClusteredStrategy):
                 best = (seeds, potential)
         seeds = best[0]
         models = [replies[i].weights for i in seeds]
-        models += random_initialisations(self.theta0, self.k - k + 1, self.rng)[1:]  # fewer replies than K
+        models += random_initialisations(self.theta0, self.k - k + 1, self.rng, self.compared_names())[1:]  # fewer replies than K
         self.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(models)}
         self.next_cluster_id = self.k
         for reply, position in zip(replies, nearest_seed(X, seeds)):

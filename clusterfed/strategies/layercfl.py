@@ -6,8 +6,10 @@ bi-partition, acceptance test and merging) with two changes:
 
 1. the cosine similarity is computed on the updates of the selected layers only:
    ``skew = feature`` → ``conv`` (last conv layer), ``label`` → ``fc`` (first fully
-   connected layer), ``unknown`` → ``conv`` (**default choice**, see below); an explicit
-   ``cluster-layers`` (``fc``, ``all``, a rule or layer names) overrides the skew;
+   connected layer), ``unknown`` → ``conv`` (**default choice**, see below); a model
+   without a conv layer (an MLP, a GRU, a Transformer) falls back to ``fc``, and without
+   a fully connected one to ``final``; an explicit ``cluster-layers`` (``fc``, ``all``, a
+   rule or layer names) overrides the skew;
 2. the correct-clustering check (Theorem 1, eq. 20: ``sqrt((1 − α_cross_max)/2) > γ_max``)
    with γ estimated from each client's nearest peer on its own side
    (``clustering/layercfl.estimate_gammas``: the side-mean estimator would veto every
@@ -60,6 +62,14 @@ from clusterfed.strategies.cfl import CFL, CFLParams, CFLState
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
 
 
+def _has_layer(arrays, rule: str, compare) -> bool:
+    try:
+        select_layers(arrays, rule, compare)
+    except ValueError:
+        return False
+    return True
+
+
 class LayerCFLParams(CFLParams):
     skew: Literal["label", "feature", "unknown"] = Field(
         "unknown", description="the data's skew, which picks the layers: feature -> conv, label -> fc, unknown -> conv")
@@ -92,12 +102,15 @@ class LayerCFL(CFL):
     def init_clusters(self) -> None:
         super().init_clusters()
         rule = self.params.cluster_layers
+        compare = self.params.compare_arrays
         if rule == "auto":
             rule = LAYER_RULE_OF_SKEW[self.params.skew]
-            if rule == "conv" and not any(v.ndim == 4 for v in self.theta0.values()):
-                rule = "fc"  # a model without conv layers (an MLP): its fully connected layers
+            # a model without conv layers (an MLP, a GRU, a Transformer): its first fully
+            # connected layer; without one either, the final layer
+            fallbacks = {"conv": ("conv", "fc", "final"), "fc": ("fc", "final")}[rule]
+            rule = next((r for r in fallbacks if _has_layer(self.theta0, r, compare)), "final")
         self.layer_rule = rule
-        self.selected_names = select_layers(self.theta0, rule)
+        self.selected_names = select_layers(self.theta0, rule, compare)
 
     def decision_names(self) -> list[str]:
         return self.selected_names

@@ -116,7 +116,7 @@ class OneShotClustering(ClusteredStrategy):
         self.cluster_start = self.theta0
         self.references = {}
         self.layer_keys = select_layers(self.theta0, self.layer_rule if self.params.cluster_layers == "auto"
-                                        else self.params.cluster_layers)
+                                        else self.params.cluster_layers, self.params.compare_arrays)
         self.clustering_state = {}
 
     def draw_sample(self, server_round: int) -> list[str] | None:

@@ -76,7 +76,7 @@ class ClientSelection(ClusteredStrategy):
 
     def init_clusters(self) -> None:
         super().init_clusters()
-        self.layer_keys = select_layers(self.theta0, "final")
+        self.layer_keys = select_layers(self.theta0, "final", self.params.compare_arrays)
         self.latest = {}
         self.previous_loss = None
         self.controller = None

@@ -1,0 +1,1 @@
+"""sklearn-clusters: clustered FL with a stock scikit-learn ClientApp (no torch anywhere)."""
