@@ -8,7 +8,7 @@ from torch import nn
 
 NUM_CLASSES = 4
 VECTOR_DIM = 16
-IMAGE_SHAPE = (3, 16, 16)
+IMAGE_SHAPE = (3, 12, 12)
 VOCAB = 32
 SEQ_LEN = 12
 
@@ -64,7 +64,7 @@ class ResNetBN(nn.Module):
     """A ResNet-style CNN: a conv stem with BatchNorm, one residual block, pooling to 2×2, a
     linear head."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES, channels: int = 8):
+    def __init__(self, num_classes: int = NUM_CLASSES, channels: int = 6):
         super().__init__()
         self.stem = nn.Sequential(nn.Conv2d(IMAGE_SHAPE[0], channels, 3, padding=1, bias=False),
                                   nn.BatchNorm2d(channels), nn.ReLU())
