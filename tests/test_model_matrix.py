@@ -65,7 +65,7 @@ def test_a_client_returning_what_it_received_gets_every_array_back_unchanged(mod
     """0-d buffers stay shape (), int64 counters int64, float16 float16: in every reply the
     server accepts and in the models it returns."""
     cell, result = run_cell(model, "concept", strategy, rounds=3, num_clients=NUM_GROUPS * 2, client="echo")
-    assert not (result.clustering or {}).get("training_failed"), cell.reason
+    assert result is not None and not (result.clustering or {}).get("training_failed"), cell.reason
     torch.manual_seed(0)
     sent = {name: tensor.numpy() for name, tensor in initial_model(model).state_dict().items()}
     for arrays in [result.arrays, *result.cluster_arrays.values()]:
@@ -79,7 +79,7 @@ def test_a_client_returning_what_it_received_gets_every_array_back_unchanged(mod
 def test_the_client_helper_trains_a_batchnorm_model_sent_by_ifca():
     """num_batches_tracked (a 0-d int64 buffer) reaches the helper's model in its own shape."""
     cell, result = run_cell("resnet-bn", "concept", "ifca", rounds=2, num_clients=NUM_CLIENTS)
-    assert not (result.clustering or {}).get("training_failed"), cell.reason
+    assert result is not None and not (result.clustering or {}).get("training_failed"), cell.reason
     assert cell.accuracy is not None and len(cell.assignment) == NUM_CLIENTS
 
 

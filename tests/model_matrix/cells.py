@@ -90,7 +90,10 @@ def run_cell(model: str, shift: str, strategy: str, *, rounds: int = ROUNDS, num
     except Exception as error:  # a refusal or a failure is the cell's outcome, with its message
         cell.reason, result = f"{type(error).__name__}: {error}", None
     finally:
-        os.environ.pop(SHIFT_VARIABLE) if previous_shift is None else os.environ.update({SHIFT_VARIABLE: previous_shift})
+        if previous_shift is None:
+            del os.environ[SHIFT_VARIABLE]
+        else:
+            os.environ[SHIFT_VARIABLE] = previous_shift
         cell.seconds = round(time.perf_counter() - started, 2)
     if result is not None:
         score(cell, result)
