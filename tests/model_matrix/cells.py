@@ -126,8 +126,8 @@ CEILING = 0.95  # FedAvg at or above this: no margin is possible; the cell must 
 
 
 def verdict(cell: Cell, fedavg_accuracy: float | None) -> str:
-    """``holds``, ``holds (FedAvg at ceiling)``, ``refused: needs the client helper``,
-    ``skipped`` or ``fails``: the matrix's criterion for one cell."""
+    """``holds``, ``FedAvg at ceiling`` (nothing to win; the cell loses at most 0.02),
+    ``refused: needs the client helper``, ``skipped`` or ``fails``: the matrix's criterion."""
     if cell.strategy == "fedavg":
         return "reference"
     if cell.accuracy is None:
@@ -135,7 +135,7 @@ def verdict(cell: Cell, fedavg_accuracy: float | None) -> str:
             return "refused: needs the client helper"
         return "skipped" if cell.reason and "float16" in cell.reason else "fails"
     if fedavg_accuracy is not None and fedavg_accuracy >= CEILING:
-        return "holds (FedAvg at ceiling)" if cell.accuracy >= fedavg_accuracy - 0.02 else "fails"
+        return "FedAvg at ceiling" if cell.accuracy >= fedavg_accuracy - 0.02 else "fails"
     if cell.ari is not None and cell.ari >= MIN_ARI and fedavg_accuracy is not None \
             and cell.accuracy >= fedavg_accuracy + MIN_GAIN:
         return "holds"
