@@ -24,6 +24,14 @@ STRATEGY_NAMES = tuple(server_app.STRATEGIES)
 HELPER_STRATEGIES = ("ifca", "adacfl-helper")
 NUM_CLIENTS = 12
 ROUNDS = 15
+# CFL's family splits one cluster in two at a time, each once the cluster's model is
+# near-stationary: three groups take two such splits
+SPLITTING_ROUNDS = {"cfl": 25, "layercfl": 25, "hicfl": 25}
+
+
+def rounds_for(strategy: str) -> int:
+    return SPLITTING_ROUNDS.get(strategy, ROUNDS)
+
 LEARNING_RATES = {"mlp": 0.05, "scalar-buffer": 0.05, "float16": 0.05, "resnet-bn": 0.05, "gru": 0.1,
                   "transformer": 0.05, "quickstart": 0.02}
 
@@ -42,9 +50,10 @@ class Cell:
     reason: str | None = None  # the strategy's one-cluster reason, or the error that stopped it
     seconds: float = 0.0
     assignment: dict = field(default_factory=dict)
+    accuracy_by_round: dict = field(default_factory=dict)
 
     def row(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "assignment"}
+        return {k: v for k, v in asdict(self).items() if k not in ("assignment", "accuracy_by_round")}
 
 
 def client_for(model: str, strategy: str) -> str:
@@ -104,6 +113,9 @@ def score(cell: Cell, result) -> None:
     last = result.evaluate_metrics_clientapp.get(cell.rounds, {})
     accuracy = last.get("eval_acc", last.get("eval-accuracy"))
     cell.accuracy = None if accuracy is None else round(float(accuracy), 4)
+    cell.accuracy_by_round = {rnd: round(float(m.get("eval_acc", m.get("eval-accuracy"))), 4)
+                              for rnd, m in result.evaluate_metrics_clientapp.items()
+                              if m.get("eval_acc", m.get("eval-accuracy")) is not None}
     clustering = getattr(result, "clustering", None) or {}
     cell.assignment = {partition_of(key): int(cluster) for key, cluster in result.assignment.items()}
     cell.clusters = len(set(cell.assignment.values()))
