@@ -1,4 +1,6 @@
-"""The ClientApp of Flower's quickstart-pytorch, step for step (see the package docstring)."""
+"""The ClientApp of Flower's quickstart-pytorch, step for step (see the package docstring).
+train and evaluate repeat the model and data set-up as the published app does: this client
+is here to behave as that one, so it is not factored."""
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
