@@ -42,7 +42,7 @@ bench-quick: $(VENV)/.installed
 
 # Users' own models (MLP, BatchNorm ResNet, GRU, Transformer, 0-d buffer, float16, the
 # quickstart-pytorch client) × concept/covariate shift × every clustered strategy, with stock
-# ClientApps: benchmarks/results/model-matrix/ (table, heatmaps, manifest; ~15-20 min on one core).
+# ClientApps: benchmarks/results/model-matrix/ (table, heatmaps, manifest; ~10 min on one core).
 bench-models: $(VENV)/.installed
 	$(PY) benchmarks/model_matrix.py
 
