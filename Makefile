@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test bench bench-quick clean test-containers test-arm64 test-compat constraints
+.PHONY: run test bench bench-quick bench-models clean test-containers test-arm64 test-compat constraints
 
 # pyproject.toml holds ranges; constraints.txt the exact versions make test and CI install.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -56,6 +56,12 @@ bench-quick: $(VENV)/.installed
 	$(VENV)/bin/clusterfed experiment $(EXPERIMENTS)/suite-quick.toml --workers $(BENCH_WORKERS)
 	$(VENV)/bin/clusterfed experiment $(EXPERIMENTS)/lambda-sensitivity-quick.toml --workers $(BENCH_WORKERS)
 	$(PY) benchmarks/report.py
+
+# Users' own models (MLP, BatchNorm ResNet, GRU, Transformer, 0-d buffer, float16, the
+# quickstart-pytorch client) × concept/covariate shift × every clustered strategy, with stock
+# ClientApps: benchmarks/results/model-matrix/ (table, heatmaps, manifest; ~10 min on one core).
+bench-models: $(VENV)/.installed
+	$(PY) benchmarks/model_matrix.py
 
 # Real checks outside `make test` (root on Debian 12 x86_64; each installs what it needs with
 # apt and pip and caches under /var/cache/clusterfed). test-containers: docker/'s images built with

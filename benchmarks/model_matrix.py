@@ -1,0 +1,207 @@
+"""The model matrix: users' own models and ClientApps against every clustered strategy.
+
+Models (tests/model_matrix/models.py: an MLP, a BatchNorm ResNet-style CNN, a GRU, a
+Transformer encoder, an MLP with a 0-d buffer, a float16 MLP, and a client behaving as
+Flower's quickstart-pytorch one on CIFAR-shaped data) × shifts (concept: a label
+permutation per group; covariate: a per-group input transform) × strategies (FedAvg as the
+reference; FedClust, AdaCFL(share_label_stats=False), CFL, LayerCFL, HiCFL with the stock
+ClientApp; IFCA and AdaCFL through clusterfed's client helper). 12 clients in 3 groups,
+15 rounds, each cell in-process through the users' own ServerApp ``main``.
+
+    PYTHONPATH=$PWD:$PWD/tests python benchmarks/model_matrix.py            # or: make bench-models
+    PYTHONPATH=$PWD:$PWD/tests python benchmarks/model_matrix.py --models gru --strategies fedavg,cfl
+
+Writes to ``--out`` (default benchmarks/results/model-matrix): ``cells.json`` (one row per
+cell), ``README.md`` (the table), ``matrix.png`` (ARI and accuracy gain over FedAvg as
+heatmaps) and ``manifest.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from clusterfed.experiments.manifest import start_manifest, write_manifest  # noqa: E402
+from model_matrix.cells import (CEILING, MIN_ARI, MIN_GAIN, MODEL_NAMES, NUM_CLIENTS, ROUNDS,  # noqa: E402
+                                SPLITTING_ROUNDS, STRATEGY_NAMES, Cell, one_thread, rounds_for, run_cell, verdict)
+from model_matrix.data import NUM_GROUPS, SHIFTS  # noqa: E402
+
+DEFAULT_OUT = ROOT / "benchmarks" / "results" / "model-matrix"
+
+
+def names(text: str, allowed: tuple[str, ...], what: str) -> list[str]:
+    chosen = [name.strip() for name in text.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in allowed]
+    if unknown:
+        raise SystemExit(f"model_matrix: unknown {what} {', '.join(unknown)} (one of {', '.join(allowed)})")
+    return chosen
+
+
+def run_matrix(models, shifts, strategies, rounds: int | None) -> list[dict]:
+    """Every cell, FedAvg first in each (model, shift) row, run for as many rounds as the
+    longest cell so that each cell is compared with FedAvg after as many rounds as it ran;
+    one progress line per cell."""
+    strategies = ["fedavg", *[s for s in strategies if s != "fedavg"]]
+    total, rows, started = len(models) * len(shifts) * len(strategies), [], time.perf_counter()
+    for model in models:
+        for shift in shifts:
+            fedavg_curve: dict[int, float] = {}
+            for strategy in strategies:
+                cell_rounds = rounds or (max(map(rounds_for, strategies)) if strategy == "fedavg" else
+                                         rounds_for(strategy))
+                cell, _ = run_cell(model, shift, strategy, rounds=cell_rounds)
+                if strategy == "fedavg":
+                    fedavg_curve = cell.accuracy_by_round
+                fedavg_accuracy = fedavg_curve.get(cell_rounds)
+                row = {**cell.row(), "fedavg_accuracy": fedavg_accuracy,
+                       "gain": None if cell.accuracy is None or fedavg_accuracy is None
+                       else round(cell.accuracy - fedavg_accuracy, 4),
+                       "verdict": verdict(cell, fedavg_accuracy)}
+                rows.append(row)
+                print(progress(len(rows), total, row, time.perf_counter() - started), flush=True)
+    return rows
+
+
+def progress(done: int, total: int, row: dict, elapsed: float) -> str:
+    accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.3f}"
+    ari = "-" if row["ari"] is None else f"{row['ari']:.2f}"
+    text = (f"[{done:3d}/{total}] {row['model']} × {row['shift']} × {row['strategy']}: accuracy {accuracy} "
+            f"(FedAvg {row['fedavg_accuracy']}), ARI {ari}, {row['clusters'] or '-'} cluster(s), {row['verdict']} "
+            f"({row['seconds']:.1f} s; {elapsed / 60:.1f} min in all)")
+    return text + (f"\n      {row['reason']}" if row["reason"] else "")
+
+
+def fmt(value, digits: int = 3) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| model | shift | strategy | client | rounds | accuracy | FedAvg | gain | ARI | clusters | verdict | "
+             "one-cluster reason or error |", "|---" * 12 + "|"]
+    for row in rows:
+        reason = (row["reason"] or "").replace("|", "\\|").replace("\n", " ")
+        lines.append(f"| {row['model']} | {row['shift']} | {row['strategy']} | {row['client']} | {row['rounds']} | "
+                     f"{fmt(row['accuracy'])} | {fmt(row['fedavg_accuracy'])} | {fmt(row['gain'])} | "
+                     f"{fmt(row['ari'], 2)} | {row['clusters'] if row['clusters'] is not None else '-'} | "
+                     f"{row['verdict']} | {reason} |")
+    return "\n".join(lines)
+
+
+def readme(rows: list[dict], command: str, seconds: float) -> str:
+    judged = [r for r in rows if r["strategy"] != "fedavg"]
+    counts: dict[str, int] = {}
+    for row in judged:
+        counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
+    summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda item: -item[1]))
+    return f"""# The model matrix: your model and your ClientApp against each clustered strategy
+
+Numbers from `cells.json` beside this file (`manifest.json`: commit, versions, machine load).
+{NUM_CLIENTS} clients in {NUM_GROUPS} groups (client i is in group i mod {NUM_GROUPS}), 64 training and 32 test
+examples each, one local epoch of SGD with momentum 0.9 a round, the last round's evaluation
+accuracy averaged over the clients by `num-examples` after the cell's rounds (by default {ROUNDS};
+{SPLITTING_ROUNDS['cfl']} for CFL, LayerCFL and HiCFL, which split one cluster in two at a time), FedAvg's after as
+many rounds. ARI: the clusters against the true groups.
+Generated by `{command}` in {seconds / 60:.1f} min.
+
+A cell **holds** when its clusters recover the groups (ARI ≥ {MIN_ARI}) and its accuracy beats
+FedAvg's by at least {MIN_GAIN}. Where FedAvg itself reaches {CEILING} (one model fits every group,
+as a CNN does with rotated images) there is no margin to win: such a cell reads **FedAvg at
+ceiling** if it loses at most 0.02 (its ARI then says whether it split anyway), else **fails**.
+A strategy that needs the client helper (IFCA; AdaCFL's label statistics) is
+refused before round 1 with a stock client: that is its true stop reason.
+
+Cells: {summary}.
+
+{table(rows)}
+
+![ARI and accuracy gain over FedAvg per cell](matrix.png)
+"""
+
+
+def figure(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    strategies = [s for s in dict.fromkeys(r["strategy"] for r in rows) if s != "fedavg"]
+    lines = list(dict.fromkeys((r["model"], r["shift"]) for r in rows))
+    by_cell = {(r["model"], r["shift"], r["strategy"]): r for r in rows}
+    fig, axes = plt.subplots(1, 2, figsize=(4 + 1.1 * len(strategies) * 2, 1.2 + 0.42 * len(lines)))
+    for ax, key, title, cmap, limits in ((axes[0], "ari", "ARI vs the true groups", "viridis", (0, 1)),
+                                         (axes[1], "gain", "accuracy − FedAvg's", "RdBu", (-0.7, 0.7))):
+        values = np.full((len(lines), len(strategies)), np.nan)
+        for i, (model, shift) in enumerate(lines):
+            for j, strategy in enumerate(strategies):
+                value = by_cell.get((model, shift, strategy), {}).get(key)
+                if value is not None:
+                    values[i, j] = value
+                    dark = value < 0.45 if key == "ari" else abs(value) > 0.45
+                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=7,
+                            color="white" if dark else "black")
+        ax.imshow(values, cmap=cmap, vmin=limits[0], vmax=limits[1], aspect="auto")
+        ax.set_xticks(range(len(strategies)), strategies, rotation=40, ha="right", fontsize=8)
+        ax.set_yticks(range(len(lines)), [f"{m} · {s}" for m, s in lines], fontsize=8)
+        ax.set_title(title + " (blank: stopped)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report_again(out: Path) -> None:
+    """README.md and matrix.png again from ``out``'s cells.json and manifest.json."""
+    rows = json.loads((out / "cells.json").read_text())["cells"]
+    for row in rows:
+        cell = Cell(**{key: row[key] for key in Cell.__dataclass_fields__ if key in row})
+        row["verdict"] = verdict(cell, row["fedavg_accuracy"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    command = "python " + " ".join(manifest["command"])
+    (out / "README.md").write_text(readme(rows, command, manifest["wall_seconds"]))
+    figure(rows, out / "matrix.png")
+    print(f"rewrote {out / 'README.md'} and {out / 'matrix.png'}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument("--models", default=",".join(MODEL_NAMES), help=f"from {', '.join(MODEL_NAMES)}")
+    parser.add_argument("--shifts", default=",".join(SHIFTS))
+    parser.add_argument("--strategies", default=",".join(STRATEGY_NAMES), help=f"from {', '.join(STRATEGY_NAMES)}")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help=f"rounds for every cell (default: {ROUNDS}; {SPLITTING_ROUNDS} for CFL's family)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="rewrite README.md and matrix.png from --out's cells.json (verdicts recomputed)")
+    args = parser.parse_args(argv)
+    if args.report_only:
+        report_again(args.out)
+        return
+    models = names(args.models, MODEL_NAMES, "model")
+    shifts = names(args.shifts, SHIFTS, "shift")
+    strategies = names(args.strategies, STRATEGY_NAMES, "strategy")
+    config = {"models": models, "shifts": shifts, "strategies": strategies, "rounds": args.rounds or {"default": ROUNDS, **SPLITTING_ROUNDS},
+              "num_clients": NUM_CLIENTS, "num_groups": NUM_GROUPS}
+    manifest = start_manifest(config)
+    logging.getLogger("flwr").setLevel(logging.CRITICAL)  # the progress lines are the log
+    one_thread()
+    started = time.perf_counter()
+    rows = run_matrix(models, shifts, strategies, args.rounds)
+    seconds = time.perf_counter() - started
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "cells.json").write_text(json.dumps({"config": config, "cells": rows}, indent=1) + "\n")
+    command = "python benchmarks/model_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    (args.out / "README.md").write_text(readme(rows, command.strip(), seconds))
+    figure(rows, args.out / "matrix.png")
+    write_manifest(args.out, manifest, config=config)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

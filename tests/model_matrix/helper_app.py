@@ -1,0 +1,35 @@
+"""The same user task as ``client_app``, made into a ClientApp by clusterfed's client helper
+(what IFCA and AdaCFL's label statistics need): the helper's default loop trains with the
+message's ``lr``, ``local-epochs`` and ``momentum`` and reports ``eval-loss`` / ``eval-accuracy``;
+the client is keyed by its partition id."""
+
+from __future__ import annotations
+
+from flwr.app import Context
+from torch.nn import functional as F
+
+from clusterfed.client import ClientTask, TaskData, client_app
+from model_matrix.data import group_of, load_data
+from model_matrix.models import build_model, data_kind
+
+
+def model_fn(context: Context, config: dict):
+    return build_model(str(context.run_config["model"]))
+
+
+def data_fn(context: Context, config: dict) -> TaskData:
+    model_name, partition = str(context.run_config["model"]), int(context.node_config["partition-id"])
+    train, test = load_data(data_kind(model_name), str(context.run_config["shift"]), partition,
+                            batch_size=int(context.run_config["batch-size"]))
+    labels = train.dataset.tensors[1].numpy()
+    # true_group is for the server's metrics only; nothing clusters on it
+    return TaskData(train, test, labels=labels, true_group=group_of(partition))
+
+
+def float_loss(logits, labels):
+    """Cross-entropy in float32 (a float16 model's logits are cast up)."""
+    return F.cross_entropy(logits.float(), labels)
+
+
+task = ClientTask(model_fn=model_fn, data_fn=data_fn, loss_fn=float_loss)
+app = client_app(task)
