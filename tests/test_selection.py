@@ -67,26 +67,54 @@ def _by_group_losses(losses):
     return respond
 
 
+@pytest.mark.parametrize("guard, last_p", [("none", 1), ("floor", 4)])  # paper: collapses to 1
 @pytest.mark.parametrize("stabilizer", ["none", "annealing", "experience"])
-def test_selection_trains_exactly_p_clients_after_warmup(stabilizer):
+def test_selection_trains_exactly_p_clients_after_warmup(stabilizer, guard, last_p):
     algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=2, w=0.1, hold_rounds=0,
-                     stabilizer=stabilizer)
+                     stabilizer=stabilizer, guard=guard)
     respond = _by_group_losses(1.0)
     loss = 1.0
     for r in (1, 2):
         (asks,) = drive_round(algorithm, r, respond)
         assert len(asks) == 8 and algorithm.round_extra["p"] is None
-    expected_p = 8
+    # the paper starts at one cluster per client; the floor starts at the four groups the
+    # warm-up's clustering shows
+    expected_p = 8 if guard == "none" else 4
     for r in range(3, 12):
-        loss *= 0.5  # every round good: p falls 8, 7, 5, 1, 1, ...
+        loss *= 0.5  # every round good: the rule's p falls to 1 and stays there
         respond.loss = loss
         (asks,) = drive_round(algorithm, r, respond)
         extra = algorithm.round_extra
         assert extra["p"] == expected_p == len(asks) == extra["trained_clients"]
         assert extra["representatives"] == [a.key for a in asks]
         assert extra["models_exchanged"] == 2 * len(asks)
+        # the paper's p collapses to one client; the floor is the four groups the clustering shows
+        assert extra["p_floor"] == (4 if guard == "floor" else 1)
         expected_p = extra["p_next"]
-    assert expected_p == 1
+    assert expected_p == last_p == algorithm.controller.cut
+    assert algorithm.controller.p == 1  # the rule itself runs as in the paper
+    if guard == "floor":  # once at the floor, one representative of every group trains
+        assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
+
+
+def test_floor_is_one_when_the_clients_show_no_groups():
+    same = {str(i): 0 for i in range(8)}
+    algorithm = make(strategy_class("selection"), same, warmup_rounds=1, w=0.1, hold_rounds=0)
+    rng = np.random.default_rng(1)
+
+    def respond(ask):  # every client's final layer moves alike, up to noise: no structure to keep
+        out = trained(ask, 0.0)
+        for name in ("fc2.weight", "fc2.bias"):
+            out[name] = out[name] + np.float32(1.0) + rng.normal(0, 0.01, out[name].shape).astype(np.float32)
+        return out, {}, respond.loss
+
+    respond.loss = 1.0
+    drive_round(algorithm, 1, respond)
+    for r in range(2, 8):
+        respond.loss *= 0.5
+        drive_round(algorithm, r, respond)
+        assert algorithm.round_extra["p_floor"] == 1
+    assert algorithm.controller.cut == 1
 
 
 def test_representatives_come_one_from_each_cluster_of_latest_models():

@@ -16,6 +16,16 @@ cluster trains, which cuts the transmissions.
 3. ``p`` starts at the number of clients and follows the TCP-like rule of
    ``clustering.cluster_count`` on the loss-reduction ratio of the mean participant
    training loss (``w``, doubling step ``d``, ``hold-rounds``, ``stabilizer``).
+4. ``guard = "floor"`` (the default; choice, beyond the paper): at the end of the warm-up
+   the clients' final-layer changes (every client trained from the same global model) are
+   cut where the silhouette is best (``cluster_auto``; one cluster when no cut shows
+   structure); that number of groups is the floor: p starts there instead of at the number
+   of clients, and the cut never has fewer groups, so every group of clients the clustering
+   shows keeps a representative. Later rounds' latest changes are not used for the floor:
+   they mix clients that last trained in different rounds, and their silhouette-best cut
+   drifted below the groups (2 or 3 for 4 digit pairs) as the changes shrank.
+   ``guard = "none"`` is the paper's rule, under which p may fall to 1 and one client's
+   data then trains the global model alone.
 
 Partial participation (``fraction-train`` < 1): the paper's selection *is* its client
 sampling, so ``fraction-train`` is read as availability — each round only a random
@@ -26,7 +36,8 @@ among its reachable members; a group with none reachable does not train this rou
 reachable client with no latest model yet trains too. With ``fraction-train = 1`` every
 client is reachable: the paper's scheme.
 
-rounds.jsonl records, every round: ``p`` (the cut used), ``p_next``, the rule's action,
+rounds.jsonl records, every round: ``p`` (the cut used), ``p_rule`` (the rule's own p),
+``p_floor``, ``p_next``, the rule's action,
 the ratio, the representatives and ``models_exchanged`` (models sent down plus models
 sent up: 2 per trained client; the runner's ``transmissions`` counts the replies).
 """
@@ -40,7 +51,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.clustering import ClusterCountController, cluster_into_k, loss_reduction_ratio
+from clusterfed.clustering import ClusterCountController, cluster_auto, cluster_into_k, loss_reduction_ratio
 from clusterfed.models.layers import select_layers
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams, mean_train_loss
 from clusterfed.strategies.exchange import TrainReply, natural
@@ -55,6 +66,11 @@ class SelectionParams(StrategyParams):
                               description="annealing: keep p with probability 1 - exp(-round / anneal-tau)")
     linkage: Literal["average", "single", "complete", "ward"] = Field(
         "average", description="linkage of the cut into p groups")
+    guard: Literal["none", "floor"] = Field(
+        "floor", description="none: the paper's rule (p starts at the number of clients and may fall to 1: one "
+                             "client then trains the global model); floor: p starts at, and the cut never goes "
+                             "below, the number of groups the silhouette-best cut of the warm-up's final-layer "
+                             "changes shows")
 
 
 @dataclass
@@ -64,6 +80,7 @@ class SelectionState(ClusteredState):
     previous_loss: float | None = None
     controller: ClusterCountController | None = None
     transmissions: int = 0
+    floor: int = 1  # groups the warm-up's clustering showed (guard = "floor")
 
 
 class ClientSelection(ClusteredStrategy):
@@ -81,6 +98,7 @@ class ClientSelection(ClusteredStrategy):
         self.previous_loss = None
         self.controller = None
         self.transmissions = 0
+        self.floor = 1
 
     def round(self, server_round: int) -> Steps:
         self.clustering_seconds, self.round_extra = 0.0, {}
@@ -95,6 +113,8 @@ class ClientSelection(ClusteredStrategy):
         replies = yield self.train_asks(server_round, trainers)
         self.aggregate_clusters(replies)
         self.remember(replies)
+        if warmup:
+            self.floor = self.groups_shown()
         loss = mean_train_loss(replies)
         self.round_extra["train_loss"] = loss
         ratio = loss_reduction_ratio(self.previous_loss, loss)
@@ -117,7 +137,18 @@ class ClientSelection(ClusteredStrategy):
             self.controller = ClusterCountController(
                 m=max(len(self.active), 1), w=self.params.w, hold_rounds=self.params.hold_rounds,
                 stabilizer=self.params.stabilizer, rng=self.rng, anneal_tau=self.params.anneal_tau)
+            if self.params.guard == "floor":  # the warm-up showed how many groups there are
+                self.controller.set_floor(self.floor)
+                self.controller.p = self.controller.floor
         return self.controller
+
+    def groups_shown(self) -> int:
+        """guard = "floor": the number of groups of the silhouette-best cut of the clients'
+        latest final-layer changes (1 with guard = "none", or with too few clients to cut)."""
+        X = [self.latest[k] for k in sorted(self.latest, key=natural)]
+        if self.params.guard != "floor" or len(X) < 3:
+            return 1
+        return cluster_auto(np.stack(X), metric="l2", linkage=self.params.linkage).num_clusters
 
     def representatives(self) -> tuple[list[str], int]:
         """Cut the clients' latest final layers into exactly p groups; one random reachable
@@ -127,10 +158,12 @@ class ClientSelection(ClusteredStrategy):
         known = sorted((k for k in self.placed() if k in self.latest), key=natural)
         reachable = set(self.reachable(known))
         fresh = [k for k in self.reachable(self.placed()) if k not in self.latest]
-        p = min(self.count_controller().p, len(known)) if known else 0
-        chosen = []
+        chosen, p = [], 0
         if known:
             X = np.stack([self.latest[k] for k in known])
+            controller = self.count_controller()
+            p = min(controller.set_floor(self.floor), len(known))
+            self.round_extra.update({"p_rule": controller.p, "p_floor": controller.floor})
             labels = cluster_into_k(X, p, metric="l2", linkage=self.params.linkage)
             groups = 0
             for label in np.unique(labels):
@@ -153,5 +186,6 @@ class ClientSelection(ClusteredStrategy):
 
     def cluster_state(self) -> dict:
         history = self.controller.history if self.controller else []
-        return {"p_history": [{"round": s.round, "p": s.p, "d": s.d, "action": s.action, "ratio": s.ratio}
-                              for s in history], "transmissions": self.transmissions}
+        return {"p_history": [{"round": s.round, "p": s.p, "p_rule": s.rule_p, "floor": s.floor, "d": s.d,
+                               "action": s.action, "ratio": s.ratio} for s in history],
+                "transmissions": self.transmissions}
