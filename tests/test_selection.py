@@ -97,6 +97,38 @@ def test_selection_trains_exactly_p_clients_after_warmup(stabilizer, guard, last
         assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("guard, cuts", [
+    ("none", [8, 7, 5, 1, 2, 4, 8]),  # the paper: three good rounds collapse p to 1, bad ones double it
+    ("floor", [4, 4, 4, 4, 4, 4, 4]),  # every cut keeps one representative of each of the 4 groups
+])
+def test_floor_holds_the_cut_at_the_groups_through_good_and_bad_rounds(guard, cuts):
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=2, w=0.1, hold_rounds=0, guard=guard)
+    respond = _by_group_losses(1.0)
+    for r in (1, 2):
+        drive_round(algorithm, r, respond)
+    used = []
+    for r, loss in enumerate([0.5, 0.25, 0.125, 0.2, 0.3, 0.4, 0.5], start=3):  # 3 good rounds, then 4 bad
+        respond.loss = loss
+        (asks,) = drive_round(algorithm, r, respond)
+        used.append(len(asks))
+        assert algorithm.round_extra["p"] == len(asks)
+        if guard == "floor":
+            assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
+            assert algorithm.round_extra["p_rule"] <= 4  # the rule only moves below the floor
+    assert used == cuts
+
+
+def test_floor_keeps_every_client_when_too_few_to_cut():
+    algorithm = make(strategy_class("selection"), {"0": 0, "1": 1}, warmup_rounds=1, w=0.1, hold_rounds=0)
+    respond = _by_group_losses(1.0)
+    respond.loss = 1.0
+    drive_round(algorithm, 1, respond)
+    for r in range(2, 6):
+        respond.loss *= 0.5
+        (asks,) = drive_round(algorithm, r, respond)
+        assert len(asks) == 2
+
+
 def test_floor_is_one_when_the_clients_show_no_groups():
     same = {str(i): 0 for i in range(8)}
     algorithm = make(strategy_class("selection"), same, warmup_rounds=1, w=0.1, hold_rounds=0)

@@ -19,13 +19,17 @@ cluster trains, which cuts the transmissions.
 4. ``guard = "floor"`` (the default; choice, beyond the paper): at the end of the warm-up
    the clients' final-layer changes (every client trained from the same global model) are
    cut where the silhouette is best (``cluster_auto``; one cluster when no cut shows
-   structure); that number of groups is the floor: p starts there instead of at the number
-   of clients, and the cut never has fewer groups, so every group of clients the clustering
-   shows keeps a representative. Later rounds' latest changes are not used for the floor:
-   they mix clients that last trained in different rounds, and their silhouette-best cut
-   drifted below the groups (2 or 3 for 4 digit pairs) as the changes shrank.
-   ``guard = "none"`` is the paper's rule, under which p may fall to 1 and one client's
-   data then trains the global model alone.
+   structure); that number of groups is the floor, and every later cut has exactly that
+   many groups, so every group the clustering shows keeps a representative. The rule still
+   runs (recorded as ``p_rule``) but only between 1 and the floor: below the floor one
+   client's data would train the global model alone (its own loss keeps falling, so the
+   rule keeps p there while the model forgets the other groups); above it, the rule's
+   doublings followed stalls of a noisy mean loss, not a missing group, and cost
+   transmissions without accuracy. Later rounds' latest changes are not used for the
+   floor: they mix clients that last trained in different rounds, and their silhouette-best
+   cut drifted below the groups (2 or 3 for 4 digit pairs) as the changes shrank.
+   ``guard = "none"`` is the paper's rule: p starts at the number of clients and may fall
+   to 1.
 
 Partial participation (``fraction-train`` < 1): the paper's selection *is* its client
 sampling, so ``fraction-train`` is read as availability — each round only a random
@@ -68,9 +72,8 @@ class SelectionParams(StrategyParams):
         "average", description="linkage of the cut into p groups")
     guard: Literal["none", "floor"] = Field(
         "floor", description="none: the paper's rule (p starts at the number of clients and may fall to 1: one "
-                             "client then trains the global model); floor: p starts at, and the cut never goes "
-                             "below, the number of groups the silhouette-best cut of the warm-up's final-layer "
-                             "changes shows")
+                             "client then trains the global model); floor: every cut has as many groups as the "
+                             "silhouette-best cut of the warm-up's final-layer changes (the rule runs below it)")
 
 
 @dataclass
@@ -134,20 +137,24 @@ class ClientSelection(ClusteredStrategy):
 
     def count_controller(self) -> ClusterCountController:
         if self.controller is None:
+            # guard = "floor": the rule's p lives in [1, floor] (starting at the floor) and the
+            # cut never goes below the floor, so the cut is the groups the warm-up showed
+            top = max(len(self.active), 1) if self.params.guard == "none" else max(self.floor, 1)
             self.controller = ClusterCountController(
-                m=max(len(self.active), 1), w=self.params.w, hold_rounds=self.params.hold_rounds,
+                m=top, w=self.params.w, hold_rounds=self.params.hold_rounds,
                 stabilizer=self.params.stabilizer, rng=self.rng, anneal_tau=self.params.anneal_tau)
-            if self.params.guard == "floor":  # the warm-up showed how many groups there are
-                self.controller.set_floor(self.floor)
-                self.controller.p = self.controller.floor
+            self.controller.set_floor(self.floor)
         return self.controller
 
     def groups_shown(self) -> int:
         """guard = "floor": the number of groups of the silhouette-best cut of the clients'
-        latest final-layer changes (1 with guard = "none", or with too few clients to cut)."""
+        latest final-layer changes; every client with fewer than 3 (no cut to score); 1 with
+        guard = "none"."""
         X = [self.latest[k] for k in sorted(self.latest, key=natural)]
-        if self.params.guard != "floor" or len(X) < 3:
+        if self.params.guard != "floor":
             return 1
+        if len(X) < 3:
+            return max(len(X), 1)
         return cluster_auto(np.stack(X), metric="l2", linkage=self.params.linkage).num_clusters
 
     def representatives(self) -> tuple[list[str], int]:
