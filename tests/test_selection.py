@@ -162,7 +162,7 @@ def test_representatives_come_one_from_each_cluster_of_latest_models():
 
 
 def test_global_model_is_the_weighted_average_of_the_representatives():
-    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1)
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1, guard="none")
     drive_round(algorithm, 1, _by_group_losses(1.0))
     algorithm.count_controller().p = 2
     shifts = {k: float(k) for k in FOUR_GROUPS}
@@ -172,6 +172,31 @@ def test_global_model_is_the_weighted_average_of_the_representatives():
     keys = [a.key for a in asks]
     expected = sum(shifts[k] * examples[k] for k in keys) / sum(examples[k] for k in keys)
     np.testing.assert_allclose(algorithm.models[0]["fc1.weight"], before["fc1.weight"] + expected, rtol=1e-5)
+
+
+def test_floor_weighs_each_representative_by_its_groups_samples():
+    # groups of unequal size: the paper's weights (the representatives' own samples) would
+    # change every round with the draw; the floor's are the groups' totals, as FedAvg's
+    examples = {k: 10 * (int(k) + 1) for k in FOUR_GROUPS}
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1)
+    respond = _by_group_losses(1.0)
+    drive_round(algorithm, 1, respond, examples)
+    shifts = {k: float(k) for k in FOUR_GROUPS}
+    group_samples = {g: sum(n for k, n in examples.items() if FOUR_GROUPS[k] == g) for g in range(4)}
+    for r in (2, 3):
+        before = {n: v.copy() for n, v in algorithm.models[0].items()}
+
+        def moved(ask):
+            out = respond(ask)[0]  # its group's final-layer change, so the cut stays the groups
+            out["fc1.weight"] = before["fc1.weight"] + np.float32(shifts[ask.key])
+            return out
+
+        (asks,) = drive_round(algorithm, r, moved, examples)
+        keys = [a.key for a in asks]
+        assert sorted(FOUR_GROUPS[k] for k in keys) == [0, 1, 2, 3]
+        weights = [group_samples[FOUR_GROUPS[k]] for k in keys]
+        expected = sum(shifts[k] * w for k, w in zip(keys, weights)) / sum(weights)
+        np.testing.assert_allclose(algorithm.models[0]["fc1.weight"], before["fc1.weight"] + expected, rtol=1e-5)
 
 
 # ----------------------------------------------------------- a whole run (digits)

@@ -49,7 +49,7 @@ sent up: 2 per trained client; the runner's ``transmissions`` counts the replies
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
@@ -84,6 +84,8 @@ class SelectionState(ClusteredState):
     controller: ClusterCountController | None = None
     transmissions: int = 0
     floor: int = 1  # groups the warm-up's clustering showed (guard = "floor")
+    examples: dict[str, int] = field(default_factory=dict)  # client -> samples of its latest reply
+    stands_for: dict[str, int] = field(default_factory=dict)  # this round's representative -> its group's samples
 
 
 class ClientSelection(ClusteredStrategy):
@@ -102,6 +104,7 @@ class ClientSelection(ClusteredStrategy):
         self.controller = None
         self.transmissions = 0
         self.floor = 1
+        self.examples, self.stands_for = {}, {}
 
     def round(self, server_round: int) -> Steps:
         self.clustering_seconds, self.round_extra = 0.0, {}
@@ -114,7 +117,7 @@ class ClientSelection(ClusteredStrategy):
         else:
             trainers, p = self.representatives()
         replies = yield self.train_asks(server_round, trainers)
-        self.aggregate_clusters(replies)
+        self.aggregate_clusters(replies if warmup else self.group_weighted(replies))
         self.remember(replies)
         if warmup:
             self.floor = self.groups_shown()
@@ -166,6 +169,7 @@ class ClientSelection(ClusteredStrategy):
         reachable = set(self.reachable(known))
         fresh = [k for k in self.reachable(self.placed()) if k not in self.latest]
         chosen, p = [], 0
+        self.stands_for = {}
         if known:
             X = np.stack([self.latest[k] for k in known])
             controller = self.count_controller()
@@ -174,10 +178,12 @@ class ClientSelection(ClusteredStrategy):
             labels = cluster_into_k(X, p, metric="l2", linkage=self.params.linkage)
             groups = 0
             for label in np.unique(labels):
-                members = [k for k, lab in zip(known, labels) if lab == label and k in reachable]
+                group = [k for k, lab in zip(known, labels) if lab == label]
+                members = [k for k in group if k in reachable]
                 groups += 1
                 if members:
                     chosen.append(members[int(self.rng.integers(len(members)))])
+                    self.stands_for[chosen[-1]] = sum(self.examples.get(k, 0) for k in group)
             # SciPy never splits a tie, so a cut may have fewer than p groups: top up at random
             rest = [k for k in known if k not in chosen and k in reachable]
             missing = min(p - groups, len(rest))
@@ -186,8 +192,17 @@ class ClientSelection(ClusteredStrategy):
         self.clustering_seconds += time.perf_counter() - started
         return sorted(chosen + fresh, key=natural), p
 
+    def group_weighted(self, replies: list[TrainReply]) -> list[TrainReply]:
+        """guard = "floor": each representative's model weighs as much as the samples of the
+        group it stands for (the paper: its own samples), so every round's average gives each
+        group the weight FedAvg gives it, whichever member was drawn."""
+        if self.params.guard != "floor":
+            return replies
+        return [replace(r, num_examples=self.stands_for.get(r.key) or r.num_examples) for r in replies]
+
     def remember(self, replies: list[TrainReply]) -> None:
         for reply in replies:
+            self.examples[reply.key] = int(reply.num_examples)
             update = reply.update
             self.latest[reply.key] = np.concatenate([update[n].ravel() for n in self.layer_keys]).astype(np.float64)
 
