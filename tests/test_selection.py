@@ -118,6 +118,24 @@ def test_floor_holds_the_cut_at_the_groups_through_good_and_bad_rounds(guard, cu
     assert used == cuts
 
 
+def test_floor_draws_from_the_warmup_groups_when_later_changes_lose_them():
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1, w=0.1, hold_rounds=0)
+    respond = _by_group_losses(1.0)
+    drive_round(algorithm, 1, respond)  # the warm-up's changes show the 4 groups
+    rng = np.random.default_rng(3)
+
+    def blurred(ask):  # later changes pair groups 0 with 3 and 1 with 2: a re-cut would mix them
+        out = trained(ask, 0.0)
+        out["fc2.bias"] = out["fc2.bias"] + np.float32(10.0 * (FOUR_GROUPS[ask.key] in (1, 2))) + rng.normal(
+            0, 0.01, 4).astype(np.float32)
+        return out, {}, 1.0
+
+    for r in range(2, 8):
+        (asks,) = drive_round(algorithm, r, blurred)
+        assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
+    assert algorithm.floor == 4 and algorithm.groups == FOUR_GROUPS
+
+
 def test_floor_keeps_every_client_when_too_few_to_cut():
     algorithm = make(strategy_class("selection"), {"0": 0, "1": 1}, warmup_rounds=1, w=0.1, hold_rounds=0)
     respond = _by_group_losses(1.0)

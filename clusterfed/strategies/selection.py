@@ -55,7 +55,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.clustering import ClusterCountController, cluster_auto, cluster_into_k, loss_reduction_ratio
+from clusterfed.clustering import (ClusterCountController, cluster_auto, cluster_into_k, cluster_references,
+                                   loss_reduction_ratio, nearest_cluster)
 from clusterfed.models.layers import select_layers
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams, mean_train_loss
 from clusterfed.strategies.exchange import TrainReply, natural
@@ -84,6 +85,8 @@ class SelectionState(ClusteredState):
     controller: ClusterCountController | None = None
     transmissions: int = 0
     floor: int = 1  # groups the warm-up's clustering showed (guard = "floor")
+    groups: dict[str, int] = field(default_factory=dict)  # guard = "floor": client -> its warm-up group
+    group_refs: dict[int, np.ndarray] = field(default_factory=dict)  # warm-up group -> mean change (newcomers)
     examples: dict[str, int] = field(default_factory=dict)  # client -> samples of its latest reply
     stands_for: dict[str, int] = field(default_factory=dict)  # this round's representative -> its group's samples
 
@@ -103,7 +106,7 @@ class ClientSelection(ClusteredStrategy):
         self.previous_loss = None
         self.controller = None
         self.transmissions = 0
-        self.floor = 1
+        self.floor, self.groups, self.group_refs = 1, {}, {}
         self.examples, self.stands_for = {}, {}
 
     def round(self, server_round: int) -> Steps:
@@ -120,7 +123,7 @@ class ClientSelection(ClusteredStrategy):
         self.aggregate_clusters(replies if warmup else self.group_weighted(replies))
         self.remember(replies)
         if warmup:
-            self.floor = self.groups_shown()
+            self.learn_groups()
         loss = mean_train_loss(replies)
         self.round_extra["train_loss"] = loss
         ratio = loss_reduction_ratio(self.previous_loss, loss)
@@ -149,21 +152,32 @@ class ClientSelection(ClusteredStrategy):
             self.controller.set_floor(self.floor)
         return self.controller
 
-    def groups_shown(self) -> int:
-        """guard = "floor": the number of groups of the silhouette-best cut of the clients'
-        latest final-layer changes; every client with fewer than 3 (no cut to score); 1 with
-        guard = "none"."""
-        X = [self.latest[k] for k in sorted(self.latest, key=natural)]
-        if self.params.guard != "floor":
-            return 1
-        if len(X) < 3:
-            return max(len(X), 1)
-        return cluster_auto(np.stack(X), metric="l2", linkage=self.params.linkage).num_clusters
+    def learn_groups(self) -> None:
+        """guard = "floor": the groups of the silhouette-best cut of the clients' latest
+        final-layer changes (every client its own group with fewer than 3: no cut to score);
+        ``floor`` is their number (1 with guard = "none")."""
+        keys = sorted(self.latest, key=natural)
+        if self.params.guard != "floor" or not keys:
+            self.floor = 1
+            return
+        X = np.stack([self.latest[k] for k in keys])
+        labels = (np.arange(len(keys)) if len(keys) < 3 else
+                  cluster_auto(X, metric="l2", linkage=self.params.linkage).labels)
+        self.groups = {k: int(label) for k, label in zip(keys, labels)}
+        self.group_refs = cluster_references(X, labels)
+        self.floor = len(self.group_refs)
+
+    def group_of(self, key: str) -> int:
+        """A client's warm-up group; one that joined later goes to the group whose mean
+        warm-up change is nearest its latest change."""
+        if key not in self.groups:
+            self.groups[key] = nearest_cluster(self.latest[key], self.group_refs)[0]
+        return self.groups[key]
 
     def representatives(self) -> tuple[list[str], int]:
-        """Cut the clients' latest final layers into exactly p groups; one random reachable
-        client per group (a group with none reachable sits the round out). Reachable clients
-        with no latest model yet (newcomers) train too."""
+        """Cut the clients' latest final layers into exactly p groups (guard = "floor": the
+        warm-up's groups); one random reachable client per group (a group with none reachable
+        sits the round out). Reachable clients with no latest model yet (newcomers) train too."""
         started = time.perf_counter()
         known = sorted((k for k in self.placed() if k in self.latest), key=natural)
         reachable = set(self.reachable(known))
@@ -175,7 +189,10 @@ class ClientSelection(ClusteredStrategy):
             controller = self.count_controller()
             p = min(controller.set_floor(self.floor), len(known))
             self.round_extra.update({"p_rule": controller.p, "p_floor": controller.floor})
-            labels = cluster_into_k(X, p, metric="l2", linkage=self.params.linkage)
+            if self.params.guard == "floor":  # the warm-up's groups: later changes mix stale and fresh
+                labels = np.array([self.group_of(k) for k in known])
+            else:
+                labels = cluster_into_k(X, p, metric="l2", linkage=self.params.linkage)
             groups = 0
             for label in np.unique(labels):
                 group = [k for k, lab in zip(known, labels) if lab == label]
