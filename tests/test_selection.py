@@ -242,3 +242,10 @@ def test_selection_run_records_p_trains_p_clients_and_ignores_evaluation(small_c
     written = plot_run(loud.out_dir)
     assert (tmp_path / "loud" / "cluster_count.png") in written
     assert (tmp_path / "loud" / "cluster_count.png").stat().st_size > 0
+
+
+def test_floor_places_a_later_client_in_the_nearest_warmup_group():
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1)
+    drive_round(algorithm, 1, _by_group_losses(1.0))
+    algorithm.latest["late"] = algorithm.group_refs[2] + 0.1  # a change like group 2's
+    assert algorithm.group_of("late") == 2 == algorithm.groups["late"]

@@ -18,18 +18,19 @@ cluster trains, which cuts the transmissions.
    training loss (``w``, doubling step ``d``, ``hold-rounds``, ``stabilizer``).
 4. ``guard = "floor"`` (the default; choice, beyond the paper): at the end of the warm-up
    the clients' final-layer changes (every client trained from the same global model) are
-   cut where the silhouette is best (``cluster_auto``; one cluster when no cut shows
-   structure); that number of groups is the floor, and every later cut has exactly that
-   many groups, so every group the clustering shows keeps a representative. The rule still
-   runs (recorded as ``p_rule``) but only between 1 and the floor: below the floor one
-   client's data would train the global model alone (its own loss keeps falling, so the
-   rule keeps p there while the model forgets the other groups); above it, the rule's
-   doublings followed stalls of a noisy mean loss, not a missing group, and cost
-   transmissions without accuracy. Later rounds' latest changes are not used for the
-   floor: they mix clients that last trained in different rounds, and their silhouette-best
-   cut drifted below the groups (2 or 3 for 4 digit pairs) as the changes shrank.
+   cut where the silhouette is best (``cluster_auto``; one group when no cut shows
+   structure, every client its own group with fewer than 3). Every later round draws one
+   representative from each of these groups (a client that joins later goes to the group
+   whose mean warm-up change is nearest its latest change), weighted by its group's
+   samples instead of its own, so each round gives every group the weight FedAvg gives it.
+   The number of groups is the floor; the rule still runs (``p_rule``) but only between 1
+   and the floor, so the cut is the floor. Why: below it one client's data trains the
+   global model alone (its own loss keeps falling, so the rule keeps p there while the
+   model forgets the other groups); above it the rule's doublings follow stalls of a
+   noisy mean loss, not a missing group; later rounds' latest changes mix clients that
+   last trained in different rounds, and their cuts stopped matching the groups.
    ``guard = "none"`` is the paper's rule: p starts at the number of clients and may fall
-   to 1.
+   to 1; the cut into p groups is made anew every round.
 
 Partial participation (``fraction-train`` < 1): the paper's selection *is* its client
 sampling, so ``fraction-train`` is read as availability — each round only a random
@@ -73,8 +74,9 @@ class SelectionParams(StrategyParams):
         "average", description="linkage of the cut into p groups")
     guard: Literal["none", "floor"] = Field(
         "floor", description="none: the paper's rule (p starts at the number of clients and may fall to 1: one "
-                             "client then trains the global model); floor: every cut has as many groups as the "
-                             "silhouette-best cut of the warm-up's final-layer changes (the rule runs below it)")
+                             "client then trains the global model); floor: one representative, weighted by its "
+                             "group's samples, from each group of the silhouette-best cut of the warm-up's "
+                             "final-layer changes (the rule runs below that number)")
 
 
 @dataclass
