@@ -110,3 +110,29 @@ def test_validation():
         ClusterCountController(m=4, w=0.01, stabilizer="sa")
     with pytest.raises(ValueError):
         ClusterCountController(m=4, w=0.01, hold_rounds=-1)
+
+
+def test_floor_keeps_the_cut_at_the_clusters_while_the_rule_falls():
+    # Every round good: the paper's p falls 8 -> 7 -> 5 -> 1 and stays there (the collapse:
+    # one client trains the global model). With a floor of 4 the rule falls the same way but
+    # the cut stops at 4; bad rounds double the rule's p (1 -> 2 -> 4 -> 8) and the cut only
+    # grows once the rule's p has passed the floor.
+    ratios = [GOOD] * 5 + [BAD] * 3
+    paper = ClusterCountController(m=8, w=0.01)
+    assert run(paper, ratios) == [7, 5, 1, 1, 1, 2, 4, 8]
+    guarded = ClusterCountController(m=8, w=0.01)
+    assert guarded.set_floor(4) == 8
+    assert run(guarded, ratios) == [7, 5, 4, 4, 4, 4, 4, 8]
+    assert [s.rule_p for s in guarded.history] == [7, 5, 1, 1, 1, 2, 4, 8]
+    assert [s.action for s in guarded.history] == [s.action for s in paper.history]
+    assert all(s.floor == 4 for s in guarded.history)
+
+
+def test_floor_is_clipped_to_the_clients_and_follows_each_setting():
+    ctl = ClusterCountController(m=4, w=0.01)
+    assert run(ctl, [GOOD, GOOD, GOOD]) == [3, 1, 1]
+    assert ctl.set_floor(9) == 4 and ctl.floor == 4  # never more groups than clients
+    assert ctl.set_floor(0) == 1 and ctl.floor == 1  # nor fewer than one
+    assert ctl.set_floor(2) == 2
+    assert ctl.update(GOOD, 4) == 2
+    assert ctl.set_floor(1) == 1  # the clustering shows no groups any more: the paper's p

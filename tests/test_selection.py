@@ -67,26 +67,104 @@ def _by_group_losses(losses):
     return respond
 
 
+@pytest.mark.parametrize("guard, last_p", [("none", 1), ("floor", 4)])  # paper: collapses to 1
 @pytest.mark.parametrize("stabilizer", ["none", "annealing", "experience"])
-def test_selection_trains_exactly_p_clients_after_warmup(stabilizer):
+def test_selection_trains_exactly_p_clients_after_warmup(stabilizer, guard, last_p):
     algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=2, w=0.1, hold_rounds=0,
-                     stabilizer=stabilizer)
+                     stabilizer=stabilizer, guard=guard)
     respond = _by_group_losses(1.0)
     loss = 1.0
     for r in (1, 2):
         (asks,) = drive_round(algorithm, r, respond)
         assert len(asks) == 8 and algorithm.round_extra["p"] is None
-    expected_p = 8
+    # the paper starts at one cluster per client; the floor starts at the four groups the
+    # warm-up's clustering shows
+    expected_p = 8 if guard == "none" else 4
     for r in range(3, 12):
-        loss *= 0.5  # every round good: p falls 8, 7, 5, 1, 1, ...
+        loss *= 0.5  # every round good: the rule's p falls to 1 and stays there
         respond.loss = loss
         (asks,) = drive_round(algorithm, r, respond)
         extra = algorithm.round_extra
         assert extra["p"] == expected_p == len(asks) == extra["trained_clients"]
         assert extra["representatives"] == [a.key for a in asks]
         assert extra["models_exchanged"] == 2 * len(asks)
+        # the paper's p collapses to one client; the floor is the four groups the clustering shows
+        assert extra["p_floor"] == (4 if guard == "floor" else 1)
         expected_p = extra["p_next"]
-    assert expected_p == 1
+    assert expected_p == last_p == algorithm.controller.cut
+    assert algorithm.controller.p == 1  # the rule itself runs as in the paper
+    if guard == "floor":  # once at the floor, one representative of every group trains
+        assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("guard, cuts", [
+    ("none", [8, 7, 5, 1, 2, 4, 8]),  # the paper: three good rounds collapse p to 1, bad ones double it
+    ("floor", [4, 4, 4, 4, 4, 4, 4]),  # every cut keeps one representative of each of the 4 groups
+])
+def test_floor_holds_the_cut_at_the_groups_through_good_and_bad_rounds(guard, cuts):
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=2, w=0.1, hold_rounds=0, guard=guard)
+    respond = _by_group_losses(1.0)
+    for r in (1, 2):
+        drive_round(algorithm, r, respond)
+    used = []
+    for r, loss in enumerate([0.5, 0.25, 0.125, 0.2, 0.3, 0.4, 0.5], start=3):  # 3 good rounds, then 4 bad
+        respond.loss = loss
+        (asks,) = drive_round(algorithm, r, respond)
+        used.append(len(asks))
+        assert algorithm.round_extra["p"] == len(asks)
+        if guard == "floor":
+            assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
+            assert algorithm.round_extra["p_rule"] <= 4  # the rule only moves below the floor
+    assert used == cuts
+
+
+def test_floor_draws_from_the_warmup_groups_when_later_changes_lose_them():
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1, w=0.1, hold_rounds=0)
+    respond = _by_group_losses(1.0)
+    drive_round(algorithm, 1, respond)  # the warm-up's changes show the 4 groups
+    rng = np.random.default_rng(3)
+
+    def blurred(ask):  # later changes pair groups 0 with 3 and 1 with 2: a re-cut would mix them
+        out = trained(ask, 0.0)
+        out["fc2.bias"] = out["fc2.bias"] + np.float32(10.0 * (FOUR_GROUPS[ask.key] in (1, 2))) + rng.normal(
+            0, 0.01, 4).astype(np.float32)
+        return out, {}, 1.0
+
+    for r in range(2, 8):
+        (asks,) = drive_round(algorithm, r, blurred)
+        assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
+    assert algorithm.floor == 4 and algorithm.groups == FOUR_GROUPS
+
+
+def test_floor_keeps_every_client_when_too_few_to_cut():
+    algorithm = make(strategy_class("selection"), {"0": 0, "1": 1}, warmup_rounds=1, w=0.1, hold_rounds=0)
+    respond = _by_group_losses(1.0)
+    respond.loss = 1.0
+    drive_round(algorithm, 1, respond)
+    for r in range(2, 6):
+        respond.loss *= 0.5
+        (asks,) = drive_round(algorithm, r, respond)
+        assert len(asks) == 2
+
+
+def test_floor_is_one_when_the_clients_show_no_groups():
+    same = {str(i): 0 for i in range(8)}
+    algorithm = make(strategy_class("selection"), same, warmup_rounds=1, w=0.1, hold_rounds=0)
+    rng = np.random.default_rng(1)
+
+    def respond(ask):  # every client's final layer moves alike, up to noise: no structure to keep
+        out = trained(ask, 0.0)
+        for name in ("fc2.weight", "fc2.bias"):
+            out[name] = out[name] + np.float32(1.0) + rng.normal(0, 0.01, out[name].shape).astype(np.float32)
+        return out, {}, respond.loss
+
+    respond.loss = 1.0
+    drive_round(algorithm, 1, respond)
+    for r in range(2, 8):
+        respond.loss *= 0.5
+        drive_round(algorithm, r, respond)
+        assert algorithm.round_extra["p_floor"] == 1
+    assert algorithm.controller.cut == 1
 
 
 def test_representatives_come_one_from_each_cluster_of_latest_models():
@@ -102,7 +180,7 @@ def test_representatives_come_one_from_each_cluster_of_latest_models():
 
 
 def test_global_model_is_the_weighted_average_of_the_representatives():
-    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1)
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1, guard="none")
     drive_round(algorithm, 1, _by_group_losses(1.0))
     algorithm.count_controller().p = 2
     shifts = {k: float(k) for k in FOUR_GROUPS}
@@ -112,6 +190,31 @@ def test_global_model_is_the_weighted_average_of_the_representatives():
     keys = [a.key for a in asks]
     expected = sum(shifts[k] * examples[k] for k in keys) / sum(examples[k] for k in keys)
     np.testing.assert_allclose(algorithm.models[0]["fc1.weight"], before["fc1.weight"] + expected, rtol=1e-5)
+
+
+def test_floor_weighs_each_representative_by_its_groups_samples():
+    # groups of unequal size: the paper's weights (the representatives' own samples) would
+    # change every round with the draw; the floor's are the groups' totals, as FedAvg's
+    examples = {k: 10 * (int(k) + 1) for k in FOUR_GROUPS}
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1)
+    respond = _by_group_losses(1.0)
+    drive_round(algorithm, 1, respond, examples)
+    shifts = {k: float(k) for k in FOUR_GROUPS}
+    group_samples = {g: sum(n for k, n in examples.items() if FOUR_GROUPS[k] == g) for g in range(4)}
+    for r in (2, 3):
+        before = {n: v.copy() for n, v in algorithm.models[0].items()}
+
+        def moved(ask):
+            out = respond(ask)[0]  # its group's final-layer change, so the cut stays the groups
+            out["fc1.weight"] = before["fc1.weight"] + np.float32(shifts[ask.key])
+            return out
+
+        (asks,) = drive_round(algorithm, r, moved, examples)
+        keys = [a.key for a in asks]
+        assert sorted(FOUR_GROUPS[k] for k in keys) == [0, 1, 2, 3]
+        weights = [group_samples[FOUR_GROUPS[k]] for k in keys]
+        expected = sum(shifts[k] * w for k, w in zip(keys, weights)) / sum(weights)
+        np.testing.assert_allclose(algorithm.models[0]["fc1.weight"], before["fc1.weight"] + expected, rtol=1e-5)
 
 
 # ----------------------------------------------------------- a whole run (digits)
@@ -139,3 +242,10 @@ def test_selection_run_records_p_trains_p_clients_and_ignores_evaluation(small_c
     written = plot_run(loud.out_dir)
     assert (tmp_path / "loud" / "cluster_count.png") in written
     assert (tmp_path / "loud" / "cluster_count.png").stat().st_size > 0
+
+
+def test_floor_places_a_later_client_in_the_nearest_warmup_group():
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1)
+    drive_round(algorithm, 1, _by_group_losses(1.0))
+    algorithm.latest["late"] = algorithm.group_refs[2] + 0.1  # a change like group 2's
+    assert algorithm.group_of("late") == 2 == algorithm.groups["late"]

@@ -11,6 +11,14 @@ and after a change p is held for ``hold_rounds`` rounds. Stabilizers, applied wh
   experience: keep p with probability (good + 1) / (good + bad + 2), the Laplace-smoothed
               share of earlier rounds at this p with r > w (good) vs r <= w (bad).
 A kept p also ends a run of good rounds, so d is reset to 1 (choice).
+
+Floor (choice, beyond the paper): ``floor`` is the least number of clusters the cut may
+have, set by the caller each round (the selection sets it to the number of groups its
+clients' clustering shows). The rule above runs unchanged on its own p; the cut, which
+``update`` returns, is ``max(p, floor)``. With the default floor of 1 the cut is the
+paper's p, which may fall to 1: one client then trains the global model on its own data
+alone, its training loss keeps falling, so the rule keeps p at 1 while the global model
+forgets every other group.
 """
 
 from __future__ import annotations
@@ -43,13 +51,18 @@ class CountStep:
 
     round: int
     ratio: float | None
-    p: int
+    p: int  # the cut for the next round: max(the rule's p, floor)
     d: int
     action: str  # no-signal | hold | decrease | increase | keep
+    # defaults: a checkpoint written before the floor existed restores without them
+    rule_p: int | None = None  # the paper's rule's own p
+    floor: int = 1
 
 
 class ClusterCountController:
-    """State machine for p. ``update(r, round)`` returns p for the next round."""
+    """State machine for p. ``update(r, round)`` returns the cut for the next round."""
+
+    floor = 1  # class default: a checkpoint written before the floor existed restores with it
 
     def __init__(
         self,
@@ -79,7 +92,18 @@ class ClusterCountController:
         self.d = 1
         self.hold_left = 0
         self.experience: dict[int, list[int]] = {}  # p -> [good, bad] rounds spent at p
+        self.floor = 1
         self.history: list[CountStep] = []
+
+    @property
+    def cut(self) -> int:
+        """Number of clusters to cut into: the rule's p, never below ``floor``."""
+        return max(self.p, min(self.floor, self.m))
+
+    def set_floor(self, floor: int) -> int:
+        """Set the least number of clusters of the cut (clipped to [1, m]); returns the cut."""
+        self.floor = min(max(int(floor), 1), self.m)
+        return self.cut
 
     def annealing_keep_probability(self, round: int) -> float:
         return 1.0 - math.exp(-max(int(round), 0) / self.anneal_tau)
@@ -90,7 +114,7 @@ class ClusterCountController:
 
     def update(self, loss_reduction_ratio: float | None, round: int) -> int:
         """Feed round ``round``'s loss-reduction ratio (None: no signal, e.g. the first
-        round); returns p for the next round."""
+        round); returns the cut for the next round (``cut``: p, never below ``floor``)."""
         r = loss_reduction_ratio
         if r is None or not math.isfinite(r):
             return self._record(round, None, "no-signal")
@@ -119,5 +143,5 @@ class ClusterCountController:
         return self._record(round, r, action)
 
     def _record(self, round: int, r: float | None, action: str) -> int:
-        self.history.append(CountStep(int(round), r, self.p, self.d, action))
-        return self.p
+        self.history.append(CountStep(int(round), r, self.cut, self.d, action, self.p, self.floor))
+        return self.cut

@@ -16,6 +16,21 @@ cluster trains, which cuts the transmissions.
 3. ``p`` starts at the number of clients and follows the TCP-like rule of
    ``clustering.cluster_count`` on the loss-reduction ratio of the mean participant
    training loss (``w``, doubling step ``d``, ``hold-rounds``, ``stabilizer``).
+4. ``guard = "floor"`` (the default; choice, beyond the paper): at the end of the warm-up
+   the clients' final-layer changes (every client trained from the same global model) are
+   cut where the silhouette is best (``cluster_auto``; one group when no cut shows
+   structure, every client its own group with fewer than 3). Every later round draws one
+   representative from each of these groups (a client that joins later goes to the group
+   whose mean warm-up change is nearest its latest change), weighted by its group's
+   samples instead of its own, so each round gives every group the weight FedAvg gives it.
+   The number of groups is the floor; the rule still runs (``p_rule``) but only between 1
+   and the floor, so the cut is the floor. Why: below it one client's data trains the
+   global model alone (its own loss keeps falling, so the rule keeps p there while the
+   model forgets the other groups); above it the rule's doublings follow stalls of a
+   noisy mean loss, not a missing group; later rounds' latest changes mix clients that
+   last trained in different rounds, and their cuts stopped matching the groups.
+   ``guard = "none"`` is the paper's rule: p starts at the number of clients and may fall
+   to 1; the cut into p groups is made anew every round.
 
 Partial participation (``fraction-train`` < 1): the paper's selection *is* its client
 sampling, so ``fraction-train`` is read as availability — each round only a random
@@ -26,7 +41,8 @@ among its reachable members; a group with none reachable does not train this rou
 reachable client with no latest model yet trains too. With ``fraction-train = 1`` every
 client is reachable: the paper's scheme.
 
-rounds.jsonl records, every round: ``p`` (the cut used), ``p_next``, the rule's action,
+rounds.jsonl records, every round: ``p`` (the cut used), ``p_rule`` (the rule's own p),
+``p_floor``, ``p_next``, the rule's action,
 the ratio, the representatives and ``models_exchanged`` (models sent down plus models
 sent up: 2 per trained client; the runner's ``transmissions`` counts the replies).
 """
@@ -34,13 +50,14 @@ sent up: 2 per trained client; the runner's ``transmissions`` counts the replies
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import numpy as np
 from pydantic import Field
 
-from clusterfed.clustering import ClusterCountController, cluster_into_k, loss_reduction_ratio
+from clusterfed.clustering import (ClusterCountController, cluster_auto, cluster_into_k, cluster_references,
+                                   loss_reduction_ratio, nearest_cluster)
 from clusterfed.models.layers import select_layers
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams, mean_train_loss
 from clusterfed.strategies.exchange import TrainReply, natural
@@ -55,6 +72,11 @@ class SelectionParams(StrategyParams):
                               description="annealing: keep p with probability 1 - exp(-round / anneal-tau)")
     linkage: Literal["average", "single", "complete", "ward"] = Field(
         "average", description="linkage of the cut into p groups")
+    guard: Literal["none", "floor"] = Field(
+        "floor", description="none: the paper's rule (p starts at the number of clients and may fall to 1: one "
+                             "client then trains the global model); floor: one representative, weighted by its "
+                             "group's samples, from each group of the silhouette-best cut of the warm-up's "
+                             "final-layer changes (the rule runs below that number)")
 
 
 @dataclass
@@ -64,6 +86,11 @@ class SelectionState(ClusteredState):
     previous_loss: float | None = None
     controller: ClusterCountController | None = None
     transmissions: int = 0
+    floor: int = 1  # groups the warm-up's clustering showed (guard = "floor")
+    groups: dict[str, int] = field(default_factory=dict)  # guard = "floor": client -> its warm-up group
+    group_refs: dict[int, np.ndarray] = field(default_factory=dict)  # warm-up group -> mean change (newcomers)
+    examples: dict[str, int] = field(default_factory=dict)  # client -> samples of its latest reply
+    stands_for: dict[str, int] = field(default_factory=dict)  # this round's representative -> its group's samples
 
 
 class ClientSelection(ClusteredStrategy):
@@ -81,6 +108,8 @@ class ClientSelection(ClusteredStrategy):
         self.previous_loss = None
         self.controller = None
         self.transmissions = 0
+        self.floor, self.groups, self.group_refs = 1, {}, {}
+        self.examples, self.stands_for = {}, {}
 
     def round(self, server_round: int) -> Steps:
         self.clustering_seconds, self.round_extra = 0.0, {}
@@ -93,8 +122,10 @@ class ClientSelection(ClusteredStrategy):
         else:
             trainers, p = self.representatives()
         replies = yield self.train_asks(server_round, trainers)
-        self.aggregate_clusters(replies)
+        self.aggregate_clusters(replies if warmup else self.group_weighted(replies))
         self.remember(replies)
+        if warmup:
+            self.learn_groups()
         loss = mean_train_loss(replies)
         self.round_extra["train_loss"] = loss
         ratio = loss_reduction_ratio(self.previous_loss, loss)
@@ -114,30 +145,64 @@ class ClientSelection(ClusteredStrategy):
 
     def count_controller(self) -> ClusterCountController:
         if self.controller is None:
+            # guard = "floor": the rule's p lives in [1, floor] (starting at the floor) and the
+            # cut never goes below the floor, so the cut is the groups the warm-up showed
+            top = max(len(self.active), 1) if self.params.guard == "none" else max(self.floor, 1)
             self.controller = ClusterCountController(
-                m=max(len(self.active), 1), w=self.params.w, hold_rounds=self.params.hold_rounds,
+                m=top, w=self.params.w, hold_rounds=self.params.hold_rounds,
                 stabilizer=self.params.stabilizer, rng=self.rng, anneal_tau=self.params.anneal_tau)
+            self.controller.set_floor(self.floor)
         return self.controller
 
+    def learn_groups(self) -> None:
+        """guard = "floor": the groups of the silhouette-best cut of the clients' latest
+        final-layer changes (every client its own group with fewer than 3: no cut to score);
+        ``floor`` is their number (1 with guard = "none")."""
+        keys = sorted(self.latest, key=natural)
+        if self.params.guard != "floor" or not keys:
+            self.floor = 1
+            return
+        X = np.stack([self.latest[k] for k in keys])
+        labels = (np.arange(len(keys)) if len(keys) < 3 else
+                  cluster_auto(X, metric="l2", linkage=self.params.linkage).labels)
+        self.groups = {k: int(label) for k, label in zip(keys, labels)}
+        self.group_refs = cluster_references(X, labels)
+        self.floor = len(self.group_refs)
+
+    def group_of(self, key: str) -> int:
+        """A client's warm-up group; one that joined later goes to the group whose mean
+        warm-up change is nearest its latest change."""
+        if key not in self.groups:
+            self.groups[key] = nearest_cluster(self.latest[key], self.group_refs)[0]
+        return self.groups[key]
+
     def representatives(self) -> tuple[list[str], int]:
-        """Cut the clients' latest final layers into exactly p groups; one random reachable
-        client per group (a group with none reachable sits the round out). Reachable clients
-        with no latest model yet (newcomers) train too."""
+        """Cut the clients' latest final layers into exactly p groups (guard = "floor": the
+        warm-up's groups); one random reachable client per group (a group with none reachable
+        sits the round out). Reachable clients with no latest model yet (newcomers) train too."""
         started = time.perf_counter()
         known = sorted((k for k in self.placed() if k in self.latest), key=natural)
         reachable = set(self.reachable(known))
         fresh = [k for k in self.reachable(self.placed()) if k not in self.latest]
-        p = min(self.count_controller().p, len(known)) if known else 0
-        chosen = []
+        chosen, p = [], 0
+        self.stands_for = {}
         if known:
             X = np.stack([self.latest[k] for k in known])
-            labels = cluster_into_k(X, p, metric="l2", linkage=self.params.linkage)
+            controller = self.count_controller()
+            p = min(controller.set_floor(self.floor), len(known))
+            self.round_extra.update({"p_rule": controller.p, "p_floor": controller.floor})
+            if self.params.guard == "floor":  # the warm-up's groups: later changes mix stale and fresh
+                labels = np.array([self.group_of(k) for k in known])
+            else:
+                labels = cluster_into_k(X, p, metric="l2", linkage=self.params.linkage)
             groups = 0
             for label in np.unique(labels):
-                members = [k for k, lab in zip(known, labels) if lab == label and k in reachable]
+                group = [k for k, lab in zip(known, labels) if lab == label]
+                members = [k for k in group if k in reachable]
                 groups += 1
                 if members:
                     chosen.append(members[int(self.rng.integers(len(members)))])
+                    self.stands_for[chosen[-1]] = sum(self.examples.get(k, 0) for k in group)
             # SciPy never splits a tie, so a cut may have fewer than p groups: top up at random
             rest = [k for k in known if k not in chosen and k in reachable]
             missing = min(p - groups, len(rest))
@@ -146,12 +211,22 @@ class ClientSelection(ClusteredStrategy):
         self.clustering_seconds += time.perf_counter() - started
         return sorted(chosen + fresh, key=natural), p
 
+    def group_weighted(self, replies: list[TrainReply]) -> list[TrainReply]:
+        """guard = "floor": each representative's model weighs as much as the samples of the
+        group it stands for (the paper: its own samples), so every round's average gives each
+        group the weight FedAvg gives it, whichever member was drawn."""
+        if self.params.guard != "floor":
+            return replies
+        return [replace(r, num_examples=self.stands_for.get(r.key) or r.num_examples) for r in replies]
+
     def remember(self, replies: list[TrainReply]) -> None:
         for reply in replies:
+            self.examples[reply.key] = int(reply.num_examples)
             update = reply.update
             self.latest[reply.key] = np.concatenate([update[n].ravel() for n in self.layer_keys]).astype(np.float64)
 
     def cluster_state(self) -> dict:
         history = self.controller.history if self.controller else []
-        return {"p_history": [{"round": s.round, "p": s.p, "d": s.d, "action": s.action, "ratio": s.ratio}
-                              for s in history], "transmissions": self.transmissions}
+        return {"p_history": [{"round": s.round, "p": s.p, "p_rule": s.rule_p, "floor": s.floor, "d": s.d,
+                               "action": s.action, "ratio": s.ratio} for s in history],
+                "transmissions": self.transmissions}
