@@ -94,6 +94,7 @@ health=$(sed -n '/^x-health-check:/,/^$/p' "$HERE/compose.yml" | sed '1d;/^$/d;s
       - --port=9094
       - --node-config=client-key="device-$n" data-path="/data/part-$((n - 1)).npz"
     restart: on-failure
+    init: true
     depends_on:
       superlink:
         condition: service_healthy
@@ -112,6 +113,7 @@ health=$(sed -n '/^x-health-check:/,/^$/p' "$HERE/compose.yml" | sed '1d;/^$/d;s
     volumes:
       - ./data/part-$((n - 1)).npz:/data/part-$((n - 1)).npz:ro  # the ClientApp, not the SuperNode, reads data-path
     restart: on-failure
+    init: true
     depends_on:
       supernode-$n:
         condition: service_healthy

@@ -3,7 +3,7 @@
 # federation for real, as docs/deployment.md (Containers) tells an operator to:
 #   plain  docker/prepare.sh (DEVICES=6, 2 groups), compose.yml + compose.devices.yml up; every
 #          service is killed (kill -9 of its process) once and must come back; a FedClust run
-#          (`flwr run --stream`) whose status.json must say "ok" and whose clusters are the groups
+#          (`flwr run --stream`, 2 rounds) whose status.json must say "ok" and whose clusters are the groups
 #   tls    the same with compose.tls.yml + compose.devices.tls.yml, `restart` of the SuperLink,
 #          and the recovery check: during the FedClust run a SuperNode and another device's
 #          ClientApp container are killed (kill -9) and the SuperLink is stopped and started;
@@ -31,7 +31,7 @@
 #
 # Environment: CLUSTERFED_CACHE (default /var/cache/clusterfed), CLUSTERFED_VENV (the host's
 # venv with `clusterfed` and `flwr`, default .venv: `make test-containers` creates it),
-# DEVICES (6), ROUNDS (6: the TLS run; the plain one runs 3), KEEP_UP=1 (leave the TLS
+# DEVICES (6), ROUNDS (4: the TLS run; the plain one runs 2), KEEP_UP=1 (leave the TLS
 # federation running). Steps: scripts/test-containers.sh [setup] [base] [images] [plain] [tls]
 # (default: all).
 set -euo pipefail
@@ -45,7 +45,7 @@ BASE_IMAGE=localhost/clusterfed-py311:bookworm
 PROJECT=clusterfed
 PORT=9093
 DEVICES=${DEVICES:-6}
-ROUNDS=${ROUNDS:-6}
+ROUNDS=${ROUNDS:-4}
 LOCAL_TORCH=${LOCAL_TORCH:-2.13.0}
 mkdir -p "$CACHE" "$RESULTS"
 TIMINGS=$CACHE/timings.txt
@@ -268,14 +268,14 @@ federation() {
         printf '[superlink.%s]\naddress = "127.0.0.1:%s"\ninsecure = true\n' "$CONNECTION" "$PORT" > "$home/config.toml"
     fi
     local out=containers-$mode rounds=$ROUNDS
-    [ "$mode" = tls ] || rounds=3
+    [ "$mode" = tls ] || rounds=2
     local config="strategy=\"fedclust\" num-clients=$DEVICES min-clients=$DEVICES rounds=$rounds \
-partitioner=\"label-groups\" label-groups=\"0-4;5-9\" absent-after=1 timeout=120.0 \
+partitioner=\"label-groups\" label-groups=\"0-4;5-9\" absent-after=2 timeout=300.0 \
 resume-from=\"auto\" out-dir=\"results/$out\""
     export FLWR_HOME=$home
     local flwr=$VENV/bin/flwr
     if [ "$mode" = plain ]; then
-        (cd "$ROOT" && timed "flwr_run_$mode" timeout 900 "$flwr" run . "$CONNECTION" --stream \
+        (cd "$ROOT" && timed "flwr_run_$mode" timeout 1800 "$flwr" run . "$CONNECTION" --stream \
             --run-config "$config") > "$CACHE/flwr_run_$mode.log" 2>&1 || tail -40 "$CACHE/flwr_run_$mode.log" >&2
     else
         recovery_run "$out" "$config"
@@ -286,7 +286,7 @@ resume-from=\"auto\" out-dir=\"results/$out\""
     local host=$CACHE/results-$mode
     rm -rf "$host" && mkdir -p "$host"
     "$CACHE/tools/bin/podman-compose" --project-name "$PROJECT" "${files[@]}" exec -T serverapp \
-        tar -C /app/results -cf - "$out" 2>> "$NOISE" | tar -xf - -C "$host"
+        tar -C /app/results -cf - "$out" 2>> "$NOISE" | tar -xf - --no-same-owner -C "$host"
     if [ ! -f "$host/$out/status.json" ]; then
         echo "no status.json from the $mode run on the host: see $CACHE/flwr_run_$mode.log" >&2
         podman logs --tail 40 "$(container serverapp)" >&2 || true
@@ -303,7 +303,8 @@ resume-from=\"auto\" out-dir=\"results/$out\""
     else
         timed "down_$mode" compose "${files[@]}" down -v
     fi
-    "$VENV/bin/python" "$ROOT/scripts/containers/report.py" check "$RESULTS" "$mode" "$DEVICES" "$rounds"
+    "$VENV/bin/python" "$ROOT/scripts/containers/report.py" check "$RESULTS" "$mode" "$DEVICES" "$rounds" \
+        || FAILED+=("$mode")
 }
 
 # recovery_run OUT CONFIG: the TLS run with crashes and a SuperLink stop/start in the middle
@@ -314,11 +315,11 @@ recovery_run() {
     event "run_id $run_id"
     # the operator's view: `flwr log --stream`, which ends when the SuperLink goes away
     stream=$(follow "$run_id" 1)
-    wait_until "round 1" 600 '[ "$(rounds_done '"$out"')" -ge 1 ]'
+    wait_until "round 1" 900 '[ "$(rounds_done '"$out"')" -ge 1 ]'
     crash supernode-2
     crash clientapp-3
     event "killed_after_round $(rounds_done "$out")"
-    wait_until "round 3" 600 '[ "$(rounds_done '"$out"')" -ge 3 ]'
+    wait_until "round 2" 900 '[ "$(rounds_done '"$out"')" -ge 2 ]'
     event "superlink_stopped_after_round $(rounds_done "$out")"
     podman stop "$(container superlink)" >> "$NOISE" 2>&1
     sleep 10
@@ -381,6 +382,7 @@ report() {
     "$VENV/bin/python" "$ROOT/scripts/containers/report.py" write "$CACHE" "$RESULTS" "$DEVICES" "$ROUNDS"
 }
 
+FAILED=()
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
     steps=(setup base images plain tls)
@@ -394,3 +396,7 @@ for step in "${steps[@]}"; do
 done
 report
 log "results in $RESULTS"
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "containers: the ${FAILED[*]} check failed (see above and $RESULTS/result.json)" >&2
+    exit 1
+fi

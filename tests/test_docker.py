@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -95,9 +96,9 @@ def _program(service):
 def test_dockerfile_builds_on_the_superexec_image_of_our_flower_version_as_non_root():
     text = (DOCKER / "Dockerfile").read_text()
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    flwr = next(dep for dep in deps if dep.startswith("flwr"))
-    version = re.search(r"(\d+\.\d+\.\d+)", flwr).group(1)
-    assert f"ARG FLWR_VERSION={version}" in text and "FROM flwr/superexec:${FLWR_VERSION}" in text
+    flwr = next(Requirement(dep) for dep in deps if Requirement(dep).name == "flwr")
+    version = re.search(r"^ARG FLWR_VERSION=(\S+)$", text, flags=re.M).group(1)
+    assert flwr.specifier.contains(version) and "FROM flwr/superexec:${FLWR_VERSION}" in text
     users = re.findall(r"^USER (\S+)", text, flags=re.M)
     assert users and users[-1].split(":")[0] not in ("root", "0")
 
@@ -137,7 +138,7 @@ def test_every_service_restarts_after_a_crash_and_waits_only_on_services_that_ke
     # a dependency on a one-shot container (exited) stops podman from restarting the dependant
     services = _merged(prepared, *files)
     for name, spec in services.items():
-        assert spec["restart"] == "on-failure", name
+        assert spec["restart"] == "on-failure" and spec["init"] is True, name
         for needed in spec.get("depends_on", {}):
             assert services[needed]["restart"] == "on-failure", (name, needed)
 

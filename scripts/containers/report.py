@@ -93,7 +93,7 @@ def write(cache: Path, results: Path, devices: int, rounds: int) -> None:
             "clients_absent_per_round": [r.get("clients_absent") for r in records],
             "clients_known_last_round": records[-1].get("clients_known") if records else None,
             "wall_seconds": summary.get("wall_seconds"),
-            "problems": problems(results, mode, devices, rounds if mode == "tls" else 3),
+            "problems": problems(results, mode, devices, rounds if mode == "tls" else 2),
             "containers": _text(cache / f"ps_{mode}.txt").splitlines(),
             "results_on_host": _text(cache / f"results_listing_{mode}.txt").splitlines(),
         }
@@ -102,7 +102,7 @@ def write(cache: Path, results: Path, devices: int, rounds: int) -> None:
     result.update({
         "what": f"docker/Dockerfile's images built with podman; the compose federation ({devices} devices in 2 "
                 "groups, docker/prepare.sh) run plain and with TLS: every service killed once (kill -9) and "
-                f"back; FedClust via `flwr run`, 3 rounds plain, {rounds} with TLS, where a SuperNode and "
+                f"back; FedClust via `flwr run`, 2 rounds plain, {rounds} with TLS, where a SuperNode and "
                 "another device's ClientApp container are killed and the SuperLink is stopped and started "
                 "mid-run",
         "host": "x86_64, 2 shared cores, Debian 12, rootful podman (runc, cgroups v1, netavark)",
