@@ -178,16 +178,7 @@ pid_of() { podman inspect --format '{{.State.Pid}}' "$(container "$1")"; }
 # wait_healthy SERVICE SECONDS: podman 4.3 runs no health checks by itself here (no systemd
 # timers): run the container's own check by hand until it passes
 wait_healthy() {
-    local name t0=$SECONDS
-    name=$(container "$1")
-    until podman healthcheck run "$name" >/dev/null 2>&1; do
-        if [ $((SECONDS - t0)) -ge "$2" ]; then
-            echo "$name not healthy after ${2}s" >&2
-            podman logs --tail 30 "$name" >&2 || true
-            return 1
-        fi
-        sleep 2
-    done
+    wait_until "$1 to be healthy" "$2" "podman healthcheck run $(container "$1") >/dev/null 2>&1" "$1"
 }
 
 # crash SERVICE: kill -9 the container's process (a crash, not `podman stop`/`kill`, which the
@@ -236,7 +227,8 @@ federation() {
     local files=() f
     for f in "$@"; do files+=(-f "$ROOT/docker/$f"); done
     log "federation $mode: ${*}"
-    compose "${files[@]}" down -v || true
+    # what an earlier run left (the device files exist once prepare.sh has run)
+    if [ -f "$ROOT/docker/compose.devices.yml" ]; then compose "${files[@]}" down -v > /dev/null 2>&1 || true; fi
     # the documented data step, then up -d without --build (the images were built and timed above)
     CLUSTERFED="$VENV/bin/clusterfed" DEVICES=$DEVICES "$ROOT/docker/prepare.sh" > "$CACHE/prepare_$mode.log"
     timed "up_$mode" compose "${files[@]}" up -d
@@ -360,13 +352,14 @@ unfollow() {
     fi
 }
 
-# wait_until WHAT SECONDS CONDITION
+# wait_until WHAT SECONDS CONDITION [SERVICE]: poll CONDITION; past SECONDS show SERVICE's log
+# (default: the ServerApp executor's) and fail
 wait_until() {
     local t0=$SECONDS
     until eval "$3"; do
         if [ $((SECONDS - t0)) -ge "$2" ]; then
             echo "gave up waiting for $1 after ${2}s" >&2
-            podman logs --tail 40 "$(container serverapp)" >&2 || true
+            podman logs --tail 40 "$(container "${4:-serverapp}")" >&2 || true
             return 1
         fi
         sleep 3
@@ -389,6 +382,7 @@ if [ ${#steps[@]} -eq 0 ]; then
     : > "$TIMINGS"
     : > "$EVENTS"
     : > "$CACHE/image_contents.txt"
+    : > "$NOISE"
 fi
 date +%s > "$CACHE/started.txt"
 for step in "${steps[@]}"; do

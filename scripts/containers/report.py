@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from datetime import datetime, timezone
 import sys
 from pathlib import Path
 
@@ -118,10 +119,12 @@ def write(cache: Path, results: Path, devices: int, rounds: int) -> None:
     result.pop("date", None)
     path.write_text(json.dumps(result, indent=1) + "\n")
     manifest = start_manifest({"devices": devices, "rounds": rounds},
-                              command=["make", "test-containers"])
+                              command=["scripts/test-containers.sh"])
     started = _text(cache / "started.txt")
-    if started:
+    if started:  # the script started long before this report: its start, not this one's
         manifest["_t0"] = float(started)
+        manifest["started"] = datetime.fromtimestamp(float(started), timezone.utc).isoformat(timespec="seconds")
+        manifest["machine"]["load_average_start"] = None
     write_manifest(results, manifest, versions_engine=result["versions"])
     _write_readme(results / "README.md", result)
 
