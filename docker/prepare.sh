@@ -12,8 +12,8 @@
 #   compose.devices.yml                     supernode-<n> + clientapp-<n> for n = 1 .. DEVICES
 #   compose.devices.tls.yml                 their TLS overlay
 # Environment: DEVICES (6), DATASET (digits), LABEL_GROUPS ("0-4;5-9"), MIN_SAMPLES (samples per
-# device at least, 600 / DEVICES), CERT_NAMES (more names or IPs for the certificate, e.g. the host's name for devices elsewhere), CLUSTERFED (the
-# clusterfed command, default `clusterfed` on PATH).
+# device at least, 600 / DEVICES), CERT_NAMES (more names or IPs for the certificate, e.g. the
+# host's name for devices elsewhere), CLUSTERFED (the clusterfed command, default `clusterfed`).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -197,7 +197,7 @@ crash() {
         fi
         sleep 1
     done
-    event "restarted_after_kill_9 $service $((SECONDS - t0))"
+    event "restarted_after_kill_9_$MODE $service $((SECONDS - t0))"
 }
 
 services() {
@@ -214,6 +214,8 @@ wait_all_healthy() {
 
 volume_dir() { podman volume inspect "${PROJECT}_results" --format '{{.Mountpoint}}'; }
 rounds_done() { awk 'END { print NR }' "$(volume_dir)/$1/rounds.jsonl" 2>/dev/null || echo 0; }
+rounds_at_least() { [ "$(rounds_done "$1")" -ge "$2" ]; }
+run_ended() { case $(run_status "$1") in ok | failed) return 0 ;; *) return 1 ;; esac; }
 run_status() {
     python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("status", "?"))' \
         "$(volume_dir)/$1/status.json" 2>/dev/null || echo none
@@ -224,6 +226,7 @@ run_status() {
 federation() {
     local mode=$1
     shift
+    MODE=$mode
     local files=() f
     for f in "$@"; do files+=(-f "$ROOT/docker/$f"); done
     log "federation $mode: ${*}"
@@ -307,11 +310,11 @@ recovery_run() {
     event "run_id $run_id"
     # the operator's view: `flwr log --stream`, which ends when the SuperLink goes away
     stream=$(follow "$run_id" 1)
-    wait_until "round 1" 900 '[ "$(rounds_done '"$out"')" -ge 1 ]'
+    wait_until "round 1" 900 "rounds_at_least $out 1"
     crash supernode-2
     crash clientapp-3
     event "killed_after_round $(rounds_done "$out")"
-    wait_until "round 2" 900 '[ "$(rounds_done '"$out"')" -ge 2 ]'
+    wait_until "round 2" 900 "rounds_at_least $out 2"
     event "superlink_stopped_after_round $(rounds_done "$out")"
     podman stop "$(container superlink)" >> "$NOISE" 2>&1
     sleep 10
@@ -320,12 +323,12 @@ recovery_run() {
     unfollow "$stream" 1 30
     # reattach, as the docs say
     stream=$(follow "$run_id" 2)
-    wait_until "the run to end" 900 '[ "$(run_status '"$out"')" = ok ] || [ "$(run_status '"$out"')" = failed ]'
+    wait_until "the run to end" 900 "run_ended $out"
     if [ "$(run_status "$out")" = failed ]; then
         # the same command again: resume-from="auto" continues from out-dir's checkpoint
         event "resubmitted_after_failure 1"
         (cd "$ROOT" && "$flwr" run . "$CONNECTION" --format json --run-config "$config") >> "$CACHE/flwr_run_tls.log"
-        wait_until "the resumed run to end" 900 '[ "$(run_status '"$out"')" = ok ] || [ "$(run_status '"$out"')" = failed ]'
+        wait_until "the resumed run to end" 900 "run_ended $out"
     fi
     unfollow "$stream" 2 60
     echo "flwr_run_tls $((SECONDS - t0))" >> "$TIMINGS"
