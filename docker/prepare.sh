@@ -45,7 +45,7 @@ sudo rm -r '$HERE/data' '$HERE/certs'), then run docker/prepare.sh again."
     fi
 done
 command -v "$CLUSTERFED" >/dev/null \
-    || fail "'$CLUSTERFED' not found: install clusterfed on this host (pip install -e \".[server]\" in a venv) or set CLUSTERFED=/path/to/venv/bin/clusterfed"
+    || fail "'$CLUSTERFED' not found: install clusterfed on this host (pip install -e . in a venv) or set CLUSTERFED=/path/to/venv/bin/clusterfed"
 command -v openssl >/dev/null || fail "openssl not found (apt-get install openssl)"
 if [ -f "$HERE/certs/server.pem" ] \
     && ! openssl x509 -in "$HERE/certs/server.pem" -noout -text | grep -q "DNS:supernode-$DEVICES\b"; then
