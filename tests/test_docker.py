@@ -112,6 +112,7 @@ def test_dockerfile_installs_a_cpu_torch_first_and_keeps_it():
     assert install.index("${TORCH}") < install.index('".${EXTRAS}"')
     assert "--constraint /tmp/torch-constraints.txt" in install and "--retries 0" in install
     assert "torch.version.cuda" in install  # a CUDA build that slipped in fails the build
+    assert "pip uninstall -y -q torchvision" in install  # one that cannot import beside this torch goes
     # the wheels folder exists in a fresh clone and is part of the build context
     assert (DOCKER / "wheels" / "README.md").is_file()
     assert "!docker/wheels/" in (ROOT / ".dockerignore").read_text().split()
