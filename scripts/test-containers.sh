@@ -1,27 +1,39 @@
 #!/usr/bin/env bash
 # make test-containers: build docker/Dockerfile's images with podman and run the compose
-# federation for real (plain, then with the TLS overlay): a short `flwr run` whose
-# out-dir/status.json must say "ok". Writes benchmarks/results/containers/ (commands,
-# durations, image sizes, each run's status.json).
+# federation for real, as docs/deployment.md (Containers) tells an operator to:
+#   plain  docker/prepare.sh (DEVICES=6, 2 groups), compose.yml + compose.devices.yml up; every
+#          service is killed (kill -9 of its process) once and must come back; a FedClust run
+#          (`flwr run --stream`, 2 rounds) whose status.json must say "ok" and whose clusters are the groups
+#   tls    the same with compose.tls.yml + compose.devices.tls.yml, `restart` of the SuperLink,
+#          and the recovery check: during the FedClust run a SuperNode and another device's
+#          ClientApp container are killed (kill -9) and the SuperLink is stopped and started;
+#          the run must end "ok" with every round in rounds.jsonl, every device back in the last
+#          round, and the results copied to the host (`compose exec -T serverapp tar ...`)
+# Writes benchmarks/results/containers/ (result.json, README.md between its generated-section
+# markers, manifest.json, each run's status/summary/clusters files); hand-written README lines
+# and result.json keys the script does not write are kept.
 #
 # Works from a fresh clone on Debian 12 as root: installs podman, buildah, runc, netavark,
-# aardvark-dns, iptables, debootstrap (apt) and podman-compose (PyPI, into a venv under the
-# cache), writes /etc/containers/containers.conf, and builds local base images, because no
-# container registry is reachable here:
+# aardvark-dns, iptables, debootstrap (apt) and podman-compose 1.6.0 (PyPI, into a venv under
+# the cache; Debian's 1.0.3 is not used), writes /etc/containers/containers.conf, and builds
+# local base images, because no container registry is reachable here:
 #   localhost/clusterfed-py311:bookworm      Debian 12 minbase + python3 (debootstrap), with this
 #                                            machine's CA bundle (pip in builds trusts what the
 #                                            machine's pip trusts: PIP_CERT / local CAs)
 #   docker.io/flwr/{superlink,supernode,superexec}:1.41.0
 #                                            stand-ins (scripts/containers/flwr-standin.Containerfile)
-#   docker.io/library/alpine:3.20            stand-in for the TLS overlay's one-shot `certs`
-#                                            service (the base: sh + openssl)
 # With Docker and a registry none of this is needed: see docs/deployment.md, Containers.
+#
+# torch in the images: TORCH_INDEX set → from there (TORCH as the Dockerfile's default unless set);
+# else a torch wheel in docker/wheels/; else PyTorch's CPU index if it answers within 10 s; else
+# the CPU wheel this machine's pip has (`pip download torch==$LOCAL_TORCH`, 2.13.0+cpu here),
+# copied to docker/wheels/ (without torchvision: no CPU build of it is at hand then).
 #
 # Environment: CLUSTERFED_CACHE (default /var/cache/clusterfed), CLUSTERFED_VENV (the host's
 # venv with `clusterfed` and `flwr`, default .venv: `make test-containers` creates it),
-# TORCH_INDEX (default: PyTorch's CPU index when reachable, else PyPI), KEEP_UP=1 (leave the
-# TLS federation running).
-# Steps: scripts/test-containers.sh [setup] [base] [images] [plain] [tls]   (default: all)
+# DEVICES (6), ROUNDS (4: the TLS run; the plain one runs 2), KEEP_UP=1 (leave the TLS
+# federation running). Steps: scripts/test-containers.sh [setup] [base] [images] [plain] [tls]
+# (default: all).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,10 +44,16 @@ FLWR_VERSION=$(sed -n 's/^ARG FLWR_VERSION=//p' "$ROOT/docker/Dockerfile")
 BASE_IMAGE=localhost/clusterfed-py311:bookworm
 PROJECT=clusterfed
 PORT=9093
+DEVICES=${DEVICES:-6}
+ROUNDS=${ROUNDS:-4}
+LOCAL_TORCH=${LOCAL_TORCH:-2.13.0}
 mkdir -p "$CACHE" "$RESULTS"
 TIMINGS=$CACHE/timings.txt
+EVENTS=$CACHE/events.txt   # "NAME VALUE" lines for the report: restarts, recovery facts
+NOISE=$CACHE/engine.log    # what podman and podman-compose print (shown when a step fails)
 
 log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
+event() { echo "$*" >> "$EVENTS"; }
 
 # timed NAME CMD...: run CMD, append "NAME SECONDS" to $TIMINGS
 timed() {
@@ -52,7 +70,7 @@ timed() {
 
 setup() {
     local need=()
-    for pkg in podman buildah runc netavark aardvark-dns iptables debootstrap bc; do
+    for pkg in podman buildah runc netavark aardvark-dns iptables debootstrap bc curl openssl; do
         dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
     done
     if [ ${#need[@]} -gt 0 ]; then
@@ -83,7 +101,15 @@ CONF
     fi
 }
 
-compose() { "$CACHE/tools/bin/podman-compose" --project-name "$PROJECT" "$@"; }
+# podman-compose's own chatter and podman's `level=error ... systemd` lines (no systemd here to
+# time health checks) go to $NOISE; shown when the command fails
+compose() {
+    echo "+ podman-compose $*" >> "$NOISE"
+    if ! "$CACHE/tools/bin/podman-compose" --project-name "$PROJECT" "$@" >> "$NOISE" 2>&1; then
+        tail -30 "$NOISE" >&2
+        return 1
+    fi
+}
 
 base() {
     local rootfs=$CACHE/py311-rootfs
@@ -92,7 +118,7 @@ base() {
             rm -rf "$rootfs"
             timed debootstrap_base nice -n 19 debootstrap --variant=minbase \
                 --include=python3,python3-venv,python3-pip,ca-certificates,openssl \
-                bookworm "$rootfs" http://deb.debian.org/debian
+                bookworm "$rootfs" http://deb.debian.org/debian > "$CACHE/debootstrap.log"
         fi
         # the CAs added to this machine (its pip uses /etc/ssl/certs/ca-certificates.crt)
         if ls /usr/local/share/ca-certificates/*.crt >/dev/null 2>&1; then
@@ -101,119 +127,275 @@ base() {
         chroot "$rootfs" update-ca-certificates >/dev/null
         chroot "$rootfs" apt-get clean
         rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/debootstrap
-        timed import_base sh -c "tar -C '$rootfs' -c . | podman import --change 'CMD [\"/bin/bash\"]' - '$BASE_IMAGE'"
+        timed import_base sh -c "tar -C '$rootfs' -c . | podman import -q --change 'CMD [\"/bin/bash\"]' - '$BASE_IMAGE'"
     fi
-    podman tag "$BASE_IMAGE" docker.io/library/alpine:3.20
     for target in superlink supernode superexec; do
         timed "build_standin_$target" podman build -q --runtime runc \
             -f "$ROOT/scripts/containers/flwr-standin.Containerfile" --target "$target" \
             --build-arg BASE="$BASE_IMAGE" --build-arg FLWR_VERSION="$FLWR_VERSION" \
-            -t "docker.io/flwr/$target:$FLWR_VERSION" "$ROOT/scripts/containers"
+            -t "docker.io/flwr/$target:$FLWR_VERSION" "$ROOT/scripts/containers" > /dev/null
     done
 }
 
 images() {
-    local index=${TORCH_INDEX:-}
-    if [ -z "$index" ]; then
-        if curl -sf -m 15 -o /dev/null https://download.pytorch.org/whl/cpu/torch/; then
-            index=https://download.pytorch.org/whl/cpu
-        else
-            index=https://pypi.org/simple  # no CPU index here: the x86_64 wheel (CUDA) from PyPI
+    local args=() wheel
+    wheel=$(ls "$ROOT"/docker/wheels/torch-*.whl 2>/dev/null | head -1 || true)
+    if [ -n "${TORCH_INDEX:-}" ]; then
+        args+=(--build-arg TORCH_INDEX="$TORCH_INDEX")
+        echo "index $TORCH_INDEX" > "$CACHE/torch_source.txt"
+    elif [ -z "$wheel" ] && curl -sf -m 10 -o /dev/null https://download.pytorch.org/whl/cpu/torch/; then
+        echo "index https://download.pytorch.org/whl/cpu" > "$CACHE/torch_source.txt"
+    else
+        if [ -z "$wheel" ]; then
+            log "PyTorch's CPU index does not answer: torch==$LOCAL_TORCH+cpu from this machine's pip"
+            "$VENV/bin/python" -m pip download -q --no-deps -d "$ROOT/docker/wheels" "torch==$LOCAL_TORCH+cpu" \
+                || { echo "no CPU torch wheel: put one in docker/wheels/ or set TORCH_INDEX" >&2; exit 1; }
+            wheel=$(ls "$ROOT"/docker/wheels/torch-*.whl | head -1)
         fi
+        echo "wheel docker/wheels/$(basename "$wheel")" > "$CACHE/torch_source.txt"
     fi
-    echo "$index" > "$CACHE/torch_index.txt"
-    log "torch from $index"
-    timed build_client podman build --runtime runc -f "$ROOT/docker/Dockerfile" \
-        --build-arg TORCH_INDEX="$index" -t clusterfed-client:0.1.0 "$ROOT"
-    timed build_server podman build --runtime runc -f "$ROOT/docker/Dockerfile" \
-        --build-arg TORCH_INDEX="$index" --build-arg EXTRAS="[server]" -t clusterfed-server:0.1.0 "$ROOT"
-}
-
-# wait_healthy CONTAINER SECONDS: podman 4.3 runs no health checks by itself here (no systemd
-# timers): run the container's own check by hand until it passes
-wait_healthy() {
-    local name=$1 limit=$2 t0=$SECONDS
-    until podman healthcheck run "$name" >/dev/null 2>&1; do
-        if [ $((SECONDS - t0)) -ge "$limit" ]; then
-            echo "$name not healthy after ${limit}s" >&2
-            podman logs --tail 30 "$name" >&2 || true
-            return 1
-        fi
-        sleep 2
+    if [ -n "$wheel" ] && [ -z "${TORCH:-}" ]; then
+        # torch-2.13.0+cpu-cp311-... → torch==2.13.0+cpu
+        TORCH="torch==$(basename "$wheel" | cut -d- -f2)"
+    fi
+    [ -z "${TORCH:-}" ] || args+=(--build-arg TORCH="$TORCH")
+    log "torch: $(cat "$CACHE/torch_source.txt") ${TORCH:-}"
+    timed build_client podman build -q --runtime runc -f "$ROOT/docker/Dockerfile" "${args[@]}" \
+        -t clusterfed-client:0.1.0 "$ROOT" > /dev/null
+    timed build_server podman build -q --runtime runc -f "$ROOT/docker/Dockerfile" "${args[@]}" \
+        --build-arg EXTRAS="[server]" -t clusterfed-server:0.1.0 "$ROOT" > /dev/null
+    # what each image holds: no CUDA, no Ray on the server
+    for image in client server; do
+        podman run --rm --entrypoint python "clusterfed-$image:0.1.0" -c \
+            "import importlib.util as u, torch; print('$image', torch.__version__, 'cuda' if torch.version.cuda else 'cpu', 'ray' if u.find_spec('ray') else 'no-ray', 'torchvision' if u.find_spec('torchvision') else 'no-torchvision')" \
+            >> "$CACHE/image_contents.txt"
     done
 }
 
-# federation MODE FILE...: up, health, flwr run, status.json, down
+container() { echo "${PROJECT}_$1_1"; }
+pid_of() { podman inspect --format '{{.State.Pid}}' "$(container "$1")"; }
+
+# wait_healthy SERVICE SECONDS: podman 4.3 runs no health checks by itself here (no systemd
+# timers): run the container's own check by hand until it passes
+wait_healthy() {
+    wait_until "$1 to be healthy" "$2" "podman healthcheck run $(container "$1") >/dev/null 2>&1" "$1"
+}
+
+# crash SERVICE: kill -9 the container's process (a crash, not `podman stop`/`kill`, which the
+# restart policy treats as meant) and wait until the engine has started it again
+crash() {
+    local service=$1 old new t0=$SECONDS
+    old=$(pid_of "$service")
+    kill -9 "$old"
+    while true; do
+        new=$(pid_of "$service" 2>/dev/null || echo 0)
+        if [ "$new" != 0 ] && [ "$new" != "$old" ]; then break; fi
+        if [ $((SECONDS - t0)) -ge 90 ]; then
+            echo "$service was not restarted within 90 s after kill -9" >&2
+            podman ps -a --filter "name=$(container "$service")" >&2
+            return 1
+        fi
+        sleep 1
+    done
+    event "restarted_after_kill_9_$MODE $service $((SECONDS - t0))"
+}
+
+services() {
+    echo superlink serverapp
+    local n
+    for n in $(seq 1 "$DEVICES"); do echo "supernode-$n clientapp-$n"; done
+}
+
+wait_all_healthy() {
+    wait_healthy superlink 120
+    local n
+    for n in $(seq 1 "$DEVICES"); do wait_healthy "supernode-$n" 120; done
+}
+
+volume_dir() { podman volume inspect "${PROJECT}_results" --format '{{.Mountpoint}}'; }
+rounds_done() { awk 'END { print NR }' "$(volume_dir)/$1/rounds.jsonl" 2>/dev/null || echo 0; }
+rounds_at_least() { [ "$(rounds_done "$1")" -ge "$2" ]; }
+run_ended() { case $(run_status "$1") in ok | failed) return 0 ;; *) return 1 ;; esac; }
+run_status() {
+    python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("status", "?"))' \
+        "$(volume_dir)/$1/status.json" 2>/dev/null || echo none
+}
+
+# federation MODE FILE...: prepare, up, crash every service, FedClust run (with the recovery
+# check in the TLS mode), results to the host, down
 federation() {
     local mode=$1
     shift
+    MODE=$mode
     local files=() f
     for f in "$@"; do files+=(-f "$ROOT/docker/$f"); done
     log "federation $mode: ${*}"
-    compose "${files[@]}" down -v >/dev/null 2>&1 || true
-    mkdir -p "$ROOT/docker/data"
-    if [ ! -f "$ROOT/docker/data/part-1.npz" ]; then
-        "$VENV/bin/clusterfed" partition --out "$ROOT/docker/data" --set num-clients=2
-    fi
-    chmod a+r "$ROOT"/docker/data/*.npz
-    # up -d without --build: the images were built (and timed) above
+    # what an earlier run left (the device files exist once prepare.sh has run)
+    if [ -f "$ROOT/docker/compose.devices.yml" ]; then compose "${files[@]}" down -v > /dev/null 2>&1 || true; fi
+    # the documented data step, then up -d without --build (the images were built and timed above)
+    CLUSTERFED="$VENV/bin/clusterfed" DEVICES=$DEVICES "$ROOT/docker/prepare.sh" > "$CACHE/prepare_$mode.log"
     timed "up_$mode" compose "${files[@]}" up -d
     local t0=$SECONDS
-    wait_healthy "${PROJECT}_superlink_1" 120
-    wait_healthy "${PROJECT}_supernode-1_1" 120
-    wait_healthy "${PROJECT}_supernode-2_1" 120
+    wait_all_healthy
     echo "healthy_$mode $((SECONDS - t0))" >> "$TIMINGS"
-    podman ps -a --filter "label=io.podman.compose.project=$PROJECT" \
-        --format '{{.Names}} {{.Status}}' > "$CACHE/ps_$mode.txt"
+
+    # every service comes back after a crash
+    local service
+    for service in $(services); do crash "$service"; done
+    if [ "$mode" = tls ]; then
+        podman restart "$(container superlink)" >> "$NOISE" 2>&1
+        event "superlink_podman_restart ok"
+    fi
+    wait_all_healthy
+    # shellcheck disable=SC2046  # one argument per container
+    podman inspect --format '{{.Name}} {{.State.Status}} restarts={{.RestartCount}}' \
+        $(podman ps -aq --filter "label=io.podman.compose.project=$PROJECT") > "$CACHE/ps_$mode.txt"
 
     local home=$CACHE/flwr-home-$mode
     rm -rf "$home" && mkdir -p "$home"
+    # the connection as docs/deployment.md writes it: absolute certificate path, insecure for plain
     if [ "$mode" = tls ]; then
-        printf '[superlink.containers]\naddress = "127.0.0.1:%s"\nroot-certificates = "%s"\n' \
-            "$PORT" "$ROOT/docker/certs/ca.crt" > "$home/config.toml"
+        CONNECTION=clusterfed-compose
+        printf '[superlink.%s]\naddress = "127.0.0.1:%s"\nroot-certificates = "%s"\n' \
+            "$CONNECTION" "$PORT" "$ROOT/docker/certs/ca.crt" > "$home/config.toml"
     else
-        printf '[superlink.containers]\naddress = "127.0.0.1:%s"\ninsecure = true\n' "$PORT" > "$home/config.toml"
+        CONNECTION=clusterfed-plain
+        printf '[superlink.%s]\naddress = "127.0.0.1:%s"\ninsecure = true\n' "$CONNECTION" "$PORT" > "$home/config.toml"
     fi
-    local out="results/containers-$mode"
-    (cd "$ROOT" && FLWR_HOME=$home timed "flwr_run_$mode" timeout 900 "$VENV/bin/flwr" run . containers --stream \
-        --run-config "strategy=\"fedavg\" num-clients=2 min-clients=2 rounds=2 out-dir=\"$out\"") \
-        > "$CACHE/flwr_run_$mode.log" 2>&1 || { tail -40 "$CACHE/flwr_run_$mode.log" >&2; }
-    local volume
-    volume=$(podman volume inspect "${PROJECT}_results" --format '{{.Mountpoint}}')
-    if [ ! -f "$volume/containers-$mode/status.json" ]; then
-        echo "no status.json from the $mode run: see $CACHE/flwr_run_$mode.log" >&2
-        podman logs --tail 40 "${PROJECT}_serverapp_1" >&2 || true
-        compose "${files[@]}" down -v >/dev/null 2>&1 || true
+    local out=containers-$mode rounds=$ROUNDS
+    [ "$mode" = tls ] || rounds=2
+    local config="strategy=\"fedclust\" num-clients=$DEVICES min-clients=$DEVICES rounds=$rounds \
+partitioner=\"label-groups\" label-groups=\"0-4;5-9\" absent-after=2 timeout=300.0 \
+resume-from=\"auto\" out-dir=\"results/$out\""
+    export FLWR_HOME=$home
+    local flwr=$VENV/bin/flwr
+    if [ "$mode" = plain ]; then
+        (cd "$ROOT" && timed "flwr_run_$mode" timeout 1800 "$flwr" run . "$CONNECTION" --stream \
+            --run-config "$config") > "$CACHE/flwr_run_$mode.log" 2>&1 || tail -40 "$CACHE/flwr_run_$mode.log" >&2
+    else
+        recovery_run "$out" "$config"
+    fi
+    unset FLWR_HOME
+
+    # the results on the host, as the docs copy them out of the named volume
+    local host=$CACHE/results-$mode
+    rm -rf "$host" && mkdir -p "$host"
+    "$CACHE/tools/bin/podman-compose" --project-name "$PROJECT" "${files[@]}" exec -T serverapp \
+        tar -C /app/results -cf - "$out" 2>> "$NOISE" | tar -xf - --no-same-owner -C "$host"
+    if [ ! -f "$host/$out/status.json" ]; then
+        echo "no status.json from the $mode run on the host: see $CACHE/flwr_run_$mode.log" >&2
+        podman logs --tail 40 "$(container serverapp)" >&2 || true
+        compose "${files[@]}" down -v || true
         return 1
     fi
-    cp "$volume/containers-$mode/status.json" "$RESULTS/status-$mode.json"
-    [ -f "$volume/containers-$mode/summary.json" ] && cp "$volume/containers-$mode/summary.json" "$RESULTS/summary-$mode.json"
-    cat "$RESULTS/status-$mode.json"
-    echo
+    ls -ln "$host/$out" "$host/$out/models" > "$CACHE/results_listing_$mode.txt" 2>&1 || true
+    for f in status summary clusters; do
+        if [ -f "$host/$out/$f.json" ]; then cp "$host/$out/$f.json" "$RESULTS/$f-$mode.json"; fi
+    done
+    cp "$host/$out/rounds.jsonl" "$RESULTS/rounds-$mode.jsonl"
     if [ "${KEEP_UP:-0}" = 1 ] && [ "$mode" = tls ]; then
         log "KEEP_UP=1: the federation stays up (podman-compose -p $PROJECT ${files[*]} down -v)"
     else
-        timed "down_$mode" compose "${files[@]}" down -v >/dev/null
+        timed "down_$mode" compose "${files[@]}" down -v
     fi
-    python3 -c 'import json,sys; s=json.load(open(sys.argv[1])); sys.exit(s["status"] != "ok")' \
-        "$RESULTS/status-$mode.json"
+    "$VENV/bin/python" "$ROOT/scripts/containers/report.py" check "$RESULTS" "$mode" "$DEVICES" "$rounds" \
+        || FAILED+=("$mode")
 }
 
-plain() { federation plain compose.yml; }
-tls() {
-    federation tls compose.yml compose.tls.yml
+# recovery_run OUT CONFIG: the TLS run with crashes and a SuperLink stop/start in the middle
+recovery_run() {
+    local out=$1 config=$2 flwr=$VENV/bin/flwr run_id stream t0=$SECONDS
+    run_id=$(cd "$ROOT" && "$flwr" run . "$CONNECTION" --format json --run-config "$config" \
+        | python3 -c 'import json,sys; text = sys.stdin.read(); print(json.loads(text[text.index("{"):])["run-id"])')
+    event "run_id $run_id"
+    # the operator's view: `flwr log --stream`, which ends when the SuperLink goes away
+    stream=$(follow "$run_id" 1)
+    wait_until "round 1" 900 "rounds_at_least $out 1"
+    crash supernode-2
+    crash clientapp-3
+    event "killed_after_round $(rounds_done "$out")"
+    wait_until "round 2" 900 "rounds_at_least $out 2"
+    event "superlink_stopped_after_round $(rounds_done "$out")"
+    podman stop "$(container superlink)" >> "$NOISE" 2>&1
+    sleep 10
+    podman start "$(container superlink)" >> "$NOISE" 2>&1
+    wait_healthy superlink 120
+    unfollow "$stream" 1 30
+    # reattach, as the docs say
+    stream=$(follow "$run_id" 2)
+    wait_until "the run to end" 900 "run_ended $out"
+    if [ "$(run_status "$out")" = failed ]; then
+        # the same command again: resume-from="auto" continues from out-dir's checkpoint
+        event "resubmitted_after_failure 1"
+        (cd "$ROOT" && "$flwr" run . "$CONNECTION" --format json --run-config "$config") >> "$CACHE/flwr_run_tls.log"
+        wait_until "the resumed run to end" 900 "run_ended $out"
+    fi
+    unfollow "$stream" 2 60
+    echo "flwr_run_tls $((SECONDS - t0))" >> "$TIMINGS"
+    "$flwr" ls "$CONNECTION" > "$CACHE/flwr_ls_tls.txt" 2>&1 || true
 }
+
+# follow RUN_ID N: `flwr log RUN_ID --stream` in the background into flwr_log_stream_N.log; prints its pid
+follow() {
+    local log=$CACHE/flwr_log_stream_$2.log
+    ("$VENV/bin/flwr" log "$1" "$CONNECTION" --stream > "$log" 2>&1; echo "exit $?" >> "$log") > /dev/null 2>&1 &
+    echo $!
+}
+
+# unfollow PID N SECONDS: give the stream SECONDS to end by itself, then end it; record how it ended
+unfollow() {
+    local t0=$SECONDS
+    while kill -0 "$1" 2>/dev/null && [ $((SECONDS - t0)) -lt "$3" ]; do sleep 1; done
+    if kill -0 "$1" 2>/dev/null; then
+        pkill -P "$1" 2>/dev/null || true  # the flwr process of that subshell
+        kill "$1" 2>/dev/null || true
+        event "flwr_log_stream_$2 still-attached-after-${3}s"
+    else
+        event "flwr_log_stream_$2 $(tail -1 "$CACHE/flwr_log_stream_$2.log" | tr ' ' '=')"
+    fi
+}
+
+# wait_until WHAT SECONDS CONDITION [SERVICE]: poll CONDITION; past SECONDS show SERVICE's log
+# (default: the ServerApp executor's) and fail
+wait_until() {
+    local t0=$SECONDS
+    until eval "$3"; do
+        if [ $((SECONDS - t0)) -ge "$2" ]; then
+            echo "gave up waiting for $1 after ${2}s" >&2
+            podman logs --tail 40 "$(container "${4:-serverapp}")" >&2 || true
+            return 1
+        fi
+        sleep 3
+    done
+}
+
+plain() { federation plain compose.yml compose.devices.yml; }
+tls() { federation tls compose.yml compose.devices.yml compose.tls.yml compose.devices.tls.yml; }
 
 report() {
     podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' \
-        | grep -E 'clusterfed|flwr|alpine' > "$CACHE/images.txt" || true
-    "$VENV/bin/python" "$ROOT/scripts/containers/report.py" "$CACHE" "$RESULTS"
+        | grep -E 'clusterfed|flwr' > "$CACHE/images.txt" || true
+    "$VENV/bin/python" "$ROOT/scripts/containers/report.py" write "$CACHE" "$RESULTS" "$DEVICES" "$ROUNDS"
 }
 
+FAILED=()
 steps=("$@")
-[ ${#steps[@]} -gt 0 ] || { : > "$TIMINGS"; steps=(setup base images plain tls); }
+if [ ${#steps[@]} -eq 0 ]; then
+    steps=(setup base images plain tls)
+    : > "$TIMINGS"
+    : > "$EVENTS"
+    : > "$CACHE/image_contents.txt"
+    : > "$NOISE"
+fi
+date +%s > "$CACHE/started.txt"
 for step in "${steps[@]}"; do
     "$step"
 done
-report
-log "results in $RESULTS"
+# only a run of a federation has something to report: `setup base` alone leaves the results be
+case " ${steps[*]} " in
+    *" plain "* | *" tls "*) report; log "results in $RESULTS" ;;
+esac
+if [ ${#FAILED[@]} -gt 0 ]; then
+    echo "containers: the ${FAILED[*]} check failed (see above and $RESULTS/result.json)" >&2
+    exit 1
+fi

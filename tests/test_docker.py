@@ -1,9 +1,13 @@
-"""The operator files in docker/ and scripts/: lint, structure, flags Flower accepts, certificates.
+"""The operator files in docker/ and scripts/: lint, structure, flags Flower accepts, certificates,
+docker/prepare.sh, and the commands docs/deployment.md gives for containers.
 
-No Docker engine is needed: compose files are read as YAML and their commands' flags are
-checked against the installed Flower's --help.
+No container engine is needed: compose files (docker/prepare.sh writes the devices' files into a
+copy of docker/) are read as YAML and their commands' flags are checked against the installed
+Flower's --help. `make test-containers` runs them for real.
 """
 
+import json
+import os
 import re
 import shutil
 import subprocess
@@ -14,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKER = ROOT / "docker"
@@ -21,38 +26,53 @@ BIN = Path(sys.executable).parent
 TLS_FLAGS = {"--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile"}
 
 
-class _ComposeLoader(yaml.SafeLoader):
-    """YAML with Compose's `!reset` / `!override` merge tags."""
+DEVICES = 6
+DOCS = ROOT / "docs" / "deployment.md"
 
 
-_ComposeLoader.add_constructor("!reset", lambda loader, node: ("!reset", loader.construct_sequence(node)))
-_ComposeLoader.add_constructor("!override", lambda loader, node: ("!override", loader.construct_sequence(node)))
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A copy of docker/ after `docker/prepare.sh` (6 devices): data, certificates, device services."""
+    root = tmp_path_factory.mktemp("repo")
+    shutil.copytree(DOCKER, root / "docker", ignore=shutil.ignore_patterns("data", "certs", "compose.devices*",
+                                                                           "*.whl"))
+    (root / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "make-certs.sh", root / "scripts")
+    done = _prepare(root, DEVICES=str(DEVICES))
+    assert done.returncode == 0, done.stdout + done.stderr
+    return root / "docker"
 
 
-def _compose(name):
-    return yaml.load((DOCKER / name).read_text(), Loader=_ComposeLoader)
+def _prepare(root, **env):
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl not on PATH")
+    environment = {**os.environ, "CLUSTERFED": str(BIN / "clusterfed"), "PYTHONPATH": str(ROOT), **env}
+    return subprocess.run(["bash", str(root / "docker" / "prepare.sh")], capture_output=True, text=True,
+                          timeout=300, env=environment)
 
 
-def _merged(*names):
+def _compose(folder, name):
+    return yaml.safe_load((folder / name).read_text())
+
+
+def _merged(folder, *names):
     """Services after applying the overlays (command replaced, volumes merged by target)."""
     services = {}
     for name in names:
-        for service, spec in _compose(name)["services"].items():
+        for service, spec in _compose(folder, name)["services"].items():
             merged = services.setdefault(service, {})
             for key, value in spec.items():
                 if key == "volumes":
                     by_target = {v.split(":")[1]: v for v in merged.get("volumes", [])}
                     by_target.update({v.split(":")[1]: v for v in value})
                     merged["volumes"] = list(by_target.values())
-                elif isinstance(value, tuple) and value[0] == "!reset":
-                    merged.pop(key, None)
-                elif isinstance(value, dict):  # e.g. healthcheck: keys merged, `!override` replaces
-                    merged[key] = {**merged.get(key, {}),
-                                   **{k: v[1] if isinstance(v, tuple) and v[0] == "!override" else v
-                                      for k, v in value.items()}}
                 else:
                     merged[key] = value
     return services
+
+
+PLAIN = ("compose.yml", "compose.devices.yml")
+TLS = (*PLAIN, "compose.tls.yml", "compose.devices.tls.yml")
 
 
 def _flags(command):
@@ -76,10 +96,26 @@ def _program(service):
 def test_dockerfile_builds_on_the_superexec_image_of_our_flower_version_as_non_root():
     text = (DOCKER / "Dockerfile").read_text()
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
-    flwr = next(dep for dep in deps if dep.startswith("flwr=="))
-    assert f"ARG FLWR_VERSION={flwr.split('==')[1]}" in text and "FROM flwr/superexec:${FLWR_VERSION}" in text
+    flwr = next(Requirement(dep) for dep in deps if Requirement(dep).name == "flwr")
+    version = re.search(r"^ARG FLWR_VERSION=(\S+)$", text, flags=re.M).group(1)
+    assert flwr.specifier.contains(version) and "FROM flwr/superexec:${FLWR_VERSION}" in text
     users = re.findall(r"^USER (\S+)", text, flags=re.M)
     assert users and users[-1].split(":")[0] not in ("root", "0")
+
+
+def test_dockerfile_installs_a_cpu_torch_first_and_keeps_it():
+    text = (DOCKER / "Dockerfile").read_text()
+    assert re.search(r"^ARG TORCH_INDEX=https://download\.pytorch\.org/whl/cpu$", text, flags=re.M)
+    assert re.search(r'^ARG TORCH="torch==[0-9.]+\+cpu', text, flags=re.M)
+    install = text[text.index("RUN --mount=type=bind,source=docker/wheels"):]
+    # torch before the package, the package constrained to that torch, an unreachable index fails fast
+    assert install.index("${TORCH}") < install.index('".${EXTRAS}"')
+    assert "--constraint /tmp/torch-constraints.txt" in install and "--retries 0" in install
+    assert "torch.version.cuda" in install  # a CUDA build that slipped in fails the build
+    assert "pip uninstall -y -q torchvision" in install  # one that cannot import beside this torch goes
+    # the wheels folder exists in a fresh clone and is part of the build context
+    assert (DOCKER / "wheels" / "README.md").is_file()
+    assert "!docker/wheels/" in (ROOT / ".dockerignore").read_text().split()
 
 
 def test_dockerfile_passes_hadolint():
@@ -91,81 +127,143 @@ def test_dockerfile_passes_hadolint():
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("files", [("compose.yml",), ("compose.yml", "compose.tls.yml"),
-                                   ("compose.yml", "compose.tls.yml", "compose.state.yml")])
-def test_every_flag_in_the_compose_commands_is_one_flower_accepts(files):
-    for service, spec in _merged(*files).items():
-        if service == "certs":
-            continue
+@pytest.mark.parametrize("files", [PLAIN, TLS], ids=["plain", "tls"])
+def test_every_flag_in_the_compose_commands_is_one_flower_accepts(prepared, files):
+    for service, spec in _merged(prepared, *files).items():
         unknown = set(_flags(spec["command"])) - _known_flags(_program(service))
         assert not unknown, f"{files} {service}: {unknown} not in {_program(service)} --help"
 
 
-def test_plain_setup_has_the_services_ports_and_health_checks_the_docs_promise():
-    services = _merged("compose.yml")
-    nodes = [s for s in services if s.startswith("supernode-")]
-    assert len(nodes) >= 2 and "superlink" in services and "serverapp" in services
-    assert "9093:9093" in services["superlink"]["ports"]
+@pytest.mark.parametrize("files", [PLAIN, TLS], ids=["plain", "tls"])
+def test_every_service_restarts_after_a_crash_and_waits_only_on_services_that_keep_running(prepared, files):
+    # a dependency on a one-shot container (exited) stops podman from restarting the dependant
+    services = _merged(prepared, *files)
     for name, spec in services.items():
-        assert spec["restart"] == "on-failure", name
-    for name in ["superlink", *nodes]:
-        assert "/health" in " ".join(services[name]["healthcheck"]["test"]), name
-    assert "--isolation=process" in services["superlink"]["command"]
+        assert spec["restart"] == "on-failure" and spec["init"] is True, name
+        for needed in spec.get("depends_on", {}):
+            assert services[needed]["restart"] == "on-failure", (name, needed)
+
+
+def test_prepare_writes_one_device_per_data_file_in_two_groups(prepared):
+    services = _merged(prepared, *PLAIN)
+    nodes = sorted(s for s in services if s.startswith("supernode-"))
+    assert len(nodes) == DEVICES and "9093:9093" in services["superlink"]["ports"]
+    keys = set()
     for node in nodes:
         command = services[node]["command"]
         assert "--isolation=process" in command and "--superlink=superlink:9093" in command
         executor = services[node.replace("supernode", "clientapp")]
         assert f"--runtime-api-address={node}:9094" in executor["command"]
-        # the executor, where the ClientApp runs, must see the file the node config names
-        data_path = re.search(r'data-path="([^"]+)"', " ".join(command)).group(1)
-        assert any(volume.split(":")[1] == data_path for volume in executor["volumes"]), node
+        # the executor, where the ClientApp runs, sees the file the node config names, and it exists
+        config = " ".join(command)
+        keys.add(re.search(r'client-key="([^"]+)"', config).group(1))
+        data_path = re.search(r'data-path="([^"]+)"', config).group(1)
+        mount = next(v for v in executor["volumes"] if v.split(":")[1] == data_path)
+        assert (prepared / mount.split(":")[0]).is_file(), mount
+    assert len(keys) == DEVICES
+    manifest = json.loads((prepared / "data" / "manifest.json").read_text())
+    groups = [client["true-group"] for client in manifest["clients"]]
+    assert len(groups) == DEVICES and sorted(set(groups)) == [0, 1] and min(groups.count(0), groups.count(1)) >= 3
     assert "--runtime-api-address=superlink:9093" in services["serverapp"]["command"]
     assert services["serverapp"]["build"]["args"]["EXTRAS"] == "[server]"
 
 
-def test_tls_overlay_turns_tls_on_everywhere_and_generates_certificates_first():
-    services = _merged("compose.yml", "compose.tls.yml")
+def test_tls_overlays_turn_tls_on_everywhere_with_certificates_made_before_up(prepared):
+    services = _merged(prepared, *TLS)
+    assert "certs" not in services
     for name, spec in services.items():
         assert "--insecure" not in spec["command"], name
-    assert TLS_FLAGS <= set(_flags(services["superlink"]["command"]))
-    assert services["superlink"]["depends_on"]["certs"]["condition"] == "service_completed_successfully"
-    assert "make-certs.sh" in " ".join(services["certs"]["command"])
-    for name, spec in services.items():
-        if name.startswith("supernode-"):
-            assert "--root-certificates=/certs/ca.crt" in spec["command"]
-            assert TLS_FLAGS <= set(_flags(spec["command"]))
-        elif name in ("serverapp",) or name.startswith("clientapp-"):
-            assert "--root-certificates=/certs/ca.crt" in spec["command"]
-        if name != "certs":
-            assert "./certs:/certs:ro" in spec["volumes"], name
-
-
-def test_tls_overlay_replaces_the_health_checks_with_https_ones():
-    # podman-compose appends an overlay's `test` list to the base one unless it is `!override`
-    for name, spec in _compose("compose.tls.yml")["services"].items():
-        if "healthcheck" in spec:
-            assert spec["healthcheck"]["test"][0] == "!override", name
-    services = _merged("compose.yml", "compose.tls.yml")
+        assert "./certs:/certs:ro" in spec["volumes"], name
+        assert "--root-certificates=/certs/ca.crt" in spec["command"] or name == "superlink", name
     for name in ["superlink", *(s for s in services if s.startswith("supernode-"))]:
-        test = " ".join(services[name]["healthcheck"]["test"])
-        assert test.startswith("CMD ") and "https://" in test and "/certs/ca.crt" in test and "/health" in test, name
+        assert TLS_FLAGS <= set(_flags(services[name]["command"])), name
+    text = subprocess.run(["openssl", "x509", "-in", str(prepared / "certs" / "server.pem"), "-noout", "-text"],
+                          capture_output=True, text=True, check=True).stdout
+    san = text.split("X509v3 Subject Alternative Name:")[1].splitlines()[1]
+    # one certificate for any number of devices up to 64: none is made per device
+    for name in ("DNS:superlink", "DNS:localhost", "IP Address:127.0.0.1", "DNS:supernode-1,", "DNS:supernode-64"):
+        assert name in san + ",", name
 
 
-def test_compose_files_avoid_what_podman_4_3_rejects():
-    # tmpfs with uid=/gid= options does not start under podman 4.3 (Debian 12)
-    for name in ("compose.yml", "compose.tls.yml", "compose.state.yml"):
-        for service, spec in _compose(name)["services"].items():
-            for entry in spec.get("tmpfs", []) if isinstance(spec.get("tmpfs"), list) else []:
-                assert "uid=" not in entry and "gid=" not in entry, (name, service, entry)
+def test_one_health_check_serves_plain_and_tls_without_overlay_tags(prepared):
+    # podman-compose appends an overlay's `test` list to the base one, and 1.0.3 (Debian 12)
+    # cannot read `!override`: the files use no merge tags, and no overlay touches a health check
+    for name in ("compose.yml", "compose.tls.yml", "compose.devices.yml", "compose.devices.tls.yml"):
+        text = (prepared / name).read_text()
+        assert "!override" not in text and "!reset" not in text, name
+    for name in ("compose.tls.yml", "compose.devices.tls.yml"):
+        assert not [s for s, spec in _compose(prepared, name)["services"].items() if "healthcheck" in spec], name
+    check = _compose(prepared, "compose.yml")["x-health-check"]
+    services = _merged(prepared, *PLAIN)
+    for name in ["superlink", *(s for s in services if s.startswith("supernode-"))]:
+        test = services[name]["healthcheck"]["test"]
+        port = "9093" if name == "superlink" else "9094"
+        assert test == ["CMD", "python", "-c", check, f"{name}:{port}"], name
+    compile(check, "health-check", "exec")
+    assert "https://" in check and "/certs/ca.crt" in check and "/health" in check
 
 
-def test_state_overlay_keeps_the_database_on_a_volume():
-    plain = _merged("compose.yml")["superlink"]
-    assert "--database=/app/state/state.db" in plain["command"] and plain["tmpfs"]
-    kept = _merged("compose.yml", "compose.tls.yml", "compose.state.yml")["superlink"]
-    assert "tmpfs" not in kept and "superlink-state:/app/state" in kept["volumes"]
-    assert "--database=/app/state/state.db" in kept["command"]
-    assert "superlink-state" in _compose("compose.state.yml")["volumes"]
+def test_the_superlink_keeps_its_state_on_a_volume_by_default(prepared):
+    for files in (PLAIN, TLS):
+        superlink = _merged(prepared, *files)["superlink"]
+        assert "tmpfs" not in superlink
+        assert "--database=/app/state.db" in superlink["command"]
+        assert "superlink-state:/app" in superlink["volumes"]
+    assert {"superlink-state", "results"} <= set(_compose(prepared, "compose.yml")["volumes"])
+    assert "results:/app/results" in _merged(prepared, *PLAIN)["serverapp"]["volumes"]
+
+
+def test_prepare_refuses_after_an_up_that_made_directories_where_the_data_goes(tmp_path):
+    root = tmp_path / "repo"
+    shutil.copytree(DOCKER, root / "docker", ignore=shutil.ignore_patterns("data", "certs", "compose.devices*",
+                                                                           "*.whl"))
+    (root / "docker" / "data" / "part-0.npz").mkdir(parents=True)  # what the engine makes
+    done = _prepare(root)
+    assert done.returncode == 1
+    assert "part-0.npz is a directory" in done.stderr and "prepare.sh again" in done.stderr
+    assert "Traceback" not in done.stderr
+    # nothing was written: no certificates, no device services
+    assert not (root / "docker" / "certs").exists() and not list((root / "docker").glob("compose.devices*"))
+    assert [p.name for p in (root / "docker" / "data").iterdir()] == ["part-0.npz"]
+
+
+@pytest.mark.parametrize("devices", ["2", "65", "six"])
+def test_prepare_refuses_a_device_count_it_cannot_serve(tmp_path, devices):
+    root = tmp_path / "repo"
+    shutil.copytree(DOCKER, root / "docker", ignore=shutil.ignore_patterns("data", "certs", "compose.devices*",
+                                                                           "*.whl"))
+    done = _prepare(root, DEVICES=devices)
+    assert done.returncode == 1 and f"DEVICES={devices}" in done.stderr
+    assert not (root / "docker" / "data").exists()
+
+
+def _docs_containers():
+    text = DOCS.read_text()
+    return text[text.index("## Containers"):text.index("## Raspberry Pi")]
+
+
+def test_the_docs_container_commands_name_files_and_connections_that_exist():
+    section = _docs_containers()
+    blocks = re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    commands = "\n".join(blocks)
+    # every compose file the docs pass exists or is written by prepare.sh, which the docs run first
+    generated = {"compose.devices.yml", "compose.devices.tls.yml"}
+    files = set(re.findall(r"-f docker/(compose[\w.-]*\.yml)", commands))
+    assert files and files <= {p.name for p in DOCKER.glob("compose*.yml")} | generated
+    assert commands.index("docker/prepare.sh") < commands.index(" up -d")
+    # the connection `flwr run` uses is the one the docs define, with an absolute certificate path
+    # (Flower 1.41 refuses a relative one) and `insecure = true` for the plain federation
+    defined = dict(re.findall(r"\[superlink\.([\w-]+)\]\n((?:[a-z-]+ = .*\n)+)", commands))
+    used = set(re.findall(r"flwr (?:run \.|log \S+|ls) ([\w-]+)", commands))
+    assert used and used <= set(defined), (used, set(defined))
+    assert any('root-certificates = "$PWD/docker/certs/ca.crt"' in body for body in defined.values())
+    assert any("insecure = true" in body for body in defined.values())
+    # results: a relative out-dir (it lands in the named volume) and the copy to the host
+    assert re.search(r'out-dir="results/[\w-]+"', commands) and "exec -T serverapp tar" in commands
+    assert 'resume-from="auto"' in commands and "down -v" in section
+    # the same commands for Docker and podman
+    assert 'COMPOSE="docker compose"' in commands and 'COMPOSE="podman-compose"' in commands
+    assert "podman-compose==1.6.0" in commands
 
 
 def test_make_certs_issues_a_ca_signed_server_certificate_with_the_given_names(tmp_path):
