@@ -346,8 +346,22 @@ class BiPartitioning(ClusteredStrategy):
         """Why the run ended with one cluster (None when it has more)."""
         if len(set(self.assignment.values())) > 1:
             return None
-        return one_cluster_reason(self.one_cluster_reasons, self.refusal_codes(), self.split_allowed, len(self.splits),
-                                  timing=self.timing_code)
+        reason = one_cluster_reason(self.one_cluster_reasons, self.refusal_codes(), self.split_allowed,
+                                    len(self.splits), timing=self.timing_code)
+        if self.splits and self.merges:  # merged back: name the last merge's evidence and thresholds
+            reason += "; " + self.merge_evidence(self.merges[-1])
+        return reason
+
+    def merge_evidence(self, merge: dict[str, Any]) -> str:
+        """One merge's numbers against the thresholds that allowed it, for the reason."""
+        c = self.params
+        parts = [f"round cosine {merge['cosine']:.3f} >= merge-min-cosine {c.merge_min_cosine}"]
+        if merge.get("drift_cosine") is not None:
+            parts.append(f"drift cosine {merge['drift_cosine']:.3f} >= {c.merge_min_cosine}")
+        if merge.get("silhouette") is not None:
+            parts.append(f"silhouette {merge['silhouette']:.3f} <= merge-max-silhouette {c.merge_max_silhouette}")
+        return f"last merge (round {merge['round']}, clusters {merge['merged'][0]} and {merge['merged'][1]}): " \
+               + ", ".join(parts) + " (merge = false keeps the splits)"
 
     def similarity_record(self, keys: list[str], S: np.ndarray) -> dict[str, Any]:
         return {"keys": list(keys), "matrix": np.round(S, SIMILARITY_DECIMALS).tolist()}
