@@ -4,21 +4,8 @@ converged, HiCFL must not split a 4-client group in two on noise."""
 
 from __future__ import annotations
 
-import logging
-
-import pytest
-import torch
-from model_matrix.cells import run_cell, rounds_for
-
-
-@pytest.fixture(autouse=True)
-def one_thread_quiet_flower():
-    threads, level = torch.get_num_threads(), logging.getLogger("flwr").level
-    torch.set_num_threads(1)  # tiny models on shared cores
-    logging.getLogger("flwr").setLevel(logging.ERROR)
-    yield
-    torch.set_num_threads(threads)
-    logging.getLogger("flwr").setLevel(level)
+from model_matrix.cells import rounds_for, run_cell
+from test_model_matrix import one_thread_quiet_flower  # noqa: F401  (autouse: one thread, quiet Flower)
 
 
 def test_cfl_keeps_converged_true_groups_apart():
