@@ -52,3 +52,12 @@ def test_one_member_cluster_judged_on_the_round_alone():
     updates[1] = updates[0] + 0.01  # the same direction this round
     pairs = merge_pairs({0: updates[0], 1: updates[1]}, min_cosine=0.6, drift=lambda a, b: -1.0)
     assert [(p.a, p.b) for p in pairs] == [(0, 1)] and np.isnan(pairs[0].drift_cosine)
+
+
+def test_clusters_too_small_to_split_are_judged_on_the_round():
+    # two 2-member halves of one group, one round after an over-split: their drift is noise
+    updates = converged_clusters(members=2)
+    pair = {0: updates[0], 1: updates[0] + 0.05}
+    assert merge_pairs(pair, min_cosine=0.6, drift=lambda a, b: 0.4) == []
+    merged = merge_pairs(pair, min_cosine=0.6, drift=lambda a, b: 0.4, min_drift_members=3)
+    assert [(p.a, p.b) for p in merged] == [(0, 1)] and np.isnan(merged[0].drift_cosine)

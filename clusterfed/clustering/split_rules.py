@@ -144,7 +144,8 @@ class MergePair:
 
 def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine: float = 0.6,
                 max_silhouette: float = 0.5,
-                drift: Callable[[Hashable, Hashable], float] | None = None) -> list[MergePair]:
+                drift: Callable[[Hashable, Hashable], float] | None = None,
+                min_drift_members: int = 2) -> list[MergePair]:
     """Pairs of clusters to merge: the cosine of their members' mean updates is at least
     ``min_cosine`` AND the silhouette of their joint members (labelled by cluster, on
     1 − cos of the individual updates) is at most ``max_silhouette`` — the two clusters
@@ -157,11 +158,13 @@ def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine
     chains).
 
     ``drift(a, b)``: the cosine of the two clusters' model drifts since the split that
-    separated them (NaN: unknown). Two clusters of at least 2 members each are merged only
-    if it, too, reaches ``min_cosine``: once both have converged, one round's updates are
+    separated them (NaN: unknown). Two clusters of at least ``min_drift_members`` members
+    each are merged only if it, too, reaches ``min_cosine``: once both have converged, one round's updates are
     mostly noise and look alike whether or not the clusters hold the same group, while the
     drift sums every round's pull (two halves of one group drift the same way, two groups
-    apart). A one-member cluster is judged as before, on this round's updates alone.
+    apart). A smaller cluster is judged on this round's updates alone (and a one-member
+    cluster on their cosine alone): a side too small to be split itself is what an
+    over-split leaves, and its drift over the few rounds since is mostly noise.
     """
     names = list(updates_by_cluster)
     mats = {c: np.atleast_2d(np.asarray(updates_by_cluster[c], dtype=np.float64)) for c in names}
@@ -179,7 +182,8 @@ def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine
                                        np.arange(mats[a].shape[0], U.shape[0]))
                 if sil > max_silhouette:
                     continue
-                drift_cos = float("nan") if drift is None else float(drift(a, b))
+                small = min(mats[a].shape[0], mats[b].shape[0]) < min_drift_members
+                drift_cos = float("nan") if drift is None or small else float(drift(a, b))
                 if drift_cos < min_cosine:  # NaN passes: no drift known
                     continue
             else:

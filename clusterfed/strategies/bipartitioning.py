@@ -288,7 +288,8 @@ class BiPartitioning(ClusteredStrategy):
             updates = {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
             pairs = merge_pairs(updates, min_cosine=self.params.merge_min_cosine,
                                 max_silhouette=self.params.merge_max_silhouette,
-                                drift=lambda a, b: self.drift_cosine(a, b, names))
+                                drift=lambda a, b: self.drift_cosine(a, b, names),
+                                min_drift_members=self.params.min_split_size)
         for pair in pairs:
             silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
             drift = None if np.isnan(pair.drift_cosine) else pair.drift_cosine
