@@ -22,7 +22,7 @@ Pure NumPy/SciPy; client keys and layer names are any hashables.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,10 +139,13 @@ class MergePair:
     b: Hashable
     cosine: float  # cosine of the two clusters' mean updates
     silhouette: float  # silhouette of the two clusters' members, labelled by cluster
+    drift_cosine: float = float("nan")  # cosine of their model drifts since the split between them
 
 
 def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine: float = 0.6,
-                max_silhouette: float = 0.5) -> list[MergePair]:
+                max_silhouette: float = 0.5,
+                drift: Callable[[Hashable, Hashable], float] | None = None,
+                min_drift_members: int = 2) -> list[MergePair]:
     """Pairs of clusters to merge: the cosine of their members' mean updates is at least
     ``min_cosine`` AND the silhouette of their joint members (labelled by cluster, on
     1 − cos of the individual updates) is at most ``max_silhouette`` — the two clusters
@@ -153,6 +156,15 @@ def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine
     judged on the cosine alone (no silhouette; reported as NaN). Greedy: pairs sorted by
     cosine, best first, each cluster in at most one pair per call (repeat next round for
     chains).
+
+    ``drift(a, b)``: the cosine of the two clusters' model drifts since the split that
+    separated them (NaN: unknown). Two clusters of at least ``min_drift_members`` members
+    each are merged only if it, too, reaches ``min_cosine``: once both have converged, one round's updates are
+    mostly noise and look alike whether or not the clusters hold the same group, while the
+    drift sums every round's pull (two halves of one group drift the same way, two groups
+    apart). A smaller cluster is judged on this round's updates alone (and a one-member
+    cluster on their cosine alone): a side too small to be split itself is what an
+    over-split leaves, and its drift over the few rounds since is mostly noise.
     """
     names = list(updates_by_cluster)
     mats = {c: np.atleast_2d(np.asarray(updates_by_cluster[c], dtype=np.float64)) for c in names}
@@ -170,9 +182,13 @@ def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine
                                        np.arange(mats[a].shape[0], U.shape[0]))
                 if sil > max_silhouette:
                     continue
+                small = min(mats[a].shape[0], mats[b].shape[0]) < min_drift_members
+                drift_cos = float("nan") if drift is None or small else float(drift(a, b))
+                if drift_cos < min_cosine:  # NaN passes: no drift known
+                    continue
             else:
-                sil = float("nan")
-            found.append(MergePair(a, b, cos, sil))
+                sil, drift_cos = float("nan"), float("nan")
+            found.append(MergePair(a, b, cos, sil, drift_cos))
     found.sort(key=lambda p: -p.cosine)
     used: set = set()
     out = []

@@ -108,6 +108,8 @@ class BiPartitioningState(ClusteredState):
     max_mean_norm: dict[int, float] = field(default_factory=dict)  # relative criteria: largest mean-norm per cluster
     final_clustering_round: int | None = None
     merges: list[dict[str, Any]] = field(default_factory=list)
+    # split node -> the model its children started from: what a merge measures their drift against
+    split_models: dict[int, Arrays] = field(default_factory=dict)
     merged: set[int] = field(default_factory=set)  # clusters made by a merge: final, never split again
     split_allowed: bool = False  # whether the size and round rules ever allowed a split
     # members placed on a side of a split they sat out -> that split's node, until they are
@@ -263,6 +265,7 @@ class BiPartitioning(ClusteredStrategy):
             self.assignment[key] = b
         self.max_mean_norm.pop(cluster, None)
         self.routes[cluster] = route
+        self.split_models[cluster] = model
         record = {"round": server_round, "parent": cluster, "children": [a, b], "members": [keys_a, keys_b], **record}
         self.splits.append(record)
         self.final_clustering_round = server_round
@@ -284,10 +287,31 @@ class BiPartitioning(ClusteredStrategy):
         with self.timed():
             updates = {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
             pairs = merge_pairs(updates, min_cosine=self.params.merge_min_cosine,
-                                max_silhouette=self.params.merge_max_silhouette)
+                                max_silhouette=self.params.merge_max_silhouette,
+                                drift=lambda a, b: self.drift_cosine(a, b, names),
+                                min_drift_members=self.params.min_split_size)
         for pair in pairs:
             silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
-            self.apply_merge(server_round, pair.a, pair.b, {"cosine": pair.cosine, "silhouette": silhouette})
+            drift = None if np.isnan(pair.drift_cosine) else pair.drift_cosine
+            self.apply_merge(server_round, pair.a, pair.b,
+                             {"cosine": pair.cosine, "silhouette": silhouette, "drift_cosine": drift})
+
+    def drift_cosine(self, a: int, b: int, names: list[str]) -> float:
+        """Cosine of the two clusters' model drifts since the split that separated them (their
+        models minus the model that split's children started from): every round's pull summed,
+        where one round's updates of two converged clusters are mostly noise. NaN when they
+        share no split (a merged cluster has no parent)."""
+        ancestors, node = [], a
+        while node is not None:
+            ancestors.append(node)
+            node = self.tree.node(node).parent
+        node = b
+        while node is not None and node not in ancestors:
+            node = self.tree.node(node).parent
+        if node is None or node not in self.split_models:
+            return float("nan")
+        start = flatten(self.split_models[node], names)
+        return cosine(flatten(self.models[a], names) - start, flatten(self.models[b], names) - start)
 
     def apply_merge(self, server_round: int, a: int, b: int, record: dict[str, Any]) -> int:
         """Replace leaves ``a`` and ``b`` by one new leaf whose model is theirs averaged by size."""
@@ -306,7 +330,8 @@ class BiPartitioning(ClusteredStrategy):
         record = {"round": server_round, "merged": [a, b], "into": merged, "members": [keys_a, keys_b], **record}
         self.merges.append(record)
         self.final_clustering_round = server_round
-        self.round_extra["merges"].append({k: record[k] for k in ("merged", "into", "cosine", "silhouette")})
+        self.round_extra["merges"].append(
+            {k: record[k] for k in ("merged", "into", "cosine", "silhouette", "drift_cosine") if k in record})
         self.after_merge(merged, keys_a + keys_b)
         return merged
 
@@ -322,8 +347,22 @@ class BiPartitioning(ClusteredStrategy):
         """Why the run ended with one cluster (None when it has more)."""
         if len(set(self.assignment.values())) > 1:
             return None
-        return one_cluster_reason(self.one_cluster_reasons, self.refusal_codes(), self.split_allowed, len(self.splits),
-                                  timing=self.timing_code)
+        reason = one_cluster_reason(self.one_cluster_reasons, self.refusal_codes(), self.split_allowed,
+                                    len(self.splits), timing=self.timing_code)
+        if self.splits and self.merges:  # merged back: name the last merge's evidence and thresholds
+            reason += "; " + self.merge_evidence(self.merges[-1])
+        return reason
+
+    def merge_evidence(self, merge: dict[str, Any]) -> str:
+        """One merge's numbers against the thresholds that allowed it, for the reason."""
+        c = self.params
+        parts = [f"round cosine {merge['cosine']:.3f} >= merge-min-cosine {c.merge_min_cosine}"]
+        if merge.get("drift_cosine") is not None:
+            parts.append(f"drift cosine {merge['drift_cosine']:.3f} >= {c.merge_min_cosine}")
+        if merge.get("silhouette") is not None:
+            parts.append(f"silhouette {merge['silhouette']:.3f} <= merge-max-silhouette {c.merge_max_silhouette}")
+        return f"last merge (round {merge['round']}, clusters {merge['merged'][0]} and {merge['merged'][1]}): " \
+               + ", ".join(parts) + " (merge = false keeps the splits)"
 
     def similarity_record(self, keys: list[str], S: np.ndarray) -> dict[str, Any]:
         return {"keys": list(keys), "matrix": np.round(S, SIMILARITY_DECIMALS).tolist()}
