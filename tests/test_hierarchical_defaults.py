@@ -110,7 +110,8 @@ def test_a_split_of_one_group_is_merged_back_with_models_averaged_by_size():
     merged = merge["into"]
     assert merge["merged"] == [a, b] and merge["cosine"] >= 0.6 and merge["silhouette"] <= 0.5
     assert extra["merges"] == [{"merged": [a, b], "into": merged, "cosine": merge["cosine"],
-                                "silhouette": merge["silhouette"]}]
+                                "silhouette": merge["silhouette"], "drift_cosine": merge["drift_cosine"]}]
+    assert merge["drift_cosine"] >= 0.6  # both halves moved the same way since the split
     assert set(cfl.assignment.values()) == {merged} and set(cfl.models) == {merged}
     assert cfl.tree.leaves() == [merged] and cfl.final_clustering_round == 2
     # every client has 50 examples: averaged by member count (aggregation happens in round(), not here)

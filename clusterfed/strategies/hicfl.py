@@ -166,7 +166,7 @@ class HiCFLParams(BiPartitioningParams):
     min_side: int = Field(2, alias="min-side", json_schema_extra={"legacy": "hicfl-min-side"}, ge=1, description="fewest members on each side of a split")
     small_side_reference_draws: int = Field(
         SMALL_SIDE_DRAWS, alias="small-side-reference-draws", ge=0,
-        description="a linkage split leaving a side of fewer than min-split-size members must also beat the best-cut "
+        description="a linkage split leaving a side of 2 to min-split-size - 1 members must also beat the best-cut "
                     "silhouette of this many group-free rotations of the members' updates (0 = off)")
 
 
@@ -393,14 +393,17 @@ class HiCFL(BiPartitioning):
         ``min-split-size`` members must beat: the largest over ``small-side-reference-draws``
         rotation-test draws of the members' updates of the proposal's layer
         (``null_reference``, exact for Gaussian noise of any covariance). None when both
-        sides are larger, for the reference rule, or with draws = 0. Noise split into small
+        sides are larger, when a side is one client (``min-side`` = 1 allows such outliers), for
+        the reference rule, or with draws = 0. Noise split into small
         sides reaches the fixed ``min-silhouette`` easily (a 2 | 2 cut of 4 noisy updates
         scores about 0.5); the rotations score what such noise reaches. Only small sides are
         tested: where one direction dominates the updates (two clear groups) the rotations
         keep it and score as high as the real cut."""
         draws = self.params.small_side_reference_draws
-        if (draws <= 0 or self.params.split != "linkage"
-                or min(len(side) for side in proposal["keys"]) >= self.params.min_split_size):
+        smallest = min(len(side) for side in proposal["keys"])
+        # a one-member side is an outlier that min-side = 1 asked for; the rotations spread
+        # one outlier's deviation over every row and score higher than it, so they cannot judge it
+        if draws <= 0 or self.params.split != "linkage" or smallest >= self.params.min_split_size or smallest < 2:
             return None
         layer = proposal["layer"]
         U = np.stack([self.tracker.last_update(k, layer) for k in members]).astype(np.float64)
