@@ -418,6 +418,25 @@ def test_the_strategies_show_their_parameters_and_the_package_its_names():
     assert (ROOT / "clusterfed" / "py.typed").exists()
 
 
+def test_the_type_stub_gives_ide_completion_each_strategys_keywords():
+    """IDEs and type checkers read clusterfed/__init__.pyi, not the run-time signature: it is
+    current, parses, and declares every Params field as a keyword of the strategy's __init__."""
+    import ast
+
+    from clusterfed import reference
+
+    text = (ROOT / "clusterfed" / "__init__.pyi").read_text()
+    assert text == reference.stub(), "run python -m clusterfed.reference --write"
+    classes = {node.name: node for node in ast.parse(text).body if isinstance(node, ast.ClassDef)}
+    for name, cls in clustered_classes().items():
+        public = cls.__name__
+        if public not in classes:
+            continue  # a registered strategy that is not a public name (e.g. Flower's own FedAvg)
+        init = next(n for n in classes[public].body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+        assert [a.arg for a in init.args.kwonlyargs] == list(cls.Params.model_fields), name
+    assert {"FedClust", "CFL", "HiCFL", "IFCA", "AdaCFL"} <= set(classes)
+
+
 def test_the_helpers_capabilities_are_the_strategies_capability_names():
     from clusterfed.client.app import HELPER_CAPABILITIES
     from clusterfed.strategies.base import CAPABILITIES
