@@ -78,4 +78,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) - {"import_module", "annotations", "TYPE_CHECKING"} | set(__all__))
+    return sorted(set(globals()) - {"import_module", "annotations", "TYPE_CHECKING", "_PUBLIC"} | set(__all__))

@@ -356,6 +356,42 @@ def test_a_model_that_does_not_match_the_clients_stops_in_round_1_naming_array_a
     assert strategy.driver.completed_rounds == 0 and grid.sent.count("train") == 4
 
 
+def test_initial_arrays_the_clients_cannot_load_stop_before_round_1_with_torchs_own_words():
+    """The probe evaluates start()'s initial_arrays: when a client's load_state_dict refuses
+    them, the run stops as a model mismatch quoting torch's list, not as failing clients."""
+    grid = recording_grid()
+    other = {"fc.weight": torch.zeros(3, 5), "fc.bias": torch.zeros(3)}
+    with pytest.raises(clusterfed.ModelMismatchError, match=r"initial_arrays are not the model the ClientApp "
+                                                           r"trains.*Missing key\(s\) in state_dict"):
+        clusterfed.FedClust().start(grid=grid, initial_arrays=ArrayRecord(other), num_rounds=2,
+                                    train_config=ConfigRecord({"lr": 0.1}))
+    assert "train" not in grid.sent
+
+
+def test_a_name_filter_that_selects_nothing_is_a_parameter_error_of_the_strategy():
+    for strategy in (clusterfed.FedClust(compare_arrays="nomatch.*"), clusterfed.CFL(compare_arrays="nomatch.*")):
+        grid = recording_grid()
+        with pytest.raises(StrategyParamsError, match=rf"^{strategy.name}: .*'nomatch\.\*'"):
+            strategy.start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), num_rounds=2,
+                           train_config=ConfigRecord({"lr": 0.1}))
+        assert "train" not in grid.sent
+
+
+def test_adacfls_refusal_names_the_stock_client_alternative():
+    with pytest.raises(clusterfed.CapabilityError, match=r"AdaCFL\(share_label_stats=False\)"):
+        run_user_app(clusterfed.AdaCFL(), 2)
+
+
+def test_the_round_line_says_when_clients_were_asked_more_than_once(caplog):
+    """FedClust's clustering step sends a stock client its own reply back until it has
+    trained cluster-epochs: the round line counts replies and clients apart."""
+    caplog.set_level(logging.INFO, logger="flwr")
+    run_user_app(clusterfed.FedClust(cluster_epochs=3), 1, num_clients=4)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[ROUND 1/")]
+    # 3 clustering requests a client (its epoch each), then the round's own training
+    assert "train: 16 of 16 replies accepted from 4 clients (some asked more than once)" in line
+
+
 def test_num_rounds_below_one_is_refused_before_any_message():
     grid = recording_grid()
     for rounds in (0, -1):

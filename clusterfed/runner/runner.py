@@ -108,10 +108,11 @@ def client_exception(text: str) -> str:
     return text
 
 
-def first_line(reason: str) -> str:
+def first_line(reason: str, lines: int = 1) -> str:
     """An error reply's reason as one line: ``Type: message`` (Flower's ``<class ...>:<'...'>``
     wrapper, the simulation engine's Ray wrapper and the client-key tag taken off), the
-    first non-empty line, at most ``REASON_CHARS`` characters."""
+    first non-empty line (the first ``lines`` joined, for a message that must show more,
+    e.g. torch's list of missing keys), at most ``REASON_CHARS`` characters a line."""
     text = ANSI.sub("", str(reason or ""))
     match = FLOWER_REASON.match(text.strip())
     if match is not None:
@@ -119,8 +120,13 @@ def first_line(reason: str) -> str:
         text = client_exception(inner) if RAY_CAUSE in inner or CLIENT_APP_EXCEPTION in inner else \
             f"{match.group(1).rpartition('.')[2]}: {inner}"
     text = KEY_IN_REASON.sub("", text, count=1)
-    line = next((part.strip() for part in text.splitlines() if part.strip()), "")
-    return line if len(line) <= REASON_CHARS else line[:REASON_CHARS - 1] + "…"
+    parts = [part.strip() for part in text.splitlines() if part.strip()][:lines]
+    return " ".join(part if len(part) <= REASON_CHARS else part[:REASON_CHARS - 1] + "…" for part in parts)
+
+
+# what a ClientApp's error says when the arrays it was sent do not load into its model (torch's
+# load_state_dict, or a shape error of the client's own loading)
+LOAD_ERROR = re.compile(r"state_dict|size mismatch|Missing key|Unexpected key|shape mismatch", re.IGNORECASE)
 
 
 def is_profile(content: RecordDict) -> bool:
@@ -214,6 +220,7 @@ class RoundDriver:
         self.failing_rounds = 0  # rounds in a row in which train was asked and no reply accepted
         self.round_asked = 0  # train replies asked for this round
         self.round_accepted = 0  # and accepted
+        self.round_trainers: set[str] = set()  # clients asked to train this round (a client may be asked twice)
         # per client: failures in a row and the last reason (status.json's "failing")
         self.failing: dict[str, tuple[int, str]] = {}
 
@@ -253,6 +260,7 @@ class RoundDriver:
             self.release_newcomers(server_round)
             self.answered, self.messaged, self.lags, self.failed_keys = set(), set(), [], set()
             self.round_asked = self.round_accepted = 0
+            self.round_trainers = set()
             self.discover(server_round)
             if server_round == first_round:
                 self.check_capabilities()
@@ -301,8 +309,10 @@ class RoundDriver:
         failed = len(self.failed_keys)
         evaluated = {k: v for k, v in result.evaluate_metrics_clientapp.get(server_round, {}).items()
                      if k not in ("num-examples", *STOCK_KEY_METRICS)}
+        trainers = len(self.round_trainers)
+        several = f" from {trainers} clients (some asked more than once)" if self.round_asked > trainers else ""
         parts = [f"[ROUND {server_round}/{num_rounds}] train: {self.round_accepted} of {self.round_asked} replies "
-                 f"accepted" + (f", {failed} client(s) failed" if failed else ""),
+                 f"accepted{several}" + (f", {failed} client(s) failed" if failed else ""),
                  f"{clusters} cluster{'s' if clusters != 1 else ''}"]
         if loss is not None:
             parts.append(f"train loss {loss:.4g}")
@@ -385,7 +395,8 @@ class RoundDriver:
             raise CapabilityError(
                 f"strategy {self.strategy.name!r} needs clients capable of {what}, but {len(self.stock)} client(s) "
                 f"answer as a stock Flower ClientApp (no profile): {nodes}. Build the ClientApp with "
-                f"clusterfed.client (see the README, 'Use clusterfed in your own Flower app').")
+                f"clusterfed.client (see the README, 'Use clusterfed in your own Flower app')"
+                + (f", or {self.strategy.stock_alternative}." if self.strategy.stock_alternative else "."))
 
     def drive(self, server_round: int, steps) -> None:
         """Run one round of the strategy: each list of asks it yields is sent, and the
@@ -524,7 +535,7 @@ class RoundDriver:
         message_ids, replies = push_and_collect(self.grid, messages, self.timeout, self.lags)
         node_of_message = dict(zip(message_ids, new_nodes))
         first_contact = not self.clients
-        reasons = []
+        reasons, load_errors = [], []  # every failed probe; those whose arrays did not load
         answered = set()
         for reply in replies:
             node = node_of_message[reply.metadata.reply_to_message_id]
@@ -539,8 +550,10 @@ class RoundDriver:
                 key = key_in_reason(reply.error.reason)
                 self.fail("error", reply.error.reason, key, node)
                 reasons.append(first_line(reply.error.reason))
-                log(logging.WARNING, "round %s: profile of client %s (node %s) failed: %s", server_round,
-                    key if key is not None else "(no key)", node, first_line(reply.error.reason))
+                if LOAD_ERROR.search(reply.error.reason):
+                    load_errors.append(f"Client on node {node}: {first_line(reply.error.reason, lines=4)}")
+                log(logging.WARNING, "round %s: profile of %s failed: %s", server_round,
+                    f"client {key} (node {node})" if key is not None else f"node {node}", first_line(reply.error.reason))
                 self.profile_failed(server_round, node, key)
                 continue
             if not is_profile(reply.content):
@@ -559,6 +572,11 @@ class RoundDriver:
                 self.fail("timeout", f"no reply to the profile probe within {self.timeout:g} s", None, node)
                 self.profile_failed(server_round, node, None)
         if first_contact and not self.clients:
+            if load_errors:  # the probe evaluates start()'s initial_arrays: they do not load
+                raise ModelMismatchError(
+                    f"the clients cannot load the initial arrays: start()'s initial_arrays are not the model "
+                    f"the ClientApp trains; give start() that model's arrays (ArrayRecord(Net().state_dict())). "
+                    f"{load_errors[0]}")
             raise ClientFailureError(f"no client could be profiled; the first error: "
                                      f"{reasons[0] if reasons else 'no reply'}")
         if first_contact and self.options.newcomer_fraction > 0:
@@ -676,6 +694,7 @@ class RoundDriver:
         replies = Replies(bytes_up=bytes_up)
         mismatches = []
         self.round_asked += len(asks)
+        self.round_trainers.update(ask.key for ask in asks)
         for ask in asks:
             if ask.key not in received:
                 continue

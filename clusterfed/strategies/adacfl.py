@@ -100,6 +100,8 @@ class AdaCFL(OneShotClustering):
     State = AdaCFLState
     layer_rule = "smallest-fc"
 
+    stock_alternative = "construct AdaCFL(share_label_stats=False), which needs no label statistics"
+
     def requires(self) -> set[str]:
         return {LABEL_STATS} if self.params.share_label_stats else set()
 

@@ -62,6 +62,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from clusterfed.models.layers import select_layers
 from clusterfed.models.parameters import compared_names
 
 from clusterfed.strategies.exchange import (
@@ -249,6 +250,10 @@ class ClusteredStrategy(Strategy):
             raise ValueError(f"state fields {sorted(unknown)} are not part of {self.State.__name__}")
         self.state = self.State(**copy.deepcopy(state))
 
+    # how to run this strategy with stock ClientApps when ``requires`` names a capability they
+    # lack, if there is a way (quoted by the CapabilityError)
+    stock_alternative: str | None = None
+
     def requires(self) -> set[str]:
         """Client capabilities this configuration needs beyond a stock Flower ClientApp (``CAPABILITIES``)."""
         return set()
@@ -365,6 +370,15 @@ class ClusteredStrategy(Strategy):
         or names an array the model lacks."""
         try:
             return compared_names(self.theta0, self.params.compare_arrays)
+        except ValueError as error:
+            raise StrategyParamsError(f"{self.name}: {error}") from None
+
+    def select_compared_layers(self, rule: str) -> list[str]:
+        """The compared arrays of θ0 that layer ``rule`` picks (``select_layers``);
+        StrategyParamsError, named for the strategy, when the rule or ``compare-arrays``
+        selects nothing."""
+        try:
+            return select_layers(self.theta0, rule, self.params.compare_arrays)
         except ValueError as error:
             raise StrategyParamsError(f"{self.name}: {error}") from None
 

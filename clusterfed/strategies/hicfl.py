@@ -114,7 +114,6 @@ from clusterfed.clustering.split_rules import (
     sides_silhouette,
 )
 from clusterfed.clustering.stability import StabilityTracker, centred_updates, reference_split
-from clusterfed.models.layers import select_layers
 from clusterfed.strategies.base import StrategyParamsError
 from clusterfed.strategies.bipartitioning import (
     BiPartitioning,
@@ -219,7 +218,7 @@ class HiCFL(BiPartitioning):
         self.xi = 0.05 * float(self.train_config["lr"]) if xi is None else xi
         self.tracker = StabilityTracker(self.params.window, self.xi, min_kept_fraction=MIN_KEPT_FRACTION)
         rule = self.params.cluster_layers
-        names = self.compared if rule == "auto" else select_layers(self.theta0, rule, self.params.compare_arrays)
+        names = self.compared if rule == "auto" else self.select_compared_layers(rule)
         self.layer_keys = {}
         for name in names:  # named layer = state-dict prefix: weight and bias together
             self.layer_keys.setdefault(name.rsplit(".", 1)[0], []).append(name)

@@ -110,7 +110,7 @@ class LayerCFL(CFL):
             fallbacks = {"conv": ("conv", "fc", "final"), "fc": ("fc", "final")}[rule]
             rule = next((r for r in fallbacks if _has_layer(self.theta0, r, compare)), "final")
         self.layer_rule = rule
-        self.selected_names = select_layers(self.theta0, rule, compare)
+        self.selected_names = self.select_compared_layers(rule)
 
     def decision_names(self) -> list[str]:
         return self.selected_names

@@ -50,7 +50,6 @@ from clusterfed.clustering import (
     place_newcomer,
     stack_partials,
 )
-from clusterfed.models.layers import select_layers
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
 from clusterfed.strategies.exchange import UPLOAD_FULL, Arrays, TrainReply, natural
 
@@ -115,8 +114,8 @@ class OneShotClustering(ClusteredStrategy):
         self.clustered = False
         self.cluster_start = self.theta0
         self.references = {}
-        self.layer_keys = select_layers(self.theta0, self.layer_rule if self.params.cluster_layers == "auto"
-                                        else self.params.cluster_layers, self.params.compare_arrays)
+        self.layer_keys = self.select_compared_layers(self.layer_rule if self.params.cluster_layers == "auto"
+                                                      else self.params.cluster_layers)
         self.clustering_state = {}
 
     def draw_sample(self, server_round: int) -> list[str] | None:

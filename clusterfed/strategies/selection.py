@@ -58,7 +58,6 @@ from pydantic import Field
 
 from clusterfed.clustering import (ClusterCountController, cluster_auto, cluster_into_k, cluster_references,
                                    loss_reduction_ratio, nearest_cluster)
-from clusterfed.models.layers import select_layers
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams, mean_train_loss
 from clusterfed.strategies.exchange import TrainReply, natural
 
@@ -103,7 +102,7 @@ class ClientSelection(ClusteredStrategy):
 
     def init_clusters(self) -> None:
         super().init_clusters()
-        self.layer_keys = select_layers(self.theta0, "final", self.params.compare_arrays)
+        self.layer_keys = self.select_compared_layers("final")
         self.latest = {}
         self.previous_loss = None
         self.controller = None
