@@ -321,6 +321,10 @@ def test_cluster_tree_rules():
         tree.add_member(p, "e")
     with pytest.raises(ValueError):
         ClusterTree(["a", "a"])
+    # the split both descend from: their nearest common ancestor; a merged node has none
+    assert tree.common_ancestor(p, q) == x and tree.common_ancestor(p, r) == 0 and tree.common_ancestor(p, x) == x
+    merged = tree.merge(p, q)
+    assert tree.common_ancestor(merged, r) is None
     rebuilt = ClusterTree.from_dict(json.loads(json.dumps(tree.to_dict())))
     t1, t2 = rebuilt.split(s, [0], [1])
     assert t1 == max(tree.leaves()) + 1  # ids keep counting after a restore

@@ -360,6 +360,18 @@ class ClusterTree:
         """The cluster's current member keys, in the order positions refer to."""
         return list(self.node(cluster_id).members)
 
+    def common_ancestor(self, a: int, b: int) -> int | None:
+        """The nearest node both ``a`` and ``b`` descend from (either itself included), or
+        None when they share none (a merged node has no parent)."""
+        ancestors, node = set(), a
+        while node is not None:
+            ancestors.add(node)
+            node = self.node(node).parent
+        node = b
+        while node is not None and node not in ancestors:
+            node = self.node(node).parent
+        return node
+
     def leaves(self) -> list[int]:
         """Ids of the active (leaf) clusters, in creation order."""
         return [cid for cid, n in self._nodes.items() if n.is_leaf]

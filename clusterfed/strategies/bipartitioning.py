@@ -301,13 +301,7 @@ class BiPartitioning(ClusteredStrategy):
         models minus the model that split's children started from): every round's pull summed,
         where one round's updates of two converged clusters are mostly noise. NaN when they
         share no split (a merged cluster has no parent)."""
-        ancestors, node = [], a
-        while node is not None:
-            ancestors.append(node)
-            node = self.tree.node(node).parent
-        node = b
-        while node is not None and node not in ancestors:
-            node = self.tree.node(node).parent
+        node = self.tree.common_ancestor(a, b)
         if node is None or node not in self.split_models:
             return float("nan")
         start = flatten(self.split_models[node], names)

@@ -160,8 +160,9 @@ class OneShotClustering(ClusteredStrategy):
                 ask.config["upload"] = UPLOAD_FULL
         received = yield asks
         bytes_up = received.bytes_up
-        replies = [reply for reply in received if not self.trains_on(reply, epochs)]
-        done = [reply for reply in received if self.trains_on(reply, epochs)]
+        done, replies = [], []  # trained the epochs asked / to be sent their own reply back
+        for reply in received:
+            (done if self.trains_on(reply, epochs) else replies).append(reply)
         chained = 0
         for _ in range(self.stock_requests() - 1):
             if not replies:
