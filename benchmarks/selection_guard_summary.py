@@ -4,12 +4,14 @@ transmissions as a share of FedAvg's (mean and largest), read from each folder's
 
     python benchmarks/selection_guard_summary.py [benchmarks/results/selection-guard]
 
-Writes summary.md beside the grid folders and prints it.
+Writes summary.md (and the same numbers as plain data, summary.json) beside the grid folders
+and prints the table.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 
@@ -25,6 +27,29 @@ def rows_by_strategy(folder: Path) -> dict[str, dict[int, dict]]:
         for row in csv.DictReader(handle):
             if row.get("final_accuracy"):
                 out.setdefault(row["strategy"], {})[int(row["seed"])] = row
+    return out
+
+
+def grid_summary(folder: Path) -> dict:
+    """The table's numbers as plain data (fractions, not percent): FedAvg's final accuracy and
+    transmissions, and per variant its accuracy, gap to FedAvg (mean, worst seed) and share of
+    FedAvg's transmissions (mean, largest)."""
+    runs = rows_by_strategy(folder)
+    fedavg = runs.pop("fedavg")
+    seeds = sorted(fedavg)
+    base = mean_std(float(fedavg[s]["final_accuracy"]) for s in seeds)
+    out = {"seeds": seeds, "fedavg": {"final_accuracy_mean": base.mean, "final_accuracy_std": base.std,
+                                      "transmissions": float(fedavg[seeds[0]]["transmissions"])}, "variants": {}}
+    for name, by_seed in sorted(runs.items()):
+        common = [s for s in seeds if s in by_seed]
+        gaps = [float(by_seed[s]["final_accuracy"]) - float(fedavg[s]["final_accuracy"]) for s in common]
+        shares = [float(by_seed[s]["transmissions"]) / float(fedavg[s]["transmissions"]) for s in common]
+        worst = min(range(len(gaps)), key=gaps.__getitem__)
+        acc = mean_std(float(by_seed[s]["final_accuracy"]) for s in common)
+        out["variants"][name] = {"final_accuracy_mean": acc.mean, "final_accuracy_std": acc.std,
+                                 "gap_mean": sum(gaps) / len(gaps), "gap_worst": gaps[worst],
+                                 "gap_worst_seed": common[worst], "share_mean": sum(shares) / len(shares),
+                                 "share_max": max(shares), "seeds": common}
     return out
 
 
@@ -63,6 +88,8 @@ def main(argv: list[str]) -> int:
         lines += grid_table(folder)
     text = "\n".join(lines)
     (root / "summary.md").write_text(text)
+    summary = {folder.name: grid_summary(folder) for folder in folders}
+    (root / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(text)
     return 0
 
