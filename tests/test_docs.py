@@ -104,7 +104,7 @@ UNIT = r"(?:%|pp\b|ms\b|s\b|min\b|h\b|[KMG]i?B\b|bytes\b|×(?!\s?\d))"
 NUM = r"\d{1,3}(?:,\d{3})+(?![\d.])|\d+(?:\.\d+)?"
 SIGNED = rf"(?:(?<![\w.)])[-−+])?(?<![\w.])(?:{NUM})"
 BIND = re.compile(
-    rf"(?P<num>{SIGNED})(?P<unit>\s?{UNIT})?(?:\*\*)?\s*"
+    rf"(?P<num>{SIGNED})(?P<unit>\s?{UNIT})?(?:\*\*|`)?\s*"
     r"<!-- bind: (?P<path>\S+) (?P<key>\S+?)(?: (?P<op>[*/])(?P<factor>\d+(?:\.\d+)?))? -->")
 QUANTITY = re.compile(r"(-?\d+(?:\.\d+)?)(?:\s?[A-Za-z%]+)?")  # "1.58 GB" in a result file reads 1.58
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
