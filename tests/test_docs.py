@@ -20,8 +20,8 @@ Rules (what a failure here means):
   ``col=value`` conditions joined by ``&`` that select exactly one row
   (``lambda.csv lambda=0.5&seed=0.ari``). Markdown tables and prose write-ups are not sources.
   A measured number is: a decimal (0.873, 12.5); any number with a unit of measure — percent
-  (61 %), points (3.1 pp), a duration (194.7 s, 40 min, 3 ms, 2 h), a size (1.58 GB, 512 MiB,
-  bytes), a factor (72.6×); an integer beside ± (38 ± 5.7); and both ends of a range with a unit
+  (61 %, percent), points (3.1 pp), a duration (194.7 s, 40 min, 3 ms, 2 h, 12 seconds), a size
+  (1.58 GB, 512 MiB, kB, bytes), a factor (72.6×, 3x); an integer beside ± (38 ± 5.7); and both ends of a range with a unit
   (2–9 min). Not measured, not checked: bare integers (counts, rounds, seeds, years), numbers in
   code spans and fenced blocks (parameters and their defaults belong there: `hicfl-tau = 0.45`),
   link targets, HTML comments, dotted versions (2.9.1), a number after a software name or
@@ -100,7 +100,8 @@ def test_generated_result_pages_are_current():
 # ---------------------------------------------------------------- numbers
 
 BIND_PREFIX = "benchmarks/results/"
-UNIT = r"(?:%|pp\b|ms\b|s\b|min\b|h\b|[KMG]i?B\b|bytes\b|×(?!\s?\d))"
+UNIT = (r"(?:%|pp\b|ms\b|s\b|min\b|h\b|[kKMGT]i?B\b|bytes\b|×(?!\s?\d)|(?<=\d)x\b|"
+        r"(?:milli)?seconds?\b|minutes?\b|hours?\b|percent\b)")
 NUM = r"\d{1,3}(?:,\d{3})+(?![\d.])|\d+(?:\.\d+)?"
 SIGNED = rf"(?:(?<![\w.)])[-−+])?(?<![\w.])(?:{NUM})"
 BIND = re.compile(
@@ -285,9 +286,10 @@ def test_the_number_rule_itself(tmp_path):
                   "0.944 <!-- bind: docs/other.json x -->",                       # not a result file
                   f"ARI <!-- bind: {page}summary.json rows.0.ari -->"):           # nothing to bind
         assert len(number_problems(wrong, tmp_path)) == 1, wrong
-    unbound = "HiCFL ended at 0.944, 45 % fewer rounds, 194.7 s, 2–9 min, 1.58 GB, 38 ± 5.7 rounds, 3.1 pp, 72.6× less"
+    unbound = ("HiCFL ended at 0.944, 45 % fewer rounds, 194.7 s, 2–9 min, 1.58 GB, 38 ± 5.7 rounds, 3.1 pp, 72.6× less,"
+               " 12 seconds, 3x")
     assert [n for n, _ in unbound_numbers(unbound)] == \
-        ["0.944", "45 %", "194.7 s", "2–9 min", "1.58 GB", "38 ±", "5.7", "3.1 pp", "72.6×"]
+        ["0.944", "45 %", "194.7 s", "2–9 min", "1.58 GB", "38 ±", "5.7", "3.1 pp", "72.6×", "12 seconds", "3x"]
     assert len(number_problems("```bash\nmake bench-quick   # about 2 min\n```\n", tmp_path)) == 1
     assert number_problems("```markdown\nARI 0.9 <!-- bind: benchmarks/results/y.json a -->\n```\n", tmp_path) == []
 
