@@ -4,7 +4,7 @@ The server builds the initial model from these, so a server that holds no data (
 deployment) can still start a run.
 """
 
-from clusterfed.datasets.sources import is_hugging_face, load_source
+from clusterfed.datasets.sources import BUILT_IN, is_hugging_face, load_source
 
 
 class _Shapes(dict):
@@ -21,12 +21,5 @@ class _Shapes(dict):
         return self[name]
 
 
-DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = _Shapes({
-    "digits": ((1, 8, 8), 10),
-    "synthetic-digits": ((1, 8, 8), 10),
-    "mnist": ((1, 28, 28), 10),
-    "fmnist": ((1, 28, 28), 10),
-    "emnist-letters": ((1, 28, 28), 26),
-    "cifar10": ((3, 32, 32), 10),
-    "svhn": ((3, 32, 32), 10),
-})
+DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = _Shapes(
+    {name: (dataset.input_shape, dataset.num_classes) for name, dataset in BUILT_IN.items()})
