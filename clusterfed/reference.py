@@ -6,8 +6,12 @@ not the signature ``inspect`` shows at run time). A test fails when the files dr
 
     python -m clusterfed.reference --write     # regenerate them (and docs/algorithms/*.md's parameter tables)
 
-The algorithm pages under docs/algorithms/ are written by hand except the block between
-``<!-- params:NAME:begin -->`` and ``<!-- params:NAME:end -->``: strategy NAME's parameters.
+Every registered strategy gets its entry in docs/configuration.md (first line of its
+docstring, parameters, capabilities it needs) and, when it is in ``clusterfed.strategies``,
+its typed class in the stub, from the registry and the class alone. The algorithm pages
+under docs/algorithms/ are optional and written by hand except the block between
+``<!-- params:NAME:begin -->`` and ``<!-- params:NAME:end -->``: strategy NAME's parameters;
+the configuration entry links to such a page when there is one.
 """
 
 from __future__ import annotations
@@ -60,6 +64,15 @@ def pyproject_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+def python_name(cls: type) -> str:
+    """How a user imports ``cls``: ``clusterfed.FedClust`` for a strategy of the package."""
+    from clusterfed.strategies import public_strategies
+
+    if public_strategies().get(cls.__name__) == cls.__module__:
+        return f"clusterfed.{cls.__name__}"
+    return f"{cls.__module__}.{cls.__name__}"
+
+
 def markdown() -> str:
     """docs/configuration.md."""
     out = ["# Configuration reference", "",
@@ -77,10 +90,13 @@ def markdown() -> str:
             "(defaults 0, 1, 1). In Python a parameter's keyword is its key in snake case (`cluster-epochs` →",
             "`cluster_epochs`; `lambda` → `lambda_`)."]
     for name, cls in clustered_classes().items():
-        out += ["", f"## `{name}` — `clusterfed.{cls.__name__}`", ""]
+        out += ["", f"## `{name}` — `{python_name(cls)}`", ""]
         doc = (cls.__doc__ or "").strip().splitlines()
         if doc:
             out += [doc[0], ""]
+        page = algorithm_page(name)
+        if page is not None:
+            out += [f"Described in [{page.name}]({page.relative_to(ROOT / 'docs').as_posix()}).", ""]
         needs = sorted(cls().requires())  # with its defaults
         rows = reference_rows(cls)
         if not rows:
@@ -126,6 +142,15 @@ def params_block(name: str) -> str:
     return "\n".join(out) + "\n"
 
 
+def algorithm_page(name: str) -> Path | None:
+    """The hand-written page under docs/algorithms/ that holds strategy NAME's parameter
+    block, if any (a strategy needs none: its entry in docs/configuration.md is generated)."""
+    for path in sorted((ROOT / "docs" / "algorithms").glob("*.md")):
+        if f"<!-- params:{name}:begin -->" in path.read_text():
+            return path
+    return None
+
+
 PARAMS_BLOCK = re.compile(r"(<!-- params:([\w-]+):begin -->\n).*?(<!-- params:\2:end -->)", re.S)
 
 
@@ -156,14 +181,15 @@ def stub() -> str:
              '--write` from each strategy\'s Params: do not edit by hand."""', "",
              "import collections.abc", "import typing", ""]
     strategies = []
-    for name, module in clusterfed._PUBLIC.items():
+    public = clusterfed._public()
+    for name, module in public.items():
         value = getattr(clusterfed, name)
         if isinstance(value, type) and issubclass(value, ClusteredStrategy) and value is not ClusteredStrategy:
             strategies.append((name, module, value))
             lines.append(f"from {module} import {name} as _{name}")
         else:
             lines.append(f"from {module} import {name} as {name}")
-    lines += ["", f"__all__ = {list(clusterfed._PUBLIC)!r}"]
+    lines += ["", f"__all__ = {list(public)!r}"]
     for name, module, cls in strategies:
         params = [f"        {field}: {annotation_source(plain_type(info.annotation))} = "
                   f"{info.get_default(call_default_factory=True)!r},"
