@@ -123,7 +123,7 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
     if status is not None:
         recorder.on_round = status.heartbeat
         status.rounds = config.rounds
-        status.devices = lambda: strategy.driver.device_report() if getattr(strategy, "driver", None) else {}
+        status.devices = lambda: strategy.driver.members.device_report() if getattr(strategy, "driver", None) else {}
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
     train_config, evaluate_config = task_configs(config)

@@ -7,7 +7,7 @@ def build_runner(config, recorder=None, *, deployment: bool = False):
     """The Flower ``Strategy`` that runs ``config.strategy``: the configured clustered
     strategy with the app's run options (recording, checkpoints, membership), or Flower's
     own FedAvg for ``flwr-fedavg``. ``deployment``: nodes may join late and go absent."""
-    from clusterfed.runner.runner import RunOptions
+    from clusterfed.runner.driver import RunOptions
     from clusterfed.strategies import strategy_class
     from clusterfed.strategies.base import ClusteredStrategy
 
