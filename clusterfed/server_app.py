@@ -21,7 +21,7 @@ from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError, build_runner
-from clusterfed.runner.preflight import check_model, preflight, resolve_resume
+from clusterfed.runner.preflight import check_model, preflight
 from clusterfed.strategies.base import CapabilityError, ClientFailureError, ModelMismatchError, StrategyParamsError
 
 NODE_WAIT_SECONDS = 120.0
@@ -110,8 +110,10 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
     against a SuperLink): start once ``min-clients`` nodes are up; nodes that join later
     are profiled and placed by the algorithm, unreachable ones are marked absent."""
     started = time.perf_counter()
-    config = resolve_resume(config)  # "auto": out-dir's checkpoint, if any
-    initial = preflight(config)  # every problem the server can see, before any client is contacted
+    # every problem the server can see, before any client is contacted; resume-from resolved,
+    # the checkpoint loaded
+    checked = preflight(config, announce=True)
+    config, initial = checked.config, checked.initial
     if deployment:
         online = wait_for_min_clients(grid, config)
         log(logging.INFO, "clusterfed: %d SuperNodes up, starting", online)
@@ -119,7 +121,7 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
         wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
     recorder = RunRecorder(out, config.to_flower(), stream=stream)
-    strategy = build_runner(config, recorder, deployment=deployment)
+    strategy = build_runner(config, recorder, deployment=deployment, checkpoint=checked.checkpoint)
     if status is not None:
         recorder.on_round = status.heartbeat
         status.rounds = config.rounds

@@ -3,10 +3,11 @@
 from clusterfed.runner.checkpoint import CheckpointError
 
 
-def build_runner(config, recorder=None, *, deployment: bool = False):
+def build_runner(config, recorder=None, *, deployment: bool = False, checkpoint: dict | None = None):
     """The Flower ``Strategy`` that runs ``config.strategy``: the configured clustered
     strategy with the app's run options (recording, checkpoints, membership), or Flower's
-    own FedAvg for ``flwr-fedavg``. ``deployment``: nodes may join late and go absent."""
+    own FedAvg for ``flwr-fedavg``. ``deployment``: nodes may join late and go absent; ``checkpoint``: the state to resume
+    from, loaded and checked by ``preflight``."""
     from clusterfed.runner.driver import RunOptions
     from clusterfed.strategies import strategy_class
     from clusterfed.strategies.base import ClusteredStrategy
@@ -16,7 +17,7 @@ def build_runner(config, recorder=None, *, deployment: bool = False):
         return cls(config, recorder)
     strategy = config.build_strategy()
     strategy.run_options = RunOptions(
-        recorder=recorder, deployment=deployment, checkpoint=config.checkpoint, resume_from=config.resume_from,
+        recorder=recorder, deployment=deployment, checkpoint=config.checkpoint, resume_from=config.resume_from, resume_state=checkpoint,
         absent_after=config.absent_after, newcomer_fraction=config.newcomer_fraction,
         newcomer_round=config.newcomer_round, seed=config.seed, run_config=config.to_flower())
     return strategy

@@ -58,6 +58,7 @@ class RunOptions:
     deployment: bool | None = None  # None: a grid that is not a simulation's is a deployment
     checkpoint: bool = False  # write the full state after every round into the recorder's folder
     resume_from: str = ""
+    resume_state: dict[str, Any] | None = None  # the checkpoint of resume_from, loaded and checked (preflight)
     absent_after: int = 2
     newcomer_fraction: float = 0.0
     newcomer_round: int = 10
@@ -354,10 +355,13 @@ class RoundDriver:
         }
 
     def resume(self, directory: str) -> int:
-        """Restore the state saved after a round; returns that round."""
-        state = load_checkpoint(directory)
-        check_compatible(state, self.options.run_config,
-                         {k: (list(s), str(d)) for k, (s, d) in self.shapes.items()})
+        """Restore the state saved after a round (loaded and checked here unless the app's
+        preflight did); returns that round."""
+        state = self.options.resume_state
+        if state is None:
+            state = load_checkpoint(directory)
+            check_compatible(state, self.options.run_config,
+                             {k: (list(s), str(d)) for k, (s, d) in self.shapes.items()})
         self.strategy.set_state(state["algorithm"])
         members = self.members
         members.clients.clear()
