@@ -24,7 +24,7 @@ from typing import Any
 
 import clusterfed
 from clusterfed.config import RunConfig
-from clusterfed.strategies import clustered_classes, strategy_class
+from clusterfed.strategies import clustered_classes, public_strategies, strategy_class
 from clusterfed.strategies.base import ClusteredStrategy, plain_type
 from clusterfed.strategy_config import reference_rows
 
@@ -66,8 +66,6 @@ def pyproject_section() -> str:
 
 def python_name(cls: type) -> str:
     """How a user imports ``cls``: ``clusterfed.FedClust`` for a strategy of the package."""
-    from clusterfed.strategies import public_strategies
-
     if public_strategies().get(cls.__name__) == cls.__module__:
         return f"clusterfed.{cls.__name__}"
     return f"{cls.__module__}.{cls.__name__}"

@@ -20,9 +20,12 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.results import RunRecorder
-from clusterfed.runner import CheckpointError, build_runner
-from clusterfed.runner.preflight import check_model, preflight, resolve_resume
+from clusterfed.runner import CheckpointError
+from clusterfed.runner.driver import RunOptions
+from clusterfed.runner.preflight import check_model, preflight
 from clusterfed.runner.transport import wait_for_nodes
+from clusterfed.strategies import strategy_class
+from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.base import CapabilityError, ClientFailureError, ModelMismatchError, StrategyParamsError
 
 NODE_WAIT_SECONDS = 120.0
@@ -92,6 +95,23 @@ def wait_for_min_clients(grid: Grid, config: RunConfig, poll_seconds: float = 1.
     return online
 
 
+def configured_strategy(config: RunConfig, recorder: RunRecorder | None = None, *, deployment: bool = False,
+                        checkpoint: dict | None = None):
+    """The Flower ``Strategy`` that runs ``config.strategy``: the configured clustered
+    strategy with the app's run options (recording, checkpoints, membership), or Flower's
+    own FedAvg for ``flwr-fedavg``. ``deployment``: nodes may join late and go absent;
+    ``checkpoint``: the state to resume from, loaded and checked by ``preflight``."""
+    cls = strategy_class(config.strategy)
+    if not issubclass(cls, ClusteredStrategy):
+        return cls(config, recorder)
+    strategy = config.build_strategy()
+    strategy.run_options = RunOptions(
+        recorder=recorder, deployment=deployment, checkpoint=config.checkpoint, resume_from=config.resume_from,
+        resume_state=checkpoint, absent_after=config.absent_after, newcomer_fraction=config.newcomer_fraction,
+        newcomer_round=config.newcomer_round, seed=config.seed, run_config=config.to_flower())
+    return strategy
+
+
 def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.stdout,
                node_wait_seconds: float = NODE_WAIT_SECONDS, deployment: bool = False,
                status: RunStatus | None = None) -> dict[str, Any]:
@@ -102,8 +122,10 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
     against a SuperLink): start once ``min-clients`` nodes are up; nodes that join later
     are profiled and placed by the algorithm, unreachable ones are marked absent."""
     started = time.perf_counter()
-    config = resolve_resume(config)  # "auto": out-dir's checkpoint, if any
-    initial = preflight(config)  # every problem the server can see, before any client is contacted
+    # every problem the server can see, before any client is contacted; resume-from resolved,
+    # the checkpoint loaded
+    checked = preflight(config, announce=True)
+    config, initial = checked.config, checked.initial
     if deployment:
         online = wait_for_min_clients(grid, config)
         log(logging.INFO, "clusterfed: %d SuperNodes up, starting", online)
@@ -111,11 +133,11 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
         wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
     recorder = RunRecorder(out, config.to_flower(), stream=stream)
-    strategy = build_runner(config, recorder, deployment=deployment)
+    strategy = configured_strategy(config, recorder, deployment=deployment, checkpoint=checked.checkpoint)
     if status is not None:
         recorder.on_round = status.heartbeat
         status.rounds = config.rounds
-        status.devices = lambda: strategy.driver.device_report() if getattr(strategy, "driver", None) else {}
+        status.devices = lambda: strategy.driver.members.device_report() if getattr(strategy, "driver", None) else {}
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
     train_config, evaluate_config = task_configs(config)

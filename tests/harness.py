@@ -91,14 +91,14 @@ def trained(ask: Ask, shift: float) -> Arrays:
 def capture_algorithms(monkeypatch) -> list:
     """Make ``run_server`` hand every algorithm it builds to the returned list."""
     from clusterfed import server_app
-    from clusterfed.runner import build_runner
+    from clusterfed.server_app import configured_strategy
 
     captured = []
 
     def capture(config, recorder=None, **kwargs):
-        strategy = build_runner(config, recorder, **kwargs)
+        strategy = configured_strategy(config, recorder, **kwargs)
         captured.append(strategy)
         return strategy
 
-    monkeypatch.setattr(server_app, "build_runner", capture)
+    monkeypatch.setattr(server_app, "configured_strategy", capture)
     return captured

@@ -28,7 +28,7 @@ def by_group(groups, noise=0.01, seed=0):
 
 def test_strategy_modules_do_not_import_torch():
     """The server side works on whatever arrays the user's ArrayRecord holds."""
-    modules = [REGISTRY[name].split(":")[0] for name in ALGORITHMS] + ["clusterfed.runner.runner", "clusterfed"]
+    modules = [REGISTRY[name].split(":")[0] for name in ALGORITHMS] + ["clusterfed.runner.driver", "clusterfed"]
     code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
             + "bad = sorted(m for m in sys.modules if m.split('.')[0] == 'torch')\nprint(bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -182,10 +182,17 @@ def test_exported_cluster_model_loads_and_predicts(tmp_path):
     assert (predicted == digits.target[:50]).mean() > 0.1  # trained, not a constant guess
 
 
-def test_resume_from_auto_starts_fresh_then_continues_from_out_dir(tmp_path, caplog):
+def test_resume_from_auto_starts_fresh_then_continues_from_out_dir(tmp_path, caplog, monkeypatch):
     """``resume-from="auto"`` (what a deployment passes with ``flwr run --run-config``): no
     checkpoint in out-dir starts fresh, saying so; the same command after a stop resumes,
-    and the run ends bit-identical to an uninterrupted one."""
+    said once, the checkpoint read once, and the run ends bit-identical to an uninterrupted one."""
+    import clusterfed.runner.driver as driver
+    import clusterfed.runner.preflight as preflight
+
+    reads = []
+    for module in (driver, preflight):
+        monkeypatch.setattr(module, "load_checkpoint", lambda folder, real=module.load_checkpoint:
+                            reads.append(folder) or real(folder))
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     simulate(config("fedclust", straight, rounds=4), engine="inprocess", stream=None)
     with caplog.at_level("INFO"):
@@ -195,6 +202,7 @@ def test_resume_from_auto_starts_fresh_then_continues_from_out_dir(tmp_path, cap
     caplog.clear()
     with caplog.at_level("INFO"):
         simulate(config("fedclust", stopped, rounds=4, **{"resume-from": "auto"}), engine="inprocess", stream=None)
-    assert any("resuming from the checkpoint in" in m for m in caplog.messages)
+    assert sum("resuming from the checkpoint in" in m for m in caplog.messages) == 1
+    assert reads == [str(stopped)]
     assert rows(stopped) == rows(straight)
     assert_same_models(straight, stopped)

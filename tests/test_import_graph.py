@@ -1,5 +1,5 @@
 """Imports flow one way: clusterfed's import graph, read from the source with ``ast``, has no
-cycle but the one listed below, and a function-local import only keeps a heavy dependency lazy.
+cycle, and a function-local import only keeps a heavy dependency lazy.
 
 Module-level and function-local imports alike are edges: a function-local import hides a
 cycle from Python at import time, not from the design. Imports under ``if TYPE_CHECKING:``
@@ -23,13 +23,6 @@ PACKAGE = Path(__file__).resolve().parents[1] / "clusterfed"
 # simulation engine, which loads Ray, and the SuperLink's in-memory grid).
 HEAVY = ("torch", "torchvision", "matplotlib", "ray", "scipy", "sklearn", "datasets", "flwr_datasets", "PIL",
          "flwr.simulation", "flwr.superlink")
-
-# The one known cycle: ClusteredStrategy's Flower hooks (start, configure_train, ...) import
-# the round driver, which imports the strategy base; the base's error hint and the registry's
-# subclass check import each other. It goes when the driver is split from the strategy base.
-# Any other cycle fails.
-KNOWN_CYCLE = {"clusterfed.runner.runner", "clusterfed.strategies", "clusterfed.strategies.base"}
-
 
 def _modules() -> dict[str, tuple[Path, bool]]:
     out = {}
@@ -157,10 +150,8 @@ def test_the_graph_reads_the_package():
     assert "clusterfed.models.parameters" in EDGES["clusterfed.models.layers"]  # a relative import resolved
 
 
-def test_no_import_cycle_but_the_known_one():
-    found = cycles(EDGES)
-    assert [c for c in found if c != KNOWN_CYCLE] == [], "new import cycle(s)"
-    assert KNOWN_CYCLE in found, "the known cycle is gone: remove it from KNOWN_CYCLE"
+def test_no_import_cycle():
+    assert cycles(EDGES) == [], "import cycle(s)"
 
 
 def test_function_local_imports_only_keep_heavy_packages_lazy():
@@ -169,8 +160,6 @@ def test_function_local_imports_only_keep_heavy_packages_lazy():
     for module, line, ours, others in LOCAL:
         if all(_is_heavy(name) for name in others) and all(heavy[t] for t in ours):
             continue
-        if module in KNOWN_CYCLE and set(ours) <= KNOWN_CYCLE:
-            continue  # the known cycle's lazy edges
         hidden.append(f"{module}:{line} imports {', '.join(ours + others)}")
     assert hidden == [], "move these imports to module level (they keep nothing heavy lazy)"
 

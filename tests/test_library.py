@@ -191,7 +191,7 @@ def test_a_declared_metric_where_lower_is_better_drives_the_records(tmp_path):
     import json
 
     from clusterfed.results import Metric, RunRecorder
-    from clusterfed.runner.runner import RunOptions
+    from clusterfed.runner.driver import RunOptions
 
     strategy = clusterfed.FedClust()
     recorder = RunRecorder(tmp_path, {"rounds": 4}, stream=None, metric=Metric("eval_loss", higher_is_better=False),
@@ -228,6 +228,20 @@ def test_flowers_single_phase_hooks_train_and_evaluate_each_cluster():
     assert evaluated["num-examples"] == 4 * 24 and 0 <= evaluated["eval_acc"] <= 1
 
 
+def test_single_phase_hooks_stop_loudly_when_placing_clients_asks_them_for_work():
+    """FedClust places clients by a clustering round, which one exchange per round cannot
+    hold: configure_train says so and names start(), instead of training nobody."""
+    from clusterfed import protocol
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    grid = InProcessGrid(stock_client_app, 4, node_configs=[{"partition-id": i} for i in range(4)])
+    strategy = clusterfed.FedClust()
+    strategy.init(protocol.from_array_record(ArrayRecord(Net().state_dict())))
+    with pytest.raises(StrategyParamsError, match=r"placement step asks 4 client\(s\).*strategy\.start"):
+        strategy.configure_train(1, ArrayRecord(), ConfigRecord({}), grid)
+    assert not strategy.assignment  # nobody half-placed
+
+
 def test_a_strategy_from_an_installed_entry_point_runs_by_name(monkeypatch):
     from importlib.metadata import EntryPoint
 
@@ -252,7 +266,8 @@ def test_a_one_shot_strategy_that_ends_as_fedavg_says_why():
     assert "within lambda" in result.clustering["one_cluster_reason"]
 
 
-def test_evaluate_fn_is_called_with_the_largest_clusters_model_each_round():
+def test_evaluate_fn_is_called_with_the_initial_model_then_the_largest_clusters_model_each_round():
+    """As Flower's Strategy.start: round 0 on initial_arrays, then each round."""
     from flwr.app import MetricRecord
 
     calls = []
@@ -265,8 +280,8 @@ def test_evaluate_fn_is_called_with_the_largest_clusters_model_each_round():
     grid = InProcessGrid(stock_client_app, 4, node_configs=[{"partition-id": i} for i in range(4)])
     result = clusterfed.FedAvg().start(grid=grid, initial_arrays=ArrayRecord(Net().state_dict()), num_rounds=2,
                                        train_config=ConfigRecord({"lr": 0.1}), evaluate_fn=evaluate_fn)
-    assert calls == [(1, sorted(Net().state_dict())), (2, sorted(Net().state_dict()))]
-    assert result.evaluate_metrics_serverapp[2]["server-metric"] == 2.0
+    assert calls == [(r, sorted(Net().state_dict())) for r in (0, 1, 2)]
+    assert [result.evaluate_metrics_serverapp[r]["server-metric"] for r in (0, 1, 2)] == [0.0, 1.0, 2.0]
 
 
 def test_a_run_in_which_no_train_reply_is_accepted_stops_quoting_the_clients_error():
@@ -330,7 +345,7 @@ def test_a_stock_client_run_sends_only_what_it_answers_and_logs_one_info_line_a_
 
 
 def test_the_clients_own_error_text_is_taken_out_of_the_simulation_engines_wrapper():
-    from clusterfed.runner.runner import first_line
+    from clusterfed.runner.replies import first_line
 
     ray = ("<class 'ray.exceptions.RayTaskError(ClientAppException)'>:<'\x1b[36mray::ClientAppActor.run()\x1b[39m "
            "(pid=1, ip=192.0.2.2)\n           ^^^^^\n  File \"/x/userapp/client_app.py\", line 19, in train_fn\n"

@@ -18,7 +18,7 @@ from flwr.supercore.task_identity import TaskIdentity
 from clusterfed import server_app
 from clusterfed.client_app import app as client_app
 from clusterfed.config import ConfigError, parse_config
-from clusterfed.runner import build_runner
+from clusterfed.server_app import configured_strategy
 from clusterfed.runner.inprocess import InProcessGrid
 from clusterfed.server_app import run_server
 
@@ -62,16 +62,16 @@ def churn(monkeypatch):
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
     plan = {}
 
-    from clusterfed.runner.runner import RoundDriver
+    from clusterfed.runner.membership import Membership
 
-    discover = RoundDriver.discover
+    discover = Membership.discover
 
-    def discover_after_events(driver, server_round):
+    def discover_after_events(members, server_round):
         if server_round in plan["events"]:
-            plan["events"][server_round](driver.grid)
-        discover(driver, server_round)
+            plan["events"][server_round](members.link.grid)
+        discover(members, server_round)
 
-    monkeypatch.setattr(RoundDriver, "discover", discover_after_events)
+    monkeypatch.setattr(Membership, "discover", discover_after_events)
     return plan
 
 
@@ -326,7 +326,7 @@ def test_two_nodes_with_the_same_client_key_are_both_reported_and_neither_is_ser
 
 
 def test_error_reasons_are_cut_to_one_named_line():
-    from clusterfed.runner.runner import first_line, key_in_reason
+    from clusterfed.runner.replies import first_line, key_in_reason
 
     flower = "<class 'ValueError'>:<'[client-key \"pi \\\"3\\\"\"] data-path '/d/x.npz' is bad\nTraceback ...'>"
     assert key_in_reason(flower) == 'pi "3"'

@@ -16,7 +16,7 @@ from test_cfl import DIM, arrays_of, hierarchical_updates, make_strategy, run_ro
 
 from clusterfed.config import parse_config
 from clusterfed.results import covered, summarize
-from clusterfed.runner.runner import RoundDriver
+from clusterfed.runner.driver import RoundDriver
 from clusterfed.simulation import simulate
 from clusterfed.strategies import MULTI_MODEL, clustered_classes, strategy_class
 from clusterfed.strategies.adacfl import AdaCFL

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import logging
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from flwr.supercore import log
 
@@ -76,7 +78,6 @@ def resolve_resume(config: RunConfig, *, announce: bool = True) -> RunConfig:
     fresh (saying which). Any other value is returned as it is."""
     if config.resume_from != RESUME_AUTO:
         return config
-
     found = checkpoint_path(config.out_dir).is_file()
     if announce:
         if found:
@@ -86,9 +87,20 @@ def resolve_resume(config: RunConfig, *, announce: bool = True) -> RunConfig:
     return config.model_copy(update={"resume_from": config.out_dir if found else ""})
 
 
-def preflight(config: RunConfig):
-    """Check the run; raise one ConfigError listing every problem. Returns θ0 as an ArrayRecord."""
-    config = resolve_resume(config, announce=False)
+@dataclass
+class Checked:
+    """What ``preflight`` found usable: the config with ``resume-from`` resolved, the initial
+    model's arrays, and the checkpoint to resume from (loaded and checked once, here)."""
+
+    config: RunConfig
+    initial: Any
+    checkpoint: dict[str, Any] | None = None
+
+
+def preflight(config: RunConfig, *, announce: bool = False) -> Checked:
+    """Check the run; raise one ConfigError listing every problem. ``resume-from = "auto"`` is
+    resolved here (said in the log when ``announce``) and the checkpoint loaded once."""
+    config = resolve_resume(config, announce=announce)
     problems = []
     if (problem := check_partition(config)) is not None:
         problems.append(f"partition: {problem}")
@@ -97,13 +109,15 @@ def preflight(config: RunConfig):
     initial, problem = check_model(config)
     if problem is not None:
         problems.append(problem)
+    checkpoint = None
     if config.resume_from and initial is not None:
         shapes = {k: (list(v.shape), str(v.dtype)) for k, v in protocol.from_array_record(initial).items()}
         try:
-            check_compatible(load_checkpoint(config.resume_from), config.to_flower(), shapes)
+            checkpoint = load_checkpoint(config.resume_from)
+            check_compatible(checkpoint, config.to_flower(), shapes)
         except CheckpointError as error:
             problems.append(str(error))
     if problems:
         raise ConfigError("; ".join(problems) if len(problems) == 1 else
                           f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
-    return initial
+    return Checked(config, initial, checkpoint)

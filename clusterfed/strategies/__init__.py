@@ -42,6 +42,7 @@ REGISTRY = {
     "selection": "clusterfed.strategies.selection:ClientSelection",
 }
 ENTRY_POINT_GROUP = "clusterfed.strategies"
+CLUSTERED_BASE = "clusterfed.strategies.base.ClusteredStrategy"
 PACKAGE = __name__  # a registered class defined in this package is a public name of clusterfed
 
 # what a strategy module is written with: name -> the module that defines it
@@ -121,10 +122,15 @@ def _load(path: str, origin: str) -> type:
     return cls
 
 
+def is_clustered(cls: object) -> bool:
+    """Whether ``cls`` is a ``ClusteredStrategy`` subclass, read from its MRO by name: the
+    registry (which ``import clusterfed`` loads) imports no strategy code, and the base
+    imports the registry (its error hints name the strategies that have a parameter)."""
+    return isinstance(cls, type) and any(f"{c.__module__}.{c.__qualname__}" == CLUSTERED_BASE for c in cls.__mro__)
+
+
 def strategy_class(name: str) -> type:
     """The class of a registered name, an entry point's name, or a ``module:Class`` path."""
-    from clusterfed.strategies.base import ClusteredStrategy
-
     if name in REGISTRY:
         return _load(REGISTRY[name], "strategy")
     if ":" in name:
@@ -134,7 +140,7 @@ def strategy_class(name: str) -> type:
     else:
         raise UnknownStrategyError(f"unknown strategy {name!r}; available: {', '.join(strategy_names())}, "
                                    f"or 'package.module:Class' of a ClusteredStrategy subclass")
-    if not (isinstance(cls, type) and issubclass(cls, ClusteredStrategy)):
+    if not is_clustered(cls):
         raise UnknownStrategyError(f"strategy {name!r} is not a clusterfed.ClusteredStrategy subclass")
     return cls
 
@@ -152,12 +158,10 @@ def public_strategies() -> dict[str, str]:
 
 def clustered_classes() -> dict[str, type]:
     """Every registered ClusteredStrategy by name (the configuration reference's order)."""
-    from clusterfed.strategies.base import ClusteredStrategy
-
     out = {}
     for name in REGISTRY:
         cls = strategy_class(name)
-        if issubclass(cls, ClusteredStrategy):
+        if is_clustered(cls):
             out[name] = cls
     return out
 

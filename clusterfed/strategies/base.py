@@ -23,7 +23,7 @@ The algorithm is written in the style of FedJAX's ``init``/``apply``: ``init(θ0
 up the state; each round ``round(r)`` is a generator that yields lists of ``Ask`` (what
 each client is asked for) and is sent back the validated ``Replies``. A strategy's own
 logic never touches a Message or the Grid: ``start`` hands the generator to the round
-driver (``clusterfed.runner.runner.RoundDriver``), which alone speaks Flower (discovery,
+driver (``clusterfed.runner.driver.RoundDriver``), which alone speaks Flower (discovery,
 profiles, sending, validation, byte and fault counting, evaluation, checkpoints).
 
 Hooks a subclass overrides, reading like its paper's algorithm box: ``admit`` (clients
@@ -62,12 +62,27 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Result, Strategy
+from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from clusterfed.models.layers import select_layers
 from clusterfed.models.parameters import compared_names
+from clusterfed.runner import single_phase
+from clusterfed.runner.driver import RoundDriver
+from clusterfed.runner.scoring import average_metrics
+from clusterfed.strategies import clustered_classes
+from clusterfed.strategies.contract import (  # noqa: F401 (re-exported: the errors are part of base's API)
+    CAPABILITIES,
+    LABEL_STATS,
+    MULTI_MODEL,
+    CapabilityError,
+    ClientFailureError,
+    ClusteredResult,
+    ModelMismatchError,
+    StrategyParamsError,
+    mean_train_loss,
+)
 
 from clusterfed.strategies.exchange import (
     RETURN_WEIGHTS,
@@ -82,16 +97,6 @@ from clusterfed.strategies.exchange import (
 )
 
 Steps = Generator[list[Ask], Replies, Any]
-
-# capabilities a strategy may need from its clients beyond a stock Flower ClientApp
-# (train: load arrays, train, reply the full state + num-examples; evaluate: reply metrics)
-MULTI_MODEL = "multi-model"  # choose the lowest-training-loss model among K (IFCA)
-LABEL_STATS = "label-stats"  # report label statistics in the profile (AdaCFL)
-CAPABILITIES = {
-    MULTI_MODEL: "choosing the lowest-training-loss model among the K it is sent",
-    LABEL_STATS: "reporting label statistics (number of classes, label entropy) in its profile",
-}
-
 
 def steps(result: Iterable | None) -> Iterable:
     """``yield from steps(hook(...))``: a hook written as a plain method (returns None)
@@ -157,40 +162,6 @@ class ClusteredState:
     rng: Any = None
 
 
-class ClusteredResult(Result):
-    """Flower's ``Result`` plus the clustering: ``cluster_arrays`` (the final model of each
-    cluster), ``assignment`` (client key → cluster) and ``clustering`` (the clustering
-    record: splits, cuts, reasons) and ``traffic`` (array bytes each way, counted from the
-    messages). ``arrays`` is the largest cluster's model."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        # probe_bytes_down: the initial model sent with each node's profile probe
-        self.traffic: dict[str, int] = {"bytes_down": 0, "bytes_up": 0, "eval_bytes_down": 0, "probe_bytes_down": 0}
-        self.cluster_arrays: dict[int, ArrayRecord] = {}
-        self.assignment: dict[str, int] = {}
-        self.clustering: dict[str, Any] = {}
-
-
-class StrategyParamsError(ValueError):
-    """A strategy parameter is wrong; the message names the strategy, the parameter and what is allowed."""
-
-
-class CapabilityError(RuntimeError):
-    """The strategy needs something of its clients that they cannot do (IFCA with stock
-    ClientApps, say); raised before round 1, naming the capability and the clients."""
-
-
-class ClientFailureError(RuntimeError):
-    """The clients keep failing: no train reply was accepted in several rounds in a row; the
-    message quotes the clients' own error text."""
-
-
-class ModelMismatchError(ValueError):
-    """The clients' first replies do not match ``initial_arrays`` (array names, shapes or
-    dtypes); raised in round 1, naming the first mismatched array and its client."""
-
-
 class ClusteredStrategy(Strategy):
     """FedAvg on the clustered base: one cluster, every client in it. Subclasses add clusters."""
 
@@ -216,7 +187,7 @@ class ClusteredStrategy(Strategy):
         self.clustering_seconds = 0.0
         self.round_extra: dict[str, Any] = {}
         self.train_config: dict[str, Any] = {}
-        self.run_options = None  # clusterfed.runner.runner.RunOptions, set by an app that wants them
+        self.run_options = None  # clusterfed.runner.driver.RunOptions, set by an app that wants them
         self.driver = None
         self.training_failed: str | None = None  # set by the driver: why nothing trained
         # this round's sample drawn before placement (``draw_sample``); None: trainers are
@@ -273,8 +244,6 @@ class ClusteredStrategy(Strategy):
         if given, is called with each cluster's model after every round and its
         MetricRecord stored per round (the largest cluster's) in
         ``evaluate_metrics_serverapp``. Returns Flower's Result with the clustering."""
-        from clusterfed.runner.runner import RoundDriver
-
         self.driver = RoundDriver(self, self.run_options)
         return self.driver.start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
                                  train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
@@ -285,28 +254,20 @@ class ClusteredStrategy(Strategy):
         own cluster's model (clients not placed yet are left out: placing them may need
         clustering phases, which ``start`` runs). ``arrays`` is ignored: every cluster has
         its own model."""
-        from clusterfed.runner.runner import train_messages
-
-        return train_messages(self, server_round, dict(config), grid)
+        return single_phase.train_messages(self, server_round, dict(config), grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         """Validate the replies to ``configure_train``'s messages and average per cluster;
         returns the largest cluster's model and the train metrics averaged by num-examples."""
-        from clusterfed.runner.runner import aggregate_train_messages
-
-        return aggregate_train_messages(self, server_round, list(replies))
+        return single_phase.aggregate_train_messages(self, server_round, list(replies))
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         """One evaluate message per sampled placed client, with its own cluster's model."""
-        from clusterfed.runner.runner import evaluate_messages
-
-        return evaluate_messages(self, server_round, dict(config), grid)
+        return single_phase.evaluate_messages(self, server_round, dict(config), grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The clients' evaluate metrics averaged by num-examples (as Flower's FedAvg)."""
-        from clusterfed.runner.runner import average_metrics
-
         return average_metrics([m.content["metrics"] for m in replies if m.has_content() and "metrics" in m.content])
 
     def summary(self) -> None:
@@ -330,6 +291,11 @@ class ClusteredStrategy(Strategy):
             yield from steps(self.admit(server_round, unplaced))
         yield from steps(self.before_train(server_round))
         replies = yield self.train_asks(server_round, self.select_trainers(server_round))
+        self.finish_round(server_round, replies)
+
+    def finish_round(self, server_round: int, replies: list[TrainReply]) -> None:
+        """The round's tail, after training: average per cluster, the steps that use the
+        training replies, the mean train loss."""
         self.aggregate_clusters(replies)
         self.after_train(server_round, replies)
         self.round_extra["train_loss"] = mean_train_loss(replies)
@@ -536,12 +502,6 @@ def document_params(cls: type[ClusteredStrategy]) -> None:
     cls.__signature__ = params_signature(cls.Params)
 
 
-def mean_train_loss(replies: list[TrainReply]) -> float | None:
-    """Mean training loss of the replies that reported one (a stock client may not)."""
-    losses = [r.train_loss for r in replies if r.train_loss is not None]
-    return float(np.mean(losses)) if losses else None
-
-
 document_params(ClusteredStrategy)
 
 
@@ -557,8 +517,6 @@ _FIELDS: dict[type, tuple[str, ...]] = {}
 
 def _strategies_with(param: str) -> list[str]:
     """Registered strategies that have a parameter of this (snake or kebab) name."""
-    from clusterfed.strategies import clustered_classes
-
     wanted = {param, param.replace("-", "_")}
     return [name for name, cls in clustered_classes().items()
             if wanted & ({n for n in cls.Params.model_fields} | {f.alias for f in cls.Params.model_fields.values() if f.alias})]

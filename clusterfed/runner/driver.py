@@ -1,0 +1,375 @@
+"""The round driver: the only server code that speaks Flower on a strategy's behalf.
+
+``ClusteredStrategy.start`` hands itself to a ``RoundDriver``, which runs the rounds with
+three parts beside it: ``Membership`` (who takes part: discovery, profiles, absence,
+duplicate keys), ``Link`` (sending each client its payload, collecting replies within the
+round ``timeout``, byte and fault counting) and scoring (evaluation rows, metrics, the
+round's record). The strategy decides what each client is asked for and folds validated
+replies into its state; it never sees a message.
+
+Why not Flower's ``Strategy.start`` loop: it threads one ArrayRecord through
+configure/aggregate and sends every sampled node the same content. Clustered FL sends
+each client its own cluster's model, asks some clients for partial layers, and needs a
+profile probe before the first send; the loop below does that with Flower's Grid,
+Message and records.
+
+Stock Flower ClientApps (no profile, full weights back, Flower's metric names) are served
+too, and cost no error (``clusterfed.runner.membership``); their replies are taken as full
+weights, and the arrays the strategy asked for are sliced from them here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, MessageType
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from clusterfed import protocol
+from clusterfed.results import EvalRow, RunRecorder
+from clusterfed.runner.checkpoint import check_compatible, load_checkpoint, save_checkpoint
+from clusterfed.runner.membership import Membership
+from clusterfed.runner.newcomers import SimulatedNewcomers
+from clusterfed.runner.replies import STOCK_KEY_METRICS
+from clusterfed.runner.scoring import eval_rows, record_round, weighted_metrics
+from clusterfed.runner.transport import wait_for_nodes
+from clusterfed.runner.validation import ReplyRejected, parse_train_reply
+from clusterfed.strategies.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError
+from clusterfed.strategies.exchange import Ask, Replies
+
+if TYPE_CHECKING:
+    from clusterfed.strategies.base import ClusteredStrategy
+
+# rejection kinds that say the server's model and the client's differ
+MISMATCH_KINDS = ("names", "shape", "dtype")
+
+
+@dataclass
+class RunOptions:
+    """What an application adds around a strategy (the built-in app sets all of them; a
+    user's own ServerApp needs none): recording, checkpoints, membership, simulated
+    newcomers."""
+
+    recorder: RunRecorder | None = None
+    deployment: bool | None = None  # None: a grid that is not a simulation's is a deployment
+    checkpoint: bool = False  # write the full state after every round into the recorder's folder
+    resume_from: str = ""
+    resume_state: dict[str, Any] | None = None  # the checkpoint of resume_from, loaded and checked (preflight)
+    absent_after: int = 2
+    newcomer_fraction: float = 0.0
+    newcomer_round: int = 10
+    seed: int = 0
+    # the flat run config a checkpoint is checked against on resume
+    run_config: dict[str, Any] = field(default_factory=dict)
+
+
+def is_simulation(grid: Grid) -> bool:
+    """Flower's in-memory grid (``flwr run`` on a simulation federation, ``run_simulation``)
+    or our in-process grid: a fixed federation."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    return isinstance(grid, InMemoryGrid) or getattr(grid, "nothing_in_flight", None) is not None
+
+
+class RoundDriver:
+    """Drives one ``ClusteredStrategy`` over a Flower Grid for ``num_rounds`` rounds."""
+
+    def __init__(self, strategy: ClusteredStrategy, options: RunOptions | None = None):
+        self.options = options or RunOptions(seed=strategy.params.seed)
+        self.strategy = strategy
+        self.recorder = self.options.recorder
+        self.newcomers = SimulatedNewcomers(self.options.newcomer_fraction, self.options.newcomer_round,
+                                            self.options.seed)
+        self.members = Membership(strategy, self.newcomers, self.options.absent_after)
+        self.link = self.members.link
+        self.members.deployment = bool(self.options.deployment)
+        self.shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        self.train_config: dict[str, Any] = {}
+        self.evaluate_config: dict[str, Any] = {}
+        self.completed_rounds = 0
+        self.accepted_train = 0  # train replies accepted over the run
+        self.failing_rounds = 0  # rounds in a row in which train was asked and no reply accepted
+        self.pending_asks: dict[str, Ask] = {}  # Flower's single-phase hooks: this round's asks
+        self.new_round()
+
+    def new_round(self) -> None:
+        self.link.new_round()
+        self.round_train_metrics: list[tuple[int, dict[str, float]]] = []
+        self.round_eval_metrics: list[tuple[int, dict[str, float]]] = []
+        self.round_asked = self.round_accepted = 0  # train replies asked for this round, and accepted
+        self.round_trainers: set[str] = set()  # clients asked to train this round (a client may be asked twice)
+        self.evaluate_sent = 0  # clients sent an evaluate message this round
+
+    @property
+    def grid(self) -> Grid | None:
+        return self.link.grid
+
+    # ------------------------------------------------------------ the loop
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Any = None) -> ClusteredResult:
+        first_round = self.begin(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config)
+        result = ClusteredResult()
+        if evaluate_fn is not None and first_round == 1:  # as Flower's start: the initial model, round 0
+            server_metrics = evaluate_fn(0, initial_arrays)
+            if server_metrics is not None:
+                result.evaluate_metrics_serverapp[0] = server_metrics
+        for server_round in range(first_round, num_rounds + 1):
+            self.play_round(server_round, first_round, num_rounds, result, evaluate_fn)
+        models = self.strategy.cluster_models()
+        result.cluster_arrays = {c: protocol.to_array_record(m) for c, m in sorted(models.items())}
+        result.arrays = self.largest_cluster_record()
+        result.assignment = dict(self.strategy.assignment)
+        result.clustering = self.strategy.final_clusters()
+        result.traffic["probe_bytes_down"] = self.members.probe_bytes
+        return result
+
+    def begin(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int, timeout: float,
+              train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None) -> int:
+        """Check the arguments, wait for the nodes, initialise or resume the strategy;
+        returns the first round to play."""
+        if isinstance(num_rounds, bool) or not isinstance(num_rounds, int) or num_rounds < 1:
+            raise StrategyParamsError(f"{self.strategy.name}: num_rounds = {num_rounds!r}: a run needs at least "
+                                      f"one round (an integer >= 1)")
+        self.link.grid, self.link.timeout = grid, float(timeout)
+        if self.options.deployment is None:
+            self.members.deployment = not is_simulation(grid)
+        self.set_configs(dict(train_config or {}), dict(evaluate_config or {}))
+        self.strategy.check_train_config(self.train_config)
+        theta0 = protocol.from_array_record(initial_arrays)
+        if not theta0:
+            raise StrategyParamsError(f"{self.strategy.name}: initial_arrays is empty: give the model's "
+                                      f"ArrayRecord (e.g. ArrayRecord(model.state_dict()))")
+        self.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
+        self.members.probe_record = protocol.to_array_record(theta0)
+        self.wait_for_nodes()
+        log(logging.INFO, "%s: %d rounds, %d arrays (%.2f MB)", type(self.strategy).__name__, num_rounds,
+            len(theta0), sum(v.nbytes for v in theta0.values()) / 1e6)
+        if self.options.resume_from:
+            return self.resume(self.options.resume_from) + 1
+        self.strategy.init(theta0)
+        return 1
+
+    def set_configs(self, train_config: dict[str, Any], evaluate_config: dict[str, Any]) -> None:
+        self.train_config, self.evaluate_config = train_config, evaluate_config
+        self.strategy.train_config = train_config
+        self.members.probe_config = {**evaluate_config, **train_config}
+
+    def play_round(self, server_round: int, first_round: int, num_rounds: int, result: ClusteredResult,
+                   evaluate_fn: Any) -> None:
+        """One round: membership, the strategy's steps, evaluation, the record, the checkpoint."""
+        started = time.perf_counter()
+        self.new_round()
+        self.newcomers.release(server_round)
+        self.members.discover(server_round)
+        if server_round == first_round:
+            self.members.check_capabilities()
+        self.strategy.active = self.members.active_keys()
+        self.drive(server_round, self.strategy.round(server_round))
+        evals = self.evaluate(server_round)
+        self.members.update_absence(server_round)
+        traffic = self.link.traffic
+        result.traffic["bytes_down"] += traffic.down
+        result.traffic["bytes_up"] += traffic.up
+        result.traffic["eval_bytes_down"] += traffic.eval_down
+        result.train_metrics_clientapp[server_round] = weighted_metrics(self.round_train_metrics)
+        result.evaluate_metrics_clientapp[server_round] = weighted_metrics(self.round_eval_metrics)
+        if evaluate_fn is not None:
+            server_metrics = evaluate_fn(server_round, self.largest_cluster_record())
+            if server_metrics is not None:
+                result.evaluate_metrics_serverapp[server_round] = server_metrics
+        if self.recorder is not None:
+            self.record(server_round, evals, time.perf_counter() - started)
+        self.completed_rounds = server_round
+        self.log_round(server_round, num_rounds, result)
+        self.strategy.training_failed = None
+        self.check_failing(server_round, num_rounds)
+        if self.options.checkpoint and self.recorder is not None:
+            save_checkpoint(self.recorder.out, self.checkpoint_state(server_round))
+
+    def round_extra(self) -> dict[str, Any]:
+        """What rounds.jsonl holds beyond the recorder's own columns: the strategy's
+        diagnostics and, where there are any, reply lags, absent devices and duplicate keys."""
+        extra = dict(self.strategy.round_extra)
+        members = self.members
+        if members.deployment and self.link.lags:
+            extra["reply_lag_seconds"] = round(float(np.mean(self.link.lags)), 3)
+        if members.absent or members.benched:
+            extra["absent"] = members.absent_devices()
+        if members.duplicates:
+            extra["duplicate_keys"] = [{"client": key, "nodes": sorted(claim)}
+                                       for key, claim in sorted(members.duplicates.items())]
+        return extra
+
+    def record(self, server_round: int, evals: list[EvalRow], seconds: float) -> dict[str, Any]:
+        members = self.members
+        return record_round(self.recorder, server_round, evals=evals, active=members.active_keys(),
+                            clients=members.clients, assignment=self.strategy.assignment, traffic=self.link.traffic,
+                            seconds=seconds, clustering_seconds=self.strategy.clustering_seconds,
+                            extra=self.round_extra(), absent=len(members.absent) + len(members.benched),
+                            evaluated=self.evaluate_sent)
+
+    def log_round(self, server_round: int, num_rounds: int, result: ClusteredResult) -> None:
+        """The round's one INFO line: replies and failures, clusters, mean train loss and the
+        clients' evaluate metrics (averaged by num-examples, as Flower's FedAvg does)."""
+        loss = self.strategy.round_extra.get("train_loss")
+        assignment = self.strategy.assignment
+        clusters = len({assignment[k] for k in self.members.active_keys() if k in assignment})
+        failed = len(self.link.failed_keys)
+        evaluated = {k: v for k, v in result.evaluate_metrics_clientapp.get(server_round, {}).items()
+                     if k not in ("num-examples", *STOCK_KEY_METRICS)}
+        trainers = len(self.round_trainers)
+        several = f" from {trainers} clients (some asked more than once)" if self.round_asked > trainers else ""
+        parts = [f"[ROUND {server_round}/{num_rounds}] train: {self.round_accepted} of {self.round_asked} replies "
+                 f"accepted{several}" + (f", {failed} client(s) failed" if failed else ""),
+                 f"{clusters} cluster{'s' if clusters != 1 else ''}"]
+        if loss is not None:
+            parts.append(f"train loss {loss:.4g}")
+        if evaluated:
+            parts.append("evaluate " + ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(evaluated.items())))
+        log(logging.INFO, "%s", "; ".join(parts))
+
+    def check_failing(self, server_round: int, num_rounds: int) -> None:
+        """Stop the run (``ClientFailureError``, quoting the clients' own error text) when train
+        was asked and no reply accepted in ``absent-after`` rounds in a row, or in every round of
+        a run that ends so. In a deployment, clients that did not reply in time are absent,
+        not failing: only error replies and rejected replies count there."""
+        failures = self.link.traffic.failed + self.link.traffic.rejected
+        if self.members.deployment:
+            failures = [f for f in failures if f["kind"] not in ("timeout", "unavailable")]
+        self.members.note_failures(failures)
+        if not self.round_asked or self.round_accepted or not failures:
+            self.failing_rounds = 0
+            return
+        self.failing_rounds += 1
+        if self.failing_rounds < self.options.absent_after and not (server_round == num_rounds and not self.accepted_train):
+            return
+        quoted: dict[str, list[str]] = {}
+        for failure in failures:
+            quoted.setdefault(failure["reason"], []).append(str(failure["client"] if failure["client"] is not None
+                                                                else f"node {failure['node']}"))
+        causes = "; ".join(f"{', '.join(who[:3])}{' …' if len(who) > 3 else ''}: {reason}"
+                           for reason, who in list(quoted.items())[:3])
+        self.strategy.training_failed = (f"no client's train reply was accepted in {self.failing_rounds} round(s) in a "
+                                         f"row (to round {server_round}); the clients' errors: {causes}")
+        raise ClientFailureError(self.strategy.training_failed)
+
+    def largest_cluster_record(self) -> ArrayRecord:
+        """The model of the cluster with the most clients (ties: the lowest id)."""
+        models = self.strategy.cluster_models()
+        if not models:
+            return ArrayRecord()
+        sizes = {c: 0 for c in models}
+        for cluster in self.strategy.assignment.values():
+            if cluster in sizes:
+                sizes[cluster] += 1
+        return protocol.to_array_record(models[max(sorted(sizes), key=lambda c: sizes[c])])
+
+    def wait_for_nodes(self) -> None:
+        """Wait up to the timeout until ``min-available-nodes`` nodes are connected."""
+        needed = self.strategy.params.min_available_nodes
+        if not needed:
+            return
+        online = wait_for_nodes(self.grid, needed, self.link.timeout)
+        if online < needed:
+            raise StrategyParamsError(f"only {online} of min-available-nodes = {needed} nodes connected "
+                                      f"within {self.link.timeout:g} s")
+
+    # ------------------------------------------------------------ exchange
+    def drive(self, server_round: int, steps) -> None:
+        """Run one round of the strategy: each list of asks it yields is sent, and the
+        validated replies are sent back into it, until the round is done."""
+        try:
+            asks = next(steps)
+            while True:
+                asks = steps.send(self.train(server_round, asks))
+        except StopIteration:
+            pass
+
+    def train(self, server_round: int, asks: list[Ask]) -> Replies:
+        """Send the asks; the validated replies in send order (rejections recorded)."""
+        plan = {ask.key: (ask.model, {**self.train_config, **ask.config}) for ask in asks}
+        received, bytes_up = self.link.send(server_round, plan, MessageType.TRAIN)
+        replies = Replies(bytes_up=bytes_up)
+        mismatches = []
+        self.round_asked += len(asks)
+        self.round_trainers.update(ask.key for ask in asks)
+        stock = self.members.stock
+        for ask in asks:
+            if ask.key not in received:
+                continue
+            try:
+                reply = parse_train_reply(received[ask.key], ask, self.shapes, stock=ask.key in stock)
+            except ReplyRejected as error:
+                self.link.reject(server_round, ask.key, error)
+                if error.kind in MISMATCH_KINDS:
+                    mismatches.append((ask.key, error))
+                continue
+            if ask.key in stock:  # a stock client's size is known from its replies only
+                self.members.clients[ask.key].num_examples = reply.num_examples
+            if ask.config.get("phase") == "train":
+                self.round_train_metrics.append((reply.num_examples, reply.metrics))
+            replies.append(reply)
+            self.accepted_train += 1
+            self.round_accepted += 1
+        if mismatches and not self.accepted_train:
+            key, error = mismatches[0]
+            raise ModelMismatchError(
+                f"the clients' model does not match initial_arrays: client {key} (node "
+                f"{self.members.node_of_key.get(key)}) replied {error} ({len(mismatches)} of {len(asks)} replies "
+                f"differ so, none matched); give start() the arrays of the model the ClientApp trains")
+        return replies
+
+    def evaluate(self, server_round: int) -> list[EvalRow]:
+        models = self.strategy.evaluation_models(server_round)
+        self.evaluate_sent = len(models)
+        plan = {key: (model, {**self.evaluate_config, "server-round": server_round, "phase": "evaluate",
+                              "cluster-id": cluster})
+                for key, (cluster, model) in models.items()}
+        received, _ = self.link.send(server_round, plan, MessageType.EVALUATE)
+        metric = self.recorder.metric.name if self.recorder is not None else "accuracy"
+        rows, averaged = eval_rows(server_round, received, models, self.members.clients, metric, self.link.reject)
+        self.round_eval_metrics.extend(averaged)
+        return rows
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint_state(self, server_round: int) -> dict[str, Any]:
+        members = self.members
+        return {
+            "round": server_round,
+            "config": self.options.run_config,
+            "model_shapes": {k: (list(s), str(d)) for k, (s, d) in self.shapes.items()},
+            "algorithm": self.strategy.get_state(),
+            "clients": members.clients,
+            "stock": sorted(members.stock),
+            "held_back": sorted(self.newcomers.held_back),
+            "absent": sorted(members.absent),
+            "misses": dict(members.misses),
+            "recorder": self.recorder.state() if self.recorder is not None else None,
+        }
+
+    def resume(self, directory: str) -> int:
+        """Restore the state saved after a round (loaded and checked here unless the app's
+        preflight did); returns that round."""
+        state = self.options.resume_state
+        if state is None:
+            state = load_checkpoint(directory)
+            check_compatible(state, self.options.run_config,
+                             {k: (list(s), str(d)) for k, (s, d) in self.shapes.items()})
+        self.strategy.set_state(state["algorithm"])
+        members = self.members
+        members.clients.clear()
+        members.clients.update(state["clients"])
+        members.stock = set(state.get("stock", ()))
+        self.newcomers.held_back = set(state["held_back"])
+        members.absent = set(state.get("absent", ()))
+        members.misses = dict(state.get("misses", {}))
+        if self.recorder is not None and state.get("recorder") is not None:
+            self.recorder.restore(state["recorder"])
+        log(logging.INFO, "resumed from %s after round %s", directory, state["round"])
+        return int(state["round"])

@@ -1,0 +1,123 @@
+"""The driver's side of Flower's Grid: sends each client its message, collects the replies
+within the round ``timeout``, and counts array bytes each way and every failure, named by
+client and node (``Traffic``). It knows nodes by the client keys ``Membership`` maps them to."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from clusterfed import protocol
+from clusterfed.results import Traffic
+from clusterfed.runner.replies import first_line
+from clusterfed.runner.transport import push_and_collect
+from clusterfed.runner.validation import ReplyRejected
+from clusterfed.strategies.exchange import Arrays
+
+
+class Link:
+    """One run's messages. Per round: ``traffic`` (bytes, faults, the failures named),
+    ``messaged`` / ``answered`` / ``failed_keys`` (client keys), ``lags`` (seconds from a
+    reply's creation to its pick-up)."""
+
+    def __init__(self, node_of_key: dict[str, int]):
+        self.node_of_key = node_of_key  # Membership's map, shared
+        self.grid: Grid | None = None
+        self.timeout = 3600.0
+        self.new_round()
+
+    def new_round(self) -> None:
+        self.traffic = Traffic()
+        self.answered: set[str] = set()
+        self.messaged: set[str] = set()
+        self.failed_keys: set[str] = set()  # clients whose reply this round was an error or rejected
+        self.lags: list[float] = []
+
+    def push(self, messages: list[Message]) -> tuple[list[str], list[Message]]:
+        """Send ``messages``; their ids (empty: not delivered) and the replies that came in time."""
+        return push_and_collect(self.grid, messages, self.timeout, self.lags)
+
+    def fail(self, kind: str, reason: str, key: str | None, node: int | None) -> None:
+        """One failure (an error reply, no reply, an undeliverable message), named."""
+        self.traffic.failures += 1
+        self.traffic.fault(kind)
+        self.traffic.failed.append({"client": key, "node": node, "kind": kind, "reason": first_line(reason)})
+        if key is not None:
+            self.failed_keys.add(key)
+
+    def reject(self, server_round: int, key: str | None, error: ReplyRejected, node: int | None = None) -> None:
+        """A reply that failed validation: counted as a fault of its kind, named."""
+        node = self.node_of_key.get(key) if node is None and key is not None else node
+        self.traffic.rejected.append({"client": key, "node": node, "kind": error.kind, "reason": first_line(str(error))})
+        self.traffic.fault(error.kind)
+        if key is not None:
+            self.failed_keys.add(key)
+        log(logging.WARNING, "round %s: rejected reply of client %s (node %s): %s", server_round, key, node, error)
+
+    def send(self, server_round: int, plan: dict[str, tuple[Arrays | None, dict[str, Any]]],
+             message_type: str) -> tuple[dict[str, RecordDict], int]:
+        """Send each client its (arrays, config); return the replies that arrived, by key,
+        and the array bytes received. Error and missing replies are counted as faults."""
+        messages, keys = [], []
+        # clients of one cluster are sent the same model object: encode it once per exchange
+        # (the transport serialises, or the in-process grid copies, each message on its own)
+        records: dict[int, tuple[Arrays, ArrayRecord]] = {}
+        configs: dict[str, ConfigRecord] = {}  # and build each distinct config record once
+        for key, (arrays, config) in plan.items():
+            signature = repr(sorted(config.items()))
+            if signature not in configs:
+                configs[signature] = protocol.config_record(config)
+            content = RecordDict({protocol.CONFIG: configs[signature]})
+            if arrays is not None:
+                if id(arrays) not in records:
+                    records[id(arrays)] = (arrays, protocol.to_array_record(arrays))
+                content[protocol.ARRAYS] = records[id(arrays)][1]
+            nbytes = protocol.message_array_bytes(content)
+            if message_type == MessageType.EVALUATE:
+                self.traffic.eval_down += nbytes
+            else:
+                self.traffic.down += nbytes
+            messages.append(Message(content, dst_node_id=self.node_of_key[key], message_type=message_type,
+                                    group_id=str(server_round)))
+            keys.append(key)
+            self.messaged.add(key)
+        if not messages:
+            return {}, 0
+        message_ids, replies = self.push(messages)
+        return self.collect(server_round, message_type, message_ids, keys, replies)
+
+    def collect(self, server_round: int, message_type: str, message_ids: list[str], keys: list[str],
+                replies: list[Message]) -> tuple[dict[str, RecordDict], int]:
+        """The replies by key and the array bytes up; errors, undelivered messages and
+        missing replies recorded as failures of their client."""
+        key_of_message = dict(zip(message_ids, keys))
+        out: dict[str, RecordDict] = {}
+        bytes_up = 0
+        for reply in replies:
+            key = key_of_message[reply.metadata.reply_to_message_id]
+            if reply.has_error():
+                self.fail("error", reply.error.reason, key, self.node_of_key.get(key))
+                log(logging.WARNING, "round %s: client %s (node %s) failed: %s", server_round, key,
+                    self.node_of_key.get(key), first_line(reply.error.reason))
+                continue
+            self.answered.add(key)
+            if message_type != MessageType.EVALUATE:
+                nbytes = protocol.message_array_bytes(reply.content)
+                self.traffic.up += nbytes
+                bytes_up += nbytes
+                self.traffic.transmissions += 1
+            out[key] = reply.content
+        replied = {reply.metadata.reply_to_message_id for reply in replies}
+        for message_id, key in zip(message_ids, keys):
+            if not message_id:
+                self.fail("unavailable", "its node is gone: the message was not delivered", key,
+                          self.node_of_key[key])
+                log(logging.WARNING, "client %s: its node %s is gone; the message was not delivered",
+                    key, self.node_of_key[key])
+            elif message_id not in replied:
+                self.fail("timeout", f"no reply within {self.timeout:g} s", key, self.node_of_key[key])
+        return out, bytes_up

@@ -1,0 +1,77 @@
+"""Scoring a round: the clients' metrics averaged as Flower's FedAvg does, each evaluated
+client's row (its cluster, its true group where known, the declared metric) and the round's
+record (assignment against the true groups, bytes, timing) handed to the recorder. The
+strategies never see true groups or clocks: scoring is the driver's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flwr.app import MetricRecord, RecordDict
+
+from clusterfed.results import EvalRow, RunRecorder, Traffic
+from clusterfed.runner.replies import STOCK_KEY_METRICS
+from clusterfed.runner.validation import ReplyRejected, parse_eval_reply
+from clusterfed.strategies.exchange import Arrays, ClientInfo
+
+# names a stock Flower ClientApp (quickstart-pytorch) reports for the same quantities
+METRIC_ALIASES = {"accuracy": ("eval-accuracy", "eval_acc", "eval_accuracy", "accuracy"),
+                  "loss": ("eval-loss", "eval_loss", "loss")}
+
+
+def metric_value(metrics: dict[str, float], name: str) -> float | None:
+    """The value of the declared metric ``name`` (``accuracy``, ``loss``, or any reply key)."""
+    for key in METRIC_ALIASES.get(name, ()) + (name, f"eval-{name}", f"eval_{name}"):
+        if key in metrics:
+            return float(metrics[key])
+    return None
+
+
+def weighted_metrics(rows: list[tuple[int, dict[str, float]]]) -> MetricRecord:
+    """Each metric averaged over the replies by their num-examples, as Flower's FedAvg does;
+    ``num-examples`` is the total."""
+    return average_metrics([{**m, "num-examples": n} for n, m in rows])
+
+
+def average_metrics(records: list) -> MetricRecord:
+    total = sum(int(r.get("num-examples", 0)) for r in records)
+    if not total:
+        return MetricRecord({})
+    sums: dict[str, float] = {}
+    for record in records:
+        n = int(record.get("num-examples", 0))
+        for key, value in record.items():
+            if key != "num-examples" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                sums[key] = sums.get(key, 0.0) + n * float(value)
+    out = {key: value / total for key, value in sums.items()}
+    out["num-examples"] = total
+    return MetricRecord(out)
+
+
+def eval_rows(server_round: int, received: dict[str, RecordDict], models: dict[str, tuple[int, Arrays]],
+              clients: dict[str, ClientInfo], metric: str, reject) -> tuple[list[EvalRow], list[tuple[int, dict]]]:
+    """Each evaluate reply scored: its row (cluster, true group, ``metric``, loss, examples)
+    and its metrics for the Flower-style average; a malformed reply goes to ``reject``."""
+    rows, averaged = [], []
+    for key, content in received.items():
+        try:
+            metrics, n = parse_eval_reply(content, key)
+        except ReplyRejected as error:
+            reject(server_round, key, error)
+            continue
+        averaged.append((n, {k: v for k, v in metrics.items() if k not in STOCK_KEY_METRICS}))
+        rows.append(EvalRow(key, models[key][0], clients[key].true_group, metric_value(metrics, metric),
+                            metric_value(metrics, "loss"), n))
+    return rows, averaged
+
+
+def record_round(recorder: RunRecorder, server_round: int, *, evals: list[EvalRow], active: list[str],
+                 clients: dict[str, ClientInfo], assignment: dict[str, int], traffic: Traffic, seconds: float,
+                 clustering_seconds: float, extra: dict[str, Any], absent: int, evaluated: int) -> dict[str, Any]:
+    """The round's row in rounds.jsonl: the active clients' assignment against their true groups."""
+    return recorder.record_round(
+        server_round, evals=evals, assignment={k: assignment[k] for k in active if k in assignment},
+        true_groups={k: clients[k].true_group for k in active}, traffic=traffic, round_seconds=seconds,
+        clustering_seconds=clustering_seconds, extra=extra, clients_known=len(active), clients_absent=absent,
+        clients_to_evaluate=evaluated,
+    )

@@ -1,0 +1,108 @@
+"""Flower's single-phase hooks (``configure_train`` / ``aggregate_train`` /
+``configure_evaluate``) for a clustered strategy driven by Flower's own ``Strategy.start``
+loop or a user's: each placed trainer is sent its own cluster's model, and the replies are
+averaged per cluster.
+
+Those hooks have one exchange per round, so a step that asks clients for work before
+training (placing clients by a clustering round, HiCFL's or CFL's descent of provisional
+members, AdaCFL's clustering step) cannot run inside them: it stops the run with a
+``StrategyParamsError`` naming ``strategy.start``, which runs such steps. Steps that ask
+nothing run as in ``start``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from clusterfed import protocol
+from clusterfed.runner.driver import RoundDriver
+from clusterfed.runner.scoring import weighted_metrics
+from clusterfed.runner.validation import ReplyRejected, parse_train_reply
+from clusterfed.strategies.contract import StrategyParamsError
+from clusterfed.strategies.exchange import TrainReply
+
+if TYPE_CHECKING:
+    from clusterfed.strategies.base import ClusteredStrategy
+
+
+def driver_for(strategy: ClusteredStrategy, grid: Grid) -> RoundDriver:
+    """The strategy's driver on ``grid`` (a new one for a new grid)."""
+    if strategy.driver is None or strategy.driver.grid is not grid:
+        if not strategy.theta0:  # init() not called
+            raise StrategyParamsError("configure_train/configure_evaluate need an initialised strategy: "
+                                      "call strategy.init(arrays) first, or use start()")
+        driver = strategy.driver = RoundDriver(strategy, strategy.run_options)
+        driver.link.grid = grid
+        driver.members.probe_record = protocol.to_array_record(strategy.theta0)
+    return strategy.driver
+
+
+def run_without_asks(strategy: ClusteredStrategy, server_round: int, hook: str, steps) -> None:
+    """Run a hook that may ask clients for work; stop loudly if it does."""
+    if steps is None:
+        return
+    for asks in steps:
+        steps.close()
+        raise StrategyParamsError(
+            f"{strategy.name}: round {server_round}'s {hook} step asks {len(asks)} client(s) for work before "
+            f"training (a clustering step), which Flower's single-phase configure_train/aggregate_train cannot "
+            f"run; call strategy.start(grid=..., initial_arrays=..., num_rounds=...) instead")
+
+
+def train_messages(strategy: ClusteredStrategy, server_round: int, config: dict, grid: Grid) -> list[Message]:
+    """The train messages of ``Strategy.configure_train``: each placed trainer its cluster's model."""
+    driver = driver_for(strategy, grid)
+    driver.new_round()
+    driver.set_configs(config, driver.evaluate_config)
+    driver.members.discover(server_round)
+    strategy.clustering_seconds, strategy.round_extra = 0.0, {}
+    strategy.active = driver.members.active_keys()
+    strategy.sampled = strategy.draw_sample(server_round)
+    unplaced = [k for k in strategy.active if k not in strategy.assignment]
+    if unplaced:
+        run_without_asks(strategy, server_round, "placement", strategy.admit(server_round, unplaced))
+    run_without_asks(strategy, server_round, "before-train", strategy.before_train(server_round))
+    driver.pending_asks = {ask.key: ask for ask in strategy.train_asks(server_round, strategy.select_trainers(server_round))}
+    return [Message(RecordDict({protocol.ARRAYS: protocol.to_array_record(ask.model),
+                                protocol.CONFIG: protocol.config_record({**config, **ask.config})}),
+                    dst_node_id=driver.members.node_of_key[ask.key], message_type=MessageType.TRAIN,
+                    group_id=str(server_round))
+            for ask in driver.pending_asks.values()]
+
+
+def aggregate_train_messages(strategy: ClusteredStrategy, server_round: int,
+                             replies: list[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    """The replies to ``train_messages`` validated and folded in as ``start`` does; the
+    largest cluster's model and the train metrics averaged by num-examples."""
+    driver = strategy.driver
+    if driver is None:
+        raise StrategyParamsError("aggregate_train before configure_train: call configure_train first, or use start()")
+    asks = driver.pending_asks
+    good: list[TrainReply] = []
+    for message in replies:
+        key = driver.members.key_of_node.get(message.metadata.src_node_id)
+        if key not in asks or message.has_error():
+            continue
+        try:
+            good.append(parse_train_reply(message.content, asks[key], driver.shapes or strategy.shapes,
+                                          stock=key in driver.members.stock))
+        except ReplyRejected as error:
+            driver.link.reject(server_round, key, error)
+    strategy.finish_round(server_round, good)
+    return driver.largest_cluster_record(), weighted_metrics([(r.num_examples, r.metrics) for r in good])
+
+
+def evaluate_messages(strategy: ClusteredStrategy, server_round: int, config: dict, grid: Grid) -> list[Message]:
+    """The evaluate messages of ``Strategy.configure_evaluate``: each sampled placed client its cluster's model."""
+    driver = driver_for(strategy, grid)
+    models = strategy.evaluation_models(server_round)
+    return [Message(RecordDict({protocol.ARRAYS: protocol.to_array_record(model),
+                                protocol.CONFIG: protocol.config_record(
+                                    {**config, "server-round": server_round, "phase": "evaluate",
+                                     "cluster-id": cluster})}),
+                    dst_node_id=driver.members.node_of_key[key], message_type=MessageType.EVALUATE,
+                    group_id=str(server_round))
+            for key, (cluster, model) in models.items()]

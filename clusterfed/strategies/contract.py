@@ -1,0 +1,63 @@
+"""What a clustered strategy and the round driver agree on, apart from the messages: the
+client capabilities a strategy may need, the result ``start`` returns, the errors a run
+stops with, and the round's train loss. Both import it; neither imports the other's
+internals through it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord
+from flwr.serverapp.strategy import Result
+
+from clusterfed.strategies.exchange import TrainReply
+
+# capabilities a strategy may need from its clients beyond a stock Flower ClientApp
+# (train: load arrays, train, reply the full state + num-examples; evaluate: reply metrics)
+MULTI_MODEL = "multi-model"  # choose the lowest-training-loss model among K (IFCA)
+LABEL_STATS = "label-stats"  # report label statistics in the profile (AdaCFL)
+CAPABILITIES = {
+    MULTI_MODEL: "choosing the lowest-training-loss model among the K it is sent",
+    LABEL_STATS: "reporting label statistics (number of classes, label entropy) in its profile",
+}
+
+
+class ClusteredResult(Result):
+    """Flower's ``Result`` plus the clustering: ``cluster_arrays`` (the final model of each
+    cluster), ``assignment`` (client key → cluster) and ``clustering`` (the clustering
+    record: splits, cuts, reasons) and ``traffic`` (array bytes each way, counted from the
+    messages). ``arrays`` is the largest cluster's model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # probe_bytes_down: the initial model sent with each node's profile probe
+        self.traffic: dict[str, int] = {"bytes_down": 0, "bytes_up": 0, "eval_bytes_down": 0, "probe_bytes_down": 0}
+        self.cluster_arrays: dict[int, ArrayRecord] = {}
+        self.assignment: dict[str, int] = {}
+        self.clustering: dict[str, Any] = {}
+
+
+class StrategyParamsError(ValueError):
+    """A strategy parameter is wrong; the message names the strategy, the parameter and what is allowed."""
+
+
+class CapabilityError(RuntimeError):
+    """The strategy needs something of its clients that they cannot do (IFCA with stock
+    ClientApps, say); raised before round 1, naming the capability and the clients."""
+
+
+class ClientFailureError(RuntimeError):
+    """The clients keep failing: no train reply was accepted in several rounds in a row; the
+    message quotes the clients' own error text."""
+
+
+class ModelMismatchError(ValueError):
+    """The clients' first replies do not match ``initial_arrays`` (array names, shapes or
+    dtypes); raised in round 1, naming the first mismatched array and its client."""
+
+
+def mean_train_loss(replies: list[TrainReply]) -> float | None:
+    """Mean training loss of the replies that reported one (a stock client may not)."""
+    losses = [r.train_loss for r in replies if r.train_loss is not None]
+    return float(np.mean(losses)) if losses else None
