@@ -1,4 +1,4 @@
-"""``clusterfed run | compare | experiment | partition-report | partition | params | plot | worker stop``."""
+"""``clusterfed run | compare | experiment | partition-report | partition | params | plot | report | worker stop``."""
 
 from __future__ import annotations
 
@@ -112,6 +112,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """A self-contained HTML report of a run's output folder (a finished or a running run)."""
+    from clusterfed.report import write_report
+
+    print(write_report(args.dir, args.out).resolve())
+    return 0
+
+
 def cmd_params(args: argparse.Namespace) -> int:
     """Each strategy's parameters, defaults and meanings, from its schema."""
     from clusterfed.reference import strategy_help
@@ -206,6 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="redraw the figures of a results folder")
     plot.add_argument("dir")
     plot.set_defaults(func=cmd_plot)
+    report_html = sub.add_parser("report", help="write a run's HTML report (figures, tables, cluster assignment)")
+    report_html.add_argument("dir", metavar="OUT_DIR", help="a run's out-dir (holding rounds.jsonl)")
+    report_html.add_argument("--out", help="where to write the report (default: OUT_DIR/report.html)")
+    report_html.set_defaults(func=cmd_report)
     return parser
 
 
@@ -213,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     from clusterfed.datasets import DatasetNotFoundError, PartitionError
+    from clusterfed.report import WatcherError
     from clusterfed.runner import CheckpointError
 
     from clusterfed.experiments.runner import RunsFailed
@@ -223,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clusterfed: {error}", file=sys.stderr)
         return 1
     except (ConfigError, CheckpointError, DatasetNotFoundError, PartitionError, FileNotFoundError,
-            tomllib.TOMLDecodeError) as error:
+            tomllib.TOMLDecodeError, WatcherError) as error:
         print(f"clusterfed: {error}", file=sys.stderr)
         return 2
 

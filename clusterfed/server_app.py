@@ -118,7 +118,9 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
     else:
         wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
-    recorder = RunRecorder(out, config.to_flower(), stream=stream)
+    from clusterfed.report import make_watchers, parse_log_to
+
+    recorder = RunRecorder(out, config.to_flower(), stream=stream, watchers=make_watchers(parse_log_to(config.log_to)))
     strategy = build_runner(config, recorder, deployment=deployment)
     if status is not None:
         recorder.on_round = status.heartbeat

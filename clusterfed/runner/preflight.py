@@ -95,6 +95,10 @@ def preflight(config: RunConfig):
         problems.append(f"partition: {problem}")
     if (problem := check_out_dir(config.out_dir)) is not None:
         problems.append(problem)
+    from clusterfed.report import missing_extras, parse_log_to
+
+    if (problem := missing_extras(parse_log_to(config.log_to))) is not None:
+        problems.append(problem)
     initial, problem = check_model(config)
     if problem is not None:
         problems.append(problem)
