@@ -75,6 +75,8 @@ def test_the_report_is_refreshed_each_round_with_the_live_assignment_and_ignores
     # what an earlier run left in the same folder: not this run's
     (out / "summary.json").write_text(json.dumps({"rounds": 1, "final_accuracy": 0.123456}))
     (out / "clusters.json").write_text(json.dumps({"assignment": {"zz": 9}}))
+    # the ServerApp's status.json says running until it has saved the models, after the recorder ends
+    (out / "status.json").write_text(json.dumps({"status": "running", "round": 1}))
     groups = {"a": 0, "b": 0, "c": 1, "d": 1}
     report = HtmlReport(cost_ratio=0.0)  # redrawn after every round
     seen = []
@@ -86,16 +88,19 @@ def test_the_report_is_refreshed_each_round_with_the_live_assignment_and_ignores
     recorder = record_rounds(out, [report, Spy()], [{k: 0 for k in groups}, {"a": 0, "b": 0, "c": 1, "d": 1}],
                              groups)
     first, second = seen[0][0], seen[1][0]
-    assert "round 1 of 2" in first and "0.123456" not in first and ">zz<" not in first
+    assert "round 1 of 2" in first and "0.123456" not in first and ">zz<" not in first and ">running<" in first
     assert "round 2 of 2" in second and seen[1][1] == {"a": 0, "b": 0, "c": 1, "d": 1} and seen[1][2] == groups
     assert "Mixed: cluster 0 holds true groups [0, 1]" not in first  # one cluster: nothing to mix against
     assert "0×2" in second and "1×2" in second  # each cluster's true groups, from the live recorder
     recorder.finish(1.0, {"assignment": {"a": 0, "b": 0, "c": 1, "d": 0}, "true_groups": groups,
                           "one_cluster_reason": None, "merges": [{"round": 2, "merged": [1, 2], "into": 1}]})
     final = (out / "report.html").read_text()
-    assert "(final)" in final and "Mixed: cluster 0 holds true groups [0, 1]" in final
+    assert "(final)" in final and ">ended<" in final and "Mixed: cluster 0 holds true groups [0, 1]" in final
     assert "Over-split: true group 1 is spread over clusters [0, 1]" in final and "merged" in final
     check_self_contained(out / "report.html")
+    # rebuilt from the folder while status.json still says running: the last round's assignment
+    live = write_report(out, tmp_path / "live.html").read_text()
+    assert ">running<" in live and "(last round)" in live and "Mixed: cluster 0" not in live
 
 
 def test_log_to_names_are_checked_and_a_missing_extra_is_named_before_round_1(small_config, monkeypatch):

@@ -26,7 +26,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 table{border-collapse:collapse;font-size:13px;margin:6px 0}td,th{border:1px solid #ccc;padding:3px 8px;text-align:left}
 th{background:#f3f3f3}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .status{display:inline-block;padding:2px 8px;border-radius:4px;color:#fff;font-size:13px}
-.running{background:#1f77b4}.ok{background:#2ca02c}.failed{background:#d62728}.unknown{background:#888}
+.running{background:#1f77b4}.ok,.ended{background:#2ca02c}.failed{background:#d62728}.unknown{background:#888}
 .note{background:#fff8e1;border-left:4px solid #f0b400;padding:6px 10px;margin:6px 0;font-size:14px}
 .figs{display:grid;grid-template-columns:1fr 1fr;gap:10px}.figs img{width:100%;display:block}.muted{color:#777;font-size:12px}
 """
@@ -160,7 +160,7 @@ def render(view: RunView) -> str:
     ended = view.status.get("ended") or view.status.get("error") or ""
     parts = [
         f"<h1>clusterfed run: {escape(title)}</h1>",
-        f'<p><span class="status {escape(state) if state in ("running", "ok", "failed") else "unknown"}">'
+        f'<p><span class="status {escape(state) if state in ("running", "ok", "ended", "failed") else "unknown"}">'
         f"{escape(state)}</span> {escape(progress)}{' — ' + escape(ended) if ended else ''}"
         f'<br><span class="muted">{escape(str(view.out.resolve()))} · written '
         f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}</span></p>",
@@ -221,10 +221,12 @@ def write_atomic(path: Path, text: str) -> None:
 
 
 def write_report(out_dir: str | Path, path: str | Path | None = None, *,
-                 live_true_groups: dict[str, int] | None = None) -> Path:
+                 live_true_groups: dict[str, int] | None = None,
+                 ended: tuple[dict[str, Any], dict[str, Any] | None] | None = None) -> Path:
     """Build the report of the run in ``out_dir`` and write it to ``path`` (default
-    ``out_dir/report.html``); returns the path."""
-    view = read_run(out_dir, live_true_groups=live_true_groups)
+    ``out_dir/report.html``); returns the path. ``live_true_groups`` / ``ended``: what the
+    recorder of a running / just finished run knows (``read_run``)."""
+    view = read_run(out_dir, live_true_groups=live_true_groups, ended=ended)
     target = Path(path) if path is not None else Path(out_dir) / REPORT_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(target, render(view))

@@ -63,23 +63,28 @@ def read_rounds(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def read_run(out_dir: str | Path, *, live_true_groups: dict[str, int] | None = None) -> RunView:
+def read_run(out_dir: str | Path, *, live_true_groups: dict[str, int] | None = None,
+             ended: tuple[dict[str, Any], dict[str, Any] | None] | None = None) -> RunView:
     """Read ``out_dir``. ``summary.json`` and ``clusters.json`` count only when they belong to
     these rows (a run that ended: same number of rounds, not ``running``); otherwise the
     assignment is the last row's and the true groups are ``live_true_groups`` (the running
-    recorder's) if given."""
+    recorder's) if given. ``ended``: the (summary, clusters) the recorder has just finished
+    with, used as they are (``status.json`` says ``running`` until the app has saved its models:
+    shown as ``ended``)."""
     out = Path(out_dir)
     if not (out / "rounds.jsonl").is_file():
         raise RunFolderError(f"{out}: no rounds.jsonl here; give the out-dir of a clusterfed run "
                              f"(see docs/outputs.md)")
     rounds = read_rounds(out)
     view = RunView(out=out, rounds=rounds, status=_json(out / "status.json"), config=_json(out / "config.json"))
-    summary = _json(out / "summary.json")
-    view.final = (bool(summary) and summary.get("rounds") == len(rounds)
-                  and view.status.get("status", "ok") != "running" and live_true_groups is None)
+    summary, clusters = ended if ended is not None else (_json(out / "summary.json"), None)
+    view.final = ended is not None or (bool(summary) and summary.get("rounds") == len(rounds)
+                                       and view.status.get("status", "ok") != "running" and live_true_groups is None)
     if view.final:
+        if view.status.get("status") == "running":
+            view.status = {**view.status, "status": "ended"}
         view.summary = summary
-        view.clusters = _json(out / "clusters.json")
+        view.clusters = clusters if clusters is not None else {} if ended is not None else _json(out / "clusters.json")
         view.assignment = {k: int(v) for k, v in view.clusters.get("assignment", {}).items()}
         view.true_groups = {k: int(v) for k, v in view.clusters.get("true_groups", {}).items()}
     if not view.assignment and rounds:

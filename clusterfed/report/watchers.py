@@ -116,11 +116,11 @@ class HtmlReport(RunWatcher):
     def run_started(self, out: Path, config: dict[str, Any]) -> None:
         self.out = out
 
-    def _write(self, true_groups: dict[str, int] | None) -> None:
+    def _write(self, true_groups: dict[str, int] | None, ended: tuple | None = None) -> None:
         from clusterfed.report.html import write_report
 
         started = time.monotonic()
-        write_report(self.out, live_true_groups=true_groups)
+        write_report(self.out, live_true_groups=true_groups, ended=ended)
         ended = time.monotonic()
         self.next_at = ended + self.cost_ratio * (ended - started)
 
@@ -129,7 +129,7 @@ class HtmlReport(RunWatcher):
             self._write(true_groups)
 
     def run_ended(self, summary: dict[str, Any], clusters: dict[str, Any] | None) -> None:
-        self._write(None)
+        self._write(None, (summary, clusters))
 
 
 def round_scalars(record: dict[str, Any]) -> dict[str, float]:
@@ -205,7 +205,9 @@ class MLflowLogger(RunWatcher):
     ``clusterfed``."""
 
     name = "mlflow"
-    MAX_PARAM_CHARS = 500  # MLflow's limit on a param value
+    MAX_PARAM_CHARS = 500  # MLflow's limits: a param value, params and metrics in one batch
+    MAX_BATCH_PARAMS = 100
+    MAX_BATCH_METRICS = 1000
 
     def __init__(self, tracking_uri: str | None = None, experiment: str | None = None, run_name: str | None = None):
         self.tracking_uri, self.experiment, self.run_name = tracking_uri, experiment, run_name
@@ -236,8 +238,8 @@ class MLflowLogger(RunWatcher):
                                f"{str(error).splitlines()[0] if str(error) else ''}") from None
         self.run_id = run.info.run_id
         params = [Param(k, str(v)[:self.MAX_PARAM_CHARS]) for k, v in sorted(config.items())]
-        for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.run_id, params=params[start:start + 100])
+        for start in range(0, len(params), self.MAX_BATCH_PARAMS):
+            self.client.log_batch(self.run_id, params=params[start:start + self.MAX_BATCH_PARAMS])
         log(logging.INFO, "clusterfed: MLflow run %s in experiment %r at %s", self.run_id, experiment, uri)
 
     def round_ended(self, record: dict[str, Any], true_groups: dict[str, int]) -> None:
@@ -245,7 +247,8 @@ class MLflowLogger(RunWatcher):
 
         step, now = int(record["round"]), int(time.time() * 1000)
         metrics = [Metric(k.replace("/", "."), v, now, step) for k, v in round_scalars(record).items()]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        for start in range(0, len(metrics), self.MAX_BATCH_METRICS):
+            self.client.log_batch(self.run_id, metrics=metrics[start:start + self.MAX_BATCH_METRICS])
         self.client.log_text(self.run_id, json.dumps(record.get("assignment", {}), sort_keys=True),
                              f"assignment/round-{step:04d}.json")
 
