@@ -7,7 +7,6 @@ strings (``rotations = "0,90,180,270"``) and "no value" is spelled ``"auto"``.
 
 from __future__ import annotations
 
-import difflib
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -18,10 +17,11 @@ from clusterfed.datasets import DATASETS, PARTITIONERS
 from clusterfed.datasets.sources import is_known_dataset
 from clusterfed.models import MODELS
 from clusterfed.report.watchers import parse_log_to
+from clusterfed.strategies import strategy_class
+from clusterfed.strategy_config import ConfigError, split_strategy_params
 
-class ConfigError(ValueError):
-    """A run-config key or value is wrong; the message names it and what is allowed."""
-
+__all__ = ["ConfigError", "RunConfig", "coerce_value", "config_defaults", "config_keys", "load_config_file",
+           "parse_config", "parse_overrides"]
 
 class RunConfig(BaseModel):
     """Validated run configuration. Field aliases are the kebab-case config keys."""
@@ -137,8 +137,6 @@ class RunConfig(BaseModel):
     @property
     def namespace(self) -> str:
         """The prefix of the chosen strategy's parameters in a run config (its ``name``)."""
-        from clusterfed.strategies import strategy_class
-
         return getattr(strategy_class(self.strategy), "name", self.strategy)
 
     def to_flower(self) -> dict[str, bool | int | float | str]:
@@ -151,8 +149,6 @@ class RunConfig(BaseModel):
 
     def build_strategy(self):
         """The configured strategy object (a ``ClusteredStrategy``), from the validated parameters."""
-        from clusterfed.strategies import strategy_class
-
         cls = strategy_class(self.strategy)
         shared = {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed,
                   "compare-arrays": self.compare_arrays}
@@ -181,8 +177,6 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     strategy's parameter with a warning naming the new key (``fedclust.distance``).
     Parameters of other strategies (a pyproject holds every strategy's defaults) are
     allowed; one set away from its default is reported as ignored."""
-    from clusterfed.strategy_config import split_strategy_params
-
     run_values, params = split_strategy_params(values, run_keys=config_keys(), parse_run=_validate_run)
     run = _validate_run(run_values)
     return run.model_copy(update={"strategy_params": params})

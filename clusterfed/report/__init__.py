@@ -15,8 +15,8 @@ from clusterfed.report.watchers import (
     make_watchers,
     missing_extras,
     parse_log_to,
-    watch,
 )
+from clusterfed.report.watch import watch
 
 __all__ = ["LOG_TO", "REPORT_NAME", "HtmlReport", "MLflowLogger", "RunFolderError", "RunView", "RunWatcher",
            "TensorBoardLogger", "WatcherError", "make_watchers", "missing_extras", "parse_log_to", "read_run",

@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 from typing import Any
 
+import numpy as np
+
 from clusterfed.plots.run import MaxNLocator, plot_accuracy, plt  # matplotlib with the Agg backend
 
 MAX_CLUSTER_CURVES = 20  # beyond this many clusters, per-cluster curves are unreadable
@@ -56,8 +58,6 @@ def loss_png(rounds: list[dict[str, Any]], title: str) -> bytes:
 
 def traffic_png(rounds: list[dict[str, Any]], title: str) -> bytes:
     """MB each way per round (bars) and cumulative (lines)."""
-    import numpy as np
-
     x = np.array([r["round"] for r in rounds], dtype=float)
     up = np.array([r.get("bytes_up", 0) for r in rounds]) / 1e6
     down = np.array([r.get("bytes_down", 0) for r in rounds]) / 1e6

@@ -2,14 +2,13 @@
 
 A ``RunWatcher`` is handed to ``clusterfed.results.RunRecorder(..., watchers=[...])``; the
 built-in app builds them from the run-config key ``log-to`` (``report``, ``tensorboard``,
-``mlflow``), a library user with ``watch(strategy, out_dir, log_to=...)``. A watcher's
+``mlflow``), a library user with ``clusterfed.report.watch``. A watcher's
 missing package is found before round 1 (``missing_extras``) and named with its pip extra;
 a watcher that fails during the run is switched off with one warning, never the run.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import json
 import logging
@@ -19,6 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from flwr.supercore import log
+
+from clusterfed.report.html import write_report
+from clusterfed.strategies.exchange import natural
 
 LOG_TO = ("report", "tensorboard", "mlflow")
 # per destination: the module it needs and the pip extra that installs it
@@ -117,8 +119,6 @@ class HtmlReport(RunWatcher):
         self.out = out
 
     def _write(self, true_groups: dict[str, int] | None, ended: tuple | None = None) -> None:
-        from clusterfed.report.html import write_report
-
         started = time.monotonic()
         write_report(self.out, live_true_groups=true_groups, ended=ended)
         ended = time.monotonic()
@@ -152,8 +152,6 @@ def round_scalars(record: dict[str, Any]) -> dict[str, float]:
 
 def assignment_markdown(assignment: dict[str, int], true_groups: dict[str, int]) -> str:
     """Clusters and their clients as a Markdown table (TensorBoard's text tab renders it)."""
-    from clusterfed.strategies.exchange import natural
-
     members: dict[int, list[str]] = {}
     for key, cluster in assignment.items():
         members.setdefault(int(cluster), []).append(key)
@@ -272,39 +270,3 @@ def make_watchers(names: list[str], **options: Any) -> list[RunWatcher]:
         raise WatcherError(problem)
     build = {"report": HtmlReport, "tensorboard": TensorBoardLogger, "mlflow": MLflowLogger}
     return [SafeWatcher(build[n](**options.get(n, {}))) for n in LOG_TO if n in names]
-
-
-class watch:
-    """For a library user's own ServerApp: record the strategy's run in ``out_dir``
-    (rounds.jsonl, and at the end summary.json and clusters.json) and send it to the
-    ``log_to`` destinations::
-
-        with watch(strategy, "results/my-run", log_to="report,tensorboard"):
-            result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=20)
-
-    ``watchers`` adds plug-ins of your own (``RunWatcher`` subclasses)."""
-
-    def __init__(self, strategy: Any, out_dir: str | Path, log_to: str = "report",
-                 watchers: list[RunWatcher] | None = None, config: dict[str, Any] | None = None):
-        from clusterfed.results import RunRecorder
-        from clusterfed.runner.runner import RunOptions
-
-        name = strategy.name
-        params = strategy.params.model_dump(mode="json")
-        flat = {"strategy": name, **{f"{name}.{k.replace('_', '-')}": v for k, v in params.items()},
-                **(config or {})}
-        try:
-            chosen = make_watchers(parse_log_to(log_to))
-        except ValueError as error:
-            raise WatcherError(str(error)) from None
-        self.strategy = strategy
-        self.started = time.perf_counter()
-        self.recorder = RunRecorder(out_dir, flat, stream=None, watchers=chosen + list(watchers or []))
-        options = strategy.run_options or RunOptions(seed=strategy.params.seed)
-        strategy.run_options = dataclasses.replace(options, recorder=self.recorder)
-
-    def __enter__(self) -> watch:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.recorder.finish(time.perf_counter() - self.started, self.strategy.final_clusters())
