@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test bench bench-quick bench-models clean test-containers test-arm64 test-compat constraints
+.PHONY: run test bench bench-quick bench-models clean test-containers test-arm64 test-compat constraints check-report
 
 # pyproject.toml holds ranges; constraints.txt the exact versions make test and CI install.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -74,6 +74,14 @@ test-containers: $(VENV)/.installed
 
 test-arm64: $(VENV)/.installed
 	CLUSTERFED_VENV=$(abspath $(VENV)) scripts/test-arm64.sh
+
+# The HTML run report of a short FedClust run (20 clients, 8 rounds, every log-to destination
+# installed) checked for self-containment and rendered in headless Chromium (installed with
+# apt when missing): benchmarks/results/report/ (report.html, screenshot.png, result.json,
+# manifest.json; ~2 min).
+check-report: $(VENV)/.installed
+	command -v chromium >/dev/null || { apt-get update && apt-get install -y chromium; }
+	$(PY) benchmarks/check_report.py
 
 clean:
 	rm -rf $(VENV) results .pytest_cache

@@ -1,4 +1,4 @@
-"""``clusterfed run | compare | experiment | partition-report | partition | params | plot | worker stop``."""
+"""``clusterfed run | compare | experiment | partition-report | partition | params | plot | report | worker stop``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from clusterfed.datasets.export import build_partition, export_partition
 from clusterfed.experiments.runner import RunsFailed, run_experiment
 from clusterfed.experiments.spec import load_experiment
 from clusterfed.reference import strategy_help
+from clusterfed.report import WatcherError, write_report
 from clusterfed.runner import CheckpointError
 from clusterfed.simulation import simulate
 from clusterfed.strategies import clustered_classes, strategy_class, strategy_names
@@ -110,6 +111,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """A self-contained HTML report of a run's output folder (a finished or a running run)."""
+    print(write_report(args.dir, args.out).resolve())
+    return 0
+
+
 def cmd_params(args: argparse.Namespace) -> int:
     """Each strategy's parameters, defaults and meanings, from its schema."""
     names = [args.strategy] if args.strategy else list(clustered_classes())
@@ -197,6 +204,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="redraw the figures of a results folder")
     plot.add_argument("dir")
     plot.set_defaults(func=cmd_plot)
+    report_html = sub.add_parser("report", help="write a run's HTML report (figures, tables, cluster assignment)")
+    report_html.add_argument("dir", metavar="OUT_DIR", help="a run's out-dir (holding rounds.jsonl)")
+    report_html.add_argument("--out", help="where to write the report (default: OUT_DIR/report.html)")
+    report_html.set_defaults(func=cmd_report)
     return parser
 
 
@@ -210,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"clusterfed: {error}", file=sys.stderr)
         return 1
     except (ConfigError, CheckpointError, DatasetNotFoundError, PartitionError, FileNotFoundError,
-            tomllib.TOMLDecodeError) as error:
+            tomllib.TOMLDecodeError, WatcherError) as error:
         print(f"clusterfed: {error}", file=sys.stderr)
         return 2
 

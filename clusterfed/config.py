@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from clusterfed.datasets import DATASETS, PARTITIONERS
 from clusterfed.datasets.sources import is_known_dataset
 from clusterfed.models import MODELS
+from clusterfed.report.watchers import parse_log_to
 from clusterfed.strategies import strategy_class
 from clusterfed.strategy_config import ConfigError, split_strategy_params
 
@@ -93,6 +94,12 @@ class RunConfig(BaseModel):
                                      description="simulation: share of clients held back until newcomer-round")
     newcomer_round: int = Field(10, alias="newcomer-round", ge=1, description="simulation: the round the newcomers join")
 
+    # where to watch the run (clusterfed/report/)
+    log_to: str = Field("report", alias="log-to",
+                        description="comma-separated: report = out-dir/report.html redrawn each round; tensorboard = "
+                                    "out-dir/tensorboard (extra clusterfed[tensorboard]); mlflow = MLFLOW_TRACKING_URI "
+                                    "or out-dir/mlruns (extra clusterfed[mlflow]); none = nothing")
+
     # the chosen strategy's validated parameters (kebab-case, without the namespace):
     # set by parse_config from ``<strategy>.<param>`` keys (and deprecated flat ones)
     strategy_params: dict[str, Any] = Field(default_factory=dict, exclude=True)
@@ -103,6 +110,12 @@ class RunConfig(BaseModel):
         if is_known_dataset(value):  # a built-in name or hf:<name or folder>
             return value
         return _one_of(value, (*DATASETS, "hf:<name or folder>"))
+
+    @field_validator("log_to")
+    @classmethod
+    def _known_destinations(cls, value: str) -> str:
+        parse_log_to(value)
+        return value
 
     @field_validator("partitioner")
     @classmethod

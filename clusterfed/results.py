@@ -11,6 +11,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, TextIO
 
 import numpy as np
@@ -106,7 +107,7 @@ class RunRecorder:
     """Collects per-round records for one run and writes them under ``out_dir``."""
 
     def __init__(self, out_dir: str | Path, config: dict[str, Any], *, stream: TextIO | None = sys.stdout,
-                 metric: Metric = ACCURACY, target: float | None = None):
+                 metric: Metric = ACCURACY, target: float | None = None, watchers: Sequence[Any] = ()):
         self.metric = metric
         self.target = float(config.get("target-accuracy", 1.0)) if target is None else float(target)
         self.out = Path(out_dir)
@@ -120,6 +121,11 @@ class RunRecorder:
         (self.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         self._rounds_file = (self.out / "rounds.jsonl").open("w")
         self.on_round = None  # called with each round's row once it is written (the ServerApp's heartbeat)
+        # clusterfed.report.RunWatcher plug-ins (HTML report, TensorBoard, MLflow): told of the
+        # start, each row as it is written and the end
+        self.watchers = list(watchers)
+        for watcher in self.watchers:
+            watcher.run_started(self.out, config)
 
     def record_round(
         self,
@@ -150,7 +156,9 @@ class RunRecorder:
         per_cluster: dict[str, dict[str, float]] = {}
         for cluster in sorted({e.cluster for e in evals}):
             members = [e.accuracy for e in evals if e.cluster == cluster]
-            per_cluster[str(cluster)] = {name: float(np.mean(members)), "size": len(members)}
+            member_losses = [e.loss for e in evals if e.cluster == cluster and e.loss is not None]
+            per_cluster[str(cluster)] = {name: float(np.mean(members)), "size": len(members),
+                                         "loss": float(np.mean(member_losses)) if member_losses else None}
         record: dict[str, Any] = {
             "round": server_round,
             name: _mean(accuracies),
@@ -177,6 +185,7 @@ class RunRecorder:
             "clustering_seconds": round(clustering_seconds, 4),
             "clusters": per_cluster,
             f"client_{name}": {e.key: round(e.accuracy, 4) for e in evals},
+            "assignment": {key: int(cluster) for key, cluster in assignment.items()},
         }
         if traffic.failed:
             record["failed"] = traffic.failed
@@ -189,6 +198,8 @@ class RunRecorder:
         self._progress(record)
         if self.on_round is not None:
             self.on_round(record)
+        for watcher in self.watchers:
+            watcher.round_ended(record, true_groups)
         return record
 
     def state(self) -> dict[str, Any]:
@@ -235,6 +246,8 @@ class RunRecorder:
             (self.out / "clusters.json").write_text(json.dumps(clusters, indent=2, default=_jsonable))
         if self.stream is not None:
             print(summary_table([summary]), file=self.stream, flush=True)
+        for watcher in self.watchers:
+            watcher.run_ended(summary, clusters)
         return summary
 
 

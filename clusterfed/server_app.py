@@ -19,14 +19,20 @@ from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig, parse_config
+from clusterfed.report.watchers import make_watchers, parse_log_to
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError
 from clusterfed.runner.driver import RunOptions
 from clusterfed.runner.preflight import check_model, preflight
 from clusterfed.runner.transport import wait_for_nodes
 from clusterfed.strategies import strategy_class
-from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.base import CapabilityError, ClientFailureError, ModelMismatchError, StrategyParamsError
+from clusterfed.strategies.base import (
+    CapabilityError,
+    ClientFailureError,
+    ClusteredStrategy,
+    ModelMismatchError,
+    StrategyParamsError,
+)
 
 NODE_WAIT_SECONDS = 120.0
 
@@ -132,7 +138,7 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
     else:
         wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
-    recorder = RunRecorder(out, config.to_flower(), stream=stream)
+    recorder = RunRecorder(out, config.to_flower(), stream=stream, watchers=make_watchers(parse_log_to(config.log_to)))
     strategy = configured_strategy(config, recorder, deployment=deployment, checkpoint=checked.checkpoint)
     if status is not None:
         recorder.on_round = status.heartbeat

@@ -22,7 +22,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "clusterfed"
 # such a data set is asked for), plus two parts of Flower that only some paths use (its
 # simulation engine, which loads Ray, and the SuperLink's in-memory grid).
 HEAVY = ("torch", "torchvision", "matplotlib", "ray", "scipy", "sklearn", "datasets", "flwr_datasets", "PIL",
-         "flwr.simulation", "flwr.superlink")
+         "flwr.simulation", "flwr.superlink",
+         "tensorboardX", "mlflow")  # optional extras (log-to), imported only when asked for
 
 def _modules() -> dict[str, tuple[Path, bool]]:
     out = {}

@@ -47,7 +47,7 @@ HEAD = b'{"format":"clusterfed-checkpoint",'
 OLD_FILENAME = "checkpoint.pkl"
 OLD_MAGIC = b"clusterfed-checkpoint v1\n"
 # config keys a resumed run may change: they do not decide what the algorithm computes
-RESUMABLE_CHANGES = frozenset({"rounds", "out-dir", "resume-from", "timeout", "checkpoint"})
+RESUMABLE_CHANGES = frozenset({"rounds", "out-dir", "resume-from", "timeout", "checkpoint", "log-to"})
 
 
 class CheckpointError(ValueError):

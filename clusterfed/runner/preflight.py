@@ -24,6 +24,7 @@ from clusterfed.datasets.export import build_partition
 from clusterfed.datasets.partition import parse_label_groups, parse_rotations
 from clusterfed.datasets.shapes import DATASET_SHAPES
 from clusterfed.models import build_model
+from clusterfed.report.watchers import missing_extras, parse_log_to
 from clusterfed.runner.checkpoint import CheckpointError, check_compatible, checkpoint_path, load_checkpoint
 
 
@@ -105,6 +106,8 @@ def preflight(config: RunConfig, *, announce: bool = False) -> Checked:
     if (problem := check_partition(config)) is not None:
         problems.append(f"partition: {problem}")
     if (problem := check_out_dir(config.out_dir)) is not None:
+        problems.append(problem)
+    if (problem := missing_extras(parse_log_to(config.log_to))) is not None:
         problems.append(problem)
     initial, problem = check_model(config)
     if problem is not None:
