@@ -44,6 +44,7 @@ class FedAvg(_FedAvg):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
     ) -> None: ...
 
 
@@ -58,6 +59,7 @@ class FedProx(_FedProx):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         proximal_mu: float = 0.01,
     ) -> None: ...
 
@@ -73,6 +75,7 @@ class Local(_Local):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
     ) -> None: ...
 
 
@@ -87,6 +90,7 @@ class Oracle(_Oracle):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
     ) -> None: ...
 
 
@@ -101,6 +105,7 @@ class FedClust(_FedClust):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         cluster_epochs: int = 10,
         cluster_layers: str = 'auto',
         lambda_: typing.Union[float, typing.Literal['auto']] = 'auto',
@@ -124,6 +129,7 @@ class AdaCFL(_AdaCFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         cluster_epochs: int = 10,
         cluster_layers: str = 'auto',
         lambda_: typing.Union[float, typing.Literal['auto']] = 'auto',
@@ -150,6 +156,7 @@ class CFL(_CFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -178,6 +185,7 @@ class LayerCFL(_LayerCFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -209,6 +217,7 @@ class HiCFL(_HiCFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -244,6 +253,7 @@ class IFCA(_IFCA):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         num_clusters: int = 4,
         init: typing.Literal['random', 'kmeans++'] = 'random',
         restarts: int = 1,
@@ -261,6 +271,7 @@ class ClientSelection(_ClientSelection):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         warmup_rounds: int = 1,
         w: float = 0.01,
         hold_rounds: int = 2,
