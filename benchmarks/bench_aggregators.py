@@ -56,7 +56,8 @@ def one_run(setting_name: str, strategy: str, label: str, aggregator: str, seed:
         rows = [json.loads(line) for line in (Path(tmp) / "rounds.jsonl").read_text().splitlines()]
     last = rows[-1]
     clients = last["client_accuracy"]
-    attackers = sorted(k for k in clients if attack and is_attacker({"seed": seed, "fault-attackers": ATTACKERS}, k))
+    known = {"seed": seed, "fault-attackers": ATTACKERS, "num-clients": config.num_clients}
+    attackers = sorted((k for k in map(str, range(config.num_clients)) if attack and is_attacker(known, k)), key=int)
     honest = [v for k, v in clients.items() if k not in attackers]
     fallbacks = sum(len(r.get("aggregator_fallback", {})) for r in rows)
     return {"setting": setting_name, "strategy": strategy, "aggregator": label, "aggregator_config": aggregator,
@@ -66,6 +67,8 @@ def one_run(setting_name: str, strategy: str, label: str, aggregator: str, seed:
             "cluster_accuracy": {c: round(v["accuracy"], 4) for c, v in last["clusters"].items()},
             "cluster_sizes": {c: v["size"] for c, v in last["clusters"].items()},
             "final_ari": summary["final_ari"], "num_clusters": summary["num_clusters"], "attackers": attackers,
+            "attackers_evaluated": sum(1 for k in attackers if k in clients), "clients_evaluated": len(clients),
+            "rejected_replies": summary["rejected"], "failures": summary["failures"],
             "fallback_cluster_rounds": fallbacks, "wall_seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -105,9 +108,11 @@ def table(summary: dict, rows: list[dict]) -> str:
                 lines.append(f"| {a} | {s} | {ROBUST[label]} | {c['accuracy']:.3f} | {c['honest_accuracy']:.3f} | "
                              f"{c['worst_cluster_accuracy']:.3f} | {c['ari']:.2f} | {c['clusters']:.1f} | "
                              f"{c['fallback_cluster_rounds']} |")
-    lines += ["", "Per run (final accuracy / ARI / attackers):", ""]
+    lines += ["", "Per run (final accuracy / ARI / number of attackers):", ""]
     lines += [f"- {r['strategy']} {r['aggregator']} {r['attack'] or 'clean'} seed {r['seed']}: "
-              f"{r['final_accuracy']:.3f} / {r['final_ari']:.2f} / {len(r['attackers'])}" for r in rows]
+              f"{r['final_accuracy']:.3f} / {r['final_ari']:.2f} / {len(r['attackers'])}"
+              + (f" (attackers {', '.join(r['attackers'])}; {r['attackers_evaluated']} evaluated at the end; "
+                 f"{r['rejected_replies']} replies rejected)" if r["attack"] else "") for r in rows]
     return "\n".join(lines)
 
 
@@ -148,6 +153,9 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--out", default="benchmarks/results/aggregators")
     parser.add_argument("--table-only", action="store_true", help="rewrite summary, table and figure from results.json")
+    parser.add_argument("--only", choices=("optimisers", "attacks"),
+                        help="run this grid only, keeping the other grid's rows of results.json (the manifest names "
+                             "the commit they came from)")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -156,8 +164,15 @@ def main() -> None:
     runs += [(ATTACK_SETTING, s, label, spec, a) for a in ATTACKS for s in ATTACK_STRATEGIES for label, spec in ROBUST.items()]
     manifest = start_manifest({"optimisers": OPTIMISERS, "robust": ROBUST, "attacks": ATTACKS, "attackers": ATTACKERS,
                                "factor": FACTOR, **vars(args)})
-    rows = json.loads((out / "results.json").read_text()) if args.table_only else []
-    total = len(runs) * len(seeds)
+    previous = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else []
+    rows = previous if args.table_only else []
+    kept = {}
+    if args.only:
+        runs = [r for r in runs if (r[4] is None) == (args.only == "optimisers")]
+        rows = [r for r in previous if (r["attack"] is None) != (args.only == "optimisers")]
+        kept = {"rows_kept_from": json.loads((out / "manifest.json").read_text())["git"],
+                "rows_kept": "optimisers" if args.only == "attacks" else "attacks"}
+    total = len(rows) + len(runs) * len(seeds)
     for setting_name, strategy, label, spec, attack in runs if not args.table_only else ():
         for seed in seeds:
             rows.append(one_run(setting_name, strategy, label, spec, seed, args.rounds, attack))
@@ -172,7 +187,7 @@ def main() -> None:
                                   f"Command: `{command}`\n\n{table(summary, rows)}\n")
     figure(summary, out / "aggregators.png")
     if not args.table_only:
-        write_manifest(out, manifest)
+        write_manifest(out, manifest, **kept)
     print(table(summary, rows))
 
 

@@ -7,8 +7,8 @@ a wrong shape or a missing/extra array; ``fault-slow-rate`` the reply comes
 ``fault-delay`` seconds late (past the round ``timeout`` when the delay is longer).
 Evaluate messages draw only the raising and slow faults.
 
-Attackers (``fault-attackers``, a share of the clients, the same clients all run, drawn by
-(seed, client key)) send every trained float array's update ``fault-attack``-ed:
+Attackers (``fault-attackers``, a share of the clients, the same clients all run, drawn
+from the seed: ``is_attacker``) send every trained float array's update ``fault-attack``-ed:
 ``sign-flip`` sends ``-factor × update``, ``scale`` sends ``factor × update``
 (``fault-attack-factor``). IFCA's multi-model replies are left as they are.
 """
@@ -80,8 +80,17 @@ def corrupt(arrays: dict[str, np.ndarray], kind: str, key: str, server_round: in
 
 
 def is_attacker(config: Mapping[str, object], key: str) -> bool:
-    """Whether client ``key`` is one of the run's attackers (``fault-attackers``)."""
-    return _uniform("attacker", config.get("seed", 0), key) < float(config.get("fault-attackers", 0.0) or 0.0)
+    """Whether client ``key`` is one of the run's attackers (``fault-attackers``): with the
+    simulation's keys 0 .. num-clients - 1, exactly round(share × num-clients) of them, a
+    permutation seeded by the run's seed; any other key with probability share."""
+    share = float(config.get("fault-attackers", 0.0) or 0.0)
+    clients = int(config.get("num-clients", 0) or 0)
+    if share <= 0:
+        return False
+    if key.isdigit() and int(key) < clients:
+        order = np.random.default_rng([int(config.get("seed", 0) or 0), 0xA77AC]).permutation(clients)
+        return int(key) in set(order[:round(share * clients)].tolist())
+    return _uniform("attacker", config.get("seed", 0), key) < share
 
 
 def attack(trained: dict[str, np.ndarray], sent: dict[str, np.ndarray], config: Mapping[str, object],

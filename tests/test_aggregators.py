@@ -182,7 +182,8 @@ def test_an_attacker_sends_its_update_flipped_or_scaled_and_stays_one_all_run():
     scaled = attack({"w": np.asarray([0.5, -0.5], np.float32)}, {}, {"fault-attack": "scale", "fault-attack-factor": 4.0},
                     is_update=True)
     np.testing.assert_array_equal(scaled["w"], [2.0, -2.0])
-    config = {"seed": 3, "fault-attackers": 0.2}
-    chosen = [k for k in map(str, range(200)) if is_attacker(config, k)]
-    assert 20 <= len(chosen) <= 60 and chosen == [k for k in map(str, range(200)) if is_attacker(config, k)]
-    assert not any(is_attacker({"seed": 3}, k) for k in map(str, range(200)))
+    config = {"seed": 3, "fault-attackers": 0.2, "num-clients": 20}
+    chosen = [k for k in map(str, range(20)) if is_attacker(config, k)]
+    assert len(chosen) == 4 and chosen == [k for k in map(str, range(20)) if is_attacker(config, k)]
+    assert chosen != [k for k in map(str, range(20)) if is_attacker({**config, "seed": 4}, k)]
+    assert not any(is_attacker({"seed": 3, "num-clients": 20}, k) for k in map(str, range(20)))

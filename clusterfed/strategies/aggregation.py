@@ -14,8 +14,8 @@ new_cluster(model, inherit=parent)``): the two children of a split start from th
 parent's model and inherit a copy of its optimiser state; clusters formed by a cut or by a
 merge start afresh.
 
-Flower's code does the aggregating: the replies become reply Messages (an ArrayRecord of the
-weights and a MetricRecord with ``num-examples``) and the cluster's copy's
+Flower's code does the aggregating: the replies become Flower train replies
+(``clusterfed.runner.flower_replies``) and the cluster's copy's
 ``aggregate_train`` is called, with the cluster's own step count as the round (FedAdam's
 bias correction counts the cluster's own steps). Only floating-point arrays go through it;
 counters and masks (integer and bool arrays) are averaged as without an aggregator, and
@@ -33,13 +33,12 @@ import ast
 import copy
 import inspect
 import logging
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, Message, Metadata, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord
 from flwr.serverapp import strategy as flower
 
 from clusterfed.strategies.exchange import Arrays, weighted_average
@@ -201,8 +200,10 @@ class ClusterAggregator:
             strategy = self.restore(state)
             step = int(state["steps"]) + 1
             set_current_model(strategy, {n: model[n] for n in floats})
+            from clusterfed.runner.flower_replies import train_reply  # runner speaks Flower; it imports strategies
+
             with _quiet_flower():
-                record, _ = strategy.aggregate_train(step, [_reply({n: w[n] for n in floats}, c)
+                record, _ = strategy.aggregate_train(step, [train_reply({n: w[n] for n in floats}, c)
                                                             for w, c in zip(weights, counts)])
             if record is None:  # Flower declined (e.g. Bulyan's own count check)
                 reason = f"{self.name} returned no model: averaged by num-examples"
@@ -281,16 +282,6 @@ def _live(value: Any) -> Any:
 
 def _record(arrays: Arrays) -> ArrayRecord:
     return ArrayRecord({n: Array(np.asarray(v)) for n, v in arrays.items()})
-
-
-def _reply(weights: Arrays, num_examples: float) -> Message:
-    """A train reply as Flower's strategies read it: the weights under ``arrays``, the
-    weight under ``metrics["num-examples"]``. Built with explicit metadata, so no run
-    context (TaskIdentity) is needed."""
-    metadata = Metadata(run_id=0, message_id="", src_node_id=0, dst_node_id=0, reply_to_message_id="",
-                        group_id="", created_at=time.time(), ttl=0.0, message_type="train")
-    content = RecordDict({"arrays": _record(weights), "metrics": MetricRecord({"num-examples": float(num_examples)})})
-    return Message(content=content, metadata=metadata)
 
 
 class _BelowWarning(logging.Filter):
