@@ -122,27 +122,22 @@ def figure(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    def bars(ax, labels: list[str], series: dict[str, list[float]], ylabel: str, title: str) -> None:
+        for i, (name, values) in enumerate(series.items()):
+            ax.bar([x + 0.38 * i for x in range(len(labels))], values, width=0.36, label=name)
+        ax.set_xticks([x + 0.19 for x in range(len(labels))], labels)
+        ax.set_ylim(0, 1)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.legend()
+
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    ax = axes[0]
-    labels = list(OPTIMISERS)
-    for i, s in enumerate(OPTIMISER_STRATEGIES):
-        values = [summary["optimisers"][s][label]["accuracy"] for label in labels]
-        ax.bar([x + 0.38 * i for x in range(len(labels))], values, width=0.36, label=s)
-    ax.set_xticks([x + 0.19 for x in range(len(labels))], labels)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("final accuracy")
-    ax.set_title(f"server optimisers per cluster ({OPTIMISER_SETTING})")
-    ax.legend()
-    ax = axes[1]
-    labels = list(ROBUST)
-    for i, a in enumerate(ATTACKS):
-        values = [summary["attacks"][a][ATTACK_STRATEGIES[0]][label]["honest_accuracy"] for label in labels]
-        ax.bar([x + 0.38 * i for x in range(len(labels))], values, width=0.36, label=a)
-    ax.set_xticks([x + 0.19 for x in range(len(labels))], labels)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("final accuracy of honest clients")
-    ax.set_title(f"{ATTACK_STRATEGIES[0]}, {ATTACKERS:.0%} attackers ({ATTACK_SETTING})")
-    ax.legend()
+    bars(axes[0], list(OPTIMISERS),
+         {s: [summary["optimisers"][s][label]["accuracy"] for label in OPTIMISERS] for s in OPTIMISER_STRATEGIES},
+         "final accuracy", f"server optimisers per cluster ({OPTIMISER_SETTING})")
+    bars(axes[1], list(ROBUST),
+         {a: [summary["attacks"][a][ATTACK_STRATEGIES[0]][label]["honest_accuracy"] for label in ROBUST] for a in ATTACKS},
+         "final accuracy of honest clients", f"{ATTACK_STRATEGIES[0]}, {ATTACKERS:.0%} attackers ({ATTACK_SETTING})")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
