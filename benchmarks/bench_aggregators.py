@@ -162,7 +162,7 @@ def main() -> None:
     previous = json.loads((out / "results.json").read_text()) if (out / "results.json").exists() else []
     rows = previous if args.table_only else []
     kept = {}
-    if args.only:
+    if args.only and not args.table_only:
         runs = [r for r in runs if (r[4] is None) == (args.only == "optimisers")]
         rows = [r for r in previous if (r["attack"] is None) != (args.only == "optimisers")]
         kept = {"rows_kept_from": json.loads((out / "manifest.json").read_text())["git"],
@@ -177,8 +177,12 @@ def main() -> None:
             (out / "results.json").write_text(json.dumps(rows, indent=1))
     summary = summarise(rows)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
-    command = f"python benchmarks/bench_aggregators.py --rounds {args.rounds} --seeds {args.seeds} --out {args.out}"
-    (out / "table.md").write_text(f"Digits, 20 clients, {args.rounds} rounds, seeds {args.seeds}.\n"
+    command = (f"python benchmarks/bench_aggregators.py --rounds {args.rounds} --seeds {args.seeds} --out {args.out}"
+               + (f" --only {args.only}" if args.only else ""))
+    seeds_of = {grid: ",".join(str(s) for s in sorted({r["seed"] for r in rows if (r["attack"] is None) == clean}))
+                for grid, clean in (("optimisers", True), ("attacks", False))}
+    (out / "table.md").write_text(f"Digits, 20 clients, {args.rounds} rounds; seeds {seeds_of['optimisers']} "
+                                  f"(optimisers), {seeds_of['attacks']} (attacks).\n"
                                   f"Command: `{command}`\n\n{table(summary, rows)}\n")
     figure(summary, out / "aggregators.png")
     if not args.table_only:
