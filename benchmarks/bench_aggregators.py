@@ -67,13 +67,14 @@ def one_run(setting_name: str, strategy: str, label: str, aggregator: str, seed:
             "cluster_accuracy": {c: round(v["accuracy"], 4) for c, v in last["clusters"].items()},
             "cluster_sizes": {c: v["size"] for c, v in last["clusters"].items()},
             "final_ari": summary["final_ari"], "num_clusters": summary["num_clusters"], "attackers": attackers,
-            "attackers_evaluated": sum(1 for k in attackers if k in clients), "clients_evaluated": len(clients),
+            "attackers_evaluated": sum(1 for k in attackers if k in clients),
+            "clients_evaluated": len(clients),
             "rejected_replies": summary["rejected"], "failures": summary["failures"],
             "fallback_cluster_rounds": fallbacks, "wall_seconds": round(time.perf_counter() - started, 1)}
 
 
 def mean_of(rows: list[dict], key: str) -> float | None:
-    values = [r[key] for r in rows if r[key] is not None]
+    values = [r[key] for r in rows if r.get(key) is not None]  # rows of an older run may lack a key
     return round(statistics.mean(values), 4) if values else None
 
 
@@ -81,6 +82,8 @@ def cell(rows: list[dict]) -> dict:
     return {"accuracy": mean_of(rows, "final_accuracy"), "honest_accuracy": mean_of(rows, "honest_accuracy"),
             "worst_cluster_accuracy": mean_of(rows, "worst_cluster_accuracy"), "ari": mean_of(rows, "final_ari"),
             "clusters": mean_of(rows, "num_clusters"), "fallback_cluster_rounds": sum(r["fallback_cluster_rounds"] for r in rows),
+            "attackers": statistics.mean(len(r["attackers"]) for r in rows) if rows else None,
+            "attackers_evaluated": mean_of(rows, "attackers_evaluated"), "rejected_replies": mean_of(rows, "rejected_replies"),
             "runs": len(rows)}
 
 
