@@ -45,6 +45,7 @@ class FedAvg(_FedAvg):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
     ) -> None: ...
 
 
@@ -59,6 +60,7 @@ class FedProx(_FedProx):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         proximal_mu: float = 0.01,
     ) -> None: ...
 
@@ -74,6 +76,7 @@ class Local(_Local):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
     ) -> None: ...
 
 
@@ -88,6 +91,7 @@ class Oracle(_Oracle):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
     ) -> None: ...
 
 
@@ -102,6 +106,7 @@ class FedClust(_FedClust):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         cluster_epochs: int = 10,
         cluster_layers: str = 'auto',
         lambda_: typing.Union[float, typing.Literal['auto']] = 'auto',
@@ -125,6 +130,7 @@ class AdaCFL(_AdaCFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         cluster_epochs: int = 10,
         cluster_layers: str = 'auto',
         lambda_: typing.Union[float, typing.Literal['auto']] = 'auto',
@@ -151,6 +157,7 @@ class CFL(_CFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -179,6 +186,7 @@ class LayerCFL(_LayerCFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -210,6 +218,7 @@ class HiCFL(_HiCFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -245,6 +254,7 @@ class IFCA(_IFCA):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         num_clusters: int = 4,
         init: typing.Literal['random', 'kmeans++'] = 'random',
         restarts: int = 1,
@@ -262,6 +272,7 @@ class ClientSelection(_ClientSelection):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        aggregator: typing.Any = 'fedavg',
         warmup_rounds: int = 1,
         w: float = 0.01,
         hold_rounds: int = 2,

@@ -18,6 +18,7 @@ from clusterfed.datasets.sources import is_known_dataset
 from clusterfed.models import MODELS
 from clusterfed.report.watchers import parse_log_to
 from clusterfed.strategies import strategy_class
+from clusterfed.strategies.aggregation import check_aggregator
 from clusterfed.strategy_config import ConfigError, split_strategy_params
 
 __all__ = ["ConfigError", "RunConfig", "coerce_value", "config_defaults", "config_keys", "load_config_file",
@@ -72,6 +73,10 @@ class RunConfig(BaseModel):
         "auto", alias="compare-arrays",
         description="arrays whose updates clustering compares: auto = floating-point arrays that are not buffers "
                     "(BatchNorm running statistics, counters), or a regular expression on their names")
+    aggregator: str = Field("fedavg", description="how each cluster aggregates its members' models: a Flower "
+                            "aggregation strategy by name with literal options, e.g. 'fedadam(eta=0.01)', "
+                            "'fedavgm(server_momentum=0.9)', 'fedtrimmedavg(beta=0.2)', 'krum(num_malicious_nodes=1)'; "
+                            "each cluster keeps its own optimiser state (docs/aggregation.md)")
 
     # participation and measurement
     fraction_train: float = Field(1.0, alias="fraction-train", gt=0, le=1)
@@ -88,6 +93,12 @@ class RunConfig(BaseModel):
                                     description="... that return a wrong shape or a missing/extra array")
     fault_slow_rate: float = Field(0.0, alias="fault-slow-rate", ge=0, le=1, description="... that reply fault-delay seconds late")
     fault_delay: float = Field(0.0, alias="fault-delay", ge=0, description="seconds a slow fault waits; 0 = timeout + 1")
+    fault_attackers: float = Field(0.0, alias="fault-attackers", ge=0, le=1,
+                                   description="share of the clients that attack every train reply (the same clients all run)")
+    fault_attack: Literal["sign-flip", "scale"] = Field("sign-flip", alias="fault-attack",
+                                                        description="what an attacker does to its update")
+    fault_attack_factor: float = Field(4.0, alias="fault-attack-factor", gt=0,
+                                       description="an attacker sends -factor × update (sign-flip) or factor × update (scale)")
 
     # simulated newcomers: a share of the clients is held back and joins later
     newcomer_fraction: float = Field(0.0, alias="newcomer-fraction", ge=0, lt=1,
@@ -116,6 +127,11 @@ class RunConfig(BaseModel):
     def _known_destinations(cls, value: str) -> str:
         parse_log_to(value)
         return value
+
+    @field_validator("aggregator")
+    @classmethod
+    def _known_aggregator(cls, value: str) -> str:
+        return check_aggregator(value)
 
     @field_validator("partitioner")
     @classmethod
@@ -151,7 +167,7 @@ class RunConfig(BaseModel):
         """The configured strategy object (a ``ClusteredStrategy``), from the validated parameters."""
         cls = strategy_class(self.strategy)
         shared = {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed,
-                  "compare-arrays": self.compare_arrays}
+                  "compare-arrays": self.compare_arrays, "aggregator": self.aggregator}
         return cls(**cls.Params.model_validate({**shared, **self.strategy_params}).model_dump())
 
 

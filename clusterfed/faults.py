@@ -6,6 +6,11 @@ Each train message draws at most one fault from the run config's rates, seeded b
 a wrong shape or a missing/extra array; ``fault-slow-rate`` the reply comes
 ``fault-delay`` seconds late (past the round ``timeout`` when the delay is longer).
 Evaluate messages draw only the raising and slow faults.
+
+Attackers (``fault-attackers``, a share of the clients, the same clients all run, drawn
+from the seed: ``is_attacker``) send every trained float array's update ``fault-attack``-ed:
+``sign-flip`` sends ``-factor × update``, ``scale`` sends ``factor × update``
+(``fault-attack-factor``). IFCA's multi-model replies are left as they are.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import numpy as np
 
 from clusterfed import protocol
 
-FAULT_KEYS = ("fault-rate", "fault-nan-rate", "fault-shape-rate", "fault-slow-rate", "fault-delay")
+FAULT_KEYS = ("fault-rate", "fault-nan-rate", "fault-shape-rate", "fault-slow-rate", "fault-delay",
+              "fault-attackers", "fault-attack", "fault-attack-factor")
+ATTACKS = ("sign-flip", "scale")
 KINDS = ("raise", "nan", "shape", "slow")
 _RATE_OF_KIND = {"raise": "fault-rate", "nan": "fault-nan-rate", "shape": "fault-shape-rate", "slow": "fault-slow-rate"}
 
@@ -74,6 +81,36 @@ def corrupt(arrays: dict[str, np.ndarray], kind: str, key: str, server_round: in
     return out
 
 
+def is_attacker(config: Mapping[str, object], key: str) -> bool:
+    """Whether client ``key`` is one of the run's attackers (``fault-attackers``): with the
+    simulation's keys 0 .. num-clients - 1, exactly round(share × num-clients) of them, a
+    permutation seeded by the run's seed; any other key with probability share."""
+    share = float(config.get("fault-attackers", 0.0) or 0.0)
+    clients = int(config.get("num-clients", 0) or 0)
+    if share <= 0:
+        return False
+    if key.isdigit() and int(key) < clients:
+        order = np.random.default_rng([int(config.get("seed", 0) or 0), 0xA77AC]).permutation(clients)
+        return int(key) in set(order[:round(share * clients)].tolist())
+    return _uniform("attacker", config.get("seed", 0), key) < share
+
+
+def attack(trained: dict[str, np.ndarray], sent: dict[str, np.ndarray], config: Mapping[str, object],
+           is_update: bool) -> dict[str, np.ndarray]:
+    """An attacker's reply: each float array's update (``trained`` itself when the reply is
+    an update, else ``trained - sent``) flipped and/or scaled, in its own dtype."""
+    factor = float(config.get("fault-attack-factor", 1.0) or 1.0)
+    sign = -1.0 if config.get("fault-attack", "sign-flip") == "sign-flip" else 1.0
+    out = dict(trained)
+    for name, value in trained.items():
+        if not np.issubdtype(value.dtype, np.floating) or (not is_update and np.shape(sent.get(name)) != value.shape):
+            continue
+        update = value if is_update else value - sent[name]
+        attacked = sign * factor * update
+        out[name] = np.asarray(attacked if is_update else sent[name] + attacked, dtype=value.dtype)
+    return out
+
+
 _KINDS_OF_MESSAGE = {"train": KINDS, "evaluate": ("raise", "slow")}
 
 
@@ -89,9 +126,14 @@ def inject_faults(msg, context, call_next):
     config = msg.content[protocol.CONFIG]
     if config.get("phase") == protocol.PROFILE_PHASE:  # the profile probe is not faulted
         return reply
+    key = str(reply.content[protocol.CLIENT]["client-key"])
+    if msg.metadata.message_type == "train" and is_attacker(config, key) and not config.get(protocol.CHOICES):
+        sent = protocol.from_array_record(msg.content[protocol.ARRAYS])
+        trained = protocol.from_array_record(reply.content[protocol.ARRAYS])
+        is_update = config.get("return") == protocol.RETURN_UPDATE
+        reply.content[protocol.ARRAYS] = protocol.to_array_record(attack(trained, sent, config, is_update))
     if not any(float(config.get(_RATE_OF_KIND[kind], 0.0) or 0.0) > 0 for kind in kinds):
         return reply
-    key = str(reply.content[protocol.CLIENT]["client-key"])
     server_round = int(config["server-round"])
     fault = draw_fault(config, key, server_round, str(config.get("phase", "train")), kinds)
     if fault == "raise":

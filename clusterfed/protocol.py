@@ -93,6 +93,9 @@ CLIENT_SPEC_KEYS = (
     "fault-shape-rate",
     "fault-slow-rate",
     "fault-delay",
+    "fault-attackers",
+    "fault-attack",
+    "fault-attack-factor",
     "timeout",
 )
 

@@ -24,7 +24,7 @@ class watch:
     def __init__(self, strategy: Any, out_dir: str | Path, log_to: str = "report",
                  watchers: list[RunWatcher] | None = None, config: dict[str, Any] | None = None):
         from clusterfed.results import RunRecorder  # scikit-learn
-        from clusterfed.runner.runner import RunOptions  # Flower's grid and the round driver
+        from clusterfed.runner.driver import RunOptions  # the round driver (scikit-learn, through the recorder)
 
         name = strategy.name
         params = strategy.params.model_dump(mode="json")

@@ -84,6 +84,7 @@ from clusterfed.strategies.contract import (  # noqa: F401 (re-exported: the err
     mean_train_loss,
 )
 
+from clusterfed.strategies.aggregation import ClusterAggregator, check_aggregator, template_of
 from clusterfed.strategies.exchange import (
     RETURN_WEIGHTS,
     UPLOAD_FULL,
@@ -128,6 +129,18 @@ class StrategyParams(BaseModel):
                     "auto = floating-point arrays that are not buffers (BatchNorm running statistics, counters, "
                     "scalars); else a regular expression on the names, a list of names, or (from Python) a "
                     "predicate (name, array) -> bool. The other arrays are only averaged per cluster")
+    aggregator: Any = Field(
+        "fedavg",
+        description="how each cluster aggregates its members' models: a Flower aggregation strategy, by name with "
+                    "literal options ('fedadam', 'fedavgm(server_momentum=0.9)', 'fedtrimmedavg(beta=0.2)', "
+                    "'krum(num_malicious_nodes=1)') or (from Python) an instance such as FedAdam(eta=0.01), "
+                    "deep-copied per cluster so each cluster keeps its own optimiser state (checkpointed). "
+                    "fedavg = the sample-weighted mean")
+
+    @field_validator("aggregator")
+    @classmethod
+    def _known_aggregator(cls, value: Any) -> Any:
+        return check_aggregator(value)
 
     @field_validator("compare_arrays")
     @classmethod
@@ -160,6 +173,9 @@ class ClusteredState:
     newcomer_log: list[dict[str, Any]] = field(default_factory=list)
     next_cluster_id: int = 0
     rng: Any = None
+    # cluster -> its aggregator's optimiser state (steps, Flower strategy attributes as plain
+    # data); empty with the default weighted mean (clusterfed.strategies.aggregation)
+    aggregator_state: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
 class ClusteredStrategy(Strategy):
@@ -193,6 +209,9 @@ class ClusteredStrategy(Strategy):
         # this round's sample drawn before placement (``draw_sample``); None: trainers are
         # sampled among the placed clients. Per round, not state: a round is never resumed midway
         self.sampled: list[str] | None = None
+        # the within-cluster aggregator (``aggregator``); None: the sample-weighted mean
+        template = template_of(self.params.aggregator)
+        self.aggregator = ClusterAggregator(template) if template is not None else None
         self.state = self.State()
         self._sealed = True
 
@@ -347,10 +366,14 @@ class ClusteredStrategy(Strategy):
         except ValueError as error:
             raise StrategyParamsError(f"{self.name}: {error}") from None
 
-    def new_cluster(self, model: Arrays) -> int:
+    def new_cluster(self, model: Arrays, inherit: int | None = None) -> int:
+        """A new cluster starting from ``model``; with ``inherit``, its aggregator's optimiser
+        state is a copy of that cluster's (a split's children), else it starts afresh."""
         cluster = self.next_cluster_id
         self.next_cluster_id += 1
         self.models[cluster] = {k: v.copy() for k, v in model.items()}
+        if inherit is not None and inherit in self.aggregator_state:
+            self.aggregator_state[cluster] = copy.deepcopy(self.aggregator_state[inherit])
         return cluster
 
     def members(self, cluster: int) -> list[str]:
@@ -407,14 +430,31 @@ class ClusteredStrategy(Strategy):
         return asks
 
     def aggregate_clusters(self, replies: list[TrainReply]) -> None:
-        """Sample-weighted FedAvg inside each cluster over the members that replied; a
-        cluster none of whose members replied keeps its model."""
+        """Each cluster's new model from the members that replied, by the cluster's aggregator
+        (``aggregator``; the sample-weighted mean by default); a cluster none of whose members
+        replied keeps its model. A round where a robust aggregator had too few replies in a
+        cluster records why it used the weighted mean (``aggregator_fallback``)."""
         by_cluster: dict[int, list[TrainReply]] = defaultdict(list)
         for reply in replies:
             if reply.cluster in self.models and set(reply.arrays) == set(self.shapes):
                 by_cluster[reply.cluster].append(reply)
+        # optimiser states of clusters that no longer exist (split, merged, re-cut) go
+        self.aggregator_state = {c: s for c, s in self.aggregator_state.items() if c in self.models}
         for cluster, group in by_cluster.items():
-            self.models[cluster] = weighted_average([r.weights for r in group], [r.num_examples for r in group])
+            weights, counts = [r.weights for r in group], [r.num_examples for r in group]
+            self.models[cluster] = self.aggregate_cluster(cluster, weights, counts)
+
+    def aggregate_cluster(self, cluster: int, weights: list[Arrays], counts: list[float]) -> Arrays:
+        """One cluster's new model from its members' trained ``weights`` and num-examples
+        ``counts``, by its own aggregator (optimiser state kept per cluster)."""
+        if self.aggregator is None:
+            return weighted_average(weights, counts)
+        model, self.aggregator_state[cluster], fallback = self.aggregator.aggregate(
+            self.models[cluster], weights, counts, self.aggregator_state.get(cluster))
+        if fallback is not None:
+            self.round_extra.setdefault("aggregator_fallback", {})[str(cluster)] = fallback
+            log(logging.WARNING, "cluster %s: %s", cluster, fallback)
+        return model
 
     # ------------------------------------------------------------- evaluation
     def evaluation_models(self, server_round: int) -> dict[str, tuple[int, Arrays]]:

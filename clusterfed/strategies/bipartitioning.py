@@ -256,7 +256,7 @@ class BiPartitioning(ClusteredStrategy):
         """Replace leaf ``cluster`` by two children that start from its model."""
         a, b = self.tree.split_by_keys(cluster, keys_a, keys_b, round=server_round)
         model = self.models.pop(cluster)
-        made = (self.new_cluster(model), self.new_cluster(model))
+        made = (self.new_cluster(model, inherit=cluster), self.new_cluster(model, inherit=cluster))
         if made != (a, b):  # the tree and the models number clusters alike
             raise RuntimeError(f"split of {cluster}: tree children {(a, b)} but new clusters {made}")
         for key in keys_a:
