@@ -44,6 +44,9 @@ class FedAvg(_FedAvg):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
     ) -> None: ...
 
 
@@ -58,6 +61,9 @@ class FedProx(_FedProx):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         proximal_mu: float = 0.01,
     ) -> None: ...
 
@@ -73,6 +79,9 @@ class Local(_Local):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
     ) -> None: ...
 
 
@@ -87,6 +96,9 @@ class Oracle(_Oracle):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
     ) -> None: ...
 
 
@@ -101,6 +113,9 @@ class FedClust(_FedClust):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         cluster_epochs: int = 10,
         cluster_layers: str = 'auto',
         lambda_: typing.Union[float, typing.Literal['auto']] = 'auto',
@@ -124,6 +139,9 @@ class AdaCFL(_AdaCFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         cluster_epochs: int = 10,
         cluster_layers: str = 'auto',
         lambda_: typing.Union[float, typing.Literal['auto']] = 'auto',
@@ -150,6 +168,9 @@ class CFL(_CFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -178,6 +199,9 @@ class LayerCFL(_LayerCFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -209,6 +233,9 @@ class HiCFL(_HiCFL):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -244,6 +271,9 @@ class IFCA(_IFCA):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         num_clusters: int = 4,
         init: typing.Literal['random', 'kmeans++'] = 'random',
         restarts: int = 1,
@@ -261,6 +291,9 @@ class ClientSelection(_ClientSelection):
         min_evaluate_nodes: int = 1,
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         warmup_rounds: int = 1,
         w: float = 0.01,
         hold_rounds: int = 2,

@@ -122,7 +122,7 @@ def split_strategy_params(values: dict[str, Any], *, run_keys: list[str],
     merged = {**from_legacy, **params}
     run = parse_run(run_values)
     shared = {"fraction-train": run.fraction_train, "fraction-evaluate": run.fraction_evaluate, "seed": run.seed,
-              "compare-arrays": run.compare_arrays}
+              "compare-arrays": run.compare_arrays, **run.dp_params()}
     try:
         validated = cls.Params.model_validate({**shared, **merged})
     except ValidationError as error:

@@ -49,6 +49,7 @@ import dataclasses
 import functools
 import inspect
 import operator
+import sys
 import types
 import typing
 from collections import defaultdict
@@ -62,6 +63,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from clusterfed import privacy
 from clusterfed.models.layers import select_layers
 from clusterfed.models.parameters import compared_names
 
@@ -120,6 +122,20 @@ class StrategyParams(BaseModel):
                     "scalars); else a regular expression on the names, a list of names, or (from Python) a "
                     "predicate (name, array) -> bool. The other arrays are only averaged per cluster")
 
+    # client-level differential privacy on each cluster's average (clusterfed.privacy)
+    dp_noise_multiplier: float = Field(
+        0.0, alias="dp-noise-multiplier", ge=0,
+        description="differential privacy: Gaussian noise of std dp_noise_multiplier * dp_clipping_norm / m on each "
+                    "cluster's average of m clipped replies (0 = no noise); needs dp_clipping_norm and dp_delta")
+    dp_clipping_norm: float = Field(
+        0.0, alias="dp-clipping-norm", ge=0,
+        description="differential privacy: each reply's update is clipped to this L2 norm against the model it was "
+                    "sent, and replies are averaged with equal weights (0 = no clipping); sent to clients as "
+                    "'clipping_norm' for Flower's fixedclipping_mod")
+    dp_delta: float = Field(0.0, alias="dp-delta", ge=0, lt=1,
+                            description="differential privacy: the δ at which ε is reported per round and cluster "
+                                        "(below 1/number of clients; 0 = no accounting, without noise)")
+
     @field_validator("compare_arrays")
     @classmethod
     def _compare_arrays_pattern(cls, value: Any) -> Any:
@@ -153,6 +169,7 @@ class ClusteredState:
     newcomer_log: list[dict[str, Any]] = field(default_factory=list)
     next_cluster_id: int = 0
     rng: Any = None
+    dp_releases: dict[str, int] = field(default_factory=dict)  # client key -> noisy releases its update entered
 
 
 class ClusteredResult(Result):
@@ -209,6 +226,12 @@ class ClusteredStrategy(Strategy):
             self.params = self.Params.model_validate(params)
         except ValidationError as error:
             raise StrategyParamsError(describe_errors(self.name, error, self.Params)) from None
+        try:
+            self.dp = privacy.dp_settings(self.params.dp_noise_multiplier, self.params.dp_clipping_norm,
+                                          self.params.dp_delta)
+            self.dp_accountant = privacy.Accountant(self.dp) if self.dp and self.dp.noise_multiplier > 0 else None
+        except ValueError as error:
+            raise StrategyParamsError(f"{self.name}: {error}") from None
         self.clients: dict[str, ClientInfo] = {}
         self.active: list[str] = []
         self.clustering_seconds = 0.0
@@ -285,6 +308,7 @@ class ClusteredStrategy(Strategy):
         its own model."""
         from clusterfed.runner.runner import train_messages
 
+        self.refuse_flower_dp_wrapper(sys._getframe(1))
         return train_messages(self, server_round, dict(config), grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -299,6 +323,7 @@ class ClusteredStrategy(Strategy):
         """One evaluate message per sampled placed client, with its own cluster's model."""
         from clusterfed.runner.runner import evaluate_messages
 
+        self.refuse_flower_dp_wrapper(sys._getframe(1))
         return evaluate_messages(self, server_round, dict(config), grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
@@ -306,6 +331,13 @@ class ClusteredStrategy(Strategy):
         from clusterfed.runner.runner import average_metrics
 
         return average_metrics([m.content["metrics"] for m in replies if m.has_content() and "metrics" in m.content])
+
+    def refuse_flower_dp_wrapper(self, caller: Any) -> None:
+        """StrategyParamsError naming the ``dp_*`` parameters when Flower's DP wrapper calls
+        this strategy's single-phase hooks (it would clip and noise one model, not each cluster's)."""
+        wrapper = privacy.flower_dp_wrapper(caller)
+        if wrapper is not None:
+            raise StrategyParamsError(privacy.wrapper_refusal(wrapper, type(self).__name__))
 
     def summary(self) -> None:
         from flwr.supercore import log
@@ -325,6 +357,10 @@ class ClusteredStrategy(Strategy):
     def round(self, server_round: int) -> Steps:
         """One round: place newcomers, clustering steps, train, aggregate per cluster."""
         self.clustering_seconds, self.round_extra = 0.0, {}
+        try:
+            privacy.check_population(self.dp, max(len(self.clients), len(self.active)))
+        except ValueError as error:
+            raise StrategyParamsError(f"{self.name}: {error}") from None
         self.sampled = self.draw_sample(server_round)
         unplaced = [k for k in self.active if k not in self.assignment]
         if unplaced:
@@ -438,6 +474,8 @@ class ClusteredStrategy(Strategy):
                       "cluster-id": cluster}
             config.update(self.train_instructions(server_round, key))
             config.update(extra or {})
+            if self.dp is not None:  # what Flower's fixedclipping_mod reads
+                config[privacy.CLIPPING_NORM_KEY] = self.dp.clipping_norm
             asks.append(Ask(key, models[key] if models is not None else self.models[cluster], config))
         return asks
 
@@ -448,8 +486,25 @@ class ClusteredStrategy(Strategy):
         for reply in replies:
             if reply.cluster in self.models and set(reply.arrays) == set(self.shapes):
                 by_cluster[reply.cluster].append(reply)
+        released: dict[int, dict[str, Any]] = {}
         for cluster, group in by_cluster.items():
+            if self.dp is not None:  # clipped, equal weights (clusterfed.privacy)
+                group = privacy.clip_replies(group, self.dp.clipping_norm)
             self.models[cluster] = weighted_average([r.weights for r in group], [r.num_examples for r in group])
+            if self.dp is not None:
+                released[cluster] = self.add_dp_noise(cluster, group)
+        if self.dp_accountant is not None:
+            self.round_extra["privacy"] = self.dp_accountant.report(self.dp_releases, self.assignment, released)
+
+    def add_dp_noise(self, cluster: int, group: list[TrainReply]) -> dict[str, Any]:
+        """Gaussian noise on ``cluster``'s new average of ``group``'s clipped replies; each
+        member's update went into one more release. Returns what was released."""
+        std = self.dp.noise_std(len(group))
+        self.models[cluster] = privacy.add_noise(self.models[cluster], std, self.rng)
+        if std > 0:
+            for reply in group:
+                self.dp_releases[reply.key] = self.dp_releases.get(reply.key, 0) + 1
+        return {"sampled": len(group), "noise_std": std}
 
     # ------------------------------------------------------------- evaluation
     def evaluation_models(self, server_round: int) -> dict[str, tuple[int, Arrays]]:
@@ -477,6 +532,8 @@ class ClusteredStrategy(Strategy):
         state.update(self.cluster_state())
         if "one_cluster_reason" not in state and self.one_cluster_reasons:
             state["one_cluster_reason"] = self.one_cluster_reason()
+        if self.dp_accountant is not None:
+            state["privacy"] = self.dp_accountant.report(self.dp_releases, assignment)
         if self.training_failed:  # nothing trained: that, not the algorithm, is why
             state["one_cluster_reason"] = state["training_failed"] = self.training_failed
         return state
