@@ -223,3 +223,9 @@ def test_a_stock_client_with_flowers_fixedclipping_mod_trains_under_clustered_dp
                             train_config=ConfigRecord({"lr": 0.1, "local-epochs": 1}))
     assert result.train_metrics_clientapp[2]["num-examples"] == 4 * 72  # all four replies accepted
     assert result.clustering["privacy"]["epsilon"] == pytest.approx(flower_epsilon(0.5, 1e-3, 2))
+
+
+def test_ifca_seeded_from_clients_models_is_refused_under_dp():
+    strategy = clusterfed.IFCA(init="kmeans++", dp_clipping_norm=1.0)
+    with pytest.raises(StrategyParamsError, match="init = 'random'"):
+        strategy.init({"w": np.zeros(3, np.float32)})
