@@ -82,22 +82,30 @@ def figure(summary: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    noised = [r for r in summary["rows"] if r["noise_multiplier"] is not None]
+    norms = sorted({r["clipping_norm"] for r in noised})
     for strategy in dict.fromkeys(r["strategy"] for r in summary["rows"]):
-        rows = [r for r in summary["rows"] if r["strategy"] == strategy and r["noise_multiplier"] is not None]
-        ax.errorbar([r["noise_multiplier"] for r in rows], [r["accuracy"] for r in rows],
-                    yerr=[r["accuracy_std"] for r in rows], marker="o", capsize=3, label=strategy)
+        colour = None
+        for norm, style in zip(norms, ("-o", "--s", ":^")):
+            rows = [r for r in noised if r["strategy"] == strategy and r["clipping_norm"] == norm]
+            line = ax.errorbar([r["noise_multiplier"] for r in rows], [r["accuracy"] for r in rows],
+                               yerr=[r["accuracy_std"] for r in rows], fmt=style, capsize=3, color=colour,
+                               label=f"{strategy}, clipping norm {norm:g}")
+            colour = line.lines[0].get_color()
         plain = next((r for r in summary["rows"] if r["strategy"] == strategy and r["noise_multiplier"] is None), None)
         if plain:
-            ax.axhline(plain["accuracy"], ls=":", lw=1, color=ax.lines[-1].get_color())
-    labelled = [r for r in summary["rows"] if r["epsilon"] is not None and r["strategy"] == summary["rows"][0]["strategy"]]
-    for r in labelled:
-        ax.annotate(f"ε={r['epsilon']:.0f}", (r["noise_multiplier"], 0.02), ha="center", fontsize=8)
-    ax.set_xlabel("noise multiplier (clipping norm %g)" % labelled[0]["clipping_norm"] if labelled else "noise multiplier")
+            ax.axhline(plain["accuracy"], ls=":", lw=1, color=colour)
+    first = summary["rows"][0]["strategy"]
+    for r in noised:
+        if r["epsilon"] is not None and r["strategy"] == first and r["clipping_norm"] == norms[0]:
+            ax.annotate(f"ε={r['epsilon']:.0f}", (r["noise_multiplier"], 0.02), ha="center", fontsize=8)
+    ax.set_xlabel(f"noise multiplier (ε at δ = {next(r['delta'] for r in noised if r['delta'])} after "
+                  f"{summary['rounds']} rounds)")
     ax.set_ylabel("final mean local test accuracy")
     ax.set_ylim(0, 1.02)
     ax.set_title(f"{summary['setting']}, {summary['rounds']} rounds (dotted: without DP)")
-    ax.legend()
+    ax.legend(fontsize=7, loc="center right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
