@@ -4,8 +4,8 @@
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_privacy.py --no-run   # summarise the runs on disk
 
 Runs ``benchmarks/experiments/privacy.toml`` (FedAvg, FedClust and CFL on digit pairs, 20
-clients, 20 rounds, seed 0; without DP, with clipping only, and with noise multipliers 0.3,
-0.7 and 1.0; needs ``clusterfed[privacy]``) with ``clusterfed experiment``, which writes each
+clients, 20 rounds, seed 0; without DP, and at clipping norm 0.1 with noise multipliers 0, 0.3,
+0.7 and 1.0 and at clipping norm 1.0 with 0 and 1.0; needs ``clusterfed[privacy]``) with ``clusterfed experiment``, which writes each
 run and the folder's ``manifest.json`` under ``benchmarks/results/privacy/``; then reads every
 run's last round and writes ``summary.json`` (rows, and ``by.<strategy>.<grid>`` for quoting),
 ``table.md`` and ``privacy.png`` there.
