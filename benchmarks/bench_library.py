@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from clusterfed.experiments.manifest import git_state
 from clusterfed.experiments.settings import setting
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +134,7 @@ def main() -> int:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = {"command": " ".join(sys.argv), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip(),
+                "commit": git_state(ROOT)["commit"],
                 "machine": {"cores": os.cpu_count(), "load_at_start": os.getloadavg(), "python": platform.python_version()}}
     path = args.out / "library.json"
     results = json.loads(path.read_text()) if path.exists() else {}

@@ -17,7 +17,6 @@ import os
 import runpy
 import json
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ STRATEGIES = ("fedavg", "fedclust", "cfl")
 # checkout (PYTHONPATH) that has no registry
 _REGISTRY = runpy.run_path(str(Path(__file__).resolve().parents[1] / "clusterfed" / "experiments" / "settings.py"))
 SETTING = {**_REGISTRY["setting"]("digits-label-swap"), "rounds": 10, "seed": 0}
+git_state = runpy.run_path(str(Path(__file__).resolve().parents[1] / "clusterfed" / "experiments" / "manifest.py"))["git_state"]
 
 
 def one_run(strategy: str, extra: dict) -> tuple[float, float]:
@@ -53,7 +53,7 @@ def main() -> None:
              for k, v in (pair.split("=", 1) for pair in args.overrides)}
     out = Path(args.out)
     data = json.loads(out.read_text()) if out.exists() else {}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = (git_state()["commit"] or "")[:7]
     entry = {"commit": commit, "date": time.strftime("%Y-%m-%d %H:%M"), "setting": {**SETTING, **extra},
              "load_average": os.getloadavg(), "mean_round_seconds": {}, "cpu_seconds_per_round": {}}
     for strategy in STRATEGIES:

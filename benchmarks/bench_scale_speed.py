@@ -65,15 +65,11 @@ SETTING = DEFAULT_SETTING  # --setting
 
 
 def _git_commit(root: Path) -> str:
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, check=True)
-        return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    state = git_state(root)
+    return "unknown" if state["commit"] is None else state["commit"] + ("+dirty" if state["dirty"] else "")
 
 
+from clusterfed.experiments.manifest import git_state  # noqa: E402
 from clusterfed.experiments.settings import default_data_dir, setting, setting_name  # noqa: E402
 from bench_engine_overhead import ClientClock, marking_rounds, overhead_record  # noqa: E402  (same folder: the script's own)
 

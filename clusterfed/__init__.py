@@ -5,27 +5,21 @@ Construct one in your own ServerApp where ``FedAvg(...)`` stood::
     from clusterfed import FedClust
     result = FedClust(fraction_train=1.0).start(grid=grid, initial_arrays=arrays, num_rounds=20)
 
-The strategies are imported on first use, so ``import clusterfed`` stays light;
-``dir(clusterfed)`` and type checkers see every public name.
+The strategies are imported on first use, so ``import clusterfed`` stays light. Every
+strategy registered in ``clusterfed.strategies.REGISTRY`` from that package is a public name
+under its class name (``FedClust``, ``CFL``, …), read from the registry: adding one adds
+no line here. ``dir(clusterfed)`` lists every public name; type checkers read the
+generated stub ``__init__.pyi`` (``python -m clusterfed.reference --write``).
 """
 
 from __future__ import annotations
 
 from importlib import import_module
-from typing import TYPE_CHECKING
 
-_PUBLIC = {
-    "FedAvg": "clusterfed.strategies.fedavg",
-    "FedProx": "clusterfed.strategies.fedprox",
-    "Local": "clusterfed.strategies.local",
-    "Oracle": "clusterfed.strategies.oracle",
-    "FedClust": "clusterfed.strategies.fedclust",
-    "AdaCFL": "clusterfed.strategies.adacfl",
-    "CFL": "clusterfed.strategies.cfl",
-    "LayerCFL": "clusterfed.strategies.layercfl",
-    "HiCFL": "clusterfed.strategies.hicfl",
-    "IFCA": "clusterfed.strategies.ifca",
-    "ClientSelection": "clusterfed.strategies.selection",
+from clusterfed.strategies import public_strategies
+
+# the public names that are not strategies: name -> the module that defines it
+_SUPPORT = {
     "ClusteredStrategy": "clusterfed.strategies.base",
     "ClusteredResult": "clusterfed.strategies.base",
     "StrategyParams": "clusterfed.strategies.base",
@@ -40,42 +34,24 @@ _PUBLIC = {
     "inprocess_grid": "clusterfed.simulation",
     "compared_names": "clusterfed.models.parameters",
     "trainable_names": "clusterfed.models.parameters",
+    "select_layers": "clusterfed.models.layers",
 }
 
-__all__ = list(_PUBLIC)
 
-if TYPE_CHECKING:  # what IDEs and type checkers read; at run time each is imported on first use
-    from clusterfed.models.parameters import compared_names, trainable_names
-    from clusterfed.simulation import inprocess_grid
-    from clusterfed.strategies.adacfl import AdaCFL
-    from clusterfed.strategies.base import (
-        CapabilityError,
-        ClientFailureError,
-        ClusteredResult,
-        ClusteredState,
-        ClusteredStrategy,
-        ModelMismatchError,
-        StrategyParams,
-        StrategyParamsError,
-    )
-    from clusterfed.strategies.cfl import CFL
-    from clusterfed.strategies.exchange import Ask, ClientInfo, TrainReply
-    from clusterfed.strategies.fedavg import FedAvg
-    from clusterfed.strategies.fedclust import FedClust
-    from clusterfed.strategies.fedprox import FedProx
-    from clusterfed.strategies.hicfl import HiCFL
-    from clusterfed.strategies.ifca import IFCA
-    from clusterfed.strategies.layercfl import LayerCFL
-    from clusterfed.strategies.local import Local
-    from clusterfed.strategies.oracle import Oracle
-    from clusterfed.strategies.selection import ClientSelection
+def _public() -> dict[str, str]:
+    """Every public name -> its module: the registered strategies, then ``_SUPPORT``."""
+    return {**public_strategies(), **_SUPPORT}
 
 
 def __getattr__(name: str):
-    if name in _PUBLIC:
-        return getattr(import_module(_PUBLIC[name]), name)
+    public = _public()
+    if name == "__all__":  # from the registry as it is now
+        return list(public)
+    if name in public:
+        return getattr(import_module(public[name]), name)
     raise AttributeError(f"module 'clusterfed' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) - {"import_module", "annotations", "TYPE_CHECKING", "_PUBLIC"} | set(__all__))
+    own = set(globals()) - {"import_module", "annotations", "public_strategies", "_SUPPORT", "_public"}
+    return sorted(own | set(_public()) | {"__all__"})

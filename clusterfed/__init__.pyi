@@ -29,8 +29,9 @@ from clusterfed.strategies.exchange import ClientInfo as ClientInfo
 from clusterfed.simulation import inprocess_grid as inprocess_grid
 from clusterfed.models.parameters import compared_names as compared_names
 from clusterfed.models.parameters import trainable_names as trainable_names
+from clusterfed.models.layers import select_layers as select_layers
 
-__all__ = ['FedAvg', 'FedProx', 'Local', 'Oracle', 'FedClust', 'AdaCFL', 'CFL', 'LayerCFL', 'HiCFL', 'IFCA', 'ClientSelection', 'ClusteredStrategy', 'ClusteredResult', 'StrategyParams', 'ClusteredState', 'StrategyParamsError', 'CapabilityError', 'ClientFailureError', 'ModelMismatchError', 'Ask', 'TrainReply', 'ClientInfo', 'inprocess_grid', 'compared_names', 'trainable_names']
+__all__ = ['FedAvg', 'FedProx', 'Local', 'Oracle', 'FedClust', 'AdaCFL', 'CFL', 'LayerCFL', 'HiCFL', 'IFCA', 'ClientSelection', 'ClusteredStrategy', 'ClusteredResult', 'StrategyParams', 'ClusteredState', 'StrategyParamsError', 'CapabilityError', 'ClientFailureError', 'ModelMismatchError', 'Ask', 'TrainReply', 'ClientInfo', 'inprocess_grid', 'compared_names', 'trainable_names', 'select_layers']
 
 
 class FedAvg(_FedAvg):

@@ -9,7 +9,17 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from clusterfed.client_worker import WorkerError, stop_workers, worker_dir
+from clusterfed.compare import compare, markdown_table
 from clusterfed.config import ConfigError, RunConfig, load_config_file, parse_config, parse_overrides
+from clusterfed.datasets import DatasetNotFoundError, PartitionError, partition_table, plot_partition
+from clusterfed.datasets.export import build_partition, export_partition
+from clusterfed.experiments.runner import RunsFailed, run_experiment
+from clusterfed.experiments.spec import load_experiment
+from clusterfed.reference import strategy_help
+from clusterfed.runner import CheckpointError
+from clusterfed.simulation import simulate
+from clusterfed.strategies import clustered_classes, strategy_class, strategy_names
 
 
 def parse_list(text: str, kind: type = str) -> list:
@@ -33,8 +43,6 @@ def _add_config_args(parser: argparse.ArgumentParser) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from clusterfed.simulation import simulate
-
     config = resolve_config(args.config, args.overrides, args.out)
     simulate(config, engine=args.engine)
     print(f"results in {Path(config.out_dir).resolve()}")
@@ -43,8 +51,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     """Every strategy × seed on the same partition; comparison.csv, comparison.md, figures."""
-    from clusterfed.compare import compare, markdown_table
-
     values: dict[str, Any] = {}
     if args.config:
         values.update(load_config_file(args.config))
@@ -62,9 +68,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     """Every grid of an experiment file; per grid folder comparison.csv/.md, figures, manifest.json."""
-    from clusterfed.experiments.runner import run_experiment
-    from clusterfed.experiments.spec import load_experiment
-
     try:
         seeds = parse_list(args.seeds, int) if args.seeds else None
     except ValueError:
@@ -78,9 +81,6 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 
 def cmd_partition_report(args: argparse.Namespace) -> int:
-    from clusterfed.datasets import partition_table, plot_partition
-    from clusterfed.datasets.export import build_partition
-
     config = resolve_config(args.config, args.overrides)
     source, partition = build_partition(config.to_flower())
     print(partition_table(partition, source.y, source.num_classes))
@@ -93,8 +93,6 @@ def cmd_partition_report(args: argparse.Namespace) -> int:
 
 def cmd_partition(args: argparse.Namespace) -> int:
     """Write one .npz per client and a manifest, to copy onto devices."""
-    from clusterfed.datasets.export import export_partition
-
     config = resolve_config(args.config, args.overrides)
     manifest = export_partition(config.to_flower(), args.out)
     for client in manifest["clients"]:
@@ -114,9 +112,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_params(args: argparse.Namespace) -> int:
     """Each strategy's parameters, defaults and meanings, from its schema."""
-    from clusterfed.reference import strategy_help
-    from clusterfed.strategies import clustered_classes, strategy_class
-
     names = [args.strategy] if args.strategy else list(clustered_classes())
     try:
         for name in names:
@@ -128,8 +123,6 @@ def cmd_params(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from clusterfed.client_worker import WorkerError, stop_workers, worker_dir
-
     try:
         folder = Path(args.dir).expanduser() if args.dir else worker_dir()
         report = stop_workers(folder, wait_seconds=args.wait)
@@ -149,8 +142,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def _strategies_epilog() -> str:
     """The --help epilog: the strategies and how their parameters are set (from the registry)."""
-    from clusterfed.strategies import strategy_names
-
     return (f"strategies: {', '.join(strategy_names())}, or package.module:Class. A strategy's parameters "
             "are set as --set <strategy>.<param>=value (clusterfed params NAME lists them).")
 
@@ -212,10 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
-    from clusterfed.datasets import DatasetNotFoundError, PartitionError
-    from clusterfed.runner import CheckpointError
-
-    from clusterfed.experiments.runner import RunsFailed
 
     try:
         return args.func(args)

@@ -12,14 +12,13 @@ from typing import Any, TextIO
 
 from clusterfed.config import ConfigError
 from clusterfed.experiments.results import CSV_COLUMNS, markdown_table, read_csv  # noqa: F401 (re-exported)
+from clusterfed.experiments.runner import run_experiment
 from clusterfed.experiments.spec import parse_experiment
 
 
 def compare(base: dict[str, Any], strategies: list[str], seeds: list[int], out: Path, *, engine: str = "inprocess",
             workers: int = 1, stream: TextIO | None = sys.stderr) -> list[dict[str, Any]]:
     """Check the whole grid, run it, write the table, csv and figures; returns the rows."""
-    from clusterfed.experiments.runner import run_experiment
-
     if not strategies:
         raise ConfigError("no strategy given")
     if not seeds:

@@ -7,7 +7,6 @@ strings (``rotations = "0,90,180,270"``) and "no value" is spelled ``"auto"``.
 
 from __future__ import annotations
 
-import difflib
 import re
 import tomllib
 from pathlib import Path
@@ -15,13 +14,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from clusterfed import privacy
 from clusterfed.datasets import DATASETS, PARTITIONERS
 from clusterfed.datasets.sources import is_known_dataset
 from clusterfed.models import MODELS
+from clusterfed.strategies import strategy_class
+from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategy_config import ConfigError, split_strategy_params
 
-class ConfigError(ValueError):
-    """A run-config key or value is wrong; the message names it and what is allowed."""
-
+__all__ = ["ConfigError", "RunConfig", "coerce_value", "config_defaults", "config_keys", "load_config_file",
+           "parse_config", "parse_overrides"]
 
 class RunConfig(BaseModel):
     """Validated run configuration. Field aliases are the kebab-case config keys."""
@@ -139,8 +141,6 @@ class RunConfig(BaseModel):
     @property
     def namespace(self) -> str:
         """The prefix of the chosen strategy's parameters in a run config (its ``name``)."""
-        from clusterfed.strategies import strategy_class
-
         return getattr(strategy_class(self.strategy), "name", self.strategy)
 
     def to_flower(self) -> dict[str, bool | int | float | str]:
@@ -153,8 +153,6 @@ class RunConfig(BaseModel):
 
     def build_strategy(self):
         """The configured strategy object (a ``ClusteredStrategy``), from the validated parameters."""
-        from clusterfed.strategies import strategy_class
-
         cls = strategy_class(self.strategy)
         shared = {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed,
                   "compare-arrays": self.compare_arrays, **self.dp_params()}
@@ -183,8 +181,6 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     strategy's parameter with a warning naming the new key (``fedclust.distance``).
     Parameters of other strategies (a pyproject holds every strategy's defaults) are
     allowed; one set away from its default is reported as ignored."""
-    from clusterfed.strategy_config import split_strategy_params
-
     run_values, params = split_strategy_params(values, run_keys=config_keys(), parse_run=_validate_run)
     run = _validate_run(run_values)
     _check_dp(run)
@@ -194,10 +190,6 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
 def _check_dp(run: RunConfig) -> None:
     """ConfigError for DP settings that cannot work: noise without clipping or δ, δ ≥ 1/num-clients,
     DP on a strategy that is not clustered."""
-    from clusterfed import privacy
-    from clusterfed.strategies import strategy_class
-    from clusterfed.strategies.base import ClusteredStrategy
-
     try:
         dp = privacy.dp_settings(run.dp_noise_multiplier, run.dp_clipping_norm, run.dp_delta)
         privacy.check_population(dp, run.num_clients)

@@ -16,6 +16,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from clusterfed import protocol
+
 FAULT_KEYS = ("fault-rate", "fault-nan-rate", "fault-shape-rate", "fault-slow-rate", "fault-delay")
 KINDS = ("raise", "nan", "shape", "slow")
 _RATE_OF_KIND = {"raise": "fault-rate", "nan": "fault-nan-rate", "shape": "fault-shape-rate", "slow": "fault-slow-rate"}
@@ -80,8 +82,6 @@ def inject_faults(msg, context, call_next):
     set in the message config). The fault is drawn for the client key the reply names; the
     client raises (``InjectedFault``), replies ``fault-delay`` late, or replies with damaged
     arrays (``corrupt``)."""
-    from clusterfed import protocol
-
     reply = call_next(msg, context)
     kinds = _KINDS_OF_MESSAGE.get(msg.metadata.message_type)
     if kinds is None or reply.has_error() or protocol.CONFIG not in msg.content:

@@ -35,6 +35,7 @@ assignment, is not covered (see docs/privacy.md).
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,13 @@ from flwr.supercore.differential_privacy import (
     compute_stdv,
     get_norm,
 )
+from flwr.supercore.privacy_accounting import (
+    GaussianPrivacyEvent,
+    NeighboringRelation,
+    PrivacyConfig,
+    SamplingMethod,
+)
+from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from clusterfed.strategies.exchange import Arrays, TrainReply, difference
 
@@ -131,8 +139,6 @@ class Accountant:
     (no amplification by sampling: every release costs the same, so ε depends on the count)."""
 
     def __init__(self, dp: ClusterDP):
-        import importlib.util
-
         if importlib.util.find_spec("dp_accounting") is None:  # before round 1, not at the first release
             raise ValueError('ε accounting (dp_noise_multiplier > 0) needs Flower\'s RDP accountant\'s backend, '
                              'dp-accounting: pip install "clusterfed[privacy]"')
@@ -141,14 +147,6 @@ class Accountant:
 
     def epsilon(self, releases: int) -> float:
         if releases not in self._epsilon:
-            from flwr.supercore.privacy_accounting import (
-                GaussianPrivacyEvent,
-                NeighboringRelation,
-                PrivacyConfig,
-                SamplingMethod,
-            )
-            from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
-
             accountant = RdpAccountant(PrivacyConfig(
                 target_delta=self.dp.delta, population_size=1,  # no amplification: the size plays no part
                 neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 
 import numpy as np
@@ -218,6 +218,17 @@ def parse_upload(value: str) -> list[str] | None:
     if value == UPLOAD_FULL:
         return None
     return [name for name in value.split(",") if name]
+
+
+def upload_names(names: Iterable[str]) -> str:
+    """The ``upload`` value that asks a client for exactly ``names`` (``parse_upload``'s
+    inverse): the names joined by commas. ValueError for no name, or a name that is empty,
+    holds a comma or is ``full``, which the value could not carry."""
+    names = list(names)
+    bad = [name for name in names if not name or "," in name or name == UPLOAD_FULL]
+    if not names or bad:
+        raise ValueError(f"upload needs one or more array names without commas (not {UPLOAD_FULL!r}); got {names!r}")
+    return ",".join(names)
 
 
 def config_record(values: Mapping[str, object]) -> ConfigRecord:

@@ -8,8 +8,8 @@ import os
 import socket
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TextIO
 
 from flwr.app import ConfigRecord, Context
@@ -22,6 +22,7 @@ from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError, build_runner
 from clusterfed.runner.preflight import check_model, preflight, resolve_resume
+from clusterfed.runner.transport import wait_for_nodes
 from clusterfed.strategies.base import CapabilityError, ClientFailureError, ModelMismatchError, StrategyParamsError
 
 NODE_WAIT_SECONDS = 120.0
@@ -63,22 +64,17 @@ def task_configs(config: RunConfig) -> tuple[ConfigRecord, ConfigRecord]:
 
 def wait_for_federation(grid: Grid, expected: int, wait_seconds: float = NODE_WAIT_SECONDS) -> None:
     """Simulation: start only with exactly ``num-clients`` nodes; a mismatch is an error."""
-    deadline = time.monotonic() + wait_seconds
-    while True:
-        online = len(list(grid.get_node_ids()))
-        if online > expected:
-            raise ConfigError(
-                f"num-clients = {expected} but the federation has {online} SuperNodes; set num-clients to {online} "
-                f"or start the simulation with {expected} nodes (--federation-config 'num-supernodes={expected}')"
-            )
-        if online == expected:
-            return
-        if time.monotonic() > deadline:
-            raise ConfigError(
-                f"num-clients = {expected} but only {online} SuperNodes joined within {wait_seconds:.0f}s; "
-                f"set num-clients to {online} or start the missing nodes"
-            )
-        time.sleep(1.0)
+    online = wait_for_nodes(grid, expected, wait_seconds)
+    if online > expected:
+        raise ConfigError(
+            f"num-clients = {expected} but the federation has {online} SuperNodes; set num-clients to {online} "
+            f"or start the simulation with {expected} nodes (--federation-config 'num-supernodes={expected}')"
+        )
+    if online < expected:
+        raise ConfigError(
+            f"num-clients = {expected} but only {online} SuperNodes joined within {wait_seconds:.0f}s; "
+            f"set num-clients to {online} or start the missing nodes"
+        )
 
 
 def wait_for_min_clients(grid: Grid, config: RunConfig, poll_seconds: float = 1.0) -> int:
@@ -86,18 +82,14 @@ def wait_for_min_clients(grid: Grid, config: RunConfig, poll_seconds: float = 1.
     most ``wait-timeout`` seconds. More may be up, and more may join later. Returns how
     many were up."""
     needed = config.min_clients or config.num_clients
-    deadline = time.monotonic() + config.wait_timeout
-    while True:
-        online = len(list(grid.get_node_ids()))
-        if online >= needed:
-            return online
-        if time.monotonic() >= deadline:
-            raise ConfigError(
-                f"only {online} of the {needed} SuperNodes needed to start (min-clients, 0 = num-clients) "
-                f"connected within wait-timeout = {config.wait_timeout:g} s; start more SuperNodes, "
-                f"lower min-clients or raise wait-timeout"
-            )
-        time.sleep(poll_seconds)
+    online = wait_for_nodes(grid, needed, config.wait_timeout, poll_seconds)
+    if online < needed:
+        raise ConfigError(
+            f"only {online} of the {needed} SuperNodes needed to start (min-clients, 0 = num-clients) "
+            f"connected within wait-timeout = {config.wait_timeout:g} s; start more SuperNodes, "
+            f"lower min-clients or raise wait-timeout"
+        )
+    return online
 
 
 def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.stdout,

@@ -12,12 +12,22 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
+import tomllib
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, TextIO
 
+from flwr.app import Context, RecordDict
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.task_identity import TaskIdentity
 
+import clusterfed
 from clusterfed.config import RunConfig
+from clusterfed.datasets import load_source
+from clusterfed.runner.inprocess import InProcessGrid
+from clusterfed.runner.preflight import preflight
 
 ENGINES = ("flower", "inprocess")
 
@@ -40,8 +50,6 @@ def inprocess_grid(client_app, num_nodes: int, node_configs: list[dict] | None =
     ``num-partitions``); its node id is ``1000 + i``, so a stock ClientApp's client key is
     ``node-{1000 + i}``. ``run_config`` is what the ClientApps see as ``context.run_config``
     (under ``flwr run``: the pyproject's ``[tool.flwr.app.config]``)."""
-    from clusterfed.runner.inprocess import InProcessGrid
-
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a SuperLink sets
     return InProcessGrid(client_app, num_nodes, node_configs=node_configs, run_config=run_config)
 
@@ -68,12 +76,9 @@ def simulate(config: RunConfig, *, engine: str = "flower", stream: TextIO | None
     # in simulation the clients' data lives on this machine: a missing data set is
     # reported here, once, before any node starts (DatasetNotFoundError names the layout),
     # and so is every other problem the server can see (one ConfigError listing them all)
-    from clusterfed.datasets import load_source
-    from clusterfed.runner.preflight import preflight
 
     load_source(config.dataset, config.data_dir or None)
     if engine == "inprocess":  # run_server checks the run before it contacts a client
-        from clusterfed.runner.inprocess import InProcessGrid
         from clusterfed.server_app import run_server
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
@@ -84,8 +89,6 @@ def simulate(config: RunConfig, *, engine: str = "flower", stream: TextIO | None
 
 
 def _simulate_flower(config: RunConfig, stream: TextIO | None, client_app) -> dict[str, Any]:
-    import warnings
-
     from flwr.simulation import run_simulation
 
     result: dict[str, Any] = {}
@@ -119,3 +122,45 @@ def _simulate_flower(config: RunConfig, stream: TextIO | None, client_app) -> di
     if "summary" not in result:
         raise RuntimeError("the simulation ended without a result; see the log above")
     return result["summary"]
+
+
+def run_app_inprocess(app_dir: str | Path, client_app, main: Callable, run: Callable,
+                      group_of: Callable[[int, int, Mapping[str, Any]], int], strategy: Any = None,
+                      rounds: int | None = None):
+    """Run a Flower app of ``app_dir`` in this process, without Ray or a SuperLink: its
+    ServerApp ``main(grid, context)`` (``strategy`` None) or ``run(strategy, grid, run_config)``
+    with ``strategy`` (a strategy object, or a public clusterfed class name built with its
+    defaults), on an ``inprocess_grid`` of the pyproject's ``num-supernodes`` nodes calling
+    ``client_app``, node i holding partition i. The run config is the pyproject's
+    ``[tool.flwr.app.config]``, with ``num-server-rounds = rounds`` if given.
+
+    Returns (result, ARI of the final clusters against ``group_of(partition, num_partitions,
+    run_config)``). A client is looked up by its partition id (the client helper's key), else
+    as a stock ClientApp's ``node-<node id>``."""
+    from sklearn.metrics import adjusted_rand_score
+
+    flwr = tomllib.loads((Path(app_dir) / "pyproject.toml").read_text())["tool"]["flwr"]
+    run_config = dict(flwr["app"]["config"])
+    nodes = int(flwr["federations"][flwr["federations"]["default"]]["options"]["num-supernodes"])
+    if rounds is not None:
+        run_config["num-server-rounds"] = rounds
+    grid = inprocess_grid(client_app, nodes,
+                          node_configs=[{"partition-id": i, "num-partitions": nodes} for i in range(nodes)])
+    if strategy is None:
+        result = main(grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=run_config))
+    else:
+        strategy = getattr(clusterfed, strategy)(fraction_train=1.0) if isinstance(strategy, str) else strategy
+        result = run(strategy, grid, run_config)
+    clusters = [result.assignment.get(str(i), result.assignment.get(f"node-{node}"))
+                for i, node in enumerate(grid.node_ids)]
+    return result, adjusted_rand_score([group_of(i, nodes, run_config) for i in range(nodes)], clusters)
+
+
+def run_app_inprocess_main(simulate: Callable, groups: str, argv: list[str] | None = None) -> None:
+    """``python run_inprocess.py [STRATEGY [ROUNDS]]``: ``simulate(STRATEGY, ROUNDS)`` (e.g. a
+    ``run_app_inprocess`` call), then the ARI against ``groups`` (what the planted groups are
+    called) and the wall time."""
+    args = sys.argv[1:] if argv is None else argv
+    start = time.perf_counter()
+    _, ari = simulate(*args[:1], *map(int, args[1:2]))
+    print(f"ARI against {groups}: {ari:.2f}   ({time.perf_counter() - start:.1f} s)")

@@ -14,11 +14,17 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from flwr.supercore import log
 from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from clusterfed.strategies import UnknownStrategyError, clustered_classes, strategy_class
 from clusterfed.strategies.base import SHARED_PARAMS, ClusteredStrategy, group_errors
+
+
+class ConfigError(ValueError):
+    """A run-config key or value is wrong; the message names it and what is allowed."""
+
 
 _SAID: set[str] = set()  # each warning once per process
 
@@ -26,8 +32,6 @@ _SAID: set[str] = set()  # each warning once per process
 def _warn(message: str) -> None:
     if message not in _SAID:
         _SAID.add(message)
-        from flwr.supercore import log
-
         log(logging.WARNING, "%s", message)
 
 
@@ -53,8 +57,6 @@ def default_of(field: FieldInfo) -> Any:
 def split_strategy_params(values: dict[str, Any], *, run_keys: list[str],
                           parse_run: Callable[[dict[str, Any]], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(run keys and values, the chosen strategy's validated parameters by kebab key)."""
-    from clusterfed.config import ConfigError
-
     name = values.get("strategy", "fedavg")
     try:
         cls = strategy_class(str(name))

@@ -1,9 +1,10 @@
-"""The one local training / evaluation loop, used by every strategy's clients and by tests."""
+"""The one local SGD loop (``sgd``; the built-in task's ``train`` over arrays and the client
+helper's default loop over a DataLoader both run it), evaluation, and model state <-> arrays."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -75,6 +76,34 @@ def load_numpy_state(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None
             target.copy_(torch.from_numpy(source))
 
 
+def sgd(model: nn.Module, epoch_batches: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]], *, epochs: int,
+        lr: float, momentum: float, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        proximal_mu: float = 0.0) -> float:
+    """SGD with momentum for ``epochs`` passes, each over the ``(inputs, labels)`` batches that
+    ``epoch_batches()`` yields (on the model's device); returns the mean training loss.
+
+    ``proximal_mu > 0`` adds FedProx's ``mu/2 * ||w - w_received||^2`` with the weights the
+    model had on entry as ``w_received``.
+    """
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
+    total, count = 0.0, 0
+    for _ in range(epochs):
+        for x, y in epoch_batches():
+            optimizer.zero_grad()
+            loss = loss_fn(model(x), y)
+            objective = loss
+            if anchor is not None:
+                drift = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+                objective = loss + 0.5 * proximal_mu * drift
+            objective.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(y)
+            count += len(y)
+    return total / max(count, 1)
+
+
 def train(
     model: nn.Module,
     x: np.ndarray,
@@ -88,34 +117,21 @@ def train(
     device: torch.device | None = None,
     proximal_mu: float = 0.0,
 ) -> float:
-    """SGD with momentum for ``epochs`` passes; returns the mean training loss.
-
-    ``proximal_mu > 0`` adds FedProx's ``mu/2 * ||w - w_received||^2`` with the weights the
-    model had on entry as ``w_received``.
-    """
+    """``sgd`` over (x, y) in batches of ``batch_size``, reshuffled each epoch from ``seed``;
+    returns the mean training loss."""
     device = device or torch.device("cpu")
-    model.to(device).train()
+    model.to(device)
     xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
     generator = torch.Generator().manual_seed(seed)
-    loss_fn = nn.CrossEntropyLoss()
-    total, count = 0.0, 0
-    for _ in range(epochs):
+
+    def shuffled() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         order = torch.randperm(len(xt), generator=generator).to(device)
         for start in range(0, len(xt), batch_size):
             batch = order[start : start + batch_size]
-            optimizer.zero_grad()
-            loss = loss_fn(model(xt[batch]), yt[batch])
-            objective = loss
-            if anchor is not None:
-                drift = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
-                objective = loss + 0.5 * proximal_mu * drift
-            objective.backward()
-            optimizer.step()
-            total += float(loss.detach()) * len(batch)
-            count += len(batch)
-    return total / max(count, 1)
+            yield xt[batch], yt[batch]
+
+    return sgd(model, shuffled, epochs=epochs, lr=lr, momentum=momentum, loss_fn=nn.CrossEntropyLoss(),
+               proximal_mu=proximal_mu)
 
 
 @torch.no_grad()

@@ -212,8 +212,9 @@ def test_the_built_in_task_runs_on_a_hugging_face_folder(saved_digits, small_con
 
 
 def test_a_missing_or_malformed_hugging_face_set_is_one_clear_message(tmp_path, small_config):
-    from clusterfed.config import ConfigError
     from datasets import Dataset
+
+    from clusterfed.config import ConfigError
 
     with pytest.raises(DatasetNotFoundError, match="could not be read from the folder"):
         (tmp_path / "empty").mkdir()
@@ -224,3 +225,18 @@ def test_a_missing_or_malformed_hugging_face_set_is_one_clear_message(tmp_path, 
         load_source(f"hf:{tabular}")
     with pytest.raises(ConfigError, match="hf:<name or folder>"):
         small_config(dataset="hf:")
+
+
+def test_each_built_in_data_set_is_declared_once_and_the_tables_derive_from_it():
+    from clusterfed.datasets.device_data import CHANNEL_STATS
+    from clusterfed.datasets.shapes import DATASET_SHAPES
+    from clusterfed.datasets.sources import BUILT_IN, DATASETS, EMBEDDED
+    from clusterfed.models import AUTO_MODEL, MODELS
+
+    assert list(BUILT_IN) == list(DATASETS) == list(AUTO_MODEL) == list(CHANNEL_STATS)
+    assert set(EMBEDDED) == {"digits", "synthetic-digits"}
+    for name, dataset in BUILT_IN.items():
+        assert DATASET_SHAPES[name] == (dataset.input_shape, dataset.num_classes)
+        assert dataset.default_model in MODELS
+        means, stds = dataset.channel_stats
+        assert len(means) == len(stds) == dataset.input_shape[0], name  # one mean and std per channel

@@ -1,4 +1,4 @@
-"""The README and docs/ stay true: small, generated pages current, every number traceable to a file.
+"""The README and docs/ stay true: small, generated pages current, every number bound to a value in a file.
 
 Rules (what a failure here means):
 
@@ -7,27 +7,43 @@ Rules (what a failure here means):
   ``<!-- params:NAME:begin/end -->`` tables of docs/algorithms/ (``python -m clusterfed.reference
   --write``), docs/results.md, docs/fidelity.md, docs/scale.md and README.md's ``results-summary`` block
   (``python benchmarks/report.py``). Fix: run the generator and commit what it writes.
-- Every measured number in README.md and docs/**/*.md outside generated text — a decimal
-  (0.873, 12.5), a percentage (61 %) or points (3.1 pp) — must occur in a file that its
-  paragraph cites by path, or, when the paragraph cites none, its section (heading to next
-  heading): a `benchmarks/results/...` file or folder, `benchmarks/RESULTS.md`, ..., in
-  backticks or as a link; a folder stands for the files under it. The number is written as
-  in the file; a fraction may be written as its percentage (0.61 reads 61 %), and in a file
-  with few numbers (at most ``ROUNDED_MAX``) a number may be rounded to 3 or 4 decimals
-  (0.8733 reads 0.873) — in a bigger file rounding would match anything. Not measurements,
-  and not checked: integers, numbers in code (backticks, fenced blocks), dotted versions
-  (2.9.1) and a version after a software name (Python 3.11).
-  Fix: cite the file the number comes from in that paragraph, or drop the number.
+- Every measured number in README.md and docs/**/*.md is generated or bound. Generated: inside
+  a ``<!-- NAME:begin -->`` … ``<!-- NAME:end -->`` block or on a generated page (their own test
+  above keeps them current). Bound: the number is followed (after its unit, if any) by
+  ``<!-- bind: benchmarks/results/<file> <key> -->``, optionally `` *100`` (a fraction shown as a
+  percentage) or `` /60`` (seconds shown as minutes; any ``*N`` or ``/N``). The test reads the file,
+  follows the key, and the shown number must equal the value rounded to the shown decimals, sign
+  included (− or -); a missing file, key or row fails. Addressing: JSON and TOML by dotted keys,
+  list indices as integers (``rows.3.ari``; a key that itself holds dots, ``0.5``, is matched
+  whole, longest first); JSONL as a list of its lines (``rounds.jsonl 0.round_seconds``); a
+  string value that is a number and a unit (``"1.58 GB"``) reads as its number; CSV by ``<row>.<column>`` where ``<row>`` is a 0-based data-row index or
+  ``col=value`` conditions joined by ``&`` that select exactly one row
+  (``lambda.csv lambda=0.5&seed=0.ari``). Markdown tables and prose write-ups are not sources.
+  A measured number is: a decimal (0.873, 12.5); any number with a unit of measure — percent
+  (61 %, percent), points (3.1 pp), a duration (194.7 s, 40 min, 3 ms, 2 h, 12 seconds), a size
+  (1.58 GB, 512 MiB, kB, bytes), a factor (72.6×, 3x); an integer beside ± (38 ± 5.7); and both ends of a range with a unit
+  (2–9 min). Not measured, not checked: bare integers (counts, rounds, seeds, years), numbers in
+  code spans and fenced blocks (parameters and their defaults belong there: `hicfl-tau = 0.45`),
+  link targets, HTML comments, dotted versions (2.9.1), a number after a software name or
+  "version" (Python 3.11, Flower 1.41), after a section/figure/equation word (Section 4.2, Eq. 3),
+  after ``=``, ``≥``, ``≤``, ``<``, ``>`` (a threshold or a setting: ARI ≥ 0.9, ε = 0.25) and
+  dimensions (8×8). A duration, size or percentage in a fenced block's comment fails: no marker can
+  sit there, so say it in prose, bound.
+  Fix: bind the number to the result file it comes from, write it into a summary.json beside its
+  CSV/MD table (from data already in the repository), generate it, or drop it.
 - Relative links resolve (file, and heading anchor in a Markdown file); no ``../shared``
   paths and no issue numbers.
 """
 
 from __future__ import annotations
 
-import functools
+import csv
 import importlib.util
+import json
 import re
+import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,13 +54,6 @@ MARKER_BLOCK = re.compile(r"<!-- ([\w:-]+):begin -->\n.*?<!-- \1:end -->", re.S)
 FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 CODE = re.compile(r"`([^`\n]+)`")
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
-VERSION_WORDS = ("Python", "Flower", "flwr", "torch", "torchvision", "PyTorch", "Ray", "podman", "Podman",
-                 "Compose", "podman-compose", "Debian", "CUDA", "Pi", "OS", "version", "release")
-NUMBER = re.compile(
-    r"(?<![\w.])(?P<num>\d+\.\d+|\d+)(?![\w.]*\d)(?:\s?(?P<unit>%|pp\b))?")
-TEXT_SUFFIXES = {".md", ".json", ".jsonl", ".csv", ".txt", ".toml", ".py", ".log", ""}
-MAX_FILE_BYTES = 5_000_000
-ROUNDED_MAX = 300
 
 
 def pages() -> list[Path]:
@@ -74,11 +83,16 @@ def test_generated_reference_pages_are_current():
     assert not stale, f"parameter tables stale in {stale}: python -m clusterfed.reference --write"
     for path in (ROOT / "docs" / "algorithms").glob("*.md"):
         assert "<!-- params:" in path.read_text(), f"{path.name} has no generated parameter table"
-    from clusterfed.strategies import REGISTRY
+    from clusterfed.strategies import REGISTRY, clustered_classes
 
+    # a strategy's reference entry is generated from its class (a hand page is optional);
+    # a hand page's table names a registered strategy
+    configuration = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [name for name in clustered_classes() if f"## `{name}` — " not in configuration]
+    assert not missing, f"registered strategies without an entry in docs/configuration.md: {missing}"
     documented = "".join(p.read_text() for p in (ROOT / "docs" / "algorithms").glob("*.md"))
-    missing = [name for name in REGISTRY if f"<!-- params:{name}:begin -->" not in documented]
-    assert not missing, f"registered strategies without a page under docs/algorithms/: {missing}"
+    unregistered = [name for name in re.findall(r"<!-- params:([\w-]+):begin -->", documented) if name not in REGISTRY]
+    assert not unregistered, f"parameter tables of strategies that are not registered: {unregistered}"
 
 
 def test_generated_result_pages_are_current():
@@ -90,142 +104,199 @@ def test_generated_result_pages_are_current():
 
 # ---------------------------------------------------------------- numbers
 
+BIND_PREFIX = "benchmarks/results/"
+UNIT = (r"(?:%|pp\b|ms\b|s\b|min\b|h\b|[kKMGT]i?B\b|bytes\b|×(?!\s?\d)|(?<=\d)x\b|"
+        r"(?:milli)?seconds?\b|minutes?\b|hours?\b|percent\b)")
+NUM = r"\d{1,3}(?:,\d{3})+(?![\d.])|\d+(?:\.\d+)?"
+SIGNED = rf"(?:(?<![\w.)])[-−+])?(?<![\w.])(?:{NUM})"
+BIND = re.compile(
+    rf"(?P<num>{SIGNED})(?P<unit>\s?{UNIT})?(?:\*\*|`)?\s*"
+    r"<!-- bind: (?P<path>\S+) (?P<key>\S+?)(?: (?P<op>[*/])(?P<factor>\d+(?:\.\d+)?))? -->")
+QUANTITY = re.compile(r"(-?\d+(?:\.\d+)?)(?:\s?[A-Za-z%]+)?")  # "1.58 GB" in a result file reads 1.58
+HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+CANDIDATE = re.compile(
+    rf"(?<![\w./@#§])(?<![A-Za-z_]-)(?P<num>{NUM})(?![\w.]*\d)"
+    rf"(?P<after>\s?(?:±|{UNIT}|[–-]\s?(?:{NUM})\s?{UNIT}))?")
+EXEMPT_BEFORE = re.compile(
+    r"(?:\b(?:Python|Flower|flwr|torch|torchvision|PyTorch|Ray|podman|Podman|Docker|Compose|podman-compose|Debian|CUDA|"
+    r"Pi|OS|version|release|v|Section|Sec\.|§|Eq\.|Equation|Algorithm|Alg\.|Fig\.|Figure|Table|Theorem|Lemma|"
+    r"step|Step|line)|[=≥≤<>]|>=|<=)\s*~?\s*$")
+
+
 def strip_generated(text: str) -> str:
     return MARKER_BLOCK.sub("", text)
 
 
-def sections(text: str) -> list[tuple[str, str]]:
-    """(heading, body) pairs; fenced blocks are kept whole so a '#' comment in one is no heading."""
-    out, heading, body = [], "(top)", []
-    in_fence = False
-    for line in text.split("\n"):
-        if line.startswith("```"):
-            in_fence = not in_fence
-        if not in_fence and re.match(r"#{1,6} ", line):
-            out.append((heading, "\n".join(body)))
-            heading, body = line, []
+def value_at(source: Path, key: str) -> float:
+    """The number at ``key`` in a result file (see the module docstring for the addressing);
+    KeyError/ValueError say what is missing."""
+    if source.suffix == ".csv":
+        selector, _, column = key.rpartition(".")
+        with source.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+        if selector.isdigit():
+            chosen = [rows[int(selector)]] if int(selector) < len(rows) else []
         else:
-            body.append(line)
-    out.append((heading, "\n".join(body)))
-    return out
-
-
-def paragraphs(section: str) -> list[str]:
-    """Blocks between blank lines, a fenced block never split."""
-    out, block, in_fence = [], [], False
-    for line in section.split("\n"):
-        if line.startswith("```"):
-            in_fence = not in_fence
-        if not line.strip() and not in_fence:
-            if block:
-                out.append("\n".join(block))
-            block = []
+            tests = [part.partition("=") for part in selector.split("&")]
+            chosen = [r for r in rows if all(r.get(c) == v for c, _, v in tests)]
+        if len(chosen) != 1:
+            raise KeyError(f"{len(chosen)} rows of {source.name} match {selector!r} (need exactly one)")
+        if column not in chosen[0]:
+            raise KeyError(f"no column {column!r} in {source.name}")
+        return float(chosen[0][column])
+    if source.suffix == ".json":
+        node: Any = json.loads(source.read_text())
+    elif source.suffix == ".jsonl":
+        node = [json.loads(line) for line in source.read_text().splitlines() if line.strip()]
+    elif source.suffix == ".toml":
+        node = tomllib.loads(source.read_text())
+    else:
+        raise ValueError(f"{source.name}: a bound value lives in a .json, .jsonl, .csv or .toml file, not {source.suffix!r}")
+    parts = key.split(".")
+    while parts:
+        if isinstance(node, list):
+            index = parts.pop(0)
+            if not index.lstrip("-").isdigit() or not -len(node) <= int(index) < len(node):
+                raise KeyError(f"index {index!r} not in a list of {len(node)}")
+            node = node[int(index)]
+            continue
+        if not isinstance(node, dict):
+            raise KeyError(f"{'.'.join(parts)!r} under a {type(node).__name__}")
+        for n in range(len(parts), 0, -1):  # the longest match first: a key may hold dots ("0.5")
+            if ".".join(parts[:n]) in node:
+                node, parts = node[".".join(parts[:n])], parts[n:]
+                break
         else:
-            block.append(line)
-    if block:
-        out.append("\n".join(block))
-    return out
+            raise KeyError(f"no key {parts[0]!r} (keys: {sorted(node)[:12]})")
+    if isinstance(node, str) and (quantity := QUANTITY.fullmatch(node.strip())):
+        return float(quantity.group(1))
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        raise ValueError(f"{key!r} is {node!r}, not a number")
+    return float(node)
 
 
-def expand_braces(path: str) -> list[str]:
-    match = re.search(r"\{([^{}]*)\}", path)
-    if not match:
-        return [path]
-    return [p for part in match.group(1).split(",")
-            for p in expand_braces(path[:match.start()] + part + path[match.end():])]
+def shown_value(text: str) -> tuple[float, int]:
+    """A number as a page writes it: its value (sign included, − or -) and its decimals."""
+    text = text.replace("−", "-").replace(",", "")
+    decimals = len(text.split(".")[1]) if "." in text else 0
+    return float(text), decimals
 
 
-def cited_files(section: str, page: Path) -> list[Path]:
-    """Files a section names: code spans and link targets that resolve to repository paths."""
-    candidates = CODE.findall(section) + [t.split("#")[0] for t in LINK.findall(section)]
-    files: list[Path] = []
-    for raw in candidates:
-        for token in re.split(r"[\s,;()]+", raw):
-            token = token.strip("`'\"").rstrip(".:")
-            if not token or "/" not in token and not token.endswith((".md", ".json", ".csv")):
-                continue
-            for path in expand_braces(token):
-                for base in (ROOT, page.parent):
-                    hits = sorted(base.glob(path)) if "*" in path else [base / path]
-                    for hit in hits:
-                        hit = hit.resolve()
-                        if hit.is_file():
-                            files.append(hit)
-                        elif hit.is_dir() and ROOT in hit.parents:
-                            files += [f for f in sorted(hit.rglob("*")) if f.is_file()]
-    return files
-
-
-@functools.lru_cache(maxsize=None)
-def file_numbers(path: Path) -> frozenset[str]:
-    """Every number in a file as written, and a fraction as its exact percentage; in a file of at
-    most ROUNDED_MAX distinct numbers also rounded to 3 or 4 decimals (a big file would match anything)."""
-    if path.suffix not in TEXT_SUFFIXES or path.stat().st_size > MAX_FILE_BYTES:
-        return frozenset()
+def bind_problem(match: re.Match, root: Path = None) -> str | None:
+    """Why a ``<!-- bind: -->`` marker's number is wrong, or None when it equals the file's value
+    rounded to the shown decimals."""
+    root = root or ROOT
+    path, key = match.group("path"), match.group("key")
+    if not path.startswith(BIND_PREFIX):
+        return f"{path}: a bound number comes from a file under {BIND_PREFIX}"
+    source = root / path
+    if not source.is_file():
+        return f"{path}: no such file"
     try:
-        text = path.read_text()
-    except UnicodeDecodeError:
-        return frozenset()
-    tokens = set(re.findall(r"\d+(?:\.\d+)?(?:[eE]-?\d+)?", text))
-    out = set(tokens) | {t + "%" for t in tokens}
-    for token in tokens:
-        value = float(token)
-        for digits in range(5):
-            percent = 100 * value
-            if abs(percent - round(percent, digits)) < 1e-9:
-                out.add(f"{percent:.{digits}f}%")  # 0.61 is 61 %, exactly
-        if len(tokens) <= ROUNDED_MAX:
-            out.update(f"{value:.{digits}f}" for digits in (3, 4))  # 0.8733 reads 0.873
-    return frozenset(out)
+        value = value_at(source, key)
+    except (KeyError, ValueError, IndexError, json.JSONDecodeError, tomllib.TOMLDecodeError) as error:
+        return f"{path} {key}: {error}"
+    if match.group("op"):
+        factor = float(match.group("factor"))
+        value = value * factor if match.group("op") == "*" else value / factor
+    shown, decimals = shown_value(match.group("num"))
+    if abs(shown - value) > 0.5 * 10 ** -decimals + 1e-9 * max(1.0, abs(value)):
+        return f"{match.group('num')} but {path} {key} is {value!r} (shown with {decimals} decimals: {value:.{decimals}f})"
+    return None
 
 
-def measured_numbers(section: str) -> list[tuple[str, str]]:
-    """(number as checked, the line) of every decimal, percentage and pp value outside code."""
-    text = FENCE.sub("", section)
-    text = CODE.sub("", text)
-    text = LINK.sub(lambda m: m.group(0).split("](")[0], text)
+def unbound_numbers(text: str) -> list[tuple[str, str]]:
+    """(number, line) of every measured number in ``text`` (bound ones and bind markers already
+    removed) outside code, link targets and HTML comments: the rule of the module docstring."""
+    text = FENCE.sub("", text)
+    text = CODE.sub("``", text)
+    text = LINK.sub(lambda m: m.group(0).split("](")[0] + "]", text)
+    text = HTML_COMMENT.sub("", text)
     found = []
     for line in text.split("\n"):
-        for m in NUMBER.finditer(line):
-            number, unit = m.group("num"), m.group("unit")
-            if "." not in number and not unit:
-                continue  # an integer: a count, a round, a seed
-            before = line[:m.start()].rstrip()
-            before = re.sub(r"[(\s]*(≥|>=|==|~)?\s*$", "", before)
-            if before.endswith(VERSION_WORDS):
+        for m in CANDIDATE.finditer(line):
+            number, after = m.group("num"), m.group("after")
+            if "." not in number and not after:
+                continue  # a bare integer: a count, a round, a seed
+            if EXEMPT_BEFORE.search(line[:m.start()]):
                 continue
-            found.append((number + ("%" if unit == "%" else ""), line.strip()))
+            found.append((m.group(0).strip(), line.strip()))
     return found
 
 
-def number_in(number: str, files: list[Path]) -> bool:
-    return any(number in file_numbers(f) for f in files)
+def fenced_measurements(text: str) -> list[str]:
+    """Durations, sizes and percentages in the comments of fenced blocks (no marker can sit there)."""
+    out = []
+    for block in FENCE.findall(text):
+        for line in block.split("\n")[1:-1]:
+            comment = line.partition(" # ")[2] or (line.strip()[1:] if line.strip().startswith("#") else "")
+            out += [f"{m.group(0)} (in: {line.strip()[:90]})" for m in CANDIDATE.finditer(comment)
+                    if m.group("after") and m.group("after").strip()[:1] not in ("±", "×")]
+    return out
+
+
+def number_problems(text: str, root: Path = None) -> list[str]:
+    """Every failure of the number rule on one page's text: wrong or dangling bind markers,
+    measured numbers neither bound nor generated, measurements in code comments."""
+    text = strip_generated(text)
+    # a marker shown in a code block or span is an example, not a binding
+    text = FENCE.sub(lambda m: m.group(0).replace("<!-- bind:", "<!-- bind (example):"), text)
+    text = CODE.sub(lambda m: m.group(0).replace("<!-- bind:", "<!-- bind (example):"), text)
+    problems = []
+
+    def check(match: re.Match) -> str:
+        problem = bind_problem(match, root)
+        if problem:
+            problems.append(f"wrong: {problem}")
+        return "⟨bound⟩"
+
+    rest = BIND.sub(check, text)
+    problems += [f"a bind marker with no number right before it: {m.group(0)}"
+                 for m in re.finditer(r"<!-- bind:.*?-->", rest, re.S)]
+    problems += [f"unbound: {number} (in: {line[:110]})" for number, line in unbound_numbers(rest)]
+    problems += [f"in a code block (say it in prose, bound): {hit}" for hit in fenced_measurements(rest)]
+    return problems
 
 
 @pytest.mark.parametrize("page", [p for p in pages() if p.relative_to(ROOT).as_posix() not in GENERATED_PAGES],
                          ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_every_number_comes_from_a_cited_file(page):
-    problems = []
-    for heading, body in sections(strip_generated(page.read_text())):
-        if not measured_numbers(body):
-            continue
-        section_files = cited_files(body, page)
-        for paragraph in paragraphs(body):
-            files = cited_files(paragraph, page) or section_files
-            for number, line in measured_numbers(paragraph):
-                if not number_in(number, files):
-                    problems.append(f"{heading!r}: {number} (in: {line[:110]})")
-    assert not problems, (f"{page.relative_to(ROOT)}: numbers no file cited in their paragraph (or, if it cites "
-                          "none, their section) holds; cite the result file there, or drop the number:\n  "
-                          + "\n  ".join(problems))
+def test_every_number_is_bound_to_a_result_file(page):
+    problems = number_problems(page.read_text())
+    assert not problems, (f"{page.relative_to(ROOT)}: numbers not traceable to one value in one result file; "
+                          "bind each (`0.944 <!-- bind: benchmarks/results/<file>.json <key> -->`), "
+                          "generate it, or drop it:\n  " + "\n  ".join(problems))
 
 
 def test_the_number_rule_itself(tmp_path):
-    assert [n for n, _ in measured_numbers("ARI 0.873 and 61 % and 3.1 pp, 20 clients, Python 3.11, torch 2.9.1, `0.5`")] \
-        == ["0.873", "61%", "3.1"]
-    result = tmp_path / "r.csv"
-    result.write_text("a,b\n0.87333,0.61\n")
-    assert number_in("0.873", [result]) and number_in("61%", [result]) and not number_in("0.874", [result])
+    """The rule catches a wrong bound number, an unbound measurement and a missing file or key,
+    and lets a right one, its percentage, a sign and the exempt kinds of number through."""
+    results = tmp_path / "benchmarks" / "results" / "x"
+    results.mkdir(parents=True)
+    (results / "summary.json").write_text(json.dumps(
+        {"rows": [{"ari": 0.944}, {"ari": -0.0213}], "by": {"0.5": {"share": 0.6149}}, "wall_s": 194.7}))
+    (results / "t.csv").write_text("lam,seed,ari\n0.5,0,0.8733\n0.5,1,0.91\n")
+    page = "benchmarks/results/x/"
+    right = (f"ARI 0.944 <!-- bind: {page}summary.json rows.0.ari --> and −0.02 <!-- bind: {page}summary.json rows.1.ari -->,"
+             f" 61 % <!-- bind: {page}summary.json by.0.5.share *100 -->, about 3 min <!-- bind: {page}summary.json wall_s /60 -->,"
+             f" 0.873 <!-- bind: {page}t.csv lam=0.5&seed=0.ari --> and 0.91 <!-- bind: {page}t.csv 1.ari -->.\n"
+             "Not measured: 20 clients, seed 3, Python 3.11, torch 2.9.1, `lambda = 0.5`, ARI ≥ 0.9, ε = 0.25,"
+             " Section 4.2, 8×8 images, 2026.\n<!-- x:begin -->\nARI 0.5 (generated)\n<!-- x:end -->\n")
+    assert number_problems(right, tmp_path) == []
+    for wrong in (f"ARI 0.95 <!-- bind: {page}summary.json rows.0.ari -->",       # 0.944 rounds to 0.94
+                  f"ARI 0.02 <!-- bind: {page}summary.json rows.1.ari -->",       # the sign
+                  f"61 % <!-- bind: {page}summary.json by.0.5.share -->",         # a fraction, not *100
+                  f"0.944 <!-- bind: {page}summary.json rows.2.ari -->",          # no such index
+                  f"0.944 <!-- bind: {page}missing.json rows.0.ari -->",          # no such file
+                  f"0.873 <!-- bind: {page}t.csv lam=0.5.ari -->",                # two rows match
+                  "0.944 <!-- bind: docs/other.json x -->",                       # not a result file
+                  f"ARI <!-- bind: {page}summary.json rows.0.ari -->"):           # nothing to bind
+        assert len(number_problems(wrong, tmp_path)) == 1, wrong
+    unbound = ("HiCFL ended at 0.944, 45 % fewer rounds, 194.7 s, 2–9 min, 1.58 GB, 38 ± 5.7 rounds, 3.1 pp, 72.6× less,"
+               " 12 seconds, 3x")
+    assert [n for n, _ in unbound_numbers(unbound)] == \
+        ["0.944", "45 %", "194.7 s", "2–9 min", "1.58 GB", "38 ±", "5.7", "3.1 pp", "72.6×", "12 seconds", "3x"]
+    assert len(number_problems("```bash\nmake bench-quick   # about 2 min\n```\n", tmp_path)) == 1
+    assert number_problems("```markdown\nARI 0.9 <!-- bind: benchmarks/results/y.json a -->\n```\n", tmp_path) == []
 
 
 # ---------------------------------------------------------------- links and forbidden text

@@ -81,9 +81,8 @@ def test_pyproject_is_a_flower_app_whose_components_import(example):
     assert not warnings
     flwr = pyproject(example)["tool"]["flwr"]
     assert flwr["app"]["publisher"] and flwr["app"]["config"]["num-server-rounds"] >= 1
-    run = runner(example)
-    nodes = getattr(run, "NUM_DEVICES", None) or run.NUM_CLIENTS  # run_inprocess.py's grid
-    assert flwr["federations"]["local-simulation"]["options"]["num-supernodes"] == nodes
+    assert flwr["federations"]["default"] == "local-simulation"  # run_app_inprocess's grid: its num-supernodes
+    assert flwr["federations"]["local-simulation"]["options"]["num-supernodes"] >= 2
     kinds = {"serverapp": ServerApp, "clientapp": ClientApp}
     for component, reference in flwr["app"]["components"].items():
         module, _, name = reference.partition(":")

@@ -333,3 +333,17 @@ def test_error_reasons_are_cut_to_one_named_line():
     assert first_line(flower) == "ValueError: data-path '/d/x.npz' is bad"
     assert key_in_reason("Node unavailable") is None and first_line("Node unavailable") == "Node unavailable"
     assert len(first_line("x" * 1000)) == 300
+
+
+def test_wait_for_nodes_returns_once_enough_are_up_or_the_wait_is_over():
+    from clusterfed.runner.transport import wait_for_nodes
+
+    class Joining:  # one more node at every look
+        looks = 0
+
+        def get_node_ids(self):
+            self.looks += 1
+            return list(range(self.looks))
+
+    assert wait_for_nodes(Joining(), 3, wait_seconds=60, poll_every=0) == 3
+    assert wait_for_nodes(Joining(), 5, wait_seconds=0, poll_every=0) == 1  # timed out: fewer than needed

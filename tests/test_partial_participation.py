@@ -18,9 +18,13 @@ from clusterfed.config import parse_config
 from clusterfed.results import covered, summarize
 from clusterfed.runner.runner import RoundDriver
 from clusterfed.simulation import simulate
-from clusterfed.strategies import clustered_classes
+from clusterfed.strategies import MULTI_MODEL, clustered_classes, strategy_class
+from clusterfed.strategies.adacfl import AdaCFL
+from clusterfed.strategies.bipartitioning import BiPartitioning
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
+from clusterfed.strategies.oneshot import OneShotClustering
+from clusterfed.strategies.selection import ClientSelection
 
 CLIENTS = 12
 FRACTION = 0.5
@@ -31,11 +35,10 @@ BASE = {"num-clients": CLIENTS, "partitioner": "label-groups", "label-groups": "
 # criteria that always fire (tests/golden/make_golden.py) from round 4, on at least 5 replies
 FORCE = {"split-criteria": "absolute", "eps1": 100.0, "eps2": 0.001, "min-split-round": 4, "min-split-size": 5}
 ROTATION = {"partitioner": "rotation", "rotations": "0,180", "num-groups": 2}
-# per strategy: run-config overrides and the ARI the final assignment must reach (None: no groups to find)
-RUNS: dict[str, tuple[dict, float | None]] = {
-    "fedavg": ({}, None),
-    "fedprox": ({}, None),
-    "local": ({}, None),
+# what a strategy needs to show its groups in these short runs, and the ARI its final
+# assignment must then reach; any other registered strategy gets the default run (BASE, no
+# groups to check): a new strategy is checked here without an entry
+TUNED: dict[str, tuple[dict, float | None]] = {
     "oracle": ({}, 1.0),
     "fedclust": ({"rounds": 4, "cluster-epochs": 5}, 0.9),
     "adacfl": ({"rounds": 4, "cluster-epochs": 5}, 0.9),
@@ -45,16 +48,23 @@ RUNS: dict[str, tuple[dict, float | None]] = {
     "ifca": ({**ROTATION, "num-clusters": 2, "rounds": 5, "local-epochs": 2, "seed": 1}, 0.9),
     "selection": ({"rounds": 4}, None),
 }
-ONE_SHOT = {"fedclust", "adacfl"}  # placing asks for work: a client is placed when first sampled
-CHOOSING = {"ifca"}  # a client is placed by its own first choice
+DEFAULT_RUN: tuple[dict, float | None] = ({}, None)
 
 
-def test_every_registered_strategy_has_a_run_and_documents_partial_participation():
-    import sys
+def run_settings(name: str) -> tuple[dict, float | None]:
+    return TUNED.get(name, DEFAULT_RUN)
 
-    assert set(RUNS) == set(clustered_classes())
-    for name, cls in clustered_classes().items():
-        assert "Partial participation" in (sys.modules[cls.__module__].__doc__ or ""), name
+
+def placement(cls: type) -> str:
+    """Who must hold a cluster after a round, from what the class is: ``sampled``, a
+    one-shot clustering, places a client when it is first sampled (placing asks for work);
+    ``chosen``, a strategy whose clients choose among K models (``multi-model``), when it
+    first trains; any other, every active client."""
+    if issubclass(cls, OneShotClustering):
+        return "sampled"
+    if MULTI_MODEL in cls().requires():
+        return "chosen"
+    return "active"
 
 
 def run_logged(tmp_path, monkeypatch, name: str, **values):
@@ -100,10 +110,20 @@ def run_logged(tmp_path, monkeypatch, name: str, **values):
     return summary, rounds, clusters, asks, after
 
 
-@pytest.mark.parametrize("name", list(RUNS))
+@pytest.mark.parametrize("name", list(clustered_classes()))
 def test_half_the_clients_train_each_round_and_none_is_orphaned(name, tmp_path, monkeypatch):
-    overrides, ari = RUNS[name]
+    check_partial_participation(name, tmp_path, monkeypatch)
+
+
+def check_partial_participation(name: str, tmp_path, monkeypatch) -> dict:
+    """Run registered strategy ``name`` at half participation (its ``TUNED`` settings or the
+    default run) and check every round: exactly the sample trains, no placed client is
+    without a model, evaluation covers the placed clients, splits place the absent. Returns
+    the run's clusters.json."""
+    cls = strategy_class(name)
+    overrides, ari = run_settings(name)
     summary, rounds, clusters, asks, after = run_logged(tmp_path, monkeypatch, name, **overrides)
+    one_shot, places = issubclass(cls, OneShotClustering), placement(cls)
     sample = int(overrides.get("num-clients", CLIENTS) * FRACTION)
     seen: set[str] = set()  # clients that replied to a clustering / placement (one-shot) or train (IFCA) ask
     for record in rounds:
@@ -114,9 +134,9 @@ def test_half_the_clients_train_each_round_and_none_is_orphaned(name, tmp_path, 
         assert len(train) == 1, (name, r, batches)
         trainers = train[0]
         for phase, _, replied in batches:
-            if phase == ("cluster" if name in ONE_SHOT else "train"):
+            if phase == ("cluster" if one_shot else "train"):
                 seen.update(replied)
-        if name == "selection":
+        if issubclass(cls, ClientSelection):
             # the paper's selection decides who trains, among the clients reachable this round
             assert set(trainers) <= set(state["sampled"]) and len(state["sampled"]) == sample
             if record["warmup"]:
@@ -127,7 +147,7 @@ def test_half_the_clients_train_each_round_and_none_is_orphaned(name, tmp_path, 
         # every placed client's cluster has a model; who must be placed depends on the strategy
         assignment = state["assignment"]
         assert set(assignment.values()) <= state["models"], (name, r)
-        must = seen if name in ONE_SHOT | CHOOSING else set(state["active"])
+        must = set(state["active"]) if places == "active" else seen
         assert must <= set(assignment), (name, r, sorted(must - set(assignment)))
         assert set(trainers) <= set(assignment)
         # evaluation: every placed client (fraction-evaluate = 1), each on its cluster's model
@@ -138,7 +158,7 @@ def test_half_the_clients_train_each_round_and_none_is_orphaned(name, tmp_path, 
     placed_before: set[str] = set()
     for r in sorted(after):
         placed_now = set(after[r]["assignment"])
-        if not (name == "adacfl" and r == 2):  # its clustering step dissolves the warm-up cluster
+        if not (issubclass(cls, AdaCFL) and r == 2):  # its clustering step dissolves the warm-up cluster
             assert placed_before <= placed_now, (name, r)
         placed_before = placed_now
     if ari is not None:
@@ -149,16 +169,17 @@ def test_half_the_clients_train_each_round_and_none_is_orphaned(name, tmp_path, 
         for side, extra in enumerate(split["absent"]):
             assert set(extra) <= set(split["members"][side])
             assert not set(extra) & set(split["similarity"]["keys"])
-    if name in {"cfl", "layercfl", "hicfl"}:
+    if issubclass(cls, BiPartitioning) and ari is not None:  # tuned so that a split happens
         assert clusters["splits"] and any(s["absent"][0] + s["absent"][1] for s in clusters["splits"])
         # provisional members were placed by descent when sampled again ("replaced")
         assert any(record.get("replaced") for record in rounds)
-    if name in ONE_SHOT:
+    if one_shot:
         first = [keys for rr, phase, keys, _ in asks if phase == "cluster"][0]
         assert len(first) == sample  # the one-shot clustering is of the first sample
         assert len(clusters["client_order"]) <= sample
         late = {entry["client"] for entry in clusters["newcomers"]}
         assert late and not late & set(clusters["client_order"])  # the others came in as newcomers
+    return clusters
 
 
 # ----------------------------------------------------------------------------- split rules

@@ -22,9 +22,10 @@ from flwr.app import ConfigRecord, Context, Message, MessageType, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from clusterfed import protocol
+from clusterfed.client.identity import client_key
 from clusterfed.client.task import ClientTask, as_task_data, count_examples, load_task
+from clusterfed.client.worker_link import DEFAULT_IDLE_SECONDS, request
 from clusterfed.label_stats import label_entropy, num_classes_present
-
 from clusterfed.protocol import CHOICE, CHOICES, unpack_model
 
 # imported by Flower's `flwr-clientapp` process (one message, then exit), not by simulations
@@ -41,7 +42,6 @@ def _key_or_none(task: ClientTask | str, context: Context) -> str | None:
     try:
         if isinstance(task, ClientTask):
             return str(task.key(context))
-        from clusterfed.client.identity import client_key  # a task by path: the default key, nothing imported
 
         return client_key(context.node_config)
     except Exception:  # noqa: BLE001 - a node config without a key: the server names the node only
@@ -220,8 +220,6 @@ def client_app(task: ClientTask | str, *, mods: Sequence | None = None,
             if check is not None:
                 check(context)
             if isinstance(task, str) and uses_warm_worker(context.node_config):
-                from clusterfed.client_worker import DEFAULT_IDLE_SECONDS, request
-
                 idle = float(context.node_config.get("warm-worker-idle", DEFAULT_IDLE_SECONDS))
                 content = request(task, message_type, msg.content, context, idle_seconds=idle)
             else:

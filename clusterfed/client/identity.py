@@ -8,6 +8,8 @@ from functools import lru_cache
 
 from flwr.supercore import log
 
+from clusterfed.datasets.device_data import data_fingerprint
+
 
 def client_key(node_config: Mapping) -> str:
     """The node config's ``client-key``; without one, a device with a ``data-path`` is keyed by
@@ -25,8 +27,6 @@ def client_key(node_config: Mapping) -> str:
 
 @lru_cache(maxsize=8)
 def data_key(data_path: str) -> str:
-    from clusterfed.datasets.device_data import data_fingerprint
-
     key = f"data-{data_fingerprint(data_path)[:16]}"
     log(logging.WARNING, "node config has no 'client-key': using %s, derived from the hash of %s; set "
         "client-key in --node-config to keep the key when the data changes", key, data_path)

@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from clusterfed.training import sgd
+
 
 def _loss_fn(task) -> Any:
     return task.loss_fn if task.loss_fn is not None else nn.CrossEntropyLoss()
@@ -47,25 +49,10 @@ def default_train(task, model: nn.Module, data, config: Mapping, device: torch.d
     """SGD (``lr``, ``momentum`` default 0) for ``local-epochs`` passes over ``data.train``; with
     ``proximal-mu`` > 0, FedProx's ``mu/2 * ||w - w_received||^2``. The mean training loss."""
     lr, epochs = _number(config, "lr"), _number(config, "local-epochs", int)
-    mu = float(config.get("proximal-mu", 0.0) or 0.0)
-    model.to(device).train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(config.get("momentum", 0.0) or 0.0))
-    anchor = [p.detach().clone() for p in model.parameters()] if mu > 0 else None
-    loss_fn = _loss_fn(task)
-    total, count = 0.0, 0
-    for _ in range(epochs):
-        for x, y in batches(task, data.train, device):
-            optimizer.zero_grad()
-            loss = loss_fn(model(x), y)
-            objective = loss
-            if anchor is not None:
-                drift = sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
-                objective = loss + 0.5 * mu * drift
-            objective.backward()
-            optimizer.step()
-            total += float(loss.detach()) * len(y)
-            count += len(y)
-    return total / max(count, 1)
+    model.to(device)
+    return sgd(model, lambda: batches(task, data.train, device), epochs=epochs, lr=lr,
+               momentum=float(config.get("momentum", 0.0) or 0.0), loss_fn=_loss_fn(task),
+               proximal_mu=float(config.get("proximal-mu", 0.0) or 0.0))
 
 
 @torch.no_grad()

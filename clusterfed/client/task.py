@@ -14,6 +14,8 @@ from functools import lru_cache
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from clusterfed.client.identity import client_key
+
 if TYPE_CHECKING:  # pragma: no cover - types only
     import torch
     from flwr.app import Context
@@ -118,7 +120,6 @@ class ClientTask:
     def key(self, context: Context) -> str:
         if self.key_fn is not None:
             return str(self.key_fn(context))
-        from clusterfed.client.identity import client_key
 
         return client_key(context.node_config)
 

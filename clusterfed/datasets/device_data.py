@@ -36,24 +36,16 @@ from pathlib import Path
 import numpy as np
 
 from .shapes import DATASET_SHAPES
+from .sources import BUILT_IN
 
 NPZ_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 TRUE_GROUP = "true_group"
 UNKNOWN_GROUP = -1
 
-# Per-channel mean and std of images scaled to [0, 1], used to normalise raw pixels.
-# digits: computed from scikit-learn's copy (all 1797 images, as the simulation pools them);
-# the others: the usual published training-split statistics, which differ from the
-# simulation's train+test pool statistics only in the third decimal.
+# Per-channel mean and std of images scaled to [0, 1], used to normalise raw pixels (each
+# data set's ``channel_stats``).
 CHANNEL_STATS: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
-    "digits": ((0.30526,), (0.37605,)),
-    "synthetic-digits": ((0.30519,), (0.48079,)),  # its generated pool's, as for digits
-    "mnist": ((0.1307,), (0.3081,)),
-    "fmnist": ((0.2860,), (0.3530,)),
-    "emnist-letters": ((0.1722,), (0.3309,)),
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "svhn": ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
-}
+    name: dataset.channel_stats for name, dataset in BUILT_IN.items()}
 
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)
 _CACHE_FORMAT = 1

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import numpy as np
 from flwr_datasets.partitioner import Partitioner
 
+from clusterfed.datasets.partition import PARTITIONERS
+
 from .partition import ClientPartition, Partition, PartitionError, make_partition, parse_label_groups, parse_rotations
 
 __all__ = [
@@ -164,8 +166,6 @@ def rotate_image(image, degrees: float):
 
 def _check_settings(partitioner: str, settings: dict) -> None:
     """Raise PartitionError for settings no data set can satisfy."""
-    from .partition import PARTITIONERS
-
     if partitioner not in PARTITIONERS:
         raise PartitionError(f"unknown partitioner {partitioner!r}; choose one of: {', '.join(PARTITIONERS)}")
     if "num_groups" in settings and (not isinstance(settings["num_groups"], int) or settings["num_groups"] < 1):

@@ -435,8 +435,6 @@ def _label_swap(labels, num_classes, num_clients, num_groups, rng):
     others distinct, seeded, non-identity permutations."""
     if num_groups < 1:
         raise PartitionError(f"num_groups must be >= 1, got {num_groups}")
-    import math
-
     if num_groups > math.factorial(min(num_classes, 20)):
         raise PartitionError(
             f"partition 'label-swap': {num_classes} classes allow only "

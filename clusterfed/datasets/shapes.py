@@ -4,36 +4,22 @@ The server builds the initial model from these, so a server that holds no data (
 deployment) can still start a run.
 """
 
+from clusterfed.datasets.sources import BUILT_IN, is_hugging_face, load_source
 
 
 class _Shapes(dict):
     """The built-in sets' shapes; an `hf:` set's are read from the set itself on first use."""
 
     def __contains__(self, name) -> bool:
-        return super().__contains__(name) or (isinstance(name, str) and _is_hugging_face(name))
+        return super().__contains__(name) or (isinstance(name, str) and is_hugging_face(name))
 
     def __missing__(self, name):
-        if not (isinstance(name, str) and _is_hugging_face(name)):
+        if not (isinstance(name, str) and is_hugging_face(name)):
             raise KeyError(name)
-        from .sources import load_source
-
         source = load_source(name)
         self[name] = (source.input_shape, source.num_classes)
         return self[name]
 
 
-def _is_hugging_face(name: str) -> bool:
-    from .sources import is_hugging_face
-
-    return is_hugging_face(name)
-
-
-DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = _Shapes({
-    "digits": ((1, 8, 8), 10),
-    "synthetic-digits": ((1, 8, 8), 10),
-    "mnist": ((1, 28, 28), 10),
-    "fmnist": ((1, 28, 28), 10),
-    "emnist-letters": ((1, 28, 28), 26),
-    "cifar10": ((3, 32, 32), 10),
-    "svhn": ((3, 32, 32), 10),
-})
+DATASET_SHAPES: dict[str, tuple[tuple[int, int, int], int]] = _Shapes(
+    {name: (dataset.input_shape, dataset.num_classes) for name, dataset in BUILT_IN.items()})

@@ -8,13 +8,11 @@ source is cached and shared by all clients that run in one process.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
-DATASETS = ("digits", "synthetic-digits", "mnist", "fmnist", "emnist-letters", "cifar10", "svhn")
-# the data sets built in memory, with no files to read (no `data-dir`)
-EMBEDDED = ("digits", "synthetic-digits")
 # `hf:<name or folder>`: an image classification set from Flower Datasets / the Hugging Face Hub
 # (by name, e.g. `hf:ylecun/mnist`, from the Hub's cache) or a folder written by `save_to_disk`
 HUGGING_FACE_PREFIX = "hf:"
@@ -45,34 +43,61 @@ class DataSource:
         return int(self.y.shape[0])
 
 
-# What torchvision expects under data_dir, and how to obtain it (used in error messages).
-_LAYOUT = {
-    "mnist": (
-        "{d}/MNIST/raw/train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-        "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
-        "torchvision.datasets.MNIST(\"{d}\", download=True)",
-    ),
-    "fmnist": (
-        "{d}/FashionMNIST/raw/train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-        "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
-        "torchvision.datasets.FashionMNIST(\"{d}\", download=True)",
-    ),
-    "emnist-letters": (
-        "{d}/EMNIST/raw/emnist-letters-train-images-idx3-ubyte, "
-        "emnist-letters-train-labels-idx1-ubyte, emnist-letters-test-images-idx3-ubyte, "
-        "emnist-letters-test-labels-idx1-ubyte",
-        "torchvision.datasets.EMNIST(\"{d}\", split=\"letters\", download=True)",
-    ),
-    "cifar10": (
-        "{d}/cifar-10-batches-py/data_batch_1 ... data_batch_5, test_batch, batches.meta",
-        "torchvision.datasets.CIFAR10(\"{d}\", download=True)",
-    ),
-    "svhn": (
-        "{d}/train_32x32.mat and {d}/test_32x32.mat",
-        "torchvision.datasets.SVHN(\"{d}\", split=\"train\", download=True); "
-        "torchvision.datasets.SVHN(\"{d}\", split=\"test\", download=True)",
-    ),
-}
+@dataclass(frozen=True)
+class Dataset:
+    """One built-in data set, declared once: what the server needs without the data (input
+    shape, class count, the model ``model = "auto"`` picks), how a device normalises its own
+    raw images (``channel_stats``), and how the pool is read (``read(root)`` -> images in
+    [0, 1] as float32 (N, C, H, W), int64 labels, class count). ``files``: for a set read
+    from ``data-dir``, what torchvision expects there and the command that downloads it
+    (``{d}``: the folder), quoted when they are missing; None for a set built in memory."""
+
+    name: str
+    input_shape: tuple[int, int, int]
+    num_classes: int
+    default_model: str
+    # per-channel mean and std of images scaled to [0, 1]. digits / synthetic-digits: their
+    # pools' (scikit-learn's 1797 images; the generated pool); the others: the usual published
+    # training-split statistics, which differ from the simulation's train+test pool only in
+    # the third decimal
+    channel_stats: tuple[tuple[float, ...], tuple[float, ...]]
+    read: Callable[[str | None], tuple[np.ndarray, np.ndarray, int]] = field(repr=False)
+    files: tuple[str, str] | None = None
+
+
+BUILT_IN: dict[str, Dataset] = {d.name: d for d in (
+    Dataset("digits", (1, 8, 8), 10, "digits-cnn", ((0.30526,), (0.37605,)), lambda root: _load_digits()),
+    Dataset("synthetic-digits", (1, 8, 8), 10, "digits-cnn", ((0.30519,), (0.48079,)),
+            lambda root: _generate_synthetic_digits()),
+    Dataset("mnist", (1, 28, 28), 10, "mnist-cnn", ((0.1307,), (0.3081,)),
+            lambda root: _load_torchvision("mnist", root),
+            ("{d}/MNIST/raw/train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+             "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
+             "torchvision.datasets.MNIST(\"{d}\", download=True)")),
+    Dataset("fmnist", (1, 28, 28), 10, "fmnist-cnn", ((0.2860,), (0.3530,)),
+            lambda root: _load_torchvision("fmnist", root),
+            ("{d}/FashionMNIST/raw/train-images-idx3-ubyte, train-labels-idx1-ubyte, "
+             "t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte",
+             "torchvision.datasets.FashionMNIST(\"{d}\", download=True)")),
+    Dataset("emnist-letters", (1, 28, 28), 26, "mnist-cnn", ((0.1722,), (0.3309,)),
+            lambda root: _load_torchvision("emnist-letters", root),
+            ("{d}/EMNIST/raw/emnist-letters-train-images-idx3-ubyte, "
+             "emnist-letters-train-labels-idx1-ubyte, emnist-letters-test-images-idx3-ubyte, "
+             "emnist-letters-test-labels-idx1-ubyte",
+             "torchvision.datasets.EMNIST(\"{d}\", split=\"letters\", download=True)")),
+    Dataset("cifar10", (3, 32, 32), 10, "cifar-cnn", ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+            lambda root: _load_torchvision("cifar10", root),
+            ("{d}/cifar-10-batches-py/data_batch_1 ... data_batch_5, test_batch, batches.meta",
+             "torchvision.datasets.CIFAR10(\"{d}\", download=True)")),
+    Dataset("svhn", (3, 32, 32), 10, "cifar-cnn", ((0.4377, 0.4438, 0.4728), (0.1980, 0.2010, 0.1970)),
+            lambda root: _load_torchvision("svhn", root),
+            ("{d}/train_32x32.mat and {d}/test_32x32.mat",
+             "torchvision.datasets.SVHN(\"{d}\", split=\"train\", download=True); "
+             "torchvision.datasets.SVHN(\"{d}\", split=\"test\", download=True)")),
+)}
+DATASETS = tuple(BUILT_IN)
+# the data sets built in memory, with no files to read (no `data-dir`)
+EMBEDDED = tuple(name for name, dataset in BUILT_IN.items() if dataset.files is None)
 
 _CACHE: dict[tuple[str, str | None], DataSource] = {}
 
@@ -94,12 +119,8 @@ def load_source(name: str, data_dir: str | None = None) -> DataSource:
     if key not in _CACHE:
         if is_hugging_face(name):
             images, labels, num_classes = _load_hugging_face(name[len(HUGGING_FACE_PREFIX):])
-        elif name == "digits":
-            images, labels, num_classes = _load_digits()
-        elif name == "synthetic-digits":
-            images, labels, num_classes = _generate_synthetic_digits()
         else:
-            images, labels, num_classes = _load_torchvision(name, root)
+            images, labels, num_classes = BUILT_IN[name].read(root)
         _CACHE[key] = _make_source(name, images, labels, num_classes)
     return _CACHE[key]
 
@@ -115,7 +136,7 @@ def is_known_dataset(name: str) -> bool:
 
 def _require_dir(name: str, data_dir: str | None) -> str:
     if data_dir is None or str(data_dir) == "":
-        layout, _ = _LAYOUT[name]
+        layout, _ = BUILT_IN[name].files
         raise DatasetNotFoundError(
             f"dataset {name!r} is read from disk but `data-dir` is not set: set `data-dir` "
             f"to a folder holding {layout.format(d='<data-dir>')} (torchvision layout), "
@@ -125,7 +146,7 @@ def _require_dir(name: str, data_dir: str | None) -> str:
 
 
 def _not_found(name: str, root: str, cause: Exception) -> DatasetNotFoundError:
-    layout, download = _LAYOUT[name]
+    layout, download = BUILT_IN[name].files
     return DatasetNotFoundError(
         f"dataset {name!r} not found under {root!r}: expected {layout.format(d=root)} "
         f"(torchvision layout). Download it on a machine with network with "

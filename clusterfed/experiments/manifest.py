@@ -37,19 +37,22 @@ def config_hash(config: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _git(*args: str) -> str | None:
+def _git(repo: Path, *args: str) -> str | None:
     try:
-        done = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=20)
+        done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def git_state() -> dict[str, Any]:
-    commit = _git("rev-parse", "HEAD")
+def git_state(repo: str | Path = REPO) -> dict[str, Any]:
+    """``{"commit", "dirty"}`` of the checkout at ``repo`` (default: the one clusterfed is
+    imported from); both None outside a git checkout. Changes under benchmarks/results/ do
+    not count as dirty."""
+    commit = _git(Path(repo), "rev-parse", "HEAD")
     if commit is None:
         return {"commit": None, "dirty": None}
-    status = _git("status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")
+    status = _git(Path(repo), "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)benchmarks/results")
     return {"commit": commit, "dirty": bool(status)}
 
 

@@ -14,6 +14,7 @@ the seed.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +28,9 @@ from clusterfed.datasets.shapes import DATASET_SHAPES
 from clusterfed.experiments.manifest import config_hash, start_manifest, write_manifest
 from clusterfed.experiments.results import CSV_COLUMNS, run_row, write_outputs
 from clusterfed.experiments.spec import Experiment, Grid, Variant
+from clusterfed.experiments.sweeps import sweep_grids, write_sweep
+from clusterfed.runner.preflight import preflight
+from clusterfed.simulation import simulate
 
 
 class Progress:
@@ -55,8 +59,6 @@ def _values(variant: Variant, base: dict[str, Any], seed: int, out: Path) -> dic
 
 def build_grid(grid: Grid, out: Path) -> list[tuple[str, RunConfig]]:
     """(label, config) of every run of ``grid`` under ``out``, checked (schema and preflight)."""
-    from clusterfed.runner.preflight import preflight
-
     runs, problems = [], []
     for variant in grid.variants:
         for seed in grid.seeds:
@@ -77,10 +79,6 @@ def build_grid(grid: Grid, out: Path) -> list[tuple[str, RunConfig]]:
 
 
 def run_one(config: RunConfig, engine: str, label: str | None = None) -> dict[str, Any]:
-    import logging
-
-    from clusterfed.simulation import simulate
-
     logging.getLogger("flwr").setLevel(logging.WARNING)  # the progress line reports each run
     simulate(config, engine=engine, stream=None)
     return run_row(Path(config.out_dir), label)
@@ -188,8 +186,6 @@ def run_experiment(experiment: Experiment, *, workers: int = 1, engine: str = "i
                    stream: TextIO | None = sys.stderr, command: list[str] | None = None,
                    runner: Callable[..., dict[str, Any]] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Check every grid, run them, write the result folders; returns the rows per grid folder."""
-    from clusterfed.experiments import sweeps
-
     for folder, why in experiment.skipped.items():
         print(f"{folder} skipped: {why} (pass --data-dir)", file=sys.stderr)
     planned = plan(experiment)
@@ -202,8 +198,12 @@ def run_experiment(experiment: Experiment, *, workers: int = 1, engine: str = "i
     started = time.perf_counter()
     rows = run_grids(planned, experiment.out, manifest, engine=engine, workers=workers, stream=stream, runner=runner)
     for sweep in experiment.sweeps:
-        rows.update(sweeps.run_sweep(sweep, experiment, [g for g, _ in planned], manifest, engine=engine, workers=workers,
-                                     stream=stream, runner=runner))
+        of, targets, grids = sweep_grids(sweep, experiment, [g for g, _ in planned])
+        sweep_planned = [(grid, build_grid(grid, experiment.out / grid.folder)) for grid in grids]
+        sweep_rows = run_grids(sweep_planned, experiment.out, manifest, engine=engine, workers=workers, stream=stream,
+                               runner=runner)
+        write_sweep(sweep, experiment.out, of, targets, sweep_rows, manifest)
+        rows.update(sweep_rows)
     seconds = time.perf_counter() - started
     failures = {f"{folder}/{r['strategy']}/seed{r['seed']}": r["error"]
                 for folder, grid_rows in rows.items() for r in grid_rows if r.get("error")}

@@ -40,7 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from clusterfed.config import ConfigError
+from clusterfed.datasets import DatasetNotFoundError, load_source
 from clusterfed.experiments.settings import UnknownSetting, default_data_dir, setting, uses_data_dir
+from clusterfed.strategies import REGISTRY
 
 TOP_KEYS = ("description", "out", "profile", "title", "strategies", "seeds", "rounds", "config", "params",
             "data-dir", "grid", "sweep")
@@ -114,8 +116,6 @@ def _unknown_keys(table: dict, allowed: tuple[str, ...], where: str) -> list[str
 
 
 def _variants(entries: Any, params: dict[str, dict], where: str, problems: list[str]) -> list[Variant]:
-    from clusterfed.strategies import REGISTRY
-
     if entries == "all":
         entries = list(REGISTRY)
     if isinstance(entries, str):
@@ -270,8 +270,6 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
 
 
 def _has_data(values: dict[str, Any]) -> bool:
-    from clusterfed.datasets import DatasetNotFoundError, load_source
-
     try:
         load_source(values["dataset"], values.get("data-dir") or None)
     except (DatasetNotFoundError, ValueError):

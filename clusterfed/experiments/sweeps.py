@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from clusterfed.experiments.results import run_row
 from clusterfed.experiments.spec import Experiment, Grid, Sweep, Variant
 from clusterfed.experiments.stats import mean_std
 
@@ -39,22 +40,23 @@ def cuts_for_counts(linkage: np.ndarray, counts: list[int]) -> dict[int, float]:
     return out
 
 
-def run_sweep(sweep: Sweep, experiment: Experiment, grids: list[Grid], manifest: dict[str, Any], *,
-              engine: str, workers: int, stream, runner=None) -> dict[str, list[dict[str, Any]]]:
-    from clusterfed.experiments.runner import build_grid, run_grids
-
+def sweep_grids(sweep: Sweep, experiment: Experiment, grids: list[Grid]) -> tuple[Grid, dict[int, float], list[Grid]]:
+    """The grid swept (``sweep.of``), the threshold that cuts its first run's dendrogram into
+    each asked cluster count, and one grid per count with that threshold set."""
     of = next(g for g in grids if g.folder == sweep.of)
-    out = experiment.out
     first = of.seeds[0]
-    chosen = json.loads((out / of.folder / sweep.strategy / f"seed{first}" / "clusters.json").read_text())
+    chosen = json.loads((experiment.out / of.folder / sweep.strategy / f"seed{first}" / "clusters.json").read_text())
     variant = next(v for v in of.variants if v.label == sweep.strategy)
     targets = cuts_for_counts(np.array(chosen["linkage"]), sweep.counts)
     grids = [Grid(f"k{k}", of.setting, of.values,
                   [Variant(variant.label, variant.strategy, {**variant.params, sweep.param: float(f"{value:.6g}")})],
                   of.seeds, f"{sweep.param} = {value:.4g}") for k, value in targets.items()]
-    sweep_planned = [(grid, build_grid(grid, out / grid.folder)) for grid in grids]
-    rows = run_grids(sweep_planned, out, manifest, engine=engine, workers=workers, stream=stream, runner=runner)
+    return of, targets, grids
 
+
+def write_sweep(sweep: Sweep, out: Path, of: Grid, targets: dict[int, float], rows: dict[str, list[dict[str, Any]]],
+                manifest: dict[str, Any]) -> None:
+    """The sweep's CSV, table and plot from the first phase's rows and the swept grids' ``rows``."""
     records = planned_rows(out, of, sweep)
     for k, value in targets.items():
         for row in rows[f"k{k}"]:
@@ -67,13 +69,10 @@ def run_sweep(sweep: Sweep, experiment: Experiment, grids: list[Grid], manifest:
         writer.writerows({**r, sweep.param: r["label"], f"{sweep.param}_value": r["value"]} for r in records)
     write_table(records, out / "table.md", sweep, of, manifest)
     plot(records, out / f"{sweep.param}.png", sweep)
-    return rows
 
 
 def planned_rows(out: Path, of: Grid, sweep: Sweep) -> list[dict[str, Any]]:
     """The first phase's rows of the swept strategy, with the threshold each run chose itself."""
-    from clusterfed.experiments.results import run_row
-
     records = []
     for seed in of.seeds:
         run_dir = out / of.folder / sweep.strategy / f"seed{seed}"

@@ -10,19 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from clusterfed.datasets.sources import BUILT_IN
+
 from .layers import LAYER_RULES, layer_names, num_parameters_bytes, select_layers
 from .parameters import BUFFER_NAMES, compared_names, trainable_names
 
 MODELS = ("mnist-cnn", "fmnist-cnn", "cifar-cnn", "lenet5", "selection-cnn", "digits-cnn")
-AUTO_MODEL = {
-    "digits": "digits-cnn",
-    "synthetic-digits": "digits-cnn",
-    "mnist": "mnist-cnn",
-    "fmnist": "fmnist-cnn",
-    "emnist-letters": "mnist-cnn",
-    "cifar10": "cifar-cnn",
-    "svhn": "cifar-cnn",
-}
+# what model = "auto" builds for each built-in data set (its ``default_model``)
+AUTO_MODEL = {name: dataset.default_model for name, dataset in BUILT_IN.items()}
 
 __all__ = [
     "AUTO_MODEL",

@@ -18,6 +18,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from clusterfed.models.parameters import trainable_names
+
 from .parameters import AUTO, Selector, compared_names
 
 LAYER_RULES = ("final", "smallest-fc", "conv", "fc", "all")
@@ -93,8 +95,6 @@ def select_layers(model_or_state_dict: Any, rule: str, compare: Selector = AUTO)
     keys = list(state_dict.keys())
     kinds = _module_kinds(model_or_state_dict)
     if kinds is not None and (compare is None or compare == AUTO):
-        from .parameters import trainable_names
-
         compare = trainable_names(model_or_state_dict)
     compared = set(compared_names(state_dict, compare))
     layers = layer_names(keys)

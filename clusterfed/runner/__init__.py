@@ -1,6 +1,8 @@
 """The server's transport: the round driver, reply validation, checkpoints, the in-process grid."""
 
 from clusterfed.runner.checkpoint import CheckpointError
+from clusterfed.strategies import strategy_class
+from clusterfed.strategies.base import ClusteredStrategy
 
 
 def build_runner(config, recorder=None, *, deployment: bool = False):
@@ -8,8 +10,6 @@ def build_runner(config, recorder=None, *, deployment: bool = False):
     strategy with the app's run options (recording, checkpoints, membership), or Flower's
     own FedAvg for ``flwr-fedavg``. ``deployment``: nodes may join late and go absent."""
     from clusterfed.runner.runner import RunOptions
-    from clusterfed.strategies import strategy_class
-    from clusterfed.strategies.base import ClusteredStrategy
 
     cls = strategy_class(config.strategy)
     if not issubclass(cls, ClusteredStrategy):

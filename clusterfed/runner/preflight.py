@@ -15,16 +15,18 @@ from pathlib import Path
 
 from flwr.supercore import log
 
+from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig
+from clusterfed.datasets import DatasetNotFoundError, PartitionError
+from clusterfed.datasets.export import build_partition
+from clusterfed.datasets.partition import parse_label_groups, parse_rotations
 from clusterfed.datasets.shapes import DATASET_SHAPES
+from clusterfed.models import build_model
+from clusterfed.runner.checkpoint import CheckpointError, check_compatible, checkpoint_path, load_checkpoint
 
 
 def check_partition(config: RunConfig) -> str | None:
     """The partitioner's own message if this data set cannot be split as asked."""
-    from clusterfed.datasets import DatasetNotFoundError, PartitionError
-    from clusterfed.datasets.export import build_partition
-    from clusterfed.datasets.partition import parse_label_groups, parse_rotations
-
     try:  # syntax first: it needs no data
         if config.partitioner == "label-groups":
             if not config.label_groups.strip():  # the library's "" (default groups) is no run setting
@@ -56,8 +58,6 @@ def check_out_dir(out_dir: str) -> str | None:
 
 def check_model(config: RunConfig):
     """The initial model's arrays, or the reason this model does not fit the data set."""
-    from clusterfed import protocol
-    from clusterfed.models import build_model
     from clusterfed.training import state_to_numpy
 
     shape, num_classes = DATASET_SHAPES[config.dataset]
@@ -76,7 +76,6 @@ def resolve_resume(config: RunConfig, *, announce: bool = True) -> RunConfig:
     fresh (saying which). Any other value is returned as it is."""
     if config.resume_from != RESUME_AUTO:
         return config
-    from clusterfed.runner.checkpoint import checkpoint_path
 
     found = checkpoint_path(config.out_dir).is_file()
     if announce:
@@ -99,9 +98,6 @@ def preflight(config: RunConfig):
     if problem is not None:
         problems.append(problem)
     if config.resume_from and initial is not None:
-        from clusterfed import protocol
-        from clusterfed.runner.checkpoint import CheckpointError, check_compatible, load_checkpoint
-
         shapes = {k: (list(v.shape), str(v.dtype)) for k, v in protocol.from_array_record(initial).items()}
         try:
             check_compatible(load_checkpoint(config.resume_from), config.to_flower(), shapes)

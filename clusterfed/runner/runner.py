@@ -37,7 +37,7 @@ from flwr.supercore import log
 from clusterfed import protocol
 from clusterfed.results import EvalRow, RunRecorder, Traffic
 from clusterfed.runner.checkpoint import check_compatible, load_checkpoint, save_checkpoint
-from clusterfed.runner.transport import push_and_collect
+from clusterfed.runner.transport import push_and_collect, wait_for_nodes
 from clusterfed.runner.validation import ReplyRejected, parse_eval_reply, parse_profile_reply, parse_train_reply
 from clusterfed.strategies.base import (
     CAPABILITIES,
@@ -378,12 +378,10 @@ class RoundDriver:
         needed = self.strategy.params.min_available_nodes
         if not needed:
             return
-        deadline = time.monotonic() + self.timeout
-        while (online := len(list(self.grid.get_node_ids()))) < needed:
-            if time.monotonic() >= deadline:
-                raise StrategyParamsError(f"only {online} of min-available-nodes = {needed} nodes connected "
-                                          f"within {self.timeout:g} s")
-            time.sleep(1.0)
+        online = wait_for_nodes(self.grid, needed, self.timeout)
+        if online < needed:
+            raise StrategyParamsError(f"only {online} of min-available-nodes = {needed} nodes connected "
+                                      f"within {self.timeout:g} s")
 
     def check_capabilities(self) -> None:
         """Before round 1: a strategy that needs more than a stock ClientApp gives stops with

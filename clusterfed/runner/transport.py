@@ -54,3 +54,12 @@ def push_and_collect(grid: Grid, messages: list[Message], timeout: float,
     position = {message_id: i for i, message_id in enumerate(message_ids)}
     replies.sort(key=lambda r: position[r.metadata.reply_to_message_id])
     return message_ids, replies
+
+
+def wait_for_nodes(grid: Grid, needed: int, wait_seconds: float, poll_every: float = 1.0) -> int:
+    """Poll ``grid`` until at least ``needed`` nodes are connected or ``wait_seconds`` pass;
+    returns how many were connected at the last look (fewer than ``needed``: timed out)."""
+    deadline = time.monotonic() + wait_seconds
+    while (online := len(list(grid.get_node_ids()))) < needed and time.monotonic() < deadline:
+        time.sleep(poll_every)
+    return online

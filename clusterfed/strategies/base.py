@@ -46,9 +46,12 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 import inspect
+import logging
 import operator
+import re
 import sys
 import types
 import typing
@@ -61,6 +64,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result, Strategy
+from flwr.supercore import log
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from clusterfed import privacy
@@ -140,8 +144,6 @@ class StrategyParams(BaseModel):
     @classmethod
     def _compare_arrays_pattern(cls, value: Any) -> Any:
         if isinstance(value, str) and value != "auto":
-            import re
-
             try:
                 re.compile(value)
             except re.error as error:
@@ -340,9 +342,6 @@ class ClusteredStrategy(Strategy):
             raise StrategyParamsError(privacy.wrapper_refusal(wrapper, type(self).__name__))
 
     def summary(self) -> None:
-        from flwr.supercore import log
-        import logging
-
         log(logging.INFO, "%s: %s", type(self).__name__,
             ", ".join(f"{k}={v!r}" for k, v in self.params.model_dump().items()))
 
@@ -645,8 +644,6 @@ def group_errors(error: ValidationError) -> dict[str, tuple[Any, list[str], str]
 def describe_errors(strategy: str, error: ValidationError, params: type[BaseModel] | None = None) -> str:
     """One clause per wrong parameter, naming it, what is allowed, and for an unknown one the
     closest name or the strategies that have it."""
-    import difflib
-
     lines = []
     for key, (given, messages, kind) in group_errors(error).items():
         if kind != "extra_forbidden":

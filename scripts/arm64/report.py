@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import datetime
 import json
-import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from clusterfed.experiments.manifest import git_state
 
 cache, results = Path(sys.argv[1]), Path(sys.argv[2])
 run = cache / "run"
@@ -91,9 +92,7 @@ def _text(path: Path) -> str | None:
 
 
 def _commit() -> str:
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return done.stdout.strip()
+    return (git_state(Path(__file__).resolve().parents[2])["commit"] or "")[:7]
 
 
 timings = _timings()
