@@ -35,15 +35,8 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
-from clusterfed.strategies.base import (
-    MULTI_MODEL,
-    ClusteredState,
-    ClusteredStrategy,
-    Steps,
-    StrategyParams,
-    StrategyParamsError,
-    mean_train_loss,
-)
+from clusterfed.strategies.base import (MULTI_MODEL, ClusteredState, ClusteredStrategy, Steps, StrategyParams,
+                                        StrategyParamsError, mean_train_loss)
 from clusterfed.strategies.exchange import CHOICES, Arrays, Ask, TrainReply, natural, pack_models
 
 
