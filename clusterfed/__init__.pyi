@@ -46,6 +46,9 @@ class FedAvg(_FedAvg):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
     ) -> None: ...
 
 
@@ -61,6 +64,9 @@ class FedProx(_FedProx):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         proximal_mu: float = 0.01,
     ) -> None: ...
 
@@ -77,6 +83,9 @@ class Local(_Local):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
     ) -> None: ...
 
 
@@ -92,6 +101,9 @@ class Oracle(_Oracle):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
     ) -> None: ...
 
 
@@ -107,6 +119,9 @@ class FedClust(_FedClust):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         cluster_epochs: int = 10,
         cluster_layers: str = 'auto',
         lambda_: typing.Union[float, typing.Literal['auto']] = 'auto',
@@ -131,6 +146,9 @@ class AdaCFL(_AdaCFL):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         cluster_epochs: int = 10,
         cluster_layers: str = 'auto',
         lambda_: typing.Union[float, typing.Literal['auto']] = 'auto',
@@ -158,6 +176,9 @@ class CFL(_CFL):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -187,6 +208,9 @@ class LayerCFL(_LayerCFL):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -219,6 +243,9 @@ class HiCFL(_HiCFL):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         split_criteria: typing.Literal['relative', 'absolute'] = 'relative',
         eps1: float = 0.4,
         eps2: float = 1.6,
@@ -255,6 +282,9 @@ class IFCA(_IFCA):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         num_clusters: int = 4,
         init: typing.Literal['random', 'kmeans++'] = 'random',
         restarts: int = 1,
@@ -273,6 +303,9 @@ class ClientSelection(_ClientSelection):
         seed: int = 0,
         compare_arrays: str | list[str] | collections.abc.Callable[[str, typing.Any], bool] = 'auto',
         aggregator: typing.Any = 'fedavg',
+        dp_noise_multiplier: float = 0.0,
+        dp_clipping_norm: float = 0.0,
+        dp_delta: float = 0.0,
         warmup_rounds: int = 1,
         w: float = 0.01,
         hold_rounds: int = 2,

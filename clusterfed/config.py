@@ -7,18 +7,21 @@ strings (``rotations = "0,90,180,270"``) and "no value" is spelled ``"auto"``.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from clusterfed import privacy
 from clusterfed.datasets import DATASETS, PARTITIONERS
 from clusterfed.datasets.sources import is_known_dataset
 from clusterfed.models import MODELS
 from clusterfed.report.watchers import parse_log_to
 from clusterfed.strategies import strategy_class
 from clusterfed.strategies.aggregation import check_aggregator
+from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategy_config import ConfigError, split_strategy_params
 
 __all__ = ["ConfigError", "RunConfig", "coerce_value", "config_defaults", "config_keys", "load_config_file",
@@ -86,6 +89,15 @@ class RunConfig(BaseModel):
                                    description="a round counts towards the target only if this share of the clients sampled for "
                                                "evaluation (fraction-evaluate) replied")
 
+    # client-level differential privacy on each cluster's average (clusterfed.privacy; docs/privacy.md)
+    dp_noise_multiplier: float = Field(0.0, alias="dp-noise-multiplier", ge=0,
+                                       description="Gaussian noise std = this x dp-clipping-norm / (a cluster's replies) "
+                                                   "on each cluster's average; 0 = no noise")
+    dp_clipping_norm: float = Field(0.0, alias="dp-clipping-norm", ge=0,
+                                    description="clip each reply's update to this L2 norm, average with equal weights; 0 = off")
+    dp_delta: float = Field(0.0, alias="dp-delta", ge=0, lt=1,
+                            description="report ε at this δ (below 1/num-clients); 0 = no accounting")
+
     # fault injection on the clients, for tests and benchmarks (clusterfed/faults.py)
     fault_rate: float = Field(0.0, alias="fault-rate", ge=0, le=1, description="share of train messages whose client raises")
     fault_nan_rate: float = Field(0.0, alias="fault-nan-rate", ge=0, le=1, description="... that return NaN/Inf weights")
@@ -150,6 +162,11 @@ class RunConfig(BaseModel):
             raise ValueError(f"fault rates add up to {total:g} > 1")
         return self
 
+    def dp_params(self) -> dict[str, float]:
+        """The differential-privacy keys, as every clustered strategy takes them."""
+        return {"dp-noise-multiplier": self.dp_noise_multiplier, "dp-clipping-norm": self.dp_clipping_norm,
+                "dp-delta": self.dp_delta}
+
     @property
     def namespace(self) -> str:
         """The prefix of the chosen strategy's parameters in a run config (its ``name``)."""
@@ -167,7 +184,8 @@ class RunConfig(BaseModel):
         """The configured strategy object (a ``ClusteredStrategy``), from the validated parameters."""
         cls = strategy_class(self.strategy)
         shared = {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed,
-                  "compare-arrays": self.compare_arrays, "aggregator": self.aggregator}
+                  "compare-arrays": self.compare_arrays, "aggregator": self.aggregator,
+                  **self.dp_params()}
         return cls(**cls.Params.model_validate({**shared, **self.strategy_params}).model_dump())
 
 
@@ -195,7 +213,22 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     allowed; one set away from its default is reported as ignored."""
     run_values, params = split_strategy_params(values, run_keys=config_keys(), parse_run=_validate_run)
     run = _validate_run(run_values)
+    _check_dp(run)
     return run.model_copy(update={"strategy_params": params})
+
+
+def _check_dp(run: RunConfig) -> None:
+    """ConfigError for DP settings that cannot work: noise without clipping or δ, δ ≥ 1/num-clients,
+    DP on a strategy that is not clustered."""
+    try:
+        dp = privacy.dp_settings(run.dp_noise_multiplier, run.dp_clipping_norm, run.dp_delta)
+        privacy.check_population(dp, run.num_clients)
+    except ValueError as error:
+        # the library's parameter names (dp_clipping_norm) as config keys (dp-clipping-norm)
+        raise ConfigError(re.sub(r"dp_\w+", lambda name: name[0].replace("_", "-"), str(error))) from None
+    if dp is not None and not issubclass(strategy_class(run.strategy), ClusteredStrategy):
+        raise ConfigError(f"strategy {run.strategy!r} does not take the dp-* keys: use a clustered strategy "
+                          f"(fedavg is FedAvg with differential privacy per cluster)")
 
 
 def _validate_run(values: dict[str, Any]) -> RunConfig:

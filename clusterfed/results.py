@@ -241,6 +241,8 @@ class RunRecorder:
         summary["config"] = self.config
         if clusters and clusters.get("one_cluster_reason"):  # a clustered strategy that ended as FedAvg: say why
             summary["one_cluster_reason"] = clusters["one_cluster_reason"]
+        if clusters and clusters.get("privacy"):  # differential privacy: the run's ε at δ (clusterfed.privacy)
+            summary["epsilon"], summary["delta"] = clusters["privacy"]["epsilon"], clusters["privacy"]["delta"]
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         if clusters is not None:
             (self.out / "clusters.json").write_text(json.dumps(clusters, indent=2, default=_jsonable))

@@ -124,7 +124,7 @@ def split_strategy_params(values: dict[str, Any], *, run_keys: list[str],
     merged = {**from_legacy, **params}
     run = parse_run(run_values)
     shared = {"fraction-train": run.fraction_train, "fraction-evaluate": run.fraction_evaluate, "seed": run.seed,
-              "compare-arrays": run.compare_arrays, "aggregator": run.aggregator}
+              "compare-arrays": run.compare_arrays, "aggregator": run.aggregator, **run.dp_params()}
     try:
         validated = cls.Params.model_validate({**shared, **merged})
     except ValidationError as error:

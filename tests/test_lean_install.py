@@ -43,7 +43,7 @@ def test_dependencies_are_ranges_that_hold_both_tested_flowers_and_torch_is_an_e
     extras = project["optional-dependencies"]
     core = {Requirement(dep).name: Requirement(dep) for dep in project["dependencies"]}
     assert set(core) == {"flwr", "numpy", "pydantic", "scipy", "scikit-learn"}  # a server's whole install
-    for requirement in [*core.values(), *map(Requirement, extras["torch"] + extras["simulation"] + extras["datasets"])]:
+    for requirement in [*core.values(), *map(Requirement, extras["torch"] + extras["simulation"] + extras["datasets"] + extras["privacy"])]:
         assert requirement.specifier and not any(s.operator == "==" for s in requirement.specifier), requirement
     for flwr in (core["flwr"], Requirement(extras["simulation"][0])):
         assert all(flwr.specifier.contains(version) for version in ("1.41.0", "1.42.0")), flwr
@@ -51,7 +51,7 @@ def test_dependencies_are_ranges_that_hold_both_tested_flowers_and_torch_is_an_e
     assert {str(r.marker) for r in torch} == {'platform_machine != "aarch64"', 'platform_machine == "aarch64"'}
     assert "2.9.1" in next(r for r in torch if "==" in str(r.marker) and r.name == "torch").specifier
     assert {Requirement(dep).name for dep in extras["server"]} == {"clusterfed", "matplotlib"}
-    assert Requirement(extras["dev"][0]).extras == {"torch", "server", "simulation", "datasets"}
+    assert Requirement(extras["dev"][0]).extras == {"torch", "server", "simulation", "datasets", "privacy"}
 
 
 _WITHOUT_TORCH = """

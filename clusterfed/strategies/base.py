@@ -52,6 +52,7 @@ import inspect
 import logging
 import operator
 import re
+import sys
 import types
 import typing
 from collections import defaultdict
@@ -66,6 +67,7 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from clusterfed import privacy
 from clusterfed.models.layers import select_layers
 from clusterfed.models.parameters import compared_names
 from clusterfed.runner import single_phase
@@ -142,6 +144,20 @@ class StrategyParams(BaseModel):
     def _known_aggregator(cls, value: Any) -> Any:
         return check_aggregator(value)
 
+    # client-level differential privacy on each cluster's average (clusterfed.privacy)
+    dp_noise_multiplier: float = Field(
+        0.0, alias="dp-noise-multiplier", ge=0,
+        description="differential privacy: Gaussian noise of std dp_noise_multiplier * dp_clipping_norm / m on each "
+                    "cluster's average of m clipped replies (0 = no noise); needs dp_clipping_norm and dp_delta")
+    dp_clipping_norm: float = Field(
+        0.0, alias="dp-clipping-norm", ge=0,
+        description="differential privacy: each reply's update is clipped to this L2 norm against the model it was "
+                    "sent, and replies are averaged with equal weights (0 = no clipping); sent to clients as "
+                    "'clipping_norm' for Flower's fixedclipping_mod")
+    dp_delta: float = Field(0.0, alias="dp-delta", ge=0, lt=1,
+                            description="differential privacy: the δ at which ε is reported per round and cluster "
+                                        "(below 1/number of clients; 0 = no accounting, without noise)")
+
     @field_validator("compare_arrays")
     @classmethod
     def _compare_arrays_pattern(cls, value: Any) -> Any:
@@ -176,6 +192,7 @@ class ClusteredState:
     # cluster -> its aggregator's optimiser state (steps, Flower strategy attributes as plain
     # data); empty with the default weighted mean (clusterfed.strategies.aggregation)
     aggregator_state: dict[int, dict[str, Any]] = field(default_factory=dict)
+    dp_releases: dict[str, int] = field(default_factory=dict)  # client key -> noisy releases its update entered
 
 
 class ClusteredStrategy(Strategy):
@@ -198,6 +215,12 @@ class ClusteredStrategy(Strategy):
             self.params = self.Params.model_validate(params)
         except ValidationError as error:
             raise StrategyParamsError(describe_errors(self.name, error, self.Params)) from None
+        try:
+            self.dp = privacy.dp_settings(self.params.dp_noise_multiplier, self.params.dp_clipping_norm,
+                                          self.params.dp_delta)
+            self.dp_accountant = privacy.Accountant(self.dp) if self.dp and self.dp.noise_multiplier > 0 else None
+        except ValueError as error:
+            raise StrategyParamsError(f"{self.name}: {error}") from None
         self.clients: dict[str, ClientInfo] = {}
         self.active: list[str] = []
         self.clustering_seconds = 0.0
@@ -212,6 +235,11 @@ class ClusteredStrategy(Strategy):
         # the within-cluster aggregator (``aggregator``); None: the sample-weighted mean
         template = template_of(self.params.aggregator)
         self.aggregator = ClusterAggregator(template) if template is not None else None
+        if self.aggregator is not None and self.dp is not None:
+            raise StrategyParamsError(
+                f"{self.name}: dp_* with aggregator = {self.aggregator.name!r}: the noise is calibrated to the "
+                f"clipped mean of a cluster's replies, which another aggregator does not compute (a median's or "
+                f"Krum's sensitivity differs); use the default weighted mean with dp_*")
         self.state = self.State()
         self._sealed = True
 
@@ -273,6 +301,7 @@ class ClusteredStrategy(Strategy):
         own cluster's model (clients not placed yet are left out: placing them may need
         clustering phases, which ``start`` runs). ``arrays`` is ignored: every cluster has
         its own model."""
+        self.refuse_flower_dp_wrapper(sys._getframe(1))
         return single_phase.train_messages(self, server_round, dict(config), grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -283,11 +312,19 @@ class ClusteredStrategy(Strategy):
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
         """One evaluate message per sampled placed client, with its own cluster's model."""
+        self.refuse_flower_dp_wrapper(sys._getframe(1))
         return single_phase.evaluate_messages(self, server_round, dict(config), grid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         """The clients' evaluate metrics averaged by num-examples (as Flower's FedAvg)."""
         return average_metrics([m.content["metrics"] for m in replies if m.has_content() and "metrics" in m.content])
+
+    def refuse_flower_dp_wrapper(self, caller: Any) -> None:
+        """StrategyParamsError naming the ``dp_*`` parameters when Flower's DP wrapper calls
+        this strategy's single-phase hooks (it would clip and noise one model, not each cluster's)."""
+        wrapper = privacy.flower_dp_wrapper(caller)
+        if wrapper is not None:
+            raise StrategyParamsError(privacy.wrapper_refusal(wrapper, type(self).__name__))
 
     def summary(self) -> None:
         log(logging.INFO, "%s: %s", type(self).__name__,
@@ -304,6 +341,10 @@ class ClusteredStrategy(Strategy):
     def round(self, server_round: int) -> Steps:
         """One round: place newcomers, clustering steps, train, aggregate per cluster."""
         self.clustering_seconds, self.round_extra = 0.0, {}
+        try:
+            privacy.check_population(self.dp, max(len(self.clients), len(self.active)))
+        except ValueError as error:
+            raise StrategyParamsError(f"{self.name}: {error}") from None
         self.sampled = self.draw_sample(server_round)
         unplaced = [k for k in self.active if k not in self.assignment]
         if unplaced:
@@ -426,6 +467,8 @@ class ClusteredStrategy(Strategy):
                       "cluster-id": cluster}
             config.update(self.train_instructions(server_round, key))
             config.update(extra or {})
+            if self.dp is not None:  # what Flower's fixedclipping_mod reads
+                config[privacy.CLIPPING_NORM_KEY] = self.dp.clipping_norm
             asks.append(Ask(key, models[key] if models is not None else self.models[cluster], config))
         return asks
 
@@ -440,9 +483,16 @@ class ClusteredStrategy(Strategy):
                 by_cluster[reply.cluster].append(reply)
         # optimiser states of clusters that no longer exist (split, merged, re-cut) go
         self.aggregator_state = {c: s for c, s in self.aggregator_state.items() if c in self.models}
+        released: dict[int, dict[str, Any]] = {}
         for cluster, group in by_cluster.items():
+            if self.dp is not None:  # clipped, equal weights (clusterfed.privacy)
+                group = privacy.clip_replies(group, self.dp.clipping_norm)
             weights, counts = [r.weights for r in group], [r.num_examples for r in group]
             self.models[cluster] = self.aggregate_cluster(cluster, weights, counts)
+            if self.dp is not None:
+                released[cluster] = self.add_dp_noise(cluster, group)
+        if self.dp_accountant is not None:
+            self.round_extra["privacy"] = self.dp_accountant.report(self.dp_releases, self.assignment, released)
 
     def aggregate_cluster(self, cluster: int, weights: list[Arrays], counts: list[float]) -> Arrays:
         """One cluster's new model from its members' trained ``weights`` and num-examples
@@ -455,6 +505,16 @@ class ClusteredStrategy(Strategy):
             self.round_extra.setdefault("aggregator_fallback", {})[str(cluster)] = fallback
             log(logging.WARNING, "cluster %s: %s", cluster, fallback)
         return model
+
+    def add_dp_noise(self, cluster: int, group: list[TrainReply]) -> dict[str, Any]:
+        """Gaussian noise on ``cluster``'s new average of ``group``'s clipped replies; each
+        member's update went into one more release. Returns what was released."""
+        std = self.dp.noise_std(len(group))
+        self.models[cluster] = privacy.add_noise(self.models[cluster], std, self.rng)
+        if std > 0:
+            for reply in group:
+                self.dp_releases[reply.key] = self.dp_releases.get(reply.key, 0) + 1
+        return {"sampled": len(group), "noise_std": std}
 
     # ------------------------------------------------------------- evaluation
     def evaluation_models(self, server_round: int) -> dict[str, tuple[int, Arrays]]:
@@ -482,6 +542,8 @@ class ClusteredStrategy(Strategy):
         state.update(self.cluster_state())
         if "one_cluster_reason" not in state and self.one_cluster_reasons:
             state["one_cluster_reason"] = self.one_cluster_reason()
+        if self.dp_accountant is not None:
+            state["privacy"] = self.dp_accountant.report(self.dp_releases, assignment)
         if self.training_failed:  # nothing trained: that, not the algorithm, is why
             state["one_cluster_reason"] = state["training_failed"] = self.training_failed
         return state

@@ -35,7 +35,8 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
-from clusterfed.strategies.base import MULTI_MODEL, ClusteredState, ClusteredStrategy, Steps, StrategyParams, mean_train_loss
+from clusterfed.strategies.base import (MULTI_MODEL, ClusteredState, ClusteredStrategy, Steps, StrategyParams,
+                                        StrategyParamsError, mean_train_loss)
 from clusterfed.strategies.exchange import CHOICES, Arrays, Ask, TrainReply, natural, pack_models
 
 
@@ -77,6 +78,9 @@ class IFCA(ClusteredStrategy):
     def init_clusters(self) -> None:
         self.k = self.params.num_clusters
         self.warming_up = self.params.init == "kmeans++"
+        if self.warming_up and self.dp is not None:
+            raise StrategyParamsError("ifca: init = 'kmeans++' makes cluster models of individual clients' trained "
+                                      "models, released without noise; with the dp_* parameters use init = 'random'")
         self.choice_counts = {}
         if self.warming_up:
             self.new_cluster(self.theta0)  # the warm-up model, replaced by the seeds
