@@ -19,7 +19,8 @@ from pydantic import ValidationError
 from pydantic.fields import FieldInfo
 
 from clusterfed.strategies import UnknownStrategyError, clustered_classes, strategy_class
-from clusterfed.strategies.base import SHARED_PARAMS, ClusteredStrategy, group_errors
+from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategies.params import SHARED_PARAMS, group_errors
 
 
 class ConfigError(ValueError):

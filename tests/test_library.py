@@ -133,9 +133,9 @@ STRATEGY_DIR = ROOT / "clusterfed" / "strategies"
 FLOWER_NAMES = {"Message", "Grid", "send_and_receive", "push_messages", "pull_messages"}
 
 
-def test_no_strategy_module_but_the_base_touches_messages_or_the_grid():
+def test_no_strategy_module_but_the_flower_hooks_touches_messages_or_the_grid():
     for path in STRATEGY_DIR.glob("*.py"):
-        if path.name in ("base.py", "__init__.py"):
+        if path.name in ("flower_hooks.py", "__init__.py"):  # the base's Flower face hands all to the driver
             continue
         names = {node.id for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Name)}
         names |= {node.attr for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Attribute)}

@@ -13,9 +13,7 @@ Each strategy module declares, and nothing else does:
 - ``Params``: its typed parameters (a pydantic model; the constructor's keyword arguments,
   the run config's ``<name>.<param>`` keys, the generated configuration reference);
 - ``State``: everything that decides later rounds, a plain dataclass (checkpointed as
-  JSON + npz). Attributes named in ``State`` live in ``self.state``; reading or writing
-  ``self.<field>`` goes there, and setting an undeclared attribute after construction is
-  an error, so nothing the algorithm remembers can be missed by a checkpoint;
+  JSON + npz; ``self.<field>`` reads and writes it: ``declared_state``);
 - ``one_cluster_reasons``: what it says when it ends as FedAvg;
 - ``requires``: what it needs from clients beyond a stock Flower ClientApp.
 
@@ -45,35 +43,19 @@ only sampled clients, and the trainers are the sampled clients that are placed
 from __future__ import annotations
 
 import copy
-import dataclasses
-import difflib
-import functools
-import inspect
 import logging
-import operator
-import re
-import sys
-import types
-import typing
 from collections import defaultdict
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ValidationError
 
 from clusterfed import privacy
 from clusterfed.models.layers import select_layers
 from clusterfed.models.parameters import compared_names
-from clusterfed.runner import single_phase
-from clusterfed.runner.driver import RoundDriver
-from clusterfed.runner.scoring import average_metrics
-from clusterfed.strategies import clustered_classes
 from clusterfed.strategies.contract import (  # noqa: F401 (re-exported: the errors are part of base's API)
     CAPABILITIES,
     LABEL_STATS,
@@ -86,7 +68,14 @@ from clusterfed.strategies.contract import (  # noqa: F401 (re-exported: the err
     mean_train_loss,
 )
 
-from clusterfed.strategies.aggregation import ClusterAggregator, check_aggregator, template_of
+from clusterfed.strategies.aggregation import ClusterAggregator, template_of
+from clusterfed.strategies.declared_state import DeclaredState
+from clusterfed.strategies.flower_hooks import FlowerHooks
+from clusterfed.strategies.params import (  # noqa: F401 (StrategyParams: part of base's API)
+    StrategyParams,
+    describe_errors,
+    document_params,
+)
 from clusterfed.strategies.exchange import (
     RETURN_WEIGHTS,
     UPLOAD_FULL,
@@ -107,76 +96,6 @@ def steps(result: Iterable | None) -> Iterable:
     return () if result is None else result
 
 
-class StrategyParams(BaseModel):
-    """Flower's usual strategy parameters, shared by every clustered strategy. In a run
-    config they are top-level keys (``fraction-train``); a strategy's own parameters are
-    namespaced (``fedclust.lambda``)."""
-
-    model_config = ConfigDict(populate_by_name=True, extra="forbid", frozen=True)
-
-    fraction_train: float = Field(1.0, alias="fraction-train", gt=0, le=1,
-                                  description="share of the placed clients that train each round")
-    fraction_evaluate: float = Field(1.0, alias="fraction-evaluate", ge=0, le=1,
-                                     description="share of the placed clients evaluated each round")
-    min_available_nodes: int = Field(0, alias="min-available-nodes", ge=0,
-                                     description="start once this many nodes are connected (waits up to the timeout)")
-    min_train_nodes: int = Field(1, alias="min-train-nodes", ge=1,
-                                 description="train at least this many clients per round, whatever fraction_train gives")
-    min_evaluate_nodes: int = Field(1, alias="min-evaluate-nodes", ge=1,
-                                    description="evaluate at least this many clients per round (when fraction_evaluate > 0)")
-    seed: int = Field(0, ge=0, description="seed of the strategy's own sampling and initialisations")
-    compare_arrays: str | list[str] | Callable[[str, Any], bool] = Field(
-        "auto", alias="compare-arrays",
-        description="the arrays whose updates are compared (distances, split criteria, layer rules, stability): "
-                    "auto = floating-point arrays that are not buffers (BatchNorm running statistics, counters, "
-                    "scalars); else a regular expression on the names, a list of names, or (from Python) a "
-                    "predicate (name, array) -> bool. The other arrays are only averaged per cluster")
-    aggregator: Any = Field(
-        "fedavg",
-        description="how each cluster aggregates its members' models: a Flower aggregation strategy, by name with "
-                    "literal options ('fedadam', 'fedavgm(server_momentum=0.9)', 'fedtrimmedavg(beta=0.2)', "
-                    "'krum(num_malicious_nodes=1)') or (from Python) an instance such as FedAdam(eta=0.01), "
-                    "deep-copied per cluster so each cluster keeps its own optimiser state (checkpointed). "
-                    "fedavg = the sample-weighted mean")
-
-    @field_validator("aggregator")
-    @classmethod
-    def _known_aggregator(cls, value: Any) -> Any:
-        return check_aggregator(value)
-
-    # client-level differential privacy on each cluster's average (clusterfed.privacy)
-    dp_noise_multiplier: float = Field(
-        0.0, alias="dp-noise-multiplier", ge=0,
-        description="differential privacy: Gaussian noise of std dp_noise_multiplier * dp_clipping_norm / m on each "
-                    "cluster's average of m clipped replies (0 = no noise); needs dp_clipping_norm and dp_delta")
-    dp_clipping_norm: float = Field(
-        0.0, alias="dp-clipping-norm", ge=0,
-        description="differential privacy: each reply's update is clipped to this L2 norm against the model it was "
-                    "sent, and replies are averaged with equal weights (0 = no clipping); sent to clients as "
-                    "'clipping_norm' for Flower's fixedclipping_mod")
-    dp_delta: float = Field(0.0, alias="dp-delta", ge=0, lt=1,
-                            description="differential privacy: the δ at which ε is reported per round and cluster "
-                                        "(below 1/number of clients; 0 = no accounting, without noise)")
-
-    @field_validator("compare_arrays")
-    @classmethod
-    def _compare_arrays_pattern(cls, value: Any) -> Any:
-        if isinstance(value, str) and value != "auto":
-            try:
-                re.compile(value)
-            except re.error as error:
-                raise ValueError(f"not a regular expression: {error}") from None
-        return value
-
-    @staticmethod
-    def number_or_none(value: float | str) -> float | None:
-        """A ``number | "auto"`` parameter as a float, or None for ``"auto"``."""
-        return None if value == "auto" else float(value)
-
-
-SHARED_PARAMS = tuple(StrategyParams.model_fields)
-
-
 @dataclass
 class ClusteredState:
     """The base's state: cluster models, the client → cluster assignment, the newcomer
@@ -195,7 +114,7 @@ class ClusteredState:
     dp_releases: dict[str, int] = field(default_factory=dict)  # client key -> noisy releases its update entered
 
 
-class ClusteredStrategy(Strategy):
+class ClusteredStrategy(DeclaredState, FlowerHooks):
     """FedAvg on the clustered base: one cluster, every client in it. Subclasses add clusters."""
 
     name: ClassVar[str] = "fedavg"
@@ -243,33 +162,6 @@ class ClusteredStrategy(Strategy):
         self.state = self.State()
         self._sealed = True
 
-    # ------------------------------------------------------------- state
-    def __getattr__(self, name: str) -> Any:
-        state = self.__dict__.get("state")
-        if state is not None and name in _fields(type(state)):
-            return getattr(state, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        state = self.__dict__.get("state")
-        if state is not None and name in _fields(type(state)):
-            setattr(state, name, value)
-            return
-        if self.__dict__.get("_sealed") and name not in self.__dict__ and not hasattr(type(self), name):
-            raise AttributeError(f"{type(self).__name__}.{name} is not declared: add it to {self.State.__name__} "
-                                 f"(state, checkpointed) or set it in __init__")
-        object.__setattr__(self, name, value)
-
-    def get_state(self) -> dict[str, Any]:
-        """Everything that decides later rounds, as plain data (a deep copy of ``State``'s fields)."""
-        return copy.deepcopy({f: getattr(self.state, f) for f in _fields(type(self.state))})
-
-    def set_state(self, state: dict[str, Any]) -> None:
-        unknown = set(state) - set(_fields(self.State))
-        if unknown:
-            raise ValueError(f"state fields {sorted(unknown)} are not part of {self.State.__name__}")
-        self.state = self.State(**copy.deepcopy(state))
-
     # how to run this strategy with stock ClientApps when ``requires`` names a capability they
     # lack, if there is a way (quoted by the CapabilityError)
     stock_alternative: str | None = None
@@ -280,55 +172,6 @@ class ClusteredStrategy(Strategy):
 
     def check_train_config(self, train_config: dict[str, Any]) -> None:
         """Raise StrategyParamsError when ``train_config`` lacks what this strategy needs (before round 1)."""
-
-    # ------------------------------------------------------------- Flower
-    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
-              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Any = None) -> ClusteredResult:
-        """Flower's ``Strategy.start``: run ``num_rounds`` rounds on ``grid`` from
-        ``initial_arrays``. ``train_config`` / ``evaluate_config`` go to every client in every
-        train / evaluate message (as with Flower's FedAvg); ``evaluate_fn(round, arrays)``,
-        if given, is called with each cluster's model after every round and its
-        MetricRecord stored per round (the largest cluster's) in
-        ``evaluate_metrics_serverapp``. Returns Flower's Result with the clustering."""
-        self.driver = RoundDriver(self, self.run_options)
-        return self.driver.start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
-                                 train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        """Flower's single-phase hook: one message per trainer of this round, each with its
-        own cluster's model (clients not placed yet are left out: placing them may need
-        clustering phases, which ``start`` runs). ``arrays`` is ignored: every cluster has
-        its own model."""
-        self.refuse_flower_dp_wrapper(sys._getframe(1))
-        return single_phase.train_messages(self, server_round, dict(config), grid)
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Validate the replies to ``configure_train``'s messages and average per cluster;
-        returns the largest cluster's model and the train metrics averaged by num-examples."""
-        return single_phase.aggregate_train_messages(self, server_round, list(replies))
-
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                           grid: Grid) -> Iterable[Message]:
-        """One evaluate message per sampled placed client, with its own cluster's model."""
-        self.refuse_flower_dp_wrapper(sys._getframe(1))
-        return single_phase.evaluate_messages(self, server_round, dict(config), grid)
-
-    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
-        """The clients' evaluate metrics averaged by num-examples (as Flower's FedAvg)."""
-        return average_metrics([m.content["metrics"] for m in replies if m.has_content() and "metrics" in m.content])
-
-    def refuse_flower_dp_wrapper(self, caller: Any) -> None:
-        """StrategyParamsError naming the ``dp_*`` parameters when Flower's DP wrapper calls
-        this strategy's single-phase hooks (it would clip and noise one model, not each cluster's)."""
-        wrapper = privacy.flower_dp_wrapper(caller)
-        if wrapper is not None:
-            raise StrategyParamsError(privacy.wrapper_refusal(wrapper, type(self).__name__))
-
-    def summary(self) -> None:
-        log(logging.INFO, "%s: %s", type(self).__name__,
-            ", ".join(f"{k}={v!r}" for k, v in self.params.model_dump().items()))
 
     # ------------------------------------------------------------- lifecycle
     def init(self, theta0: Arrays) -> None:
@@ -553,112 +396,4 @@ class ClusteredStrategy(Strategy):
         return self.models
 
 
-def plain_type(annotation: Any) -> Any:
-    """A field's annotation without pydantic's constraint metadata (``Annotated[...]``)."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Annotated:
-        return plain_type(args[0])
-    if origin in (typing.Union, types.UnionType):
-        return functools.reduce(operator.or_, [plain_type(a) for a in args])
-    return annotation
-
-
-def type_text(annotation: Any) -> str:
-    """A field's type as a reader writes it: ``float or 'auto'``, ``'l2' or 'cosine'``."""
-    annotation = plain_type(annotation)
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Literal:
-        return " or ".join(repr(a) for a in args)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(type_text(a) for a in args)
-    return getattr(annotation, "__name__", str(annotation).replace("typing.", ""))
-
-
-def params_signature(params: type[BaseModel]) -> inspect.Signature:
-    """The constructor's signature from a ``Params`` model: each parameter keyword-only, with
-    its type and default (what ``help()``, ``inspect.signature`` and completion show)."""
-    return inspect.Signature([
-        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=plain_type(field.annotation),
-                          default=field.get_default(call_default_factory=True))
-        for name, field in params.model_fields.items()], return_annotation=None)
-
-
-def params_docstring(params: type[BaseModel]) -> str:
-    """A numpydoc ``Parameters`` section from a ``Params`` model's fields and descriptions."""
-    lines = ["Parameters", "----------"]
-    for name, field in params.model_fields.items():
-        default = field.get_default(call_default_factory=True)
-        key = f" (run config: ``{field.alias}``)" if field.alias else ""
-        lines += [f"{name} : {type_text(field.annotation)}, default {default!r}{key}", f"    {field.description or ''}".rstrip()]
-    return "\n".join(lines)
-
-
-def document_params(cls: type[ClusteredStrategy]) -> None:
-    """Give a strategy class the signature and the docstring's ``Parameters`` section of its
-    ``Params``: one source for the constructor, ``clusterfed params NAME`` and the reference."""
-    if "__init__" in cls.__dict__ and cls is not ClusteredStrategy:
-        cls.__signature__ = None  # a constructor of its own: inspect reads that one
-        return
-    own = cls.__dict__.get("__doc__") or f"The {cls.__name__} strategy."
-    cls.__doc__ = f"{inspect.cleandoc(own)}\n\n{params_docstring(cls.Params)}"
-    cls.__signature__ = params_signature(cls.Params)
-
-
-document_params(ClusteredStrategy)
-
-
-def _fields(cls: type) -> tuple[str, ...]:
-    cached = _FIELDS.get(cls)
-    if cached is None:
-        cached = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
-    return cached
-
-
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _strategies_with(param: str) -> list[str]:
-    """Registered strategies that have a parameter of this (snake or kebab) name."""
-    wanted = {param, param.replace("-", "_")}
-    return [name for name, cls in clustered_classes().items()
-            if wanted & ({n for n in cls.Params.model_fields} | {f.alias for f in cls.Params.model_fields.values() if f.alias})]
-
-
-# Flower FedAvg arguments that clustered strategies do not take, and why
-FLOWER_ONLY = {
-    "weighted_by_key": "replies are always weighted by 'num-examples'",
-    "arrayrecord_key": "the model travels under 'arrays'",
-    "configrecord_key": "the config travels under 'config'",
-    "train_metrics_aggr_fn": "train metrics are averaged by num-examples",
-    "evaluate_metrics_aggr_fn": "evaluate metrics are averaged by num-examples",
-}
-
-
-def group_errors(error: ValidationError) -> dict[str, tuple[Any, list[str], str]]:
-    """Pydantic's errors by parameter: (the value given, its messages, the first error's
-    type); a ``number | "auto"`` parameter's two complaints land under one key."""
-    by_key: dict[str, tuple[Any, list[str], str]] = {}
-    for problem in error.errors():
-        key = str(problem["loc"][0]) if problem["loc"] else "params"
-        by_key.setdefault(key, (problem.get("input"), [], problem["type"]))[1].append(problem["msg"])
-    return by_key
-
-
-def describe_errors(strategy: str, error: ValidationError, params: type[BaseModel] | None = None) -> str:
-    """One clause per wrong parameter, naming it, what is allowed, and for an unknown one the
-    closest name or the strategies that have it."""
-    lines = []
-    for key, (given, messages, kind) in group_errors(error).items():
-        if kind != "extra_forbidden":
-            lines.append(f"{strategy}: {key} = {given!r}: {' or '.join(messages)}")
-            continue
-        if key in FLOWER_ONLY:
-            lines.append(f"strategy {strategy!r} does not take Flower's {key!r}: {FLOWER_ONLY[key]}")
-            continue
-        having = _strategies_with(key)
-        known = list(params.model_fields) if params is not None else []
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = (f" ({', '.join(having)} {'has' if len(having) == 1 else 'have'} it)" if having
-                else f" (did you mean {close[0]!r}?)" if close else "")
-        lines.append(f"strategy {strategy!r} has no parameter {key!r}{hint}; its parameters: {', '.join(known)}")
-    return "; ".join(lines)
+document_params(ClusteredStrategy, base=True)

@@ -1,0 +1,74 @@
+"""The Flower face of a clustered strategy: Flower's ``Strategy.start`` and single-phase hooks,
+each handed to the round driver (``clusterfed.runner``), which alone speaks Flower; the
+strategy's own logic never sees a Message or the Grid."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Iterable
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+from flwr.supercore import log
+
+from clusterfed import privacy
+from clusterfed.runner import single_phase
+from clusterfed.runner.driver import RoundDriver
+from clusterfed.runner.scoring import average_metrics
+from clusterfed.strategies.contract import ClusteredResult, StrategyParamsError
+
+
+class FlowerHooks(Strategy):
+    """Flower's ``Strategy`` methods of ``ClusteredStrategy``."""
+
+    def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
+              train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
+              evaluate_fn: Any = None) -> ClusteredResult:
+        """Flower's ``Strategy.start``: run ``num_rounds`` rounds on ``grid`` from
+        ``initial_arrays``. ``train_config`` / ``evaluate_config`` go to every client in every
+        train / evaluate message (as with Flower's FedAvg); ``evaluate_fn(round, arrays)``,
+        if given, is called with each cluster's model after every round and its
+        MetricRecord stored per round (the largest cluster's) in
+        ``evaluate_metrics_serverapp``. Returns Flower's Result with the clustering."""
+        self.driver = RoundDriver(self, self.run_options)
+        return self.driver.start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
+                                 train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        """Flower's single-phase hook: one message per trainer of this round, each with its
+        own cluster's model (clients not placed yet are left out: placing them may need
+        clustering phases, which ``start`` runs). ``arrays`` is ignored: every cluster has
+        its own model."""
+        self.refuse_flower_dp_wrapper(sys._getframe(1))
+        return single_phase.train_messages(self, server_round, dict(config), grid)
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Validate the replies to ``configure_train``'s messages and average per cluster;
+        returns the largest cluster's model and the train metrics averaged by num-examples."""
+        return single_phase.aggregate_train_messages(self, server_round, list(replies))
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                           grid: Grid) -> Iterable[Message]:
+        """One evaluate message per sampled placed client, with its own cluster's model."""
+        self.refuse_flower_dp_wrapper(sys._getframe(1))
+        return single_phase.evaluate_messages(self, server_round, dict(config), grid)
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        """The clients' evaluate metrics averaged by num-examples (as Flower's FedAvg)."""
+        return average_metrics([m.content["metrics"] for m in replies if m.has_content() and "metrics" in m.content])
+
+    def refuse_flower_dp_wrapper(self, caller: Any) -> None:
+        """StrategyParamsError naming the ``dp_*`` parameters when Flower's DP wrapper calls
+        this strategy's single-phase hooks (it would clip and noise one model, not each cluster's)."""
+        wrapper = privacy.flower_dp_wrapper(caller)
+        if wrapper is not None:
+            raise StrategyParamsError(privacy.wrapper_refusal(wrapper, type(self).__name__))
+
+    def summary(self) -> None:
+        log(logging.INFO, "%s: %s", type(self).__name__,
+            ", ".join(f"{k}={v!r}" for k, v in self.params.model_dump().items()))
+
