@@ -226,7 +226,62 @@ def scale_page() -> str | None:
                 cells.append(text + (f" ({n}/{count})" if 0 < n < count else ""))
             out.append(f"| {st} | {total} | {gap} | " + " | ".join(cells) + " |")
         out.append("")
+    out += memory_section()
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+MEMORY = RESULTS / "memory"
+# strategies that keep nothing per client, or only what they did before update-storage existed
+UNCHANGED_STORAGE = ("fedavg", "oracle", "ifca", "fedclust", "adacfl")
+
+
+def memory_section() -> list[str]:
+    """The server-memory table of docs/scale.md from benchmarks/results/memory/summary.json, and the
+    exact-vs-sketch clustering comparison beside it (nothing when never run)."""
+    path = MEMORY / "summary.json"
+    if not path.exists():
+        return []
+    summary = json.loads(path.read_text())
+
+    def bound(key: str, field: str, value: float) -> str:
+        return f"{value:.2f} <!-- bind: {rel(path)} rows.{key}.{field} -->"
+
+    out = ["## Server memory per client", "",
+           f"Source: `{rel(path)}` (`benchmarks/bench_memory.py`, its `README.md` and `manifest.json`). What each "
+           "strategy keeps between rounds beyond its cluster models, driven with synthetic float32 replies (10 "
+           "examples a client, splits held off): *arrays* = the NumPy arrays of its state, *retained* = "
+           "everything still allocated (tracemalloc), Python objects included. The CFL family's "
+           "`update-storage = auto` (the default) keeps the papers' exact vectors up to `sketch-above` = 1,000 "
+           "clients and compact ones above: CFL and LayerCFL a float32 count sketch of 8,192 numbers per client "
+           "(a sparse random projection that keeps cosines, `clusterfed/clustering/sketch.py`), HiCFL a seeded "
+           "sample of 2,048 of the watched layers' weights (its weight selection reads coordinates); "
+           "`update-storage = exact` keeps the papers' vectors at any size.", "",
+           "| model numbers | clients | strategy | update-storage | sketched | arrays KB / client | retained KB / client |",
+           "|---|---|---|---|---|---|---|"]
+    for key, r in summary["rows"].items():
+        sketched = "–" if r["sketched"] is None else ("yes" if r["sketched"] else "no")
+        out.append(f"| {r['model_numbers']} | {r['clients']} | {r['strategy']} | {r['update_storage'] or '–'} | "
+                   f"{sketched} | {bound(key, 'arrays_kb_per_client', r['arrays_kb_per_client'])} | "
+                   f"{bound(key, 'retained_kb_per_client', r['retained_kb_per_client'])} |")
+    earlier = RESULTS / "scale_speed" / "results.json"
+    if earlier.exists():  # the strategies whose storage did not change, measured before
+        for i, r in enumerate(json.loads(earlier.read_text())["memory"]["results"]):
+            if r["strategy"] in UNCHANGED_STORAGE:
+                out.append(f"| {r['model_bytes'] // 4} | {r['clients']} | {r['strategy']} (earlier: `{rel(earlier)}`) | – | – | – | "
+                           f"{r['retained_kb_per_client']:.2f} <!-- bind: {rel(earlier)} memory.results.{i}."
+                           "retained_kb_per_client --> |")
+    out.append("")
+    for grid in sorted(MEMORY.glob("clustering-*/comparison.csv")):
+        rows = read_csv(grid)
+        out += [f"### Exact vs sketched storage: {grid.parent.name.removeprefix('clustering-')}", "",
+                f"Source: `{rel(grid)}` (`benchmarks/experiments/memory-sketch.toml`: one seed, fewer rounds than "
+                "the grids above; the same seed and data for both storages).", "",
+                "| run | final acc | ARI | clusters | rounds to ARI 0.9 |", "|---|---|---|---|---|"]
+        for r in rows:
+            out.append(f"| {r['strategy']} | {fmt(r.get('final_accuracy'))} | {fmt(r.get('final_ari'), 2)} | "
+                       f"{fmt(r.get('num_clusters'), 0)} | {fmt(r.get('rounds_to_ari'), 0)} |")
+        out.append("")
+    return out
 
 
 # ---------------------------------------------------------------- fidelity, driven by fidelity_claims.toml
