@@ -213,3 +213,19 @@ def test_sketched_state_round_trips_and_the_run_continues_the_same(cls):
         for server_round in (10, 11) if cls is HiCFL else (8, 9):
             step(strategy, server_round, updates(server_round))
     assert resumed.assignment == original.assignment and resumed.splits == original.splits
+
+
+def test_a_split_records_the_similarity_of_at_most_200_of_its_clients():
+    strategy, _ = four_group_strategy(CFL)
+    keys = [str(i) for i in range(500)]
+    record = strategy.similarity_record(keys, np.eye(500))
+    assert record["clients"] == 500 and len(record["keys"]) == 200 and np.shape(record["matrix"]) == (200, 200)
+    assert record["keys"][0] == "0" and record["keys"][-1] == "499"
+    assert np.allclose(record["matrix"], np.eye(200))  # the chosen clients' own rows and columns
+    assert "clients" not in strategy.similarity_record(keys[:20], np.eye(20))
+
+
+def test_selection_keeps_the_final_layer_as_sent():
+    strategy, keys = bench_memory.build("selection", 40, SHAPES, {})
+    bench_memory.drive(strategy, keys, rounds=2)
+    assert strategy.latest and all(v.dtype == np.float32 for v in strategy.latest.values())
