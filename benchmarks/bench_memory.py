@@ -177,15 +177,39 @@ def write_readme(rows: list[dict[str, Any]], command: str) -> None:
 
 
 def main() -> int:
+    global OUT
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a few small rows, not written to the results folder")
     parser.add_argument("--update", default="", help="comma-separated strategies: measure only their rows and "
                                                      "replace them in the existing summary.json")
+    parser.add_argument("--clients", default="", help="comma-separated client counts: only the rows of the plan "
+                                                      "with these (a piece run beside another; --out its folder)")
+    parser.add_argument("--out", default=str(OUT), help="results folder (default benchmarks/results/memory)")
+    parser.add_argument("--clustering", action="store_true",
+                        help="summarise the exact-vs-sketch runs (clustering-*/<label>/seed*/rounds.jsonl, not "
+                             "committed) round by round into clustering.json")
+    parser.add_argument("--merge", default="", help="a piece's summary.json: add its rows to the results folder's "
+                                                    "summary.json (and its manifest as manifest-<piece>.json)")
     args = parser.parse_args()
     from clusterfed.experiments.manifest import start_manifest, write_manifest
 
+    OUT = Path(args.out).resolve()
+    if args.clustering:
+        (OUT / "clustering.json").write_text(json.dumps(clustering_rounds(OUT), indent=1) + "\n")
+        return 0
+    if args.merge:
+        piece = Path(args.merge).resolve()
+        summary = json.loads((OUT / "summary.json").read_text())
+        rows = list(summary["rows"].values()) + list(json.loads(piece.read_text())["rows"].values())
+        save(rows, summary["rounds"], summary.get("command", "PYTHONPATH=$PWD python benchmarks/bench_memory.py"),
+             complete=summary.get("complete", False))
+        (OUT / f"manifest-{piece.parent.name}.json").write_text((piece.parent / "manifest.json").read_text())
+        return 0
+
     plan = QUICK_ROWS if args.quick else ROWS
+    if args.clients:
+        plan = [row for row in plan if str(row[1]) in args.clients.split(",")]
     only = set(args.update.split(",")) if args.update else None
     rows = [] if only is None else [r for r in json.loads((OUT / "summary.json").read_text())["rows"].values()
                                     if r["strategy"] not in only]
@@ -209,10 +233,23 @@ def main() -> int:
     return 0
 
 
+def clustering_rounds(folder: Path) -> dict[str, Any]:
+    """Per grid and run label: ARI, number of clusters and mean accuracy of every round."""
+    out: dict[str, Any] = {}
+    for path in sorted(folder.glob("clustering-*/*/seed*/rounds.jsonl")):
+        rounds = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        grid, label, seed = path.parts[-4], path.parts[-3], path.parts[-2]
+        out.setdefault(grid, {})[f"{label}-{seed}"] = {
+            "ari": [round(r["ari"], 4) for r in rounds], "clusters": [r["num_clusters"] for r in rounds],
+            "accuracy": [round(r["accuracy"], 4) for r in rounds],
+            "final_ari": round(rounds[-1]["ari"], 4), "final_clusters": rounds[-1]["num_clusters"]}
+    return out
+
+
 def save(rows: list[dict[str, Any]], rounds: int, command: str, complete: bool) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     at_10000 = [r["retained_kb_per_client"] for r in rows if r["clients"] == 10000]
-    summary = {"rounds": rounds, "complete": complete, "rows": {key_of(r): r for r in rows},
+    summary = {"rounds": rounds, "complete": complete, "command": command, "rows": {key_of(r): r for r in rows},
                "max_retained_kb_per_client_at_10000": max(at_10000) if at_10000 else None}
     (OUT / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     write_readme(rows, command)

@@ -255,7 +255,9 @@ def memory_section() -> list[str]:
            "clients and compact ones above: CFL and LayerCFL a float32 count sketch of 8,192 numbers per client "
            "(a sparse random projection that keeps cosines, `clusterfed/clustering/sketch.py`), HiCFL a seeded "
            "sample of 2,048 of the watched layers' weights (its weight selection reads coordinates); "
-           "`update-storage = exact` keeps the papers' vectors at any size.", "",
+           "`update-storage = exact` keeps the papers' vectors at any size. Rows marked *earlier*: "
+           "`benchmarks/results/scale_speed/results.json`, measured before `update-storage` existed by "
+           "`benchmarks/bench_scale_speed.py` (retained only); these strategies' storage did not change.", "",
            "| model numbers | clients | strategy | update-storage | sketched | arrays KB / client | retained KB / client |",
            "|---|---|---|---|---|---|---|"]
     for key, r in summary["rows"].items():
@@ -267,19 +269,24 @@ def memory_section() -> list[str]:
     if earlier.exists():  # the strategies whose storage did not change, measured before
         for i, r in enumerate(json.loads(earlier.read_text())["memory"]["results"]):
             if r["strategy"] in UNCHANGED_STORAGE:
-                out.append(f"| {r['model_bytes'] // 4} | {r['clients']} | {r['strategy']} (earlier: `{rel(earlier)}`) | – | – | – | "
+                out.append(f"| {r['model_bytes'] // 4} | {r['clients']} | {r['strategy']} (earlier) | – | – | – | "
                            f"{r['retained_kb_per_client']:.2f} <!-- bind: {rel(earlier)} memory.results.{i}."
                            "retained_kb_per_client --> |")
     out.append("")
-    for grid in sorted(MEMORY.glob("clustering-*/comparison.csv")):
-        rows = read_csv(grid)
-        out += [f"### Exact vs sketched storage: {grid.parent.name.removeprefix('clustering-')}", "",
-                f"Source: `{rel(grid)}` (`benchmarks/experiments/memory-sketch.toml`: one seed, fewer rounds than "
-                "the grids above; the same seed and data for both storages).", "",
-                "| run | final acc | ARI | clusters | rounds to ARI 0.9 |", "|---|---|---|---|---|"]
-        for r in rows:
-            out.append(f"| {r['strategy']} | {fmt(r.get('final_accuracy'))} | {fmt(r.get('final_ari'), 2)} | "
-                       f"{fmt(r.get('num_clusters'), 0)} | {fmt(r.get('rounds_to_ari'), 0)} |")
+    clustering = MEMORY / "clustering.json"
+    for grid, runs in (json.loads(clustering.read_text()) if clustering.exists() else {}).items():
+        rounds = max(len(run["ari"]) for run in runs.values())
+        out += [f"### Exact vs sketched storage: {grid.removeprefix('clustering-')}", "",
+                f"Source: `{rel(clustering)}` (`benchmarks/experiments/memory-sketch.toml`, summarised by "
+                "`benchmarks/bench_memory.py --clustering`; the grid folder has the experiment's manifest). The same "
+                "seed, data and training for both storages; one seed and fewer rounds than the grids above. Each "
+                "cell: ARI against the true groups (number of clusters) after that round.", "",
+                "| run | " + " | ".join(f"round {i + 1}" for i in range(rounds)) + " |",
+                "|---|" + "---|" * rounds]
+        for label, run in runs.items():
+            cells = [f"{ari:.2f} <!-- bind: {rel(clustering)} {grid}.{label}.ari.{i} --> ({k})"
+                     for i, (ari, k) in enumerate(zip(run["ari"], run["clusters"]))]
+            out.append(f"| {label} | " + " | ".join(cells + ["–"] * (rounds - len(cells))) + " |")
         out.append("")
     return out
 
