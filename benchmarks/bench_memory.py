@@ -146,7 +146,10 @@ def key_of(row: dict[str, Any]) -> str:
 def write_readme(rows: list[dict[str, Any]], command: str) -> None:
     lines = ["# Server memory per client between rounds", "",
              f"`{command}` (`benchmarks/bench_memory.py`; numbers in `summary.json`, machine and commit in "
-             "`manifest.json`).", "",
+             "`manifest.json`)." + ("" if not (pieces := sorted(OUT.glob("manifest-*.json"))) else
+                                      " Rows measured beside it in pieces (`--clients N --out <piece>`, added with "
+                                      "`--merge <piece>/summary.json`): " + ", ".join(f"`{p.name}`" for p in pieces)
+                                      + "."), "",
              "Each strategy driven with synthetic float32 replies (no training), every client admitted and "
              "then a few rounds with splits and merges held off. *arrays* = the NumPy arrays of the strategy's "
              "state beyond the cluster models; *retained* = everything still allocated (tracemalloc), "
@@ -202,8 +205,12 @@ def main() -> int:
         piece = Path(args.merge).resolve()
         summary = json.loads((OUT / "summary.json").read_text())
         rows = list(summary["rows"].values()) + list(json.loads(piece.read_text())["rows"].values())
+        planned = {(setting, clients, name, extra.get("update-storage", "auto" if name in BIPARTITIONING else None))
+                   for setting, clients, names, extra in ROWS
+                   for name in names.split(",")}
+        measured = {(r["setting"], r["clients"], r["strategy"], r["update_storage"]) for r in rows}
         save(rows, summary["rounds"], summary.get("command", "PYTHONPATH=$PWD python benchmarks/bench_memory.py"),
-             complete=summary.get("complete", False))
+             complete=planned <= measured)
         (OUT / f"manifest-{piece.parent.name}.json").write_text((piece.parent / "manifest.json").read_text())
         return 0
 
@@ -248,6 +255,7 @@ def clustering_rounds(folder: Path) -> dict[str, Any]:
 
 def save(rows: list[dict[str, Any]], rounds: int, command: str, complete: bool) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
+    rows = list({key_of(r): r for r in rows}.values())  # a row measured again replaces the earlier one
     at_10000 = [r["retained_kb_per_client"] for r in rows if r["clients"] == 10000]
     summary = {"rounds": rounds, "complete": complete, "command": command, "rows": {key_of(r): r for r in rows},
                "max_retained_kb_per_client_at_10000": max(at_10000) if at_10000 else None}
