@@ -15,7 +15,6 @@ from test_hicfl import UNIT, two_opposite_groups
 from test_state_codec import assert_same, round_trip
 
 from clusterfed.clustering.sketch import Sketch, count_sketch, in_sketch_space, split_budget
-from clusterfed.config import parse_config
 from clusterfed.strategies.base import steps
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.exchange import ClientInfo, Replies, TrainReply
@@ -95,29 +94,20 @@ def test_exact_storage_is_still_selectable_and_kept_below_sketch_above():
 
 
 def arrays_of(vector):
-    out, start = {}, 0
-    for name, shape in SHAPES.items():
-        size = int(np.prod(shape))
-        out[name] = vector[start:start + size].reshape(shape).astype(np.float32)
-        start += size
-    return out
+    bounds = np.cumsum([int(np.prod(shape)) for shape in SHAPES.values()])[:-1]
+    parts = np.split(np.asarray(vector, dtype=np.float32), bounds)
+    return {name: part.reshape(shape) for (name, shape), part in zip(SHAPES.items(), parts)}
 
 
 def four_group_strategy(cls, **config):
-    """24 clients in 4 groups (two pairs of groups), splits allowed from round 1."""
-    groups = {str(i): i % 4 for i in range(24)}
-    values = {"num-clients": 24, "out-dir": "/tmp/unused", "strategy": cls.name, "split-criteria": "absolute",
-              "eps1": 1e6, "eps2": 1e-6, "min-split-round": 1, "merge": False,
-              "split-reference-draws": 0}  # the groups are clear: the fixed silhouette threshold suffices
-    values.update({k.replace("_", "-"): v for k, v in config.items()})
-    strategy = parse_config(values).build_strategy()
-    strategy.train_config = {"lr": 0.05, "local-epochs": 1}
-    strategy.init(arrays_of(np.zeros(DIM)))
-    for key, group in groups.items():
-        strategy.clients[key] = ClientInfo(key, 50, group)
-    strategy.active = list(groups)
-    assert list(steps(strategy.admit(1, list(groups)))) == []
-    return strategy, groups
+    """24 clients in 4 groups (key i: group i mod 4; two pairs of groups), splits allowed from
+    round 1, all admitted to the root."""
+    config = {"split-criteria": "absolute", "eps1": 1e6, "eps2": 1e-6, "min-split-round": 1, "merge": False,
+              # the groups are clear: the fixed silhouette threshold suffices
+              "split-reference-draws": 0, **{k.replace("_", "-"): v for k, v in config.items()}}
+    strategy, keys = bench_memory.build(cls.name, 24, SHAPES, config)
+    assert list(steps(strategy.admit(1, keys))) == []
+    return strategy, {key: int(key) % 4 for key in keys}
 
 
 def group_updates(rng, group, noise=0.5):
@@ -128,11 +118,15 @@ def group_updates(rng, group, noise=0.5):
 
 
 def run_round(strategy, server_round, vectors):
+    """One round of replies: key -> its full update vector, from its current cluster."""
     strategy.round_extra = {}
-    replies = [TrainReply(key=k, cluster=strategy.assignment[k], arrays=arrays_of(v),
-                          sent=strategy.models[strategy.assignment[k]], num_examples=50, train_loss=0.0,
-                          metrics={}, is_update=True) for k, v in vectors.items()]
-    strategy.after_train(server_round, replies)
+    strategy.after_train(server_round, [update_reply(strategy, key, vector) for key, vector in vectors.items()])
+
+
+def update_reply(strategy, key, vector):
+    cluster = strategy.assignment[key]
+    return TrainReply(key=key, cluster=cluster, arrays=arrays_of(vector), sent=strategy.models[cluster],
+                      num_examples=50, train_loss=0.0, metrics={}, is_update=True)
 
 
 @pytest.mark.parametrize("cls", [CFL, LayerCFL])
