@@ -280,7 +280,9 @@ def memory_section() -> list[str]:
                 f"Source: `{rel(clustering)}` (`benchmarks/experiments/memory-sketch.toml`, summarised by "
                 "`benchmarks/bench_memory.py --clustering`; the grid folder has the experiment's manifest). The same "
                 "seed, data and training for both storages; one seed and fewer rounds than the grids above. Each "
-                "cell: ARI against the true groups (number of clusters) after that round.", "",
+                "cell: ARI against the true groups (number of clusters) after that round. The storage changes only "
+                "what a split compares, so the runs agree until the first split that the sketches decide otherwise; "
+                "what this one seed shows for each strategy is in `benchmarks/results/memory/README.md`.", "",
                 "| run | " + " | ".join(f"round {i + 1}" for i in range(rounds)) + " |",
                 "|---|" + "---|" * rounds]
         for label, run in runs.items():
