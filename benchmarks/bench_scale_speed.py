@@ -407,9 +407,10 @@ NOTES = {
               "layer the latest full update (the weight selection and the reference split read it), up to three "
               "selected updates (the three-update stability score) and the selection. (The float32 copies and int32 "
               "selections that halved CFL's and HiCFL's retained bytes were measured before/after in commit "
-              "ed1725af58's version of this file; CFL's summed updates came later.) Below 50 KB per client would need fewer numbers "
-              "than one float32 update of the model (131 KB for the MNIST CNN, 54 KB for the digits CNN), i.e. "
-              "different results (a projection or float16), so it is not done. CFL's peak is its split criteria's "
+              "ed1725af58's version of this file; CFL's summed updates came later.) These rows are the papers' exact "
+              "storage; the CFL family's compact storage above 1,000 clients (update-storage, count sketches and "
+              "weight samples) and a table of every strategy at up to 10,000 clients are in "
+              "benchmarks/results/memory/. CFL's peak is its split criteria's "
               "matrix (one float64 row per replying client, from which its norms are computed; computing them "
               "streaming would sum in another order).",
     "overhead": "Client compute = the ClientApp's training and evaluation calls, timed where it makes them; the rest "

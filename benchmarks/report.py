@@ -226,7 +226,71 @@ def scale_page() -> str | None:
                 cells.append(text + (f" ({n}/{count})" if 0 < n < count else ""))
             out.append(f"| {st} | {total} | {gap} | " + " | ".join(cells) + " |")
         out.append("")
+    out += memory_section()
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+MEMORY = RESULTS / "memory"
+# strategies that keep nothing per client, or only what they did before update-storage existed
+UNCHANGED_STORAGE = ("fedavg", "oracle", "ifca", "fedclust", "adacfl")
+
+
+def memory_section() -> list[str]:
+    """The server-memory table of docs/scale.md from benchmarks/results/memory/summary.json, and the
+    exact-vs-sketch clustering comparison beside it (nothing when never run)."""
+    path = MEMORY / "summary.json"
+    if not path.exists():
+        return []
+    summary = json.loads(path.read_text())
+
+    def bound(key: str, field: str, value: float) -> str:
+        return f"{value:.2f} <!-- bind: {rel(path)} rows.{key}.{field} -->"
+
+    out = ["## Server memory per client", "",
+           f"Source: `{rel(path)}` (`benchmarks/bench_memory.py`, its `README.md` and `manifest.json`). What each "
+           "strategy keeps between rounds beyond its cluster models, driven with synthetic float32 replies (10 "
+           "examples a client, splits held off): *arrays* = the NumPy arrays of its state, *retained* = "
+           "everything still allocated (tracemalloc), Python objects included. The CFL family's "
+           "`update-storage = auto` (the default) keeps the papers' exact vectors up to `sketch-above` = 1,000 "
+           "clients and compact ones above: CFL and LayerCFL a float32 count sketch of 8,192 numbers per client "
+           "(a sparse random projection that keeps cosines, `clusterfed/clustering/sketch.py`), HiCFL a seeded "
+           "sample of 2,048 of the watched layers' weights (its weight selection reads coordinates); "
+           "`update-storage = exact` keeps the papers' vectors at any size. Rows marked *earlier*: "
+           "`benchmarks/results/scale_speed/results.json`, measured before `update-storage` existed by "
+           "`benchmarks/bench_scale_speed.py` (retained only); these strategies' storage did not change.", "",
+           "| model numbers | clients | strategy | update-storage | sketched | arrays KB / client | retained KB / client |",
+           "|---|---|---|---|---|---|---|"]
+    for key, r in summary["rows"].items():
+        sketched = "–" if r["sketched"] is None else ("yes" if r["sketched"] else "no")
+        out.append(f"| {r['model_numbers']} | {r['clients']} | {r['strategy']} | {r['update_storage'] or '–'} | "
+                   f"{sketched} | {bound(key, 'arrays_kb_per_client', r['arrays_kb_per_client'])} | "
+                   f"{bound(key, 'retained_kb_per_client', r['retained_kb_per_client'])} |")
+    earlier = RESULTS / "scale_speed" / "results.json"
+    if earlier.exists():  # the strategies whose storage did not change, measured before
+        for i, r in enumerate(json.loads(earlier.read_text())["memory"]["results"]):
+            if r["strategy"] in UNCHANGED_STORAGE:
+                out.append(f"| {r['model_bytes'] // 4} | {r['clients']} | {r['strategy']} (earlier) | – | – | – | "
+                           f"{r['retained_kb_per_client']:.2f} <!-- bind: {rel(earlier)} memory.results.{i}."
+                           "retained_kb_per_client --> |")
+    out.append("")
+    clustering = MEMORY / "clustering.json"
+    for grid, runs in (json.loads(clustering.read_text()) if clustering.exists() else {}).items():
+        rounds = max(len(run["ari"]) for run in runs.values())
+        out += [f"### Exact vs sketched storage: {grid.removeprefix('clustering-')}", "",
+                f"Source: `{rel(clustering)}` (`benchmarks/experiments/memory-sketch.toml`, summarised by "
+                "`benchmarks/bench_memory.py --clustering`; the grid folder has the experiment's manifest). The same "
+                "seed, data and training for both storages; one seed and fewer rounds than the grids above. Each "
+                "cell: ARI against the true groups (number of clusters) after that round. The storage changes only "
+                "what a split compares, so the runs agree until the first split that the sketches decide otherwise; "
+                "what this one seed shows for each strategy is in `benchmarks/results/memory/README.md`.", "",
+                "| run | " + " | ".join(f"round {i + 1}" for i in range(rounds)) + " |",
+                "|---|" + "---|" * rounds]
+        for label, run in runs.items():
+            cells = [f"{ari:.2f} <!-- bind: {rel(clustering)} {grid}.{label}.ari.{i} --> ({k})"
+                     for i, (ari, k) in enumerate(zip(run["ari"], run["clusters"]))]
+            out.append(f"| {label} | " + " | ".join(cells + ["–"] * (rounds - len(cells))) + " |")
+        out.append("")
+    return out
 
 
 # ---------------------------------------------------------------- fidelity, driven by fidelity_claims.toml

@@ -38,8 +38,11 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 
 def _index(idx: np.ndarray, size: int | None) -> np.ndarray:
-    """A kept selection: int32 when the layer is shorter than 2**31 (half the memory of int64;
-    it picks the same weights in the same order)."""
+    """A kept selection in the smallest index type the layer needs: uint16 up to 65,536
+    weights, int32 up to 2**31 (a quarter / half the memory of int64; it picks the same
+    weights in the same order)."""
+    if size is not None and size <= 2**16 and (idx.size == 0 or int(idx.max()) < 2**16):
+        return idx.astype(np.uint16)
     if size is not None and size < 2**31 and (idx.size == 0 or int(idx.max()) < 2**31):
         return idx.astype(np.int32)
     return idx

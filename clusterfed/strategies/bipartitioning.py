@@ -17,6 +17,17 @@ that split: one local training on the split-round model, an upload of the split'
 the side its update points to (and so on down any later splits). It then trains its
 final cluster's model in the same round. A placement reply that is lost leaves it where it
 is, still provisional.
+
+Storage (``update-storage``; choice beyond the papers): the vectors kept per client between
+rounds (CFL's and LayerCFL's latest or summed update, HiCFL's stability history) are the
+exact ones (``exact``, the papers') or compact ones (``sketch``): float32, shortened to
+``sketch-dim`` numbers by a seeded linear map (``clustering/sketch.py``; CFL: a count
+sketch, which keeps cosines; HiCFL: a sample of each layer's weights, since its weight
+selection reads coordinates). ``auto`` keeps them exact for federations of up to
+``sketch-above`` clients and compact above, decided once, when the first vector is kept (a
+federation that grows past the threshold later stays exact). A split made on sketches
+records the map in its route, and a newcomer's upload is mapped the same way before it is
+compared.
 """
 
 from __future__ import annotations
@@ -32,11 +43,15 @@ from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
 from clusterfed.clustering.layercfl import CheckResult, true_group_gap
+from clusterfed.clustering.sketch import in_sketch_space
 from clusterfed.clustering.split_rules import merge_pairs, one_cluster_reason
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
 from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, TrainReply, natural, weighted_average
 
 SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
+# a split's similarity matrix is recorded for at most this many of its clients (evenly
+# spaced in key order): the figures read it, and all of it at 10,000 clients is 10^8 numbers
+MAX_SIMILARITY_CLIENTS = 200
 
 
 def flatten(arrays: Arrays, names: list[str], dtype: Any = np.float64) -> np.ndarray:
@@ -97,6 +112,14 @@ class BiPartitioningParams(StrategyParams):
                                     description="merge only if the cosine of the two clusters' mean updates reaches this")
     merge_max_silhouette: float = Field(0.5, alias="merge-max-silhouette", ge=-1, le=1,
                                         description="... and the silhouette of their members (labelled by cluster) is at most this")
+    update_storage: Literal["auto", "exact", "sketch"] = Field(
+        "auto", alias="update-storage",
+        description="the per-client vectors kept between rounds: exact (the paper's), sketch (float32, "
+                    "sketch-dim numbers: a seeded projection), auto = exact up to sketch-above clients, else sketch")
+    sketch_dim: int = Field(8192, alias="sketch-dim", ge=16,
+                            description="update-storage = sketch: numbers kept per client vector (count sketch)")
+    sketch_above: int = Field(1000, alias="sketch-above", ge=0,
+                              description="update-storage = auto: sketch when more clients than this are known")
 
 
 @dataclass
@@ -115,6 +138,7 @@ class BiPartitioningState(ClusteredState):
     # members placed on a side of a split they sat out -> that split's node, until they are
     # placed by descent from it when next sampled (module docstring)
     provisional: dict[str, int] = field(default_factory=dict)
+    sketched: bool | None = None  # update-storage: compact vectors (decided when the first is kept)
 
 
 class BiPartitioning(ClusteredStrategy):
@@ -178,6 +202,19 @@ class BiPartitioning(ClusteredStrategy):
         finally:
             self.clustering_seconds += time.perf_counter() - started
 
+    # ------------------------------------------------------------ storage
+    def compact_storage(self) -> bool:
+        """Whether per-client vectors are kept compact (``update-storage``): decided once,
+        the first time one is kept, from the clients known then."""
+        if self.sketched is None:
+            mode = self.params.update_storage
+            self.sketched = mode == "sketch" or (mode == "auto" and len(self.clients) > self.params.sketch_above)
+        return self.sketched
+
+    def storage_record(self) -> dict[str, Any]:
+        return {"mode": self.params.update_storage, "sketched": self.sketched,
+                **({"sketch_dim": self.params.sketch_dim} if self.sketched else {})}
+
     # ------------------------------------------------------------ criteria
     def criteria(self, cluster: int, replies: list[TrainReply]) -> SplitDecision:
         """Sattler's criteria on the full updates of the compared arrays (buffers such as
@@ -231,7 +268,9 @@ class BiPartitioning(ClusteredStrategy):
     # ------------------------------------------------------------ splitting
     @staticmethod
     def side_of(vector: np.ndarray, route: dict[str, Any]) -> int:
-        """0 or 1: the side of a split that an update on ``route["names"]`` belongs to."""
+        """0 or 1: the side of a split that an update on ``route["names"]`` belongs to (a
+        full update is first mapped by the split's sketch, if it was decided on sketches)."""
+        vector = in_sketch_space(vector, route.get("sketch"))
         sims = [cosine(vector, d) for d in route["directions"]]
         if route["rule"] == "reference":  # HiCFL: the reference's side iff cos > 0
             return 0 if sims[0] > 0 else 1
@@ -359,6 +398,12 @@ class BiPartitioning(ClusteredStrategy):
                + ", ".join(parts) + " (merge = false keeps the splits)"
 
     def similarity_record(self, keys: list[str], S: np.ndarray) -> dict[str, Any]:
+        """The split's similarity matrix for figures: of at most ``MAX_SIMILARITY_CLIENTS``
+        clients, evenly spaced in key order (``clients``: how many the split compared)."""
+        if len(keys) > MAX_SIMILARITY_CLIENTS:
+            shown = np.unique(np.linspace(0, len(keys) - 1, MAX_SIMILARITY_CLIENTS).round().astype(int))
+            return {"keys": [keys[i] for i in shown], "matrix": np.round(S[np.ix_(shown, shown)], SIMILARITY_DECIMALS).tolist(),
+                    "clients": len(keys)}
         return {"keys": list(keys), "matrix": np.round(S, SIMILARITY_DECIMALS).tolist()}
 
     def true_gap(self, keys: list[str], S: np.ndarray) -> float | None:
@@ -422,6 +467,7 @@ class BiPartitioning(ClusteredStrategy):
             "criteria": self.thresholds(),
             "merges": self.merges,
             "one_cluster_reason": self.one_cluster_reason(),
+            "update_storage": self.storage_record(),
         }
 
 

@@ -76,6 +76,7 @@ from clusterfed.clustering.bipartition import (
 )
 from clusterfed.clustering.layercfl import CheckResult
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS, reference_score, structure_threshold
+from clusterfed.clustering.sketch import Sketch, count_sketch
 from clusterfed.strategies.bipartitioning import (
     BiPartitioning,
     BiPartitioningParams,
@@ -113,8 +114,10 @@ class CFLParams(BiPartitioningParams):
 
 @dataclass
 class CFLState(BiPartitioningState):
-    # per client: its latest decision-layer update as sent, or its decayed sum (similarity-decay)
+    # per client: its latest decision-layer update as sent, or its decayed sum (similarity-decay);
+    # update-storage = sketch: float32 and mapped by ``sketch`` (None: short enough to keep whole)
     last_vector: dict[str, np.ndarray] = field(default_factory=dict)
+    sketch: dict[str, Any] | None = None
     refused: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -149,16 +152,37 @@ class CFL(BiPartitioning):
     def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
         names = self.decision_names()
         decay = self.decay()
-        for reply in replies:
-            previous = self.last_vector.get(reply.key)
-            if previous is None or decay == 0:
-                self.last_vector[reply.key] = flatten(reply.update, names, dtype=None)  # as sent (float32)
-            else:
-                # a client's own updates summed with decay (float64): its persistent pull on the
-                # model grows with every round, the noise of its few samples only as the square root
-                self.last_vector[reply.key] = decay * previous + flatten(reply.update, names)
+        if self.compact_storage():
+            self.keep_compact(replies, names, decay)
+        else:
+            for reply in replies:
+                previous = self.last_vector.get(reply.key)
+                if previous is None or decay == 0:
+                    self.last_vector[reply.key] = flatten(reply.update, names, dtype=None)  # as sent (float32)
+                else:
+                    # a client's own updates summed with decay (float64): its persistent pull on the
+                    # model grows with every round, the noise of its few samples only as the square root
+                    self.last_vector[reply.key] = decay * previous + flatten(reply.update, names)
         self.round_extra["refused_splits"] = []
         super().after_train(server_round, replies)
+
+    def keep_compact(self, replies: list[TrainReply], names: list[str], decay: float) -> None:
+        """``update-storage = sketch``: each client's vector as a float32 count sketch of
+        ``sketch-dim`` numbers (whole, in float32, when not longer); the decayed sum is
+        summed in the sketch (the map is linear, so it is the sketch of the sum)."""
+        if not replies:
+            return
+        if self.sketch is None:
+            dim = int(sum(np.size(replies[0].update[n]) for n in names))
+            made = count_sketch(dim, self.params.sketch_dim, self.params.seed)
+            self.sketch = None if made is None else made.spec
+        mapped = Sketch.from_spec(self.sketch) if self.sketch is not None else None
+        for reply in replies:
+            vector = flatten(reply.update, names, dtype=np.float32)
+            vector = mapped(vector) if mapped is not None else vector
+            previous = self.last_vector.get(reply.key)
+            self.last_vector[reply.key] = (vector if previous is None or decay == 0
+                                           else (np.float32(decay) * previous + vector).astype(np.float32))
 
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
                        decision: SplitDecision) -> None:
@@ -204,7 +228,8 @@ class CFL(BiPartitioning):
         keys_a, keys_b = [keys[i] for i in side_a], [keys[i] for i in side_b]
         # the model the members trained from this round: a newcomer replays the split on it
         route = {"rule": "nearest-mean", "names": self.decision_names(), "model": replies[0].sent,
-                 "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)]}
+                 "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)],
+                 **({"sketch": self.sketch} if self.sketched and self.sketch is not None else {})}
         absent = [k for k in self.tree.members(cluster) if k not in set(keys)]
         extra_a, extra_b = self.place_absent(cluster, absent, route, self.last_vector, (len(keys_a), len(keys_b)))
         record["absent"] = [extra_a, extra_b]

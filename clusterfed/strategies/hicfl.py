@@ -106,6 +106,7 @@ from clusterfed.clustering.bipartition import (
     separation_gap,
 )
 from clusterfed.clustering.null_reference import reference_score
+from clusterfed.clustering.sketch import Sketch, in_sketch_space, split_budget
 from clusterfed.clustering.split_rules import (
     layer_scale,
     pick_best,
@@ -167,6 +168,9 @@ class HiCFLParams(BiPartitioningParams):
         SMALL_SIDE_DRAWS, alias="small-side-reference-draws", ge=0,
         description="a linkage split leaving a side of 2 to min-split-size - 1 members must also beat the best-cut "
                     "silhouette of this many group-free rotations of the members' updates (0 = off)")
+    sketch_dim: int = Field(2048, alias="sketch-dim", ge=16,
+                            description="update-storage = sketch: weights per client kept over the watched layers "
+                                        "(a seeded sample of each layer, shared equally; the same for every client)")
 
 
 @dataclass
@@ -181,6 +185,7 @@ class HiCFLState(BiPartitioningState):
     layer_sizes: dict[str, int] = field(default_factory=dict)
     no_split: list[dict[str, Any]] = field(default_factory=list)  # ready clusters that did not split, and why
     windows_filled: bool = False  # whether any cluster ever had every stability window full
+    samples: dict[str, dict[str, Any]] = field(default_factory=dict)  # update-storage = sketch: layer -> its sample
 
 
 class HiCFL(BiPartitioning):
@@ -227,6 +232,7 @@ class HiCFL(BiPartitioning):
                             for layer, keys in self.layer_keys.items()}
         self.no_split = []
         self.windows_filled = False
+        self.samples = {}
 
     @property
     def structure_test(self) -> bool:
@@ -234,10 +240,17 @@ class HiCFL(BiPartitioning):
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
         with self.timed():
+            if self.compact_storage() and not self.samples:
+                # update-storage = sketch: every rule reads the same seeded sample of each layer's weights
+                kept = split_budget(self.layer_sizes, self.params.sketch_dim)
+                self.samples = {layer: Sketch("sample", size, kept[layer], self.params.seed).spec
+                                for layer, size in self.layer_sizes.items() if kept[layer] < size}
+            sampled = {layer: Sketch.from_spec(spec) for layer, spec in self.samples.items()}
             for reply in replies:
                 update = reply.update
                 for layer, keys in self.layer_keys.items():
-                    self.tracker.add(reply.key, layer, flatten(update, keys, dtype=None))  # kept as sent
+                    vector = flatten(update, keys, dtype=None)  # kept as sent
+                    self.tracker.add(reply.key, layer, sampled[layer](vector) if layer in sampled else vector)
         self.record_stability()  # before a split restarts the windows, so figures show the trigger
         self.round_extra["no_split"] = []
         super().after_train(server_round, replies)
@@ -292,7 +305,8 @@ class HiCFL(BiPartitioning):
             max_k = self.params.split_silhouette_max_k
             score = float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(U, side_a, side_b)
             route = {"rule": "nearest-mean", "names": self.layer_keys[layer],
-                     "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)], "centre": None}
+                     "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)], "centre": None,
+                     **self.sample_of(layer)}
             return {"layer": layer, "keys": (keys_a, keys_b), "score": score, "S": S, "stability": stability,
                     "route": route, "record": {"rule": "linkage"}}
         weights = {k: self.clients[k].num_examples for k in members}
@@ -305,7 +319,8 @@ class HiCFL(BiPartitioning):
         reference = min(members, key=lambda k: stability[k])  # reference_split's argmin (first on ties)
         score = sides_silhouette(U, [position[k] for k in keys_a], [position[k] for k in keys_b])
         route = {"rule": "reference", "names": self.layer_keys[layer], "directions": [updates[reference]],
-                 "centre": raw[reference] - updates[reference] if self.centre_updates else None}
+                 "centre": raw[reference] - updates[reference] if self.centre_updates else None,
+                 **self.sample_of(layer)}
         record = {"rule": "reference", "reference": reference, "centred": self.centre_updates,
                   "centred_similarity_to_reference": {k: round(cosine(updates[reference], updates[k]), 4)
                                                       for k in members}}
@@ -415,11 +430,16 @@ class HiCFL(BiPartitioning):
         with self.timed():
             return reference_score(U, score, draws=draws, seed=self.params.seed, method="rotation")
 
+    def sample_of(self, layer: str) -> dict[str, Any]:
+        """A route's ``sketch`` entry: the layer's sample when the split was decided on one."""
+        return {"sketch": self.samples[layer]} if layer in self.samples else {}
+
     @staticmethod
     def side_of(vector: np.ndarray, route: dict[str, Any]) -> int:
-        """A newcomer's side: as in the split itself — its update minus the split round's
-        mean update (when the split was centred), then the sign of the cosine with the
-        reference's centred update."""
+        """A newcomer's side: as in the split itself — its update (on the split's sample of
+        the layer, if any) minus the split round's mean update (when the split was centred),
+        then the sign of the cosine with the reference's centred update."""
+        vector = in_sketch_space(vector, route.get("sketch"))
         centre = route.get("centre")
         if centre is not None:
             vector = vector - centre

@@ -161,7 +161,7 @@ class ClientSelection(ClusteredStrategy):
         if self.params.guard != "floor" or not keys:
             self.floor = 1
             return
-        X = np.stack([self.latest[k] for k in keys])
+        X = np.stack([self.latest[k] for k in keys], dtype=np.float64)
         labels = (np.arange(len(keys)) if len(keys) < 3 else
                   cluster_auto(X, metric="l2", linkage=self.params.linkage).labels)
         self.groups = {k: int(label) for k, label in zip(keys, labels)}
@@ -172,7 +172,7 @@ class ClientSelection(ClusteredStrategy):
         """A client's warm-up group; one that joined later goes to the group whose mean
         warm-up change is nearest its latest change."""
         if key not in self.groups:
-            self.groups[key] = nearest_cluster(self.latest[key], self.group_refs)[0]
+            self.groups[key] = nearest_cluster(np.asarray(self.latest[key], dtype=np.float64), self.group_refs)[0]
         return self.groups[key]
 
     def representatives(self) -> tuple[list[str], int]:
@@ -186,7 +186,7 @@ class ClientSelection(ClusteredStrategy):
         chosen, p = [], 0
         self.stands_for = {}
         if known:
-            X = np.stack([self.latest[k] for k in known])
+            X = np.stack([self.latest[k] for k in known], dtype=np.float64)
             controller = self.count_controller()
             p = min(controller.set_floor(self.floor), len(known))
             self.round_extra.update({"p_rule": controller.p, "p_floor": controller.floor})
@@ -222,7 +222,9 @@ class ClientSelection(ClusteredStrategy):
         for reply in replies:
             self.examples[reply.key] = int(reply.num_examples)
             update = reply.update
-            self.latest[reply.key] = np.concatenate([update[n].ravel() for n in self.layer_keys]).astype(np.float64)
+            # in the update's own dtype (float32 as clients send it: half the memory of a float64
+            # copy, and the float64 stacks it is read into hold the same numbers)
+            self.latest[reply.key] = np.concatenate([update[n].ravel() for n in self.layer_keys])
 
     def cluster_state(self) -> dict:
         history = self.controller.history if self.controller else []
