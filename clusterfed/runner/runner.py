@@ -263,6 +263,8 @@ class RoundDriver:
             self.round_trainers = set()
             self.discover(server_round)
             if server_round == first_round:
+                if self.options.resume_from:
+                    self.absent_until_seen(server_round)
                 self.check_capabilities()
             self.strategy.active = self.active_keys()
             self.drive(server_round, self.strategy.round(server_round))
@@ -451,6 +453,17 @@ class RoundDriver:
         self.traffic.failed.append({"client": key, "node": node, "kind": kind, "reason": first_line(reason)})
         if key is not None:
             self.failed_keys.add(key)
+
+    def absent_until_seen(self, server_round: int) -> None:
+        """A resumed run knows its clients from the checkpoint, but not their nodes (node ids
+        are not state): those whose device has not answered the first probe are absent, never
+        messaged without a node, until a probe of theirs brings them back."""
+        unseen = sorted((k for k in self.clients if k not in self.node_of_key and k not in self.absent), key=natural)
+        if unseen:
+            self.absent.update(unseen)
+            log(logging.WARNING, "round %s: resumed run: %d client(s) not connected yet, absent until they answer "
+                "a profile probe: %s", server_round, len(unseen), ", ".join(unseen[:10]) + (" …" if len(unseen) > 10
+                                                                                           else ""))
 
     def profile_failed(self, server_round: int, node: int, key: str | None) -> None:
         """A node whose profile failed is never admitted; ``absent-after`` failures in a row

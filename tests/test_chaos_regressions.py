@@ -1,0 +1,32 @@
+"""Bugs the chaos soak (benchmarks/bench_chaos_soak.py) found, each pinned by an in-process
+run that reproduces it (``test_membership.ChurnGrid`` stands in for a SuperLink)."""
+
+import json
+
+from clusterfed.runner.checkpoint import load_checkpoint
+from clusterfed.server_app import run_server
+from test_membership import ChurnGrid, churn, config, rows  # noqa: F401 - churn is a fixture
+
+
+def test_a_resumed_deployment_whose_device_has_not_reconnected_marks_it_absent(tmp_path, churn):  # noqa: F811
+    """The SuperLink was killed after round 2 and restarted; the resumed ServerApp starts
+    with one of the four devices not connected yet. Its key is known from the checkpoint but
+    has no node: it was asked to train (KeyError, the run failed before round 3 ended). Now
+    it is absent until its device answers a probe, and then it takes part again."""
+    churn["events"] = {}
+    run_server(ChurnGrid(4), config(tmp_path, rounds=2), stream=None, deployment=True)
+    assert load_checkpoint(tmp_path)["round"] == 2
+
+    grid = ChurnGrid(4)
+    late = grid.node_ids[3]
+    grid.gone.add(late)  # not listed when the resumed run starts
+    churn["events"] = {4: lambda g: g.gone.discard(late)}  # it reconnects before round 4
+    resumed = config(tmp_path, **{"rounds": 5, "resume-from": str(tmp_path)})
+    run_server(grid, resumed, stream=None, deployment=True)
+
+    records = rows(tmp_path)
+    assert [r["round"] for r in records] == [1, 2, 3, 4, 5]
+    assert [r["clients_absent"] for r in records] == [0, 0, 1, 0, 0]
+    assert "3" not in records[2]["client_accuracy"] and "3" in records[4]["client_accuracy"]
+    clusters = json.loads((tmp_path / "clusters.json").read_text())
+    assert set(clusters["assignment"]) == {"0", "1", "2", "3"}
