@@ -3,6 +3,8 @@ run that reproduces it (``test_membership.ChurnGrid`` stands in for a SuperLink)
 
 import json
 
+import pytest
+
 from clusterfed.runner.checkpoint import load_checkpoint
 from clusterfed.server_app import run_server
 from test_membership import ChurnGrid, churn, config, rows  # noqa: F401 - churn is a fixture
@@ -30,3 +32,25 @@ def test_a_resumed_deployment_whose_device_has_not_reconnected_marks_it_absent(t
     assert "3" not in records[2]["client_accuracy"] and "3" in records[4]["client_accuracy"]
     clusters = json.loads((tmp_path / "clusters.json").read_text())
     assert set(clusters["assignment"]) == {"0", "1", "2", "3"}
+
+
+def test_a_resumed_run_stopped_before_its_first_round_leaves_rounds_jsonl_as_it_was(tmp_path, churn,  # noqa: F811
+                                                                                     monkeypatch):
+    """The SuperLink was killed again while the resumed ServerApp waited for its nodes: the
+    new recorder had already emptied rounds.jsonl (opened for writing before the checkpoint
+    was read), so the rounds done were missing from it until another resume got further."""
+    from clusterfed.runner.runner import RoundDriver
+
+    churn["events"] = {}
+    run_server(ChurnGrid(4), config(tmp_path, rounds=2), stream=None, deployment=True)
+    before = (tmp_path / "rounds.jsonl").read_text()
+    assert [r["round"] for r in rows(tmp_path)] == [1, 2]
+
+    def killed(driver):  # SIGKILL's stand-in: the ServerApp stops while it waits for nodes
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RoundDriver, "wait_for_nodes", killed)
+    with pytest.raises(KeyboardInterrupt):
+        run_server(ChurnGrid(4), config(tmp_path, **{"rounds": 4, "resume-from": "auto"}), stream=None,
+                   deployment=True)
+    assert (tmp_path / "rounds.jsonl").read_text() == before
