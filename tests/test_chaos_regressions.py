@@ -54,3 +54,22 @@ def test_a_resumed_run_stopped_before_its_first_round_leaves_rounds_jsonl_as_it_
         run_server(ChurnGrid(4), config(tmp_path, **{"rounds": 4, "resume-from": "auto"}), stream=None,
                    deployment=True)
     assert (tmp_path / "rounds.jsonl").read_text() == before
+
+
+def test_after_a_resume_a_node_that_fails_before_saying_its_key_is_named_and_listed_once(tmp_path, churn):  # noqa: F811
+    """The SuperLink came back on its database (nodes keep their ids); one device's node is
+    listed but unreachable. Its profile probe failed as "node 1003" with no client (node
+    ids are not kept, so the resumed run could not say whose node it was), and the device
+    was listed twice among the absent (its key, and the node its failing profile named)."""
+    churn["events"] = {}
+    run_server(ChurnGrid(4), config(tmp_path, rounds=2), stream=None, deployment=True)
+
+    grid = ChurnGrid(4)
+    grid.stopped.add(grid.node_ids[3])  # listed, every message to it fails (NODE_UNAVAILABLE)
+    run_server(grid, config(tmp_path, **{"rounds": 5, "resume-from": str(tmp_path)}), stream=None, deployment=True)
+
+    records = rows(tmp_path)
+    failed = [f for r in records[2:] for f in r.get("failed", [])]
+    assert failed and all(f["client"] == "3" and f["node"] == grid.node_ids[3] for f in failed)
+    assert [r["clients_absent"] for r in records] == [0, 0, 1, 1, 1]
+    assert [[a["client"] for a in r["absent"]] for r in records[2:]] == [["3"]] * 3

@@ -223,6 +223,9 @@ class RoundDriver:
         self.round_trainers: set[str] = set()  # clients asked to train this round (a client may be asked twice)
         # per client: failures in a row and the last reason (status.json's "failing")
         self.failing: dict[str, tuple[int, str]] = {}
+        # a resumed run: the client each node served before the stop (from the checkpoint),
+        # to name a node that fails before it says its key again
+        self.last_key_of_node: dict[int, str] = {}
 
     # ------------------------------------------------------------ the loop
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
@@ -354,13 +357,20 @@ class RoundDriver:
     def absent_devices(self) -> list[dict[str, Any]]:
         """Clients marked absent and nodes whose profile kept failing, one shape:
         ``{"client": key or None, "node": node id or None}``."""
-        devices = [{"client": key, "node": self.node_of_key.get(key)} for key in sorted(self.absent, key=natural)]
-        return devices + [{"client": key, "node": node} for node, key in sorted(self.benched.items())]
+        devices = [{"client": key, "node": self.node_of(key)} for key in sorted(self.absent, key=natural)]
+        return devices + [{"client": key, "node": node} for node, key in sorted(self.benched.items())
+                          if key not in self.absent]
+
+    def node_of(self, key: str) -> int | None:
+        """The node a client is on, or the node whose failing profile named it."""
+        if key in self.node_of_key:
+            return self.node_of_key[key]
+        return next((node for node, named in self.benched.items() if named == key), None)
 
     def device_report(self) -> dict[str, Any]:
         """For status.json: the devices absent at the end and those whose last replies failed
         (``{"client", "node", "failures": in a row, "reason": the last}``)."""
-        failing = [{"client": key, "node": self.node_of_key.get(key), "failures": count, "reason": reason}
+        failing = [{"client": key, "node": self.node_of(key), "failures": count, "reason": reason}
                    for key, (count, reason) in sorted(self.failing.items(), key=lambda item: natural(item[0]))]
         return {"absent": self.absent_devices(), "failing": failing}
 
@@ -417,7 +427,7 @@ class RoundDriver:
         return self.recorder.record_round(
             server_round, evals=evals, assignment=assignment, true_groups=groups, traffic=self.traffic,
             round_seconds=seconds, clustering_seconds=self.strategy.clustering_seconds, extra=extra,
-            clients_known=len(active), clients_absent=len(self.absent) + len(self.benched),
+            clients_known=len(active), clients_absent=len(self.absent_devices()),
             clients_to_evaluate=self.evaluate_sent,
         )
 
@@ -448,9 +458,10 @@ class RoundDriver:
 
     def fail(self, kind: str, reason: str, key: str | None, node: int | None) -> None:
         """One failure (an error reply, no reply, an undeliverable message), named."""
+        named = self.last_key_of_node.get(node) if key is None else key  # a name, not a miss of that client
         self.traffic.failures += 1
         self.traffic.fault(kind)
-        self.traffic.failed.append({"client": key, "node": node, "kind": kind, "reason": first_line(reason)})
+        self.traffic.failed.append({"client": named, "node": node, "kind": kind, "reason": first_line(reason)})
         if key is not None:
             self.failed_keys.add(key)
 
@@ -469,6 +480,7 @@ class RoundDriver:
         """A node whose profile failed is never admitted; ``absent-after`` failures in a row
         mark it absent: it is then only asked for its profile again, and a failure of that is
         not a new fault."""
+        key = self.last_key_of_node.get(node) if key is None else key
         self.node_misses[node] = self.node_misses.get(node, 0) + 1
         if self.node_misses[node] >= self.options.absent_after and node not in self.benched:
             self.benched[node] = key
@@ -773,6 +785,7 @@ class RoundDriver:
             "held_back": sorted(self.held_back),
             "absent": sorted(self.absent),
             "misses": dict(self.misses),
+            "nodes": dict(self.node_of_key),
             "recorder": self.recorder.state() if self.recorder is not None else None,
         }
 
@@ -788,6 +801,7 @@ class RoundDriver:
         self.held_back = set(state["held_back"])
         self.absent = set(state.get("absent", ()))
         self.misses = dict(state.get("misses", {}))
+        self.last_key_of_node = {node: key for key, node in state.get("nodes", {}).items()}
         if self.recorder is not None and state.get("recorder") is not None:
             self.recorder.restore(state["recorder"])
         log(logging.INFO, "resumed from %s after round %s", directory, state["round"])
