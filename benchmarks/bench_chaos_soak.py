@@ -220,6 +220,7 @@ def chaos_run(tmp: Path, parts: Path, config: dict, plan: dict, nodes: int, dead
             time.sleep(1.0)
         else:
             event("deadline reached: run stopped")
+            federation.kill_superlink(superlink)  # with its ServerApp, which close() would not stop
         if run.poll() is None:
             run.wait(timeout=max(10.0, deadline - time.monotonic()))
     finally:
@@ -348,8 +349,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kill-every", type=int, default=4, help="SIGKILL SuperNodes after every k-th round")
     parser.add_argument("--kill-fraction", type=float, default=0.2)
-    parser.add_argument("--timeout", type=float, default=30.0, help="run config timeout: seconds per phase")
-    parser.add_argument("--max-minutes", type=float, default=22.0, help="per chaos run: stop it after this long")
+    parser.add_argument("--timeout", type=float, default=120.0, help="run config timeout: seconds per phase")
+    parser.add_argument("--max-minutes", type=float, default=17.0, help="per chaos run: stop it after this long")
     parser.add_argument("--tmp", default=None)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "chaos-soak"))
     args = parser.parse_args()
