@@ -331,6 +331,8 @@ def figures(results: dict, folder: Path) -> list[str]:
         acc.set_ylabel("mean client accuracy")
         acc.legend(fontsize=8)
         present.set_ylabel("devices in the round (chaos run)")
+        present.set_ylim(0, max(r["clients_known"] for r in chaos) + 1)
+        present.yaxis.get_major_locator().set_params(integer=True)
         present.set_xlabel("round")
         present.legend(fontsize=8)
     fig.tight_layout()
