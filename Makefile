@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test bench bench-quick bench-models clean test-containers test-arm64 test-compat constraints check-report
+.PHONY: run test bench bench-quick bench-models bench-chaos clean test-containers test-arm64 test-compat constraints check-report
 
 # pyproject.toml holds ranges; constraints.txt the exact versions make test and CI install.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -62,6 +62,17 @@ bench-quick: $(VENV)/.installed
 # ClientApps: benchmarks/results/model-matrix/ (table, heatmaps, manifest; ~10 min on one core).
 bench-models: $(VENV)/.installed
 	$(PY) benchmarks/model_matrix.py
+
+# A chaos soak on 127.0.0.1 (TLS, SuperNode authentication): CHAOS_NODES SuperNodes, FedClust
+# and CFL for CHAOS_ROUNDS rounds under SuperNode kills, two SuperLink kills (resume-from =
+# "auto") and a device whose data turns bad, against a clean run of the same seed:
+# benchmarks/results/chaos-soak/ (summary.json, figure, manifest; ~40 min on two busy cores).
+CHAOS_NODES ?= 12
+CHAOS_ROUNDS ?= 6
+CHAOS_KILL_EVERY ?= 1
+bench-chaos: $(VENV)/.installed
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests PATH=$(abspath $(VENV))/bin:$$PATH nice -n 10 $(PY) benchmarks/bench_chaos_soak.py \
+		--nodes $(CHAOS_NODES) --rounds $(CHAOS_ROUNDS) --kill-every $(CHAOS_KILL_EVERY) --out benchmarks/results/chaos-soak
 
 # Real checks outside `make test` (root on Debian 12 x86_64; each installs what it needs with
 # apt and pip and caches under /var/cache/clusterfed). test-containers: docker/'s images built with

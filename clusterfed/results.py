@@ -119,7 +119,10 @@ class RunRecorder:
         self.cum_down = 0
         self.cum_up = 0
         (self.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        self._rounds_file = (self.out / "rounds.jsonl").open("w")
+        self._rounds_path = self.out / "rounds.jsonl"
+        # a run that resumes keeps the rows on disk until restore() rewrites them: stopped
+        # before that (killed while it waits for its nodes), it leaves them as they were
+        self._rounds_file = None if config.get("resume-from") else self._rounds_path.open("w")
         self.on_round = None  # called with each round's row once it is written (the ServerApp's heartbeat)
         # clusterfed.report.RunWatcher plug-ins (HTML report, TensorBoard, MLflow): told of the
         # start, each row as it is written and the end
@@ -193,6 +196,8 @@ class RunRecorder:
             record["rejections"] = traffic.rejected
         record.update(extra or {})
         self.rounds.append(record)
+        if self._rounds_file is None:
+            self._rounds_file = self._rounds_path.open("w")
         self._rounds_file.write(json.dumps(record) + "\n")
         self._rounds_file.flush()
         self._progress(record)
@@ -210,11 +215,13 @@ class RunRecorder:
         """Continue a resumed run: its earlier rows are written again, then new ones follow."""
         self.rounds = list(state["rounds"])
         self.cum_down, self.cum_up = state["cum_down"], state["cum_up"]
-        self._rounds_file.seek(0)
-        self._rounds_file.truncate()
-        for record in self.rounds:
-            self._rounds_file.write(json.dumps(record) + "\n")
-        self._rounds_file.flush()
+        # written beside and renamed: a kill at any moment leaves the old rows or the new ones
+        tmp = self._rounds_path.with_name("rounds.jsonl.tmp")
+        tmp.write_text("".join(json.dumps(record) + "\n" for record in self.rounds))
+        if self._rounds_file is not None:
+            self._rounds_file.close()
+        tmp.replace(self._rounds_path)
+        self._rounds_file = self._rounds_path.open("a")
 
     def _progress(self, r: dict[str, Any]) -> None:
         if self.stream is None:
@@ -234,7 +241,8 @@ class RunRecorder:
         )
 
     def finish(self, wall_seconds: float, clusters: dict[str, Any] | None = None) -> dict[str, Any]:
-        self._rounds_file.close()
+        if self._rounds_file is not None:
+            self._rounds_file.close()
         summary = summarize(self.rounds, self.target, float(self.config.get("target-coverage", 1.0)), self.metric)
         summary["wall_seconds"] = round(wall_seconds, 2)
         summary["strategy"] = self.config.get("strategy")

@@ -168,6 +168,8 @@ class RoundDriver:
         self.newcomers.release(server_round)
         self.members.discover(server_round)
         if server_round == first_round:
+            if self.options.resume_from or self.options.resume_state is not None:
+                self.members.absent_until_seen(server_round)
             self.members.check_capabilities()
         self.strategy.active = self.members.active_keys()
         self.drive(server_round, self.strategy.round(server_round))
@@ -211,7 +213,7 @@ class RoundDriver:
         return record_round(self.recorder, server_round, evals=evals, active=members.active_keys(),
                             clients=members.clients, assignment=self.strategy.assignment, traffic=self.link.traffic,
                             seconds=seconds, clustering_seconds=self.strategy.clustering_seconds,
-                            extra=self.round_extra(), absent=len(members.absent) + len(members.benched),
+                            extra=self.round_extra(), absent=len(members.absent_devices()),
                             evaluated=self.evaluate_sent)
 
     def log_round(self, server_round: int, num_rounds: int, result: ClusteredResult) -> None:
@@ -350,6 +352,7 @@ class RoundDriver:
             "held_back": sorted(self.newcomers.held_back),
             "absent": sorted(members.absent),
             "misses": dict(members.misses),
+            "nodes": dict(members.node_of_key),
             "recorder": self.recorder.state() if self.recorder is not None else None,
         }
 
@@ -369,6 +372,8 @@ class RoundDriver:
         self.newcomers.held_back = set(state["held_back"])
         members.absent = set(state.get("absent", ()))
         members.misses = dict(state.get("misses", {}))
+        members.last_key_of_node.clear()  # shared with the link: filled in place
+        members.last_key_of_node.update({node: key for key, node in state.get("nodes", {}).items()})
         if self.recorder is not None and state.get("recorder") is not None:
             self.recorder.restore(state["recorder"])
         log(logging.INFO, "resumed from %s after round %s", directory, state["round"])

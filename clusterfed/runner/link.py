@@ -24,8 +24,9 @@ class Link:
     ``messaged`` / ``answered`` / ``failed_keys`` (client keys), ``lags`` (seconds from a
     reply's creation to its pick-up)."""
 
-    def __init__(self, node_of_key: dict[str, int]):
-        self.node_of_key = node_of_key  # Membership's map, shared
+    def __init__(self, node_of_key: dict[str, int], last_key_of_node: dict[int, str]):
+        self.node_of_key = node_of_key  # Membership's maps, shared
+        self.last_key_of_node = last_key_of_node
         self.grid: Grid | None = None
         self.timeout = 3600.0
         self.new_round()
@@ -42,10 +43,12 @@ class Link:
         return push_and_collect(self.grid, messages, self.timeout, self.lags)
 
     def fail(self, kind: str, reason: str, key: str | None, node: int | None) -> None:
-        """One failure (an error reply, no reply, an undeliverable message), named."""
+        """One failure (an error reply, no reply, an undeliverable message), named (a node
+        that fails before it says its key, by the client it served before a resume)."""
+        named = self.last_key_of_node.get(node) if key is None else key  # a name, not a miss of that client
         self.traffic.failures += 1
         self.traffic.fault(kind)
-        self.traffic.failed.append({"client": key, "node": node, "kind": kind, "reason": first_line(reason)})
+        self.traffic.failed.append({"client": named, "node": node, "kind": kind, "reason": first_line(reason)})
         if key is not None:
             self.failed_keys.add(key)
 

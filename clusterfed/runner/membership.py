@@ -51,7 +51,10 @@ class Membership:
         self.stock: set[str] = set()  # keys of stock Flower ClientApps (no profile)
         self.node_of_key: dict[str, int] = {}
         self.key_of_node: dict[int, str] = {}
-        self.link = Link(self.node_of_key)
+        # a resumed run: the client each node served before the stop (from the checkpoint),
+        # to name a node that fails before it says its key again
+        self.last_key_of_node: dict[int, str] = {}
+        self.link = Link(self.node_of_key, self.last_key_of_node)
         self.misses: dict[str, int] = {}
         self.absent: set[str] = set()
         # nodes whose profile failed (never admitted): misses in a row, and those marked absent
@@ -75,13 +78,20 @@ class Membership:
     def absent_devices(self) -> list[dict[str, Any]]:
         """Clients marked absent and nodes whose profile kept failing, one shape:
         ``{"client": key or None, "node": node id or None}``."""
-        devices = [{"client": key, "node": self.node_of_key.get(key)} for key in sorted(self.absent, key=natural)]
-        return devices + [{"client": key, "node": node} for node, key in sorted(self.benched.items())]
+        devices = [{"client": key, "node": self.node_of(key)} for key in sorted(self.absent, key=natural)]
+        return devices + [{"client": key, "node": node} for node, key in sorted(self.benched.items())
+                          if key not in self.absent]
+
+    def node_of(self, key: str) -> int | None:
+        """The node a client is on, or the node whose failing profile named it."""
+        if key in self.node_of_key:
+            return self.node_of_key[key]
+        return next((node for node, named in self.benched.items() if named == key), None)
 
     def device_report(self) -> dict[str, Any]:
         """For status.json: the devices absent at the end and those whose last replies failed
         (``{"client", "node", "failures": in a row, "reason": the last}``)."""
-        failing = [{"client": key, "node": self.node_of_key.get(key), "failures": count, "reason": reason}
+        failing = [{"client": key, "node": self.node_of(key), "failures": count, "reason": reason}
                    for key, (count, reason) in sorted(self.failing.items(), key=lambda item: natural(item[0]))]
         return {"absent": self.absent_devices(), "failing": failing}
 
@@ -111,6 +121,17 @@ class Membership:
                 log(logging.WARNING, "round %s: client %s (node %s) failed or was unreachable in %d rounds in a "
                     "row: marked absent, not messaged until it answers a profile probe again",
                     server_round, key, self.node_of_key.get(key), self.misses[key])
+
+    def absent_until_seen(self, server_round: int) -> None:
+        """A resumed run knows its clients from the checkpoint, but not their nodes until they
+        answer: those whose device has not answered the first probe are absent, never
+        messaged without a node, until a probe of theirs brings them back."""
+        unseen = sorted((k for k in self.clients if k not in self.node_of_key and k not in self.absent), key=natural)
+        if unseen:
+            self.absent.update(unseen)
+            log(logging.WARNING, "round %s: resumed run: %d client(s) not connected yet, absent until they answer "
+                "a profile probe: %s", server_round, len(unseen), ", ".join(unseen[:10]) + (" …" if len(unseen) > 10
+                                                                                           else ""))
 
     def check_capabilities(self) -> None:
         """Before round 1: a strategy that needs more than a stock ClientApp gives stops with
@@ -222,6 +243,7 @@ class Membership:
         """A node whose profile failed is never admitted; ``absent-after`` failures in a row
         mark it absent: it is then only asked for its profile again, and a failure of that is
         not a new fault."""
+        key = self.last_key_of_node.get(node) if key is None else key
         self.node_misses[node] = self.node_misses.get(node, 0) + 1
         if self.node_misses[node] >= self.absent_after and node not in self.benched:
             self.benched[node] = key
