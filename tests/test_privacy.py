@@ -233,7 +233,8 @@ def test_ifca_seeded_from_clients_models_is_refused_under_dp():
 
 def test_the_release_ledger_and_noise_generator_resume_from_a_checkpoint(accounting):
     """A resumed run draws the same noise and charges the same releases as one never stopped."""
-    from clusterfed.runner.state_codec import decode, dumps_json, encode, loads_json
+    from clusterfed.runner.canonical_json import dumps_json, loads_json
+    from clusterfed.runner.state_codec import decode, encode
 
     def step(strategy):
         strategy.aggregate_clusters([reply(strategy, k, np.zeros(SIZE)) for k in "ab"])

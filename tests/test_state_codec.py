@@ -23,9 +23,11 @@ from clusterfed.clustering.cluster_count import ClusterCountController, CountSte
 from clusterfed.clustering.layercfl import CheckResult
 from clusterfed.clustering.stability import StabilityTracker
 from clusterfed.strategies import clustered_classes
-from clusterfed.runner import checkpoint, state_codec
+from clusterfed.runner import checkpoint, state_decoder
 from clusterfed.runner.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from clusterfed.runner.state_codec import DecodeError, decode, dumps_json, encode
+from clusterfed.runner.canonical_json import dumps_json
+from clusterfed.runner.state_codec import decode, encode
+from clusterfed.runner.state_rules import DecodeError
 from clusterfed.strategies.exchange import ClientInfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -219,7 +221,7 @@ class OwnBitGenerator(np.random.PCG64):
 def test_a_file_naming_a_foreign_class_is_refused_unexecuted(name, tmp_path, monkeypatch):
     imported = []
     real_import = importlib.import_module
-    monkeypatch.setattr(state_codec, "importlib", types.SimpleNamespace(
+    monkeypatch.setattr(state_decoder, "importlib", types.SimpleNamespace(
         import_module=lambda module, *a: imported.append(module) or real_import(module, *a)))
     monkeypatch.setattr("os.system", lambda *a: pytest.fail("os.system was called"))
     save_checkpoint(tmp_path, {"round": 1, "clients": {"c0": ClientInfo("c0", 1, 0)}})
@@ -334,7 +336,8 @@ def test_same_state_same_bytes_and_one_array_file(tmp_path):
 
 
 def test_the_checkpoint_modules_do_not_use_pickle():
-    for module in ("checkpoint.py", "state_codec.py"):
+    for module in ("checkpoint.py", "state_codec.py", "state_encoder.py", "state_decoder.py", "state_rules.py",
+                   "canonical_json.py"):
         tree = ast.parse((ROOT / "clusterfed" / "runner" / module).read_text())
         imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
                     for alias in node.names}

@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 
 from clusterfed.runner import state_codec
+from clusterfed.runner.canonical_json import dumps_json, loads_json
+from clusterfed.runner.state_rules import DecodeError
 
 FORMAT = "clusterfed-checkpoint"
 VERSION = 2
@@ -107,7 +109,7 @@ def _sha256_file(path: Path) -> str:
 
 
 def _document_digest(document: dict[str, Any]) -> str:
-    return hashlib.sha256(state_codec.dumps_json({k: v for k, v in document.items() if k != "sha256"})).hexdigest()
+    return hashlib.sha256(dumps_json({k: v for k, v in document.items() if k != "sha256"})).hexdigest()
 
 
 def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
@@ -128,7 +130,7 @@ def save_checkpoint(directory: str | Path, state: dict[str, Any]) -> Path:
     document = {"format": FORMAT, "format_version": VERSION,
                 "npz": {"file": npz_name, "sha256": digest, "arrays": len(arrays)}, "state": tree}
     document["sha256"] = _document_digest(document)
-    text = state_codec.dumps_json(document) + b"\n"
+    text = dumps_json(document) + b"\n"
     tmp = _write_temporary(folder, lambda handle: handle.write(text))
     try:
         _fsync_folder(folder)  # the npz's name is durable before the JSON that names it
@@ -166,7 +168,7 @@ def _read_document(path: Path) -> dict[str, Any]:
     except OSError as error:
         raise CheckpointError(f"cannot read checkpoint {path}: {error.strerror or error}") from None
     try:
-        document = state_codec.loads_json(data)
+        document = loads_json(data)
     except (ValueError, RecursionError):
         if data.startswith(HEAD):
             raise CheckpointError(f"{path} is truncated or corrupt (it is not valid JSON)") from None
@@ -218,7 +220,7 @@ def load_checkpoint(directory: str | Path) -> dict[str, Any]:
     arrays = _read_arrays(path, document.get("npz"))
     try:
         state = state_codec.decode(document.get("state"), arrays)
-    except state_codec.DecodeError as error:
+    except DecodeError as error:
         raise CheckpointError(f"{path} is refused: {error}") from None
     except (RecursionError, TypeError, ValueError, KeyError, AttributeError) as error:  # a malformed tree
         raise CheckpointError(f"{path} could not be read: {type(error).__name__}: {error}") from None
