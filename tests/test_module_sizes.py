@@ -17,7 +17,6 @@ MAX_FUNCTION_LINES = 80
 # module -> its line count when listed; functions -> theirs
 OVERSIZED = {
     "clustering/bipartition.py": 503,
-    "datasets/partition.py": 507,
     "strategies/bipartitioning.py": 473,
     "strategies/hicfl.py": 486,
 }

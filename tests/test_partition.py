@@ -15,7 +15,8 @@ from clusterfed.datasets import (
     plot_partition,
     rotate_images,
 )
-from clusterfed.datasets.partition import _rotate_interpolated, parse_label_groups
+from clusterfed.datasets.label_skew import parse_label_groups
+from clusterfed.datasets.partition import _rotate_interpolated
 
 C = 10
 N = 2000

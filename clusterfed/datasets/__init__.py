@@ -1,14 +1,7 @@
 """Data sources, non-IID partitioners and partition reports."""
 
-from .partition import (
-    PARTITIONERS,
-    ClientPartition,
-    Partition,
-    PartitionError,
-    client_arrays,
-    make_partition,
-    rotate_images,
-)
+from .partition import PARTITIONERS, client_arrays, make_partition, rotate_images
+from .partition_base import ClientPartition, Partition, PartitionError
 from .report import partition_table, plot_partition
 from .sources import DATASETS, DataSource, DatasetNotFoundError, load_source
 

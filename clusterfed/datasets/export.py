@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from .device_data import file_sha256
-from .partition import Partition, client_arrays, make_partition
+from .partition import client_arrays, make_partition
+from .partition_base import Partition
 from .sources import DataSource, load_source
 
 # the run-config keys that decide the data a client gets (model, batch size, device do not)

@@ -24,9 +24,10 @@ from collections.abc import Sequence
 import numpy as np
 from flwr_datasets.partitioner import Partitioner
 
-from clusterfed.datasets.partition import PARTITIONERS
-
-from .partition import ClientPartition, Partition, PartitionError, make_partition, parse_label_groups, parse_rotations
+from .iid_shifts import parse_rotations
+from .label_skew import parse_label_groups
+from .partition import PARTITIONERS, make_partition
+from .partition_base import ClientPartition, Partition, PartitionError
 
 __all__ = [
     "DominantLabelPartitioner",

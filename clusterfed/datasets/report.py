@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .partition import ClientPartition, Partition
+from .partition_base import ClientPartition, Partition
 
 # Dark colours for groups, so they stand out against the label fills.
 _GROUP_COLOURS = (

@@ -21,7 +21,8 @@ from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig
 from clusterfed.datasets import DatasetNotFoundError, PartitionError
 from clusterfed.datasets.export import build_partition
-from clusterfed.datasets.partition import parse_label_groups, parse_rotations
+from clusterfed.datasets.iid_shifts import parse_rotations
+from clusterfed.datasets.label_skew import parse_label_groups
 from clusterfed.datasets.shapes import DATASET_SHAPES
 from clusterfed.models import build_model
 from clusterfed.report.watchers import missing_extras, parse_log_to
