@@ -37,7 +37,8 @@ from sklearn.metrics import adjusted_rand_score, silhouette_score
 ROOT = Path(__file__).resolve().parent
 
 from clusterfed.experiments import settings as registry  # noqa: E402
-from clusterfed.clustering.bipartition import best_cut_silhouette, bipartition, cosine_similarity_matrix  # noqa: E402
+from clusterfed.clustering.bipartition import bipartition  # noqa: E402
+from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix  # noqa: E402
 from clusterfed.config import parse_config  # noqa: E402
 from clusterfed.models import select_layers  # noqa: E402
 from clusterfed.simulation import simulate  # noqa: E402

@@ -42,9 +42,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent
 
 from clusterfed.experiments import settings as registry  # noqa: E402
-from clusterfed.clustering.bipartition import (  # noqa: E402
+from clusterfed.clustering.bipartition import bipartition  # noqa: E402
+from clusterfed.clustering.split_scores import (  # noqa: E402
     best_cut_silhouette,
-    bipartition,
     cosine_similarity_matrix,
     separation_gap,
     split_silhouette,

@@ -5,14 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from clusterfed.clustering.bipartition import (
-    ClusterTree,
+from clusterfed.clustering.bipartition import ClusterTree, bipartition, split_criteria, split_members
+from clusterfed.clustering.split_scores import (
     best_cut_silhouette,
-    bipartition,
     cosine_similarity_matrix,
     separation_gap,
-    split_criteria,
-    split_members,
     split_silhouette,
 )
 

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from clusterfed.clustering.bipartition import bipartition, cosine_similarity_matrix
+from clusterfed.clustering.bipartition import bipartition
+from clusterfed.clustering.split_scores import cosine_similarity_matrix
 from clusterfed.clustering.layercfl import (
     correct_clustering_check,
     estimate_gammas,

@@ -16,7 +16,6 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 # module -> its line count when listed; functions -> theirs
 OVERSIZED = {
-    "clustering/bipartition.py": 503,
     "strategies/bipartitioning.py": 473,
     "strategies/hicfl.py": 486,
 }

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clusterfed.clustering.bipartition import _as_positions, _as_similarity, cosine_similarity_matrix
+from clusterfed.clustering.split_scores import as_positions, as_similarity, cosine_similarity_matrix
 
 GAMMA_ESTIMATORS = ("nearest_peer", "side_mean")
 
@@ -85,13 +85,13 @@ def estimate_gammas(
     if U.ndim != 2:
         raise ValueError(f"expected an (m, d) matrix of updates, got shape {U.shape}")
     m = U.shape[0]
-    a = _as_positions(side_a, m, "side_a")
-    b = _as_positions(side_b, m, "side_b")
+    a = as_positions(side_a, m, "side_a")
+    b = as_positions(side_b, m, "side_b")
     if a.size == 0 or b.size == 0:
         raise ValueError("the check needs two non-empty sides")
     if np.intersect1d(a, b).size:
         raise ValueError("the two sides share a position")
-    S = cosine_similarity_matrix(U) if similarity is None else _as_similarity(similarity)
+    S = cosine_similarity_matrix(U) if similarity is None else as_similarity(similarity)
 
     gammas = np.full(m, np.nan)
     singletons: list[int] = []
@@ -133,7 +133,7 @@ def correct_clustering_check(
     (the cluster stays whole).
     """
     U = np.asarray(U, dtype=np.float64)
-    S = cosine_similarity_matrix(U) if similarity is None else _as_similarity(similarity)
+    S = cosine_similarity_matrix(U) if similarity is None else as_similarity(similarity)
     gammas = estimate_gammas(U, side_a, side_b, estimator=estimator, similarity=S)
     a = np.asarray(side_a, dtype=np.int64).ravel()
     b = np.asarray(side_b, dtype=np.int64).ravel()
@@ -157,7 +157,7 @@ def true_group_gap(S: np.ndarray, groups: Sequence[Hashable] | np.ndarray) -> fl
     minimum is the diagonal value 1.0. With a single group there is no cross pair and the
     gap is undefined: NaN.
     """
-    S = _as_similarity(S)
+    S = as_similarity(S)
     labels = np.asarray(list(groups), dtype=object)
     if labels.size != S.shape[0]:
         raise ValueError(f"{labels.size} group ids for {S.shape[0]} clients")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clusterfed.clustering.bipartition import best_cut_silhouette, cosine_similarity_matrix, split_silhouette
+from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix, split_silhouette
 
 # --------------------------------------------------------------------------- relative stability
 

@@ -66,10 +66,9 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.clustering.bipartition import (
-    SplitDecision,
+from clusterfed.clustering.bipartition import SplitDecision, bipartition
+from clusterfed.clustering.split_scores import (
     best_cut_silhouette,
-    bipartition,
     cosine_similarity_matrix,
     separation_gap,
     split_silhouette,
