@@ -101,50 +101,74 @@ def cluster_sampled(
     if auto and threshold != "auto":
         raise ValueError(f"threshold must be a number or 'auto', got {threshold!r}")
     m = X.shape[0]
-    n = m if sample_size == 0 else min(sample_size, m)
-    if n == m:
-        sample = np.arange(m)
-    else:
-        sample = np.sort(np.random.default_rng(seed).choice(m, size=n, replace=False))
+    sample = _draw_sample(m, sample_size, seed)
     Xs = as_client_matrix(X[sample])
+    sample_labels, lam, silhouette, scores = _cluster_sample(
+        Xs, threshold, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
+        max_clusters=max_clusters, distances=distances,
+    )
+    references = _cluster_means(Xs, sample_labels)
 
-    if auto:
-        cut = cluster_auto(
-            Xs, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
-            max_clusters=max_clusters, distances=distances,
-        )
-        sample_labels, lam, silhouette, scores = cut.labels, cut.threshold, cut.silhouette, cut.scores
-    else:
-        lam, silhouette, scores = float(threshold), None, {}
-        sample_labels = cluster_by_threshold(Xs, lam, metric=metric, linkage=linkage, distances=distances)
-    k = int(sample_labels.max()) + 1
-    sizes = np.bincount(sample_labels, minlength=k).astype(np.float64)
-    references = np.zeros((k, Xs.shape[1]))
-    np.add.at(references, sample_labels, Xs)
-    references /= sizes[:, None]
-
-    if n == m:
+    if len(sample) == m:
         labels = sample_labels
         dist = _own_distances(Xs, references, labels, metric)
     else:
         labels, dist = nearest_references(X, references, metric, chunk_rows=chunk_rows)
         labels[sample] = sample_labels  # sampled rows keep their dendrogram cluster
         dist[sample] = _own_distances(Xs, references, sample_labels, metric)
-    # Number clusters in order of first appearance over all rows; references follow.
-    new_labels = relabel_in_order(labels)
-    old, first = np.unique(labels, return_index=True)  # all K: each has sampled members
-    order = np.empty(k, dtype=np.int64)
-    order[new_labels[first]] = old
+    new_labels, references = _number_by_first_appearance(labels, references)
     return SampledClustering(
         labels=new_labels,
         sample=sample,
-        references=references[order],
+        references=references,
         distances=dist,
         threshold=float(lam),
         silhouette=silhouette,
-        num_clusters=k,
+        num_clusters=len(references),
         scores=scores,
     )
+
+
+def _cluster_sample(
+    Xs: np.ndarray, threshold: float | str, *, metric: str, linkage: str, min_silhouette: float,
+    max_clusters: int | None, distances: str,
+) -> tuple[np.ndarray, float, float | None, dict]:
+    """(labels, λ, silhouette, scores) of the full method on the sample: auto-λ for "auto",
+    else the cut at height ``threshold``."""
+    if isinstance(threshold, str):
+        cut = cluster_auto(
+            Xs, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
+            max_clusters=max_clusters, distances=distances,
+        )
+        return cut.labels, cut.threshold, cut.silhouette, cut.scores
+    lam = float(threshold)
+    return cluster_by_threshold(Xs, lam, metric=metric, linkage=linkage, distances=distances), lam, None, {}
+
+
+def _draw_sample(m: int, sample_size: int, seed: int) -> np.ndarray:
+    """Sorted positions of the seeded sample of ``sample_size`` of m rows (every row for 0 or >= m)."""
+    n = m if sample_size == 0 else min(sample_size, m)
+    if n == m:
+        return np.arange(m)
+    return np.sort(np.random.default_rng(seed).choice(m, size=n, replace=False))
+
+
+def _cluster_means(Xs: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """(K, d) mean row of each cluster 0..K-1 of ``labels`` (every cluster has members)."""
+    k = int(labels.max()) + 1
+    sizes = np.bincount(labels, minlength=k).astype(np.float64)
+    references = np.zeros((k, Xs.shape[1]))
+    np.add.at(references, labels, Xs)
+    return references / sizes[:, None]
+
+
+def _number_by_first_appearance(labels: np.ndarray, references: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Clusters renumbered in order of first appearance over all rows, references reordered to match."""
+    new_labels = relabel_in_order(labels)
+    old, first = np.unique(labels, return_index=True)  # all K: each has sampled members
+    order = np.empty(len(references), dtype=np.int64)
+    order[new_labels[first]] = old
+    return new_labels, references[order]
 
 
 def _own_distances(Xs: np.ndarray, references: np.ndarray, labels: np.ndarray, metric: str) -> np.ndarray:
