@@ -184,47 +184,12 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
         grids_data = []
     grids, skipped = [], {}
     for index, raw in enumerate(grids_data):
-        where = f"{source} [[grid]] #{index + 1}"
-        if not isinstance(raw, dict):
-            problems.append(f"{_at(where)}not a table")
+        grid = _parse_grid(raw, index, data, source=source, top_config=top_config, top_params=top_params,
+                           top_seeds=top_seeds, data_dir=data_dir, rounds=rounds, seeds=seeds,
+                           command_line=command_line, folders=[g.folder for g in grids], problems=problems)
+        if grid is None:
             continue
-        problems += _unknown_keys(raw, GRID_KEYS, where)
-        values: dict[str, Any] = {}
-        name_ = raw.get("setting")
-        if name_ is not None:
-            try:
-                values.update(setting(name_))
-            except UnknownSetting as error:
-                problems.append(f"{_at(where)}{error}")
-                continue
-        folder = str(raw.get("folder", name_ or ""))
-        if name_ is None and "folder" not in raw:
-            problems.append(f"{_at(where)}give a `setting` (or a `folder` and the run keys in `config`)")
-            continue
-        where = f"{source} [[grid]] {folder!r}" if folder else source
-        if command_line:
-            where = ""
-        config = raw.get("config", {})
-        if not isinstance(config, dict):
-            problems.append(f"{_at(where)}config must be a table of run-config keys")
-            config = {}
-        values.update(top_config)
-        values.update(config)
-        if uses_data_dir(values) and data_dir is not None:
-            values["data-dir"] = str(Path(data_dir).expanduser().resolve())
-        grid_rounds = rounds or raw.get("rounds", data.get("rounds"))
-        if grid_rounds is not None:
-            values["rounds"] = grid_rounds
-        for reserved in ("strategy", "seed", "out-dir"):
-            if reserved in values:
-                problems.append(f"{_at(where)}{reserved!r} is set by the experiment, not in config")
-                values.pop(reserved)
-        params = {**top_params, **_params(raw.get("params"), where, problems)}
-        variants = _variants(raw.get("strategies", data.get("strategies", "all")), params, where, problems)
-        grid_seeds = _seeds(seeds or raw.get("seeds", top_seeds), where, problems)
-        if folder in [g.folder for g in grids]:
-            problems.append(f"{_at(where)}folder {folder!r} is used by two grids")
-        grid = Grid(folder, name_, values, variants, grid_seeds, str(raw.get("title", "")))
+        folder, values = grid.folder, grid.values
         if only is not None and folder not in only:
             continue
         if skip_missing_data and uses_data_dir(values) and not _has_data(values):
@@ -235,6 +200,67 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
         missing = [f for f in only if f not in [g.folder for g in grids] and f not in skipped]
         if missing:
             problems.append(f"--only: no grid folder {', '.join(map(repr, missing))} in {source}")
+    sweeps = _parse_sweeps(data, grids, source, problems)
+    if problems:
+        count = f"({len(problems)} problem{'' if len(problems) == 1 else 's'}): "
+        head = "" if command_line else f"experiment {source} refused {count}"
+        raise ExperimentError(head + "; ".join(dict.fromkeys(problems)))
+    out_path = (out if out is not None else base_dir / str(data.get("out", f"results/{name}"))).resolve()
+    return Experiment(name=name, source=source, out=Path(out_path), profile=str(data.get("profile", name)),
+                      grids=grids, sweeps=sweeps, skipped=skipped, partial=only is not None,
+                      command_line=command_line)
+
+
+def _parse_grid(raw: Any, index: int, data: dict[str, Any], *, source: str, top_config: dict[str, Any],
+                top_params: dict[str, Any], top_seeds: Any, data_dir: Path | None, rounds: int | None,
+                seeds: list[int] | None, command_line: bool, folders: list[str], problems: list[str]) -> Grid | None:
+    """One [[grid]] table as a Grid (None when it cannot be read); its problems go to ``problems``.
+    ``folders``: the grid folders kept so far (a folder may not be used twice)."""
+    where = f"{source} [[grid]] #{index + 1}"
+    if not isinstance(raw, dict):
+        problems.append(f"{_at(where)}not a table")
+        return None
+    problems += _unknown_keys(raw, GRID_KEYS, where)
+    values: dict[str, Any] = {}
+    name_ = raw.get("setting")
+    if name_ is not None:
+        try:
+            values.update(setting(name_))
+        except UnknownSetting as error:
+            problems.append(f"{_at(where)}{error}")
+            return None
+    folder = str(raw.get("folder", name_ or ""))
+    if name_ is None and "folder" not in raw:
+        problems.append(f"{_at(where)}give a `setting` (or a `folder` and the run keys in `config`)")
+        return None
+    where = f"{source} [[grid]] {folder!r}" if folder else source
+    if command_line:
+        where = ""
+    config = raw.get("config", {})
+    if not isinstance(config, dict):
+        problems.append(f"{_at(where)}config must be a table of run-config keys")
+        config = {}
+    values.update(top_config)
+    values.update(config)
+    if uses_data_dir(values) and data_dir is not None:
+        values["data-dir"] = str(Path(data_dir).expanduser().resolve())
+    grid_rounds = rounds or raw.get("rounds", data.get("rounds"))
+    if grid_rounds is not None:
+        values["rounds"] = grid_rounds
+    for reserved in ("strategy", "seed", "out-dir"):
+        if reserved in values:
+            problems.append(f"{_at(where)}{reserved!r} is set by the experiment, not in config")
+            values.pop(reserved)
+    params = {**top_params, **_params(raw.get("params"), where, problems)}
+    variants = _variants(raw.get("strategies", data.get("strategies", "all")), params, where, problems)
+    grid_seeds = _seeds(seeds or raw.get("seeds", top_seeds), where, problems)
+    if folder in folders:
+        problems.append(f"{_at(where)}folder {folder!r} is used by two grids")
+    return Grid(folder, name_, values, variants, grid_seeds, str(raw.get("title", "")))
+
+
+def _parse_sweeps(data: dict[str, Any], grids: list[Grid], source: str, problems: list[str]) -> list[Sweep]:
+    """The [[sweep]] tables over the kept ``grids``; their problems go to ``problems``."""
     sweeps = []
     sweeps_data = data.get("sweep", [])
     if not isinstance(sweeps_data, list) or not all(isinstance(raw, dict) for raw in sweeps_data):
@@ -259,14 +285,7 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
             continue
         sweeps.append(Sweep("dendrogram-cuts", of.folder, raw["strategy"], str(raw.get("param", "lambda")),
                             counts, str(raw.get("title", ""))))
-    if problems:
-        count = f"({len(problems)} problem{'' if len(problems) == 1 else 's'}): "
-        head = "" if command_line else f"experiment {source} refused {count}"
-        raise ExperimentError(head + "; ".join(dict.fromkeys(problems)))
-    out_path = (out if out is not None else base_dir / str(data.get("out", f"results/{name}"))).resolve()
-    return Experiment(name=name, source=source, out=Path(out_path), profile=str(data.get("profile", name)),
-                      grids=grids, sweeps=sweeps, skipped=skipped, partial=only is not None,
-                      command_line=command_line)
+    return sweeps
 
 
 def _has_data(values: dict[str, Any]) -> bool:
