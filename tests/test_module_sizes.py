@@ -19,9 +19,7 @@ OVERSIZED = {
     "strategies/bipartitioning.py": 473,
     "strategies/hicfl.py": 486,
 }
-LONG_FUNCTIONS = {
-    "models/layers.py:select_layers": 90,
-}
+LONG_FUNCTIONS: dict[str, int] = {}
 
 
 def modules() -> list[Path]:

@@ -113,10 +113,20 @@ def select_layers(model_or_state_dict: Any, rule: str, compare: Selector = AUTO)
         return _kind_by_name(layer, state_dict[weight])
 
     kind_of = {layer: kind(layer) for layer in layers}
+    normalized = rule.strip().lower().replace("_", "-")
+    if normalized in LAYER_RULES:
+        return _keys_by_rule(normalized, keys, state_dict, compared, keys_by_layer, kind_of)
+    return _keys_by_name(rule, keys, state_dict, compared, keys_by_layer)
+
+
+def _keys_by_rule(normalized: str, keys: list[str], state_dict: Mapping[str, Any], compared: set[str],
+                  keys_by_layer: dict[str, list[str]], kind_of: dict[str, str]) -> list[str]:
+    """The keys a named rule (one of ``LAYER_RULES``) picks; ``kind_of`` maps each layer with
+    compared arrays to its kind, in state-dict order."""
+    layers = list(kind_of)
     conv_layers = [layer for layer in layers if kind_of[layer] == "conv"]
     fc_layers = [layer for layer in layers if kind_of[layer] == "fc"]
 
-    normalized = rule.strip().lower().replace("_", "-")
     if normalized == "all":
         return [key for key in keys if key in compared]
     if normalized == "final":
@@ -137,12 +147,16 @@ def select_layers(model_or_state_dict: Any, rule: str, compare: Selector = AUTO)
         if not conv_layers:
             raise ValueError(f"rule 'conv': no conv layer among {', '.join(layers)}")
         return list(keys_by_layer[conv_layers[-1]])
-    if normalized == "fc":
-        if not fc_layers:
-            raise ValueError(f"rule 'fc': no fully connected layer among {', '.join(layers)}")
-        return list(keys_by_layer[fc_layers[0]])
+    # "fc", the one rule left
+    if not fc_layers:
+        raise ValueError(f"rule 'fc': no fully connected layer among {', '.join(layers)}")
+    return list(keys_by_layer[fc_layers[0]])
 
-    # Explicit names: layer prefixes or exact keys, comma-separated.
+
+def _keys_by_name(rule: str, keys: list[str], state_dict: Mapping[str, Any], compared: set[str],
+                  keys_by_layer: dict[str, list[str]]) -> list[str]:
+    """The keys a comma-separated list of layer names or exact keys picks."""
+    layers = [layer for layer, layer_keys in keys_by_layer.items() if layer_keys]
     wanted: set[str] = set()
     names = [name.strip() for name in rule.split(",") if name.strip()]
     if not names:
