@@ -24,7 +24,7 @@ import numpy as np
 from scipy.cluster.hierarchy import cut_tree, fcluster, linkage
 from scipy.spatial.distance import squareform
 
-from clusterfed.clustering.split_scores import as_positions, as_similarity, cosine_distances
+from clusterfed.clustering.split_scores import as_similarity, as_two_sides, cosine_distances
 
 # strategies/hicfl.py still imports these scores from here (not yet moved to split_scores there)
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix, separation_gap  # noqa: F401
@@ -158,15 +158,7 @@ def split_members(
     """
     keys = list(member_keys)
     m = len(keys)
-    a = as_positions(side_a, m, "side_a")
-    b = as_positions(side_b, m, "side_b")
-    if a.size == 0 or b.size == 0:
-        raise ValueError("a split needs two non-empty sides")
-    covered = np.concatenate([a, b])
-    if covered.size != m or np.unique(covered).size != m:
-        raise ValueError(
-            f"sides {a.tolist()} / {b.tolist()} do not partition the {m} members' positions"
-        )
+    a, b = as_two_sides(side_a, side_b, m, "members' positions")
     return [keys[i] for i in a], [keys[i] for i in b]
 
 

@@ -7,8 +7,8 @@ the members' updates (Clustered FL, Sattler et al. 2020). Pure NumPy/SciPy/sciki
   acceptance of a split; low for a bi-partition of noise, high for two real groups);
 - ``best_cut_silhouette``: the best silhouette over cuts into 2..k clusters (structure in a
   cluster that holds more than two groups, where the 2-way split itself scores low);
-- ``as_similarity`` / ``as_positions`` / ``cosine_distances``: the checked inputs all of
-  them share.
+- ``as_similarity``, ``as_positions``, ``as_two_sides``, ``cosine_distances``: the checked
+  inputs they all share.
 
 Every function answers in positions of the similarity matrix it is given (see
 ``clusterfed.clustering.bipartition`` for positions vs client keys).
@@ -67,6 +67,20 @@ def cosine_distances(S: np.ndarray) -> np.ndarray:
     return D
 
 
+def as_two_sides(side_a: Sequence[int] | np.ndarray, side_b: Sequence[int] | np.ndarray, m: int,
+                 what: str = "positions") -> tuple[np.ndarray, np.ndarray]:
+    """The two sides as position arrays; ValueError unless they split ``range(m)`` into two
+    non-empty parts (``what`` names those m positions in the message)."""
+    a = as_positions(side_a, m, "side_a")
+    b = as_positions(side_b, m, "side_b")
+    if a.size == 0 or b.size == 0:
+        raise ValueError("a split needs two non-empty sides")
+    covered = np.concatenate([a, b])
+    if covered.size != m or np.unique(covered).size != m:
+        raise ValueError(f"sides {a.tolist()} / {b.tolist()} do not partition the {m} {what}")
+    return a, b
+
+
 def separation_gap(
     S: np.ndarray, side_a: Sequence[int] | np.ndarray, side_b: Sequence[int] | np.ndarray
 ) -> float:
@@ -111,13 +125,7 @@ def split_silhouette(
     """
     S = as_similarity(S)
     m = S.shape[0]
-    a = as_positions(side_a, m, "side_a")
-    b = as_positions(side_b, m, "side_b")
-    if a.size == 0 or b.size == 0:
-        raise ValueError("a split needs two non-empty sides")
-    covered = np.concatenate([a, b])
-    if covered.size != m or np.unique(covered).size != m:
-        raise ValueError(f"sides {a.tolist()} / {b.tolist()} do not partition the {m} positions")
+    a, b = as_two_sides(side_a, side_b, m)
     if m == 2:
         return 0.0  # two singletons: sklearn needs 2 <= labels <= m - 1; its convention gives 0
     labels = np.zeros(m, dtype=np.int64)
