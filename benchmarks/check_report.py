@@ -15,10 +15,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from clusterfed.experiments.settings import SETTINGS
+
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "report"
-RUN = {"strategy": "fedclust", "rounds": 8, "num-clients": 20, "dataset": "digits", "partitioner": "label-groups",
-       "label-groups": "0,1;2,3;4,5;6,7;8,9", "seed": 0, "checkpoint": False}
+# the digits-pairs setting of the settings registry (FedClust, 8 rounds)
+RUN = {"strategy": "fedclust", "rounds": 8, **SETTINGS["digits-pairs"], "seed": 0, "checkpoint": False}
 WIDTH, HEIGHT = 1280, 2000
 
 

@@ -350,12 +350,12 @@ def test_the_checkpoint_modules_do_not_use_pickle():
 def test_every_strategy_state_round_trips(strategy, tmp_path, monkeypatch, small_config):
     """What each strategy's runner saves after a few rounds comes back the same (types,
     arrays, order, shared Generators) from the files alone."""
-    from clusterfed.runner import runner
+    from clusterfed.runner import driver
     from clusterfed.simulation import simulate
 
     saved = {}
-    real_save = runner.save_checkpoint
-    monkeypatch.setattr(runner, "save_checkpoint",
+    real_save = driver.save_checkpoint
+    monkeypatch.setattr(driver, "save_checkpoint",
                         lambda directory, state: saved.update(state=copy.deepcopy(state)) or real_save(directory, state))
     config = small_config(strategy=strategy, rounds=3, num_clients=8, out_dir=str(tmp_path / "run"))
     simulate(config, engine="inprocess", stream=None)
