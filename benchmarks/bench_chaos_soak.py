@@ -285,6 +285,11 @@ def compare(clean_out: Path, chaos_out: Path, rounds: int, run: dict) -> dict:
     present = sorted(chaos[-1]["client_accuracy"]) if chaos else []
     clean_same = (float(np.mean([clean_at["client_accuracy"][k] for k in present])) if clean_at and present
                   and all(k in clean_at["client_accuracy"] for k in present) else None)
+    # each cluster's accuracy and members at that round: where the chaos run lost accuracy
+    final_clusters = {name: {str(c): {"accuracy": v["accuracy"], "members": sorted(
+        (k for k, a in assignments[name].items() if str(a) == str(c)), key=lambda k: int(k.split("-")[1]))}
+        for c, v in row["clusters"].items()} if row else {}
+        for name, row in (("clean", clean_at), ("chaos", chaos[-1] if chaos else None))}
     accounted = {**rounds_accounted(chaos, reached), "planned": rounds, "reached": reached}
     delta = (None if None in final.values() else round(100 * (final["chaos"] - final["clean"]), 2))
     delta_same = None if clean_same is None or final["chaos"] is None else round(100 * (final["chaos"] - clean_same), 2)
@@ -303,7 +308,7 @@ def compare(clean_out: Path, chaos_out: Path, rounds: int, run: dict) -> dict:
             "final_accuracy_clean": final["clean"], "final_accuracy_chaos": final["chaos"],
             "accuracy_delta_pp": delta, "compared_at_round": reached,
             "final_accuracy_clean_same_devices": clean_same, "accuracy_delta_same_devices_pp": delta_same,
-            "assignment_ari_clean_vs_chaos": ari,
+            "assignment_ari_clean_vs_chaos": ari, "final_clusters": final_clusters,
             "final_ari_true_groups_clean": clean_at["ari"] if clean_at else None,
             "final_ari_true_groups_chaos": chaos[-1]["ari"] if chaos else None,
             "rounds": accounted, "checkpoint_checks": run["checkpoint_checks"], "failures": named,
