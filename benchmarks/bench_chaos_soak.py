@@ -41,6 +41,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import tempfile
 import time
@@ -262,18 +263,36 @@ def failures_named(records: list[dict], status: dict, run: dict) -> dict:
 
 
 def compare(clean_out: Path, chaos_out: Path, rounds: int, run: dict) -> dict:
+    """The chaos run against the clean one at the last round the chaos run recorded (the
+    planned last round unless the soak was stopped by ``--max-minutes``)."""
     from sklearn.metrics import adjusted_rand_score
 
     clean, chaos = rows(clean_out), rows(chaos_out)
     status = json.loads((chaos_out / "status.json").read_text()) if (chaos_out / "status.json").exists() else {}
-    clusters = {name: json.loads((out / "clusters.json").read_text())["assignment"]
-                for name, out in (("clean", clean_out), ("chaos", chaos_out)) if (out / "clusters.json").exists()}
-    common = sorted(set(clusters.get("clean", {})) & set(clusters.get("chaos", {})))
-    ari = (float(adjusted_rand_score([clusters["clean"][k] for k in common], [clusters["chaos"][k] for k in common]))
-           if len(common) > 1 else None)
-    accounted = rounds_accounted(chaos, rounds)
-    final = {name: recs[-1]["accuracy"] if recs else None for name, recs in (("clean", clean), ("chaos", chaos))}
+    reached = chaos[-1]["round"] if chaos else 0
+    clean_at = next((r for r in clean if r["round"] == reached), None)
+    # the rows carry each round's assignment; clusters.json (the last round's) where they do not
+    assignments = {name: (row.get("assignment") or json.loads((out / "clusters.json").read_text())["assignment"])
+                   if row and (row.get("assignment") or (out / "clusters.json").exists()) else {}
+                   for name, row, out in (("clean", clean_at, clean_out), ("chaos", chaos[-1] if chaos else None,
+                                                                           chaos_out))}
+    common = sorted(set(assignments["clean"]) & set(assignments["chaos"]))
+    ari = (float(adjusted_rand_score([assignments["clean"][k] for k in common],
+                                     [assignments["chaos"][k] for k in common])) if len(common) > 1 else None)
+    final = {"clean": clean_at["accuracy"] if clean_at else None, "chaos": chaos[-1]["accuracy"] if chaos else None}
+    # the chaos run's mean is over the devices it evaluated (not the broken one): the clean
+    # run's mean over the same devices separates lost training from a smaller population
+    present = sorted(chaos[-1]["client_accuracy"]) if chaos else []
+    clean_same = (float(np.mean([clean_at["client_accuracy"][k] for k in present])) if clean_at and present
+                  and all(k in clean_at["client_accuracy"] for k in present) else None)
+    # each cluster's accuracy and members at that round: where the chaos run lost accuracy
+    final_clusters = {name: {str(c): {"accuracy": v["accuracy"], "members": sorted(
+        (k for k, a in assignments[name].items() if str(a) == str(c)), key=lambda k: int(k.split("-")[1]))}
+        for c, v in row["clusters"].items()} if row else {}
+        for name, row in (("clean", clean_at), ("chaos", chaos[-1] if chaos else None))}
+    accounted = {**rounds_accounted(chaos, reached), "planned": rounds, "reached": reached}
     delta = (None if None in final.values() else round(100 * (final["chaos"] - final["clean"]), 2))
+    delta_same = None if clean_same is None or final["chaos"] is None else round(100 * (final["chaos"] - clean_same), 2)
     named = failures_named(chaos, status, run)
     checks_ok = all(c["ok"] for c in run["checkpoint_checks"])
     verdict = {
@@ -283,12 +302,14 @@ def compare(clean_out: Path, chaos_out: Path, rounds: int, run: dict) -> dict:
         and named["bad_device_named"],
         "accuracy_within_2pp": delta is not None and abs(delta) <= 2.0,
         "same_clusters": ari == 1.0,
-        "completed": status.get("status") == "ok",
+        "completed": status.get("status") == "ok" and reached == rounds,
     }
     return {"status": status.get("status"), "status_ended": status.get("ended"), "status_note": status.get("note"),
             "final_accuracy_clean": final["clean"], "final_accuracy_chaos": final["chaos"],
-            "accuracy_delta_pp": delta, "assignment_ari_clean_vs_chaos": ari,
-            "final_ari_true_groups_clean": clean[-1]["ari"] if clean else None,
+            "accuracy_delta_pp": delta, "compared_at_round": reached,
+            "final_accuracy_clean_same_devices": clean_same, "accuracy_delta_same_devices_pp": delta_same,
+            "assignment_ari_clean_vs_chaos": ari, "final_clusters": final_clusters,
+            "final_ari_true_groups_clean": clean_at["ari"] if clean_at else None,
             "final_ari_true_groups_chaos": chaos[-1]["ari"] if chaos else None,
             "rounds": accounted, "checkpoint_checks": run["checkpoint_checks"], "failures": named,
             "events": run["events"], "chaos_wall_seconds": run["wall_seconds"], "checks": verdict,
@@ -298,6 +319,18 @@ def compare(clean_out: Path, chaos_out: Path, rounds: int, run: dict) -> dict:
                                   "clients_absent": r["clients_absent"], "failures": r["failures"],
                                   "num_clusters": r["num_clusters"]} for r in recs]
                           for name, recs in (("clean", clean), ("chaos", chaos))}}
+
+
+def without_paths(value, tmp_root: Path):
+    """``value`` with every path under ``tmp_root`` (the run's scratch folder) cut to its file
+    name, so that the summary speaks of ``part-6.npz``, not of a temporary folder."""
+    if isinstance(value, dict):
+        return {k: without_paths(v, tmp_root) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_paths(v, tmp_root) for v in value]
+    if isinstance(value, str):
+        return re.sub(re.escape(str(tmp_root).rstrip("/")) + r"/(?:[^/\s'\":]+/)*([^/\s'\":]+)", r"\1", value)
+    return value
 
 
 def figures(results: dict, folder: Path) -> list[str]:
@@ -355,9 +388,15 @@ def main() -> None:
     parser.add_argument("--max-minutes", type=float, default=17.0, help="per chaos run: stop it after this long")
     parser.add_argument("--tmp", default=None)
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "chaos-soak"))
+    parser.add_argument("--combine", nargs="+", metavar="FOLDER",
+                        help="instead of running: merge the summary.json of these folders (one strategy each, "
+                             "say run side by side) into --out, with the figure and a manifest")
     args = parser.parse_args()
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
+    if args.combine:
+        combine([Path(f) for f in args.combine], folder)
+        return
     tmp_root = Path(args.tmp or tempfile.mkdtemp(prefix="clusterfed-chaos-"))
     tmp_root.mkdir(parents=True, exist_ok=True)
     print(f"tmp: {tmp_root}", flush=True)
@@ -382,11 +421,43 @@ def main() -> None:
     summary = {"setting": SETTING, "nodes": args.nodes, "rounds": args.rounds, "seed": args.seed,
                "tls": True, "supernode_auth": True,
                "clean_run": "the same ServerApp code (run_server) on the in-process grid, same data files and keys",
-               "schedule": plan, "strategies": results,
+               "schedule": plan, "strategies": without_paths(results, tmp_root),
                "all_checks_pass": all(r["all_checks_pass"] for r in results.values())}
     (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     made = figures(results, folder)
     write_manifest(folder, manifest, outputs=["summary.json", *made])
+    print(f"all checks pass: {summary['all_checks_pass']}")
+
+
+def combine(parts: list[Path], folder: Path) -> None:
+    """One summary (and figure) from runs of the same setting and schedule, one strategy each;
+    the manifest lists the parts' manifests. Where a part's scratch folder (its ``--tmp``) is
+    still there, its comparison is made again from the rounds on disk, so that the summary
+    follows this version of ``compare``."""
+    summaries = [json.loads((part / "summary.json").read_text()) for part in parts]
+    for part, summary in zip(parts, summaries):
+        command = json.loads((part / "manifest.json").read_text())["command"]
+        scratch = Path(command[command.index("--tmp") + 1]) if "--tmp" in command else None
+        for name, res in summary["strategies"].items():
+            if scratch and (scratch / name / "out" / "rounds.jsonl").exists():
+                run = {"events": res["events"], "checkpoint_checks": res["checkpoint_checks"],
+                       "wall_seconds": res["chaos_wall_seconds"]}
+                res.update(compare(scratch / name / "clean", scratch / name / "out", summary["rounds"], run))
+    first = summaries[0]
+    shared = ("setting", "nodes", "rounds", "seed", "schedule")
+    for part, other in zip(parts, summaries):
+        differ = [k for k in shared if other[k] != first[k]]
+        if differ:
+            raise SystemExit(f"{part}/summary.json differs from {parts[0]}/summary.json in {differ}: not one soak")
+    # parts written before the summary was cleaned of paths: any path under the temp folder
+    results = {name: without_paths(res, Path(tempfile.gettempdir())) for s in summaries
+               for name, res in s["strategies"].items()}
+    manifest = start_manifest({"combine": [str(part) for part in parts]})
+    summary = {**first, "strategies": results, "all_checks_pass": all(r["all_checks_pass"] for r in results.values())}
+    (folder / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    made = figures(results, folder)
+    runs = [json.loads((part / "manifest.json").read_text()) for part in parts]
+    write_manifest(folder, manifest, outputs=["summary.json", *made], runs=runs)
     print(f"all checks pass: {summary['all_checks_pass']}")
 
 
