@@ -118,7 +118,7 @@ class RunRecorder:
         self.cluster_accuracy: list[dict[str, Any]] = []
         self.cum_down = 0
         self.cum_up = 0
-        self.true_groups: dict[str, int] = {}  # every client's true group the rounds were scored against
+        self.true_groups: dict[str, int] = {}  # client -> true group, for clusters.json (metrics only)
         (self.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         self._rounds_path = self.out / "rounds.jsonl"
         # a run that resumes keeps the rows on disk until restore() rewrites them: stopped

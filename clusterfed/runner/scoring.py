@@ -72,7 +72,9 @@ def eval_rows(server_round: int, received: dict[str, RecordDict], models: dict[s
 def record_round(recorder: RunRecorder, server_round: int, *, evals: list[EvalRow], active: list[str],
                  clients: dict[str, ClientInfo], assignment: dict[str, int], traffic: Traffic, seconds: float,
                  clustering_seconds: float, extra: dict[str, Any], absent: int, evaluated: int) -> dict[str, Any]:
-    """The round's row in rounds.jsonl: the active clients' assignment against their true groups."""
+    """The round's row in rounds.jsonl: the active clients' assignment against their true groups
+    (and every known client's true group kept for clusters.json)."""
+    recorder.true_groups.update({k: info.true_group for k, info in clients.items()})
     return recorder.record_round(
         server_round, evals=evals, assignment={k: assignment[k] for k in active if k in assignment},
         true_groups={k: clients[k].true_group for k in active}, traffic=traffic, round_seconds=seconds,
