@@ -118,6 +118,7 @@ class RunRecorder:
         self.cluster_accuracy: list[dict[str, Any]] = []
         self.cum_down = 0
         self.cum_up = 0
+        self.true_groups: dict[str, int] = {}  # client -> true group, for clusters.json (metrics only)
         (self.out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
         self._rounds_path = self.out / "rounds.jsonl"
         # a run that resumes keeps the rows on disk until restore() rewrites them: stopped
@@ -151,6 +152,7 @@ class RunRecorder:
         measured against."""
         self.cum_down += traffic.down
         self.cum_up += traffic.up
+        self.true_groups.update(true_groups)
         name = self.metric.name
         evals = [e for e in evals if e.accuracy is not None]  # a reply without the declared metric
         accuracies = np.array([e.accuracy for e in evals], dtype=float)
@@ -209,12 +211,14 @@ class RunRecorder:
 
     def state(self) -> dict[str, Any]:
         """What a checkpoint keeps of the recorder."""
-        return {"rounds": self.rounds, "cum_down": self.cum_down, "cum_up": self.cum_up}
+        return {"rounds": self.rounds, "cum_down": self.cum_down, "cum_up": self.cum_up,
+                "true_groups": self.true_groups}
 
     def restore(self, state: dict[str, Any]) -> None:
         """Continue a resumed run: its earlier rows are written again, then new ones follow."""
         self.rounds = list(state["rounds"])
         self.cum_down, self.cum_up = state["cum_down"], state["cum_up"]
+        self.true_groups = dict(state.get("true_groups", {}))
         # written beside and renamed: a kill at any moment leaves the old rows or the new ones
         tmp = self._rounds_path.with_name("rounds.jsonl.tmp")
         tmp.write_text("".join(json.dumps(record) + "\n" for record in self.rounds))
@@ -253,12 +257,26 @@ class RunRecorder:
             summary["epsilon"], summary["delta"] = clusters["privacy"]["epsilon"], clusters["privacy"]["delta"]
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
         if clusters is not None:
+            clusters = with_true_groups(clusters, self.true_groups)
             (self.out / "clusters.json").write_text(json.dumps(clusters, indent=2, default=_jsonable))
         if self.stream is not None:
             print(summary_table([summary]), file=self.stream, flush=True)
         for watcher in self.watchers:
             watcher.run_ended(summary, clusters)
         return summary
+
+
+def with_true_groups(clusters: dict[str, Any], true_groups: dict[str, int]) -> dict[str, Any]:
+    """A strategy's ``final_clusters`` with each assigned client's true group (``true_groups``,
+    after ``assignment``) where it does not say them itself: strategies never see true groups."""
+    if "true_groups" in clusters or "assignment" not in clusters:
+        return clusters
+    out: dict[str, Any] = {}
+    for key, value in clusters.items():
+        out[key] = value
+        if key == "assignment":
+            out["true_groups"] = {k: true_groups[k] for k in value if k in true_groups}
+    return out
 
 
 def _mean(values: np.ndarray) -> float | None:

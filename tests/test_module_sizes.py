@@ -16,8 +16,8 @@ MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 # module -> its line count when listed; functions -> theirs
 OVERSIZED = {
-    "strategies/bipartitioning.py": 473,
-    "strategies/hicfl.py": 486,
+    "strategies/bipartitioning.py": 457,
+    "strategies/hicfl.py": 475,
 }
 LONG_FUNCTIONS: dict[str, int] = {}
 

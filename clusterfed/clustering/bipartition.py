@@ -26,9 +26,6 @@ from scipy.spatial.distance import squareform
 
 from clusterfed.clustering.split_scores import as_similarity, as_two_sides, cosine_distances
 
-# strategies/hicfl.py still imports these scores from here (not yet moved to split_scores there)
-from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix, separation_gap  # noqa: F401
-
 SPLIT_MODES = ("relative", "absolute")
 
 

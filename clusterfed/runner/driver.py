@@ -31,12 +31,12 @@ from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from clusterfed import protocol
-from clusterfed.results import EvalRow, RunRecorder
+from clusterfed.results import EvalRow, RunRecorder, with_true_groups
 from clusterfed.runner.checkpoint import check_compatible, load_checkpoint, save_checkpoint
 from clusterfed.runner.membership import Membership
 from clusterfed.runner.newcomers import SimulatedNewcomers
 from clusterfed.runner.replies import STOCK_KEY_METRICS
-from clusterfed.runner.scoring import eval_rows, record_round, weighted_metrics
+from clusterfed.runner.scoring import eval_rows, record_round, score_reports, weighted_metrics
 from clusterfed.runner.transport import wait_for_nodes
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
 from clusterfed.strategies.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError
@@ -104,6 +104,7 @@ class RoundDriver:
         self.round_asked = self.round_accepted = 0  # train replies asked for this round, and accepted
         self.round_trainers: set[str] = set()  # clients asked to train this round (a client may be asked twice)
         self.evaluate_sent = 0  # clients sent an evaluate message this round
+        self.strategy_seconds = 0.0  # server-side compute inside the strategy's steps this round
 
     @property
     def grid(self) -> Grid | None:
@@ -125,7 +126,8 @@ class RoundDriver:
         result.cluster_arrays = {c: protocol.to_array_record(m) for c, m in sorted(models.items())}
         result.arrays = self.largest_cluster_record()
         result.assignment = dict(self.strategy.assignment)
-        result.clustering = self.strategy.final_clusters()
+        result.clustering = with_true_groups(self.strategy.final_clusters(),
+                                             {k: c.true_group for k, c in self.members.clients.items()})
         result.traffic["probe_bytes_down"] = self.members.probe_bytes
         return result
 
@@ -172,7 +174,9 @@ class RoundDriver:
                 self.members.absent_until_seen(server_round)
             self.members.check_capabilities()
         self.strategy.active = self.members.active_keys()
+        assignment_before = dict(self.strategy.assignment)
         self.drive(server_round, self.strategy.round(server_round))
+        score_reports(self.strategy.reports, self.members.clients, assignment_before)
         evals = self.evaluate(server_round)
         self.members.update_absence(server_round)
         traffic = self.link.traffic
@@ -212,7 +216,7 @@ class RoundDriver:
         members = self.members
         return record_round(self.recorder, server_round, evals=evals, active=members.active_keys(),
                             clients=members.clients, assignment=self.strategy.assignment, traffic=self.link.traffic,
-                            seconds=seconds, clustering_seconds=self.strategy.clustering_seconds,
+                            seconds=seconds, clustering_seconds=self.strategy_seconds,
                             extra=self.round_extra(), absent=len(members.absent_devices()),
                             evaluated=self.evaluate_sent)
 
@@ -285,13 +289,19 @@ class RoundDriver:
     # ------------------------------------------------------------ exchange
     def drive(self, server_round: int, steps) -> None:
         """Run one round of the strategy: each list of asks it yields is sent, and the
-        validated replies are sent back into it, until the round is done."""
+        validated replies are sent back into it, until the round is done. The time spent
+        inside the strategy's steps (not waiting for clients) is the round's
+        ``strategy_seconds``."""
+        started = time.perf_counter()
         try:
             asks = next(steps)
             while True:
-                asks = steps.send(self.train(server_round, asks))
+                self.strategy_seconds += time.perf_counter() - started
+                replies = self.train(server_round, asks)
+                started = time.perf_counter()
+                asks = steps.send(replies)
         except StopIteration:
-            pass
+            self.strategy_seconds += time.perf_counter() - started
 
     def train(self, server_round: int, asks: list[Ask]) -> Replies:
         """Send the asks; the validated replies in send order (rejections recorded)."""

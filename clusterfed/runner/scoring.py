@@ -1,18 +1,22 @@
 """Scoring a round: the clients' metrics averaged as Flower's FedAvg does, each evaluated
 client's row (its cluster, its true group where known, the declared metric) and the round's
-record (assignment against the true groups, bytes, timing) handed to the recorder. The
-strategies never see true groups or clocks: scoring is the driver's."""
+record (assignment against the true groups, bytes, timing) handed to the recorder, and the
+strategy's reported splits and placements scored against the true groups. The strategies
+never see true groups or clocks: scoring is the driver's."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
+import numpy as np
 from flwr.app import MetricRecord, RecordDict
 
+from clusterfed.clustering.layercfl import true_group_gap
 from clusterfed.results import EvalRow, RunRecorder, Traffic
 from clusterfed.runner.replies import STOCK_KEY_METRICS
 from clusterfed.runner.validation import ReplyRejected, parse_eval_reply
-from clusterfed.strategies.exchange import Arrays, ClientInfo
+from clusterfed.strategies.exchange import Arrays, ClientInfo, NewcomersPlaced, SplitCompared
 
 # names a stock Flower ClientApp (quickstart-pytorch) reports for the same quantities
 METRIC_ALIASES = {"accuracy": ("eval-accuracy", "eval_acc", "eval_accuracy", "accuracy"),
@@ -68,10 +72,48 @@ def eval_rows(server_round: int, received: dict[str, RecordDict], models: dict[s
 def record_round(recorder: RunRecorder, server_round: int, *, evals: list[EvalRow], active: list[str],
                  clients: dict[str, ClientInfo], assignment: dict[str, int], traffic: Traffic, seconds: float,
                  clustering_seconds: float, extra: dict[str, Any], absent: int, evaluated: int) -> dict[str, Any]:
-    """The round's row in rounds.jsonl: the active clients' assignment against their true groups."""
+    """The round's row in rounds.jsonl: the active clients' assignment against their true groups
+    (and every known client's true group kept for clusters.json)."""
+    recorder.true_groups.update({k: info.true_group for k, info in clients.items()})
     return recorder.record_round(
         server_round, evals=evals, assignment={k: assignment[k] for k in active if k in assignment},
         true_groups={k: clients[k].true_group for k in active}, traffic=traffic, round_seconds=seconds,
         clustering_seconds=clustering_seconds, extra=extra, clients_known=len(active), clients_absent=absent,
         clients_to_evaluate=evaluated,
     )
+
+
+def score_reports(reports: list[Any], clients: dict[str, ClientInfo], assignment_before: dict[str, int]) -> None:
+    """Write the true-group diagnostics into the records the strategy reported this round
+    (metrics only: nothing here decides anything). A split (``SplitCompared``): Sattler's gap
+    of the true groups on the similarity matrix it decided on (``true_group_gap``; None where
+    undefined, one group only). Placed newcomers (``NewcomersPlaced``): each one's
+    ``true_group`` and ``matches_true_group`` — it joined a cluster most of whose members held
+    its group when the placement began (``assignment_before``, the assignment at the round's
+    start, updated by each earlier placement), or it founded a cluster and its group was no
+    cluster's majority then (nor an earlier founder's of the same placement)."""
+    assignment = dict(assignment_before)
+    for report in reports:
+        if isinstance(report, SplitCompared):
+            gap = true_group_gap(report.similarity, [clients[k].true_group for k in report.keys])
+            for record in report.records:
+                record["true_group_gap"] = None if np.isnan(gap) else float(gap)
+        elif isinstance(report, NewcomersPlaced):
+            majority = majority_groups(assignment, clients)
+            for entry in report.entries:
+                group, cluster = clients[entry["client"]].true_group, entry["cluster"]
+                if entry["new_cluster"]:
+                    matches = group not in majority.values()
+                    majority[cluster] = group
+                else:
+                    matches = majority.get(cluster) == group
+                entry.update(true_group=group, matches_true_group=bool(matches))
+            assignment.update({entry["client"]: entry["cluster"] for entry in report.entries})
+
+
+def majority_groups(assignment: dict[str, int], clients: dict[str, ClientInfo]) -> dict[int, int]:
+    """Cluster -> the true group most of its members hold (ties: the group met first)."""
+    votes: dict[int, Counter] = {}
+    for key, cluster in assignment.items():
+        votes.setdefault(cluster, Counter())[clients[key].true_group] += 1
+    return {cluster: counter.most_common(1)[0][0] for cluster, counter in votes.items()}

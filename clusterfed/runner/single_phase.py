@@ -12,6 +12,7 @@ nothing run as in ``start``.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
@@ -19,7 +20,7 @@ from flwr.serverapp import Grid
 
 from clusterfed import protocol
 from clusterfed.runner.driver import RoundDriver
-from clusterfed.runner.scoring import weighted_metrics
+from clusterfed.runner.scoring import score_reports, weighted_metrics
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
 from clusterfed.strategies.contract import StrategyParamsError
 from clusterfed.strategies.exchange import TrainReply
@@ -58,7 +59,8 @@ def train_messages(strategy: ClusteredStrategy, server_round: int, config: dict,
     driver.new_round()
     driver.set_configs(config, driver.evaluate_config)
     driver.members.discover(server_round)
-    strategy.clustering_seconds, strategy.round_extra = 0.0, {}
+    started = time.perf_counter()
+    strategy.round_extra, strategy.reports = {}, []
     strategy.active = driver.members.active_keys()
     strategy.sampled = strategy.draw_sample(server_round)
     unplaced = [k for k in strategy.active if k not in strategy.assignment]
@@ -66,6 +68,7 @@ def train_messages(strategy: ClusteredStrategy, server_round: int, config: dict,
         run_without_asks(strategy, server_round, "placement", strategy.admit(server_round, unplaced))
     run_without_asks(strategy, server_round, "before-train", strategy.before_train(server_round))
     driver.pending_asks = {ask.key: ask for ask in strategy.train_asks(server_round, strategy.select_trainers(server_round))}
+    driver.strategy_seconds += time.perf_counter() - started
     return [Message(RecordDict({protocol.ARRAYS: protocol.to_array_record(ask.model),
                                 protocol.CONFIG: protocol.config_record({**config, **ask.config})}),
                     dst_node_id=driver.members.node_of_key[ask.key], message_type=MessageType.TRAIN,
@@ -91,7 +94,10 @@ def aggregate_train_messages(strategy: ClusteredStrategy, server_round: int,
                                           stock=key in driver.members.stock))
         except ReplyRejected as error:
             driver.link.reject(server_round, key, error)
+    started, assignment_before = time.perf_counter(), dict(strategy.assignment)
     strategy.finish_round(server_round, good)
+    driver.strategy_seconds += time.perf_counter() - started
+    score_reports(strategy.reports, driver.members.clients, assignment_before)
     return driver.largest_cluster_record(), weighted_metrics([(r.num_examples, r.metrics) for r in good])
 
 

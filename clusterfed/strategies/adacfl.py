@@ -58,7 +58,6 @@ below 1 (docs/algorithms/adacfl.md); ``share-label-stats = false`` avoids it.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -136,7 +135,6 @@ class AdaCFL(OneShotClustering):
         for key in [k for k, c in self.assignment.items() if c == self.warmup_cluster]:
             del self.assignment[key]
         del self.models[self.warmup_cluster]
-        started = time.perf_counter()
         pre, preclustering = self.preclusters(replied)
         lam, auto_info = self.threshold(X)
         labels, cuts = cluster_within_preclusters(
@@ -144,7 +142,6 @@ class AdaCFL(OneShotClustering):
             min_silhouette=self.params.auto_min_silhouette, return_cuts=True,
         )
         info = {**self.precluster_info(replied, X, pre, cuts, preclustering), "lambda": float(lam), **auto_info}
-        self.clustering_seconds += time.perf_counter() - started
         self.form_clusters(server_round, replied, X, labels, start, bytes_up, info)
         self.round_extra.update({"preclustering": preclustering, "num_preclusters": len(cuts)})
 

@@ -142,8 +142,8 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
             raise StrategyParamsError(f"{self.name}: {error}") from None
         self.clients: dict[str, ClientInfo] = {}
         self.active: list[str] = []
-        self.clustering_seconds = 0.0
         self.round_extra: dict[str, Any] = {}
+        self.reports: list[Any] = []  # this round's splits and placements, for the driver's scoring
         self.train_config: dict[str, Any] = {}
         self.run_options = None  # clusterfed.runner.driver.RunOptions, set by an app that wants them
         self.driver = None
@@ -183,7 +183,7 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
 
     def round(self, server_round: int) -> Steps:
         """One round: place newcomers, clustering steps, train, aggregate per cluster."""
-        self.clustering_seconds, self.round_extra = 0.0, {}
+        self.round_extra, self.reports = {}, []
         try:
             privacy.check_population(self.dp, max(len(self.clients), len(self.active)))
         except ValueError as error:
@@ -371,6 +371,7 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         return self.models[self.assignment[key]]
 
     def final_clusters(self) -> dict[str, Any]:
+        """What clusters.json holds (the recorder adds the true groups: scoring is the driver's)."""
         assignment = {k: self.assignment[k] for k in sorted(self.assignment, key=natural)}
         sizes: dict[str, int] = defaultdict(int)
         for cluster in assignment.values():
@@ -378,7 +379,6 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         state = {
             "strategy": self.name,
             "assignment": assignment,
-            "true_groups": {k: self.clients[k].true_group for k in assignment if k in self.clients},
             "sizes": dict(sizes),
             "newcomers": self.newcomer_log,
         }

@@ -32,9 +32,7 @@ compared.
 
 from __future__ import annotations
 
-import time
 from collections import defaultdict
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -42,11 +40,11 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
-from clusterfed.clustering.layercfl import CheckResult, true_group_gap
+from clusterfed.clustering.layercfl import CheckResult
 from clusterfed.clustering.sketch import in_sketch_space
 from clusterfed.clustering.split_rules import merge_pairs, one_cluster_reason
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
-from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, TrainReply, natural, weighted_average
+from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, SplitCompared, TrainReply, natural, weighted_average
 
 SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
 # a split's similarity matrix is recorded for at most this many of its clients (evenly
@@ -193,15 +191,6 @@ class BiPartitioning(ClusteredStrategy):
     def entered(self, cluster: int, keys: list[str]) -> None:
         """Strategy state to restart for clients that moved into ``cluster`` (HiCFL: windows)."""
 
-    @contextmanager
-    def timed(self):
-        """Adds the enclosed server-side clustering work to this round's clustering time."""
-        started = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.clustering_seconds += time.perf_counter() - started
-
     # ------------------------------------------------------------ storage
     def compact_storage(self) -> bool:
         """Whether per-client vectors are kept compact (``update-storage``): decided once,
@@ -252,8 +241,7 @@ class BiPartitioning(ClusteredStrategy):
         for cluster in sorted(by_cluster):
             group = by_cluster[cluster]
             self.split_allowed = self.split_allowed or self.may_split(server_round, cluster, group)
-            with self.timed():
-                decision = self.criteria(cluster, group)
+            decision = self.criteria(cluster, group)
             report[str(cluster)] = {**decision_record(decision), "replies": len(group)}
             self.consider_split(server_round, cluster, group, decision)
         if self.params.merge:
@@ -291,8 +279,9 @@ class BiPartitioning(ClusteredStrategy):
         return extra
 
     def apply_split(self, server_round: int, cluster: int, keys_a: list[str], keys_b: list[str],
-                    record: dict[str, Any], route: dict[str, Any]) -> tuple[int, int]:
-        """Replace leaf ``cluster`` by two children that start from its model."""
+                    record: dict[str, Any], route: dict[str, Any], compared: SplitCompared) -> tuple[int, int]:
+        """Replace leaf ``cluster`` by two children that start from its model; ``compared``
+        (what the split decided on) is reported with the split's records for scoring."""
         a, b = self.tree.split_by_keys(cluster, keys_a, keys_b, round=server_round)
         model = self.models.pop(cluster)
         made = (self.new_cluster(model, inherit=cluster), self.new_cluster(model, inherit=cluster))
@@ -308,8 +297,10 @@ class BiPartitioning(ClusteredStrategy):
         record = {"round": server_round, "parent": cluster, "children": [a, b], "members": [keys_a, keys_b], **record}
         self.splits.append(record)
         self.final_clustering_round = server_round
-        self.round_extra["splits"].append(
-            {k: record[k] for k in ("parent", "children", "gap", "true_group_gap") if k in record})
+        summary = {k: record[k] for k in ("parent", "children", "gap") if k in record}
+        self.round_extra["splits"].append(summary)
+        compared.records += [record, summary]
+        self.reports.append(compared)
         return a, b
 
     # ------------------------------------------------------------ merging
@@ -323,12 +314,11 @@ class BiPartitioning(ClusteredStrategy):
         if len(groups) < 2:
             return
         names = self.merge_names()
-        with self.timed():
-            updates = {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
-            pairs = merge_pairs(updates, min_cosine=self.params.merge_min_cosine,
-                                max_silhouette=self.params.merge_max_silhouette,
-                                drift=lambda a, b: self.drift_cosine(a, b, names),
-                                min_drift_members=self.params.min_split_size)
+        updates = {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
+        pairs = merge_pairs(updates, min_cosine=self.params.merge_min_cosine,
+                            max_silhouette=self.params.merge_max_silhouette,
+                            drift=lambda a, b: self.drift_cosine(a, b, names),
+                            min_drift_members=self.params.min_split_size)
         for pair in pairs:
             silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
             drift = None if np.isnan(pair.drift_cosine) else pair.drift_cosine
@@ -406,11 +396,6 @@ class BiPartitioning(ClusteredStrategy):
                     "clients": len(keys)}
         return {"keys": list(keys), "matrix": np.round(S, SIMILARITY_DECIMALS).tolist()}
 
-    def true_gap(self, keys: list[str], S: np.ndarray) -> float | None:
-        """Sattler's Gap against the true groups — metrics only, never decides anything."""
-        gap = true_group_gap(S, [self.clients[k].true_group for k in keys])
-        return None if np.isnan(gap) else float(gap)
-
     # ------------------------------------------------------------ newcomers
     def admit(self, server_round: int, keys: list[str]) -> Steps:
         """Descend the tree: at each split node train once on the split-round model and
@@ -447,15 +432,14 @@ class BiPartitioning(ClusteredStrategy):
                     server_round, group, models={k: route["model"] for k in group}, phase="placement",
                     extra={"upload": ",".join(route["names"]), "return": RETURN_UPDATE})
                 got = {r.key: flatten(r.update, route["names"]) for r in replies}
-                with self.timed():
-                    for key in group:
-                        if key in got:
-                            side = self.side_of(got[key], route)
-                        else:  # the placement round failed for this client
-                            side = 0 if sizes[0] >= sizes[1] else 1
-                            failed.add(key)
-                        path[key].append(node)
-                        at[key] = children[side]
+                for key in group:
+                    if key in got:
+                        side = self.side_of(got[key], route)
+                    else:  # the placement round failed for this client
+                        side = 0 if sizes[0] >= sizes[1] else 1
+                        failed.add(key)
+                    path[key].append(node)
+                    at[key] = children[side]
         return at, path, failed
 
     # ------------------------------------------------------------ outputs

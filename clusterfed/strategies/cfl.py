@@ -85,7 +85,7 @@ from clusterfed.strategies.bipartitioning import (
     flatten,
     stack_float64,
 )
-from clusterfed.strategies.exchange import TrainReply
+from clusterfed.strategies.exchange import SplitCompared, TrainReply
 
 
 # similarity-decay = auto: summed updates only for clients this small, where one round's
@@ -188,30 +188,29 @@ class CFL(BiPartitioning):
         if not (decision.split and self.may_split(server_round, cluster, replies)):
             return
         keys = [r.key for r in replies]
-        with self.timed():
-            U = stack_float64([self.last_vector[k] for k in keys])
-            S = cosine_similarity_matrix(U)
-            side_a, side_b = bipartition(S)
-            gap = separation_gap(S, side_a, side_b)
-            silhouette = split_silhouette(S, side_a, side_b)
-            max_k = self.params.split_silhouette_max_k
-            structure, structure_k = best_cut_silhouette(S, max_k) if max_k > 2 else (silhouette, 2)
-            check = self.check_split(U, side_a, side_b, S)
-            required, reference = self.required_structure(U, structure, max_k)
+        U = stack_float64([self.last_vector[k] for k in keys])
+        S = cosine_similarity_matrix(U)
+        side_a, side_b = bipartition(S)
+        gap = separation_gap(S, side_a, side_b)
+        silhouette = split_silhouette(S, side_a, side_b)
+        max_k = self.params.split_silhouette_max_k
+        structure, structure_k = best_cut_silhouette(S, max_k) if max_k > 2 else (silhouette, 2)
+        check = self.check_split(U, side_a, side_b, S)
+        required, reference = self.required_structure(U, structure, max_k)
+        compared = SplitCompared(keys, S)
         record: dict[str, Any] = {
             "criterion": decision_record(decision),
             "gap": gap,
             "silhouette": silhouette,
             "best_cut_silhouette": structure,
             "best_cut_k": structure_k,
-            "true_group_gap": self.true_gap(keys, S),
             "required_silhouette": required,
             "reference_silhouette": reference,
             "layers": self.decision_names(),
         }
         if structure < required:  # a bi-partition of noise: keep the cluster whole
-            self.refused.append({"round": server_round, "cluster": cluster, "reason": "silhouette",
-                                 "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record})
+            self.refuse({"round": server_round, "cluster": cluster, "reason": "silhouette",
+                         "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record}, compared)
             self.round_extra["refused_splits"].append({"cluster": cluster, "reason": "silhouette", "gap": gap,
                                                        "silhouette": silhouette, "best_cut_silhouette": structure})
             return
@@ -220,7 +219,7 @@ class CFL(BiPartitioning):
             if not check.passed and getattr(self.params, 'correct_clustering_check', False):
                 refused = {"round": server_round, "cluster": cluster, "reason": "check",
                            "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record}
-                self.refused.append(refused)
+                self.refuse(refused, compared)
                 self.round_extra["refused_splits"].append({"cluster": cluster, "reason": "check", "gap": gap,
                                                            "silhouette": silhouette, **record["check"]})
                 return
@@ -233,7 +232,13 @@ class CFL(BiPartitioning):
         extra_a, extra_b = self.place_absent(cluster, absent, route, self.last_vector, (len(keys_a), len(keys_b)))
         record["absent"] = [extra_a, extra_b]
         record["similarity"] = self.similarity_record(keys, S)
-        self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route)
+        self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route, compared)
+
+    def refuse(self, record: dict[str, Any], compared: SplitCompared) -> None:
+        """Log a refused split; reported for scoring like a split."""
+        self.refused.append(record)
+        compared.records.append(record)
+        self.reports.append(compared)
 
     def decay(self) -> float:
         """``similarity-decay``; ``auto``: 0.8 for small clients (the median client of those

@@ -41,6 +41,27 @@ class ClientInfo:
     stock: bool = False
 
 
+@dataclass(eq=False)
+class SplitCompared:
+    """A split, made or refused, as the driver's scoring reads it: the clients it compared
+    (the rows of ``similarity``, the matrix it decided on) and the strategy's records of it.
+    A strategy never sees true groups: the scoring writes into ``records`` how the matrix
+    separates them (Sattler's gap of the true groups), after the round."""
+
+    keys: list[str]
+    similarity: np.ndarray
+    records: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class NewcomersPlaced:
+    """Newcomers placed in one step, in order: their newcomer-log ``entries`` (``client``,
+    ``cluster``, ``new_cluster``), into which the driver's scoring writes each one's true
+    group and whether it joined the cluster of its group, after the round."""
+
+    entries: list[dict[str, Any]]
+
+
 @dataclass
 class Ask:
     """Train ``model`` on client ``key`` with ``config`` (phase, cluster-id, upload, return,

@@ -39,7 +39,6 @@ The shared machinery (partial-weight phase, cut, references, newcomers) is in ``
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,9 +103,7 @@ class FedClust(OneShotClustering):
         replied, X, bytes_up = yield from self.collect_partials(server_round, keys, self.theta0)
         if X is None:
             return  # nobody replied: try again next round
-        started = time.perf_counter()
         labels, info = self.cut(X)
-        self.clustering_seconds += time.perf_counter() - started
         self.form_clusters(server_round, replied, X, labels, self.theta0, bytes_up, info)
         if self.params.recut and self.params.lambda_ == "auto" and len(np.unique(labels)) == 1:
             # float32, as the clients sent them: half the memory, a cut of the same labels
@@ -116,12 +113,10 @@ class FedClust(OneShotClustering):
     def recut(self, server_round: int) -> None:
         """Cut the kept partial weights of the one cluster's members again (a grown sample);
         on clusters, form them from the one cluster's current model."""
-        started = time.perf_counter()
         keys = sorted(self.unclustered, key=natural)
         X = np.stack([self.unclustered[key] for key in keys], dtype=np.float64)
         bound = recut_max_clusters(len(keys))
         labels, info = self.cut(X, max_clusters=bound)
-        self.clustering_seconds += time.perf_counter() - started
         clusters = len(np.unique(labels))
         self.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound, "clusters": int(clusters),
                             "best_silhouette": info.get("auto_best_silhouette"),

@@ -98,13 +98,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.clustering.bipartition import (
-    SplitDecision,
-    best_cut_silhouette,
-    bipartition,
-    cosine_similarity_matrix,
-    separation_gap,
-)
+from clusterfed.clustering.bipartition import SplitDecision, bipartition
 from clusterfed.clustering.null_reference import reference_score
 from clusterfed.clustering.sketch import Sketch, in_sketch_space, split_budget
 from clusterfed.clustering.split_rules import (
@@ -114,6 +108,7 @@ from clusterfed.clustering.split_rules import (
     relative_stability,
     sides_silhouette,
 )
+from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix, separation_gap
 from clusterfed.clustering.stability import StabilityTracker, centred_updates, reference_split
 from clusterfed.strategies.base import StrategyParamsError
 from clusterfed.strategies.bipartitioning import (
@@ -124,7 +119,7 @@ from clusterfed.strategies.bipartitioning import (
     decision_record,
     flatten,
 )
-from clusterfed.strategies.exchange import TrainReply
+from clusterfed.strategies.exchange import SplitCompared, TrainReply
 
 # A ξ-selection keeping fewer than this share of a layer's weights falls back to the whole
 # layer (choice beyond the paper; no config key yet): measured on digits (rotation, seed 0)
@@ -239,18 +234,17 @@ class HiCFL(BiPartitioning):
         return self.params.min_silhouette > -1
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
-        with self.timed():
-            if self.compact_storage() and not self.samples:
-                # update-storage = sketch: every rule reads the same seeded sample of each layer's weights
-                kept = split_budget(self.layer_sizes, self.params.sketch_dim)
-                self.samples = {layer: Sketch("sample", size, kept[layer], self.params.seed).spec
-                                for layer, size in self.layer_sizes.items() if kept[layer] < size}
-            sampled = {layer: Sketch.from_spec(spec) for layer, spec in self.samples.items()}
-            for reply in replies:
-                update = reply.update
-                for layer, keys in self.layer_keys.items():
-                    vector = flatten(update, keys, dtype=None)  # kept as sent
-                    self.tracker.add(reply.key, layer, sampled[layer](vector) if layer in sampled else vector)
+        if self.compact_storage() and not self.samples:
+            # update-storage = sketch: every rule reads the same seeded sample of each layer's weights
+            kept = split_budget(self.layer_sizes, self.params.sketch_dim)
+            self.samples = {layer: Sketch("sample", size, kept[layer], self.params.seed).spec
+                            for layer, size in self.layer_sizes.items() if kept[layer] < size}
+        sampled = {layer: Sketch.from_spec(spec) for layer, spec in self.samples.items()}
+        for reply in replies:
+            update = reply.update
+            for layer, keys in self.layer_keys.items():
+                vector = flatten(update, keys, dtype=None)  # kept as sent
+                self.tracker.add(reply.key, layer, sampled[layer](vector) if layer in sampled else vector)
         self.record_stability()  # before a split restarts the windows, so figures show the trigger
         self.round_extra["no_split"] = []
         super().after_train(server_round, replies)
@@ -339,12 +333,10 @@ class HiCFL(BiPartitioning):
             present = [k for k in present if all(self.tracker.windowed(k, layer) is not None for layer in self.layers)]
             if len(present) < self.params.min_split_size:
                 return
-        with self.timed():
-            values, threshold = self.stability_against_eps(cluster, present)
+        values, threshold = self.stability_against_eps(cluster, present)
         if not self.may_split(server_round, cluster, replies):
             return
-        with self.timed():
-            ready = ready_layers(values, threshold, self.params.timing)
+        ready = ready_layers(values, threshold, self.params.timing)
         if not ready:
             return
         if not self.structure_test:
@@ -352,8 +344,7 @@ class HiCFL(BiPartitioning):
             if not decision.heterogeneous:  # stop rule: the members' updates agree
                 self.note_no_split(server_round, cluster, ready[0], "agree", decision)
                 return
-        with self.timed():
-            proposals = {layer: p for layer in ready if (p := self.propose(layer, present)) is not None}
+        proposals = {layer: p for layer in ready if (p := self.propose(layer, present)) is not None}
         if not proposals:
             self.note_no_split(server_round, cluster, ready[0], "one_side", decision)
             return
@@ -382,7 +373,6 @@ class HiCFL(BiPartitioning):
             "relative": self.epsilon is None,
             "criterion": decision_record(decision),
             "gap": separation_gap(S, [position[k] for k in keys_a], [position[k] for k in keys_b]),
-            "true_group_gap": self.true_gap(present, S),
             "layers": self.layer_keys[choice.layer],
             "similarity": self.similarity_record(present, S),
         }
@@ -399,7 +389,7 @@ class HiCFL(BiPartitioning):
         if fresh[0] or fresh[1]:
             record["unwindowed"] = [fresh[0], fresh[1]]
         self.apply_split(server_round, cluster, list(keys_a) + fresh[0] + extra_a, list(keys_b) + fresh[1] + extra_b,
-                         record, route)
+                         record, route, SplitCompared(present, S))
         self.tracker.reset(members)  # children: windows and weight selection restart
 
     def small_side_reference(self, proposal: dict[str, Any], members: list[str]) -> float | None:
@@ -427,8 +417,7 @@ class HiCFL(BiPartitioning):
             S = cosine_similarity_matrix(R)
             return float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(R, *bipartition(S))
 
-        with self.timed():
-            return reference_score(U, score, draws=draws, seed=self.params.seed, method="rotation")
+        return reference_score(U, score, draws=draws, seed=self.params.seed, method="rotation")
 
     def sample_of(self, layer: str) -> dict[str, Any]:
         """A route's ``sketch`` entry: the layer's sample when the split was decided on one."""

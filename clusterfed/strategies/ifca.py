@@ -27,7 +27,6 @@ never sampled yet has no cluster and is not evaluated until its first choice.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -107,7 +106,7 @@ class IFCA(ClusteredStrategy):
         return asks
 
     def round(self, server_round: int) -> Steps:
-        self.clustering_seconds, self.round_extra = 0.0, {}
+        self.round_extra, self.reports = {}, []
         trainers = self.select_trainers(server_round)
         if self.warming_up:
             replies = yield self.train_asks(server_round, trainers, models={k: self.theta0 for k in trainers},
@@ -150,7 +149,6 @@ class IFCA(ClusteredStrategy):
         """k-means++ seeds among the warm-up models become the K cluster models."""
         if not replies:
             return  # nobody replied: warm up again next round
-        started = time.perf_counter()
         replies = sorted(replies, key=lambda r: natural(r.key))
         names = sorted(self.compared_names())  # buffers (BatchNorm counters) would swamp the distances
         X = np.stack([np.concatenate([r.weights[n].ravel() for n in names]).astype(np.float64) for r in replies])
@@ -168,7 +166,6 @@ class IFCA(ClusteredStrategy):
         for reply, position in zip(replies, nearest_seed(X, seeds)):
             self.assignment[reply.key] = int(position)  # provisional, until it chooses by loss
         self.warming_up = False
-        self.clustering_seconds += time.perf_counter() - started
         self.round_extra.update({"ifca_seed_clients": [replies[i].key for i in seeds], "ifca_potential": best[1]})
 
     def cluster_state(self) -> dict:

@@ -30,8 +30,6 @@ evaluated: no model was chosen for it. Every round trains exactly the sampled cl
 from __future__ import annotations
 
 import math
-import time
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -51,7 +49,7 @@ from clusterfed.clustering import (
     stack_partials,
 )
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
-from clusterfed.strategies.exchange import UPLOAD_FULL, Arrays, TrainReply, natural
+from clusterfed.strategies.exchange import UPLOAD_FULL, Arrays, NewcomersPlaced, TrainReply, natural
 
 # clusters.json keeps the square distance matrix (for the heat-map) up to this many
 # clients; beyond, it would take O(m²) memory and megabytes of JSON per run
@@ -224,7 +222,6 @@ class OneShotClustering(ClusteredStrategy):
         """Make one cluster per label, every model at ``models_from`` (default ``start``, the
         model the rows of X were trained from and newcomers will train); store references,
         the state for the figures, and this round's diagnostics."""
-        started = time.perf_counter()
         first = start if models_from is None else models_from
         cluster_of_label = {int(label): self.new_cluster(first) for label in np.unique(labels)}
         for key, label in zip(keys, labels):
@@ -237,7 +234,6 @@ class OneShotClustering(ClusteredStrategy):
         # the dendrogram is for figures; with a sampled clustering it would cost O(m²) memory
         Z = (linkage_matrix(X, metric=self.params.distance, linkage=self.params.linkage)
              if 1 < len(keys) and (small or "cluster_sample" not in info) else None)
-        self.clustering_seconds += time.perf_counter() - started
         self.clustered = True
         self.cluster_start = start
         self.clustering_state = {
@@ -277,8 +273,7 @@ class OneShotClustering(ClusteredStrategy):
         self.round_extra["newcomer_bytes_up"] = self.round_extra.get("newcomer_bytes_up", 0) + bytes_up
         if X is None:
             return [], None
-        started = time.perf_counter()
-        majority = self._majority_groups()  # metrics only, taken before anyone joins
+        placed = NewcomersPlaced([])
         for key, x in zip(replied, X):
             cluster, distance = place_newcomer(x, self.references, epsilon=self.newcomer_epsilon(),
                                                metric=self.params.distance)
@@ -287,24 +282,12 @@ class OneShotClustering(ClusteredStrategy):
                 cluster = self.new_cluster(self.cluster_start)
                 self.references[cluster] = x.copy()  # later newcomers may join it
             self.assignment[key] = cluster
-            group = self.clients[key].true_group  # metrics only
-            matches = (group not in majority.values()) if founded else majority.get(cluster) == group
-            if founded:
-                majority[cluster] = group
-            self.newcomer_log.append({
-                "round": server_round, "client": key, "cluster": cluster, "true_group": group,
-                "distance": float(distance), "new_cluster": founded, "matches_true_group": bool(matches),
-            })
-        self.clustering_seconds += time.perf_counter() - started
+            placed.entries.append({"round": server_round, "client": key, "cluster": cluster,
+                                   "distance": float(distance), "new_cluster": founded})
+        self.newcomer_log.extend(placed.entries)
+        self.reports.append(placed)
         self.round_extra["newcomers_placed"] = self.round_extra.get("newcomers_placed", 0) + len(replied)
         return replied, X
-
-    def _majority_groups(self) -> dict[int, int]:
-        """Cluster -> the true group most of its members hold (metrics only)."""
-        votes: dict[int, Counter] = {}
-        for key, cluster in self.assignment.items():
-            votes.setdefault(cluster, Counter())[self.clients[key].true_group] += 1
-        return {cluster: counter.most_common(1)[0][0] for cluster, counter in votes.items()}
 
     def cluster_state(self) -> dict[str, Any]:
         return dict(self.clustering_state)

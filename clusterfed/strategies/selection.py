@@ -49,7 +49,6 @@ sent up: 2 per trained client; the runner's ``transmissions`` counts the replies
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -111,7 +110,7 @@ class ClientSelection(ClusteredStrategy):
         self.examples, self.stands_for = {}, {}
 
     def round(self, server_round: int) -> Steps:
-        self.clustering_seconds, self.round_extra = 0.0, {}
+        self.round_extra, self.reports = {}, []
         self.sampled = self.draw_sample(server_round)  # the clients reachable this round
         unplaced = [k for k in self.active if k not in self.assignment]
         self.admit(server_round, unplaced)
@@ -179,7 +178,6 @@ class ClientSelection(ClusteredStrategy):
         """Cut the clients' latest final layers into exactly p groups (guard = "floor": the
         warm-up's groups); one random reachable client per group (a group with none reachable
         sits the round out). Reachable clients with no latest model yet (newcomers) train too."""
-        started = time.perf_counter()
         known = sorted((k for k in self.placed() if k in self.latest), key=natural)
         reachable = set(self.reachable(known))
         fresh = [k for k in self.reachable(self.placed()) if k not in self.latest]
@@ -207,7 +205,6 @@ class ClientSelection(ClusteredStrategy):
             missing = min(p - groups, len(rest))
             extra = self.rng.choice(len(rest), size=missing, replace=False) if missing > 0 else []
             chosen += [rest[int(i)] for i in extra]
-        self.clustering_seconds += time.perf_counter() - started
         return sorted(chosen + fresh, key=natural), p
 
     def group_weighted(self, replies: list[TrainReply]) -> list[TrainReply]:
