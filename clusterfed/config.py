@@ -208,7 +208,7 @@ class RunConfig(BaseModel):
     def build_strategy(self) -> ClusteredStrategy:
         """The configured strategy object, built from the ``Params`` validated with this config
         (not validated again)."""
-        return strategy_class(self.strategy).from_params(self._params)
+        return strategy_class(self.strategy)(self._params)
 
 
 def _one_of(value: str, allowed: tuple[str, ...]) -> str:

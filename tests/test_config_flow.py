@@ -18,6 +18,7 @@ import pytest
 import clusterfed
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.simulation import simulate
+from clusterfed.strategies.base import StrategyParamsError
 from clusterfed.strategies.fedclust import FedClust
 
 PACKAGE = Path(clusterfed.__file__).parent
@@ -84,9 +85,10 @@ def test_strategy_params_are_validated_once_and_the_strategy_built_from_them(mon
     calls = []
     validate = FedClust.Params.model_validate.__func__
 
-    def counting(cls, *args, **kwargs):
-        calls.append(cls)
-        return validate(cls, *args, **kwargs)
+    def counting(cls, value, *args, **kwargs):
+        if not isinstance(value, cls):  # an instance is returned as it is (pydantic validates it no more)
+            calls.append(value)
+        return validate(cls, value, *args, **kwargs)
 
     monkeypatch.setattr(FedClust.Params, "model_validate", classmethod(counting))
     config = parse_config({"strategy": "fedclust", "fedclust.lambda": 0.7, "seed": 3})
@@ -105,7 +107,9 @@ def test_a_bad_strategy_parameter_is_named_with_its_key_before_any_work():
     assert "'compare-arrays'" in str(error.value) and "regular expression" in str(error.value)
 
 
-def test_from_params_takes_only_its_own_params():
-    config = parse_config({"strategy": "cfl"})
-    with pytest.raises(TypeError):
-        FedClust.from_params(config.params)
+def test_a_strategy_takes_validated_params_as_they_are_and_only_its_own():
+    params = parse_config({"strategy": "fedclust", "fedclust.lambda": 0.7}).params
+    assert FedClust(params).params is params
+    assert FedClust(params, seed=5).params.seed == 5 and FedClust(params, seed=5).params.lambda_ == 0.7
+    with pytest.raises(StrategyParamsError, match="fedclust"):
+        FedClust(parse_config({"strategy": "cfl"}).params)

@@ -129,29 +129,12 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         super().__init_subclass__(**kwargs)
         document_params(cls)
 
-    def __init__(self, **params: Any) -> None:
-        try:
-            validated = self.Params.model_validate(params)
+    def __init__(self, params: StrategyParams | None = None, /, **keywords: Any) -> None:
+        given = params if params is not None and not keywords else {**dict(params or {}), **keywords}
+        try:  # cls(params): ``Params`` validated already (a run config's) are taken as they are
+            self.params = self.Params.model_validate(given)
         except ValidationError as error:
             raise StrategyParamsError(describe_errors(self.name, error, self.Params)) from None
-        self._configure(validated)
-
-    @classmethod
-    def from_params(cls, params: StrategyParams) -> ClusteredStrategy:
-        """The strategy from ``Params`` validated already (a run config's, ``RunConfig.params``),
-        without validating them again. A subclass with a constructor of its own gets the values
-        as keywords."""
-        if not isinstance(params, cls.Params):
-            raise TypeError(f"{cls.__name__}.from_params takes {cls.Params.__name__}, not {type(params).__name__}")
-        if any("__init__" in vars(c) for c in cls.__mro__[:cls.__mro__.index(ClusteredStrategy)]):
-            return cls(**dict(params))
-        strategy = cls.__new__(cls)
-        strategy._configure(params)
-        return strategy
-
-    def _configure(self, params: StrategyParams) -> None:
-        """Set up from validated ``params`` (``__init__`` and ``from_params`` end here)."""
-        self.params = params
         try:
             self.dp = privacy.dp_settings(self.params.dp_noise_multiplier, self.params.dp_clipping_norm,
                                           self.params.dp_delta)
@@ -163,9 +146,7 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         self.clustering_seconds = 0.0
         self.round_extra: dict[str, Any] = {}
         self.train_config: dict[str, Any] = {}
-        # clusterfed.runner.driver.RunOptions for ``start``: how a library user's own ServerApp adds
-        # recording, checkpoints or membership options (the built-in app hands them to the driver)
-        self.run_options = None
+        self.run_options = None  # RunOptions: how a user's own ServerApp passes options (the app's go to the driver)
         self.driver = None
         self.training_failed: str | None = None  # set by the driver: why nothing trained
         # this round's sample drawn before placement (``draw_sample``); None: trainers are
