@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, ValidationInfo, field_validator, model_validator
 
 from clusterfed import privacy
 from clusterfed.datasets import DATASETS, PARTITIONERS
@@ -22,7 +22,8 @@ from clusterfed.report.watchers import parse_log_to
 from clusterfed.strategies import strategy_class
 from clusterfed.strategies.aggregation import check_aggregator
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategy_config import ConfigError, split_strategy_params
+from clusterfed.strategies.params import StrategyParams
+from clusterfed.strategy_config import ConfigError, own_values, split_strategy_params, validate_params
 
 __all__ = ["ConfigError", "RunConfig", "coerce_value", "config_defaults", "config_keys", "load_config_file",
            "parse_config", "parse_overrides"]
@@ -123,9 +124,8 @@ class RunConfig(BaseModel):
                                     "out-dir/tensorboard (extra clusterfed[tensorboard]); mlflow = MLFLOW_TRACKING_URI "
                                     "or out-dir/mlruns (extra clusterfed[mlflow]); none = nothing")
 
-    # the chosen strategy's validated parameters (kebab-case, without the namespace):
-    # set by parse_config from ``<strategy>.<param>`` keys (and deprecated flat ones)
-    strategy_params: dict[str, Any] = Field(default_factory=dict, exclude=True)
+    # the chosen strategy's Params, validated once when the config is (``_strategy_params``)
+    _params: StrategyParams | None = PrivateAttr(None)
 
     @field_validator("dataset")
     @classmethod
@@ -156,16 +156,40 @@ class RunConfig(BaseModel):
         return _one_of(value, ("auto", *MODELS))
 
     @model_validator(mode="after")
+    def _strategy_params(self, info: ValidationInfo) -> "RunConfig":
+        """The chosen strategy's ``Params`` from the shared run keys and its own values (handed
+        in by ``parse_config`` as the validation context ``strategy_params``): validated here,
+        once, by the strategy's own schema."""
+        cls = strategy_class(self.strategy)
+        if issubclass(cls, ClusteredStrategy):
+            given = (info.context or {}).get("strategy_params", {})
+            self._params = validate_params(cls, self.shared_params(), given)
+        return self
+
+    @model_validator(mode="after")
     def _fault_rates_add_up(self) -> "RunConfig":
         total = self.fault_rate + self.fault_nan_rate + self.fault_shape_rate + self.fault_slow_rate
         if total > 1:
             raise ValueError(f"fault rates add up to {total:g} > 1")
         return self
 
-    def dp_params(self) -> dict[str, float]:
-        """The differential-privacy keys, as every clustered strategy takes them."""
-        return {"dp-noise-multiplier": self.dp_noise_multiplier, "dp-clipping-norm": self.dp_clipping_norm,
+    def shared_params(self) -> dict[str, Any]:
+        """The run keys every clustered strategy's ``Params`` also take (Flower's usual ones,
+        the compared arrays, the aggregator, differential privacy)."""
+        return {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed,
+                "compare-arrays": self.compare_arrays, "aggregator": self.aggregator,
+                "dp-noise-multiplier": self.dp_noise_multiplier, "dp-clipping-norm": self.dp_clipping_norm,
                 "dp-delta": self.dp_delta}
+
+    @property
+    def params(self) -> StrategyParams | None:
+        """The chosen strategy's validated ``Params`` (None for a strategy that is not clustered)."""
+        return self._params
+
+    @property
+    def strategy_params(self) -> dict[str, Any]:
+        """The chosen strategy's own parameters by kebab key, without the namespace and the shared keys."""
+        return own_values(self._params) if self._params is not None else {}
 
     @property
     def namespace(self) -> str:
@@ -176,17 +200,15 @@ class RunConfig(BaseModel):
         """Kebab-case scalar dict, the shape of a Flower run config: the run keys and the
         chosen strategy's parameters as ``<strategy>.<param>``."""
         out = self.model_dump(by_alias=True)
-        if self.strategy_params:
-            out.update({f"{self.namespace}.{k}": v for k, v in self.strategy_params.items()})
+        if own := self.strategy_params:
+            namespace = self.namespace
+            out.update({f"{namespace}.{k}": v for k, v in own.items()})
         return out
 
-    def build_strategy(self):
-        """The configured strategy object (a ``ClusteredStrategy``), from the validated parameters."""
-        cls = strategy_class(self.strategy)
-        shared = {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed,
-                  "compare-arrays": self.compare_arrays, "aggregator": self.aggregator,
-                  **self.dp_params()}
-        return cls(**cls.Params.model_validate({**shared, **self.strategy_params}).model_dump())
+    def build_strategy(self) -> ClusteredStrategy:
+        """The configured strategy object, built from the ``Params`` validated with this config
+        (not validated again)."""
+        return strategy_class(self.strategy)(self._params)
 
 
 def _one_of(value: str, allowed: tuple[str, ...]) -> str:
@@ -200,7 +222,7 @@ def config_defaults() -> dict[str, Any]:
 
 
 def config_keys() -> list[str]:
-    return [field.alias or name for name, field in RunConfig.model_fields.items() if name != "strategy_params"]
+    return [field.alias or name for name, field in RunConfig.model_fields.items()]
 
 
 def parse_config(values: dict[str, Any]) -> RunConfig:
@@ -211,10 +233,10 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     strategy's parameter with a warning naming the new key (``fedclust.distance``).
     Parameters of other strategies (a pyproject holds every strategy's defaults) are
     allowed; one set away from its default is reported as ignored."""
-    run_values, params = split_strategy_params(values, run_keys=config_keys(), parse_run=_validate_run)
-    run = _validate_run(run_values)
+    run_values, params = split_strategy_params(values, run_keys=config_keys())
+    run = _validate_run(run_values, params)
     _check_dp(run)
-    return run.model_copy(update={"strategy_params": params})
+    return run
 
 
 def _check_dp(run: RunConfig) -> None:
@@ -231,12 +253,15 @@ def _check_dp(run: RunConfig) -> None:
                           f"(fedavg is FedAvg with differential privacy per cluster)")
 
 
-def _validate_run(values: dict[str, Any]) -> RunConfig:
+def _validate_run(values: dict[str, Any], strategy_params: dict[str, Any]) -> RunConfig:
     try:
-        return RunConfig.model_validate(values)
+        return RunConfig.model_validate(values, context={"strategy_params": strategy_params})
     except ValidationError as error:
         lines = []
         for problem in error.errors():
+            if isinstance(problem.get("ctx", {}).get("error"), ConfigError):  # the strategy's Params: keys named
+                lines.append(str(problem["ctx"]["error"]))
+                continue
             key = ".".join(str(part) for part in problem["loc"]) or "config"
             given = problem.get("input")
             lines.append(f"config key {key!r} = {given!r}: {problem['msg']}")

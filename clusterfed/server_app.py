@@ -22,8 +22,8 @@ from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.report.watchers import make_watchers, parse_log_to
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError
-from clusterfed.runner.driver import RunOptions
-from clusterfed.runner.preflight import check_model, preflight
+from clusterfed.runner.driver import RoundDriver, RunOptions
+from clusterfed.runner.preflight import Checked, check_model, preflight
 from clusterfed.runner.transport import wait_for_nodes
 from clusterfed.strategies import strategy_class
 from clusterfed.strategies.base import (
@@ -45,7 +45,7 @@ def initial_arrays(config: RunConfig):
     return arrays
 
 
-def export_models(out: Path, config: RunConfig, models: dict[int, dict]) -> list[Path]:
+def export_models(out: Path, models: dict[int, dict]) -> list[Path]:
     """``out/models/cluster-<id>.pt``: torch state dicts loadable into
     ``clusterfed.models.build_model(...)`` (see docs/checkpoints-faults.md)."""
     import torch
@@ -101,36 +101,40 @@ def wait_for_min_clients(grid: Grid, config: RunConfig, poll_seconds: float = 1.
     return online
 
 
-def configured_strategy(config: RunConfig, recorder: RunRecorder | None = None, *, deployment: bool = False,
-                        checkpoint: dict | None = None):
-    """The Flower ``Strategy`` that runs ``config.strategy``: the configured clustered
-    strategy with the app's run options (recording, checkpoints, membership), or Flower's
-    own FedAvg for ``flwr-fedavg``. ``deployment``: nodes may join late and go absent;
-    ``checkpoint``: the state to resume from, loaded and checked by ``preflight``."""
+def configured_strategy(config: RunConfig, recorder: RunRecorder | None = None):
+    """The Flower ``Strategy`` that runs ``config.strategy``: the clustered strategy built from
+    the config's validated ``Params``, or Flower's own FedAvg for ``flwr-fedavg``."""
     cls = strategy_class(config.strategy)
     if not issubclass(cls, ClusteredStrategy):
         return cls(config, recorder)
-    strategy = config.build_strategy()
-    strategy.run_options = RunOptions(
-        recorder=recorder, deployment=deployment, checkpoint=config.checkpoint, resume_from=config.resume_from,
-        resume_state=checkpoint, absent_after=config.absent_after, newcomer_fraction=config.newcomer_fraction,
-        newcomer_round=config.newcomer_round, seed=config.seed, run_config=config.to_flower())
-    return strategy
+    return config.build_strategy()
+
+
+def run_options(config: RunConfig, recorder: RunRecorder | None, *, deployment: bool,
+                resume_state: dict | None) -> RunOptions:
+    """The round driver's options, read once from the run config: recording, checkpoints,
+    resuming from ``resume_state`` (loaded and checked by ``preflight``), membership, simulated
+    newcomers."""
+    return RunOptions(recorder=recorder, deployment=deployment, checkpoint=config.checkpoint,
+                      resume_from=config.resume_from, resume_state=resume_state, absent_after=config.absent_after,
+                      newcomer_fraction=config.newcomer_fraction, newcomer_round=config.newcomer_round,
+                      seed=config.seed, run_config=config.to_flower())
 
 
 def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.stdout,
                node_wait_seconds: float = NODE_WAIT_SECONDS, deployment: bool = False,
-               status: RunStatus | None = None) -> dict[str, Any]:
+               status: RunStatus | None = None, checked: Checked | None = None) -> dict[str, Any]:
     """Everything a server does for one run; returns the summary written to summary.json.
 
     ``deployment=False`` (simulation): the federation must have exactly ``num-clients``
     nodes, waited for up to ``node_wait_seconds``. ``deployment=True`` (``flwr run``
     against a SuperLink): start once ``min-clients`` nodes are up; nodes that join later
-    are profiled and placed by the algorithm, unreachable ones are marked absent."""
+    are profiled and placed by the algorithm, unreachable ones are marked absent.
+    ``checked``: ``preflight``'s result when the caller ran it already (not run twice)."""
     started = time.perf_counter()
     # every problem the server can see, before any client is contacted; resume-from resolved,
     # the checkpoint loaded
-    checked = preflight(config, announce=True)
+    checked = checked or preflight(config, announce=True)
     config, initial = checked.config, checked.initial
     if deployment:
         online = wait_for_min_clients(grid, config)
@@ -139,19 +143,24 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
         wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
     recorder = RunRecorder(out, config.to_flower(), stream=stream, watchers=make_watchers(parse_log_to(config.log_to)))
-    strategy = configured_strategy(config, recorder, deployment=deployment, checkpoint=checked.checkpoint)
+    strategy = configured_strategy(config, recorder)
+    start = strategy.start
+    if isinstance(strategy, ClusteredStrategy):  # the app hands its options to the driver, not to the strategy
+        strategy.driver = RoundDriver(strategy, run_options(config, recorder, deployment=deployment,
+                                                            resume_state=checked.checkpoint))
+        start = strategy.driver.start
+    train_config, evaluate_config = task_configs(config)
     if status is not None:
         recorder.on_round = status.heartbeat
         status.rounds = config.rounds
         status.devices = lambda: strategy.driver.members.device_report() if getattr(strategy, "driver", None) else {}
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
-    train_config, evaluate_config = task_configs(config)
-    strategy.start(grid, initial, num_rounds=config.rounds, timeout=config.timeout, train_config=train_config,
-                   evaluate_config=evaluate_config)
+    start(grid, initial, num_rounds=config.rounds, timeout=config.timeout, train_config=train_config,
+          evaluate_config=evaluate_config)
     summary = recorder.finish(time.perf_counter() - started, strategy.final_clusters())
     if hasattr(strategy, "cluster_models"):
-        export_models(out, config, strategy.cluster_models())
+        export_models(out, strategy.cluster_models())
     from clusterfed.plots import plot_run  # matplotlib only when a run has finished
 
     plot_run(out)

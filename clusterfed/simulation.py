@@ -27,7 +27,7 @@ import clusterfed
 from clusterfed.config import RunConfig
 from clusterfed.datasets import load_source
 from clusterfed.runner.inprocess import InProcessGrid
-from clusterfed.runner.preflight import preflight
+from clusterfed.runner.preflight import Checked, preflight
 
 ENGINES = ("flower", "inprocess")
 
@@ -54,14 +54,15 @@ def inprocess_grid(client_app, num_nodes: int, node_configs: list[dict] | None =
     return InProcessGrid(client_app, num_nodes, node_configs=node_configs, run_config=run_config)
 
 
-def make_server_app(config: RunConfig, stream: TextIO | None, result: dict[str, Any]) -> ServerApp:
+def make_server_app(checked: Checked, stream: TextIO | None, result: dict[str, Any]) -> ServerApp:
+    """A ServerApp running the run ``preflight`` checked (not checked again inside it)."""
     from clusterfed.server_app import run_server
 
     server_app = ServerApp()
 
     @server_app.main()
     def _main(grid: Grid, context) -> None:
-        result["summary"] = run_server(grid, config, stream=stream)
+        result["summary"] = run_server(grid, checked.config, stream=stream, checked=checked)
 
     return server_app
 
@@ -84,12 +85,13 @@ def simulate(config: RunConfig, *, engine: str = "flower", stream: TextIO | None
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
         grid = InProcessGrid(client_app, config.num_clients, timeout=config.timeout)
         return run_server(grid, config, stream=stream, node_wait_seconds=0)
-    preflight(config)  # before Ray starts; run_server checks again inside the ServerApp
-    return _simulate_flower(config, stream, client_app)
+    return _simulate_flower(preflight(config, announce=True), stream, client_app)  # checked before Ray starts
 
 
-def _simulate_flower(config: RunConfig, stream: TextIO | None, client_app) -> dict[str, Any]:
+def _simulate_flower(checked: Checked, stream: TextIO | None, client_app) -> dict[str, Any]:
     from flwr.simulation import run_simulation
+
+    config = checked.config
 
     result: dict[str, Any] = {}
     cpus = os.cpu_count() or 1
@@ -112,7 +114,7 @@ def _simulate_flower(config: RunConfig, stream: TextIO | None, client_app) -> di
         warnings.simplefilter("ignore")
         try:
             run_simulation(
-                server_app=make_server_app(config, stream, result),
+                server_app=make_server_app(checked, stream, result),
                 client_app=client_app,
                 num_supernodes=config.num_clients,
                 backend_config=backend_config,

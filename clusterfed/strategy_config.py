@@ -20,7 +20,7 @@ from pydantic.fields import FieldInfo
 
 from clusterfed.strategies import UnknownStrategyError, clustered_classes, strategy_class
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.params import SHARED_PARAMS, group_errors
+from clusterfed.strategies.params import SHARED_PARAMS, StrategyParams, group_errors
 
 
 class ConfigError(ValueError):
@@ -55,9 +55,11 @@ def default_of(field: FieldInfo) -> Any:
     return field.get_default(call_default_factory=True)
 
 
-def split_strategy_params(values: dict[str, Any], *, run_keys: list[str],
-                          parse_run: Callable[[dict[str, Any]], Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(run keys and values, the chosen strategy's validated parameters by kebab key)."""
+def split_strategy_params(values: dict[str, Any], *, run_keys: list[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(run keys and values, the chosen strategy's parameters as given, by kebab key): sorts
+    the keys and names every unknown one; the chosen strategy's values are validated once,
+    later, by its ``Params`` (``validate_params``). Other strategies' tables are checked for
+    typos and ignored."""
     name = values.get("strategy", "fedavg")
     try:
         cls = strategy_class(str(name))
@@ -122,16 +124,24 @@ def split_strategy_params(values: dict[str, Any], *, run_keys: list[str],
             raise ConfigError(problems(error, lambda key: f"{ns}.{key}")) from None
     if not clustered:
         return run_values, {}
-    merged = {**from_legacy, **params}
-    run = parse_run(run_values)
-    shared = {"fraction-train": run.fraction_train, "fraction-evaluate": run.fraction_evaluate, "seed": run.seed,
-              "compare-arrays": run.compare_arrays, "aggregator": run.aggregator, **run.dp_params()}
+    return run_values, {**from_legacy, **params}
+
+
+def validate_params(cls: type[ClusteredStrategy], shared: dict[str, Any], given: dict[str, Any]) -> StrategyParams:
+    """The strategy's ``Params`` from the run's shared keys (``fraction-train``, ``seed``, …)
+    and its own ``<strategy>.<param>`` values: the one validation of a strategy's parameters
+    in a run (the strategy is built from this object, ``ClusteredStrategy.from_params``).
+    ConfigError names each wrong key as the run config spells it."""
     try:
-        validated = cls.Params.model_validate({**shared, **merged})
+        return cls.Params.model_validate({**shared, **given})
     except ValidationError as error:
-        raise ConfigError(problems(error, lambda key: key if key in shared else f"{chosen}.{key}")) from None
-    dumped = validated.model_dump(by_alias=True)
-    return run_values, {k: dumped[k] for k in own[chosen]}
+        raise ConfigError(problems(error, lambda key: key if key in shared else f"{cls.name}.{key}")) from None
+
+
+def own_values(params: StrategyParams) -> dict[str, Any]:
+    """A strategy's own parameters by kebab key (without the shared ones), as a run config holds them."""
+    dumped = params.model_dump(by_alias=True)
+    return {key_of(n, f): dumped[key_of(n, f)] for n, f in type(params).model_fields.items() if n not in SHARED_PARAMS}
 
 
 def problems(error: ValidationError, shown: Callable[[str], str]) -> str:

@@ -104,8 +104,7 @@ def preflight(config: RunConfig, *, announce: bool = False) -> Checked:
     resolved here (said in the log when ``announce``) and the checkpoint loaded once."""
     config = resolve_resume(config, announce=announce)
     problems = []
-    if (problem := check_partition(config)) is not None:
-        problems.append(f"partition: {problem}")
+    # this module's own checks first, then those handed to lower layers (a flat config)
     if (problem := check_out_dir(config.out_dir)) is not None:
         problems.append(problem)
     if (problem := missing_extras(parse_log_to(config.log_to))) is not None:
@@ -113,6 +112,8 @@ def preflight(config: RunConfig, *, announce: bool = False) -> Checked:
     initial, problem = check_model(config)
     if problem is not None:
         problems.append(problem)
+    if (problem := check_partition(config)) is not None:
+        problems.insert(0, f"partition: {problem}")
     checkpoint = None
     if config.resume_from and initial is not None:
         shapes = {k: (list(v.shape), str(v.dtype)) for k, v in protocol.from_array_record(initial).items()}

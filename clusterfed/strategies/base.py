@@ -129,9 +129,10 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         super().__init_subclass__(**kwargs)
         document_params(cls)
 
-    def __init__(self, **params: Any) -> None:
-        try:
-            self.params = self.Params.model_validate(params)
+    def __init__(self, params: StrategyParams | None = None, /, **keywords: Any) -> None:
+        given = params if params is not None and not keywords else {**dict(params or {}), **keywords}
+        try:  # cls(params): ``Params`` validated already (a run config's) are taken as they are
+            self.params = self.Params.model_validate(given)
         except ValidationError as error:
             raise StrategyParamsError(describe_errors(self.name, error, self.Params)) from None
         try:
@@ -145,7 +146,7 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         self.round_extra: dict[str, Any] = {}
         self.reports: list[Any] = []  # this round's splits and placements, for the driver's scoring
         self.train_config: dict[str, Any] = {}
-        self.run_options = None  # clusterfed.runner.driver.RunOptions, set by an app that wants them
+        self.run_options = None  # RunOptions: how a user's own ServerApp passes options (the app's go to the driver)
         self.driver = None
         self.training_failed: str | None = None  # set by the driver: why nothing trained
         # this round's sample drawn before placement (``draw_sample``); None: trainers are
