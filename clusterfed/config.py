@@ -120,7 +120,8 @@ class RunConfig(BaseModel):
 
     # where to watch the run (clusterfed/report/)
     log_to: str = Field("report", alias="log-to",
-                        description="comma-separated: report = out-dir/report.html redrawn each round; tensorboard = "
+                        description="comma-separated: report = out-dir/report.html redrawn during the run (at most a tenth of its "
+                                    "time) and at its end; tensorboard = "
                                     "out-dir/tensorboard (extra clusterfed[tensorboard]); mlflow = MLFLOW_TRACKING_URI "
                                     "or out-dir/mlruns (extra clusterfed[mlflow]); none = nothing")
 

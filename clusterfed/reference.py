@@ -42,12 +42,8 @@ def toml_value(value: Any) -> str:
 
 
 def run_rows() -> list[tuple[str, Any, str]]:
-    rows = []
-    for name, field in RunConfig.model_fields.items():
-        if name == "strategy_params":
-            continue
-        rows.append((field.alias or name, field.get_default(call_default_factory=True), field.description or ""))
-    return rows
+    return [(field.alias or name, field.get_default(call_default_factory=True), field.description or "")
+            for name, field in RunConfig.model_fields.items()]
 
 
 def pyproject_section() -> str:
