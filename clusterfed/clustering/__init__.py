@@ -24,6 +24,12 @@ from .distances import (
     pairwise_distances,
     stack_partials,
 )
-from .entropy import cluster_within_preclusters, entropy_preclusters, label_entropy, num_classes_present
+from .entropy import (
+    cluster_within_preclusters,
+    entropy_preclusters,
+    label_entropy,
+    merge_across_preclusters,
+    num_classes_present,
+)
 from .newcomers import cluster_references, default_epsilon, nearest_cluster, nearest_references, place_newcomer
 from .sampled import SampledClustering, cluster_sampled

@@ -103,3 +103,102 @@ def cluster_within_preclusters(
         cuts[int(pid)] = cut
     labels = relabel_in_order(labels)
     return (labels, cuts) if return_cuts else labels
+
+
+def merge_across_preclusters(
+    X: np.ndarray,
+    labels: np.ndarray,
+    threshold: float,
+    *,
+    metric: str = "l2",
+    linkage: str = "average",
+    chunk_rows: int = 256,
+) -> np.ndarray:
+    """Continue the agglomeration from the clusters of every pre-cluster: merge the two
+    nearest clusters (by ``linkage`` on ``metric``, as the dendrogram measures them) while
+    they are at most ``threshold`` apart. AdaCFL's Algorithm 1 runs the hierarchical
+    clustering "on" the pre-clusters and merges the nearest clusters "until the distance
+    between them is greater than λ"; a plain union of the pre-clusters' cuts would leave two
+    clusters closer than λ apart whenever the pre-clustering put one group into several
+    pre-clusters. Returns labels 0..K-1 in order of first appearance."""
+    check_linkage(linkage, metric)
+    X = as_client_matrix(X)
+    labels = relabel_in_order(np.asarray(labels).ravel())
+    if labels.size != X.shape[0]:
+        raise ValueError(f"{labels.size} labels for {X.shape[0]} clients")
+    k = int(labels.max()) + 1
+    if k < 2:
+        return labels
+    sizes = np.bincount(labels, minlength=k).astype(np.float64)
+    if linkage == "ward":
+        centroids = np.stack([X[labels == c].mean(axis=0) for c in range(k)])
+        C = _ward_distances(centroids, sizes)
+    else:
+        C = _cluster_linkage_distances(X, labels, k, metric, linkage, chunk_rows)
+    total = C * np.outer(sizes, sizes) if linkage == "average" else None  # sums of member distances
+    active = np.ones(k, dtype=bool)
+    root = np.arange(k)
+    np.fill_diagonal(C, np.inf)
+    while active.sum() > 1:
+        a, b = np.unravel_index(np.argmin(C), C.shape)
+        if not C[a, b] <= threshold:
+            break
+        a, b = min(a, b), max(a, b)
+        if linkage == "average":
+            total[a] += total[b]
+            total[:, a] = total[a]
+            sizes[a] += sizes[b]
+            C[a] = total[a] / (sizes[a] * sizes)
+        elif linkage == "single":
+            C[a] = np.minimum(C[a], C[b])
+        elif linkage == "complete":
+            C[a] = np.maximum(C[a], C[b])
+        else:  # ward: the merged centroid's distances
+            centroids[a] = (sizes[a] * centroids[a] + sizes[b] * centroids[b]) / (sizes[a] + sizes[b])
+            sizes[a] += sizes[b]
+            C[a] = _ward_distances(centroids, sizes, row=a)
+        active[b] = False
+        root[root == b] = a
+        C[b] = C[:, b] = np.inf
+        C[a, ~active] = np.inf
+        C[:, a] = C[a]
+        C[a, a] = np.inf
+    return relabel_in_order(root[labels])
+
+
+def _cluster_linkage_distances(X: np.ndarray, labels: np.ndarray, k: int, metric: str, linkage: str,
+                               chunk_rows: int) -> np.ndarray:
+    """k × k matrix of the average / smallest / largest member distance between clusters,
+    computed in row chunks (never the m × m matrix)."""
+    from scipy.spatial.distance import cdist
+
+    reduce = {"average": np.add, "single": np.minimum, "complete": np.maximum}[linkage]
+    start = 0.0 if linkage == "average" else (np.inf if linkage == "single" else -np.inf)
+    out = np.full((k, k), start)
+    for lo in range(0, X.shape[0], chunk_rows):
+        rows = slice(lo, lo + chunk_rows)
+        D = cdist(X[rows], X, "euclidean" if metric == "l2" else "cosine")
+        D[np.isnan(D)] = 1.0  # a zero vector has no direction: similarity 0 (pairwise_distances' rule)
+        for c in range(k):
+            cols = D[:, labels == c]
+            if linkage == "average":
+                part = np.bincount(labels[rows], weights=cols.sum(axis=1), minlength=k)
+            else:
+                per_row = cols.min(axis=1) if linkage == "single" else cols.max(axis=1)
+                part = np.full(k, start)
+                reduce.at(part, labels[rows], per_row)
+            out[:, c] = reduce(out[:, c], part)
+    if linkage == "average":
+        sizes = np.bincount(labels, minlength=k).astype(np.float64)
+        out /= np.outer(sizes, sizes)
+    return out
+
+
+def _ward_distances(centroids: np.ndarray, sizes: np.ndarray, row: int | None = None) -> np.ndarray:
+    """Ward's merge height between clusters (SciPy's: sqrt(2·na·nb/(na+nb))·‖ca − cb‖);
+    all pairs, or one ``row``."""
+    if row is None:
+        diff = np.linalg.norm(centroids[:, None, :] - centroids[None, :, :], axis=2)
+        return np.sqrt(2.0 * np.outer(sizes, sizes) / np.add.outer(sizes, sizes)) * diff
+    diff = np.linalg.norm(centroids - centroids[row], axis=1)
+    return np.sqrt(2.0 * sizes[row] * sizes / (sizes[row] + sizes)) * diff

@@ -64,7 +64,14 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.clustering import cluster_within_preclusters, entropy_preclusters, linkage_matrix
+from clusterfed.clustering import (
+    DEFAULT_MAX_CLUSTERS,
+    cluster_auto,
+    cluster_within_preclusters,
+    entropy_preclusters,
+    linkage_matrix,
+    merge_across_preclusters,
+)
 from clusterfed.strategies.base import LABEL_STATS, Steps
 from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams, OneShotState, PositiveNumber
 
@@ -81,6 +88,14 @@ class AdaCFLParams(OneShotParams):
         5.0, alias="entropy-min-per-class", ge=0,
         description="pre-cluster only when the median client holds at least this many examples per class it "
                     "holds: below, its class count and entropy are sampling noise (Cochran's rule of five)")
+    precluster_merge: bool = Field(
+        True, alias="precluster-merge",
+        description="after the cut inside each pre-cluster, keep merging the nearest clusters across pre-clusters "
+                    "while they are at most lambda apart (the paper's stop rule; false: the union of the cuts)")
+    auto_tolerance: float = Field(
+        0.05, alias="auto-tolerance", ge=0, lt=1,
+        description='lambda = "auto": the fewest clusters whose silhouette is within this fraction of the best '
+                    'cut\'s (0: the best cut)')
     epsilon: PositiveNumber | Literal["auto"] = Field(
         "auto", description='newcomer distance above which it founds a new cluster; "auto" = the largest '
                             'distance between two cluster references')
@@ -141,18 +156,96 @@ class AdaCFL(OneShotClustering):
             X, pre, lam, metric=self.params.distance, linkage=self.params.linkage,
             min_silhouette=self.params.auto_min_silhouette, return_cuts=True,
         )
-        info = {**self.precluster_info(replied, X, pre, cuts, preclustering), "lambda": float(lam), **auto_info}
+        within = int(labels.max()) + 1
+        if self.params.precluster_merge and len(cuts) > 1:
+            labels = merge_across_preclusters(X, labels, lam, metric=self.params.distance, linkage=self.params.linkage)
+        info = {**self.precluster_info(replied, X, pre, cuts, preclustering), "lambda": float(lam), **auto_info,
+                "clusters_within_preclusters": within}
         self.form_clusters(server_round, replied, X, labels, start, bytes_up, info)
         self.round_extra.update({"preclustering": preclustering, "num_preclusters": len(cuts)})
+        self.round_extra["clusters_within_preclusters"] = within
 
     def threshold(self, X: np.ndarray) -> tuple[float, dict[str, Any]]:
-        """λ for every pre-cluster. ``auto``: the best-silhouette cut of all clients'
-        dendrogram gives one λ, used inside each pre-cluster as the paper uses its one λ."""
+        """λ for every pre-cluster. ``auto``: a cut of all clients' dendrogram gives one λ,
+        used inside each pre-cluster as the paper uses its one λ: the fewest clusters whose
+        silhouette is within ``auto-tolerance`` of the best cut's (the best cut when it
+        falls short of what group-free data reaches: then one cluster)."""
         lam = self.params.number_or_none(self.params.lambda_)
         if lam is not None:
             return lam, {}
-        _, info = self.cut(X)
-        return info["lambda"], {"auto_best_silhouette": info["auto_best_silhouette"]}
+        metric, linkage = self.params.distance, self.params.linkage
+        auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.params.auto_min_silhouette,
+                            reference_draws=self.params.auto_reference_draws, seed=self.params.seed,
+                            max_clusters=DEFAULT_MAX_CLUSTERS)
+        info = {"auto_best_silhouette": auto.silhouette, "auto_reference_silhouette": auto.reference,
+                "auto_required_silhouette": auto.required, "auto_best_clusters": auto.num_clusters,
+                "auto_clusters": auto.num_clusters, "auto_silhouette": auto.silhouette,
+                "auto_tolerance": self.params.auto_tolerance}
+        if auto.num_clusters < 2:
+            return auto.threshold, info
+        # Clients of one group spread along their label balance (a digit pair's clients, from
+        # mostly one digit to mostly the other) form elongated groups, and the silhouette
+        # gains a few hundredths by halving them: a cut that much worse but with fewer
+        # clusters describes the clients as well.
+        floor = max(auto.silhouette - self.params.auto_tolerance * abs(auto.silhouette), auto.required)
+        k = min(k for k, score in auto.scores.items() if score >= floor)
+        if k == auto.num_clusters:
+            return auto.threshold, info
+        heights = linkage_matrix(X, metric=metric, linkage=linkage)[:, 2]
+        merges = len(X) - k  # merges applied in the cut into k clusters (a threshold-reachable cut)
+        info.update(auto_clusters=k, auto_silhouette=float(auto.scores[k]))
+        return 0.5 * (float(heights[merges - 1]) + float(heights[merges])), info
+
+    def one_cluster_reason(self) -> str | None:
+        """The shared reason, with the clients the clustering step saw (a sample under partial
+        participation) and their median size: a small sample of small clients is where the
+        silhouette cannot beat group-free data."""
+        reason = super().one_cluster_reason()
+        if reason is None or not self.clustered:
+            return reason
+        keys = self.clustering_state.get("client_order", [])
+        sizes = [self.clients[key].num_examples for key in keys if key in self.clients]
+        median = f", median {float(np.median(sizes)):g} examples each" if sizes else ""
+        return (f"{reason}; the clustering step in round {self.clustering_state.get('clustering_round')} "
+                f"saw {len(keys)} clients{median}")
+
+    def cluster_count_basis(self) -> str | None:
+        """One sentence on why the run ended with this many clusters, from the cut's own
+        evidence (λ and how it was chosen, silhouettes, pre-clusters, merges, clusters that
+        newcomers founded); None before the clustering step."""
+        if not self.clustered:
+            return None
+        state = self.clustering_state
+        final = len(set(self.assignment.values()))
+        lam = float(state["lambda"])
+        if "auto_clusters" not in state:
+            how = f"lambda {lam:.3g} as given"
+        elif state["auto_clusters"] < 2:
+            best = state.get("auto_best_silhouette")
+            how = (f"lambda auto {lam:.3g}: one cluster, the best cut's silhouette "
+                   f"{'none' if best is None else f'{best:.3f}'} below the required "
+                   f"{state.get('auto_required_silhouette') or self.params.auto_min_silhouette:.3f}")
+        elif state["auto_clusters"] == state["auto_best_clusters"]:
+            how = (f"lambda auto {lam:.3g}: the best-silhouette cut of all {len(state['client_order'])} clients, "
+                   f"{state['auto_clusters']} clusters at silhouette {state['auto_silhouette']:.3f}")
+        else:
+            how = (f"lambda auto {lam:.3g}: {state['auto_clusters']} clusters at silhouette "
+                   f"{state['auto_silhouette']:.3f}, the fewest within auto-tolerance {state['auto_tolerance']:g} of "
+                   f"the best cut ({state['auto_best_clusters']} clusters at {state['auto_best_silhouette']:.3f})")
+        pre = len(state.get("precluster_cuts", [])) or 1
+        at_clustering = len(set(state["labels"]))
+        within = state.get("clusters_within_preclusters", at_clustering)
+        if pre > 1:
+            merged = (f", merged across pre-clusters at lambda to {at_clustering}" if within != at_clustering
+                      else ", none of them within lambda of another")
+            steps = f"; cut inside {pre} entropy pre-clusters into {within} clusters{merged}"
+        else:
+            steps = f"; one pre-cluster, cut into {at_clustering} clusters"
+        founded = sum(1 for entry in self.newcomer_log if entry.get("new_cluster"))
+        later = f"; {founded} more founded by newcomers farther than epsilon" if founded else ""
+        gone = at_clustering + founded - final
+        emptied = f"; {gone} left without members" if gone > 0 else ""
+        return f"{final} clusters: {how}{steps}{later}{emptied}."
 
     def preclusters(self, keys: list[str]) -> tuple[np.ndarray, bool]:
         """Entropy pre-cluster per client, and whether pre-clustering ran at all."""
