@@ -160,6 +160,8 @@ class AdaCFL(_AdaCFL):
         share_label_stats: bool = True,
         entropy_gap: float = 0.1,
         entropy_min_per_class: float = 5.0,
+        precluster_merge: bool = True,
+        auto_tolerance: float = 0.05,
         epsilon: typing.Union[float, typing.Literal['auto']] = 'auto',
     ) -> None: ...
 

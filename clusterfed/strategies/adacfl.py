@@ -12,8 +12,9 @@ Algorithm box (the paper's Alg. 1 and 2):
    profiles carry the number of classes ``L_c`` and the label entropy ``s_c``; the server
    pre-clusters on them (``entropy-gap``), otherwise every client is in one pre-cluster.
 3. Inside each pre-cluster: distance matrix and threshold cut at ``lambda`` (number, or
-   ``auto``); the final clusters are the union. Every cluster model starts from the
-   warm-up global model.
+   ``auto``); then the nearest clusters keep merging, across pre-clusters too, until they
+   are farther than ``lambda`` apart (``precluster-merge``). Every cluster model starts
+   from the warm-up global model.
 4. Then per-cluster FedAvg. A newcomer trains the same start model, uploads the same
    layer and joins the nearest cluster reference unless that is farther than ε
    (``epsilon``; ``auto`` = the largest distance between two references); then it founds
@@ -25,10 +26,21 @@ Choices the paper leaves open (documented here, all configurable):
   single epoch**: one epoch leaves too little signal in the layer on small clients (the
   measurement: docs/algorithms/adacfl.md). ``--set adacfl.cluster-epochs=1`` gives the
   paper's step.
-- **λ = auto picks one λ for all pre-clusters**: the best-silhouette cut of all clients'
-  dendrogram (``cluster_auto``), then the paper's threshold cut at that λ inside each
+- **λ = auto picks one λ for all pre-clusters**: the auto cut of all clients' dendrogram
+  (``cluster_auto``, with ``auto-tolerance`` below), then the paper's threshold cut at that λ inside each
   pre-cluster. A silhouette per pre-cluster is undefined for one or two clients and noisy
   for a few; the paper, too, uses one λ.
+- **Clusters merge across pre-clusters while within λ** (``precluster-merge``, default
+  true). The paper runs the hierarchical clustering "on" the pre-clusters and merges "the
+  nearest clusters [...] until the distance between them is greater than λ"; a union of
+  the pre-clusters' cuts (``precluster-merge = false``, this module's earlier reading)
+  leaves clusters closer than λ apart. It matters with many small clients: their label
+  proportions are sampling noise, so the 10 % entropy gap cuts every group into bands
+  and each band's cut repeats the groups (measured: docs/algorithms/adacfl.md).
+- **λ = auto takes the fewest clusters within ``auto-tolerance`` of the best silhouette**
+  (default 0.05; 0 = the best cut). A group whose clients hold its classes in different
+  proportions trains along two directions (mostly one digit, mostly the other), and the
+  silhouette gains a few hundredths by halving it; ties already went to fewer clusters.
 - **The clustering step is its own phase** (partial upload), before that round's normal
   training: the warm-up rounds upload full models (they are FedAvg rounds), so reusing
   their uploads would save nothing and would not test the partial upload.
@@ -53,7 +65,8 @@ training at once. Until then it holds no cluster and is not evaluated (``oneshot
 
 Known behaviour: the paper's entropy gap can isolate a client whose labels are unevenly
 balanced among clients that hold the same labels evenly, so on digit pairs the ARI can be
-below 1 (docs/algorithms/adacfl.md); ``share-label-stats = false`` avoids it.
+below 1 (docs/algorithms/adacfl.md) unless ``precluster-merge`` brings it back to its group
+(it does when the client lies within λ of it); ``share-label-stats = false`` avoids it.
 """
 
 from __future__ import annotations
