@@ -105,3 +105,27 @@ def test_groups_split_across_pre_clusters_are_merged_back():
     merged = merge_across_preclusters(X, within, 3.0)
     assert within.max() + 1 > 3 and merged.max() + 1 == 3
     assert adjusted_rand_score(np.repeat([0, 1, 2], 30), merged) == 1.0
+
+
+def test_a_sample_without_groups_stays_one_cluster_and_says_what_the_step_saw():
+    """A quarter of 80 clients whose uploads are noise: one cluster, and the reason names the
+    sample the one clustering step saw and the clients that joined it later."""
+    keys = [str(i) for i in range(80)]
+    algorithm = make(AdaCFL, {key: 0 for key in keys}, examples={key: 10 for key in keys}, fraction_train=0.25,
+                     **{"adacfl.share_label_stats": False})
+    rng = np.random.default_rng(3)
+
+    def respond(ask):
+        if ask.config["phase"] != "cluster":
+            return trained(ask, 0.0)
+        return {name: ask.model[name] + rng.normal(0, 0.1, ask.model[name].shape).astype(np.float32)
+                for name in ask.upload}
+
+    for server_round in range(1, 7):
+        drive_round(algorithm, server_round, respond, examples={key: 10 for key in keys})
+    assert len(set(algorithm.assignment.values())) == 1
+    reason = algorithm.one_cluster_reason()
+    assert "the clustering step in round 2 saw 20 clients, median 10 examples each" in reason
+    joined = len(algorithm.newcomer_log)
+    assert joined > 0 and f"the {joined} clients placed later joined its one cluster" in reason
+    assert algorithm.cluster_count_basis().startswith("1 cluster: lambda auto")

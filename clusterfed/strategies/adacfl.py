@@ -219,8 +219,11 @@ class AdaCFL(OneShotClustering):
         keys = self.clustering_state.get("client_order", [])
         sizes = [self.clients[key].num_examples for key in keys if key in self.clients]
         median = f", median {float(np.median(sizes)):g} examples each" if sizes else ""
+        joined = len(self.newcomer_log)
+        later = (f"; the paper clusters once, and the {joined} clients placed later joined its one cluster "
+                 f"(epsilon auto is infinite with one reference)" if joined else "")
         return (f"{reason}; the clustering step in round {self.clustering_state.get('clustering_round')} "
-                f"saw {len(keys)} clients{median}")
+                f"saw {len(keys)} clients{median}{later}")
 
     def cluster_count_basis(self) -> str | None:
         """One sentence on why the run ended with this many clusters, from the cut's own
@@ -258,7 +261,7 @@ class AdaCFL(OneShotClustering):
         later = f"; {founded} more founded by newcomers farther than epsilon" if founded else ""
         gone = at_clustering + founded - final
         emptied = f"; {gone} left without members" if gone > 0 else ""
-        return f"{final} clusters: {how}{steps}{later}{emptied}."
+        return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{emptied}."
 
     def preclusters(self, keys: list[str]) -> tuple[np.ndarray, bool]:
         """Entropy pre-cluster per client, and whether pre-clustering ran at all."""
