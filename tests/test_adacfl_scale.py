@@ -129,3 +129,27 @@ def test_a_sample_without_groups_stays_one_cluster_and_says_what_the_step_saw():
     joined = len(algorithm.newcomer_log)
     assert joined > 0 and f"the {joined} clients placed later joined its one cluster" in reason
     assert algorithm.cluster_count_basis().startswith("1 cluster: lambda auto")
+
+
+def test_pre_clusters_stay_apart_when_the_weights_show_no_structure():
+    """Four well-separated entropy levels, uploads that are noise: the auto cut finds one
+    cluster, whose λ lies above every merge; the pre-clusters stay the clusters."""
+    keys = [str(i) for i in range(40)]
+    stats = {key: {"num-classes": 4, "label-entropy": [0.5, 1.0, 1.5, 1.95][int(key) % 4]} for key in keys}
+    algorithm = make(AdaCFL, {key: int(key) % 4 for key in keys}, stats=stats, examples={key: 40 for key in keys})
+    rng = np.random.default_rng(4)
+
+    def respond(ask):
+        if ask.config["phase"] != "cluster":
+            return trained(ask, 0.0)
+        return {name: ask.model[name] + rng.normal(0, 0.1, ask.model[name].shape).astype(np.float32)
+                for name in ask.upload}
+
+    for server_round in (1, 2):
+        drive_round(algorithm, server_round, respond, examples={key: 40 for key in keys})
+    state = algorithm.cluster_state()
+    assert state["auto_clusters"] == 1 and len(state["precluster_cuts"]) == 4
+    assert len(set(algorithm.assignment.values())) == 4
+    truth = [int(key) % 4 for key in algorithm.assignment]
+    assert adjusted_rand_score(truth, list(algorithm.assignment.values())) == 1.0
+    assert "kept apart: the weights show no structure" in algorithm.cluster_count_basis()

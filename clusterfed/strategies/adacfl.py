@@ -34,7 +34,9 @@ Choices the paper leaves open (documented here, all configurable):
   true). The paper runs the hierarchical clustering "on" the pre-clusters and merges "the
   nearest clusters [...] until the distance between them is greater than λ"; a union of
   the pre-clusters' cuts (``precluster-merge = false``, this module's earlier reading)
-  leaves clusters closer than λ apart. It matters with many small clients: their label
+  leaves clusters closer than λ apart. An auto λ that found no structure in the weights (one
+  cluster) lies above every merge and would undo the pre-clusters, then the only evidence of
+  groups: they stay apart. It matters with many small clients: their label
   proportions are sampling noise, so the 10 % entropy gap cuts every group into bands
   and each band's cut repeats the groups (measured: docs/algorithms/adacfl.md).
 - **λ = auto takes the fewest clusters within ``auto-tolerance`` of the best silhouette**
@@ -170,7 +172,9 @@ class AdaCFL(OneShotClustering):
             min_silhouette=self.params.auto_min_silhouette, return_cuts=True,
         )
         within = int(labels.max()) + 1
-        if self.params.precluster_merge and len(cuts) > 1:
+        # an auto λ that found no structure in the weights lies above every merge: merging at
+        # it would undo the pre-clusters, then the only evidence of groups; they stay apart
+        if self.params.precluster_merge and len(cuts) > 1 and auto_info.get("auto_clusters", 2) > 1:
             labels = merge_across_preclusters(X, labels, lam, metric=self.params.distance, linkage=self.params.linkage)
         info = {**self.precluster_info(replied, X, pre, cuts, preclustering), "lambda": float(lam), **auto_info,
                 "clusters_within_preclusters": within}
@@ -252,8 +256,15 @@ class AdaCFL(OneShotClustering):
         at_clustering = len(set(state["labels"]))
         within = state.get("clusters_within_preclusters", at_clustering)
         if pre > 1:
-            merged = (f", merged across pre-clusters at lambda to {at_clustering}" if within != at_clustering
-                      else ", none of them within lambda of another")
+            if not self.params.precluster_merge:
+                merged = ", their union kept (precluster-merge = false)"
+            elif state.get("auto_clusters") == 1:
+                merged = ", kept apart: the weights show no structure to merge them by"
+            elif within != at_clustering:
+                merged = f", merged across pre-clusters at lambda to {at_clustering}"
+            else:
+                merged = ", none of them within lambda of another"
+
             steps = f"; cut inside {pre} entropy pre-clusters into {within} clusters{merged}"
         else:
             steps = f"; one pre-cluster, cut into {at_clustering} clusters"
