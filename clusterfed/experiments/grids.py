@@ -1,4 +1,4 @@
-"""The one experiment runner: ``clusterfed experiment FILE`` (and ``clusterfed compare``, a grid
+"""Running an experiment's grids: ``clusterfed experiment FILE`` (and ``clusterfed compare``, a grid
 given on the command line).
 
 Every run of every grid is built and checked (run-config schema, partition feasibility, out
@@ -25,8 +25,8 @@ from typing import Any, TextIO
 
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.datasets.shapes import DATASET_SHAPES
+from clusterfed.experiments.comparison import CSV_COLUMNS, run_row, write_outputs
 from clusterfed.experiments.manifest import config_hash, start_manifest, write_manifest
-from clusterfed.experiments.results import CSV_COLUMNS, run_row, write_outputs
 from clusterfed.experiments.spec import Experiment, Grid, Variant
 from clusterfed.experiments.sweeps import sweep_grids, write_sweep
 from clusterfed.runner.preflight import preflight
