@@ -206,10 +206,13 @@ class RunConfig(BaseModel):
             out.update({f"{namespace}.{k}": v for k, v in own.items()})
         return out
 
-    def build_strategy(self) -> ClusteredStrategy:
-        """The configured strategy object, built from the ``Params`` validated with this config
-        (not validated again)."""
-        return strategy_class(self.strategy)(self._params)
+    def build_strategy(self, recorder: Any = None) -> Any:
+        """The Flower ``Strategy`` that runs ``strategy``: a clustered strategy built from the
+        ``Params`` validated with this config (not validated again), or Flower's own FedAvg
+        (``flwr-fedavg``) reading this config and recording into ``recorder`` (a ``RunRecorder``;
+        a clustered strategy's driver records)."""
+        cls = strategy_class(self.strategy)
+        return cls(self._params) if issubclass(cls, ClusteredStrategy) else cls(self, recorder)
 
 
 def _one_of(value: str, allowed: tuple[str, ...]) -> str:

@@ -90,15 +90,15 @@ def trained(ask: Ask, shift: float) -> Arrays:
 
 def capture_algorithms(monkeypatch) -> list:
     """Make ``run_server`` hand every algorithm it builds to the returned list."""
-    from clusterfed import server_app
-    from clusterfed.server_app import configured_strategy
+    from clusterfed.config import RunConfig
 
+    build = RunConfig.build_strategy
     captured = []
 
-    def capture(config, recorder=None, **kwargs):
-        strategy = configured_strategy(config, recorder, **kwargs)
+    def capture(config, recorder=None):
+        strategy = build(config, recorder)
         captured.append(strategy)
         return strategy
 
-    monkeypatch.setattr(server_app, "configured_strategy", capture)
+    monkeypatch.setattr(RunConfig, "build_strategy", capture)
     return captured

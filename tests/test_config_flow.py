@@ -17,6 +17,7 @@ import pytest
 
 import clusterfed
 from clusterfed.config import ConfigError, RunConfig, parse_config
+from clusterfed.runner.preflight import Checked
 from clusterfed.simulation import simulate
 from clusterfed.strategies.base import StrategyParamsError
 from clusterfed.strategies.fedclust import FedClust
@@ -25,7 +26,9 @@ PACKAGE = Path(clusterfed.__file__).parent
 
 
 def carries_config(value) -> bool:
-    return isinstance(value, RunConfig) or (isinstance(value, dict) and "num-clients" in value and "strategy" in value)
+    """The run config as a ``RunConfig``, inside ``preflight``'s ``Checked``, or flat."""
+    return (isinstance(value, (RunConfig, Checked))
+            or (isinstance(value, dict) and "num-clients" in value and "strategy" in value))
 
 
 def trace_config(run) -> list[tuple[str, str, bool]]:
@@ -66,19 +69,94 @@ def tiny_run(out: Path) -> RunConfig:
                          "log-to": "none"})
 
 
+def describe(stays: list[tuple[str, str, bool]]) -> str:
+    return "; ".join(f"{module}:{function}{' (return up)' if up else ''}" for module, function, up in stays)
+
+
 def test_a_runs_config_passes_each_module_once(tmp_path):
     config = tiny_run(tmp_path)
     stays = trace_config(lambda: simulate(config, engine="inprocess", stream=None))
-    per_module = Counter(module for module, _, _ in stays)
-    returns = [module for module, _, up in stays if up]
-    shown = "; ".join(f"{module}:{function}{' (return up)' if up else ''}" for module, function, up in stays)
-    # before options were owned once: 10 stays in 7 modules, 3 returns up (preflight entered
-    # twice); now the server app hands the checked config down once, after preflight
-    assert per_module["clusterfed/simulation"] == per_module["clusterfed/runner/preflight"] == 1, shown
-    assert all(count == 1 for module, count in per_module.items() if module != "clusterfed/server_app"), shown
-    assert per_module["clusterfed/server_app"] <= 2 and returns in ([], ["clusterfed/server_app"]), shown
-    assert len(stays) <= 8, shown
+    # before options were owned once: 26 stays in 15 modules, 8 returns up; then 8 stays in 7
+    # modules, 1 return up (the server app took the config back after preflight); now the
+    # server app reads the checked config once and hands each part what it takes
+    assert [module for module, _, _ in stays][:3] == ["clusterfed/simulation", "clusterfed/server_app",
+                                                      "clusterfed/runner/preflight"], describe(stays)
+    assert all(count == 1 for count in Counter(module for module, _, _ in stays).values()), describe(stays)
+    assert not [module for module, _, up in stays if up], describe(stays)
     assert (tmp_path / "summary.json").is_file()
+
+
+def test_the_server_apps_own_entry_passes_each_module_once(tmp_path):
+    """``run_server`` given a run config (as ``main`` under ``flwr run`` and the benchmarks call it)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from clusterfed.client_app import app as client_app
+    from clusterfed.runner.inprocess import InProcessGrid
+    from clusterfed.server_app import run_server
+
+    config = tiny_run(tmp_path)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    grid = InProcessGrid(client_app, config.num_clients, timeout=config.timeout)
+    stays = trace_config(lambda: run_server(grid, config, stream=None, node_wait_seconds=0))
+    # before: 21 stays in 13 modules, 6 returns up
+    assert [module for module, _, _ in stays][:2] == ["clusterfed/server_app", "clusterfed/runner/preflight"]
+    assert all(count == 1 for count in Counter(module for module, _, _ in stays).values()), describe(stays)
+    assert not [module for module, _, up in stays if up], describe(stays)
+    assert (tmp_path / "summary.json").is_file()
+
+
+def count_calls(run, *functions) -> Counter:
+    """(function, the run's label: its out-dir's parent, ``<label>/seed<s>``) -> how often it was
+    called with that run's config while ``run()`` ran."""
+    codes = {function.__code__: function.__qualname__ for function in functions}
+    counts: Counter = Counter()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            for value in list(frame.f_locals.values()):
+                config = value.config if isinstance(value, Checked) else value
+                if isinstance(config, RunConfig):
+                    counts[codes[frame.f_code], Path(config.out_dir).parent.name] += 1
+                elif isinstance(config, dict) and "out-dir" in config:
+                    counts[codes[frame.f_code], Path(config["out-dir"]).parent.name] += 1
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return counts
+
+
+def test_an_experiments_grid_checks_each_run_once_and_hands_the_checked_config_to_it(tmp_path):
+    """A grid of two runs: each run config is parsed and preflighted once, by the grid, before
+    either run starts; each run takes its checked config and passes each module once."""
+    from clusterfed.experiments.grids import run_experiment
+    from clusterfed.experiments.spec import parse_experiment
+    from clusterfed.runner import preflight as preflight_module
+
+    values = {key: value for key, value in tiny_run(tmp_path).to_flower().items()
+              if key in ("dataset", "num-clients", "num-groups", "label-groups", "rounds", "log-to")}
+    experiment = parse_experiment({"strategies": ["fedavg", "fedclust"], "seeds": [0],
+                                   "grid": [{"folder": "grid", "config": values}]},
+                                  source="test", base_dir=tmp_path, name="test", out=tmp_path / "out",
+                                  skip_missing_data=False)
+    calls = count_calls(lambda: run_experiment(experiment, stream=None), parse_config,
+                        preflight_module.preflight, preflight_module.check_partition)
+    # before: the grid preflighted the first run of each partition only, and each run
+    # preflighted itself again (3 preflights for 2 runs)
+    assert calls == Counter({("parse_config", "fedavg"): 1, ("parse_config", "fedclust"): 1,
+                             ("preflight", "fedavg"): 1, ("preflight", "fedclust"): 1,
+                             ("check_partition", "fedavg"): 1}), calls  # the two runs share one partition
+    stays = trace_config(lambda: run_experiment(experiment, stream=None))
+    runs = [stays[i:i + 5] for i, (module, _, _) in enumerate(stays) if module == "clusterfed/simulation"]
+    assert len(runs) == 2, describe(stays)
+    for run in runs:  # from simulate down: no check again, each module once, none returned to
+        assert [module for module, _, _ in run] == ["clusterfed/simulation", "clusterfed/server_app",
+                                                    "clusterfed/results", "clusterfed/protocol",
+                                                    "clusterfed/runner/state_encoder"], describe(stays)
+        assert not [module for module, _, up in run if up], describe(stays)
+    assert (tmp_path / "out" / "grid" / "comparison.csv").is_file()
 
 
 def test_strategy_params_are_validated_once_and_the_strategy_built_from_them(monkeypatch):
