@@ -31,10 +31,16 @@ def carries_config(value) -> bool:
             or (isinstance(value, dict) and "num-clients" in value and "strategy" in value))
 
 
-def trace_config(run) -> list[tuple[str, str, bool]]:
-    """(module, function, whether the module is on the config's call stack already) of each
-    stay of the config while ``run()`` runs."""
-    entries: list[tuple[str, str, tuple[str, ...]]] = []
+def run_label(value) -> str:
+    """Which run a config is: its out-dir's parent (a grid's ``<label>/seed<s>``)."""
+    config = value.config if isinstance(value, Checked) else value
+    return Path(config.out_dir if isinstance(config, RunConfig) else config.get("out-dir", "")).parent.name
+
+
+def config_entries(run) -> list[tuple[str, str, tuple[str, ...], str]]:
+    """(module, function, the modules on the config's call stack below, the run's label) of
+    each entry into a clusterfed function given the config while ``run()`` runs."""
+    entries: list[tuple[str, str, tuple[str, ...], str]] = []
     stack: list[str | None] = []  # the module of each open call that carries the config, else None
 
     def profile(frame, event, arg):
@@ -44,9 +50,12 @@ def trace_config(run) -> list[tuple[str, str, bool]]:
             if code.co_filename.startswith(str(PACKAGE)):
                 names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
                 # the config's own methods are not a module it passes
-                if any(name != "self" and carries_config(frame.f_locals.get(name)) for name in names):
+                given = [frame.f_locals.get(name) for name in names if name != "self"]
+                configs = [value for value in given if carries_config(value)]
+                if configs:
                     module = Path(code.co_filename).relative_to(PACKAGE.parent).with_suffix("").as_posix()
-                    entries.append((module, code.co_qualname, tuple(m for m in stack if m is not None)))
+                    entries.append((module, code.co_qualname, tuple(m for m in stack if m is not None),
+                                    run_label(configs[0])))
             stack.append(module)
         elif event == "return" and stack:
             stack.pop()
@@ -56,11 +65,22 @@ def trace_config(run) -> list[tuple[str, str, bool]]:
         run()
     finally:
         sys.setprofile(None)
+    return entries
+
+
+def stays_of(entries) -> list[tuple[str, str, bool]]:
+    """(module, function, whether the module is on the config's call stack already) of each
+    stay: a run of entries in one module."""
     stays: list[tuple[str, str, bool]] = []
-    for module, function, below in entries:
+    for module, function, below, _ in entries:
         if not stays or stays[-1][0] != module:
             stays.append((module, function, module in below))
     return stays
+
+
+def trace_config(run) -> list[tuple[str, str, bool]]:
+    """Each stay of the config while ``run()`` runs (``stays_of``)."""
+    return stays_of(config_entries(run))
 
 
 def tiny_run(out: Path) -> RunConfig:
@@ -105,35 +125,11 @@ def test_the_server_apps_own_entry_passes_each_module_once(tmp_path):
     assert (tmp_path / "summary.json").is_file()
 
 
-def count_calls(run, *functions) -> Counter:
-    """(function, the run's label: its out-dir's parent, ``<label>/seed<s>``) -> how often it was
-    called with that run's config while ``run()`` ran."""
-    codes = {function.__code__: function.__qualname__ for function in functions}
-    counts: Counter = Counter()
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code in codes:
-            for value in list(frame.f_locals.values()):
-                config = value.config if isinstance(value, Checked) else value
-                if isinstance(config, RunConfig):
-                    counts[codes[frame.f_code], Path(config.out_dir).parent.name] += 1
-                elif isinstance(config, dict) and "out-dir" in config:
-                    counts[codes[frame.f_code], Path(config["out-dir"]).parent.name] += 1
-
-    sys.setprofile(profile)
-    try:
-        run()
-    finally:
-        sys.setprofile(None)
-    return counts
-
-
 def test_an_experiments_grid_checks_each_run_once_and_hands_the_checked_config_to_it(tmp_path):
     """A grid of two runs: each run config is parsed and preflighted once, by the grid, before
     either run starts; each run takes its checked config and passes each module once."""
     from clusterfed.experiments.grids import run_experiment
     from clusterfed.experiments.spec import parse_experiment
-    from clusterfed.runner import preflight as preflight_module
 
     values = {key: value for key, value in tiny_run(tmp_path).to_flower().items()
               if key in ("dataset", "num-clients", "num-groups", "label-groups", "rounds", "log-to")}
@@ -141,21 +137,24 @@ def test_an_experiments_grid_checks_each_run_once_and_hands_the_checked_config_t
                                    "grid": [{"folder": "grid", "config": values}]},
                                   source="test", base_dir=tmp_path, name="test", out=tmp_path / "out",
                                   skip_missing_data=False)
-    calls = count_calls(lambda: run_experiment(experiment, stream=None), parse_config,
-                        preflight_module.preflight, preflight_module.check_partition)
-    # before: the grid preflighted the first run of each partition only, and each run
-    # preflighted itself again (3 preflights for 2 runs)
+    entries = config_entries(lambda: run_experiment(experiment, stream=None))
+    calls = Counter((function, label) for _, function, _, label in entries
+                    if function in ("parse_config", "preflight", "check_partition"))
+    # before: 3 preflights and 3 partition splits for 2 runs (the grid preflighted the first run
+    # of each partition, then each run itself); 26 stays in 10 modules, 4 returns up
     assert calls == Counter({("parse_config", "fedavg"): 1, ("parse_config", "fedclust"): 1,
                              ("preflight", "fedavg"): 1, ("preflight", "fedclust"): 1,
                              ("check_partition", "fedavg"): 1}), calls  # the two runs share one partition
-    stays = trace_config(lambda: run_experiment(experiment, stream=None))
-    runs = [stays[i:i + 5] for i, (module, _, _) in enumerate(stays) if module == "clusterfed/simulation"]
-    assert len(runs) == 2, describe(stays)
-    for run in runs:  # from simulate down: no check again, each module once, none returned to
-        assert [module for module, _, _ in run] == ["clusterfed/simulation", "clusterfed/server_app",
-                                                    "clusterfed/results", "clusterfed/protocol",
-                                                    "clusterfed/runner/state_encoder"], describe(stays)
-        assert not [module for module, _, up in run if up], describe(stays)
+    stays = stays_of(entries)
+    assert not [module for module, _, up in stays if up], describe(stays)
+    modules = [module for module, _, _ in stays]
+    starts = [i for i, module in enumerate(modules) if module == "clusterfed/simulation"]
+    assert len(starts) == 2, describe(stays)
+    for start in starts:  # a run, from simulate until the grid takes over again: no check, each module once
+        run = modules[start:modules.index("clusterfed/experiments/grids", start)]
+        assert run[:2] == ["clusterfed/simulation", "clusterfed/server_app"], describe(stays)
+        assert "clusterfed/runner/preflight" not in run and "clusterfed/config" not in run, describe(stays)
+        assert len(set(run)) == len(run), describe(stays)
     assert (tmp_path / "out" / "grid" / "comparison.csv").is_file()
 
 
@@ -164,8 +163,7 @@ def test_strategy_params_are_validated_once_and_the_strategy_built_from_them(mon
     validate = FedClust.Params.model_validate.__func__
 
     def counting(cls, value, *args, **kwargs):
-        if not isinstance(value, cls):  # an instance is returned as it is (pydantic validates it no more)
-            calls.append(value)
+        calls.append(value)  # an instance too: pydantic would run its model validators again
         return validate(cls, value, *args, **kwargs)
 
     monkeypatch.setattr(FedClust.Params, "model_validate", classmethod(counting))

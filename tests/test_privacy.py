@@ -176,6 +176,41 @@ def test_the_run_config_hands_the_dp_keys_to_the_strategy(accounting):
     assert config.build_strategy().dp == privacy.ClusterDP(0.7, 2.0, 1e-3)
 
 
+def test_the_dp_settings_are_checked_once_on_each_path_with_one_sentence(monkeypatch, accounting):
+    """The run config and the Python constructor both check the dp_* settings in the strategy's
+    Params, once; the strategy built from a run config's Params does not check them again.
+    Both refusals are the same sentence, naming the strategy and each setting as its caller
+    spells it."""
+    checks = []
+    real = privacy.dp_settings
+
+    def counting(*args):
+        checks.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(privacy, "dp_settings", counting)
+    config = parse_config({"strategy": "cfl", "dp-noise-multiplier": 0.7, "dp-clipping-norm": 2.0, "dp-delta": 1e-3})
+    assert config.build_strategy().dp == privacy.ClusterDP(0.7, 2.0, 1e-3)
+    assert checks == [(0.7, 2.0, 1e-3)]  # before: twice (the run config's check, the constructor's)
+    checks.clear()
+    assert clusterfed.FedClust(dp_noise_multiplier=0.7, dp_clipping_norm=2.0, dp_delta=1e-3).dp is not None
+    assert checks == [(0.7, 2.0, 1e-3)]
+    with pytest.raises(StrategyParamsError) as from_python:
+        clusterfed.CFL(dp_clipping_norm=1.0, dp_delta=1e-3)
+    with pytest.raises(ConfigError) as from_config:
+        parse_config({"strategy": "cfl", "dp-clipping-norm": 1.0, "dp-delta": 1e-3})
+    said = "cfl: dp_delta = 0.001 without dp_noise_multiplier: without noise ε is infinite"
+    assert str(from_python.value).startswith(said)
+    assert str(from_config.value).startswith(said.replace("_", "-"))
+
+
+def test_dp_with_another_aggregator_is_refused_by_the_run_config_before_the_run():
+    with pytest.raises(ConfigError, match=r"fedclust: dp-\* with aggregator = 'FedAdam'"):
+        parse_config({"strategy": "fedclust", "dp-clipping-norm": 1.0, "aggregator": "fedadam"})
+    with pytest.raises(StrategyParamsError, match=r"fedclust: dp_\* with aggregator = 'FedAdam'"):
+        clusterfed.FedClust(dp_clipping_norm=1.0, aggregator="fedadam")
+
+
 @pytest.mark.parametrize("wrapper", ["DifferentialPrivacyServerSideFixedClipping",
                                      "DifferentialPrivacyClientSideFixedClipping"])
 def test_flowers_dp_wrapper_around_a_clustered_strategy_names_the_clustered_alternative(wrapper):

@@ -131,15 +131,15 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
 
     def __init__(self, params: StrategyParams | None = None, /, **keywords: Any) -> None:
         given = params if params is not None and not keywords else {**dict(params or {}), **keywords}
-        try:  # cls(params): ``Params`` validated already (a run config's) are taken as they are
-            self.params = self.Params.model_validate(given)
+        try:  # cls(params): ``Params`` validated already (a run config's) are taken as they are (pydantic
+            # would run their model validators, the dp_* check among them, again)
+            self.params = given if isinstance(given, self.Params) else self.Params.model_validate(given)
         except ValidationError as error:
             raise StrategyParamsError(describe_errors(self.name, error, self.Params)) from None
+        self.dp = self.params.dp  # checked with the Params (StrategyParams._dp_settings), not again here
         try:
-            self.dp = privacy.dp_settings(self.params.dp_noise_multiplier, self.params.dp_clipping_norm,
-                                          self.params.dp_delta)
             self.dp_accountant = privacy.Accountant(self.dp) if self.dp and self.dp.noise_multiplier > 0 else None
-        except ValueError as error:
+        except ValueError as error:  # the accountant's backend is not installed
             raise StrategyParamsError(f"{self.name}: {error}") from None
         self.clients: dict[str, ClientInfo] = {}
         self.active: list[str] = []
@@ -155,11 +155,6 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         # the within-cluster aggregator (``aggregator``); None: the sample-weighted mean
         template = template_of(self.params.aggregator)
         self.aggregator = ClusterAggregator(template) if template is not None else None
-        if self.aggregator is not None and self.dp is not None:
-            raise StrategyParamsError(
-                f"{self.name}: dp_* with aggregator = {self.aggregator.name!r}: the noise is calibrated to the "
-                f"clipped mean of a cluster's replies, which another aggregator does not compute (a median's or "
-                f"Krum's sensitivity differs); use the default weighted mean with dp_*")
         self.state = self.State()
         self._sealed = True
 
