@@ -1,4 +1,5 @@
-"""What an algorithm asks clients for and what it gets back: plain values, no transport.
+"""What an algorithm asks clients for and what it gets back, and what a round hands the
+driver (its diagnostics, its reports for scoring): plain values, no transport.
 
 The runner turns each ``Ask`` into a Flower message, validates the reply and hands the
 algorithm a ``TrainReply``; an algorithm never sees a message, a node id or a bad reply.
