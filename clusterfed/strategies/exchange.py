@@ -150,7 +150,7 @@ class Replies(list):
 
 
 # a hook that asks clients for work: it yields lists of asks, is sent their replies, and
-# returns its diagnostics (helpers written so return what their hook needs)
+# returns its diagnostics (a helper written as one returns what its hook needs)
 Steps = Generator[list[Ask], Replies, Any]
 
 
