@@ -258,6 +258,8 @@ def test_flowers_single_phase_hooks_train_and_evaluate_each_cluster():
     strategy.init(theta0)
     messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord({"lr": 0.1}), grid))
     assert len(messages) == 4 and all("lr" in m.content["config"] for m in messages)
+    model_bytes = sum(v.nbytes for v in theta0.values())
+    assert strategy.driver.link.traffic.down == 4 * model_bytes  # built and counted as start() does
     arrays, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))
     assert metrics["num-examples"] == 4 * 72 and set(arrays) == set(theta0)
     assert any(not (arrays[n].numpy() == theta0[n]).all() for n in theta0)  # the model moved

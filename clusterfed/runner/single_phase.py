@@ -17,7 +17,7 @@ import logging
 import time
 from typing import TYPE_CHECKING
 
-from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
@@ -75,11 +75,8 @@ def train_messages(strategy: ClusteredStrategy, server_round: int, config: dict,
     driver.pending_diagnostics = diagnostics
     driver.pending_asks = {ask.key: ask for ask in strategy.train_asks(server_round, strategy.select_trainers(server_round))}
     driver.strategy_seconds += time.perf_counter() - started
-    return [Message(RecordDict({protocol.ARRAYS: protocol.to_array_record(ask.model),
-                                protocol.CONFIG: protocol.config_record({**config, **ask.config})}),
-                    dst_node_id=driver.members.node_of_key[ask.key], message_type=MessageType.TRAIN,
-                    group_id=str(server_round))
-            for ask in driver.pending_asks.values()]
+    plan = {ask.key: (ask.model, {**config, **ask.config}) for ask in driver.pending_asks.values()}
+    return driver.link.messages(server_round, plan, MessageType.TRAIN)[0]
 
 
 def aggregate_train_messages(strategy: ClusteredStrategy, server_round: int,
@@ -112,10 +109,6 @@ def evaluate_messages(strategy: ClusteredStrategy, server_round: int, config: di
     """The evaluate messages of ``Strategy.configure_evaluate``: each sampled placed client its cluster's model."""
     driver = driver_for(strategy, grid)
     models = strategy.evaluation_models(server_round)
-    return [Message(RecordDict({protocol.ARRAYS: protocol.to_array_record(model),
-                                protocol.CONFIG: protocol.config_record(
-                                    {**config, "server-round": server_round, "phase": "evaluate",
-                                     "cluster-id": cluster})}),
-                    dst_node_id=driver.members.node_of_key[key], message_type=MessageType.EVALUATE,
-                    group_id=str(server_round))
-            for key, (cluster, model) in models.items()]
+    plan = {key: (model, {**config, "server-round": server_round, "phase": "evaluate", "cluster-id": cluster})
+            for key, (cluster, model) in models.items()}
+    return driver.link.messages(server_round, plan, MessageType.EVALUATE)[0]
