@@ -4,7 +4,8 @@ The flow is traced with ``sys.setprofile``: every entry into a clusterfed functi
 arguments is the run config (the ``RunConfig``, or its flat ``to_flower()`` form) is listed
 with its module. A *stay* is a run of such entries in one module; a *return up* is a stay in
 a module that is still on the call stack below (the config came back to a layer it had left
-to go down again).
+to go down again). Traced: ``simulate``, ``server_app.run_server`` and an experiment's grid of
+two runs.
 """
 
 from __future__ import annotations
