@@ -552,3 +552,11 @@ def test_clustered_result_summary_tabulates_rounds_and_lists_each_cluster_once()
     assert lines[3:] == ["2 cluster(s):", "  cluster 0: 2", "  cluster 1: 1, 10"]
     result.assignment, result.clustering = {"a": 0}, {"one_cluster_reason": "no split passed its test"}
     assert result.summary().splitlines()[-1] == "one cluster because: no split passed its test"
+
+
+def test_init_takes_flowers_array_record_as_configure_train_users_hold_one():
+    record = ArrayRecord(Net().state_dict())
+    strategy = clusterfed.FedAvg()
+    strategy.init(record)
+    assert set(strategy.models[0]) == set(record) and all(
+        (strategy.models[0][name] == array.numpy()).all() for name, array in record.items())

@@ -259,10 +259,11 @@ def test_a_stock_client_with_flowers_fixedclipping_mod_trains_under_clustered_dp
     assert result.clustering["privacy"]["epsilon"] == pytest.approx(flower_epsilon(0.5, 1e-3, 2))
 
 
-def test_ifca_seeded_from_clients_models_is_refused_under_dp():
-    strategy = clusterfed.IFCA(init="kmeans++", dp_clipping_norm=1.0)
+def test_ifca_seeded_from_clients_models_is_refused_under_dp_before_any_work():
     with pytest.raises(StrategyParamsError, match="init = 'random'"):
-        strategy.init({"w": np.zeros(3, np.float32)})
+        clusterfed.IFCA(init="kmeans++", dp_clipping_norm=1.0)
+    with pytest.raises(ConfigError, match="init = 'random'"):  # a run config: at parsing, before round 1
+        parse_config({"strategy": "ifca", "ifca.init": "kmeans++", "dp-clipping-norm": 1.0, "num-clients": 8})
 
 
 def test_the_release_ledger_and_noise_generator_resume_from_a_checkpoint(accounting):

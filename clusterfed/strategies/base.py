@@ -51,45 +51,22 @@ from typing import Any, ClassVar
 
 import numpy as np
 from flwr.supercore import log
+from flwr.app import ArrayRecord
 from pydantic import ValidationError
 
-from clusterfed import privacy
+from clusterfed import privacy, protocol
 from clusterfed.models.layers import select_layers
 from clusterfed.models.parameters import compared_names
 from clusterfed.strategies.contract import (  # noqa: F401 (re-exported: the errors are part of base's API)
-    CAPABILITIES,
-    LABEL_STATS,
-    MULTI_MODEL,
-    CapabilityError,
-    ClientFailureError,
-    ClusteredResult,
-    ModelMismatchError,
-    StrategyParamsError,
-    mean_train_loss,
-)
-
+    CAPABILITIES, LABEL_STATS, MULTI_MODEL, CapabilityError, ClientFailureError, ClusteredResult,
+    ModelMismatchError, StrategyParamsError, mean_train_loss)
 from clusterfed.strategies.aggregation import ClusterAggregator, template_of
 from clusterfed.strategies.declared_state import DeclaredState
 from clusterfed.strategies.flower_hooks import FlowerHooks
-from clusterfed.strategies.params import (  # noqa: F401 (StrategyParams: part of base's API)
-    StrategyParams,
-    describe_errors,
-    document_params,
-)
+from clusterfed.strategies.params import StrategyParams, describe_errors, document_params  # noqa: F401
 from clusterfed.strategies.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
-    RETURN_WEIGHTS,
-    UPLOAD_FULL,
-    Arrays,
-    Ask,
-    ClientInfo,
-    Diagnostics,
-    Steps,
-    TrainReply,
-    diagnostics_of,
-    natural,
-    steps,
-    weighted_average,
-)
+    RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, Steps, TrainReply, diagnostics_of,
+    natural, steps, weighted_average)
 
 
 @dataclass
@@ -165,7 +142,10 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         """Raise StrategyParamsError when ``train_config`` lacks what this strategy needs (before round 1)."""
 
     # ------------------------------------------------------------- lifecycle
-    def init(self, theta0: Arrays) -> None:
+    def init(self, theta0: Arrays | ArrayRecord) -> None:
+        """Start from ``theta0`` (NumPy arrays by name, or Flower's ArrayRecord): the first clusters."""
+        if isinstance(theta0, ArrayRecord):
+            theta0 = protocol.from_array_record(theta0)
         self.state = self.State()
         self.rng = np.random.default_rng(self.params.seed)
         self.theta0 = {k: v.copy() for k, v in theta0.items()}

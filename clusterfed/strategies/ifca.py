@@ -31,11 +31,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
 from clusterfed.strategies.base import (MULTI_MODEL, ClusteredState, ClusteredStrategy, Steps, StrategyParams,
-                                        StrategyParamsError, mean_train_loss)
+                                        mean_train_loss)
 from clusterfed.strategies.exchange import CHOICES, Arrays, Ask, Diagnostics, TrainReply, natural, pack_models
 
 
@@ -44,6 +44,13 @@ class IFCAParams(StrategyParams):
     init: Literal["random", "kmeans++"] = Field(
         "random", json_schema_extra={"legacy": "ifca-init"}, description="K seeded random models, or k-means++ seeds among the clients' models after a warm-up round")
     restarts: int = Field(1, json_schema_extra={"legacy": "ifca-restarts"}, ge=1, le=20, description="initialisations tried in the first round (random) or seedings (kmeans++)")
+
+    @model_validator(mode="after")
+    def _no_unnoised_seeds_under_dp(self) -> "IFCAParams":
+        if self.init == "kmeans++" and self.dp is not None:
+            raise ValueError("init = 'kmeans++' makes cluster models of individual clients' trained models, released "
+                             "without noise; with the dp_* parameters use init = 'random'")
+        return self
 
 
 @dataclass
@@ -77,9 +84,6 @@ class IFCA(ClusteredStrategy):
     def init_clusters(self) -> None:
         self.k = self.params.num_clusters
         self.warming_up = self.params.init == "kmeans++"
-        if self.warming_up and self.dp is not None:
-            raise StrategyParamsError("ifca: init = 'kmeans++' makes cluster models of individual clients' trained "
-                                      "models, released without noise; with the dp_* parameters use init = 'random'")
         self.choice_counts = {}
         if self.warming_up:
             self.new_cluster(self.theta0)  # the warm-up model, replaced by the seeds
