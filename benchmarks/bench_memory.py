@@ -106,7 +106,6 @@ def drive(strategy, keys: list[str], rounds: int, seed: int = 0) -> int:
     rng = np.random.default_rng(seed)
     uploads = _answer(strategy.admit(1, keys), rng)
     for server_round in range(1, rounds + 1):
-        strategy.round_extra = {}
         uploads = max(uploads, _answer(strategy.round(server_round), rng))
     return uploads
 
@@ -124,7 +123,6 @@ def measure(setting: str, strategy_name: str, clients: int, rounds: int, extra: 
     started = time.perf_counter()
     drive(strategy, keys, rounds)
     seconds = time.perf_counter() - started
-    strategy.round_extra = {}  # a round's report is written out and dropped, not kept
     gc.collect()
     current, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()

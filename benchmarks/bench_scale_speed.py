@@ -269,7 +269,6 @@ def measure_memory(strategy_name: str, clients: int, rounds: int, extra: dict | 
     started = time.perf_counter()
     uploads = _answer(strategy.admit(1, keys), rng)
     for server_round in range(1, rounds + 1):
-        strategy.round_extra = {}
         uploads = max(uploads, _answer(strategy.round(server_round), rng))
     gc.collect()
     current, peak = tracemalloc.get_traced_memory()

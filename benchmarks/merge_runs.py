@@ -17,11 +17,11 @@ import json
 import shutil
 from pathlib import Path
 
-from clusterfed.experiments.results import read_csv, run_row, write_outputs
+from clusterfed.experiments.comparison import read_csv, run_row, write_outputs
 
 
 def grid_title(into: Path) -> str:
-    """The runner's figure title for the grid (data set / setting, clients, rounds), from a run's config."""
+    """The grid runner's figure title for the grid (data set / setting, clients, rounds), from a run's config."""
     config = json.loads(next(into.glob("*/seed*/config.json")).read_text())
     setting = json.loads((into / "manifest.json").read_text())["grid"]["setting"]
     return f"{config['dataset']} / {setting}, {config['num-clients']} clients, {config['rounds']} rounds"

@@ -12,7 +12,7 @@ ClientApp; IFCA and AdaCFL through clusterfed's client helper). 12 clients in 3 
     PYTHONPATH=$PWD:$PWD/tests python benchmarks/model_matrix.py --models gru --strategies fedavg,cfl
 
 Writes to ``--out`` (default benchmarks/results/model-matrix): ``cells.json`` (one row per
-cell), ``README.md`` (the table), ``matrix.png`` (ARI and accuracy gain over FedAvg as
+cell), ``README.md`` (the table), ``summary.json`` (the verdict counts), ``matrix.png`` (ARI and accuracy gain over FedAvg as
 heatmaps) and ``manifest.json``.
 """
 
@@ -94,12 +94,27 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def readme(rows: list[dict], command: str, seconds: float) -> str:
-    judged = [r for r in rows if r["strategy"] != "fedavg"]
+def verdict_counts(rows: list[dict]) -> dict[str, int]:
+    """How many cells (FedAvg's reference cells aside) got each verdict, most first."""
     counts: dict[str, int] = {}
-    for row in judged:
-        counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
-    summary = ", ".join(f"{n} {v}" for v, n in sorted(counts.items(), key=lambda item: -item[1]))
+    for row in rows:
+        if row["strategy"] != "fedavg":
+            counts[row["verdict"]] = counts.get(row["verdict"], 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: -item[1]))
+
+
+def write_summary(rows: list[dict], out: Path) -> None:
+    """summary.json: the verdict counts, for docs to bind (``counts`` keyed by a slug of
+    the verdict: holds, fedavg_at_ceiling, fails, refused)."""
+    counts = verdict_counts(rows)
+    slugs = {verdict.split(":")[0].lower().replace(" ", "_"): n for verdict, n in counts.items()}
+    (out / "summary.json").write_text(json.dumps({"cells": sum(counts.values()), "counts": slugs, "verdicts": counts},
+                                                 indent=1) + "\n")
+
+
+def readme(rows: list[dict], command: str, seconds: float) -> str:
+    counts = verdict_counts(rows)
+    summary = ", ".join(f"{n} {v}" for v, n in counts.items())
     return f"""# The model matrix: your model and your ClientApp against each clustered strategy
 
 Numbers from `cells.json` beside this file (`manifest.json`: commit, versions, machine load).
@@ -165,8 +180,9 @@ def report_again(out: Path) -> None:
     manifest = json.loads((out / "manifest.json").read_text())
     command = "python " + " ".join(manifest["command"])
     (out / "README.md").write_text(readme(rows, command, manifest["wall_seconds"]))
+    write_summary(rows, out)
     figure(rows, out / "matrix.png")
-    print(f"rewrote {out / 'README.md'} and {out / 'matrix.png'}")
+    print(f"rewrote {out / 'README.md'}, summary.json and {out / 'matrix.png'}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -178,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=None,
                         help=f"rounds for every cell (default: {ROUNDS}; {SPLITTING_ROUNDS} for CFL's family)")
     parser.add_argument("--report-only", action="store_true",
-                        help="rewrite README.md and matrix.png from --out's cells.json (verdicts recomputed)")
+                        help="rewrite README.md, summary.json and matrix.png from --out's cells.json (verdicts recomputed)")
     args = parser.parse_args(argv)
     if args.report_only:
         report_again(args.out)
@@ -198,6 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / "cells.json").write_text(json.dumps({"config": config, "cells": rows}, indent=1) + "\n")
     command = "python benchmarks/model_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
     (args.out / "README.md").write_text(readme(rows, command.strip(), seconds))
+    write_summary(rows, args.out)
     figure(rows, args.out / "matrix.png")
     write_manifest(args.out, manifest, config=config)
     print(f"wrote {args.out}")

@@ -14,7 +14,7 @@ from clusterfed.compare import compare, markdown_table
 from clusterfed.config import ConfigError, RunConfig, load_config_file, parse_config, parse_overrides
 from clusterfed.datasets import DatasetNotFoundError, PartitionError, partition_table, plot_partition
 from clusterfed.datasets.export import build_partition, export_partition
-from clusterfed.experiments.runner import RunsFailed, run_experiment
+from clusterfed.experiments.grids import RunsFailed, run_experiment
 from clusterfed.experiments.spec import load_experiment
 from clusterfed.reference import strategy_help
 from clusterfed.report import WatcherError, write_report

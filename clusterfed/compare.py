@@ -1,5 +1,5 @@
 """``clusterfed compare``: every strategy × seed on one setting given on the command line — a
-front-end over the experiment runner (``clusterfed.experiments``) with one grid whose folder is
+front-end over the grid runner (``clusterfed.experiments.grids``) with one grid whose folder is
 ``out`` itself: ``<strategy>/seed<s>/`` per run, ``comparison.csv``, ``comparison.md``, the two
 figures and ``manifest.json``.
 """
@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from clusterfed.config import ConfigError
-from clusterfed.experiments.results import CSV_COLUMNS, markdown_table, read_csv  # noqa: F401 (re-exported)
-from clusterfed.experiments.runner import run_experiment
+from clusterfed.experiments.comparison import CSV_COLUMNS, markdown_table, read_csv  # noqa: F401 (re-exported)
+from clusterfed.experiments.grids import run_experiment
 from clusterfed.experiments.spec import parse_experiment
 
 

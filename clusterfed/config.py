@@ -7,7 +7,6 @@ strings (``rotations = "0,90,180,270"``) and "no value" is spelled ``"auto"``.
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -168,6 +167,20 @@ class RunConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _dp_for_this_run(self) -> "RunConfig":
+        """What the strategy's Params cannot check of the dp-* keys (checked with them): δ
+        below 1/num-clients, and a strategy that takes them at all."""
+        if self._params is not None:
+            try:
+                privacy.check_population(self._params.dp, self.num_clients)
+            except ValueError as error:  # the library's parameter name (dp_delta) as the config key
+                raise ConfigError(f"{self.namespace}: {str(error).replace('dp_delta', 'dp-delta')}") from None
+        elif self.dp_noise_multiplier or self.dp_clipping_norm or self.dp_delta:
+            raise ConfigError(f"strategy {self.strategy!r} does not take the dp-* keys: use a clustered strategy "
+                              f"(fedavg is FedAvg with differential privacy per cluster)")
+        return self
+
+    @model_validator(mode="after")
     def _fault_rates_add_up(self) -> "RunConfig":
         total = self.fault_rate + self.fault_nan_rate + self.fault_shape_rate + self.fault_slow_rate
         if total > 1:
@@ -206,10 +219,13 @@ class RunConfig(BaseModel):
             out.update({f"{namespace}.{k}": v for k, v in own.items()})
         return out
 
-    def build_strategy(self) -> ClusteredStrategy:
-        """The configured strategy object, built from the ``Params`` validated with this config
-        (not validated again)."""
-        return strategy_class(self.strategy)(self._params)
+    def build_strategy(self, recorder: Any = None) -> Any:
+        """The Flower ``Strategy`` that runs ``strategy``: a clustered strategy built from the
+        ``Params`` validated with this config (not validated again), or Flower's own FedAvg
+        (``flwr-fedavg``) reading this config and recording into ``recorder`` (a ``RunRecorder``;
+        a clustered strategy's driver records)."""
+        cls = strategy_class(self.strategy)
+        return cls(self._params) if issubclass(cls, ClusteredStrategy) else cls(self, recorder)
 
 
 def _one_of(value: str, allowed: tuple[str, ...]) -> str:
@@ -235,28 +251,8 @@ def parse_config(values: dict[str, Any]) -> RunConfig:
     Parameters of other strategies (a pyproject holds every strategy's defaults) are
     allowed; one set away from its default is reported as ignored."""
     run_values, params = split_strategy_params(values, run_keys=config_keys())
-    run = _validate_run(run_values, params)
-    _check_dp(run)
-    return run
-
-
-def _check_dp(run: RunConfig) -> None:
-    """ConfigError for DP settings that cannot work: noise without clipping or δ, δ ≥ 1/num-clients,
-    DP on a strategy that is not clustered."""
-    try:
-        dp = privacy.dp_settings(run.dp_noise_multiplier, run.dp_clipping_norm, run.dp_delta)
-        privacy.check_population(dp, run.num_clients)
-    except ValueError as error:
-        # the library's parameter names (dp_clipping_norm) as config keys (dp-clipping-norm)
-        raise ConfigError(re.sub(r"dp_\w+", lambda name: name[0].replace("_", "-"), str(error))) from None
-    if dp is not None and not issubclass(strategy_class(run.strategy), ClusteredStrategy):
-        raise ConfigError(f"strategy {run.strategy!r} does not take the dp-* keys: use a clustered strategy "
-                          f"(fedavg is FedAvg with differential privacy per cluster)")
-
-
-def _validate_run(values: dict[str, Any], strategy_params: dict[str, Any]) -> RunConfig:
-    try:
-        return RunConfig.model_validate(values, context={"strategy_params": strategy_params})
+    try:  # the chosen strategy's Params are validated with the run keys (``_strategy_params``)
+        return RunConfig.model_validate(run_values, context={"strategy_params": params})
     except ValidationError as error:
         lines = []
         for problem in error.errors():

@@ -25,7 +25,6 @@ from clusterfed.runner import CheckpointError
 from clusterfed.runner.driver import RoundDriver, RunOptions
 from clusterfed.runner.preflight import Checked, check_model, preflight
 from clusterfed.runner.transport import wait_for_nodes
-from clusterfed.strategies import strategy_class
 from clusterfed.strategies.base import (
     CapabilityError,
     ClientFailureError,
@@ -62,15 +61,6 @@ def export_models(out: Path, models: dict[int, dict]) -> list[Path]:
     return paths
 
 
-def task_configs(config: RunConfig) -> tuple[ConfigRecord, ConfigRecord]:
-    """The built-in task's train and evaluate configs: the data/model spec every client
-    rebuilds its partition and model from (simulation via the Python API gives clients an
-    empty run config, so the spec travels in the messages), plus local epochs and lr."""
-    spec = protocol.client_spec(config.to_flower())
-    return (ConfigRecord({**spec, "local-epochs": config.local_epochs, "lr": config.lr}),
-            ConfigRecord(spec))
-
-
 def wait_for_federation(grid: Grid, expected: int, wait_seconds: float = NODE_WAIT_SECONDS) -> None:
     """Simulation: start only with exactly ``num-clients`` nodes; a mismatch is an error."""
     online = wait_for_nodes(grid, expected, wait_seconds)
@@ -86,70 +76,59 @@ def wait_for_federation(grid: Grid, expected: int, wait_seconds: float = NODE_WA
         )
 
 
-def wait_for_min_clients(grid: Grid, config: RunConfig, poll_seconds: float = 1.0) -> int:
-    """Deployment: wait until ``min-clients`` (0: ``num-clients``) SuperNodes are up, at
-    most ``wait-timeout`` seconds. More may be up, and more may join later. Returns how
-    many were up."""
-    needed = config.min_clients or config.num_clients
-    online = wait_for_nodes(grid, needed, config.wait_timeout, poll_seconds)
+def wait_for_min_clients(grid: Grid, needed: int, wait_timeout: float, poll_seconds: float = 1.0) -> int:
+    """Deployment: wait until ``needed`` SuperNodes (the run's ``min-clients``, 0 meaning
+    ``num-clients``) are up, at most ``wait_timeout`` seconds. More may be up, and more may
+    join later. Returns how many were up."""
+    online = wait_for_nodes(grid, needed, wait_timeout, poll_seconds)
     if online < needed:
         raise ConfigError(
             f"only {online} of the {needed} SuperNodes needed to start (min-clients, 0 = num-clients) "
-            f"connected within wait-timeout = {config.wait_timeout:g} s; start more SuperNodes, "
+            f"connected within wait-timeout = {wait_timeout:g} s; start more SuperNodes, "
             f"lower min-clients or raise wait-timeout"
         )
     return online
 
 
-def configured_strategy(config: RunConfig, recorder: RunRecorder | None = None):
-    """The Flower ``Strategy`` that runs ``config.strategy``: the clustered strategy built from
-    the config's validated ``Params``, or Flower's own FedAvg for ``flwr-fedavg``."""
-    cls = strategy_class(config.strategy)
-    if not issubclass(cls, ClusteredStrategy):
-        return cls(config, recorder)
-    return config.build_strategy()
-
-
-def run_options(config: RunConfig, recorder: RunRecorder | None, *, deployment: bool,
-                resume_state: dict | None) -> RunOptions:
-    """The round driver's options, read once from the run config: recording, checkpoints,
-    resuming from ``resume_state`` (loaded and checked by ``preflight``), membership, simulated
-    newcomers."""
-    return RunOptions(recorder=recorder, deployment=deployment, checkpoint=config.checkpoint,
-                      resume_from=config.resume_from, resume_state=resume_state, absent_after=config.absent_after,
-                      newcomer_fraction=config.newcomer_fraction, newcomer_round=config.newcomer_round,
-                      seed=config.seed, run_config=config.to_flower())
-
-
-def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.stdout,
+def run_server(grid: Grid, config: RunConfig | Checked, *, stream: TextIO | None = sys.stdout,
                node_wait_seconds: float = NODE_WAIT_SECONDS, deployment: bool = False,
-               status: RunStatus | None = None, checked: Checked | None = None) -> dict[str, Any]:
+               status: RunStatus | None = None) -> dict[str, Any]:
     """Everything a server does for one run; returns the summary written to summary.json.
 
+    ``config``: the run config, checked here first (``preflight``: every problem the server
+    can see, before any client is contacted; resume-from resolved, the checkpoint loaded), or
+    ``preflight``'s ``Checked`` when the caller checked it already (not checked twice).
     ``deployment=False`` (simulation): the federation must have exactly ``num-clients``
     nodes, waited for up to ``node_wait_seconds``. ``deployment=True`` (``flwr run``
     against a SuperLink): start once ``min-clients`` nodes are up; nodes that join later
-    are profiled and placed by the algorithm, unreachable ones are marked absent.
-    ``checked``: ``preflight``'s result when the caller ran it already (not run twice)."""
+    are profiled and placed by the algorithm, unreachable ones are marked absent."""
     started = time.perf_counter()
-    # every problem the server can see, before any client is contacted; resume-from resolved,
-    # the checkpoint loaded
-    checked = checked or preflight(config, announce=True)
+    checked = config if isinstance(config, Checked) else preflight(config, announce=True)
+    # the checked config is read here, once, and handed down as what each part takes: the
+    # strategy its Params, the driver its RunOptions, the recorder and the clients the flat keys
     config, initial = checked.config, checked.initial
     if deployment:
-        online = wait_for_min_clients(grid, config)
+        online = wait_for_min_clients(grid, config.min_clients or config.num_clients, config.wait_timeout)
         log(logging.INFO, "clusterfed: %d SuperNodes up, starting", online)
     else:
         wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
-    recorder = RunRecorder(out, config.to_flower(), stream=stream, watchers=make_watchers(parse_log_to(config.log_to)))
-    strategy = configured_strategy(config, recorder)
+    flat = config.to_flower()
+    recorder = RunRecorder(out, flat, stream=stream, watchers=make_watchers(parse_log_to(config.log_to)))
+    strategy = config.build_strategy(recorder)
     start = strategy.start
     if isinstance(strategy, ClusteredStrategy):  # the app hands its options to the driver, not to the strategy
-        strategy.driver = RoundDriver(strategy, run_options(config, recorder, deployment=deployment,
-                                                            resume_state=checked.checkpoint))
+        strategy.driver = RoundDriver(strategy, RunOptions(
+            recorder=recorder, deployment=deployment, checkpoint=config.checkpoint, resume_from=config.resume_from,
+            resume_state=checked.checkpoint, absent_after=config.absent_after,
+            newcomer_fraction=config.newcomer_fraction, newcomer_round=config.newcomer_round, seed=config.seed,
+            run_config=flat))
         start = strategy.driver.start
-    train_config, evaluate_config = task_configs(config)
+    # the built-in task's configs: the data/model spec every client rebuilds its partition and
+    # model from (simulation via the Python API gives clients an empty run config, so the spec
+    # travels in the messages), plus local epochs and lr
+    spec = protocol.client_spec(flat)
+    train_config = ConfigRecord({**spec, "local-epochs": config.local_epochs, "lr": config.lr})
     if status is not None:
         recorder.on_round = status.heartbeat
         status.rounds = config.rounds
@@ -157,7 +136,7 @@ def run_server(grid: Grid, config: RunConfig, *, stream: TextIO | None = sys.std
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
     start(grid, initial, num_rounds=config.rounds, timeout=config.timeout, train_config=train_config,
-          evaluate_config=evaluate_config)
+          evaluate_config=ConfigRecord(spec))
     summary = recorder.finish(time.perf_counter() - started, strategy.final_clusters())
     if hasattr(strategy, "cluster_models"):
         export_models(out, strategy.cluster_models())

@@ -62,30 +62,33 @@ def make_server_app(checked: Checked, stream: TextIO | None, result: dict[str, A
 
     @server_app.main()
     def _main(grid: Grid, context) -> None:
-        result["summary"] = run_server(grid, checked.config, stream=stream, checked=checked)
+        result["summary"] = run_server(grid, checked, stream=stream)
 
     return server_app
 
 
-def simulate(config: RunConfig, *, engine: str = "flower", stream: TextIO | None = sys.stdout,
+def simulate(config: RunConfig | Checked, *, engine: str = "flower", stream: TextIO | None = sys.stdout,
              client_app=None) -> dict[str, Any]:
-    """Run one experiment; returns the summary (also written to ``out-dir``)."""
+    """Run one experiment; returns the summary (also written to ``out-dir``). ``config``: the
+    run config, checked before any node starts, or ``preflight``'s ``Checked`` when the caller
+    checked it already (an experiment's grid: not checked twice)."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} is not one of {ENGINES}")
     if client_app is None:
         from clusterfed.client_app import app as client_app
+    run = config.config if isinstance(config, Checked) else config
     # in simulation the clients' data lives on this machine: a missing data set is
     # reported here, once, before any node starts (DatasetNotFoundError names the layout),
     # and so is every other problem the server can see (one ConfigError listing them all)
-
-    load_source(config.dataset, config.data_dir or None)
+    load_source(run.dataset, run.data_dir or None)
     if engine == "inprocess":  # run_server checks the run before it contacts a client
         from clusterfed.server_app import run_server
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-        grid = InProcessGrid(client_app, config.num_clients, timeout=config.timeout)
+        grid = InProcessGrid(client_app, run.num_clients, timeout=run.timeout)
         return run_server(grid, config, stream=stream, node_wait_seconds=0)
-    return _simulate_flower(preflight(config, announce=True), stream, client_app)  # checked before Ray starts
+    checked = config if isinstance(config, Checked) else preflight(config, announce=True)  # before Ray starts
+    return _simulate_flower(checked, stream, client_app)
 
 
 def _simulate_flower(checked: Checked, stream: TextIO | None, client_app) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from pydantic.fields import FieldInfo
 
 from clusterfed.strategies import UnknownStrategyError, clustered_classes, strategy_class
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.params import SHARED_PARAMS, StrategyParams, group_errors
+from clusterfed.strategies.params import SHARED_PARAMS, StrategyParams, group_errors, settings_errors
 
 
 class ConfigError(ValueError):
@@ -121,7 +122,7 @@ def split_strategy_params(values: dict[str, Any], *, run_keys: list[str]) -> tup
         try:
             classes[ns].Params.model_validate(given)
         except ValidationError as error:
-            raise ConfigError(problems(error, lambda key: f"{ns}.{key}")) from None
+            raise ConfigError(problems(error, classes[ns], lambda key: f"{ns}.{key}")) from None
     if not clustered:
         return run_values, {}
     return run_values, {**from_legacy, **params}
@@ -135,7 +136,7 @@ def validate_params(cls: type[ClusteredStrategy], shared: dict[str, Any], given:
     try:
         return cls.Params.model_validate({**shared, **given})
     except ValidationError as error:
-        raise ConfigError(problems(error, lambda key: key if key in shared else f"{cls.name}.{key}")) from None
+        raise ConfigError(problems(error, cls, lambda key: key if key in shared else f"{cls.name}.{key}")) from None
 
 
 def own_values(params: StrategyParams) -> dict[str, Any]:
@@ -144,10 +145,17 @@ def own_values(params: StrategyParams) -> dict[str, Any]:
     return {key_of(n, f): dumped[key_of(n, f)] for n, f in type(params).model_fields.items() if n not in SHARED_PARAMS}
 
 
-def problems(error: ValidationError, shown: Callable[[str], str]) -> str:
-    """One clause per wrong key; a ``number | "auto"`` key's two complaints joined by "or"."""
-    return "; ".join(f"config key {shown(key)!r} = {given!r}: {' or '.join(msgs)}"
-                     for key, (given, msgs, _) in group_errors(error).items())
+def problems(error: ValidationError, cls: type, shown: Callable[[str], str]) -> str:
+    """One clause per wrong key of strategy ``cls``'s ``Params``, named as the run config spells
+    it (``shown``); a ``number | "auto"`` key's two complaints joined by "or". A check of keys
+    together (the dp-* settings) says the strategy's sentence with the run config's keys."""
+    clauses = [f"config key {shown(key)!r} = {given!r}: {' or '.join(msgs)}"
+               for key, (given, msgs, _) in group_errors(error).items()]
+    for sentence in settings_errors(error):
+        for name, field in cls.Params.model_fields.items():
+            sentence = re.sub(rf"\b{name}\b", shown(key_of(name, field)), sentence)
+        clauses.append(f"{cls.name}: {sentence.replace('dp_*', 'dp-*')}")
+    return "; ".join(clauses)
 
 
 def reference_rows(cls: type) -> list[tuple[str, Any, str, str]]:

@@ -54,10 +54,16 @@ def reply_to(ask: Ask, arrays: Arrays, num_examples: int = 50, metrics: dict | N
 Respond = Callable[[Ask], "Arrays | None"]
 
 
-def drive_round(algorithm, server_round: int, respond: Respond, examples: dict[str, int] | None = None) -> list[list[Ask]]:
+class Batches(list):
+    """Every batch of asks a round made, in order, and the ``diagnostics`` the round returned."""
+
+    diagnostics: dict = {}
+
+
+def drive_round(algorithm, server_round: int, respond: Respond, examples: dict[str, int] | None = None) -> Batches:
     """Run one round; ``respond(ask)`` gives the arrays a client returns (None: no reply).
-    Returns every batch of asks the algorithm made, in order."""
-    batches = []
+    Returns every batch of asks the algorithm made, in order, with the round's diagnostics."""
+    batches = Batches()
     steps = algorithm.round(server_round)
     try:
         asks = next(steps)
@@ -74,8 +80,8 @@ def drive_round(algorithm, server_round: int, respond: Respond, examples: dict[s
                     replies.append(reply_to(ask, arrays, (examples or {}).get(ask.key, 50), metrics, loss))
                     replies.bytes_up += sum(a.nbytes for a in arrays.values())
             asks = steps.send(replies)
-    except StopIteration:
-        pass
+    except StopIteration as done:
+        batches.diagnostics = done.value
     return batches
 
 
@@ -90,15 +96,15 @@ def trained(ask: Ask, shift: float) -> Arrays:
 
 def capture_algorithms(monkeypatch) -> list:
     """Make ``run_server`` hand every algorithm it builds to the returned list."""
-    from clusterfed import server_app
-    from clusterfed.server_app import configured_strategy
+    from clusterfed.config import RunConfig
 
+    build = RunConfig.build_strategy
     captured = []
 
-    def capture(config, recorder=None, **kwargs):
-        strategy = configured_strategy(config, recorder, **kwargs)
+    def capture(config, recorder=None):
+        strategy = build(config, recorder)
         captured.append(strategy)
         return strategy
 
-    monkeypatch.setattr(server_app, "configured_strategy", capture)
+    monkeypatch.setattr(RunConfig, "build_strategy", capture)
     return captured

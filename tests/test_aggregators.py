@@ -87,22 +87,22 @@ def test_a_robust_aggregator_rejects_a_sign_flipped_client_in_its_cluster(spec):
 
     robust = make(strategy_class("oracle"), GROUPS, aggregator=spec)
     plain = make(strategy_class("oracle"), GROUPS)
-    drive_round(robust, 1, respond)
+    diagnostics = drive_round(robust, 1, respond).diagnostics
     drive_round(plain, 1, respond)
     cluster = robust.assignment[attacker]
     for name, value in robust.models[cluster].items():
         np.testing.assert_allclose(value, theta0()[name] + step_for(0), rtol=0, atol=1e-6)
     # the weighted mean is dragged the attacker's way: (4 * 1 - 10) / 5
     np.testing.assert_allclose(plain.models[plain.assignment[attacker]]["fc1.bias"], -1.2, rtol=1e-6)
-    assert "aggregator_fallback" not in robust.round_extra
+    assert "aggregator_fallback" not in diagnostics
 
 
 def test_a_cluster_too_small_for_krum_is_averaged_with_the_reason_recorded():
     groups = {"0": 0, "1": 0, "2": 0, "3": 1, "4": 1, "5": 1, "6": 1, "7": 1}
     krum = make(strategy_class("oracle"), groups, aggregator="krum(num_malicious_nodes=1)")
-    drive_round(krum, 1, lambda ask: {k: v + float(ask.key) for k, v in ask.model.items()})
+    diagnostics = drive_round(krum, 1, lambda ask: {k: v + float(ask.key) for k, v in ask.model.items()}).diagnostics
     small, large = krum.assignment["0"], krum.assignment["3"]
-    reason = krum.round_extra["aggregator_fallback"]
+    reason = diagnostics["aggregator_fallback"]
     assert list(reason) == [str(small)] and "needs at least 5 replies" in reason[str(small)]
     np.testing.assert_allclose(krum.models[small]["fc1.bias"], 1.0)  # mean of 0, 1, 2
     assert float(krum.models[large]["fc1.bias"][0]) in (3.0, 4.0, 5.0, 6.0, 7.0)  # one member, chosen

@@ -45,12 +45,10 @@ def make_strategy(cls, groups, **config):
 
 def run_round(strategy, server_round, vectors):
     """One round's replies (key -> full update vector) from the clients' current clusters."""
-    strategy.round_extra = {}
     replies = [TrainReply(key=k, cluster=strategy.assignment[k], arrays=arrays_of(v),
                           sent=strategy.models[strategy.assignment[k]], num_examples=50, train_loss=0.0,
                           metrics={}, is_update=True) for k, v in vectors.items()]
-    strategy.after_train(server_round, replies)
-    return strategy.round_extra
+    return strategy.after_train(server_round, replies)
 
 
 def hierarchical_updates(seed, noise=0.02):

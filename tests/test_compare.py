@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from clusterfed.experiments import runner as runner_module
+from clusterfed.experiments import grids
 from clusterfed.cli import main
 from clusterfed.compare import CSV_COLUMNS, markdown_table
 
@@ -78,7 +78,7 @@ def test_unknown_strategy_is_refused_before_any_run(tmp_path, monkeypatch, capsy
     def no_run(*args, **kwargs):
         raise AssertionError("a run started")
 
-    monkeypatch.setattr(runner_module, "run_one", no_run)
+    monkeypatch.setattr(grids, "run_one", no_run)
     out = tmp_path / "cmp"
     code = main(["compare", "--strategies", "fedavg,fedclsut,oracle,nope", "--seeds", "0,1", "--out", str(out)])
     assert code == 2
@@ -88,7 +88,7 @@ def test_unknown_strategy_is_refused_before_any_run(tmp_path, monkeypatch, capsy
 
 
 def test_bad_key_is_refused_before_any_run(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(runner_module, "run_one", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr(grids, "run_one", lambda *a, **k: pytest.fail("a run started"))
     code = main(["compare", "--strategies", "fedavg,oracle", "--out", str(tmp_path / "c"), "--set", "rounds=0"])
     assert code == 2
     assert "rounds" in capsys.readouterr().err

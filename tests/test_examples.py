@@ -116,7 +116,7 @@ def test_sensor_clusters_fedclust_finds_the_machine_kinds_and_beats_fedavg():
     clustered, single = result.evaluate_metrics_clientapp[5]["eval_acc"], fedavg.evaluate_metrics_clientapp[5]["eval_acc"]
     assert clustered > 0.95 and single < 0.5 and clustered > single
     assert result.evaluate_metrics_clientapp[5]["num-examples"] == 12 * 60
-    assert "round  train_loss  eval_loss  eval_acc" in printed and "3 cluster(s):" in printed
+    assert "round  train_loss   eval_loss    eval_acc" in printed and "3 cluster(s):" in printed
     assert printed.count("node-10") == 12  # the final assignment, every device once
 
 
@@ -177,4 +177,4 @@ def test_sklearn_clients_under_fedclust_and_cfl_recover_the_sites_on_a_server_wi
     (ari, accuracy, clusters), (fedavg_ari, fedavg_accuracy) = found["fedclust"], found["fedavg"]
     assert ari == 1.0 and clusters == 3 and accuracy > 0.95 and fedavg_ari == 0.0 and fedavg_accuracy < 0.5
     assert found["cfl"][0] == 1.0 and found["cfl"][1] > 0.95
-    assert "3 cluster(s):" in found["printed"] and "round   eval-loss  eval-acc" in found["printed"]
+    assert "3 cluster(s):" in found["printed"] and "round   eval-loss    eval-acc" in found["printed"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from clusterfed.cli import main
-from clusterfed.experiments import runner as runner_module
+from clusterfed.experiments import grids
 from clusterfed.experiments.settings import SETTINGS, setting
 from clusterfed.experiments.spec import load_experiment
 from clusterfed.experiments.stats import mean_std
@@ -90,7 +90,7 @@ BAD = {
 
 @pytest.mark.parametrize("case", list(BAD))
 def test_bad_experiment_is_refused_before_any_run(case, tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(runner_module, "run_one", lambda *a, **k: pytest.fail("a run started"))
+    monkeypatch.setattr(grids, "run_one", lambda *a, **k: pytest.fail("a run started"))
     text, expected = BAD[case]
     path = tmp_path / "bad.toml"
     path.write_text('strategies = ["fedavg"]\n' * ("strategies" not in text) + text)
@@ -155,14 +155,14 @@ def test_mean_std_is_one_function():
 
 
 def test_a_failed_run_does_not_lose_the_others(tmp_path, monkeypatch, capsys):
-    real = runner_module.run_one
+    real = grids.run_one
 
     def flaky(config, engine, label=None):
         if label == "oracle-x":
             raise RuntimeError("boom")
         return real(config, engine, label)
 
-    monkeypatch.setattr(runner_module, "run_one", flaky)
+    monkeypatch.setattr(grids, "run_one", flaky)
     path = tmp_path / "tiny.toml"
     path.write_text(TINY.replace("rounds = 2", "rounds = 1"))
     code = main(["experiment", str(path), "--out", str(tmp_path / "out")])

@@ -171,7 +171,7 @@ def test_restarts_keep_the_initialisation_with_the_lowest_mean_training_loss():
         return trained(ask, 0.0), {}, respond.loss
 
     batches = drive_round(algorithm, 1, respond)
-    assert len(batches) == 3 and algorithm.round_extra["ifca_restart_kept"] == 1
+    assert len(batches) == 3 and batches.diagnostics["ifca_restart_kept"] == 1
     for c in (0, 1):
         for n in SHAPES:
             np.testing.assert_allclose(algorithm.models[c][n], candidates[1][c][n], rtol=1e-6)

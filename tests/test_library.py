@@ -258,6 +258,8 @@ def test_flowers_single_phase_hooks_train_and_evaluate_each_cluster():
     strategy.init(theta0)
     messages = list(strategy.configure_train(1, ArrayRecord(), ConfigRecord({"lr": 0.1}), grid))
     assert len(messages) == 4 and all("lr" in m.content["config"] for m in messages)
+    model_bytes = sum(v.nbytes for v in theta0.values())
+    assert strategy.driver.link.traffic.down == 4 * model_bytes  # built and counted as start() does
     arrays, metrics = strategy.aggregate_train(1, grid.send_and_receive(messages))
     assert metrics["num-examples"] == 4 * 72 and set(arrays) == set(theta0)
     assert any(not (arrays[n].numpy() == theta0[n]).all() for n in theta0)  # the model moved
@@ -531,3 +533,30 @@ def test_the_helpers_capabilities_are_the_strategies_capability_names():
     from clusterfed.strategies.base import CAPABILITIES
 
     assert set(HELPER_CAPABILITIES) == set(CAPABILITIES)
+
+
+def test_clustered_result_summary_tabulates_rounds_and_lists_each_cluster_once():
+    from flwr.app import MetricRecord
+
+    from clusterfed import ClusteredResult
+
+    result = ClusteredResult()
+    result.train_metrics_clientapp = {2: MetricRecord({"train_loss": 0.5})}
+    result.evaluate_metrics_clientapp = {1: MetricRecord({"eval_acc": 0.25}), 2: MetricRecord({"eval_acc": 0.75})}
+    result.assignment = {"10": 1, "2": 0, "1": 1}
+    result.clustering = {"one_cluster_reason": None}
+    lines = result.summary("train_loss", "eval_acc").splitlines()
+    assert lines[0].split() == ["round", "train_loss", "eval_acc"]
+    assert lines[1].split() == ["1", "-", "0.25"] and lines[2].split() == ["2", "0.5", "0.75"]
+    assert result.clusters() == {0: ["2"], 1: ["1", "10"]}  # numeric keys in numeric order
+    assert lines[3:] == ["2 cluster(s):", "  cluster 0: 2", "  cluster 1: 1, 10"]
+    result.assignment, result.clustering = {"a": 0}, {"one_cluster_reason": "no split passed its test"}
+    assert result.summary().splitlines()[-1] == "one cluster because: no split passed its test"
+
+
+def test_init_takes_flowers_array_record_as_configure_train_users_hold_one():
+    record = ArrayRecord(Net().state_dict())
+    strategy = clusterfed.FedAvg()
+    strategy.init(record)
+    assert set(strategy.models[0]) == set(record) and all(
+        (strategy.models[0][name] == array.numpy()).all() for name, array in record.items())

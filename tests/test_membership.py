@@ -18,7 +18,6 @@ from flwr.supercore.task_identity import TaskIdentity
 from clusterfed import server_app
 from clusterfed.client_app import app as client_app
 from clusterfed.config import ConfigError, parse_config
-from clusterfed.server_app import configured_strategy
 from clusterfed.runner.inprocess import InProcessGrid
 from clusterfed.server_app import run_server
 

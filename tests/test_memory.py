@@ -119,7 +119,6 @@ def group_updates(rng, group, noise=0.5):
 
 def run_round(strategy, server_round, vectors):
     """One round of replies: key -> its full update vector, from its current cluster."""
-    strategy.round_extra = {}
     strategy.after_train(server_round, [update_reply(strategy, key, vector) for key, vector in vectors.items()])
 
 

@@ -346,7 +346,6 @@ def cfl_after_one_round(theta0, updates, **params):
         strategy.clients[key] = ClientInfo(key, 50, group)
     strategy.active = list(GROUP)
     assert list(strategy.admit(1, list(GROUP))) == []  # before any split, placement asks nothing
-    strategy.round_extra = {}
     replies = [TrainReply(key=k, cluster=0, arrays=u, sent=strategy.models[0], num_examples=50, train_loss=0.0,
                           metrics={}, is_update=True) for k, u in updates.items()]
     decision = strategy.criteria(0, replies)

@@ -466,7 +466,6 @@ def test_provisional_members_round_trip_a_checkpoint_and_are_placed_after_resumi
     resumed.set_state(state)
 
     def place(algorithm):
-        algorithm.round_extra = {}
         algorithm.sampled = [absent]
         steps = algorithm.before_train(3)
         (ask,) = next(steps)

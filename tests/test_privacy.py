@@ -46,13 +46,14 @@ def reply(strategy, key: str, update: np.ndarray, num_examples: int = 10, count:
 def test_noise_std_per_cluster_is_noise_multiplier_times_clipping_norm_over_its_replies(accounting):
     members = {0: ["a", "b", "c", "d"], 1: [f"x{i}" for i in range(10)]}
     strategy = strategy_with(members, dp_noise_multiplier=0.8, dp_clipping_norm=2.0, dp_delta=1e-4)
-    strategy.aggregate_clusters([reply(strategy, k, np.zeros(SIZE)) for keys in members.values() for k in keys])
+    diagnostics = strategy.aggregate_clusters([reply(strategy, k, np.zeros(SIZE)) for keys in members.values()
+                                               for k in keys])
     for cluster, keys in members.items():
         expected = 0.8 * 2.0 / len(keys)
         noise = strategy.models[cluster]["w"].astype(np.float64)  # the replies did not move: all of it is noise
         assert abs(noise.mean()) < 5 * expected / np.sqrt(SIZE)
         assert noise.std() == pytest.approx(expected, rel=0.03)
-        report = strategy.round_extra["privacy"]["clusters"][str(cluster)]
+        report = diagnostics["privacy"]["clusters"][str(cluster)]
         assert report["noise_std"] == pytest.approx(expected) and report["sampled"] == len(keys)
         assert strategy.models[cluster]["count"] == 3  # an integer array keeps the cluster's value: no noise on it
 
@@ -72,14 +73,14 @@ def test_clipping_bounds_each_update_and_the_replies_weigh_the_same():
     rng = np.random.default_rng(0)
     big, small = rng.normal(0, 1, SIZE) * 5, np.full(SIZE, 1e-4)
     replies = [reply(strategy, "big", big, num_examples=1000), reply(strategy, "small", small, num_examples=1)]
-    strategy.aggregate_clusters(replies)
+    diagnostics = strategy.aggregate_clusters(replies)
     norms = [np.linalg.norm(r.update["w"].astype(np.float64)) for r in replies]
     assert norms[0] == pytest.approx(1.0, rel=1e-5) and norms[1] == pytest.approx(np.linalg.norm(small), rel=1e-4)
     # later clustering steps read the clipped update; the integer array is not taken from the client
     assert replies[0].arrays["count"] == 3
     clipped_big = big / np.linalg.norm(big)
     np.testing.assert_allclose(strategy.models[0]["w"], (clipped_big + small) / 2, atol=1e-6)  # equal weights
-    assert "privacy" not in strategy.round_extra  # no noise, nothing to account
+    assert "privacy" not in diagnostics  # no noise, nothing to account
 
 
 def test_a_reply_sent_as_an_update_is_clipped_as_an_update():
@@ -119,8 +120,7 @@ def test_epsilon_is_flowers_rdp_accountant_and_grows_with_rounds(accounting):
     epsilons = []
     for server_round in range(1, 5):
         trainers = ["a", "b", "c", "d", "e"] if server_round < 4 else ["a", "b"]  # cluster 1 sits out round 4
-        strategy.aggregate_clusters([reply(strategy, k, np.zeros(SIZE)) for k in trainers])
-        report = strategy.round_extra["privacy"]
+        report = strategy.aggregate_clusters([reply(strategy, k, np.zeros(SIZE)) for k in trainers])["privacy"]
         epsilons.append(report["epsilon"])
         assert report["epsilon"] == pytest.approx(flower_epsilon(1.1, 1e-5, server_round))
     assert epsilons == sorted(epsilons) and len(set(epsilons)) == 4
@@ -133,8 +133,7 @@ def test_a_client_that_moves_clusters_is_charged_for_every_release_it_entered(ac
     strategy = strategy_with({0: ["a", "b"], 1: ["c"]}, dp_noise_multiplier=1.0, dp_clipping_norm=1.0, dp_delta=1e-3)
     strategy.aggregate_clusters([reply(strategy, k, np.zeros(SIZE)) for k in "abc"])
     strategy.assignment["a"] = 1  # a moves to cluster 1
-    strategy.aggregate_clusters([reply(strategy, k, np.zeros(SIZE)) for k in "ac"])
-    report = strategy.round_extra["privacy"]
+    report = strategy.aggregate_clusters([reply(strategy, k, np.zeros(SIZE)) for k in "ac"])["privacy"]
     assert strategy.dp_releases == {"a": 2, "b": 1, "c": 2}
     assert report["clusters"]["0"]["epsilon"] == pytest.approx(flower_epsilon(1.0, 1e-3, 1))
     assert report["epsilon"] == report["clusters"]["1"]["epsilon"] == pytest.approx(flower_epsilon(1.0, 1e-3, 2))
@@ -174,6 +173,41 @@ def test_the_run_config_refuses_the_same_settings_before_the_run(keys, says):
 def test_the_run_config_hands_the_dp_keys_to_the_strategy(accounting):
     config = parse_config({"strategy": "cfl", "dp-noise-multiplier": 0.7, "dp-clipping-norm": 2.0, "dp-delta": 1e-3})
     assert config.build_strategy().dp == privacy.ClusterDP(0.7, 2.0, 1e-3)
+
+
+def test_the_dp_settings_are_checked_once_on_each_path_with_one_sentence(monkeypatch, accounting):
+    """The run config and the Python constructor both check the dp_* settings in the strategy's
+    Params, once; the strategy built from a run config's Params does not check them again.
+    Both refusals are the same sentence, naming the strategy and each setting as its caller
+    spells it."""
+    checks = []
+    real = privacy.dp_settings
+
+    def counting(*args):
+        checks.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(privacy, "dp_settings", counting)
+    config = parse_config({"strategy": "cfl", "dp-noise-multiplier": 0.7, "dp-clipping-norm": 2.0, "dp-delta": 1e-3})
+    assert config.build_strategy().dp == privacy.ClusterDP(0.7, 2.0, 1e-3)
+    assert checks == [(0.7, 2.0, 1e-3)]  # before: twice (the run config's check, the constructor's)
+    checks.clear()
+    assert clusterfed.FedClust(dp_noise_multiplier=0.7, dp_clipping_norm=2.0, dp_delta=1e-3).dp is not None
+    assert checks == [(0.7, 2.0, 1e-3)]
+    with pytest.raises(StrategyParamsError) as from_python:
+        clusterfed.CFL(dp_clipping_norm=1.0, dp_delta=1e-3)
+    with pytest.raises(ConfigError) as from_config:
+        parse_config({"strategy": "cfl", "dp-clipping-norm": 1.0, "dp-delta": 1e-3})
+    said = "cfl: dp_delta = 0.001 without dp_noise_multiplier: without noise ε is infinite"
+    assert str(from_python.value).startswith(said)
+    assert str(from_config.value).startswith(said.replace("_", "-"))
+
+
+def test_dp_with_another_aggregator_is_refused_by_the_run_config_before_the_run():
+    with pytest.raises(ConfigError, match=r"fedclust: dp-\* with aggregator = 'FedAdam'"):
+        parse_config({"strategy": "fedclust", "dp-clipping-norm": 1.0, "aggregator": "fedadam"})
+    with pytest.raises(StrategyParamsError, match=r"fedclust: dp_\* with aggregator = 'FedAdam'"):
+        clusterfed.FedClust(dp_clipping_norm=1.0, aggregator="fedadam")
 
 
 @pytest.mark.parametrize("wrapper", ["DifferentialPrivacyServerSideFixedClipping",
@@ -225,10 +259,11 @@ def test_a_stock_client_with_flowers_fixedclipping_mod_trains_under_clustered_dp
     assert result.clustering["privacy"]["epsilon"] == pytest.approx(flower_epsilon(0.5, 1e-3, 2))
 
 
-def test_ifca_seeded_from_clients_models_is_refused_under_dp():
-    strategy = clusterfed.IFCA(init="kmeans++", dp_clipping_norm=1.0)
+def test_ifca_seeded_from_clients_models_is_refused_under_dp_before_any_work():
     with pytest.raises(StrategyParamsError, match="init = 'random'"):
-        strategy.init({"w": np.zeros(3, np.float32)})
+        clusterfed.IFCA(init="kmeans++", dp_clipping_norm=1.0)
+    with pytest.raises(ConfigError, match="init = 'random'"):  # a run config: at parsing, before round 1
+        parse_config({"strategy": "ifca", "ifca.init": "kmeans++", "dp-clipping-norm": 1.0, "num-clients": 8})
 
 
 def test_the_release_ledger_and_noise_generator_resume_from_a_checkpoint(accounting):

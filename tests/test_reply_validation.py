@@ -2,7 +2,7 @@
 
 A custom ClientApp wraps the real train handler and corrupts the ArrayRecord of one
 client's reply; the run goes through ``simulate`` with the in-process engine. The strategy
-object is captured (``configured_strategy`` patched in server_app) to compare cluster models.
+object is captured (``RunConfig.build_strategy`` patched, ``harness.capture_algorithms``) to compare cluster models.
 """
 
 from __future__ import annotations

@@ -75,16 +75,17 @@ def test_selection_trains_exactly_p_clients_after_warmup(stabilizer, guard, last
     respond = _by_group_losses(1.0)
     loss = 1.0
     for r in (1, 2):
-        (asks,) = drive_round(algorithm, r, respond)
-        assert len(asks) == 8 and algorithm.round_extra["p"] is None
+        batches = drive_round(algorithm, r, respond)
+        (asks,) = batches
+        assert len(asks) == 8 and batches.diagnostics["p"] is None
     # the paper starts at one cluster per client; the floor starts at the four groups the
     # warm-up's clustering shows
     expected_p = 8 if guard == "none" else 4
     for r in range(3, 12):
         loss *= 0.5  # every round good: the rule's p falls to 1 and stays there
         respond.loss = loss
-        (asks,) = drive_round(algorithm, r, respond)
-        extra = algorithm.round_extra
+        batches = drive_round(algorithm, r, respond)
+        (asks,), extra = batches, batches.diagnostics
         assert extra["p"] == expected_p == len(asks) == extra["trained_clients"]
         assert extra["representatives"] == [a.key for a in asks]
         assert extra["models_exchanged"] == 2 * len(asks)
@@ -109,12 +110,13 @@ def test_floor_holds_the_cut_at_the_groups_through_good_and_bad_rounds(guard, cu
     used = []
     for r, loss in enumerate([0.5, 0.25, 0.125, 0.2, 0.3, 0.4, 0.5], start=3):  # 3 good rounds, then 4 bad
         respond.loss = loss
-        (asks,) = drive_round(algorithm, r, respond)
+        batches = drive_round(algorithm, r, respond)
+        (asks,), extra = batches, batches.diagnostics
         used.append(len(asks))
-        assert algorithm.round_extra["p"] == len(asks)
+        assert extra["p"] == len(asks)
         if guard == "floor":
             assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
-            assert algorithm.round_extra["p_rule"] <= 4  # the rule only moves below the floor
+            assert extra["p_rule"] <= 4  # the rule only moves below the floor
     assert used == cuts
 
 
@@ -162,8 +164,7 @@ def test_floor_is_one_when_the_clients_show_no_groups():
     drive_round(algorithm, 1, respond)
     for r in range(2, 8):
         respond.loss *= 0.5
-        drive_round(algorithm, r, respond)
-        assert algorithm.round_extra["p_floor"] == 1
+        assert drive_round(algorithm, r, respond).diagnostics["p_floor"] == 1
     assert algorithm.controller.cut == 1
 
 

@@ -83,7 +83,8 @@ def test_the_chain_sends_each_stock_client_its_own_reply_and_stops_for_one_that_
         out = trained(ask, 1.0 if groups[ask.key] == 0 else -1.0)
         return (out, {"local-epochs": 5}) if ask.key == "2" else out
 
-    first, second, third, _ = drive_round(algorithm, 1, respond)
+    batches = drive_round(algorithm, 1, respond)
+    first, second, third, _ = batches
     assert [a.key for a in first] == ["0", "1", "2", "3"] and [a.key for a in second] == ["0", "1"] == [
         a.key for a in third]
     # a stock client is asked for its whole model (the next request starts from it); the helper client "3" for the layer
@@ -91,4 +92,4 @@ def test_the_chain_sends_each_stock_client_its_own_reply_and_stops_for_one_that_
     assert [bias for key, bias in sent if key == "0"][:3] == [0.0, 1.0, 2.0]  # its own replies, sent back
     rows = dict(zip(algorithm.clustering_state["client_order"], algorithm.clustering_state["labels"]))
     assert rows["0"] == rows["2"] != rows["1"] == rows["3"]
-    assert algorithm.round_extra["stock_chained_requests"] == 4
+    assert batches.diagnostics["stock_chained_requests"] == 4

@@ -7,6 +7,7 @@ it is written with is importable from ``clusterfed.strategies``."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -73,12 +74,15 @@ def test_the_generated_reference_and_stub_carry_it(registered):
 
 def test_it_runs_the_partial_participation_smoke_run(registered, tmp_path, monkeypatch):
     """The default run (no entry in the smoke run's table): half the clients train each
-    round and none is orphaned; its probe asked only the sample, for the final layer only."""
+    round and none is orphaned; its probe asked only the sample, for the final layer only,
+    and what its hook returned is in every round's row."""
     from test_partial_participation import SAMPLE, check_partial_participation
 
     clusters = check_partial_participation("finalsign", tmp_path, monkeypatch)
     assert 0 < len(clusters["probed"]) and set(clusters["probed"]) <= set(clusters["assignment"])
     assert len([k for k, r in clusters["probed"].items() if r == max(clusters["probed"].values())]) == SAMPLE
+    rows = [json.loads(line) for line in (tmp_path / "finalsign" / "rounds.jsonl").read_text().splitlines()]
+    assert rows and all(row["probe_replies"] == SAMPLE for row in rows)
 
 
 def test_the_author_kit_is_public():

@@ -167,7 +167,7 @@ def parse_experiment(data: dict[str, Any], *, source: str, base_dir: Path, name:
                      seeds: list[int] | None = None, only: list[str] | None = None,
                      skip_missing_data: bool = True, command_line: bool = False) -> Experiment:
     """Check an experiment's structure (keys, settings, strategies, seeds); every problem in one error.
-    The run configs themselves are checked by the runner's ``plan`` (schema and preflight).
+    The run configs themselves are checked by ``grids.plan`` (schema and preflight).
     ``command_line``: the experiment was given on the command line (``clusterfed compare``), so
     messages point into no file."""
     problems = _unknown_keys(data, TOP_KEYS, source)

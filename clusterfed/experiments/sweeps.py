@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from clusterfed.experiments.results import run_row
+from clusterfed.experiments.comparison import run_row
 from clusterfed.experiments.spec import Experiment, Grid, Sweep, Variant
 from clusterfed.experiments.stats import mean_std
 

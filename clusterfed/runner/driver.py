@@ -40,7 +40,7 @@ from clusterfed.runner.scoring import eval_rows, record_round, score_reports, we
 from clusterfed.runner.transport import wait_for_nodes
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
 from clusterfed.strategies.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError
-from clusterfed.strategies.exchange import Ask, Replies
+from clusterfed.strategies.exchange import Ask, Diagnostics, Replies, diagnostics_of
 
 if TYPE_CHECKING:
     from clusterfed.strategies.base import ClusteredStrategy
@@ -95,6 +95,7 @@ class RoundDriver:
         self.accepted_train = 0  # train replies accepted over the run
         self.failing_rounds = 0  # rounds in a row in which train was asked and no reply accepted
         self.pending_asks: dict[str, Ask] = {}  # Flower's single-phase hooks: this round's asks
+        self.pending_diagnostics: Diagnostics = {}  # and what its hooks before training returned
         self.new_round()
 
     def new_round(self) -> None:
@@ -175,7 +176,7 @@ class RoundDriver:
             self.members.check_capabilities()
         self.strategy.active = self.members.active_keys()
         assignment_before = dict(self.strategy.assignment)
-        self.drive(server_round, self.strategy.round(server_round))
+        diagnostics = self.drive(server_round, self.strategy.round(server_round))
         score_reports(self.strategy.reports, self.members.clients, assignment_before)
         evals = self.evaluate(server_round)
         self.members.update_absence(server_round)
@@ -190,18 +191,18 @@ class RoundDriver:
             if server_metrics is not None:
                 result.evaluate_metrics_serverapp[server_round] = server_metrics
         if self.recorder is not None:
-            self.record(server_round, evals, time.perf_counter() - started)
+            self.record(server_round, evals, time.perf_counter() - started, diagnostics)
         self.completed_rounds = server_round
-        self.log_round(server_round, num_rounds, result)
+        self.log_round(server_round, num_rounds, result, diagnostics.get("train_loss"))
         self.strategy.training_failed = None
         self.check_failing(server_round, num_rounds)
         if self.options.checkpoint and self.recorder is not None:
             save_checkpoint(self.recorder.out, self.checkpoint_state(server_round))
 
-    def round_extra(self) -> dict[str, Any]:
+    def extra_columns(self, diagnostics: Diagnostics) -> dict[str, Any]:
         """What rounds.jsonl holds beyond the recorder's own columns: the strategy's
         diagnostics and, where there are any, reply lags, absent devices and duplicate keys."""
-        extra = dict(self.strategy.round_extra)
+        extra = dict(diagnostics)
         members = self.members
         if members.deployment and self.link.lags:
             extra["reply_lag_seconds"] = round(float(np.mean(self.link.lags)), 3)
@@ -212,18 +213,17 @@ class RoundDriver:
                                        for key, claim in sorted(members.duplicates.items())]
         return extra
 
-    def record(self, server_round: int, evals: list[EvalRow], seconds: float) -> dict[str, Any]:
+    def record(self, server_round: int, evals: list[EvalRow], seconds: float, diagnostics: Diagnostics) -> dict[str, Any]:
         members = self.members
         return record_round(self.recorder, server_round, evals=evals, active=members.active_keys(),
                             clients=members.clients, assignment=self.strategy.assignment, traffic=self.link.traffic,
                             seconds=seconds, clustering_seconds=self.strategy_seconds,
-                            extra=self.round_extra(), absent=len(members.absent_devices()),
+                            extra=self.extra_columns(diagnostics), absent=len(members.absent_devices()),
                             evaluated=self.evaluate_sent)
 
-    def log_round(self, server_round: int, num_rounds: int, result: ClusteredResult) -> None:
-        """The round's one INFO line: replies and failures, clusters, mean train loss and the
-        clients' evaluate metrics (averaged by num-examples, as Flower's FedAvg does)."""
-        loss = self.strategy.round_extra.get("train_loss")
+    def log_round(self, server_round: int, num_rounds: int, result: ClusteredResult, loss: float | None) -> None:
+        """The round's one INFO line: replies and failures, clusters, the mean train ``loss``
+        and the clients' evaluate metrics (averaged by num-examples, as Flower's FedAvg does)."""
         assignment = self.strategy.assignment
         clusters = len({assignment[k] for k in self.members.active_keys() if k in assignment})
         failed = len(self.link.failed_keys)
@@ -287,11 +287,11 @@ class RoundDriver:
                                       f"within {self.link.timeout:g} s")
 
     # ------------------------------------------------------------ exchange
-    def drive(self, server_round: int, steps) -> None:
+    def drive(self, server_round: int, steps) -> Diagnostics:
         """Run one round of the strategy: each list of asks it yields is sent, and the
-        validated replies are sent back into it, until the round is done. The time spent
-        inside the strategy's steps (not waiting for clients) is the round's
-        ``strategy_seconds``."""
+        validated replies are sent back into it, until the round is done; returns the
+        diagnostics the round returned. The time spent inside the strategy's steps (not
+        waiting for clients) is the round's ``strategy_seconds``."""
         started = time.perf_counter()
         try:
             asks = next(steps)
@@ -300,8 +300,9 @@ class RoundDriver:
                 replies = self.train(server_round, asks)
                 started = time.perf_counter()
                 asks = steps.send(replies)
-        except StopIteration:
+        except StopIteration as done:
             self.strategy_seconds += time.perf_counter() - started
+            return diagnostics_of(done.value)
 
     def train(self, server_round: int, asks: list[Ask]) -> Replies:
         """Send the asks; the validated replies in send order (rejections recorded)."""

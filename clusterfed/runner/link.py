@@ -65,6 +65,17 @@ class Link:
              message_type: str) -> tuple[dict[str, RecordDict], int]:
         """Send each client its (arrays, config); return the replies that arrived, by key,
         and the array bytes received. Error and missing replies are counted as faults."""
+        messages, keys = self.messages(server_round, plan, message_type)
+        if not messages:
+            return {}, 0
+        message_ids, replies = self.push(messages)
+        return self.collect(server_round, message_type, message_ids, keys, replies)
+
+    def messages(self, server_round: int, plan: dict[str, tuple[Arrays | None, dict[str, Any]]],
+                 message_type: str) -> tuple[list[Message], list[str]]:
+        """Each client's message of ``plan`` (its arrays and config), with the array bytes down
+        counted; the messages and their client keys, in order. ``send`` pushes them; Flower's
+        single-phase hooks hand them to Flower's loop."""
         messages, keys = [], []
         # clients of one cluster are sent the same model object: encode it once per exchange
         # (the transport serialises, or the in-process grid copies, each message on its own)
@@ -88,10 +99,7 @@ class Link:
                                     group_id=str(server_round)))
             keys.append(key)
             self.messaged.add(key)
-        if not messages:
-            return {}, 0
-        message_ids, replies = self.push(messages)
-        return self.collect(server_round, message_type, message_ids, keys, replies)
+        return messages, keys
 
     def collect(self, server_round: int, message_type: str, message_ids: list[str], keys: list[str],
                 replies: list[Message]) -> tuple[dict[str, RecordDict], int]:

@@ -99,9 +99,11 @@ class Checked:
     checkpoint: dict[str, Any] | None = None
 
 
-def preflight(config: RunConfig, *, announce: bool = False) -> Checked:
+def preflight(config: RunConfig, *, announce: bool = False, partition_checked: bool = False) -> Checked:
     """Check the run; raise one ConfigError listing every problem. ``resume-from = "auto"`` is
-    resolved here (said in the log when ``announce``) and the checkpoint loaded once."""
+    resolved here (said in the log when ``announce``) and the checkpoint loaded once.
+    ``partition_checked``: the caller checked this data set's partition already (for a run
+    with the same data keys and seed), so it is not split again."""
     config = resolve_resume(config, announce=announce)
     problems = []
     # this module's own checks first, then those handed to lower layers (a flat config)
@@ -112,7 +114,7 @@ def preflight(config: RunConfig, *, announce: bool = False) -> Checked:
     initial, problem = check_model(config)
     if problem is not None:
         problems.append(problem)
-    if (problem := check_partition(config)) is not None:
+    if not partition_checked and (problem := check_partition(config)) is not None:
         problems.insert(0, f"partition: {problem}")
     checkpoint = None
     if config.resume_from and initial is not None:
@@ -126,3 +128,26 @@ def preflight(config: RunConfig, *, announce: bool = False) -> Checked:
         raise ConfigError("; ".join(problems) if len(problems) == 1 else
                           f"{len(problems)} problems: " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
     return Checked(config, initial, checkpoint)
+
+
+def partition_keys(config: RunConfig) -> tuple:
+    """What a run's partition (and data) depend on: every run key but the strategy, its
+    parameters and the out-dir."""
+    return tuple(sorted((k, v) for k, v in config.to_flower().items()
+                        if k not in ("strategy", "out-dir") and "." not in k))
+
+
+def preflight_runs(configs: list[RunConfig]) -> list[Checked]:
+    """``preflight`` of each run, in order, each partition split once (runs differing only in
+    strategy and out-dir share it); raise one ConfigError listing every run's problems."""
+    checked, problems, split = [], [], set()
+    for config in configs:
+        keys = partition_keys(config)
+        try:
+            checked.append(preflight(config, partition_checked=keys in split))
+        except ConfigError as error:
+            problems.append(str(error))
+        split.add(keys)
+    if problems:
+        raise ConfigError("; ".join(dict.fromkeys(problems)))
+    return checked

@@ -7,23 +7,26 @@ Those hooks have one exchange per round, so a step that asks clients for work be
 training (placing clients by a clustering round, HiCFL's or CFL's descent of provisional
 members, AdaCFL's clustering step) cannot run inside them: it stops the run with a
 ``StrategyParamsError`` naming ``strategy.start``, which runs such steps. Steps that ask
-nothing run as in ``start``.
+nothing run as in ``start``. The round's diagnostics (what its hooks returned) are logged
+at DEBUG level: Flower's loop keeps no rounds.jsonl.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
-from flwr.app import ArrayRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MessageType, MetricRecord
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from clusterfed import protocol
 from clusterfed.runner.driver import RoundDriver
 from clusterfed.runner.scoring import score_reports, weighted_metrics
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
 from clusterfed.strategies.contract import StrategyParamsError
-from clusterfed.strategies.exchange import TrainReply
+from clusterfed.strategies.exchange import Diagnostics, TrainReply, steps
 
 if TYPE_CHECKING:
     from clusterfed.strategies.base import ClusteredStrategy
@@ -41,16 +44,18 @@ def driver_for(strategy: ClusteredStrategy, grid: Grid) -> RoundDriver:
     return strategy.driver
 
 
-def run_without_asks(strategy: ClusteredStrategy, server_round: int, hook: str, steps) -> None:
-    """Run a hook that may ask clients for work; stop loudly if it does."""
-    if steps is None:
-        return
-    for asks in steps:
-        steps.close()
-        raise StrategyParamsError(
-            f"{strategy.name}: round {server_round}'s {hook} step asks {len(asks)} client(s) for work before "
-            f"training (a clustering step), which Flower's single-phase configure_train/aggregate_train cannot "
-            f"run; call strategy.start(grid=..., initial_arrays=..., num_rounds=...) instead")
+def run_without_asks(strategy: ClusteredStrategy, server_round: int, hook: str, result) -> Diagnostics:
+    """Run a hook that may ask clients for work and return its diagnostics; stop loudly if it asks."""
+    run = steps(result)
+    try:
+        asks = next(run)
+    except StopIteration as done:
+        return done.value
+    run.close()
+    raise StrategyParamsError(
+        f"{strategy.name}: round {server_round}'s {hook} step asks {len(asks)} client(s) for work before "
+        f"training (a clustering step), which Flower's single-phase configure_train/aggregate_train cannot "
+        f"run; call strategy.start(grid=..., initial_arrays=..., num_rounds=...) instead")
 
 
 def train_messages(strategy: ClusteredStrategy, server_round: int, config: dict, grid: Grid) -> list[Message]:
@@ -60,20 +65,18 @@ def train_messages(strategy: ClusteredStrategy, server_round: int, config: dict,
     driver.set_configs(config, driver.evaluate_config)
     driver.members.discover(server_round)
     started = time.perf_counter()
-    strategy.round_extra, strategy.reports = {}, []
+    strategy.reports = []
     strategy.active = driver.members.active_keys()
     strategy.sampled = strategy.draw_sample(server_round)
     unplaced = [k for k in strategy.active if k not in strategy.assignment]
-    if unplaced:
-        run_without_asks(strategy, server_round, "placement", strategy.admit(server_round, unplaced))
-    run_without_asks(strategy, server_round, "before-train", strategy.before_train(server_round))
+    diagnostics = (run_without_asks(strategy, server_round, "placement", strategy.admit(server_round, unplaced))
+                   if unplaced else {})
+    diagnostics.update(run_without_asks(strategy, server_round, "before-train", strategy.before_train(server_round)))
+    driver.pending_diagnostics = diagnostics
     driver.pending_asks = {ask.key: ask for ask in strategy.train_asks(server_round, strategy.select_trainers(server_round))}
     driver.strategy_seconds += time.perf_counter() - started
-    return [Message(RecordDict({protocol.ARRAYS: protocol.to_array_record(ask.model),
-                                protocol.CONFIG: protocol.config_record({**config, **ask.config})}),
-                    dst_node_id=driver.members.node_of_key[ask.key], message_type=MessageType.TRAIN,
-                    group_id=str(server_round))
-            for ask in driver.pending_asks.values()]
+    plan = {ask.key: (ask.model, {**config, **ask.config}) for ask in driver.pending_asks.values()}
+    return driver.link.messages(server_round, plan, MessageType.TRAIN)[0]
 
 
 def aggregate_train_messages(strategy: ClusteredStrategy, server_round: int,
@@ -95,9 +98,10 @@ def aggregate_train_messages(strategy: ClusteredStrategy, server_round: int,
         except ReplyRejected as error:
             driver.link.reject(server_round, key, error)
     started, assignment_before = time.perf_counter(), dict(strategy.assignment)
-    strategy.finish_round(server_round, good)
+    diagnostics = {**driver.pending_diagnostics, **strategy.finish_round(server_round, good)}
     driver.strategy_seconds += time.perf_counter() - started
     score_reports(strategy.reports, driver.members.clients, assignment_before)
+    log(logging.DEBUG, "round %s diagnostics: %s", server_round, diagnostics)
     return driver.largest_cluster_record(), weighted_metrics([(r.num_examples, r.metrics) for r in good])
 
 
@@ -105,10 +109,6 @@ def evaluate_messages(strategy: ClusteredStrategy, server_round: int, config: di
     """The evaluate messages of ``Strategy.configure_evaluate``: each sampled placed client its cluster's model."""
     driver = driver_for(strategy, grid)
     models = strategy.evaluation_models(server_round)
-    return [Message(RecordDict({protocol.ARRAYS: protocol.to_array_record(model),
-                                protocol.CONFIG: protocol.config_record(
-                                    {**config, "server-round": server_round, "phase": "evaluate",
-                                     "cluster-id": cluster})}),
-                    dst_node_id=driver.members.node_of_key[key], message_type=MessageType.EVALUATE,
-                    group_id=str(server_round))
-            for key, (cluster, model) in models.items()]
+    plan = {key: (model, {**config, "server-round": server_round, "phase": "evaluate", "cluster-id": cluster})
+            for key, (cluster, model) in models.items()}
+    return driver.link.messages(server_round, plan, MessageType.EVALUATE)[0]

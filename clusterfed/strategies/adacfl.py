@@ -88,6 +88,7 @@ from clusterfed.clustering import (
     merge_across_preclusters,
 )
 from clusterfed.strategies.base import LABEL_STATS, Steps
+from clusterfed.strategies.exchange import Diagnostics
 from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams, OneShotState, PositiveNumber
 
 _STATS = ("num-classes", "label-entropy")
@@ -143,8 +144,8 @@ class AdaCFL(OneShotClustering):
 
     def admit(self, server_round: int, keys: list[str]) -> Steps:
         if self.clustered:
-            yield from self.place_newcomers(server_round, keys)
-            return
+            _, _, diagnostics = yield from self.place_newcomers(server_round, keys)
+            return diagnostics
         if self.warmup_cluster is None:
             self.warmup_cluster = self.new_cluster(self.theta0)
         for key in keys:
@@ -157,15 +158,15 @@ class AdaCFL(OneShotClustering):
         if not keys:
             return
         start = self.models[self.warmup_cluster]
-        replied, X, bytes_up = yield from self.collect_partials(server_round, keys, start)
+        replied, X, bytes_up, diagnostics = yield from self.collect_partials(server_round, keys, start)
         if X is None:
-            return  # nobody replied: stay in warm-up, try again next round
+            return diagnostics  # nobody replied: stay in warm-up, try again next round
         # clients whose reply was lost, that were not sampled or are absent leave the warm-up
         # cluster (its model goes) and come back as newcomers
         for key in [k for k, c in self.assignment.items() if c == self.warmup_cluster]:
             del self.assignment[key]
         del self.models[self.warmup_cluster]
-        pre, preclustering = self.preclusters(replied)
+        pre, preclustering, skipped = self.preclusters(replied)
         lam, auto_info = self.threshold(X)
         labels, cuts = cluster_within_preclusters(
             X, pre, lam, metric=self.params.distance, linkage=self.params.linkage,
@@ -178,9 +179,9 @@ class AdaCFL(OneShotClustering):
             labels = merge_across_preclusters(X, labels, lam, metric=self.params.distance, linkage=self.params.linkage)
         info = {**self.precluster_info(replied, X, pre, cuts, preclustering), "lambda": float(lam), **auto_info,
                 "clusters_within_preclusters": within}
-        self.form_clusters(server_round, replied, X, labels, start, bytes_up, info)
-        self.round_extra.update({"preclustering": preclustering, "num_preclusters": len(cuts)})
-        self.round_extra["clusters_within_preclusters"] = within
+        diagnostics.update({**skipped, **self.form_clusters(server_round, replied, X, labels, start, bytes_up, info)})
+        return {**diagnostics, "preclustering": preclustering, "num_preclusters": len(cuts),
+                "clusters_within_preclusters": within}
 
     def threshold(self, X: np.ndarray) -> tuple[float, dict[str, Any]]:
         """λ for every pre-cluster. ``auto``: a cut of all clients' dendrogram gives one λ,
@@ -274,23 +275,23 @@ class AdaCFL(OneShotClustering):
         emptied = f"; {gone} left without members" if gone > 0 else ""
         return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{emptied}."
 
-    def preclusters(self, keys: list[str]) -> tuple[np.ndarray, bool]:
-        """Entropy pre-cluster per client, and whether pre-clustering ran at all."""
+    def preclusters(self, keys: list[str]) -> tuple[np.ndarray, bool, Diagnostics]:
+        """Entropy pre-cluster per client, whether pre-clustering ran at all, and the
+        diagnostics (why it was skipped)."""
         stats = [self.clients[key].label_stats for key in keys]
         if not self.params.share_label_stats or any(any(s not in st for s in _STATS) for st in stats):
-            return np.zeros(len(keys), dtype=np.int64), False
+            return np.zeros(len(keys), dtype=np.int64), False, {}
         per_class = float(np.median([self.clients[key].num_examples / max(int(st["num-classes"]), 1)
                                      for key, st in zip(keys, stats)]))
         if per_class < self.params.entropy_min_per_class:
             # a 16-example client of 10 balanced classes shows 7–10 of them: pre-clusters by
             # class count would be sampling noise, so every client goes to the weight clustering
-            self.round_extra["preclustering_skipped"] = (
-                f"median {per_class:.1f} examples per class held < entropy-min-per-class "
-                f"{self.params.entropy_min_per_class}")
-            return np.zeros(len(keys), dtype=np.int64), False
+            skipped = (f"median {per_class:.1f} examples per class held < entropy-min-per-class "
+                       f"{self.params.entropy_min_per_class}")
+            return np.zeros(len(keys), dtype=np.int64), False, {"preclustering_skipped": skipped}
         pre = entropy_preclusters([int(st["num-classes"]) for st in stats], [st["label-entropy"] for st in stats],
                                   gap=self.params.entropy_gap)
-        return pre, True
+        return pre, True, {}
 
     def precluster_info(self, keys: list[str], X: np.ndarray, pre: np.ndarray, cuts: dict, preclustering: bool) -> dict[str, Any]:
         """The pre-clusters and, for the dendrograms, each pre-cluster's own linkage."""

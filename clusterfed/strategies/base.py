@@ -29,7 +29,8 @@ not placed yet), ``before_train`` (clustering steps before this round's training
 ``after_train`` (steps that use this round's training replies) and ``train_instructions``.
 ``admit`` and ``before_train`` may ask clients for work: written as generators, they
 ``yield`` a list of asks and receive the replies; written as plain methods, they ask
-nothing.
+nothing. Each returns its ``Diagnostics`` (column -> JSON value, or None); ``round`` returns
+them, merged in the order the hooks ran, to the driver, which writes them to rounds.jsonl.
 
 Partial participation (``fraction-train`` < 1): by default every client not placed yet is
 placed at the start of a round (placing asks nothing) and the trainers are a
@@ -45,55 +46,27 @@ from __future__ import annotations
 import copy
 import logging
 from collections import defaultdict
-from collections.abc import Generator, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
 from flwr.supercore import log
+from flwr.app import ArrayRecord
 from pydantic import ValidationError
 
-from clusterfed import privacy
+from clusterfed import privacy, protocol
 from clusterfed.models.layers import select_layers
 from clusterfed.models.parameters import compared_names
 from clusterfed.strategies.contract import (  # noqa: F401 (re-exported: the errors are part of base's API)
-    CAPABILITIES,
-    LABEL_STATS,
-    MULTI_MODEL,
-    CapabilityError,
-    ClientFailureError,
-    ClusteredResult,
-    ModelMismatchError,
-    StrategyParamsError,
-    mean_train_loss,
-)
-
+    CAPABILITIES, LABEL_STATS, MULTI_MODEL, CapabilityError, ClientFailureError, ClusteredResult,
+    ModelMismatchError, StrategyParamsError, mean_train_loss)
 from clusterfed.strategies.aggregation import ClusterAggregator, template_of
 from clusterfed.strategies.declared_state import DeclaredState
 from clusterfed.strategies.flower_hooks import FlowerHooks
-from clusterfed.strategies.params import (  # noqa: F401 (StrategyParams: part of base's API)
-    StrategyParams,
-    describe_errors,
-    document_params,
-)
-from clusterfed.strategies.exchange import (
-    RETURN_WEIGHTS,
-    UPLOAD_FULL,
-    Arrays,
-    Ask,
-    ClientInfo,
-    Replies,
-    TrainReply,
-    natural,
-    weighted_average,
-)
-
-Steps = Generator[list[Ask], Replies, Any]
-
-def steps(result: Iterable | None) -> Iterable:
-    """``yield from steps(hook(...))``: a hook written as a plain method (returns None)
-    asks nothing; one written as a generator is run to its end."""
-    return () if result is None else result
+from clusterfed.strategies.params import StrategyParams, describe_errors, document_params  # noqa: F401
+from clusterfed.strategies.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
+    RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, Steps, TrainReply, diagnostics_of,
+    natural, steps, weighted_average)
 
 
 @dataclass
@@ -131,19 +104,18 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
 
     def __init__(self, params: StrategyParams | None = None, /, **keywords: Any) -> None:
         given = params if params is not None and not keywords else {**dict(params or {}), **keywords}
-        try:  # cls(params): ``Params`` validated already (a run config's) are taken as they are
-            self.params = self.Params.model_validate(given)
+        try:  # cls(params): ``Params`` validated already (a run config's) are taken as they are (pydantic
+            # would run their model validators, the dp_* check among them, again)
+            self.params = given if isinstance(given, self.Params) else self.Params.model_validate(given)
         except ValidationError as error:
             raise StrategyParamsError(describe_errors(self.name, error, self.Params)) from None
+        self.dp = self.params.dp  # checked with the Params (StrategyParams._dp_settings), not again here
         try:
-            self.dp = privacy.dp_settings(self.params.dp_noise_multiplier, self.params.dp_clipping_norm,
-                                          self.params.dp_delta)
             self.dp_accountant = privacy.Accountant(self.dp) if self.dp and self.dp.noise_multiplier > 0 else None
-        except ValueError as error:
+        except ValueError as error:  # the accountant's backend is not installed
             raise StrategyParamsError(f"{self.name}: {error}") from None
         self.clients: dict[str, ClientInfo] = {}
         self.active: list[str] = []
-        self.round_extra: dict[str, Any] = {}
         self.reports: list[Any] = []  # this round's splits and placements, for the driver's scoring
         self.train_config: dict[str, Any] = {}
         self.run_options = None  # RunOptions: how a user's own ServerApp passes options (the app's go to the driver)
@@ -155,11 +127,6 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         # the within-cluster aggregator (``aggregator``); None: the sample-weighted mean
         template = template_of(self.params.aggregator)
         self.aggregator = ClusterAggregator(template) if template is not None else None
-        if self.aggregator is not None and self.dp is not None:
-            raise StrategyParamsError(
-                f"{self.name}: dp_* with aggregator = {self.aggregator.name!r}: the noise is calibrated to the "
-                f"clipped mean of a cluster's replies, which another aggregator does not compute (a median's or "
-                f"Krum's sensitivity differs); use the default weighted mean with dp_*")
         self.state = self.State()
         self._sealed = True
 
@@ -175,7 +142,10 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         """Raise StrategyParamsError when ``train_config`` lacks what this strategy needs (before round 1)."""
 
     # ------------------------------------------------------------- lifecycle
-    def init(self, theta0: Arrays) -> None:
+    def init(self, theta0: Arrays | ArrayRecord) -> None:
+        """Start from ``theta0`` (NumPy arrays by name, or Flower's ArrayRecord): the first clusters."""
+        if isinstance(theta0, ArrayRecord):
+            theta0 = protocol.from_array_record(theta0)
         self.state = self.State()
         self.rng = np.random.default_rng(self.params.seed)
         self.theta0 = {k: v.copy() for k, v in theta0.items()}
@@ -183,42 +153,42 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         self.init_clusters()
 
     def round(self, server_round: int) -> Steps:
-        """One round: place newcomers, clustering steps, train, aggregate per cluster."""
-        self.round_extra, self.reports = {}, []
+        """One round: place newcomers, clustering steps, train, aggregate per cluster; returns its diagnostics."""
+        self.reports = []
         try:
             privacy.check_population(self.dp, max(len(self.clients), len(self.active)))
         except ValueError as error:
             raise StrategyParamsError(f"{self.name}: {error}") from None
         self.sampled = self.draw_sample(server_round)
         unplaced = [k for k in self.active if k not in self.assignment]
-        if unplaced:
-            yield from steps(self.admit(server_round, unplaced))
-        yield from steps(self.before_train(server_round))
+        diagnostics = (yield from steps(self.admit(server_round, unplaced))) if unplaced else {}
+        diagnostics.update((yield from steps(self.before_train(server_round))))
         replies = yield self.train_asks(server_round, self.select_trainers(server_round))
-        self.finish_round(server_round, replies)
+        return {**diagnostics, **self.finish_round(server_round, replies)}
 
-    def finish_round(self, server_round: int, replies: list[TrainReply]) -> None:
+    def finish_round(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
         """The round's tail, after training: average per cluster, the steps that use the
-        training replies, the mean train loss."""
-        self.aggregate_clusters(replies)
-        self.after_train(server_round, replies)
-        self.round_extra["train_loss"] = mean_train_loss(replies)
+        training replies, the mean train loss; returns their diagnostics."""
+        diagnostics = self.aggregate_clusters(replies)
+        diagnostics.update(diagnostics_of(self.after_train(server_round, replies)))
+        diagnostics["train_loss"] = mean_train_loss(replies)
+        return diagnostics
 
     # ------------------------------------------------------------------ hooks
     def init_clusters(self) -> None:
         """FedAvg: one cluster holding θ0."""
         self.new_cluster(self.theta0)
 
-    def admit(self, server_round: int, keys: list[str]) -> Steps | None:
-        """Place clients the server has not assigned yet. FedAvg: the one cluster."""
+    def admit(self, server_round: int, keys: list[str]) -> Steps | Diagnostics | None:
+        """Place clients the server has not assigned yet (returns its diagnostics). FedAvg: the one cluster."""
         for key in keys:
             self.assignment[key] = min(self.models)
 
-    def before_train(self, server_round: int) -> Steps | None:
-        """Clustering steps that happen before this round's training."""
+    def before_train(self, server_round: int) -> Steps | Diagnostics | None:
+        """Clustering steps that happen before this round's training (returns their diagnostics)."""
 
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
-        """Clustering steps that use this round's training replies (CFL splits)."""
+    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics | None:
+        """Clustering steps that use this round's training replies (CFL splits); returns their diagnostics."""
 
     def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
         """Extra config for one client's train message."""
@@ -316,11 +286,11 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
             asks.append(Ask(key, models[key] if models is not None else self.models[cluster], config))
         return asks
 
-    def aggregate_clusters(self, replies: list[TrainReply]) -> None:
+    def aggregate_clusters(self, replies: list[TrainReply]) -> Diagnostics:
         """Each cluster's new model from the members that replied, by the cluster's aggregator
         (``aggregator``; the sample-weighted mean by default); a cluster none of whose members
-        replied keeps its model. A round where a robust aggregator had too few replies in a
-        cluster records why it used the weighted mean (``aggregator_fallback``)."""
+        replied keeps its model. Returns the diagnostics: why a robust aggregator that had too
+        few replies in a cluster used the weighted mean (``aggregator_fallback``), ``privacy``."""
         by_cluster: dict[int, list[TrainReply]] = defaultdict(list)
         for reply in replies:
             if reply.cluster in self.models and set(reply.arrays) == set(self.shapes):
@@ -328,27 +298,32 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         # optimiser states of clusters that no longer exist (split, merged, re-cut) go
         self.aggregator_state = {c: s for c, s in self.aggregator_state.items() if c in self.models}
         released: dict[int, dict[str, Any]] = {}
+        fallbacks: dict[str, str] = {}
         for cluster, group in by_cluster.items():
             if self.dp is not None:  # clipped, equal weights (clusterfed.privacy)
                 group = privacy.clip_replies(group, self.dp.clipping_norm)
             weights, counts = [r.weights for r in group], [r.num_examples for r in group]
-            self.models[cluster] = self.aggregate_cluster(cluster, weights, counts)
+            self.models[cluster], fallback = self.aggregate_cluster(cluster, weights, counts)
+            if fallback is not None:
+                fallbacks[str(cluster)] = fallback
             if self.dp is not None:
                 released[cluster] = self.add_dp_noise(cluster, group)
+        diagnostics: Diagnostics = {"aggregator_fallback": fallbacks} if fallbacks else {}
         if self.dp_accountant is not None:
-            self.round_extra["privacy"] = self.dp_accountant.report(self.dp_releases, self.assignment, released)
+            diagnostics["privacy"] = self.dp_accountant.report(self.dp_releases, self.assignment, released)
+        return diagnostics
 
-    def aggregate_cluster(self, cluster: int, weights: list[Arrays], counts: list[float]) -> Arrays:
+    def aggregate_cluster(self, cluster: int, weights: list[Arrays], counts: list[float]) -> tuple[Arrays, str | None]:
         """One cluster's new model from its members' trained ``weights`` and num-examples
-        ``counts``, by its own aggregator (optimiser state kept per cluster)."""
+        ``counts``, by its own aggregator (optimiser state kept per cluster), and why the
+        aggregator fell back to the weighted mean (None when it did not)."""
         if self.aggregator is None:
-            return weighted_average(weights, counts)
+            return weighted_average(weights, counts), None
         model, self.aggregator_state[cluster], fallback = self.aggregator.aggregate(
             self.models[cluster], weights, counts, self.aggregator_state.get(cluster))
         if fallback is not None:
-            self.round_extra.setdefault("aggregator_fallback", {})[str(cluster)] = fallback
             log(logging.WARNING, "cluster %s: %s", cluster, fallback)
-        return model
+        return model, fallback
 
     def add_dp_noise(self, cluster: int, group: list[TrainReply]) -> dict[str, Any]:
         """Gaussian noise on ``cluster``'s new average of ``group``'s clipped replies; each

@@ -44,7 +44,7 @@ from clusterfed.clustering.layercfl import CheckResult
 from clusterfed.clustering.sketch import in_sketch_space
 from clusterfed.clustering.split_rules import merge_pairs, one_cluster_reason
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
-from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, SplitCompared, TrainReply, natural, weighted_average
+from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, Diagnostics, SplitCompared, TrainReply, natural, weighted_average
 
 SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
 # a split's similarity matrix is recorded for at most this many of its clients (evenly
@@ -186,7 +186,7 @@ class BiPartitioning(ClusteredStrategy):
                 self.assignment[key] = leaf
                 self.entered(leaf, [key])
             moved.append({"client": key, "from": old, "cluster": leaf, "path": path[key]})
-        self.round_extra["replaced"] = moved
+        return {"replaced": moved}
 
     def entered(self, cluster: int, keys: list[str]) -> None:
         """Strategy state to restart for clients that moved into ``cluster`` (HiCFL: windows)."""
@@ -230,28 +230,29 @@ class BiPartitioning(ClusteredStrategy):
                 "rel_eps2": c.rel_eps2}
 
     # ------------------------------------------------------------ the round
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
+    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
         by_cluster: dict[int, list[TrainReply]] = defaultdict(list)
         for reply in sorted(replies, key=lambda r: natural(r.key)):  # positions follow key order
             if reply.cluster in self.models and self.tree.node(reply.cluster).is_leaf:
                 by_cluster[reply.cluster].append(reply)
         report: dict[str, dict[str, Any]] = {}
-        self.round_extra["splits"] = []
-        self.round_extra["merges"] = []
+        diagnostics: Diagnostics = {"splits": [], "merges": []}
         for cluster in sorted(by_cluster):
             group = by_cluster[cluster]
             self.split_allowed = self.split_allowed or self.may_split(server_round, cluster, group)
             decision = self.criteria(cluster, group)
             report[str(cluster)] = {**decision_record(decision), "replies": len(group)}
-            self.consider_split(server_round, cluster, group, decision)
+            for key, records in (self.consider_split(server_round, cluster, group, decision) or {}).items():
+                diagnostics.setdefault(key, []).extend(records)
         if self.params.merge:
-            self.merge_leaves(server_round, {c: g for c, g in by_cluster.items() if self.tree.node(c).is_leaf})
-        self.round_extra["split_criteria"] = report
-        self.round_extra["last_split_round"] = self.final_clustering_round
+            diagnostics["merges"] = self.merge_leaves(server_round, {c: g for c, g in by_cluster.items()
+                                                                     if self.tree.node(c).is_leaf})
+        return {**diagnostics, "split_criteria": report, "last_split_round": self.final_clustering_round}
 
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
-                       decision: SplitDecision) -> None:
-        """Decide whether ``cluster`` splits this round (CFL, LayerCFL, HiCFL); here: never."""
+                       decision: SplitDecision) -> Diagnostics | None:
+        """Decide whether ``cluster`` splits this round (CFL, LayerCFL, HiCFL); here: never.
+        Returns its diagnostics, each a list of records (concatenated over the clusters)."""
 
     # ------------------------------------------------------------ splitting
     @staticmethod
@@ -279,9 +280,9 @@ class BiPartitioning(ClusteredStrategy):
         return extra
 
     def apply_split(self, server_round: int, cluster: int, keys_a: list[str], keys_b: list[str],
-                    record: dict[str, Any], route: dict[str, Any], compared: SplitCompared) -> tuple[int, int]:
-        """Replace leaf ``cluster`` by two children that start from its model; ``compared``
-        (what the split decided on) is reported with the split's records for scoring."""
+                    record: dict[str, Any], route: dict[str, Any], compared: SplitCompared) -> dict[str, Any]:
+        """Replace leaf ``cluster`` by two children that start from its model; ``compared`` (what
+        the split decided on) is reported with the split's records for scoring. Returns its summary."""
         a, b = self.tree.split_by_keys(cluster, keys_a, keys_b, round=server_round)
         model = self.models.pop(cluster)
         made = (self.new_cluster(model, inherit=cluster), self.new_cluster(model, inherit=cluster))
@@ -298,32 +299,33 @@ class BiPartitioning(ClusteredStrategy):
         self.splits.append(record)
         self.final_clustering_round = server_round
         summary = {k: record[k] for k in ("parent", "children", "gap") if k in record}
-        self.round_extra["splits"].append(summary)
         compared.records += [record, summary]
         self.reports.append(compared)
-        return a, b
+        return summary
 
     # ------------------------------------------------------------ merging
     def merge_names(self) -> list[str]:
         """The arrays whose updates decide a merge: every compared array (CFL family overrides)."""
         return self.compared
 
-    def merge_leaves(self, server_round: int, groups: dict[int, list[TrainReply]]) -> None:
+    def merge_leaves(self, server_round: int, groups: dict[int, list[TrainReply]]) -> list[dict[str, Any]]:
         """Merge the leaf pairs ``split_rules.merge_pairs`` finds among the clusters that
-        replied this round (module docstring)."""
+        replied this round (module docstring); returns each merge's summary."""
         if len(groups) < 2:
-            return
+            return []
         names = self.merge_names()
         updates = {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
         pairs = merge_pairs(updates, min_cosine=self.params.merge_min_cosine,
                             max_silhouette=self.params.merge_max_silhouette,
                             drift=lambda a, b: self.drift_cosine(a, b, names),
                             min_drift_members=self.params.min_split_size)
+        merges = []
         for pair in pairs:
             silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
             drift = None if np.isnan(pair.drift_cosine) else pair.drift_cosine
-            self.apply_merge(server_round, pair.a, pair.b,
-                             {"cosine": pair.cosine, "silhouette": silhouette, "drift_cosine": drift})
+            merges.append(self.apply_merge(server_round, pair.a, pair.b,
+                                           {"cosine": pair.cosine, "silhouette": silhouette, "drift_cosine": drift}))
+        return merges
 
     def drift_cosine(self, a: int, b: int, names: list[str]) -> float:
         """Cosine of the two clusters' model drifts since the split that separated them (their
@@ -336,8 +338,8 @@ class BiPartitioning(ClusteredStrategy):
         start = flatten(self.split_models[node], names)
         return cosine(flatten(self.models[a], names) - start, flatten(self.models[b], names) - start)
 
-    def apply_merge(self, server_round: int, a: int, b: int, record: dict[str, Any]) -> int:
-        """Replace leaves ``a`` and ``b`` by one new leaf whose model is theirs averaged by size."""
+    def apply_merge(self, server_round: int, a: int, b: int, record: dict[str, Any]) -> dict[str, Any]:
+        """Replace leaves ``a`` and ``b`` by one leaf, their models averaged by size; returns its summary."""
         keys_a, keys_b = self.tree.members(a), self.tree.members(b)
         merged = self.tree.merge(a, b, round=server_round)
         size_a, size_b = (sum(self.clients[k].num_examples if k in self.clients else 1 for k in keys) or 1
@@ -353,10 +355,8 @@ class BiPartitioning(ClusteredStrategy):
         record = {"round": server_round, "merged": [a, b], "into": merged, "members": [keys_a, keys_b], **record}
         self.merges.append(record)
         self.final_clustering_round = server_round
-        self.round_extra["merges"].append(
-            {k: record[k] for k in ("merged", "into", "cosine", "silhouette", "drift_cosine") if k in record})
         self.after_merge(merged, keys_a + keys_b)
-        return merged
+        return {k: record[k] for k in ("merged", "into", "cosine", "silhouette", "drift_cosine") if k in record}
 
     def after_merge(self, cluster: int, keys: list[str]) -> None:
         """Strategy state to restart for the members of a merged cluster (HiCFL: windows)."""

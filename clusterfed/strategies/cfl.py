@@ -85,7 +85,7 @@ from clusterfed.strategies.bipartitioning import (
     flatten,
     stack_float64,
 )
-from clusterfed.strategies.exchange import SplitCompared, TrainReply
+from clusterfed.strategies.exchange import Diagnostics, SplitCompared, TrainReply
 
 
 # similarity-decay = auto: summed updates only for clients this small, where one round's
@@ -148,7 +148,7 @@ class CFL(BiPartitioning):
     def refusal_codes(self) -> list[str]:
         return [r["reason"] for r in self.refused]
 
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
+    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
         names = self.decision_names()
         decay = self.decay()
         if self.compact_storage():
@@ -162,8 +162,8 @@ class CFL(BiPartitioning):
                     # a client's own updates summed with decay (float64): its persistent pull on the
                     # model grows with every round, the noise of its few samples only as the square root
                     self.last_vector[reply.key] = decay * previous + flatten(reply.update, names)
-        self.round_extra["refused_splits"] = []
-        super().after_train(server_round, replies)
+        # refused_splits: a column every round, [] when ``consider_split`` refused none
+        return {"refused_splits": [], **super().after_train(server_round, replies)}
 
     def keep_compact(self, replies: list[TrainReply], names: list[str], decay: float) -> None:
         """``update-storage = sketch``: each client's vector as a float32 count sketch of
@@ -184,7 +184,7 @@ class CFL(BiPartitioning):
                                            else (np.float32(decay) * previous + vector).astype(np.float32))
 
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
-                       decision: SplitDecision) -> None:
+                       decision: SplitDecision) -> Diagnostics | None:
         if not (decision.split and self.may_split(server_round, cluster, replies)):
             return
         keys = [r.key for r in replies]
@@ -211,18 +211,16 @@ class CFL(BiPartitioning):
         if structure < required:  # a bi-partition of noise: keep the cluster whole
             self.refuse({"round": server_round, "cluster": cluster, "reason": "silhouette",
                          "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record}, compared)
-            self.round_extra["refused_splits"].append({"cluster": cluster, "reason": "silhouette", "gap": gap,
-                                                       "silhouette": silhouette, "best_cut_silhouette": structure})
-            return
+            return {"refused_splits": [{"cluster": cluster, "reason": "silhouette", "gap": gap,
+                                        "silhouette": silhouette, "best_cut_silhouette": structure}]}
         if check is not None:
             record["check"] = check_record(check)
             if not check.passed and getattr(self.params, 'correct_clustering_check', False):
                 refused = {"round": server_round, "cluster": cluster, "reason": "check",
                            "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record}
                 self.refuse(refused, compared)
-                self.round_extra["refused_splits"].append({"cluster": cluster, "reason": "check", "gap": gap,
-                                                           "silhouette": silhouette, **record["check"]})
-                return
+                return {"refused_splits": [{"cluster": cluster, "reason": "check", "gap": gap,
+                                            "silhouette": silhouette, **record["check"]}]}
         keys_a, keys_b = [keys[i] for i in side_a], [keys[i] for i in side_b]
         # the model the members trained from this round: a newcomer replays the split on it
         route = {"rule": "nearest-mean", "names": self.decision_names(), "model": replies[0].sent,
@@ -232,7 +230,8 @@ class CFL(BiPartitioning):
         extra_a, extra_b = self.place_absent(cluster, absent, route, self.last_vector, (len(keys_a), len(keys_b)))
         record["absent"] = [extra_a, extra_b]
         record["similarity"] = self.similarity_record(keys, S)
-        self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route, compared)
+        summary = self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route, compared)
+        return {"splits": [summary]}
 
     def refuse(self, record: dict[str, Any], compared: SplitCompared) -> None:
         """Log a refused split; reported for scoring like a split."""

@@ -37,6 +37,32 @@ class ClusteredResult(Result):
         self.assignment: dict[str, int] = {}
         self.clustering: dict[str, Any] = {}
 
+    def clusters(self) -> dict[int, list[str]]:
+        """Each final cluster's client keys, in key order (numeric keys by their number)."""
+        members: dict[int, list[str]] = {}
+        for key in sorted(self.assignment, key=lambda k: (0, int(k), "") if k.isdigit() else (1, 0, k)):
+            members.setdefault(self.assignment[key], []).append(key)
+        return dict(sorted(members.items()))
+
+    def summary(self, *metrics: str) -> str:
+        """A table of ``metrics`` per round (each looked up in the clients' aggregated train
+        metrics, then their evaluate metrics; "-" where a round has none), then the clusters
+        and, when the run ended with one cluster, why."""
+        rounds = sorted(set(self.train_metrics_clientapp) | set(self.evaluate_metrics_clientapp))
+        widths = [max(10, len(name)) for name in metrics]
+        lines = ["round" + "".join(f"  {name:>{w}}" for name, w in zip(metrics, widths))]
+        for rnd in rounds:
+            train, evaluate = self.train_metrics_clientapp.get(rnd, {}), self.evaluate_metrics_clientapp.get(rnd, {})
+            values = [train.get(name, evaluate.get(name)) for name in metrics]
+            lines.append(f"{rnd:5d}" + "".join("  " + ("-".rjust(w) if value is None else f"{float(value):>{w}.4g}")
+                                               for value, w in zip(values, widths)))
+        clusters = self.clusters()
+        lines.append(f"{len(clusters)} cluster(s):")
+        lines += [f"  cluster {cluster}: {', '.join(keys)}" for cluster, keys in clusters.items()]
+        if self.clustering.get("one_cluster_reason"):
+            lines.append(f"one cluster because: {self.clustering['one_cluster_reason']}")
+        return "\n".join(lines)
+
 
 class StrategyParamsError(ValueError):
     """A strategy parameter is wrong; the message names the strategy, the parameter and what is allowed."""

@@ -1,4 +1,5 @@
-"""What an algorithm asks clients for and what it gets back: plain values, no transport.
+"""What an algorithm asks clients for and what it gets back, and what a round hands the
+driver (its diagnostics, its reports for scoring): plain values, no transport.
 
 The runner turns each ``Ask`` into a Flower message, validates the reply and hands the
 algorithm a ``TrainReply``; an algorithm never sees a message, a node id or a bad reply.
@@ -6,6 +7,7 @@ algorithm a ``TrainReply``; an algorithm never sees a message, a node id or a ba
 
 from __future__ import annotations
 
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +41,27 @@ class ClientInfo:
     # a stock Flower ClientApp (no profile query): it trains its own run config's
     # local-epochs, whatever the message says, and returns its whole model
     stock: bool = False
+
+
+# What a hook returns about its round, beside its effect on the state: column -> JSON value
+# (numbers, strings, lists, dicts), written into the round's row of rounds.jsonl. The round
+# merges its hooks' diagnostics in the order they ran; the driver records them.
+Diagnostics = dict[str, Any]
+
+
+def diagnostics_of(value: Any) -> Diagnostics:
+    """What a hook returned, as a new diagnostics dict ({} for None); TypeError for anything else."""
+    if value is not None and not isinstance(value, dict):
+        raise TypeError(f"a strategy hook returned a {type(value).__name__}: a hook returns its diagnostics "
+                        f"(a dict of rounds.jsonl columns) or None")
+    return dict(value or {})
+
+
+def steps(result: Iterator | Diagnostics | None) -> Steps:
+    """``diagnostics = yield from steps(hook(...))``: a hook written as a plain method asks
+    nothing (what it returns is its diagnostics); one written as a generator is run to its
+    end (what it ``return``s is). Gives the hook's diagnostics ({} for None)."""
+    return diagnostics_of((yield from result) if isinstance(result, Iterator) else result)
 
 
 @dataclass(eq=False)
@@ -124,6 +147,11 @@ class Replies(list):
     def __init__(self, replies=(), bytes_up: int = 0):
         super().__init__(replies)
         self.bytes_up = bytes_up
+
+
+# a hook that asks clients for work: it yields lists of asks, is sent their replies, and
+# returns its diagnostics (a helper written as one returns what its hook needs)
+Steps = Generator[list[Ask], Replies, Any]
 
 
 def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:

@@ -47,7 +47,7 @@ from pydantic import Field
 
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS
 from clusterfed.strategies.base import Steps
-from clusterfed.strategies.exchange import natural
+from clusterfed.strategies.exchange import Diagnostics, natural
 from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams, OneShotState
 
 
@@ -91,28 +91,29 @@ class FedClust(OneShotClustering):
 
     def admit(self, server_round: int, keys: list[str]) -> Steps:
         if self.clustered:
-            replied, X = yield from self.place_newcomers(server_round, keys)
+            replied, X, diagnostics = yield from self.place_newcomers(server_round, keys)
             if self.recut_at and X is not None:
                 self.unclustered.update(zip(replied, X.astype(np.float32)))
                 if len(self.unclustered) >= self.recut_at:
-                    self.recut(server_round)
-            return
+                    diagnostics.update(self.recut(server_round))
+            return diagnostics
         keys = self.reachable(keys)  # partial participation: the round's sample is clustered
         if not keys:
             return
-        replied, X, bytes_up = yield from self.collect_partials(server_round, keys, self.theta0)
+        replied, X, bytes_up, diagnostics = yield from self.collect_partials(server_round, keys, self.theta0)
         if X is None:
-            return  # nobody replied: try again next round
+            return diagnostics  # nobody replied: try again next round
         labels, info = self.cut(X)
-        self.form_clusters(server_round, replied, X, labels, self.theta0, bytes_up, info)
+        diagnostics.update(self.form_clusters(server_round, replied, X, labels, self.theta0, bytes_up, info))
         if self.params.recut and self.params.lambda_ == "auto" and len(np.unique(labels)) == 1:
             # float32, as the clients sent them: half the memory, a cut of the same labels
             self.unclustered = dict(zip(replied, X.astype(np.float32)))
             self.recut_at = 2 * len(replied)
+        return diagnostics
 
-    def recut(self, server_round: int) -> None:
+    def recut(self, server_round: int) -> Diagnostics:
         """Cut the kept partial weights of the one cluster's members again (a grown sample);
-        on clusters, form them from the one cluster's current model."""
+        on clusters, form them from the one cluster's current model. Returns the diagnostics."""
         keys = sorted(self.unclustered, key=natural)
         X = np.stack([self.unclustered[key] for key in keys], dtype=np.float64)
         bound = recut_max_clusters(len(keys))
@@ -121,20 +122,21 @@ class FedClust(OneShotClustering):
         self.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound, "clusters": int(clusters),
                             "best_silhouette": info.get("auto_best_silhouette"),
                             "required_silhouette": info.get("auto_required_silhouette")})
-        self.round_extra["recut_clients"] = len(keys)
+        diagnostics = {"recut_clients": len(keys)}
         if clusters == 1:
             if len(keys) >= len(self.clients):  # every known client was cut: nothing left to grow
                 self.unclustered, self.recut_at = {}, 0
             else:  # next when the sample has doubled or holds every known client
                 self.recut_at = min(2 * len(keys), len(self.clients))
             self.clustering_state.update({k: v for k, v in info.items() if k != "lambda"})
-            return
+            return diagnostics
         (single,) = set(self.models)
         current = self.models.pop(single)
         first_round = self.clustering_state["clustering_round"]
-        self.form_clusters(server_round, keys, X, labels, self.theta0, 0, info, models_from=current)
+        diagnostics.update(self.form_clusters(server_round, keys, X, labels, self.theta0, 0, info, models_from=current))
         self.clustering_state["clustering_round"] = first_round
         self.unclustered, self.recut_at = {}, 0
+        return diagnostics
 
     def cluster_state(self) -> dict[str, Any]:
         return {**super().cluster_state(), **({"recuts": list(self.recuts)} if self.recuts else {})}

@@ -30,9 +30,9 @@ class FlowerHooks(Strategy):
         """Flower's ``Strategy.start``: run ``num_rounds`` rounds on ``grid`` from
         ``initial_arrays``. ``train_config`` / ``evaluate_config`` go to every client in every
         train / evaluate message (as with Flower's FedAvg); ``evaluate_fn(round, arrays)``,
-        if given, is called with each cluster's model after every round and its
-        MetricRecord stored per round (the largest cluster's) in
-        ``evaluate_metrics_serverapp``. Returns Flower's Result with the clustering."""
+        if given, is called on ``initial_arrays`` at round 0 and on the largest cluster's
+        model after every round, as Flower's FedAvg calls it on the global model; its
+        MetricRecord is stored per round in ``evaluate_metrics_serverapp``. Returns Flower's Result with the clustering."""
         self.driver = RoundDriver(self, self.run_options)
         return self.driver.start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
                                  train_config=train_config, evaluate_config=evaluate_config, evaluate_fn=evaluate_fn)

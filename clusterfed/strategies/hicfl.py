@@ -119,7 +119,7 @@ from clusterfed.strategies.bipartitioning import (
     decision_record,
     flatten,
 )
-from clusterfed.strategies.exchange import SplitCompared, TrainReply
+from clusterfed.strategies.exchange import Diagnostics, SplitCompared, TrainReply
 
 # A ξ-selection keeping fewer than this share of a layer's weights falls back to the whole
 # layer (choice beyond the paper; no config key yet): measured on digits (rotation, seed 0)
@@ -233,7 +233,7 @@ class HiCFL(BiPartitioning):
     def structure_test(self) -> bool:
         return self.params.min_silhouette > -1
 
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> None:
+    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
         if self.compact_storage() and not self.samples:
             # update-storage = sketch: every rule reads the same seeded sample of each layer's weights
             kept = split_budget(self.layer_sizes, self.params.sketch_dim)
@@ -245,18 +245,19 @@ class HiCFL(BiPartitioning):
             for layer, keys in self.layer_keys.items():
                 vector = flatten(update, keys, dtype=None)  # kept as sent
                 self.tracker.add(reply.key, layer, sampled[layer](vector) if layer in sampled else vector)
-        self.record_stability()  # before a split restarts the windows, so figures show the trigger
-        self.round_extra["no_split"] = []
-        super().after_train(server_round, replies)
+        # stability before a split restarts the windows, so figures show the trigger; no_split: [] when none
+        diagnostics = {**self.record_stability(), "no_split": []}
+        diagnostics.update(super().after_train(server_round, replies))
+        return diagnostics
 
-    def record_stability(self) -> None:
+    def record_stability(self) -> Diagnostics:
         placed = self.placed()
-        self.round_extra["stability_eps"] = self.epsilon
+        diagnostics: Diagnostics = {"stability_eps": self.epsilon}
         if self.epsilon is None:
-            self.round_extra["stability_eps_rel"] = self.eps_rel
-            self.round_extra["stability_scales"] = {str(c): dict(v) for c, v in self.scales.items()}
-        self.round_extra["stability"] = {k: {layer: self.tracker.windowed(k, layer) for layer in self.layers}
-                                         for k in placed}
+            diagnostics["stability_eps_rel"] = self.eps_rel
+            diagnostics["stability_scales"] = {str(c): dict(v) for c, v in self.scales.items()}
+        diagnostics["stability"] = {k: {layer: self.tracker.windowed(k, layer) for layer in self.layers}
+                                    for k in placed}
         kept_by_layer, kept_total, size_total = {}, 0.0, 0
         for layer in self.layers:
             fractions = [f for k in placed if (f := self.tracker.kept_fraction(k, layer)) is not None]
@@ -264,8 +265,9 @@ class HiCFL(BiPartitioning):
             if fractions:
                 kept_total += float(np.sum(fractions)) * self.layer_sizes[layer]
                 size_total += len(fractions) * self.layer_sizes[layer]
-        self.round_extra["weights_kept"] = kept_by_layer
-        self.round_extra["weights_kept_total"] = kept_total / size_total if size_total else None
+        diagnostics["weights_kept"] = kept_by_layer
+        diagnostics["weights_kept_total"] = kept_total / size_total if size_total else None
+        return diagnostics
 
     def stability_against_eps(self, cluster: int, members: list[str]) -> tuple[dict[str, dict | None], float]:
         """Per layer, the members' windowed stability in the unit ε is given in (absolute, or
@@ -322,7 +324,7 @@ class HiCFL(BiPartitioning):
                 "record": record}
 
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
-                       decision: SplitDecision) -> None:
+                       decision: SplitDecision) -> Diagnostics | None:
         members = self.tree.members(cluster)
         replied = {r.key for r in replies}
         # timing and split on the members that replied this round (every member with full
@@ -342,24 +344,20 @@ class HiCFL(BiPartitioning):
         if not self.structure_test:
             ready = ready[:1]  # the paper: the first layer that is ready
             if not decision.heterogeneous:  # stop rule: the members' updates agree
-                self.note_no_split(server_round, cluster, ready[0], "agree", decision)
-                return
+                return self.note_no_split(server_round, cluster, ready[0], "agree", decision)
         proposals = {layer: p for layer in ready if (p := self.propose(layer, present)) is not None}
         if not proposals:
-            self.note_no_split(server_round, cluster, ready[0], "one_side", decision)
-            return
+            return self.note_no_split(server_round, cluster, ready[0], "one_side", decision)
         choice = pick_best({layer: p["score"] for layer, p in proposals.items()},
                            self.params.min_silhouette if self.structure_test else -np.inf)
         if choice.layer is None:  # structure test: no ready layer shows two groups
-            self.note_no_split(server_round, cluster, max(choice.silhouettes, key=choice.silhouettes.get),
-                               "silhouette", decision, silhouettes=choice.silhouettes)
-            return
+            return self.note_no_split(server_round, cluster, max(choice.silhouettes, key=choice.silhouettes.get),
+                                      "silhouette", decision, silhouettes=choice.silhouettes)
         chosen = proposals[choice.layer]
         reference = self.small_side_reference(chosen, present)
         if reference is not None and choice.silhouette <= reference:  # a few members of one group: noise
-            self.note_no_split(server_round, cluster, choice.layer, "reference", decision,
-                               silhouettes=choice.silhouettes, reference_silhouette=reference)
-            return
+            return self.note_no_split(server_round, cluster, choice.layer, "reference", decision,
+                                      silhouettes=choice.silhouettes, reference_silhouette=reference)
         keys_a, keys_b = chosen["keys"]
         S = chosen["S"]
         position = {k: i for i, k in enumerate(present)}
@@ -388,9 +386,10 @@ class HiCFL(BiPartitioning):
         record["absent"] = [extra_a, extra_b]
         if fresh[0] or fresh[1]:
             record["unwindowed"] = [fresh[0], fresh[1]]
-        self.apply_split(server_round, cluster, list(keys_a) + fresh[0] + extra_a, list(keys_b) + fresh[1] + extra_b,
-                         record, route, SplitCompared(present, S))
+        summary = self.apply_split(server_round, cluster, list(keys_a) + fresh[0] + extra_a,
+                                   list(keys_b) + fresh[1] + extra_b, record, route, SplitCompared(present, S))
         self.tracker.reset(members)  # children: windows and weight selection restart
+        return {"splits": [summary]}
 
     def small_side_reference(self, proposal: dict[str, Any], members: list[str]) -> float | None:
         """The best-cut silhouette a linkage split leaving a side of fewer than
@@ -441,11 +440,11 @@ class HiCFL(BiPartitioning):
                                   "group-free rotations of the members' updates"}
 
     def note_no_split(self, server_round: int, cluster: int, layer: str, code: str, decision: SplitDecision,
-                      **extra: Any) -> None:
+                      **extra: Any) -> Diagnostics:
         entry = {"round": server_round, "cluster": cluster, "layer": layer, "code": code,
                  "reason": self.NO_SPLIT_TEXT[code], "criterion": decision_record(decision), **extra}
         self.no_split.append(entry)
-        self.round_extra["no_split"].append({"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra})
+        return {"no_split": [{"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra}]}
 
     def after_merge(self, cluster: int, keys: list[str]) -> None:
         self.tracker.reset(keys)  # as after a split: the merged cluster's windows restart

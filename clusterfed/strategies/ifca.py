@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
 from clusterfed.strategies.base import (MULTI_MODEL, ClusteredState, ClusteredStrategy, Steps, StrategyParams,
-                                        StrategyParamsError, mean_train_loss)
-from clusterfed.strategies.exchange import CHOICES, Arrays, Ask, TrainReply, natural, pack_models
+                                        mean_train_loss)
+from clusterfed.strategies.exchange import CHOICES, Arrays, Ask, Diagnostics, TrainReply, natural, pack_models
 
 
 class IFCAParams(StrategyParams):
@@ -44,6 +44,13 @@ class IFCAParams(StrategyParams):
     init: Literal["random", "kmeans++"] = Field(
         "random", json_schema_extra={"legacy": "ifca-init"}, description="K seeded random models, or k-means++ seeds among the clients' models after a warm-up round")
     restarts: int = Field(1, json_schema_extra={"legacy": "ifca-restarts"}, ge=1, le=20, description="initialisations tried in the first round (random) or seedings (kmeans++)")
+
+    @model_validator(mode="after")
+    def _no_unnoised_seeds_under_dp(self) -> "IFCAParams":
+        if self.init == "kmeans++" and self.dp is not None:
+            raise ValueError("init = 'kmeans++' makes cluster models of individual clients' trained models, released "
+                             "without noise; with the dp_* parameters use init = 'random'")
+        return self
 
 
 @dataclass
@@ -77,9 +84,6 @@ class IFCA(ClusteredStrategy):
     def init_clusters(self) -> None:
         self.k = self.params.num_clusters
         self.warming_up = self.params.init == "kmeans++"
-        if self.warming_up and self.dp is not None:
-            raise StrategyParamsError("ifca: init = 'kmeans++' makes cluster models of individual clients' trained "
-                                      "models, released without noise; with the dp_* parameters use init = 'random'")
         self.choice_counts = {}
         if self.warming_up:
             self.new_cluster(self.theta0)  # the warm-up model, replaced by the seeds
@@ -106,31 +110,33 @@ class IFCA(ClusteredStrategy):
         return asks
 
     def round(self, server_round: int) -> Steps:
-        self.round_extra, self.reports = {}, []
+        self.reports = []
         trainers = self.select_trainers(server_round)
         if self.warming_up:
             replies = yield self.train_asks(server_round, trainers, models={k: self.theta0 for k in trainers},
                                             extra={"cluster-id": 0}, phase="warmup")
-            self.seed_from(replies)
+            diagnostics = self.seed_from(replies)
         else:
             restarts = self.candidates or []
             if len(restarts) > 1:
-                replies = yield from self.restart(server_round, trainers, restarts)
+                replies, diagnostics = yield from self.restart(server_round, trainers, restarts)
             else:
                 replies = yield self.ifca_asks(server_round, trainers, self.models)
-                self.take(replies)
+                diagnostics = self.take(replies)
             self.candidates = []
-        self.round_extra["train_loss"] = mean_train_loss(replies)
-        self.round_extra["ifca_choices"] = {str(c): sum(1 for r in replies if r.cluster == c) for c in range(self.k)}
+        diagnostics["train_loss"] = mean_train_loss(replies)
+        diagnostics["ifca_choices"] = {str(c): sum(1 for r in replies if r.cluster == c) for c in range(self.k)}
+        return diagnostics
 
-    def take(self, replies: list[TrainReply]) -> None:
-        """Each replying client belongs to the cluster it chose; FedAvg per cluster."""
+    def take(self, replies: list[TrainReply]) -> Diagnostics:
+        """Each replying client belongs to the cluster it chose; FedAvg per cluster (its diagnostics returned)."""
         for reply in replies:
             self.assignment[reply.key] = reply.cluster
-        self.aggregate_clusters(replies)
+        return self.aggregate_clusters(replies)
 
     def restart(self, server_round: int, trainers: list[str], restarts: list[list[dict]]) -> Steps:
-        """Round 1 from each initialisation; keep the one of lowest mean training loss."""
+        """Round 1 from each initialisation; keep the one of lowest mean training loss.
+        Returns (its replies, the diagnostics)."""
         best = None
         for index, models in enumerate(restarts):
             candidate = dict(enumerate(models))
@@ -141,14 +147,12 @@ class IFCA(ClusteredStrategy):
                 best = (loss, index, replies)
         loss, index, replies = best
         self.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(restarts[index])}
-        self.take(replies)
-        self.round_extra.update({"ifca_restart_kept": index, "ifca_restart_loss": loss})
-        return replies
+        return replies, {**self.take(replies), "ifca_restart_kept": index, "ifca_restart_loss": loss}
 
-    def seed_from(self, replies: list[TrainReply]) -> None:
-        """k-means++ seeds among the warm-up models become the K cluster models."""
+    def seed_from(self, replies: list[TrainReply]) -> Diagnostics:
+        """k-means++ seeds among the warm-up models become the K cluster models; returns the diagnostics."""
         if not replies:
-            return  # nobody replied: warm up again next round
+            return {}  # nobody replied: warm up again next round
         replies = sorted(replies, key=lambda r: natural(r.key))
         names = sorted(self.compared_names())  # buffers (BatchNorm counters) would swamp the distances
         X = np.stack([np.concatenate([r.weights[n].ravel() for n in names]).astype(np.float64) for r in replies])
@@ -166,7 +170,7 @@ class IFCA(ClusteredStrategy):
         for reply, position in zip(replies, nearest_seed(X, seeds)):
             self.assignment[reply.key] = int(position)  # provisional, until it chooses by loss
         self.warming_up = False
-        self.round_extra.update({"ifca_seed_clients": [replies[i].key for i in seeds], "ifca_potential": best[1]})
+        return {"ifca_seed_clients": [replies[i].key for i in seeds], "ifca_potential": best[1]}
 
     def cluster_state(self) -> dict:
         return {"num_clusters": self.k, "init": self.params.init}

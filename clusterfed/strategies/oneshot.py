@@ -49,7 +49,7 @@ from clusterfed.clustering import (
     stack_partials,
 )
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
-from clusterfed.strategies.exchange import UPLOAD_FULL, Arrays, NewcomersPlaced, TrainReply, natural
+from clusterfed.strategies.exchange import UPLOAD_FULL, Arrays, Diagnostics, NewcomersPlaced, TrainReply, natural
 
 # clusters.json keeps the square distance matrix (for the heat-map) up to this many
 # clients; beyond, it would take O(m²) memory and megabytes of JSON per run
@@ -142,8 +142,8 @@ class OneShotClustering(ClusteredStrategy):
     def collect_partials(self, server_round: int, keys: list[str], start: Arrays) -> Steps:
         """Train ``start`` on each of ``keys`` for ``clustering_epochs()`` and fetch only the
         selected layer(s). Returns (keys that replied, their partial weights as rows, the
-        uplink bytes of this phase). Clients whose reply was lost or rejected stay unplaced
-        and are admitted again next round.
+        uplink bytes of this phase, its diagnostics). Clients whose reply was lost or rejected
+        stay unplaced and are admitted again next round.
 
         A stock ClientApp trains its run config's ``local-epochs`` whatever the message asks
         and returns its whole model: unless its reply confirms the epochs asked (a
@@ -171,18 +171,17 @@ class OneShotClustering(ClusteredStrategy):
             bytes_up += received.bytes_up
             chained += len(replies)
             replies = list(received)  # a client that fails on the way stays unplaced
-        if chained:
-            self.round_extra["stock_chained_requests"] = self.round_extra.get("stock_chained_requests", 0) + chained
+        diagnostics = {"stock_chained_requests": chained} if chained else {}
         replies = sorted(done + replies, key=lambda reply: natural(reply.key))
         if not replies:
-            return [], None, bytes_up
+            return [], None, bytes_up, diagnostics
         # rows in layer order, so every client's vector lines up. Rows are the change from
         # the start model: L2 distances are those of the weights (the papers'), and cosine
         # compares directions of training instead of weights dominated by the shared start
         # (measured on digits IID: cosine on weights split 2 of 4 seeds, on changes none).
         X = stack_partials([[reply.arrays[name] for name in self.layer_keys] for reply in replies])
         X -= stack_partials([[start[name] for name in self.layer_keys]])
-        return [reply.key for reply in replies], X, bytes_up
+        return [reply.key for reply in replies], X, bytes_up, diagnostics
 
     def trains_on(self, reply: TrainReply, epochs: int) -> bool:
         """Whether ``reply`` trained the clustering step's ``epochs`` in one request: a
@@ -218,10 +217,10 @@ class OneShotClustering(ClusteredStrategy):
         return cluster_by_threshold(X, threshold, metric=metric, linkage=linkage), {"lambda": threshold}
 
     def form_clusters(self, server_round: int, keys: list[str], X: np.ndarray, labels: np.ndarray,
-                      start: Arrays, bytes_up: int, info: dict[str, Any], models_from: Arrays | None = None) -> None:
+                      start: Arrays, bytes_up: int, info: dict[str, Any], models_from: Arrays | None = None) -> Diagnostics:
         """Make one cluster per label, every model at ``models_from`` (default ``start``, the
-        model the rows of X were trained from and newcomers will train); store references,
-        the state for the figures, and this round's diagnostics."""
+        model the rows of X were trained from and newcomers will train); store references
+        and the state for the figures; returns the clustering's diagnostics."""
         first = start if models_from is None else models_from
         cluster_of_label = {int(label): self.new_cluster(first) for label in np.unique(labels)}
         for key, label in zip(keys, labels):
@@ -251,12 +250,12 @@ class OneShotClustering(ClusteredStrategy):
             "linkage": None if Z is None else Z.tolist(),
             **{k: v for k, v in info.items() if k != "lambda"},
         }
-        self.round_extra.update({
+        return {
             "clustering_bytes_up": bytes_up,
             "lambda_used": info["lambda"],
             "silhouette": silhouette,
             **({"auto_best_silhouette": info["auto_best_silhouette"]} if "auto_best_silhouette" in info else {}),
-        })
+        }
 
     # ------------------------------------------------------------- newcomers
     def newcomer_epsilon(self) -> float | None:
@@ -265,14 +264,14 @@ class OneShotClustering(ClusteredStrategy):
 
     def place_newcomers(self, server_round: int, keys: list[str]) -> Steps:
         """Place each of ``keys`` sampled this round at its nearest cluster reference.
-        Returns (the keys that replied, their partial weights as rows or None)."""
+        Returns (the keys that replied, their partial weights as rows or None, the diagnostics)."""
         keys = self.reachable(keys)  # only this round's sampled clients are asked
         if not keys:
-            return [], None
-        replied, X, bytes_up = yield from self.collect_partials(server_round, keys, self.cluster_start)
-        self.round_extra["newcomer_bytes_up"] = self.round_extra.get("newcomer_bytes_up", 0) + bytes_up
+            return [], None, {}
+        replied, X, bytes_up, diagnostics = yield from self.collect_partials(server_round, keys, self.cluster_start)
+        diagnostics["newcomer_bytes_up"] = bytes_up
         if X is None:
-            return [], None
+            return [], None, diagnostics
         placed = NewcomersPlaced([])
         for key, x in zip(replied, X):
             cluster, distance = place_newcomer(x, self.references, epsilon=self.newcomer_epsilon(),
@@ -286,8 +285,8 @@ class OneShotClustering(ClusteredStrategy):
                                    "distance": float(distance), "new_cluster": founded})
         self.newcomer_log.extend(placed.entries)
         self.reports.append(placed)
-        self.round_extra["newcomers_placed"] = self.round_extra.get("newcomers_placed", 0) + len(replied)
-        return replied, X
+        diagnostics["newcomers_placed"] = len(replied)
+        return replied, X, diagnostics
 
     def cluster_state(self) -> dict[str, Any]:
         return dict(self.clustering_state)

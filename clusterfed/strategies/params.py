@@ -15,10 +15,11 @@ import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
+from clusterfed import privacy
 from clusterfed.strategies import clustered_classes
-from clusterfed.strategies.aggregation import check_aggregator
+from clusterfed.strategies.aggregation import check_aggregator, template_of
 
 if TYPE_CHECKING:
     from clusterfed.strategies.base import ClusteredStrategy
@@ -74,6 +75,28 @@ class StrategyParams(BaseModel):
     dp_delta: float = Field(0.0, alias="dp-delta", ge=0, lt=1,
                             description="differential privacy: the δ at which ε is reported per round and cluster "
                                         "(below 1/number of clients; 0 = no accounting, without noise)")
+
+    # the dp_* settings as one object (privacy.ClusterDP), None when DP is off; set by ``_dp_settings``
+    _dp: privacy.ClusterDP | None = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _dp_settings(self) -> "StrategyParams":
+        """The dp_* settings checked together, once, where every path validates them (a run
+        config's Params and ``FedClust(dp_...=...)`` alike): noise needs clipping and δ, δ needs
+        noise (``privacy.dp_settings``), and DP needs the default weighted mean."""
+        self._dp = privacy.dp_settings(self.dp_noise_multiplier, self.dp_clipping_norm, self.dp_delta)
+        template = template_of(self.aggregator)
+        if self._dp is not None and template is not None:
+            raise ValueError(
+                f"dp_* with aggregator = {type(template).__name__!r}: the noise is calibrated to the clipped mean "
+                f"of a cluster's replies, which another aggregator does not compute (a median's or Krum's "
+                f"sensitivity differs); use the default weighted mean with dp_*")
+        return self
+
+    @property
+    def dp(self) -> privacy.ClusterDP | None:
+        """The validated DP settings, None when DP is off."""
+        return self._dp
 
     @field_validator("compare_arrays")
     @classmethod
@@ -165,12 +188,20 @@ FLOWER_ONLY = {
 
 def group_errors(error: ValidationError) -> dict[str, tuple[Any, list[str], str]]:
     """Pydantic's errors by parameter: (the value given, its messages, the first error's
-    type); a ``number | "auto"`` parameter's two complaints land under one key."""
+    type); a ``number | "auto"`` parameter's two complaints land under one key. Errors of
+    the parameters together are ``settings_errors``."""
     by_key: dict[str, tuple[Any, list[str], str]] = {}
     for problem in error.errors():
-        key = str(problem["loc"][0]) if problem["loc"] else "params"
-        by_key.setdefault(key, (problem.get("input"), [], problem["type"]))[1].append(problem["msg"])
+        if problem["loc"]:
+            key = str(problem["loc"][0])
+            by_key.setdefault(key, (problem.get("input"), [], problem["type"]))[1].append(problem["msg"])
     return by_key
+
+
+def settings_errors(error: ValidationError) -> list[str]:
+    """The sentences of the checks of parameters together (a model validator's, such as the
+    dp_* settings'), each naming the parameters by their Python names."""
+    return [str(problem.get("ctx", {}).get("error", problem["msg"])) for problem in error.errors() if not problem["loc"]]
 
 
 def describe_errors(strategy: str, error: ValidationError, params: type[BaseModel] | None = None) -> str:
@@ -190,4 +221,5 @@ def describe_errors(strategy: str, error: ValidationError, params: type[BaseMode
         hint = (f" ({', '.join(having)} {'has' if len(having) == 1 else 'have'} it)" if having
                 else f" (did you mean {close[0]!r}?)" if close else "")
         lines.append(f"strategy {strategy!r} has no parameter {key!r}{hint}; its parameters: {', '.join(known)}")
+    lines += [f"{strategy}: {sentence}" for sentence in settings_errors(error)]
     return "; ".join(lines)

@@ -58,7 +58,7 @@ from pydantic import Field
 from clusterfed.clustering import (ClusterCountController, cluster_auto, cluster_into_k, cluster_references,
                                    loss_reduction_ratio, nearest_cluster)
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams, mean_train_loss
-from clusterfed.strategies.exchange import TrainReply, natural
+from clusterfed.strategies.exchange import Diagnostics, TrainReply, natural
 
 
 class SelectionParams(StrategyParams):
@@ -110,32 +110,32 @@ class ClientSelection(ClusteredStrategy):
         self.examples, self.stands_for = {}, {}
 
     def round(self, server_round: int) -> Steps:
-        self.round_extra, self.reports = {}, []
+        self.reports = []
         self.sampled = self.draw_sample(server_round)  # the clients reachable this round
         unplaced = [k for k in self.active if k not in self.assignment]
         self.admit(server_round, unplaced)
         warmup = server_round <= self.params.warmup_rounds or self.controller is None and not self.latest
         if warmup:
-            trainers, p = self.reachable(self.placed()), None
+            trainers, p, diagnostics = self.reachable(self.placed()), None, {}
         else:
-            trainers, p = self.representatives()
+            trainers, p, diagnostics = self.representatives()
         replies = yield self.train_asks(server_round, trainers)
-        self.aggregate_clusters(replies if warmup else self.group_weighted(replies))
+        diagnostics.update(self.aggregate_clusters(replies if warmup else self.group_weighted(replies)))
         self.remember(replies)
         if warmup:
             self.learn_groups()
         loss = mean_train_loss(replies)
-        self.round_extra["train_loss"] = loss
+        diagnostics["train_loss"] = loss
         ratio = loss_reduction_ratio(self.previous_loss, loss)
         if not warmup:
             p_next = self.count_controller().update(ratio, server_round)
-            self.round_extra.update({"p_next": p_next, "p_action": self.controller.history[-1].action})
+            diagnostics.update({"p_next": p_next, "p_action": self.controller.history[-1].action})
         if loss is not None:
             self.previous_loss = loss
         self.transmissions += 2 * len(trainers)
-        self.round_extra.update({"p": p, "representatives": trainers if not warmup else [], "warmup": warmup,
-                                 "loss_reduction_ratio": ratio, "trained_clients": len(trainers),
-                                 "models_exchanged": 2 * len(trainers), "cum_models_exchanged": self.transmissions})
+        return {**diagnostics, "p": p, "representatives": trainers if not warmup else [], "warmup": warmup,
+                "loss_reduction_ratio": ratio, "trained_clients": len(trainers),
+                "models_exchanged": 2 * len(trainers), "cum_models_exchanged": self.transmissions}
 
     def draw_sample(self, server_round: int) -> list[str] | None:
         """``fraction-train`` is availability: the clients reachable this round."""
@@ -174,20 +174,21 @@ class ClientSelection(ClusteredStrategy):
             self.groups[key] = nearest_cluster(np.asarray(self.latest[key], dtype=np.float64), self.group_refs)[0]
         return self.groups[key]
 
-    def representatives(self) -> tuple[list[str], int]:
+    def representatives(self) -> tuple[list[str], int, Diagnostics]:
         """Cut the clients' latest final layers into exactly p groups (guard = "floor": the
         warm-up's groups); one random reachable client per group (a group with none reachable
-        sits the round out). Reachable clients with no latest model yet (newcomers) train too."""
+        sits the round out). Reachable clients with no latest model yet (newcomers) train too.
+        Returns them, p, and the diagnostics (the rule's p and the floor)."""
         known = sorted((k for k in self.placed() if k in self.latest), key=natural)
         reachable = set(self.reachable(known))
         fresh = [k for k in self.reachable(self.placed()) if k not in self.latest]
-        chosen, p = [], 0
+        chosen, p, diagnostics = [], 0, {}
         self.stands_for = {}
         if known:
             X = np.stack([self.latest[k] for k in known], dtype=np.float64)
             controller = self.count_controller()
             p = min(controller.set_floor(self.floor), len(known))
-            self.round_extra.update({"p_rule": controller.p, "p_floor": controller.floor})
+            diagnostics = {"p_rule": controller.p, "p_floor": controller.floor}
             if self.params.guard == "floor":  # the warm-up's groups: later changes mix stale and fresh
                 labels = np.array([self.group_of(k) for k in known])
             else:
@@ -205,7 +206,7 @@ class ClientSelection(ClusteredStrategy):
             missing = min(p - groups, len(rest))
             extra = self.rng.choice(len(rest), size=missing, replace=False) if missing > 0 else []
             chosen += [rest[int(i)] for i in extra]
-        return sorted(chosen + fresh, key=natural), p
+        return sorted(chosen + fresh, key=natural), p, diagnostics
 
     def group_weighted(self, replies: list[TrainReply]) -> list[TrainReply]:
         """guard = "floor": each representative's model weighs as much as the samples of the

@@ -4,8 +4,9 @@ in that package and registers it with one line, and checks that everything else 
 
 Each round, before training, the round's sample trains the common start model for
 ``probe-epochs`` and uploads only the final layer's change (a partial upload, ``phase``
-``probe``); a client joins cluster 0 or 1 by the sign of that change's mean. A toy rule:
-it exercises the conventions a real strategy uses, not a paper."""
+``probe``); a client joins cluster 0 or 1 by the sign of that change's mean; the hook
+returns how many replied (a column of rounds.jsonl). A toy rule: it exercises the
+conventions a real strategy uses, not a paper."""
 
 from __future__ import annotations
 
@@ -59,6 +60,7 @@ class FinalSign(ClusteredStrategy):
             change = stack_partials([[reply.update[name] for name in layer]])[0]
             self.assignment[reply.key] = 0 if change.mean() >= 0 else 1
             self.probed[reply.key] = server_round
+        return {"probe_replies": len(replies)}
 
     def cluster_state(self) -> dict:
         return {"probed": dict(self.probed)}

@@ -37,16 +37,7 @@ def run(strategy, grid: Grid, run_config) -> ClusteredResult:
                                    "local-epochs": int(run_config["local-epochs"]), **data}),
         evaluate_config=ConfigRecord(data),
     )
-    print(f"\n{type(strategy).__name__}: per round, averaged over the clients by num-examples")
-    print("round  train-loss    eval-mse")
-    for rnd, evaluation in sorted(result.evaluate_metrics_clientapp.items()):
-        train_loss = result.train_metrics_clientapp.get(rnd, {}).get("train-loss")  # none in a warm-up round
-        train_text = "-" if train_loss is None else f"{train_loss:.3g}"
-        print(f"{rnd:5d}  {train_text:>10}  {evaluation['eval-mse']:10.3g}")
-    clusters: dict[int, list[str]] = {}
-    for client, cluster in sorted(result.assignment.items(), key=lambda item: int(item[0])):
-        clusters.setdefault(cluster, []).append(client)
-    print(f"{len(clusters)} cluster(s) of clients (keys are partition ids):")
-    for cluster, clients in sorted(clusters.items()):
-        print(f"  cluster {cluster}: {' '.join(clients)}")
+    print(f"\n{type(strategy).__name__}: per round, averaged over the clients by num-examples"
+          " (keys are partition ids)")
+    print(result.summary("train-loss", "eval-mse"))
     return result

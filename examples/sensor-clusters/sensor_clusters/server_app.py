@@ -29,17 +29,5 @@ def run(strategy, grid: Grid, run_config) -> ClusteredResult:
                                    "local-epochs": int(run_config["local-epochs"])}),
     )
     print(f"\n{type(strategy).__name__}: per round, averaged over the devices by num-examples")
-    print("round  train_loss  eval_loss  eval_acc")
-    for rnd, evaluation in sorted(result.evaluate_metrics_clientapp.items()):
-        train_loss = result.train_metrics_clientapp.get(rnd, {}).get("train_loss")
-        train_text = "-" if train_loss is None else f"{train_loss:.4f}"
-        print(f"{rnd:5d}  {train_text:>10}  {evaluation['eval_loss']:9.4f}  {evaluation['eval_acc']:8.3f}")
-    clusters: dict[int, list[str]] = {}
-    for client, cluster in sorted(result.assignment.items()):
-        clusters.setdefault(cluster, []).append(client)
-    print(f"{len(clusters)} cluster(s):")
-    for cluster, clients in sorted(clusters.items()):
-        print(f"  cluster {cluster}: {', '.join(clients)}")
-    if result.clustering.get("one_cluster_reason"):  # a run that ended with one cluster says why
-        print("one cluster because:", result.clustering["one_cluster_reason"])
+    print(result.summary("train_loss", "eval_loss", "eval_acc"))
     return result

@@ -28,15 +28,5 @@ def run(strategy, grid: Grid, run_config) -> ClusteredResult:
         train_config=ConfigRecord({"local-epochs": int(run_config["local-epochs"])}),
     )
     print(f"\n{type(strategy).__name__}: per round, averaged over the stations by num-examples")
-    print("round   eval-loss  eval-acc")
-    for rnd, evaluation in sorted(result.evaluate_metrics_clientapp.items()):
-        print(f"{rnd:5d}  {evaluation['eval-loss']:10.4f}  {evaluation['eval-acc']:8.3f}")
-    clusters: dict[int, list[str]] = {}
-    for client, cluster in sorted(result.assignment.items()):
-        clusters.setdefault(cluster, []).append(client)
-    print(f"{len(clusters)} cluster(s):")
-    for cluster, clients in sorted(clusters.items()):
-        print(f"  cluster {cluster}: {', '.join(clients)}")
-    if result.clustering.get("one_cluster_reason"):  # a run that ended with one cluster says why
-        print("one cluster because:", result.clustering["one_cluster_reason"])
+    print(result.summary("eval-loss", "eval-acc"))
     return result

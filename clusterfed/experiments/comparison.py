@@ -1,4 +1,4 @@
-"""The results writer: one row per run from its folder, ``comparison.csv``, ``comparison.md``
+"""A grid's comparison: one row per run from its folder, ``comparison.csv``, ``comparison.md``
 (mean ± std over seeds per strategy, the best of each column in bold) and the two figures of a
 grid folder (``clusterfed.plots.compare``).
 """

@@ -1,8 +1,9 @@
-"""The one experiment runner: ``clusterfed experiment FILE`` (and ``clusterfed compare``, a grid
+"""Running an experiment's grids: ``clusterfed experiment FILE`` (and ``clusterfed compare``, a grid
 given on the command line).
 
-Every run of every grid is built and checked (run-config schema, partition feasibility, out
-folder) before the first run starts; then all runs share one pool of ``workers`` processes
+Every run of every grid is built and checked (run-config schema, then ``preflight``: partition
+feasibility, out folder, model) before the first run starts, and each run gets its checked
+config (``Checked``), so no run parses or checks it again; then all runs share one pool of ``workers`` processes
 (in-process engine), the longest first. Per grid, ``<out>/<folder>/`` gets ``comparison.csv``,
 ``comparison.md``, the two figures and ``manifest.json``; the runs' own folders are
 ``<out>/<folder>/<label>/seed<s>/``. ``<out>/`` gets ``timing.json`` (the profile, the runs,
@@ -25,11 +26,11 @@ from typing import Any, TextIO
 
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.datasets.shapes import DATASET_SHAPES
+from clusterfed.experiments.comparison import CSV_COLUMNS, run_row, write_outputs
 from clusterfed.experiments.manifest import config_hash, start_manifest, write_manifest
-from clusterfed.experiments.results import CSV_COLUMNS, run_row, write_outputs
 from clusterfed.experiments.spec import Experiment, Grid, Variant
 from clusterfed.experiments.sweeps import sweep_grids, write_sweep
-from clusterfed.runner.preflight import preflight
+from clusterfed.runner.preflight import Checked, preflight_runs
 from clusterfed.simulation import simulate
 
 
@@ -57,8 +58,9 @@ def _values(variant: Variant, base: dict[str, Any], seed: int, out: Path) -> dic
             "out-dir": str(out / variant.label / f"seed{seed}")}
 
 
-def build_grid(grid: Grid, out: Path) -> list[tuple[str, RunConfig]]:
-    """(label, config) of every run of ``grid`` under ``out``, checked (schema and preflight)."""
+def build_grid(grid: Grid, out: Path) -> list[tuple[str, Checked]]:
+    """(label, checked config) of every run of ``grid`` under ``out``: the schema and
+    ``preflight``, once per run (each partition split once), all problems in one ConfigError."""
     runs, problems = [], []
     for variant in grid.variants:
         for seed in grid.seeds:
@@ -68,26 +70,20 @@ def build_grid(grid: Grid, out: Path) -> list[tuple[str, RunConfig]]:
                 problems.append(f"{grid.folder or 'grid'} / {variant.label}: {error}" if grid.folder else str(error))
     if problems:
         raise ConfigError("; ".join(dict.fromkeys(problems)))
-    checked: set[tuple] = set()
-    for _, config in runs:  # the partition (and data) checks depend on the data keys and seed only
-        data_keys = tuple(sorted((k, v) for k, v in config.to_flower().items() if k not in ("strategy", "out-dir")
-                                 and "." not in k))
-        if data_keys not in checked:
-            checked.add(data_keys)
-            preflight(config)
-    return runs
+    return list(zip([label for label, _ in runs], preflight_runs([config for _, config in runs])))
 
 
-def run_one(config: RunConfig, engine: str, label: str | None = None) -> dict[str, Any]:
+def run_one(checked: Checked, engine: str, label: str | None = None) -> dict[str, Any]:
+    """One run of a grid, from its checked config (``build_grid``); its comparison row."""
     logging.getLogger("flwr").setLevel(logging.WARNING)  # the progress line reports each run
-    simulate(config, engine=engine, stream=None)
-    return run_row(Path(config.out_dir), label)
+    simulate(checked, engine=engine, stream=None)
+    return run_row(Path(checked.config.out_dir), label)
 
 
-def run_configs(runs: list[tuple[str, RunConfig]], *, engine: str = "inprocess", workers: int = 1,
+def run_configs(runs: list[tuple[str, Checked]], *, engine: str = "inprocess", workers: int = 1,
                 progress: Progress | None = None,
                 runner: Callable[..., dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Run every (label, config) (``workers`` processes for the in-process engine); rows in order."""
+    """Run every (label, checked config) (``workers`` processes for the in-process engine); rows in order."""
     runner = runner or run_one
     if engine != "inprocess" and workers > 1:
         raise ConfigError("--workers > 1 needs --engine inprocess (Flower's engine uses every core itself)")
@@ -102,20 +98,20 @@ def run_configs(runs: list[tuple[str, RunConfig]], *, engine: str = "inprocess",
             progress.step(f"{row['strategy']} seed {row['seed']}: {result}")
 
     def failed(index: int, error: BaseException) -> dict[str, Any]:
-        label, config = runs[index]
-        return {**dict.fromkeys(CSV_COLUMNS), "strategy": label, "seed": config.seed,
+        label, checked = runs[index]
+        return {**dict.fromkeys(CSV_COLUMNS), "strategy": label, "seed": checked.config.seed,
                 "error": f"{type(error).__name__}: {error}"}
 
     if workers <= 1:
-        for index, (label, config) in enumerate(runs):
+        for index, (label, checked) in enumerate(runs):
             try:
-                row = runner(config, engine, label)
+                row = runner(checked, engine, label)
             except Exception as error:  # noqa: BLE001 - one failed run must not lose the others
                 row = failed(index, error)
             done(index, row)
     else:
         with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
-            futures = {pool.submit(runner, config, engine, label): i for i, (label, config) in enumerate(runs)}
+            futures = {pool.submit(runner, checked, engine, label): i for i, (label, checked) in enumerate(runs)}
             for future in as_completed(futures):
                 try:
                     row = future.result()
@@ -141,14 +137,14 @@ def _grid_title(grid: Grid, first: RunConfig) -> str:
                           f"{first.rounds} rounds")
 
 
-def _grid_record(grid: Grid, runs: list[tuple[str, RunConfig]]) -> dict[str, Any]:
+def _grid_record(grid: Grid, runs: list[tuple[str, Checked]]) -> dict[str, Any]:
     return {"folder": grid.folder, "setting": grid.setting, "values": grid.values, "seeds": grid.seeds,
             "strategies": [{"label": v.label, "strategy": v.strategy, "params": v.params} for v in grid.variants],
-            "runs": [{k: v for k, v in c.to_flower().items() if k != "out-dir"} | {"label": label}
+            "runs": [{k: v for k, v in c.config.to_flower().items() if k != "out-dir"} | {"label": label}
                      for label, c in runs]}
 
 
-def plan(experiment: Experiment) -> list[tuple[Grid, list[tuple[str, RunConfig]]]]:
+def plan(experiment: Experiment) -> list[tuple[Grid, list[tuple[str, Checked]]]]:
     """Every grid's runs, checked; one error naming every grid that is wrong."""
     planned, problems = [], []
     for grid in experiment.grids:
@@ -162,12 +158,12 @@ def plan(experiment: Experiment) -> list[tuple[Grid, list[tuple[str, RunConfig]]
     return planned
 
 
-def run_grids(planned: list[tuple[Grid, list[tuple[str, RunConfig]]]], out: Path, manifest: dict[str, Any], *,
+def run_grids(planned: list[tuple[Grid, list[tuple[str, Checked]]]], out: Path, manifest: dict[str, Any], *,
               engine: str, workers: int, stream: TextIO | None,
               runner: Callable[..., dict[str, Any]] | None = None) -> dict[str, list[dict[str, Any]]]:
     """Run the planned grids in one pool; write each grid folder's tables, figures and manifest."""
-    flat = [(grid.folder, label, config) for grid, runs in planned for label, config in runs]
-    order = sorted(range(len(flat)), key=lambda i: -cost(flat[i][2]))
+    flat = [(grid.folder, label, checked) for grid, runs in planned for label, checked in runs]
+    order = sorted(range(len(flat)), key=lambda i: -cost(flat[i][2].config))
     rows = run_configs([flat[i][1:] for i in order], engine=engine, workers=workers,
                        progress=Progress(len(flat), stream), runner=runner)
     by_index = dict(zip(order, rows))
@@ -175,7 +171,7 @@ def run_grids(planned: list[tuple[Grid, list[tuple[str, RunConfig]]]], out: Path
     for grid, runs in planned:
         grid_rows = [by_index[i] for i, (folder, _, _) in enumerate(flat) if folder == grid.folder]
         folder = out / grid.folder
-        write_outputs(grid_rows, folder, _grid_title(grid, runs[0][1]))
+        write_outputs(grid_rows, folder, _grid_title(grid, runs[0][1].config))
         record = _grid_record(grid, runs)
         write_manifest(folder, {**manifest, "config_hash": config_hash(record)}, grid=record)
         out_rows[grid.folder] = grid_rows
