@@ -153,3 +153,27 @@ def test_pre_clusters_stay_apart_when_the_weights_show_no_structure():
     truth = [int(key) % 4 for key in algorithm.assignment]
     assert adjusted_rand_score(truth, list(algorithm.assignment.values())) == 1.0
     assert "kept apart: the weights show no structure" in algorithm.cluster_count_basis()
+
+
+def test_a_cut_that_beats_only_the_group_free_reference_is_bounded():
+    """96 small clients of 4 groups, each made of 8 tight triples (clients of a few images
+    that train alike) under much noise: the unbounded best cut takes the triples (silhouette
+    below auto-min-silhouette, above the group-free reference); bounded at sqrt(96 / 2) = 6
+    clusters, as FedClust bounds its re-cut, it finds the groups."""
+    rng = np.random.default_rng(0)
+    centres, rows, truth = rng.normal(0, 0.6, (4, 50)), [], []
+    for group in range(4):
+        for _ in range(8):
+            triple = centres[group] + rng.normal(0, 0.6, 50)
+            rows += [triple + rng.normal(0, 0.8, 50) for _ in range(3)]
+            truth += [group] * 3
+    X = np.array(rows)
+    algorithm = make(AdaCFL, {str(i): 0 for i in range(4)})
+    lam, info = algorithm.threshold(X)
+    assert info["auto_max_clusters"] == 6 and info["auto_clusters"] == 4
+    assert info["auto_reference_silhouette"] < info["auto_best_silhouette"] < 0.25
+    assert adjusted_rand_score(truth, cluster_by_threshold(X, lam, metric="cosine")) == 1.0
+    # the best cut then passes the fixed threshold: no bound
+    unbounded = make(AdaCFL, {str(i): 0 for i in range(4)}, **{"adacfl.auto_min_silhouette": 0.2})
+    _, info = unbounded.threshold(X)
+    assert info["auto_max_clusters"] is None and info["auto_clusters"] > 6

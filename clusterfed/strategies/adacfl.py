@@ -43,6 +43,9 @@ Choices the paper leaves open (documented here, all configurable):
   (default 0.05; 0 = the best cut). A group whose clients hold its classes in different
   proportions trains along two directions (mostly one digit, mostly the other), and the
   silhouette gains a few hundredths by halving it; ties already went to fewer clusters.
+  A best cut that beats only the group-free reference (below ``auto-min-silhouette``) is
+  bounded at sqrt(m / 2) clusters, as FedClust bounds its re-cut (``recut_max_clusters``):
+  a sample of small clients holds tight handfuls of alike clients that the reference lacks.
 - **The clustering step is its own phase** (partial upload), before that round's normal
   training: the warm-up rounds upload full models (they are FedAvg rounds), so reusing
   their uploads would save nothing and would not test the partial upload.
@@ -81,6 +84,7 @@ from pydantic import Field
 
 from clusterfed.clustering import (
     DEFAULT_MAX_CLUSTERS,
+    AutoCut,
     cluster_auto,
     cluster_within_preclusters,
     entropy_preclusters,
@@ -89,6 +93,7 @@ from clusterfed.clustering import (
 )
 from clusterfed.strategies.base import LABEL_STATS, Steps
 from clusterfed.strategies.exchange import Diagnostics
+from clusterfed.strategies.fedclust import recut_max_clusters
 from clusterfed.strategies.oneshot import OneShotClustering, OneShotParams, OneShotState, PositiveNumber
 
 _STATS = ("num-classes", "label-entropy")
@@ -192,13 +197,23 @@ class AdaCFL(OneShotClustering):
         if lam is not None:
             return lam, {}
         metric, linkage = self.params.distance, self.params.linkage
-        auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.params.auto_min_silhouette,
-                            reference_draws=self.params.auto_reference_draws, seed=self.params.seed,
-                            max_clusters=DEFAULT_MAX_CLUSTERS)
+
+        def auto_cut(max_clusters: int) -> AutoCut:
+            return cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=self.params.auto_min_silhouette,
+                                reference_draws=self.params.auto_reference_draws, seed=self.params.seed,
+                                max_clusters=max_clusters)
+
+        auto, bound = auto_cut(DEFAULT_MAX_CLUSTERS), None
+        if auto.num_clusters > recut_max_clusters(len(X)) and auto.silhouette < self.params.auto_min_silhouette:
+            # structure that only beats the group-free reference: a sample of small clients,
+            # whose tight groups of two or three alike clients the reference lacks; bounded
+            # as FedClust bounds its re-cut
+            bound = recut_max_clusters(len(X))
+            auto = auto_cut(bound)
         info = {"auto_best_silhouette": auto.silhouette, "auto_reference_silhouette": auto.reference,
                 "auto_required_silhouette": auto.required, "auto_best_clusters": auto.num_clusters,
                 "auto_clusters": auto.num_clusters, "auto_silhouette": auto.silhouette,
-                "auto_tolerance": self.params.auto_tolerance}
+                "auto_tolerance": self.params.auto_tolerance, "auto_max_clusters": bound}
         if auto.num_clusters < 2:
             return auto.threshold, info
         # Clients of one group spread along their label balance (a digit pair's clients, from
@@ -253,6 +268,10 @@ class AdaCFL(OneShotClustering):
             how = (f"lambda auto {lam:.3g}: {state['auto_clusters']} clusters at silhouette "
                    f"{state['auto_silhouette']:.3f}, the fewest within auto-tolerance {state['auto_tolerance']:g} of "
                    f"the best cut ({state['auto_best_clusters']} clusters at {state['auto_best_silhouette']:.3f})")
+        if state.get("auto_max_clusters"):
+            how += (f" (at most {state['auto_max_clusters']} clusters: the best cut beat only the group-free "
+                    f"reference {state['auto_reference_silhouette']:.3f}, not auto-min-silhouette "
+                    f"{self.params.auto_min_silhouette})")
         pre = len(state.get("precluster_cuts", [])) or 1
         at_clustering = len(set(state["labels"]))
         within = state.get("clusters_within_preclusters", at_clustering)
