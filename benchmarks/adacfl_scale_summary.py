@@ -28,7 +28,8 @@ BEFORE = REPO / "benchmarks" / "results" / "scale"
 REFERENCES = ("oracle", "fedavg")
 # clusters.json keys of the clustering step's evidence (written by clusterfed.strategies.adacfl)
 EVIDENCE = ("preclustering", "clusters_within_preclusters", "auto_best_clusters", "auto_best_silhouette",
-            "auto_clusters", "auto_silhouette", "auto_reference_silhouette", "auto_required_silhouette", "lambda",
+            "auto_clusters", "auto_silhouette", "auto_reference_silhouette", "auto_required_silhouette",
+            "auto_max_clusters", "lambda",
             "clustering_round", "one_cluster_reason")
 
 
@@ -98,6 +99,8 @@ def grid_table(name: str, summary: dict) -> list[str]:
     for seed, e in summary["adacfl_runs"].items():
         best = "–" if e["auto_best_silhouette"] is None else f"{e['auto_best_clusters']}, {e['auto_best_silhouette']:.3f}"
         chosen = "–" if e["auto_silhouette"] is None else f"{e['auto_clusters']}, {e['auto_silhouette']:.3f}"
+        if e.get("auto_max_clusters"):
+            chosen += f" (at most {e['auto_max_clusters']})"
         lines.append(f"| {seed} | {e['clients_clustered']} | {e['num_preclusters']} | {e['clusters_within_preclusters']} | "
                      f"{e['clusters_at_clustering']} | {best} | {chosen} | {e['lambda']:.3f} | {e['final_clusters']} |")
         if e["one_cluster_reason"]:
