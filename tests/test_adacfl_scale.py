@@ -107,13 +107,10 @@ def test_groups_split_across_pre_clusters_are_merged_back():
     assert adjusted_rand_score(np.repeat([0, 1, 2], 30), merged) == 1.0
 
 
-def test_a_sample_without_groups_stays_one_cluster_and_says_what_the_step_saw():
-    """A quarter of 80 clients whose uploads are noise: one cluster, and the reason names the
-    sample the one clustering step saw and the clients that joined it later."""
-    keys = [str(i) for i in range(80)]
-    algorithm = make(AdaCFL, {key: 0 for key in keys}, examples={key: 10 for key in keys}, fraction_train=0.25,
-                     **{"adacfl.share_label_stats": False})
-    rng = np.random.default_rng(3)
+def noise_uploads(seed: int):
+    """A harness client's answers: the model back in training rounds, noise on the uploaded
+    layer in the clustering step (no groups in the weights)."""
+    rng = np.random.default_rng(seed)
 
     def respond(ask):
         if ask.config["phase"] != "cluster":
@@ -121,6 +118,16 @@ def test_a_sample_without_groups_stays_one_cluster_and_says_what_the_step_saw():
         return {name: ask.model[name] + rng.normal(0, 0.1, ask.model[name].shape).astype(np.float32)
                 for name in ask.upload}
 
+    return respond
+
+
+def test_a_sample_without_groups_stays_one_cluster_and_says_what_the_step_saw():
+    """A quarter of 80 clients whose uploads are noise: one cluster, and the reason names the
+    sample the one clustering step saw and the clients that joined it later."""
+    keys = [str(i) for i in range(80)]
+    algorithm = make(AdaCFL, {key: 0 for key in keys}, examples={key: 10 for key in keys}, fraction_train=0.25,
+                     **{"adacfl.share_label_stats": False})
+    respond = noise_uploads(3)
     for server_round in range(1, 7):
         drive_round(algorithm, server_round, respond, examples={key: 10 for key in keys})
     assert len(set(algorithm.assignment.values())) == 1
@@ -137,14 +144,7 @@ def test_pre_clusters_stay_apart_when_the_weights_show_no_structure():
     keys = [str(i) for i in range(40)]
     stats = {key: {"num-classes": 4, "label-entropy": [0.5, 1.0, 1.5, 1.95][int(key) % 4]} for key in keys}
     algorithm = make(AdaCFL, {key: int(key) % 4 for key in keys}, stats=stats, examples={key: 40 for key in keys})
-    rng = np.random.default_rng(4)
-
-    def respond(ask):
-        if ask.config["phase"] != "cluster":
-            return trained(ask, 0.0)
-        return {name: ask.model[name] + rng.normal(0, 0.1, ask.model[name].shape).astype(np.float32)
-                for name in ask.upload}
-
+    respond = noise_uploads(4)
     for server_round in (1, 2):
         drive_round(algorithm, server_round, respond, examples={key: 40 for key in keys})
     state = algorithm.cluster_state()
