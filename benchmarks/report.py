@@ -210,24 +210,56 @@ def scale_page() -> str | None:
            "to round: those two grids show the time per round and whether the groups are found, not a "
            "ranking by accuracy.", ""]
     for name, rows in grids.items():
-        strategies = list(dict.fromkeys(r["strategy"] for r in rows))
-        means = {st: stat(rows, st, "final_accuracy")[0] for st in strategies}
-        best = max((v for v in means.values() if v is not None), default=None)
-        out += [f"## {name}", "", f"Source: `{rel(SCALE / name / 'comparison.csv')}`.", "",
-                "| strategy | seeds | gap pp | " + " | ".join(h for _, h, _ in SCALE_COLUMNS) + " |",
-                "|---|---|---|" + "---|" * len(SCALE_COLUMNS)]
-        for st in strategies:
-            _, _, _, total = stat(rows, st, "final_accuracy")
-            gap = "–" if best is None or means[st] is None else f"{100 * (best - means[st]):.1f}"
-            cells = []
-            for column, _, digits in SCALE_COLUMNS:
-                mean, std, n, count = stat(rows, st, column)
-                text = fmt(mean, digits) + ("" if mean is None or count <= 1 else f" ± {std:.{digits}f}")
-                cells.append(text + (f" ({n}/{count})" if 0 < n < count else ""))
-            out.append(f"| {st} | {total} | {gap} | " + " | ".join(cells) + " |")
-        out.append("")
+        out += scale_table(f"## {name}", SCALE / name / "comparison.csv", rows)
+    out += rescaled_section()
     out += memory_section()
     return "\n".join(out).rstrip("\n") + "\n"
+
+
+def scale_table(heading: str, source: Path, rows: list[dict]) -> list[str]:
+    """One grid's table: each strategy's mean ± std over its seeds, and its gap to the grid's best."""
+    strategies = list(dict.fromkeys(r["strategy"] for r in rows))
+    means = {st: stat(rows, st, "final_accuracy")[0] for st in strategies}
+    best = max((v for v in means.values() if v is not None), default=None)
+    out = [heading, "", f"Source: `{rel(source)}`.", "",
+           "| strategy | seeds | gap pp | " + " | ".join(h for _, h, _ in SCALE_COLUMNS) + " |",
+           "|---|---|---|" + "---|" * len(SCALE_COLUMNS)]
+    for st in strategies:
+        _, _, _, total = stat(rows, st, "final_accuracy")
+        gap = "–" if best is None or means[st] is None else f"{100 * (best - means[st]):.1f}"
+        cells = []
+        for column, _, digits in SCALE_COLUMNS:
+            mean, std, n, count = stat(rows, st, column)
+            text = fmt(mean, digits) + ("" if mean is None or count <= 1 else f" ± {std:.{digits}f}")
+            cells.append(text + (f" ({n}/{count})" if 0 < n < count else ""))
+        out.append(f"| {st} | {total} | {gap} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
+# the papers' strategies re-run at scale after the changes that make them find the number of
+# groups (or say why not): folder -> what changed
+RESCALED = {
+    "scale-adacfl": "AdaCFL after its clusters merge across the entropy pre-clusters while within λ and auto λ "
+                    "takes the fewest clusters within `auto-tolerance` of the best silhouette "
+                    "([algorithms/adacfl.md](algorithms/adacfl.md))",
+    "scale-cfl-family": "CFL, LayerCFL and HiCFL after `similarity-rank` (a split must beat group-free updates "
+                        "on the principal components of the updates; see [algorithms/cfl.md](algorithms/cfl.md))",
+}
+
+
+def rescaled_section() -> list[str]:
+    """docs/scale.md's tables of the strategies re-run after their cluster-count changes."""
+    out = []
+    for folder, what in RESCALED.items():
+        grids = {p.parent.name: read_csv(p) for p in sorted((RESULTS / folder).glob("*/comparison.csv"))}
+        if not grids:
+            continue
+        out += [f"## Re-run: {what}", "",
+                "The same settings and seeds as the grids above (each folder's `manifest.json` has its commit); "
+                "the rows of these strategies above were made before the change.", ""]
+        for name, rows in grids.items():
+            out += scale_table(f"### {folder}: {name}", RESULTS / folder / name / "comparison.csv", rows)
+    return out
 
 
 MEMORY = RESULTS / "memory"
