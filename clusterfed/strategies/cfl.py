@@ -32,7 +32,7 @@ replied (``after_train``):
    ``silhouette``) — it is proposed again in a later round while the criteria hold;
 4. both children start from the cluster's (just aggregated) model and can split again;
 5. **merging (choice, beyond the paper; ``merge = true``)**: two leaf clusters whose
-   members' updates have become indistinguishable are merged (``bipartitioning.py``);
+   members' updates have become indistinguishable are merged (``leaf_merging.py``);
    it repairs over-split pure groups.
 
 The side-based separation Gap is recorded for every split, never used as a veto (it is
@@ -76,16 +76,15 @@ from clusterfed.clustering.split_scores import (
 from clusterfed.clustering.layercfl import CheckResult
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS, reference_score, structure_threshold
 from clusterfed.clustering.sketch import Sketch, count_sketch
-from clusterfed.strategies.bipartitioning import (
-    BiPartitioning,
-    BiPartitioningParams,
-    BiPartitioningState,
+from clusterfed.strategies.bipartitioning import BiPartitioning, BiPartitioningParams, BiPartitioningState
+from clusterfed.strategies.exchange import SplitCompared, TrainReply
+from clusterfed.strategies.update_vectors import (
     check_record,
     decision_record,
     flatten,
+    similarity_record,
     stack_float64,
 )
-from clusterfed.strategies.exchange import SplitCompared, TrainReply
 
 
 # similarity-decay = auto: summed updates only for clients this small, where one round's
@@ -231,7 +230,7 @@ class CFL(BiPartitioning):
         absent = [k for k in self.tree.members(cluster) if k not in set(keys)]
         extra_a, extra_b = self.place_absent(cluster, absent, route, self.last_vector, (len(keys_a), len(keys_b)))
         record["absent"] = [extra_a, extra_b]
-        record["similarity"] = self.similarity_record(keys, S)
+        record["similarity"] = similarity_record(keys, S)
         self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route, compared)
 
     def refuse(self, record: dict[str, Any], compared: SplitCompared) -> None:
