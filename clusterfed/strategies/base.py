@@ -71,22 +71,9 @@ from clusterfed.strategies.contract import (  # noqa: F401 (re-exported: the err
 from clusterfed.strategies.aggregation import ClusterAggregator, template_of
 from clusterfed.strategies.declared_state import DeclaredState
 from clusterfed.strategies.flower_hooks import FlowerHooks
-from clusterfed.strategies.params import (  # noqa: F401 (StrategyParams: part of base's API)
-    StrategyParams,
-    describe_errors,
-    document_params,
-)
-from clusterfed.strategies.exchange import (
-    RETURN_WEIGHTS,
-    UPLOAD_FULL,
-    Arrays,
-    Ask,
-    ClientInfo,
-    Replies,
-    TrainReply,
-    natural,
-    weighted_average,
-)
+from clusterfed.strategies.params import StrategyParams, describe_errors, document_params  # noqa: F401 (part of the API)
+from clusterfed.strategies.exchange import (RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Replies, TrainReply,
+                                            natural, weighted_average)
 
 Steps = Generator[list[Ask], Replies, Any]
 
@@ -230,6 +217,12 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
 
     def one_cluster_reason(self) -> str | None:
         """Why the run ended with one cluster; None when it has more or one cluster is the design."""
+        return None
+
+    def cluster_count_basis(self) -> str | None:
+        """One sentence on the evidence for the final number of clusters, without true groups
+        (splits accepted with their scores against the thresholds, merges made or refused);
+        the driver quotes it as ``over_split_reason`` when a run over-splits. None: not said."""
         return None
 
     # ---------------------------------------------------------------- helpers
@@ -386,6 +379,8 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         state.update(self.cluster_state())
         if "one_cluster_reason" not in state and self.one_cluster_reasons:
             state["one_cluster_reason"] = self.one_cluster_reason()
+        if (basis := self.cluster_count_basis()) is not None:
+            state["cluster_count_basis"] = basis
         if self.dp_accountant is not None:
             state["privacy"] = self.dp_accountant.report(self.dp_releases, assignment)
         if self.training_failed:  # nothing trained: that, not the algorithm, is why

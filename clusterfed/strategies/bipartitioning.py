@@ -42,8 +42,8 @@ from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
 from clusterfed.clustering.sketch import in_sketch_space
-from clusterfed.clustering.split_rules import one_cluster_reason
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
+from clusterfed.strategies.count_evidence import CountEvidence
 from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, SplitCompared, TrainReply, natural
 from clusterfed.strategies.leaf_merging import LeafMerging
 from clusterfed.strategies.update_vectors import cosine, decision_record, flatten, stack_float64
@@ -96,9 +96,11 @@ class BiPartitioningState(ClusteredState):
     # placed by descent from it when next sampled (module docstring)
     provisional: dict[str, int] = field(default_factory=dict)
     sketched: bool | None = None  # update-storage: compact vectors (decided when the first is kept)
+    last_criteria: dict[str, Any] | None = None  # the last cluster's split criteria (round included), for the reason
+    merge_refused: dict[str, Any] | None = None  # the last round's closest pair of leaves not merged, for the basis
 
 
-class BiPartitioning(LeafMerging, ClusteredStrategy):
+class BiPartitioning(CountEvidence, LeafMerging, ClusteredStrategy):
     """Clusters grown by bi-partitions: tree, split log, criteria, newcomer descent.
 
     Subclasses implement ``consider_split(round, cluster, replies, decision)``. Cluster ids
@@ -202,6 +204,7 @@ class BiPartitioning(LeafMerging, ClusteredStrategy):
             self.split_allowed = self.split_allowed or self.may_split(server_round, cluster, group)
             decision = self.criteria(cluster, group)
             report[str(cluster)] = {**decision_record(decision), "replies": len(group)}
+            self.last_criteria = {"round": server_round, "cluster": cluster, **decision_record(decision)}
             self.consider_split(server_round, cluster, group, decision)
         if self.params.merge:
             self.merge_leaves(server_round, {c: g for c, g in by_cluster.items() if self.tree.node(c).is_leaf})
@@ -261,21 +264,6 @@ class BiPartitioning(LeafMerging, ClusteredStrategy):
         compared.records += [record, summary]
         self.reports.append(compared)
         return a, b
-
-    # ------------------------------------------------------------ no silent FedAvg
-    def refusal_codes(self) -> list[str]:
-        """The reason code of every refused split attempt (``one_cluster_reasons``)."""
-        return []
-
-    def one_cluster_reason(self) -> str | None:
-        """Why the run ended with one cluster (None when it has more)."""
-        if len(set(self.assignment.values())) > 1:
-            return None
-        reason = one_cluster_reason(self.one_cluster_reasons, self.refusal_codes(), self.split_allowed,
-                                    len(self.splits), timing=self.timing_code)
-        if self.splits and self.merges:  # merged back: name the last merge's evidence and thresholds
-            reason += "; " + self.merge_evidence(self.merges[-1])
-        return reason
 
     # ------------------------------------------------------------ newcomers
     def admit(self, server_round: int, keys: list[str]) -> Steps:

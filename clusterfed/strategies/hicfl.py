@@ -170,6 +170,7 @@ class HiCFLState(BiPartitioningState):
     no_split: list[dict[str, Any]] = field(default_factory=list)  # ready clusters that did not split, and why
     windows_filled: bool = False  # whether any cluster ever had every stability window full
     samples: dict[str, dict[str, Any]] = field(default_factory=dict)  # update-storage = sketch: layer -> its sample
+    last_timing: dict[str, Any] | None = None  # the last judged cluster's layer nearest ε, for the reason
 
 
 class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
@@ -243,6 +244,7 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
         values, threshold = self.stability_against_eps(cluster, present)
         if not self.may_split(server_round, cluster, replies):
             return
+        self.note_timing(server_round, cluster, values, threshold)
         ready = ready_layers(values, threshold, self.params.timing)
         if not ready:
             return
@@ -329,8 +331,47 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
     def one_cluster_reason(self) -> str | None:
         reason = super().one_cluster_reason()
         if reason is not None and self.split_allowed and not self.splits and not self.no_split and not self.windows_filled:
-            return self.one_cluster_reasons["window"]
+            return f"{self.one_cluster_reasons['window']}; window {self.params.window}"
         return reason
+
+    def note_timing(self, server_round: int, cluster: int, values: dict[str, dict | None], eps: float) -> None:
+        """Keep the layer whose stability (every member's largest or the median, ``timing``) came nearest ε."""
+        statistic = np.max if self.params.timing == "all" else np.median
+        judged = {layer: float(statistic(list(v.values()))) for layer, v in values.items() if v}
+        if judged:
+            layer = min(judged, key=judged.get)
+            self.last_timing = {"round": server_round, "cluster": cluster, "layer": layer, "value": judged[layer],
+                                "eps": eps}
+
+    def timing_numbers(self) -> str | None:
+        t = self.last_timing
+        if not t:
+            return None
+        unit = "" if self.epsilon is not None else " (relative to the layer's scale)"
+        return (f"round {t['round']}: nearest layer {t['layer']}, {self.params.timing} member's stability "
+                f"{t['value']:.3f} >= ε {t['eps']:.3f}{unit}")
+
+    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
+        score = (split.get("silhouettes") or {}).get(split.get("layer"))
+        return None if score is None else (f"{split['layer']} silhouette", score, self.params.min_silhouette)
+
+    def refusal_numbers(self) -> str | None:
+        """The refusal of the most frequent reason closest to passing, with its numbers."""
+        codes = self.refusal_codes()
+        if not codes:
+            return None
+        top = max(set(codes), key=codes.count)
+        entries = [n for n in self.no_split if n["code"] == top]
+        if top == "silhouette":
+            n = max(entries, key=lambda n: max(n["silhouettes"].values()))
+            return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: best layer silhouette "
+                    f"{max(n['silhouettes'].values()):.3f} < min-silhouette {self.params.min_silhouette}")
+        if top == "reference":
+            n = max(entries, key=lambda n: max(n["silhouettes"].values()) - n["reference_silhouette"])
+            return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: silhouette "
+                    f"{max(n['silhouettes'].values()):.3f} <= group-free rotations {n['reference_silhouette']:.3f}")
+        n = entries[-1]
+        return f"last refusal: round {n['round']}, cluster {n['cluster']}, layer {n['layer']}"
 
     def thresholds(self) -> dict[str, Any]:
         c = self.params

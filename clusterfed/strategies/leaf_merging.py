@@ -7,11 +7,12 @@ groups split apart."""
 
 from __future__ import annotations
 
+from itertools import combinations
 from typing import Any
 
 import numpy as np
 
-from clusterfed.clustering.split_rules import merge_pairs
+from clusterfed.clustering.split_rules import merge_pairs, sides_silhouette
 from clusterfed.strategies.exchange import TrainReply, weighted_average
 from clusterfed.strategies.update_vectors import cosine, flatten
 
@@ -39,6 +40,26 @@ class LeafMerging:
             drift = None if np.isnan(pair.drift_cosine) else pair.drift_cosine
             self.apply_merge(server_round, pair.a, pair.b,
                              {"cosine": pair.cosine, "silhouette": silhouette, "drift_cosine": drift})
+        merged = {c for pair in pairs for c in (pair.a, pair.b)}
+        self.merge_refused = self.closest_unmerged(server_round, {c: u for c, u in updates.items() if c not in merged},
+                                                   names)
+
+    def closest_unmerged(self, server_round: int, updates: dict[int, np.ndarray], names: list[str]) -> dict | None:
+        """The pair of leaves not merged whose mean updates have the largest cosine, with the
+        numbers of the merge tests (silhouette only when the cosine passed: it costs a
+        cosine matrix of their members), for ``cluster_count_basis``."""
+        if len(updates) < 2:
+            return None
+        means = {c: u.mean(axis=0) for c, u in updates.items()}
+        a, b = max(combinations(sorted(means), 2), key=lambda p: cosine(means[p[0]], means[p[1]]))
+        record: dict[str, Any] = {"round": server_round, "clusters": [a, b], "cosine": cosine(means[a], means[b])}
+        if record["cosine"] >= self.params.merge_min_cosine and min(len(updates[a]), len(updates[b])) >= 2:
+            size_a, size_b = len(updates[a]), len(updates[b])
+            record["silhouette"] = sides_silhouette(np.vstack([updates[a], updates[b]]), np.arange(size_a),
+                                                    np.arange(size_a, size_a + size_b))
+        drift = self.drift_cosine(a, b, names)
+        record["drift_cosine"] = None if np.isnan(drift) else drift
+        return record
 
     def drift_cosine(self, a: int, b: int, names: list[str]) -> float:
         """Cosine of the two clusters' model drifts since the split that separated them (their
@@ -75,14 +96,3 @@ class LeafMerging:
 
     def after_merge(self, cluster: int, keys: list[str]) -> None:
         """Strategy state to restart for the members of a merged cluster (HiCFL: windows)."""
-
-    def merge_evidence(self, merge: dict[str, Any]) -> str:
-        """One merge's numbers against the thresholds that allowed it, for the reason."""
-        c = self.params
-        parts = [f"round cosine {merge['cosine']:.3f} >= merge-min-cosine {c.merge_min_cosine}"]
-        if merge.get("drift_cosine") is not None:
-            parts.append(f"drift cosine {merge['drift_cosine']:.3f} >= {c.merge_min_cosine}")
-        if merge.get("silhouette") is not None:
-            parts.append(f"silhouette {merge['silhouette']:.3f} <= merge-max-silhouette {c.merge_max_silhouette}")
-        return f"last merge (round {merge['round']}, clusters {merge['merged'][0]} and {merge['merged'][1]}): " \
-               + ", ".join(parts) + " (merge = false keeps the splits)"
