@@ -102,7 +102,7 @@ def test_cfl_splits_many_noisy_clients_on_principal_components_and_the_paper_doe
 
 def test_the_basis_names_the_splits_and_the_refused_merge_and_the_recorder_writes_the_over_split(tmp_path):
     labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
-    strategy = wide_cfl(labels, **{"merge-min-cosine": 0.99})
+    strategy = wide_cfl(labels, **{"similarity-rank": "auto", "merge-min-cosine": 0.99})
     wide_round(strategy, 1, U)
     wide_round(strategy, 2, U)  # both sides reply: the merge is judged and refused
     basis = strategy.cluster_count_basis()
