@@ -198,6 +198,7 @@ class CFL(_CFL):
         split_min_silhouette: float = 0.3,
         split_reference_draws: int = 19,
         similarity_decay: typing.Union[float, typing.Literal['auto']] = 'auto',
+        similarity_rank: typing.Union[int, typing.Literal['auto']] = 0,
     ) -> None: ...
 
 
@@ -233,6 +234,7 @@ class LayerCFL(_LayerCFL):
         split_min_silhouette: float = 0.3,
         split_reference_draws: int = 19,
         similarity_decay: typing.Union[float, typing.Literal['auto']] = 'auto',
+        similarity_rank: typing.Union[int, typing.Literal['auto']] = 0,
         skew: typing.Literal['label', 'feature', 'unknown'] = 'unknown',
         cluster_layers: str = 'auto',
         correct_clustering_check: bool = False,

@@ -253,6 +253,8 @@ class RunRecorder:
         summary["config"] = self.config
         if clusters and clusters.get("one_cluster_reason"):  # a clustered strategy that ended as FedAvg: say why
             summary["one_cluster_reason"] = clusters["one_cluster_reason"]
+        if clusters and (reason := over_split_reason(summary, clusters, self.true_groups)):
+            summary["over_split_reason"] = reason
         if clusters and clusters.get("privacy"):  # differential privacy: the run's ε at δ (clusterfed.privacy)
             summary["epsilon"], summary["delta"] = clusters["privacy"]["epsilon"], clusters["privacy"]["delta"]
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -264,6 +266,18 @@ class RunRecorder:
         for watcher in self.watchers:
             watcher.run_ended(summary, clusters)
         return summary
+
+
+OVER_SPLIT_ARI = 0.9  # below this ARI, more clusters than true groups is an over-split to account for
+
+
+def over_split_reason(summary: dict[str, Any], clusters: dict[str, Any], true_groups: dict[str, int]) -> str | None:
+    """"N clusters for M true groups: <cluster_count_basis>" for more clusters than groups and ARI < OVER_SPLIT_ARI."""
+    groups = {true_groups[k] for k in clusters.get("assignment") or {} if k in true_groups}
+    found, ari = len(set((clusters.get("assignment") or {}).values())), summary.get("final_ari")
+    if not clusters.get("cluster_count_basis") or found <= len(groups) or ari is None or ari >= OVER_SPLIT_ARI:
+        return None
+    return f"{found} clusters for {len(groups)} true groups: {clusters['cluster_count_basis']}"
 
 
 def with_true_groups(clusters: dict[str, Any], true_groups: dict[str, int]) -> dict[str, Any]:
@@ -359,8 +373,9 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
             f"{_fmt(s['final_ari'], '5.2f')} {_fmt(s['num_clusters'], '8d')} {_fmt(s['rounds_to_target'], '8d')} "
             f"{_fmt(s['mb_to_target'], '8.2f')} {_fmt(s['total_mb'], '9.2f')} {_fmt(s.get('wall_seconds'), '7.1f')}"
         )
-        if s.get("one_cluster_reason"):
-            lines.append(f"{'':<12} one cluster: {s['one_cluster_reason']}")
+        for key, label in (("one_cluster_reason", "one cluster"), ("over_split_reason", "over-split")):
+            if s.get(key):
+                lines.append(f"{'':<12} {label}: {s[key]}")
     return "\n".join(lines)
 
 

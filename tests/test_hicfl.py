@@ -9,7 +9,7 @@ from test_cfl import DIM, arrays_of, make_strategy, run_round
 from clusterfed.clustering.stability import StabilityTracker, select_unstable_weights
 from clusterfed.plots.splits import plot_split_figures
 from clusterfed.simulation import simulate
-from clusterfed.strategies.bipartitioning import flatten
+from clusterfed.strategies.update_vectors import flatten
 from clusterfed.strategies.hicfl import HiCFL
 
 # the paper's rule: absolute ε, every member below it, sign of the cosine with the reference,

@@ -15,10 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "clusterfed"
 MAX_MODULE_LINES = 400
 MAX_FUNCTION_LINES = 80
 # module -> its line count when listed; functions -> theirs
-OVERSIZED = {
-    "strategies/bipartitioning.py": 457,
-    "strategies/hicfl.py": 475,
-}
+OVERSIZED: dict[str, int] = {}
 LONG_FUNCTIONS: dict[str, int] = {}
 
 

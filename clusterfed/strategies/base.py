@@ -202,6 +202,12 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         """Why the run ended with one cluster; None when it has more or one cluster is the design."""
         return None
 
+    def cluster_count_basis(self) -> str | None:
+        """One sentence on the evidence for the final number of clusters, without true groups
+        (splits accepted with their scores against the thresholds, merges made or refused);
+        the driver quotes it as ``over_split_reason`` when a run over-splits. None: not said."""
+        return None
+
     # ---------------------------------------------------------------- helpers
     def compared_names(self) -> list[str]:
         """The arrays of θ0 whose updates are compared (``compare-arrays``; every other
@@ -361,6 +367,8 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         state.update(self.cluster_state())
         if "one_cluster_reason" not in state and self.one_cluster_reasons:
             state["one_cluster_reason"] = self.one_cluster_reason()
+        if (basis := self.cluster_count_basis()) is not None:
+            state["cluster_count_basis"] = basis
         if self.dp_accountant is not None:
             state["privacy"] = self.dp_accountant.report(self.dp_releases, assignment)
         if self.training_failed:  # nothing trained: that, not the algorithm, is why

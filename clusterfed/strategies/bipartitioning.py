@@ -1,6 +1,7 @@
 """The recursive bi-partitioning base, what CFL, LayerCFL and HiCFL share: the cluster
 tree (client keys, never matrix positions), the split log written to clusters.json, the criteria
-bookkeeping and newcomer placement. Newcomers descend the tree: at each split they train
+bookkeeping and newcomer placement (merging of leaves: ``leaf_merging.py``; update vectors
+and records: ``update_vectors.py``). Newcomers descend the tree: at each split they train
 once on the model the parent's members had trained from in the split round, upload only
 the arrays the split was decided on, and follow the side whose split-round direction their
 update resembles (CFL / LayerCFL: the side's mean update, by cosine; HiCFL: the sign of
@@ -40,54 +41,12 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
-from clusterfed.clustering.layercfl import CheckResult
 from clusterfed.clustering.sketch import in_sketch_space
-from clusterfed.clustering.split_rules import merge_pairs, one_cluster_reason
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
-from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, Diagnostics, SplitCompared, TrainReply, natural, weighted_average
-
-SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
-# a split's similarity matrix is recorded for at most this many of its clients (evenly
-# spaced in key order): the figures read it, and all of it at 10,000 clients is 10^8 numbers
-MAX_SIMILARITY_CLIENTS = 200
-
-
-def flatten(arrays: Arrays, names: list[str], dtype: Any = np.float64) -> np.ndarray:
-    """The named arrays as one float64 vector, in ``names`` order; ``dtype=None``: in the
-    arrays' own (common) dtype, for vectors kept between rounds (the float32 a client sent is
-    half the memory of its float64 copy, and casting it when used gives the same numbers)."""
-    return np.concatenate([np.asarray(arrays[n], dtype=dtype).ravel() for n in names])
-
-
-def stack_float64(vectors: list[np.ndarray]) -> np.ndarray:
-    """``np.stack`` of the vectors cast to float64, filled row by row: the same matrix without
-    a float64 copy of every row alive beside it (half the memory at thousands of clients)."""
-    out = np.empty((len(vectors), np.size(vectors[0]) if vectors else 0), np.float64)
-    for i, vector in enumerate(vectors):
-        out[i] = vector
-    return out
-
-
-def cosine(u: np.ndarray, v: np.ndarray) -> float:
-    nu, nv = float(np.linalg.norm(u)), float(np.linalg.norm(v))
-    return 0.0 if nu == 0.0 or nv == 0.0 else float(np.dot(u, v) / (nu * nv))
-
-
-def decision_record(decision: SplitDecision) -> dict[str, Any]:
-    return {
-        "mode": decision.mode,
-        "mean_norm": decision.mean_norm,
-        "max_norm": decision.max_norm,
-        "reference_mean_norm": decision.reference_mean_norm,
-        "stationary": decision.stationary,
-        "heterogeneous": decision.heterogeneous,
-    }
-
-
-def check_record(check: CheckResult) -> dict[str, Any]:
-    return {"passed": check.passed, "alpha_cross_max": check.alpha_cross_max, "gamma_max": check.gamma_max,
-            "bound": check.bound}
-
+from clusterfed.strategies.count_evidence import CountEvidence
+from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, Diagnostics, SplitCompared, TrainReply, natural
+from clusterfed.strategies.leaf_merging import LeafMerging
+from clusterfed.strategies.update_vectors import cosine, decision_record, flatten, stack_float64
 
 class BiPartitioningParams(StrategyParams):
     """Split criteria, size/timing rules and merging, shared by CFL, LayerCFL and HiCFL."""
@@ -137,9 +96,11 @@ class BiPartitioningState(ClusteredState):
     # placed by descent from it when next sampled (module docstring)
     provisional: dict[str, int] = field(default_factory=dict)
     sketched: bool | None = None  # update-storage: compact vectors (decided when the first is kept)
+    last_criteria: dict[str, Any] | None = None  # the last cluster's split criteria (round included), for the reason
+    merge_refused: dict[str, Any] | None = None  # the last round's closest pair of leaves not merged, for the basis
 
 
-class BiPartitioning(ClusteredStrategy):
+class BiPartitioning(CountEvidence, LeafMerging, ClusteredStrategy):
     """Clusters grown by bi-partitions: tree, split log, criteria, newcomer descent.
 
     Subclasses implement ``consider_split(round, cluster, replies, decision)``. Cluster ids
@@ -242,6 +203,7 @@ class BiPartitioning(ClusteredStrategy):
             self.split_allowed = self.split_allowed or self.may_split(server_round, cluster, group)
             decision = self.criteria(cluster, group)
             report[str(cluster)] = {**decision_record(decision), "replies": len(group)}
+            self.last_criteria = {"round": server_round, "cluster": cluster, **decision_record(decision)}
             for key, records in (self.consider_split(server_round, cluster, group, decision) or {}).items():
                 diagnostics.setdefault(key, []).extend(records)
         if self.params.merge:
@@ -302,99 +264,6 @@ class BiPartitioning(ClusteredStrategy):
         compared.records += [record, summary]
         self.reports.append(compared)
         return summary
-
-    # ------------------------------------------------------------ merging
-    def merge_names(self) -> list[str]:
-        """The arrays whose updates decide a merge: every compared array (CFL family overrides)."""
-        return self.compared
-
-    def merge_leaves(self, server_round: int, groups: dict[int, list[TrainReply]]) -> list[dict[str, Any]]:
-        """Merge the leaf pairs ``split_rules.merge_pairs`` finds among the clusters that
-        replied this round (module docstring); returns each merge's summary."""
-        if len(groups) < 2:
-            return []
-        names = self.merge_names()
-        updates = {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
-        pairs = merge_pairs(updates, min_cosine=self.params.merge_min_cosine,
-                            max_silhouette=self.params.merge_max_silhouette,
-                            drift=lambda a, b: self.drift_cosine(a, b, names),
-                            min_drift_members=self.params.min_split_size)
-        merges = []
-        for pair in pairs:
-            silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
-            drift = None if np.isnan(pair.drift_cosine) else pair.drift_cosine
-            merges.append(self.apply_merge(server_round, pair.a, pair.b,
-                                           {"cosine": pair.cosine, "silhouette": silhouette, "drift_cosine": drift}))
-        return merges
-
-    def drift_cosine(self, a: int, b: int, names: list[str]) -> float:
-        """Cosine of the two clusters' model drifts since the split that separated them (their
-        models minus the model that split's children started from): every round's pull summed,
-        where one round's updates of two converged clusters are mostly noise. NaN when they
-        share no split (a merged cluster has no parent)."""
-        node = self.tree.common_ancestor(a, b)
-        if node is None or node not in self.split_models:
-            return float("nan")
-        start = flatten(self.split_models[node], names)
-        return cosine(flatten(self.models[a], names) - start, flatten(self.models[b], names) - start)
-
-    def apply_merge(self, server_round: int, a: int, b: int, record: dict[str, Any]) -> dict[str, Any]:
-        """Replace leaves ``a`` and ``b`` by one leaf, their models averaged by size; returns its summary."""
-        keys_a, keys_b = self.tree.members(a), self.tree.members(b)
-        merged = self.tree.merge(a, b, round=server_round)
-        size_a, size_b = (sum(self.clients[k].num_examples if k in self.clients else 1 for k in keys) or 1
-                          for keys in (keys_a, keys_b))
-        made = self.new_cluster(weighted_average([self.models.pop(a), self.models.pop(b)], [size_a, size_b]))
-        if made != merged:  # the tree and the models number clusters alike
-            raise RuntimeError(f"merge of {a} and {b}: tree node {merged} but new cluster {made}")
-        for key in keys_a + keys_b:
-            self.assignment[key] = merged
-        self.merged.add(merged)
-        for cluster in (a, b):
-            self.max_mean_norm.pop(cluster, None)
-        record = {"round": server_round, "merged": [a, b], "into": merged, "members": [keys_a, keys_b], **record}
-        self.merges.append(record)
-        self.final_clustering_round = server_round
-        self.after_merge(merged, keys_a + keys_b)
-        return {k: record[k] for k in ("merged", "into", "cosine", "silhouette", "drift_cosine") if k in record}
-
-    def after_merge(self, cluster: int, keys: list[str]) -> None:
-        """Strategy state to restart for the members of a merged cluster (HiCFL: windows)."""
-
-    # ------------------------------------------------------------ no silent FedAvg
-    def refusal_codes(self) -> list[str]:
-        """The reason code of every refused split attempt (``one_cluster_reasons``)."""
-        return []
-
-    def one_cluster_reason(self) -> str | None:
-        """Why the run ended with one cluster (None when it has more)."""
-        if len(set(self.assignment.values())) > 1:
-            return None
-        reason = one_cluster_reason(self.one_cluster_reasons, self.refusal_codes(), self.split_allowed,
-                                    len(self.splits), timing=self.timing_code)
-        if self.splits and self.merges:  # merged back: name the last merge's evidence and thresholds
-            reason += "; " + self.merge_evidence(self.merges[-1])
-        return reason
-
-    def merge_evidence(self, merge: dict[str, Any]) -> str:
-        """One merge's numbers against the thresholds that allowed it, for the reason."""
-        c = self.params
-        parts = [f"round cosine {merge['cosine']:.3f} >= merge-min-cosine {c.merge_min_cosine}"]
-        if merge.get("drift_cosine") is not None:
-            parts.append(f"drift cosine {merge['drift_cosine']:.3f} >= {c.merge_min_cosine}")
-        if merge.get("silhouette") is not None:
-            parts.append(f"silhouette {merge['silhouette']:.3f} <= merge-max-silhouette {c.merge_max_silhouette}")
-        return f"last merge (round {merge['round']}, clusters {merge['merged'][0]} and {merge['merged'][1]}): " \
-               + ", ".join(parts) + " (merge = false keeps the splits)"
-
-    def similarity_record(self, keys: list[str], S: np.ndarray) -> dict[str, Any]:
-        """The split's similarity matrix for figures: of at most ``MAX_SIMILARITY_CLIENTS``
-        clients, evenly spaced in key order (``clients``: how many the split compared)."""
-        if len(keys) > MAX_SIMILARITY_CLIENTS:
-            shown = np.unique(np.linspace(0, len(keys) - 1, MAX_SIMILARITY_CLIENTS).round().astype(int))
-            return {"keys": [keys[i] for i in shown], "matrix": np.round(S[np.ix_(shown, shown)], SIMILARITY_DECIMALS).tolist(),
-                    "clients": len(keys)}
-        return {"keys": list(keys), "matrix": np.round(S, SIMILARITY_DECIMALS).tolist()}
 
     # ------------------------------------------------------------ newcomers
     def admit(self, server_round: int, keys: list[str]) -> Steps:

@@ -32,7 +32,7 @@ replied (``after_train``):
    ``silhouette``) — it is proposed again in a later round while the criteria hold;
 4. both children start from the cluster's (just aggregated) model and can split again;
 5. **merging (choice, beyond the paper; ``merge = true``)**: two leaf clusters whose
-   members' updates have become indistinguishable are merged (``bipartitioning.py``);
+   members' updates have become indistinguishable are merged (``leaf_merging.py``);
    it repairs over-split pure groups.
 
 The side-based separation Gap is recorded for every split, never used as a veto (it is
@@ -75,17 +75,17 @@ from clusterfed.clustering.split_scores import (
 )
 from clusterfed.clustering.layercfl import CheckResult
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS, reference_score, structure_threshold
+from clusterfed.clustering.principal_scores import principal_scores
 from clusterfed.clustering.sketch import Sketch, count_sketch
-from clusterfed.strategies.bipartitioning import (
-    BiPartitioning,
-    BiPartitioningParams,
-    BiPartitioningState,
+from clusterfed.strategies.bipartitioning import BiPartitioning, BiPartitioningParams, BiPartitioningState
+from clusterfed.strategies.exchange import Diagnostics, SplitCompared, TrainReply
+from clusterfed.strategies.update_vectors import (
     check_record,
     decision_record,
     flatten,
+    similarity_record,
     stack_float64,
 )
-from clusterfed.strategies.exchange import Diagnostics, SplitCompared, TrainReply
 
 
 # similarity-decay = auto: summed updates only for clients this small, where one round's
@@ -93,6 +93,16 @@ from clusterfed.strategies.exchange import Diagnostics, SplitCompared, TrainRepl
 # (benchmarks/results/small_client_defaults/README.md).
 SMALL_CLIENT_EXAMPLES = 50
 SMALL_CLIENT_DECAY = 0.8
+
+# similarity-rank = auto (opt-in; default 0 = the paper's raw cosines): cosines of the updates'
+# leading principal components, and a split must beat group-free updates, for clusters of at
+# least this many repliers (below: raw cosines and the fixed threshold, set on tens of
+# clients). With hundreds of small clients raw cosines of noisy updates show little
+# structure, while a few components estimated from many rows hold the groups' differences
+# (principal_scores.py) -- and any other structure of the updates: measured at 400 clients it
+# recovered digit-pair groups better and over-split rotation groups (docs/algorithms/cfl.md)
+PRINCIPAL_MIN_REPLIES = 40
+PRINCIPAL_RANK = 5
 
 
 class CFLParams(BiPartitioningParams):
@@ -109,6 +119,12 @@ class CFLParams(BiPartitioningParams):
         description="the similarity compares each client's updates summed over its rounds with this decay "
                     "(0 = this round's update only, as in the paper); auto = 0.8 when the median client holds "
                     f"fewer than {SMALL_CLIENT_EXAMPLES} examples, else 0")
+    similarity_rank: Annotated[int, Field(ge=0)] | Literal["auto"] = Field(
+        0, alias="similarity-rank",
+        description="compare the cosines of the updates' coordinates on this many leading principal components "
+                    "(centred; 0 = the raw updates, as in the paper), and accept a split only if it beats "
+                    f"group-free updates (split-reference-draws); auto = {PRINCIPAL_RANK} for clusters of at "
+                    f"least {PRINCIPAL_MIN_REPLIES} repliers, else 0")
 
 
 @dataclass
@@ -147,6 +163,31 @@ class CFL(BiPartitioning):
 
     def refusal_codes(self) -> list[str]:
         return [r["reason"] for r in self.refused]
+
+    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
+        if split.get("best_cut_silhouette") is None or split.get("required_silhouette") is None:
+            return None
+        return "best-cut silhouette", split["best_cut_silhouette"], split["required_silhouette"]
+
+    def refusal_numbers(self) -> str | None:
+        """The refusal closest to passing, of the most frequent reason: the best-cut silhouette
+        against the one required, or (LayerCFL's check) γ_max against its bound."""
+        codes = self.refusal_codes()
+        if not codes:
+            return None
+        top = max(set(codes), key=codes.count)
+        if top == "check":
+            r = min((r for r in self.refused if r["reason"] == "check"),
+                    key=lambda r: r["check"]["gamma_max"] - r["check"]["bound"])
+            return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: estimated γ_max "
+                    f"{r['check']['gamma_max']:.3f} >= bound {r['check']['bound']:.3f}")
+        r = max((r for r in self.refused if r["reason"] == top),
+                key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
+        basis = (f"group-free reference {r['reference_silhouette']:.3f}" if r.get("reference_silhouette") is not None
+                 else f"split-min-silhouette {self.params.split_min_silhouette}")
+        return (f"closest refusal: round {r['round']}, cluster {r['cluster']} ({len(r['members'][0]) + len(r['members'][1])}"
+                f" repliers): best-cut silhouette {r['best_cut_silhouette']:.3f} < required "
+                f"{r['required_silhouette']:.3f} ({basis})")
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
         names = self.decision_names()
@@ -189,14 +230,15 @@ class CFL(BiPartitioning):
             return
         keys = [r.key for r in replies]
         U = stack_float64([self.last_vector[k] for k in keys])
-        S = cosine_similarity_matrix(U)
+        rank = self.rank(len(keys))
+        S = cosine_similarity_matrix(principal_scores(U, rank) if rank else U)
         side_a, side_b = bipartition(S)
         gap = separation_gap(S, side_a, side_b)
         silhouette = split_silhouette(S, side_a, side_b)
         max_k = self.params.split_silhouette_max_k
         structure, structure_k = best_cut_silhouette(S, max_k) if max_k > 2 else (silhouette, 2)
         check = self.check_split(U, side_a, side_b, S)
-        required, reference = self.required_structure(U, structure, max_k)
+        required, reference = self.required_structure(U, structure, max_k, rank)
         compared = SplitCompared(keys, S)
         record: dict[str, Any] = {
             "criterion": decision_record(decision),
@@ -207,6 +249,7 @@ class CFL(BiPartitioning):
             "required_silhouette": required,
             "reference_silhouette": reference,
             "layers": self.decision_names(),
+            "similarity_rank": rank,
         }
         if structure < required:  # a bi-partition of noise: keep the cluster whole
             self.refuse({"round": server_round, "cluster": cluster, "reason": "silhouette",
@@ -229,7 +272,7 @@ class CFL(BiPartitioning):
         absent = [k for k in self.tree.members(cluster) if k not in set(keys)]
         extra_a, extra_b = self.place_absent(cluster, absent, route, self.last_vector, (len(keys_a), len(keys_b)))
         record["absent"] = [extra_a, extra_b]
-        record["similarity"] = self.similarity_record(keys, S)
+        record["similarity"] = similarity_record(keys, S)
         summary = self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route, compared)
         return {"splits": [summary]}
 
@@ -248,19 +291,31 @@ class CFL(BiPartitioning):
         sizes = [info.num_examples for info in self.clients.values()]
         return SMALL_CLIENT_DECAY if sizes and float(np.median(sizes)) < SMALL_CLIENT_EXAMPLES else 0.0
 
-    def required_structure(self, U: np.ndarray, structure: float, max_k: int) -> tuple[float, float | None]:
+    def rank(self, replies: int) -> int:
+        """``similarity-rank`` for a cluster of ``replies`` repliers (0: raw cosines)."""
+        rank = self.params.similarity_rank
+        if rank == "auto":
+            return PRINCIPAL_RANK if replies >= PRINCIPAL_MIN_REPLIES else 0
+        return int(rank)
+
+    def required_structure(self, U: np.ndarray, structure: float, max_k: int,
+                           rank: int = 0) -> tuple[float, float | None]:
         """The best-cut silhouette a split needs: ``split-min-silhouette``, lowered to what
         group-free updates of this size and shape reach when the cut falls short of it
-        (``null_reference``), and that reference score (None when not drawn)."""
+        (``null_reference``), and that reference score (None when not drawn). On principal
+        components (``rank`` > 0) the reference is always drawn and is the threshold: the
+        fixed one was set on raw cosines, and a few components of noise cut well too."""
         fixed = self.params.split_min_silhouette
-        if structure >= fixed or self.params.split_reference_draws <= 0:
+        if (structure >= fixed and not rank) or self.params.split_reference_draws <= 0:
             return fixed, None
 
         def score(R: np.ndarray) -> float:
-            S = cosine_similarity_matrix(R)
+            S = cosine_similarity_matrix(principal_scores(R, rank) if rank else R)
             return best_cut_silhouette(S, max_k)[0] if max_k > 2 else split_silhouette(S, *bipartition(S))
 
         reference = reference_score(U, score, draws=self.params.split_reference_draws, seed=self.params.seed)
+        if rank:
+            return (fixed if reference is None else reference), reference
         return structure_threshold(fixed, reference), reference
 
     def cluster_state(self) -> dict[str, Any]:

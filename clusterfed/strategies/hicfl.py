@@ -59,7 +59,7 @@ sends its full update (``return = update``); the server aggregates per cluster. 
 
    Children start from the parent's model; their members' stability windows and weight
    selections restart, so children split again later (hierarchy). Over-splitting of pure
-   groups is repaired by merging (``merge``, see ``bipartitioning.py``).
+   groups is repaired by merging (``merge``, see ``leaf_merging.py``).
 5. **Stop rule** (only with the structure test off): a cluster whose updates agree stops
    splitting — the heterogeneity half of CFL's criteria (``split-criteria``; relative:
    ``max_c ||Δ_c|| > rel-eps2 · ||Σ n_c/N Δ_c||``, absolute: ``> eps2``) must hold in the
@@ -98,28 +98,17 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.clustering.bipartition import SplitDecision, bipartition
-from clusterfed.clustering.null_reference import reference_score
-from clusterfed.clustering.sketch import Sketch, in_sketch_space, split_budget
-from clusterfed.clustering.split_rules import (
-    layer_scale,
-    pick_best,
-    ready_layers,
-    relative_stability,
-    sides_silhouette,
-)
-from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix, separation_gap
-from clusterfed.clustering.stability import StabilityTracker, centred_updates, reference_split
+from clusterfed.clustering.bipartition import SplitDecision
+from clusterfed.clustering.sketch import in_sketch_space
+from clusterfed.clustering.split_rules import pick_best, ready_layers
+from clusterfed.clustering.split_scores import separation_gap
+from clusterfed.clustering.stability import StabilityTracker
 from clusterfed.strategies.base import StrategyParamsError
-from clusterfed.strategies.bipartitioning import (
-    BiPartitioning,
-    BiPartitioningParams,
-    BiPartitioningState,
-    cosine,
-    decision_record,
-    flatten,
-)
+from clusterfed.strategies.bipartitioning import BiPartitioning, BiPartitioningParams, BiPartitioningState
 from clusterfed.strategies.exchange import Diagnostics, SplitCompared, TrainReply
+from clusterfed.strategies.hicfl_proposals import LayerProposals
+from clusterfed.strategies.hicfl_stability import StabilityWindows
+from clusterfed.strategies.update_vectors import decision_record, similarity_record
 
 # A ξ-selection keeping fewer than this share of a layer's weights falls back to the whole
 # layer (choice beyond the paper; no config key yet): measured on digits (rotation, seed 0)
@@ -181,9 +170,10 @@ class HiCFLState(BiPartitioningState):
     no_split: list[dict[str, Any]] = field(default_factory=list)  # ready clusters that did not split, and why
     windows_filled: bool = False  # whether any cluster ever had every stability window full
     samples: dict[str, dict[str, Any]] = field(default_factory=dict)  # update-storage = sketch: layer -> its sample
+    last_timing: dict[str, Any] | None = None  # the last judged cluster's layer nearest ε, for the reason
 
 
-class HiCFL(BiPartitioning):
+class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
     """HiCFL: splits timed by per-layer model stability."""
 
     name = "hicfl"
@@ -234,94 +224,9 @@ class HiCFL(BiPartitioning):
         return self.params.min_silhouette > -1
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
-        if self.compact_storage() and not self.samples:
-            # update-storage = sketch: every rule reads the same seeded sample of each layer's weights
-            kept = split_budget(self.layer_sizes, self.params.sketch_dim)
-            self.samples = {layer: Sketch("sample", size, kept[layer], self.params.seed).spec
-                            for layer, size in self.layer_sizes.items() if kept[layer] < size}
-        sampled = {layer: Sketch.from_spec(spec) for layer, spec in self.samples.items()}
-        for reply in replies:
-            update = reply.update
-            for layer, keys in self.layer_keys.items():
-                vector = flatten(update, keys, dtype=None)  # kept as sent
-                self.tracker.add(reply.key, layer, sampled[layer](vector) if layer in sampled else vector)
+        self.track(replies)
         # stability before a split restarts the windows, so figures show the trigger; no_split: [] when none
-        diagnostics = {**self.record_stability(), "no_split": []}
-        diagnostics.update(super().after_train(server_round, replies))
-        return diagnostics
-
-    def record_stability(self) -> Diagnostics:
-        placed = self.placed()
-        diagnostics: Diagnostics = {"stability_eps": self.epsilon}
-        if self.epsilon is None:
-            diagnostics["stability_eps_rel"] = self.eps_rel
-            diagnostics["stability_scales"] = {str(c): dict(v) for c, v in self.scales.items()}
-        diagnostics["stability"] = {k: {layer: self.tracker.windowed(k, layer) for layer in self.layers}
-                                    for k in placed}
-        kept_by_layer, kept_total, size_total = {}, 0.0, 0
-        for layer in self.layers:
-            fractions = [f for k in placed if (f := self.tracker.kept_fraction(k, layer)) is not None]
-            kept_by_layer[layer] = float(np.mean(fractions)) if fractions else None
-            if fractions:
-                kept_total += float(np.sum(fractions)) * self.layer_sizes[layer]
-                size_total += len(fractions) * self.layer_sizes[layer]
-        diagnostics["weights_kept"] = kept_by_layer
-        diagnostics["weights_kept_total"] = kept_total / size_total if size_total else None
-        return diagnostics
-
-    def stability_against_eps(self, cluster: int, members: list[str]) -> tuple[dict[str, dict | None], float]:
-        """Per layer, the members' windowed stability in the unit ε is given in (absolute, or
-        relative to the layer's scale, fixed at the cluster's first full window), and ε."""
-        windowed = {layer: {k: self.tracker.windowed(k, layer) for k in members} for layer in self.layers}
-        if members and all(v is not None for w in windowed.values() for v in w.values()):
-            self.windows_filled = True
-        if self.epsilon is not None:
-            return {layer: (None if any(v is None for v in w.values()) else w)
-                    for layer, w in windowed.items()}, self.epsilon
-        scales = self.scales.setdefault(cluster, {})
-        out = {}
-        for layer, w in windowed.items():
-            if layer not in scales and (scale := layer_scale(w)) is not None:
-                scales[layer] = scale
-            out[layer] = relative_stability(w, scales.get(layer))
-        return out, self.eps_rel
-
-    def propose(self, layer: str, members: list[str]) -> dict[str, Any] | None:
-        """The bi-partition of ``members`` on ``layer`` by the configured rule (``hicfl-split``)
-        and its structure score, or None when the reference rule puts everyone on one side."""
-        raw = {k: self.tracker.last_update(k, layer) for k in members}
-        U = np.stack([raw[k] for k in members])
-        S = cosine_similarity_matrix(U)  # raw: comparable with CFL's
-        stability = {k: float(self.tracker.windowed(k, layer)) for k in members}
-        if self.params.split == "linkage":
-            side_a, side_b = bipartition(S)
-            if min(len(side_a), len(side_b)) < self.params.min_side:
-                return None  # one outlier client is not a group (hicfl-min-side)
-            keys_a, keys_b = [members[i] for i in side_a], [members[i] for i in side_b]
-            max_k = self.params.split_silhouette_max_k
-            score = float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(U, side_a, side_b)
-            route = {"rule": "nearest-mean", "names": self.layer_keys[layer],
-                     "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)], "centre": None,
-                     **self.sample_of(layer)}
-            return {"layer": layer, "keys": (keys_a, keys_b), "score": score, "S": S, "stability": stability,
-                    "route": route, "record": {"rule": "linkage"}}
-        weights = {k: self.clients[k].num_examples for k in members}
-        updates = centred_updates(raw, weights) if self.centre_updates else raw
-        sides = reference_split(updates, stability)
-        if sides is None:
-            return None
-        keys_a, keys_b = sides
-        position = {k: i for i, k in enumerate(members)}
-        reference = min(members, key=lambda k: stability[k])  # reference_split's argmin (first on ties)
-        score = sides_silhouette(U, [position[k] for k in keys_a], [position[k] for k in keys_b])
-        route = {"rule": "reference", "names": self.layer_keys[layer], "directions": [updates[reference]],
-                 "centre": raw[reference] - updates[reference] if self.centre_updates else None,
-                 **self.sample_of(layer)}
-        record = {"rule": "reference", "reference": reference, "centred": self.centre_updates,
-                  "centred_similarity_to_reference": {k: round(cosine(updates[reference], updates[k]), 4)
-                                                      for k in members}}
-        return {"layer": layer, "keys": sides, "score": score, "S": S, "stability": stability, "route": route,
-                "record": record}
+        return {**self.record_stability(), "no_split": [], **super().after_train(server_round, replies)}
 
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
                        decision: SplitDecision) -> Diagnostics | None:
@@ -338,6 +243,7 @@ class HiCFL(BiPartitioning):
         values, threshold = self.stability_against_eps(cluster, present)
         if not self.may_split(server_round, cluster, replies):
             return
+        self.note_timing(server_round, cluster, values, threshold)
         ready = ready_layers(values, threshold, self.params.timing)
         if not ready:
             return
@@ -372,7 +278,7 @@ class HiCFL(BiPartitioning):
             "criterion": decision_record(decision),
             "gap": separation_gap(S, [position[k] for k in keys_a], [position[k] for k in keys_b]),
             "layers": self.layer_keys[choice.layer],
-            "similarity": self.similarity_record(present, S),
+            "similarity": similarity_record(present, S),
         }
         route = {**chosen["route"], "model": replies[0].sent}
         # repliers whose windows were not full: the side this round's update points to (as
@@ -390,37 +296,6 @@ class HiCFL(BiPartitioning):
                                    list(keys_b) + fresh[1] + extra_b, record, route, SplitCompared(present, S))
         self.tracker.reset(members)  # children: windows and weight selection restart
         return {"splits": [summary]}
-
-    def small_side_reference(self, proposal: dict[str, Any], members: list[str]) -> float | None:
-        """The best-cut silhouette a linkage split leaving a side of fewer than
-        ``min-split-size`` members must beat: the largest over ``small-side-reference-draws``
-        rotation-test draws of the members' updates of the proposal's layer
-        (``null_reference``, exact for Gaussian noise of any covariance). None when both
-        sides are larger, when a side is one client (``min-side`` = 1 allows such outliers), for
-        the reference rule, or with draws = 0. Noise split into small
-        sides reaches the fixed ``min-silhouette`` easily (a 2 | 2 cut of 4 noisy updates
-        scores about 0.5); the rotations score what such noise reaches. Only small sides are
-        tested: where one direction dominates the updates (two clear groups) the rotations
-        keep it and score as high as the real cut."""
-        draws = self.params.small_side_reference_draws
-        smallest = min(len(side) for side in proposal["keys"])
-        # a one-member side is an outlier that min-side = 1 asked for; the rotations spread
-        # one outlier's deviation over every row and score higher than it, so they cannot judge it
-        if draws <= 0 or self.params.split != "linkage" or smallest >= self.params.min_split_size or smallest < 2:
-            return None
-        layer = proposal["layer"]
-        U = np.stack([self.tracker.last_update(k, layer) for k in members]).astype(np.float64)
-        max_k = self.params.split_silhouette_max_k
-
-        def score(R: np.ndarray) -> float:
-            S = cosine_similarity_matrix(R)
-            return float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(R, *bipartition(S))
-
-        return reference_score(U, score, draws=draws, seed=self.params.seed, method="rotation")
-
-    def sample_of(self, layer: str) -> dict[str, Any]:
-        """A route's ``sketch`` entry: the layer's sample when the split was decided on one."""
-        return {"sketch": self.samples[layer]} if layer in self.samples else {}
 
     @staticmethod
     def side_of(vector: np.ndarray, route: dict[str, Any]) -> int:
@@ -446,20 +321,53 @@ class HiCFL(BiPartitioning):
         self.no_split.append(entry)
         return {"no_split": [{"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra}]}
 
-    def after_merge(self, cluster: int, keys: list[str]) -> None:
-        self.tracker.reset(keys)  # as after a split: the merged cluster's windows restart
-
-    def entered(self, cluster: int, keys: list[str]) -> None:
-        self.tracker.reset(keys)  # a provisional member placed elsewhere: its windows restart
-
     def refusal_codes(self) -> list[str]:
         return [n["code"] for n in self.no_split]
 
     def one_cluster_reason(self) -> str | None:
         reason = super().one_cluster_reason()
         if reason is not None and self.split_allowed and not self.splits and not self.no_split and not self.windows_filled:
-            return self.one_cluster_reasons["window"]
+            return f"{self.one_cluster_reasons['window']}; window {self.params.window}"
         return reason
+
+    def note_timing(self, server_round: int, cluster: int, values: dict[str, dict | None], eps: float) -> None:
+        """Keep the layer whose stability (every member's largest or the median, ``timing``) came nearest ε."""
+        statistic = np.max if self.params.timing == "all" else np.median
+        judged = {layer: float(statistic(list(v.values()))) for layer, v in values.items() if v}
+        if judged:
+            layer = min(judged, key=judged.get)
+            self.last_timing = {"round": server_round, "cluster": cluster, "layer": layer, "value": judged[layer],
+                                "eps": eps}
+
+    def timing_numbers(self) -> str | None:
+        t = self.last_timing
+        if not t:
+            return None
+        unit = "" if self.epsilon is not None else " (relative to the layer's scale)"
+        return (f"round {t['round']}: nearest layer {t['layer']}, {self.params.timing} member's stability "
+                f"{t['value']:.3f} >= ε {t['eps']:.3f}{unit}")
+
+    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
+        score = (split.get("silhouettes") or {}).get(split.get("layer"))
+        return None if score is None else (f"{split['layer']} silhouette", score, self.params.min_silhouette)
+
+    def refusal_numbers(self) -> str | None:
+        """The refusal of the most frequent reason closest to passing, with its numbers."""
+        codes = self.refusal_codes()
+        if not codes:
+            return None
+        top = max(set(codes), key=codes.count)
+        entries = [n for n in self.no_split if n["code"] == top]
+        if top == "silhouette":
+            n = max(entries, key=lambda n: max(n["silhouettes"].values()))
+            return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: best layer silhouette "
+                    f"{max(n['silhouettes'].values()):.3f} < min-silhouette {self.params.min_silhouette}")
+        if top == "reference":
+            n = max(entries, key=lambda n: max(n["silhouettes"].values()) - n["reference_silhouette"])
+            return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: silhouette "
+                    f"{max(n['silhouettes'].values()):.3f} <= group-free rotations {n['reference_silhouette']:.3f}")
+        n = entries[-1]
+        return f"last refusal: round {n['round']}, cluster {n['cluster']}, layer {n['layer']}"
 
     def thresholds(self) -> dict[str, Any]:
         c = self.params

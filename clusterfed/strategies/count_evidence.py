@@ -1,0 +1,99 @@
+"""What the bi-partitioning strategies (CFL, LayerCFL, HiCFL) say about their final number of
+clusters, without true groups: ``one_cluster_reason`` (why a run ended as FedAvg, with the
+numbers behind it: the closest refused split against its threshold, or the split criteria
+against theirs) and ``cluster_count_basis`` (the splits accepted with their scores against
+the thresholds, the merges made and the closest pair of leaves a merge refused)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from clusterfed.clustering.split_rules import one_cluster_reason
+
+SHOWN_SPLITS = 2  # the splits a basis names: those closest to their threshold
+
+
+class CountEvidence:
+    """The reasons of ``BiPartitioning`` (reads its splits, merges, refusals and params)."""
+
+    def refusal_codes(self) -> list[str]:
+        """The reason code of every refused split attempt (``one_cluster_reasons``)."""
+        return []
+
+    def refusal_numbers(self) -> str | None:
+        """The closest refused split against its threshold (CFL, HiCFL say it)."""
+        return None
+
+    def timing_numbers(self) -> str | None:
+        """The timing rule's numbers in its last round against its thresholds: the split
+        criteria of the last cluster judged (HiCFL: its stability)."""
+        last = self.last_criteria
+        if not last:
+            return None
+        c = self.params
+        if last["mode"] == "absolute":
+            return (f"round {last['round']}: mean-update norm {last['mean_norm']:.3g} vs eps1 {c.eps1}, "
+                    f"max norm {last['max_norm']:.3g} vs eps2 {c.eps2}")
+        return (f"round {last['round']}: mean-update norm {last['mean_norm']:.3g} vs rel-eps1 × peak "
+                f"{c.rel_eps1 * last['reference_mean_norm']:.3g}, max norm {last['max_norm']:.3g} vs rel-eps2 × mean "
+                f"{c.rel_eps2 * last['mean_norm']:.3g}")
+
+    def one_cluster_reason(self) -> str | None:
+        """Why the run ended with one cluster, with the numbers behind it (None when it has more)."""
+        if len(set(self.assignment.values())) > 1:
+            return None
+        codes = self.refusal_codes()
+        reason = one_cluster_reason(self.one_cluster_reasons, codes, self.split_allowed, len(self.splits),
+                                    timing=self.timing_code)
+        if self.splits and self.merges:  # merged back: name the last merge's evidence and thresholds
+            return reason + "; " + self.merge_evidence(self.merges[-1])
+        if not self.split_allowed:
+            numbers = (f"min-split-size {self.params.min_split_size}, min-split-round {self.params.min_split_round}, "
+                       f"{len(self.assignment)} clients")
+        else:
+            numbers = self.refusal_numbers() if codes else self.timing_numbers()
+        return f"{reason}; {numbers}" if numbers else reason
+
+    def merge_evidence(self, merge: dict[str, Any]) -> str:
+        """One merge's numbers against the thresholds that allowed it, for the reason."""
+        c = self.params
+        parts = [f"round cosine {merge['cosine']:.3f} >= merge-min-cosine {c.merge_min_cosine}"]
+        if merge.get("drift_cosine") is not None:
+            parts.append(f"drift cosine {merge['drift_cosine']:.3f} >= {c.merge_min_cosine}")
+        if merge.get("silhouette") is not None:
+            parts.append(f"silhouette {merge['silhouette']:.3f} <= merge-max-silhouette {c.merge_max_silhouette}")
+        return f"last merge (round {merge['round']}, clusters {merge['merged'][0]} and {merge['merged'][1]}): " \
+               + ", ".join(parts) + " (merge = false keeps the splits)"
+
+    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
+        """A split's structure score, what it had to reach, and the score's name (subclasses)."""
+        return None
+
+    def merge_refusal(self) -> str:
+        """Why no further pair of leaves merged: ``merge = false``, or the closest pair of the
+        last round (by the cosine of the mean updates) and the test it failed."""
+        c = self.params
+        if not c.merge:
+            return "merge = false"
+        pair = self.merge_refused
+        if not pair:
+            return "no two leaves replied in one round to compare"
+        where = f"the closest pair of leaves (round {pair['round']}, clusters {pair['clusters'][0]} and {pair['clusters'][1]})"
+        if pair["cosine"] < c.merge_min_cosine:
+            return f"{where} had round cosine {pair['cosine']:.3f} < merge-min-cosine {c.merge_min_cosine}"
+        if pair.get("silhouette") is not None and pair["silhouette"] > c.merge_max_silhouette:
+            return f"{where} had silhouette {pair['silhouette']:.3f} > merge-max-silhouette {c.merge_max_silhouette}"
+        drift = pair.get("drift_cosine")
+        return f"{where} had drift cosine {drift:.3f} < {c.merge_min_cosine}" if drift is not None else where
+
+    def cluster_count_basis(self) -> str | None:
+        """The evidence for the final number of clusters (None with one cluster: see the reason)."""
+        leaves = len(set(self.assignment.values()))
+        if leaves <= 1:
+            return None
+        scored = [(s, score) for s in self.splits if (score := self.split_score(s)) is not None]
+        closest = sorted(scored, key=lambda item: item[1][1] - item[1][2])[:SHOWN_SPLITS]
+        shown = "; ".join(f"round {s['round']}, cluster {s['parent']}: {name} {value:.3f} vs {threshold:.3f}"
+                          for s, (name, value, threshold) in closest)
+        splits = f"{len(self.splits)} splits accepted" + (f" (closest to their threshold: {shown})" if shown else "")
+        return f"{splits}, {len(self.merges)} merges; no further merge: {self.merge_refusal()}"

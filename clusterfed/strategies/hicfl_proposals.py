@@ -1,0 +1,86 @@
+"""HiCFL's split proposals (step 4 of ``hicfl.py``): on one layer, a bi-partition of the
+members by the configured rule (``split``: complete linkage of the cosine similarities, or the
+paper's sign of the cosine with the reference member's centred update) with its structure
+score, and the score of group-free rotations of the updates that a split leaving a small side
+must beat (``small-side-reference-draws``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from clusterfed.clustering.bipartition import bipartition
+from clusterfed.clustering.null_reference import reference_score
+from clusterfed.clustering.split_rules import sides_silhouette
+from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
+from clusterfed.clustering.stability import centred_updates, reference_split
+from clusterfed.strategies.update_vectors import cosine
+
+
+class LayerProposals:
+    """The proposals of ``HiCFL`` (reads its tracker, params, clients and layers)."""
+
+    def propose(self, layer: str, members: list[str]) -> dict[str, Any] | None:
+        """The bi-partition of ``members`` on ``layer`` by the configured rule (``hicfl-split``)
+        and its structure score, or None when the reference rule puts everyone on one side."""
+        raw = {k: self.tracker.last_update(k, layer) for k in members}
+        U = np.stack([raw[k] for k in members])
+        S = cosine_similarity_matrix(U)  # raw: comparable with CFL's
+        stability = {k: float(self.tracker.windowed(k, layer)) for k in members}
+        if self.params.split == "linkage":
+            side_a, side_b = bipartition(S)
+            if min(len(side_a), len(side_b)) < self.params.min_side:
+                return None  # one outlier client is not a group (hicfl-min-side)
+            keys_a, keys_b = [members[i] for i in side_a], [members[i] for i in side_b]
+            max_k = self.params.split_silhouette_max_k
+            score = float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(U, side_a, side_b)
+            route = {"rule": "nearest-mean", "names": self.layer_keys[layer],
+                     "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)], "centre": None,
+                     **self.sample_of(layer)}
+            return {"layer": layer, "keys": (keys_a, keys_b), "score": score, "S": S, "stability": stability,
+                    "route": route, "record": {"rule": "linkage"}}
+        weights = {k: self.clients[k].num_examples for k in members}
+        updates = centred_updates(raw, weights) if self.centre_updates else raw
+        sides = reference_split(updates, stability)
+        if sides is None:
+            return None
+        keys_a, keys_b = sides
+        position = {k: i for i, k in enumerate(members)}
+        reference = min(members, key=lambda k: stability[k])  # reference_split's argmin (first on ties)
+        score = sides_silhouette(U, [position[k] for k in keys_a], [position[k] for k in keys_b])
+        route = {"rule": "reference", "names": self.layer_keys[layer], "directions": [updates[reference]],
+                 "centre": raw[reference] - updates[reference] if self.centre_updates else None,
+                 **self.sample_of(layer)}
+        record = {"rule": "reference", "reference": reference, "centred": self.centre_updates,
+                  "centred_similarity_to_reference": {k: round(cosine(updates[reference], updates[k]), 4)
+                                                      for k in members}}
+        return {"layer": layer, "keys": sides, "score": score, "S": S, "stability": stability, "route": route,
+                "record": record}
+
+    def small_side_reference(self, proposal: dict[str, Any], members: list[str]) -> float | None:
+        """The best-cut silhouette a linkage split leaving a side of fewer than
+        ``min-split-size`` members must beat: the largest over ``small-side-reference-draws``
+        rotation-test draws of the members' updates of the proposal's layer
+        (``null_reference``, exact for Gaussian noise of any covariance). None when both
+        sides are larger, when a side is one client (``min-side`` = 1 allows such outliers), for
+        the reference rule, or with draws = 0. Noise split into small
+        sides reaches the fixed ``min-silhouette`` easily (a 2 | 2 cut of 4 noisy updates
+        scores about 0.5); the rotations score what such noise reaches. Only small sides are
+        tested: where one direction dominates the updates (two clear groups) the rotations
+        keep it and score as high as the real cut."""
+        draws = self.params.small_side_reference_draws
+        smallest = min(len(side) for side in proposal["keys"])
+        # a one-member side is an outlier that min-side = 1 asked for; the rotations spread
+        # one outlier's deviation over every row and score higher than it, so they cannot judge it
+        if draws <= 0 or self.params.split != "linkage" or smallest >= self.params.min_split_size or smallest < 2:
+            return None
+        layer = proposal["layer"]
+        U = np.stack([self.tracker.last_update(k, layer) for k in members]).astype(np.float64)
+        max_k = self.params.split_silhouette_max_k
+
+        def score(R: np.ndarray) -> float:
+            S = cosine_similarity_matrix(R)
+            return float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(R, *bipartition(S))
+
+        return reference_score(U, score, draws=draws, seed=self.params.seed, method="rotation")

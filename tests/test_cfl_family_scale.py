@@ -1,0 +1,141 @@
+"""The CFL family with many small clients: principal-component similarities where raw cosines
+of noisy updates show no groups, and what a run says about its cluster count
+(``cluster_count_basis``, ``over_split_reason``, the numbers behind ``one_cluster_reason``)."""
+
+import io
+import json
+
+import numpy as np
+from sklearn.metrics import adjusted_rand_score
+from test_cfl import make_strategy, run_round
+from test_hicfl import UNIT, two_opposite_groups
+
+from clusterfed.clustering.bipartition import bipartition
+from clusterfed.config import parse_config
+from clusterfed.strategies.base import steps
+from clusterfed.strategies.exchange import ClientInfo, TrainReply
+from clusterfed.clustering.principal_scores import principal_scores
+from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
+from clusterfed.results import RunRecorder, over_split_reason
+from clusterfed.strategies.cfl import CFL
+from clusterfed.strategies.hicfl import HiCFL
+
+
+def noisy_groups(m, d, strength, seed=0, groups=2):
+    """m updates of dimension d: ± ``strength`` along one direction per group pair, plus unit noise
+    per coordinate (a small client's update: the group's pull is far below its batch noise)."""
+    rng = np.random.default_rng(seed)
+    labels = np.arange(m) % groups
+    means = rng.standard_normal((groups, d))
+    means *= strength / np.linalg.norm(means, axis=1, keepdims=True)
+    return labels, means[labels] + rng.standard_normal((m, d))
+
+
+def test_principal_scores_separate_groups_that_raw_cosines_do_not():
+    labels, U = noisy_groups(400, 2000, 7.0, groups=4)
+    raw = cosine_similarity_matrix(U)
+    assert best_cut_silhouette(raw, 6)[0] < 0.05  # raw cosines of noisy updates: no structure
+    scores = principal_scores(U, 5)
+    assert scores.shape == (400, 5)
+    projected = cosine_similarity_matrix(scores)
+    assert best_cut_silhouette(projected, 6)[0] > 0.4
+    side_a, side_b = bipartition(projected)
+    for side in (side_a, side_b):  # every group on one side
+        assert all(np.sum(labels[side] == g) in (0, 100) for g in range(4))
+
+
+def test_principal_scores_keep_pairwise_geometry_of_a_low_rank_set():
+    rng = np.random.default_rng(1)
+    U = rng.standard_normal((30, 3)) @ rng.standard_normal((3, 50))
+    scores = principal_scores(U, 5)  # rank 3 after centring: zero-variance components dropped
+    assert scores.shape == (30, 3)
+    centred = U - U.mean(axis=0)
+    assert np.allclose(scores @ scores.T, centred @ centred.T)
+
+
+WIDE = {"fc1.weight": (10, 200), "fc1.bias": (10,)}  # a one-layer "model" of 2,010 numbers
+WIDE_DIM = 2010
+
+
+def wide_arrays(vector):
+    return {"fc1.weight": vector[:2000].reshape(10, 200).astype(np.float32),
+            "fc1.bias": vector[2000:].astype(np.float32)}
+
+
+def wide_cfl(labels, **config):
+    """CFL on the wide model with one client per label, admitted to the root (no Grid)."""
+    values = {"num-clients": len(labels), "out-dir": "/tmp/unused", "strategy": "cfl", "split-criteria": "absolute",
+              "eps1": 1e6, "eps2": 1e-6, "min-split-round": 1, **config}
+    strategy = parse_config(values).build_strategy()
+    strategy.train_config = {"lr": 0.05}
+    strategy.init(wide_arrays(np.zeros(WIDE_DIM)))
+    for i, group in enumerate(labels):
+        strategy.clients[str(i)] = ClientInfo(str(i), 50, int(group))
+    strategy.active = [str(i) for i in range(len(labels))]
+    list(steps(strategy.admit(1, strategy.active)))
+    return strategy
+
+
+def wide_round(strategy, server_round, U):
+    strategy.round_extra = {}
+    replies = [TrainReply(key=str(i), cluster=strategy.assignment[str(i)], arrays=wide_arrays(u),
+                          sent=strategy.models[strategy.assignment[str(i)]], num_examples=50, train_loss=0.0,
+                          metrics={}, is_update=True) for i, u in enumerate(U)]
+    strategy.after_train(server_round, replies)
+
+
+def test_cfl_splits_many_noisy_clients_on_principal_components_and_the_paper_does_not():
+    labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
+    found = {}
+    for rank in ("auto", 0):
+        strategy = wide_cfl(labels, **{"similarity-rank": rank, "merge": False})
+        wide_round(strategy, 1, U)
+        found[rank] = strategy
+    auto, paper = found["auto"], found[0]
+    assert len(auto.splits) == 1 and auto.splits[0]["similarity_rank"] == 5
+    assert auto.splits[0]["required_silhouette"] == auto.splits[0]["reference_silhouette"]  # beat group-free updates
+    assert adjusted_rand_score(labels, [auto.assignment[str(i)] for i in range(200)]) >= 0.9
+    assert paper.splits == [] and paper.refused[0]["similarity_rank"] == 0  # raw cosines: no structure
+    reason = paper.one_cluster_reason()
+    assert "closest refusal: round 1, cluster 0 (200 repliers): best-cut silhouette" in reason and "< required" in reason
+
+
+def test_the_basis_names_the_splits_and_the_refused_merge_and_the_recorder_writes_the_over_split(tmp_path):
+    labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
+    strategy = wide_cfl(labels, **{"similarity-rank": "auto", "merge-min-cosine": 0.99})
+    wide_round(strategy, 1, U)
+    wide_round(strategy, 2, U)  # both sides reply: the merge is judged and refused
+    basis = strategy.cluster_count_basis()
+    assert basis.startswith("1 splits accepted (closest to their threshold: round 1, cluster 0: best-cut silhouette")
+    assert "0 merges; no further merge: the closest pair of leaves (round 2, clusters 1 and 2) had round cosine" in basis
+    assert "< merge-min-cosine 0.99" in basis
+    clusters = strategy.final_clusters()
+    assert clusters["cluster_count_basis"] == basis
+    keys = [str(i) for i in range(200)]
+    one_group, groups = {k: 0 for k in keys}, {k: int(g) for k, g in zip(keys, labels)}
+    assert over_split_reason({"final_ari": 0.0}, clusters, one_group) == f"2 clusters for 1 true groups: {basis}"
+    assert over_split_reason({"final_ari": 0.98}, clusters, groups) is None  # as many clusters as groups
+    assert over_split_reason({"final_ari": 0.95}, clusters, one_group) is None  # ARI high enough
+    stream = io.StringIO()
+    recorder = RunRecorder(tmp_path, {"strategy": "cfl"}, stream=stream)
+    recorder.true_groups.update(one_group)
+    recorder.rounds.append({"round": 1, "accuracy": 0.5, "ari": 0.0, "num_clusters": 2})
+    summary = recorder.finish(1.0, clusters)
+    assert json.loads((tmp_path / "summary.json").read_text())["over_split_reason"] == summary["over_split_reason"]
+    assert summary["over_split_reason"].startswith("2 clusters for 1 true groups: 1 splits accepted")
+    assert f"over-split: {summary['over_split_reason']}" in stream.getvalue()
+
+
+def test_one_cluster_reasons_give_their_numbers():
+    labels, U = noisy_groups(12, WIDE_DIM, 0.0, seed=4)
+    strategy = wide_cfl(labels, **{"split-criteria": "relative"})
+    for server_round in (1, 2, 3):  # growing updates: never near-stationary
+        wide_round(strategy, server_round, U * (1 + server_round))
+    reason = strategy.one_cluster_reason()
+    assert "criteria never met" in reason and "round 3: mean-update norm" in reason and "vs rel-eps1 × peak" in reason
+    groups, updates = two_opposite_groups(0, oscillate_until=100)  # stability never settles
+    hicfl = make_strategy(HiCFL, groups, **UNIT)
+    for server_round in range(1, 13):
+        run_round(hicfl, server_round, updates(server_round))
+    reason = hicfl.one_cluster_reason()
+    assert "stability" in reason and "round 12: nearest layer" in reason and ">= ε" in reason
