@@ -242,8 +242,11 @@ RESCALED = {
     "scale-adacfl": "AdaCFL after its clusters merge across the entropy pre-clusters while within λ and auto λ "
                     "takes the fewest clusters within `auto-tolerance` of the best silhouette "
                     "([algorithms/adacfl.md](algorithms/adacfl.md))",
-    "scale-cfl-family": "CFL, LayerCFL and HiCFL after `similarity-rank` (a split must beat group-free updates "
-                        "on the principal components of the updates; see [algorithms/cfl.md](algorithms/cfl.md))",
+    "scale-cfl-family": "CFL, LayerCFL and HiCFL at one commit, with their defaults (folders ending `-defaults` "
+                        "and `-hicfl`) and with the opt-in `similarity-rank = auto` (the others: cosines on the "
+                        "updates' leading principal components, a split must beat group-free updates; see "
+                        "[algorithms/cfl.md](algorithms/cfl.md)); each folder's `reasons.json` holds every run's "
+                        "`one_cluster_reason` / `over_split_reason`",
 }
 
 
@@ -255,8 +258,8 @@ def rescaled_section() -> list[str]:
         if not grids:
             continue
         out += [f"## Re-run: {what}", "",
-                "The same settings and seeds as the grids above (each folder's `manifest.json` has its commit); "
-                "the rows of these strategies above were made before the change.", ""]
+                "The same settings as the grids above (each folder's `manifest.json` has its commit and seeds); "
+                "the rows of these strategies above were made at an earlier commit.", ""]
         for name, rows in grids.items():
             out += scale_table(f"### {folder}: {name}", RESULTS / folder / name / "comparison.csv", rows)
     return out

@@ -77,7 +77,6 @@ def wide_cfl(labels, **config):
 
 
 def wide_round(strategy, server_round, U):
-    strategy.round_extra = {}
     replies = [TrainReply(key=str(i), cluster=strategy.assignment[str(i)], arrays=wide_arrays(u),
                           sent=strategy.models[strategy.assignment[str(i)]], num_examples=50, train_loss=0.0,
                           metrics={}, is_update=True) for i, u in enumerate(U)]
