@@ -119,9 +119,7 @@ def main(argv: list[str]) -> int:
         "clusters.json. 'before': AdaCFL's row in benchmarks/results/scale (the union of the pre-clusters' "
         "cuts, the best-silhouette λ). Oracle and FedAvg come from benchmarks/results/scale where this folder "
         "did not run them (the same settings and seeds).", ""]))
-    (root / "summary.md").write_text(text)
-    (root / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-    print(text)
+    selection_guard_summary.write_summary(root, text, summary)
     return 0
 
 

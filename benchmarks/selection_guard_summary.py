@@ -81,11 +81,15 @@ def main(argv: list[str]) -> int:
     summary = {folder.name: grid_summary(folder) for folder in folders}
     for name, grid in summary.items():
         lines += grid_table(name, grid)
-    text = "\n".join(lines)
+    write_summary(root, "\n".join(lines), summary)
+    return 0
+
+
+def write_summary(root: Path, text: str, summary: dict) -> None:
+    """``root``'s summary.md (``text``, also printed) and summary.json (``summary``)."""
     (root / "summary.md").write_text(text)
     (root / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(text)
-    return 0
 
 
 if __name__ == "__main__":
