@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from clusterfed.clustering.split_scores import as_positions, as_similarity, cosine_similarity_matrix
+from clusterfed.clustering.split_scores import as_similarity, cosine_similarity_matrix, disjoint_sides
 
 GAMMA_ESTIMATORS = ("nearest_peer", "side_mean")
 
@@ -85,12 +85,7 @@ def estimate_gammas(
     if U.ndim != 2:
         raise ValueError(f"expected an (m, d) matrix of updates, got shape {U.shape}")
     m = U.shape[0]
-    a = as_positions(side_a, m, "side_a")
-    b = as_positions(side_b, m, "side_b")
-    if a.size == 0 or b.size == 0:
-        raise ValueError("the check needs two non-empty sides")
-    if np.intersect1d(a, b).size:
-        raise ValueError("the two sides share a position")
+    a, b = disjoint_sides(side_a, side_b, m, "the check")
     S = cosine_similarity_matrix(U) if similarity is None else as_similarity(similarity)
 
     gammas = np.full(m, np.nan)

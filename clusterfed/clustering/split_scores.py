@@ -60,6 +60,19 @@ def as_positions(positions: Sequence[int] | np.ndarray, m: int, name: str) -> np
     return pos
 
 
+def disjoint_sides(side_a: Sequence[int] | np.ndarray, side_b: Sequence[int] | np.ndarray, m: int,
+                   needs: str) -> tuple[np.ndarray, np.ndarray]:
+    """The two sides as position arrays; ValueError, naming what ``needs`` them, unless both
+    are non-empty and share no position (they need not cover ``range(m)``)."""
+    a = as_positions(side_a, m, "side_a")
+    b = as_positions(side_b, m, "side_b")
+    if a.size == 0 or b.size == 0:
+        raise ValueError(f"{needs} needs two non-empty sides")
+    if np.intersect1d(a, b).size:
+        raise ValueError("the two sides share a position")
+    return a, b
+
+
 def cosine_distances(S: np.ndarray) -> np.ndarray:
     D = 1.0 - (S + S.T) / 2.0  # symmetrise against round-off
     np.fill_diagonal(D, 0.0)
@@ -96,12 +109,7 @@ def separation_gap(
     """
     S = as_similarity(S)
     m = S.shape[0]
-    a = as_positions(side_a, m, "side_a")
-    b = as_positions(side_b, m, "side_b")
-    if a.size == 0 or b.size == 0:
-        raise ValueError("separation gap needs two non-empty sides")
-    if np.intersect1d(a, b).size:
-        raise ValueError("the two sides share a position")
+    a, b = disjoint_sides(side_a, side_b, m, "separation gap")
     intra_min = 1.0
     for side in (a, b):
         if side.size > 1:

@@ -14,6 +14,20 @@ DEFAULT_LABEL_GROUPS = "0-3;3-6;4-9;0-9"
 _MAX_TRIES = 100
 
 
+
+def split_among_holders(labels: np.ndarray, holds, num_classes: int, rng: np.random.Generator) -> list[list[np.ndarray]]:
+    """Each label's example indices, shuffled and split evenly among the holders that want
+    it (``holds[h]``: the labels holder h wants); per holder, its shares in label order."""
+    shares_of: list[list[np.ndarray]] = [[] for _ in holds]
+    for label in range(num_classes):
+        holders = [h for h, wanted in enumerate(holds) if label in wanted]
+        if not holders:
+            continue
+        shares = np.array_split(rng.permutation(np.flatnonzero(labels == label)), len(holders))
+        for h, share in zip(holders, shares):
+            shares_of[h].append(share)
+    return shares_of
+
 def dirichlet(labels, num_classes, num_clients, beta, min_samples, rng):
     """Classic LDA split (NIID-Bench): per class, client shares ~ Dir(beta).
 
@@ -64,14 +78,7 @@ def label_skew(labels, num_classes, num_clients, k, rng):
         first = i % num_classes
         others = rng.permutation(np.delete(np.arange(num_classes), first))[: k - 1]
         holds.append([first, *others.tolist()])
-    idxs: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
-    for label in range(num_classes):
-        holders = [i for i, h in enumerate(holds) if label in h]
-        if not holders:
-            continue
-        shares = np.array_split(rng.permutation(np.flatnonzero(labels == label)), len(holders))
-        for i, share in zip(holders, shares):
-            idxs[i].append(share)
+    idxs = split_among_holders(labels, holds, num_classes, rng)
     sets = [tuple(sorted(h)) for h in holds]
     group_ids, groups = _renumber(sets)
     return [Draft(np.concatenate(p), g) for p, g in zip(idxs, groups)], len(group_ids)
@@ -186,14 +193,7 @@ def label_groups(labels, num_classes, num_clients, spec, min_samples, rng):
     each plus a Dir(1) split of the rest, so no rejection loop is needed)."""
     wanted = parse_label_groups(spec, num_classes)
     num_groups = len(wanted)
-    group_pools: list[list[np.ndarray]] = [[] for _ in range(num_groups)]
-    for label in range(num_classes):
-        holders = [g for g, members in enumerate(wanted) if label in members]
-        if not holders:
-            continue
-        shares = np.array_split(rng.permutation(np.flatnonzero(labels == label)), len(holders))
-        for g, share in zip(holders, shares):
-            group_pools[g].append(share)
+    group_pools = split_among_holders(labels, wanted, num_classes, rng)
     groups = np.arange(num_clients) % num_groups
     drafts: list[Draft | None] = [None] * num_clients
     for g in range(num_groups):
