@@ -15,7 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-KEYS = ("final_ari", "num_clusters", "final_accuracy", "one_cluster_reason", "over_split_reason")
+KEYS = ("final_ari", "num_clusters", "final_accuracy", "one_cluster_reason", "over_split_reason",
+        "under_split_reason", "mixed_clusters_reason")
 
 
 def reasons(grid: Path) -> dict[str, dict[str, dict]]:

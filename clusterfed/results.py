@@ -253,8 +253,8 @@ class RunRecorder:
         summary["config"] = self.config
         if clusters and clusters.get("one_cluster_reason"):  # a clustered strategy that ended as FedAvg: say why
             summary["one_cluster_reason"] = clusters["one_cluster_reason"]
-        if clusters and (reason := over_split_reason(summary, clusters, self.true_groups)):
-            summary["over_split_reason"] = reason
+        if clusters and (miss := cluster_miss_reason(summary, clusters, self.true_groups)):
+            summary[miss[0]] = miss[1]
         if clusters and clusters.get("privacy"):  # differential privacy: the run's ε at δ (clusterfed.privacy)
             summary["epsilon"], summary["delta"] = clusters["privacy"]["epsilon"], clusters["privacy"]["delta"]
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -268,16 +268,36 @@ class RunRecorder:
         return summary
 
 
-OVER_SPLIT_ARI = 0.9  # below this ARI, more clusters than true groups is an over-split to account for
+OVER_SPLIT_ARI = 0.9  # below this ARI, a clustered run's final clustering is a miss to account for
+
+# summary.json key for each way a run with more than one cluster can miss its true groups
+# (one cluster has its own ``one_cluster_reason``)
+MISS_KEYS = ("over_split_reason", "under_split_reason", "mixed_clusters_reason")
+
+
+def cluster_miss_reason(summary: dict[str, Any], clusters: dict[str, Any],
+                        true_groups: dict[str, int]) -> tuple[str, str] | None:
+    """(key, sentence) for a run whose final ARI is under OVER_SPLIT_ARI with more than one cluster:
+    ``over_split_reason`` for more clusters than true groups, ``under_split_reason`` for fewer,
+    ``mixed_clusters_reason`` for as many but with members mixed; the sentence quotes the
+    strategy's ``cluster_count_basis``. None when the run is no miss or the strategy says nothing."""
+    groups = {true_groups[k] for k in clusters.get("assignment") or {} if k in true_groups}
+    found, ari = len(set((clusters.get("assignment") or {}).values())), summary.get("final_ari")
+    if not clusters.get("cluster_count_basis") or not groups or found <= 1 or ari is None or ari >= OVER_SPLIT_ARI:
+        return None
+    basis = clusters["cluster_count_basis"]
+    if found > len(groups):
+        return "over_split_reason", f"{found} clusters for {len(groups)} true groups: {basis}"
+    if found < len(groups):
+        return "under_split_reason", f"{found} clusters for {len(groups)} true groups: {basis}"
+    return "mixed_clusters_reason", (f"{found} clusters for {len(groups)} true groups, but their members mix "
+                                     f"the groups (ARI {ari:.2f}): {basis}")
 
 
 def over_split_reason(summary: dict[str, Any], clusters: dict[str, Any], true_groups: dict[str, int]) -> str | None:
     """"N clusters for M true groups: <cluster_count_basis>" for more clusters than groups and ARI < OVER_SPLIT_ARI."""
-    groups = {true_groups[k] for k in clusters.get("assignment") or {} if k in true_groups}
-    found, ari = len(set((clusters.get("assignment") or {}).values())), summary.get("final_ari")
-    if not clusters.get("cluster_count_basis") or found <= len(groups) or ari is None or ari >= OVER_SPLIT_ARI:
-        return None
-    return f"{found} clusters for {len(groups)} true groups: {clusters['cluster_count_basis']}"
+    miss = cluster_miss_reason(summary, clusters, true_groups)
+    return miss[1] if miss and miss[0] == "over_split_reason" else None
 
 
 def with_true_groups(clusters: dict[str, Any], true_groups: dict[str, int]) -> dict[str, Any]:
@@ -373,7 +393,8 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
             f"{_fmt(s['final_ari'], '5.2f')} {_fmt(s['num_clusters'], '8d')} {_fmt(s['rounds_to_target'], '8d')} "
             f"{_fmt(s['mb_to_target'], '8.2f')} {_fmt(s['total_mb'], '9.2f')} {_fmt(s.get('wall_seconds'), '7.1f')}"
         )
-        for key, label in (("one_cluster_reason", "one cluster"), ("over_split_reason", "over-split")):
+        for key, label in (("one_cluster_reason", "one cluster"), ("over_split_reason", "over-split"),
+                           ("under_split_reason", "under-split"), ("mixed_clusters_reason", "mixed clusters")):
             if s.get(key):
                 lines.append(f"{'':<12} {label}: {s[key]}")
     return "\n".join(lines)

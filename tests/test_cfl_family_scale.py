@@ -16,7 +16,7 @@ from clusterfed.strategies.base import steps
 from clusterfed.strategies.exchange import ClientInfo, TrainReply
 from clusterfed.clustering.principal_scores import principal_scores
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
-from clusterfed.results import RunRecorder, over_split_reason
+from clusterfed.results import RunRecorder, cluster_miss_reason, over_split_reason
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
 
@@ -125,6 +125,23 @@ def test_the_basis_names_the_splits_and_the_refused_merge_and_the_recorder_write
     assert f"over-split: {summary['over_split_reason']}" in stream.getvalue()
 
 
+def test_every_miss_with_several_clusters_is_named_fewer_and_mixed_as_well_as_more():
+    basis = "1 splits accepted (closest to their threshold: round 1, cluster 0: best-cut silhouette 0.31 vs 0.30)"
+    clusters = {"assignment": {"a": 0, "b": 0, "c": 1, "d": 1}, "cluster_count_basis": basis}
+    three = {"a": 0, "b": 1, "c": 2, "d": 2}  # two clusters for three groups
+    crossed = {"a": 0, "b": 1, "c": 0, "d": 1}  # two clusters for two groups, each cluster mixing both
+    assert cluster_miss_reason({"final_ari": 0.5}, clusters, three) == (
+        "under_split_reason", f"2 clusters for 3 true groups: {basis}")
+    key, sentence = cluster_miss_reason({"final_ari": -0.5}, clusters, crossed)
+    assert key == "mixed_clusters_reason" and sentence.startswith("2 clusters for 2 true groups, but their members mix")
+    assert "(ARI -0.50)" in sentence and sentence.endswith(basis)
+    assert cluster_miss_reason({"final_ari": 0.95}, clusters, three) is None  # a good enough clustering
+    assert cluster_miss_reason({"final_ari": 0.0}, {**clusters, "cluster_count_basis": None}, three) is None
+    one = {"assignment": {"a": 0, "b": 0}, "cluster_count_basis": basis}
+    assert cluster_miss_reason({"final_ari": 0.0}, one, {"a": 0, "b": 1}) is None  # one_cluster_reason's case
+    assert over_split_reason({"final_ari": 0.5}, clusters, three) is None  # fewer is not an over-split
+
+
 def test_one_cluster_reasons_give_their_numbers():
     labels, U = noisy_groups(12, WIDE_DIM, 0.0, seed=4)
     strategy = wide_cfl(labels, **{"split-criteria": "relative"})
@@ -138,3 +155,14 @@ def test_one_cluster_reasons_give_their_numbers():
         run_round(hicfl, server_round, updates(server_round))
     reason = hicfl.one_cluster_reason()
     assert "stability" in reason and "round 12: nearest layer" in reason and ">= ε" in reason
+
+
+def test_the_basis_says_why_no_further_split_came():
+    labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
+    strategy = wide_cfl(labels, **{"similarity-rank": "auto", "merge-min-cosine": 0.99})
+    wide_round(strategy, 1, U)
+    wide_round(strategy, 2, U)  # both sides try to split again on noise and are refused
+    tail = strategy.cluster_count_basis().split("; no further split: ")[1]
+    assert strategy.refusal_codes() == ["silhouette", "silhouette"]
+    assert tail.startswith("2 split attempts refused: silhouette ×2; closest refusal: round 2, cluster ")
+    assert "best-cut silhouette" in tail and "< required" in tail

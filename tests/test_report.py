@@ -194,3 +194,13 @@ def test_a_library_user_watches_their_own_server_app(tmp_path):
     assert "Strategy parameters (fedclust)" in (out / "report.html").read_text()
     with pytest.raises(WatcherError, match="log-to"):
         watch(clusterfed.FedClust(), tmp_path / "bad", log_to="report,tensorbord")
+
+
+def test_the_report_quotes_the_strategys_account_of_a_missed_count():
+    from clusterfed.report.html import clustering_notes
+    from clusterfed.report.run_folder import RunView
+    reason = "2 clusters for 3 true groups: 1 splits accepted"
+    view = RunView(out=Path("."), rounds=[], summary={"under_split_reason": reason},
+                   assignment={"a": 0, "b": 1}, true_groups={"a": 0, "b": 1})
+    assert f"Fewer clusters than groups: {reason}" in clustering_notes(view)
+    assert not any(n.startswith("Fewer") for n in clustering_notes(RunView(out=Path("."), rounds=[])))

@@ -62,6 +62,10 @@ def clustering_notes(view: RunView) -> list[str]:
     reason = view.clusters.get("one_cluster_reason") or view.summary.get("one_cluster_reason")
     if reason:
         notes.append(f"One cluster: {reason}")
+    for key, label in (("over_split_reason", "More clusters than groups"), ("under_split_reason", "Fewer clusters than groups"),
+                       ("mixed_clusters_reason", "Clusters mix the groups")):
+        if view.summary.get(key):  # the strategy's own account of its count (clusterfed.results)
+            notes.append(f"{label}: {view.summary[key]}")
     groups = {k: g for k, g in view.true_groups.items() if k in view.assignment}
     if groups:
         by_group: dict[int, set[int]] = {}

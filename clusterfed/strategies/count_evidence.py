@@ -86,6 +86,18 @@ class CountEvidence:
         drift = pair.get("drift_cosine")
         return f"{where} had drift cosine {drift:.3f} < {c.merge_min_cosine}" if drift is not None else where
 
+    def split_refusal(self) -> str:
+        """Why the clusters split no further: the refused attempts by reason with the closest
+        refusal's numbers, or, with none refused, the timing rule's last numbers."""
+        codes = self.refusal_codes()
+        if codes:
+            counts = {code: codes.count(code) for code in sorted(set(codes), key=lambda k: -codes.count(k))}
+            detail = ", ".join(f"{code} ×{n}" for code, n in counts.items())  # the codes of one_cluster_reasons
+            numbers = self.refusal_numbers()
+            return f"{len(codes)} split attempts refused: {detail}" + (f"; {numbers}" if numbers else "")
+        numbers = self.timing_numbers()
+        return f"no split attempt refused; the timing rule's last {numbers}" if numbers else "no split attempt refused"
+
     def cluster_count_basis(self) -> str | None:
         """The evidence for the final number of clusters (None with one cluster: see the reason)."""
         leaves = len(set(self.assignment.values()))
@@ -96,4 +108,5 @@ class CountEvidence:
         shown = "; ".join(f"round {s['round']}, cluster {s['parent']}: {name} {value:.3f} vs {threshold:.3f}"
                           for s, (name, value, threshold) in closest)
         splits = f"{len(self.splits)} splits accepted" + (f" (closest to their threshold: {shown})" if shown else "")
-        return f"{splits}, {len(self.merges)} merges; no further merge: {self.merge_refusal()}"
+        return (f"{splits}, {len(self.merges)} merges; no further merge: {self.merge_refusal()}; "
+                f"no further split: {self.split_refusal()}")
