@@ -246,7 +246,8 @@ RESCALED = {
                         "and `-hicfl`) and with the opt-in `similarity-rank = auto` (the others: cosines on the "
                         "updates' leading principal components, a split must beat group-free updates; see "
                         "[algorithms/cfl.md](algorithms/cfl.md)); each folder's `reasons.json` holds every run's "
-                        "`one_cluster_reason` / `over_split_reason`",
+                        "`one_cluster_reason` or, with more than one cluster, `over_split_reason`, `under_split_reason` "
+                        "or `mixed_clusters_reason`, quoted under each table",
 }
 
 
@@ -262,7 +263,33 @@ def rescaled_section() -> list[str]:
                 "the rows of these strategies above were made at an earlier commit.", ""]
         for name, rows in grids.items():
             out += scale_table(f"### {folder}: {name}", RESULTS / folder / name / "comparison.csv", rows)
+            out += count_reasons(RESULTS / folder / name / "reasons.json")
     return out
+
+
+# summary.json keys under which a run says why its count misses the true groups (clusterfed.results)
+REASON_LABELS = {"one_cluster_reason": "one cluster", "over_split_reason": "over-split",
+                 "under_split_reason": "under-split", "mixed_clusters_reason": "mixed clusters"}
+
+
+def count_reasons(path: Path) -> list[str]:
+    """One bullet per run of a grid's ``reasons.json`` that missed ARI 0.9: what the run said
+    about its cluster count (nothing when the file is absent or every run found the groups)."""
+    if not path.exists():
+        return []
+    bullets = []
+    for label, seeds in json.loads(path.read_text()).items():
+        for seed, row in seeds.items():
+            said = [(REASON_LABELS[k], row[k]) for k in REASON_LABELS if row.get(k)]
+            if not said and row.get("cluster_count_basis") and (row.get("final_ari") or 0) < 0.9:
+                said = [("its count's basis", row["cluster_count_basis"])]  # run before the miss keys existed
+            if said:
+                kind, sentence = said[0]
+                bullets.append(f"- {label} {seed} (ARI {row['final_ari']:.2f}, {row['num_clusters']} clusters), "
+                               f"{kind}: {sentence}")
+    if not bullets:
+        return []
+    return [f"What the runs that missed ARI 0.9 said (`{rel(path)}`):", "", *bullets, ""]
 
 
 MEMORY = RESULTS / "memory"
