@@ -242,7 +242,7 @@ RESCALED = {
     "scale-adacfl": "AdaCFL after its clusters merge across the entropy pre-clusters while within λ and auto λ "
                     "takes the fewest clusters within `auto-tolerance` of the best silhouette "
                     "([algorithms/adacfl.md](algorithms/adacfl.md))",
-    "scale-cfl-family": "CFL, LayerCFL and HiCFL at one commit, with their defaults (folders ending `-defaults` "
+    "scale-cfl-family": "CFL, LayerCFL and HiCFL with their defaults (folders ending `-defaults`, `-layercfl` "
                         "and `-hicfl`) and with the opt-in `similarity-rank = auto` (the others: cosines on the "
                         "updates' leading principal components, a split must beat group-free updates; see "
                         "[algorithms/cfl.md](algorithms/cfl.md)); each folder's `reasons.json` holds every run's "
