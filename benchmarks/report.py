@@ -211,6 +211,7 @@ def scale_page() -> str | None:
            "ranking by accuracy.", ""]
     for name, rows in grids.items():
         out += scale_table(f"## {name}", SCALE / name / "comparison.csv", rows)
+    out += count_at_a_glance()
     out += rescaled_section()
     out += memory_section()
     return "\n".join(out).rstrip("\n") + "\n"
@@ -265,6 +266,60 @@ def rescaled_section() -> list[str]:
             out += scale_table(f"### {folder}: {name}", RESULTS / folder / name / "comparison.csv", rows)
             out += count_reasons(RESULTS / folder / name / "reasons.json")
     return out
+
+
+# the grids of the cluster-count table, and per strategy the result folders to read it from, in
+# order of preference (the re-runs after the count changes first, then the scale grids' rows)
+GLANCE_GRIDS = ("mnist-pairs-400", "mnist-pairs-1000", "mnist-rotation-400", "mnist-rotation-1000",
+                "mnist-rotation-400-frac0.1", "mnist-rotation-1000-frac0.1")
+GLANCE_SOURCES = {
+    "fedclust": ("scale/{grid}",),
+    "adacfl": ("scale-adacfl/{grid}", "scale/{grid}"),
+    "cfl": ("scale-cfl-family/{grid}-defaults", "scale/{grid}"),
+    "layercfl": ("scale-cfl-family/{grid}-defaults", "scale-cfl-family/{grid}-layercfl", "scale/{grid}"),
+    "hicfl": ("scale-cfl-family/{grid}-hicfl", "scale/{grid}"),
+}
+FOUND_ARI = 0.9  # the ARI at which a run counts as having found the true groups
+
+
+def glance_cell(strategy: str, grid: str) -> tuple[str, str | None]:
+    """One strategy's mean final ARI and cluster count on one grid with its defaults, from the
+    first source folder that has its rows, and that folder ("–" and None when none has)."""
+    for pattern in GLANCE_SOURCES[strategy]:
+        folder = RESULTS / pattern.format(grid=grid)
+        rows = read_csv(folder / "comparison.csv") if (folder / "comparison.csv").exists() else []
+        if any(r["strategy"] == strategy for r in rows):
+            ari, _, _, seeds = stat(rows, strategy, "final_ari")
+            clusters = stat(rows, strategy, "num_clusters")[0]
+            mark = "" if ari is None or ari < FOUND_ARI else " ✓"
+            return f"{fmt(ari, 2)} ({fmt(clusters, 0)}){mark}" + (f" [{seeds} seeds]" if seeds > 1 else ""), \
+                pattern.split("/")[0]
+    return "–", None
+
+
+def count_at_a_glance() -> list[str]:
+    """docs/scale.md's table: each clustered paper strategy's final ARI and cluster count on each
+    many-client grid with its defaults (✓ at ARI ≥ 0.9), and which result folder each came from."""
+    if not (RESULTS / "scale-cfl-family").exists():
+        return []
+    header = "| grid | " + " | ".join(GLANCE_SOURCES) + " |"
+    out = ["## Cluster count at scale, at a glance", "",
+           f"Final ARI against the true groups (clusters found), seed 0 unless marked, each strategy with its "
+           f"defaults; ✓ = ARI ≥ {FOUND_ARI:g}. A run under the mark says why in its `summary.json` (quoted under "
+           "the re-run tables below). Cells are read from the re-runs after the cluster-count changes "
+           "(`benchmarks/results/scale-adacfl/`, `benchmarks/results/scale-cfl-family/` folders ending "
+           "`-defaults`, `-layercfl`, `-hicfl`) where they exist, else from the grids above (marked *); "
+           "each folder's `manifest.json` names its commit. 10 % grids: 90 rounds, three times the full "
+           "participation's 30.", "", header, "|---|" + "---|" * len(GLANCE_SOURCES)]
+    for grid in GLANCE_GRIDS:
+        cells = []
+        for strategy in GLANCE_SOURCES:
+            text, source = glance_cell(strategy, grid)
+            earlier = source == "scale" and strategy != "fedclust"
+            cells.append(text + (" *" if earlier else ""))
+        out.append(f"| {grid} | " + " | ".join(cells) + " |")
+    return out + ["", "\\* from `benchmarks/results/scale/`, made before the strategy's cluster-count "
+                  "changes.", ""]
 
 
 # summary.json keys under which a run says why its count misses the true groups (clusterfed.results)
