@@ -166,3 +166,14 @@ def test_the_basis_says_why_no_further_split_came():
     assert strategy.refusal_codes() == ["silhouette", "silhouette"]
     assert tail.startswith("2 split attempts refused: silhouette ×2; closest refusal: round 2, cluster ")
     assert "best-cut silhouette" in tail and "< required" in tail
+
+
+def test_hicfls_basis_shows_the_stability_that_fired_the_last_split_as_below_epsilon():
+    groups, updates = two_opposite_groups(0, oscillate_until=6)  # settles after round 6: splits at round 9
+    hicfl = make_strategy(HiCFL, groups, **UNIT)
+    for server_round in range(1, 12):
+        run_round(hicfl, server_round, updates(server_round))
+    assert [s["round"] for s in hicfl.splits] == [9]
+    tail = hicfl.cluster_count_basis().split("; no further split: ")[1]
+    assert tail == "no split attempt refused; the timing rule's last round 9: nearest layer fc1, all member's " \
+                   "stability 0.333 < ε 0.500"

@@ -344,8 +344,9 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
         if not t:
             return None
         unit = "" if self.epsilon is not None else " (relative to the layer's scale)"
+        sign = ">=" if t["value"] >= t["eps"] else "<"  # the last judged round may have fired (then a split)
         return (f"round {t['round']}: nearest layer {t['layer']}, {self.params.timing} member's stability "
-                f"{t['value']:.3f} >= ε {t['eps']:.3f}{unit}")
+                f"{t['value']:.3f} {sign} ε {t['eps']:.3f}{unit}")
 
     def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
         score = (split.get("silhouettes") or {}).get(split.get("layer"))
