@@ -177,3 +177,36 @@ def test_hicfls_basis_shows_the_stability_that_fired_the_last_split_as_below_eps
     tail = hicfl.cluster_count_basis().split("; no further split: ")[1]
     assert tail == "no split attempt refused; the timing rule's last round 9: nearest layer fc1, all member's " \
                    "stability 0.333 < ε 0.500"
+
+
+def partial_round(strategy, server_round, U, keys):
+    """Only ``keys`` reply this round (a 10 % sample), each with its row of U."""
+    replies = [TrainReply(key=k, cluster=strategy.assignment[k], arrays=wide_arrays(U[int(k)]),
+                          sent=strategy.models[strategy.assignment[k]], num_examples=50, train_loss=0.0,
+                          metrics={}, is_update=True) for k in keys]
+    strategy.after_train(server_round, replies)
+
+
+def test_split_pool_members_judges_a_split_on_every_member_where_a_sample_is_too_small():
+    labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
+    found = {}
+    for pool in ("repliers", "members"):
+        strategy = wide_cfl(labels, **{"cfl.similarity-rank": "auto", "cfl.merge": False, "cfl.split-pool": pool,
+                                       "cfl.similarity-decay": 0})
+        for server_round in range(1, 11):  # 20 different clients a round: each replies once
+            partial_round(strategy, server_round, U, [str(i) for i in range(20 * (server_round - 1), 20 * server_round)])
+        found[pool] = strategy
+    repliers, members = found["repliers"], found["members"]
+    assert repliers.splits == [] and len(repliers.refused) == 10  # 20 updates a round show no groups
+    assert all(len(r["members"][0]) + len(r["members"][1]) == 20 for r in repliers.refused)
+    (split,) = members.splits  # at round 5, judged on the 100 clients that had replied by then
+    assert split["round"] == 5 and sum(len(side) for side in split["members"]) == 200
+    compared = [str(i) for i in range(100)]
+    assert adjusted_rand_score(labels[:100], [members.assignment[k] for k in compared]) > 0.9  # the two groups
+    assert [len(side) for side in split["absent"]] == [100, 0]  # not yet replied: the larger side until sampled
+
+
+def test_split_pool_is_the_papers_repliers_by_default():
+    strategy = wide_cfl(np.arange(4) % 2)
+    assert strategy.params.split_pool == "repliers"
+    assert strategy.split_pool(0, ["1", "0"]) == ["1", "0"]
