@@ -2,9 +2,12 @@
 
 For every grid folder below an experiment's results (``<out>/<folder>/<label>/seed<s>/``, the
 per-run folders are not committed), ``<out>/<folder>/reasons.json``: per strategy label and
-seed, the final ARI and number of clusters, and the run's ``one_cluster_reason``,
-``over_split_reason`` (summary.json) and ``cluster_count_basis`` (clusters.json). Covered by
-the grid's manifest.json, which the experiment runner wrote.
+seed, the final ARI and number of clusters, the run's ``one_cluster_reason`` and its miss
+reasons (summary.json), ``cluster_count_basis`` (clusters.json), and ``purity``: the share of
+the clients whose cluster's most common true group is their own (1.0 for an over-split of pure
+clusters, where ARI falls). Covered by
+the grid's manifest.json, which the experiment runner wrote. Rows of runs whose folders are
+gone (seeds run earlier, elsewhere) are kept.
 
     python benchmarks/cluster_count_reasons.py benchmarks/results/scale-cfl-family
 """
@@ -13,10 +16,21 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 KEYS = ("final_ari", "num_clusters", "final_accuracy", "one_cluster_reason", "over_split_reason",
         "under_split_reason", "mixed_clusters_reason")
+
+
+def purity(assignment: dict[str, int], true_groups: dict[str, int]) -> float | None:
+    """The share of clients whose cluster's most common true group is their own (None without groups)."""
+    members: dict[int, Counter] = {}
+    for key, cluster in assignment.items():
+        if key in true_groups:
+            members.setdefault(cluster, Counter())[true_groups[key]] += 1
+    total = sum(sum(c.values()) for c in members.values())
+    return sum(c.most_common(1)[0][1] for c in members.values()) / total if total else None
 
 
 def reasons(grid: Path) -> dict[str, dict[str, dict]]:
@@ -28,6 +42,7 @@ def reasons(grid: Path) -> dict[str, dict[str, dict]]:
         clusters = json.loads(clusters_path.read_text()) if clusters_path.exists() else {}
         row = {key: summary.get(key) for key in KEYS}
         row["cluster_count_basis"] = clusters.get("cluster_count_basis")
+        row["purity"] = purity(clusters.get("assignment") or {}, clusters.get("true_groups") or {})
         out.setdefault(run.parent.name, {})[run.name] = row
     return out
 
@@ -36,7 +51,12 @@ def main(results: str) -> None:
     for grid in sorted(p for p in Path(results).iterdir() if p.is_dir()):
         found = reasons(grid)
         if found:
-            (grid / "reasons.json").write_text(json.dumps(found, indent=1) + "\n")
+            path = grid / "reasons.json"
+            # runs whose folders are gone (not committed) keep their rows: merge, do not replace
+            kept = json.loads(path.read_text()) if path.exists() else {}
+            for label, seeds in found.items():
+                kept.setdefault(label, {}).update(seeds)
+            path.write_text(json.dumps(kept, indent=1) + "\n")
             print(f"wrote {grid / 'reasons.json'}")
 
 
