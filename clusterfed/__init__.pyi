@@ -199,7 +199,7 @@ class CFL(_CFL):
         split_reference_draws: int = 19,
         similarity_decay: typing.Union[float, typing.Literal['auto']] = 'auto',
         similarity_rank: typing.Union[int, typing.Literal['auto']] = 0,
-        split_pool: typing.Literal['repliers', 'members'] = 'repliers',
+        similarity_pool: typing.Literal['repliers', 'members'] = 'repliers',
     ) -> None: ...
 
 
@@ -236,7 +236,7 @@ class LayerCFL(_LayerCFL):
         split_reference_draws: int = 19,
         similarity_decay: typing.Union[float, typing.Literal['auto']] = 'auto',
         similarity_rank: typing.Union[int, typing.Literal['auto']] = 0,
-        split_pool: typing.Literal['repliers', 'members'] = 'repliers',
+        similarity_pool: typing.Literal['repliers', 'members'] = 'repliers',
         skew: typing.Literal['label', 'feature', 'unknown'] = 'unknown',
         cluster_layers: str = 'auto',
         correct_clustering_check: bool = False,

@@ -187,11 +187,11 @@ def partial_round(strategy, server_round, U, keys):
     strategy.after_train(server_round, replies)
 
 
-def test_split_pool_members_judges_a_split_on_every_member_where_a_sample_is_too_small():
+def test_similarity_pool_members_judges_a_split_on_every_member_where_a_sample_is_too_small():
     labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
     found = {}
     for pool in ("repliers", "members"):
-        strategy = wide_cfl(labels, **{"cfl.similarity-rank": "auto", "cfl.merge": False, "cfl.split-pool": pool,
+        strategy = wide_cfl(labels, **{"cfl.similarity-rank": "auto", "cfl.merge": False, "cfl.similarity-pool": pool,
                                        "cfl.similarity-decay": 0})
         for server_round in range(1, 11):  # 20 different clients a round: each replies once
             partial_round(strategy, server_round, U, [str(i) for i in range(20 * (server_round - 1), 20 * server_round)])
@@ -206,7 +206,28 @@ def test_split_pool_members_judges_a_split_on_every_member_where_a_sample_is_too
     assert [len(side) for side in split["absent"]] == [100, 0]  # not yet replied: the larger side until sampled
 
 
-def test_split_pool_is_the_papers_repliers_by_default():
+def test_similarity_pool_is_the_papers_repliers_by_default():
     strategy = wide_cfl(np.arange(4) % 2)
-    assert strategy.params.split_pool == "repliers"
-    assert strategy.split_pool(0, ["1", "0"]) == ["1", "0"]
+    assert strategy.params.similarity_pool == "repliers"
+    assert strategy.similarity_pool(0, ["1", "0"]) == ["1", "0"]
+
+
+def test_similarity_pool_members_lets_a_merge_compare_every_members_stored_update():
+    labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
+    found = {}
+    for pool in ("repliers", "members"):
+        strategy = wide_cfl(labels, **{"cfl.similarity-rank": "auto", "cfl.merge": False, "cfl.similarity-pool": pool})
+        wide_round(strategy, 1, U)  # everyone replies: one split, every client's vector stored
+        found[pool] = strategy
+    for pool, strategy in found.items():
+        (split,) = strategy.splits
+        leaves = sorted(set(strategy.assignment.values()))
+        # a later round: two repliers per leaf
+        sample = {c: [k for k in sorted(strategy.assignment, key=int) if strategy.assignment[k] == c][:2] for c in leaves}
+        groups = {c: [TrainReply(key=k, cluster=c, arrays=wide_arrays(U[int(k)]), sent=strategy.models[c],
+                                 num_examples=50, train_loss=0.0, metrics={}, is_update=True) for k in keys]
+                  for c, keys in sample.items()}
+        compared = strategy.merge_vectors(groups, strategy.merge_names())
+        sizes = {c: len(compared[c]) for c in leaves}
+        members = {c: sum(1 for v in strategy.assignment.values() if v == c) for c in leaves}
+        assert sizes == ({c: 2 for c in leaves} if pool == "repliers" else members)

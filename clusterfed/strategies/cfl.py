@@ -47,10 +47,11 @@ summed update on the decision layers is nearest to by cosine, or on the larger s
 never replied (recorded under the split's ``absent``), so it keeps a model; when next
 sampled it is placed for real by the newcomer descent from that split
 (``bipartitioning.py``). Merging, too, compares the clusters' repliers. With full
-participation this is the paper's procedure. **Choice, beyond the paper (``split-pool =
-members``, opt-in):** the similarity, the bi-partition and the acceptance test use every
-member with a stored vector (the repliers' new ones, the others' last), the criteria still
-the round's repliers: a tenth of a cluster's members can be too few to show its groups.
+participation this is the paper's procedure. **Choice, beyond the paper (``similarity-pool =
+members``, opt-in):** the similarity, the bi-partition, the acceptance test and the merge
+tests use every member with a stored vector (the repliers' new ones, the others' last), the
+criteria still the round's repliers: a tenth of a cluster's members can be too few to show
+its groups, or to show that two leaves hold one.
 
 The defaults of ``rel-eps1``, ``rel-eps2``, ``split-min-silhouette`` and
 ``split-silhouette-max-k`` were chosen from measured norm ratios and silhouettes of real SGD
@@ -128,11 +129,11 @@ class CFLParams(BiPartitioningParams):
                     "(centred; 0 = the raw updates, as in the paper), and accept a split only if it beats "
                     f"group-free updates (split-reference-draws); auto = {PRINCIPAL_RANK} for clusters of at "
                     f"least {PRINCIPAL_MIN_REPLIES} repliers, else 0")
-    split_pool: Literal["repliers", "members"] = Field(
-        "repliers", alias="split-pool",
-        description="the clients a split is judged on: this round's repliers (the paper), or every member of the "
-                    "cluster with a stored update (the repliers' new ones, the others' last; the same at full "
-                    "participation)")
+    similarity_pool: Literal["repliers", "members"] = Field(
+        "repliers", alias="similarity-pool",
+        description="the clients a split or a merge is judged on: this round's repliers (the paper), or every "
+                    "member of the cluster with a stored update (the repliers' new ones, the others' last; the "
+                    "same at full participation)")
 
 
 @dataclass
@@ -193,8 +194,10 @@ class CFL(BiPartitioning):
                 key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
         basis = (f"group-free reference {r['reference_silhouette']:.3f}" if r.get("reference_silhouette") is not None
                  else f"split-min-silhouette {self.params.split_min_silhouette}")
-        return (f"closest refusal: round {r['round']}, cluster {r['cluster']} ({len(r['members'][0]) + len(r['members'][1])}"
-                f" {'clients compared' if self.params.split_pool == 'members' else 'repliers'}): best-cut silhouette {r['best_cut_silhouette']:.3f} < required "
+        compared = len(r["members"][0]) + len(r["members"][1])
+        who = "clients compared" if self.params.similarity_pool == "members" else "repliers"
+        return (f"closest refusal: round {r['round']}, cluster {r['cluster']} ({compared} {who}): "
+                f"best-cut silhouette {r['best_cut_silhouette']:.3f} < required "
                 f"{r['required_silhouette']:.3f} ({basis})")
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
@@ -236,7 +239,7 @@ class CFL(BiPartitioning):
                        decision: SplitDecision) -> Diagnostics | None:
         if not (decision.split and self.may_split(server_round, cluster, replies)):
             return
-        keys = self.split_pool(cluster, [r.key for r in replies])
+        keys = self.similarity_pool(cluster, [r.key for r in replies])
         U = stack_float64([self.last_vector[k] for k in keys])
         rank = self.rank(len(keys))
         S = cosine_similarity_matrix(principal_scores(U, rank) if rank else U)
@@ -284,17 +287,25 @@ class CFL(BiPartitioning):
         summary = self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route, compared)
         return {"splits": [summary]}
 
-    def split_pool(self, cluster: int, repliers: list[str]) -> list[str]:
-        """The clients a split of ``cluster`` is judged on (``split-pool``): its repliers, then,
+    def similarity_pool(self, cluster: int, repliers: list[str]) -> list[str]:
+        """The clients a split of ``cluster``, or a merge, is judged on (``similarity-pool``): its repliers, then,
         with ``members``, every other member with a stored update in key order. Under partial
         participation a round's sample of a cluster can be too small to show its groups
         (a tenth of a cluster of 200 is 20 updates), while every member that trained since
         the run began has left its summed update (``similarity-decay``)."""
-        if self.params.split_pool == "repliers":
+        if self.params.similarity_pool == "repliers":
             return repliers
         replied = set(repliers)
         return repliers + sorted((k for k in self.tree.members(cluster) if k not in replied and k in self.last_vector),
                                  key=natural)
+
+    def merge_vectors(self, groups: dict[int, list[TrainReply]], names: list[str]) -> dict[int, np.ndarray]:
+        """With ``similarity-pool = members``, each replying cluster's pool (``similarity_pool``) of stored
+        vectors; else the repliers' updates (``LeafMerging``)."""
+        if self.params.similarity_pool == "repliers":
+            return super().merge_vectors(groups, names)
+        return {c: stack_float64([self.last_vector[k] for k in self.similarity_pool(c, [r.key for r in g])])
+                for c, g in sorted(groups.items())}
 
     def refuse(self, record: dict[str, Any], compared: SplitCompared) -> None:
         """Log a refused split; reported for scoring like a split."""

@@ -30,7 +30,7 @@ class LeafMerging:
         if len(groups) < 2:
             return []
         names = self.merge_names()
-        updates = {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
+        updates = self.merge_vectors(groups, names)
         pairs = merge_pairs(updates, min_cosine=self.params.merge_min_cosine,
                             max_silhouette=self.params.merge_max_silhouette,
                             drift=lambda a, b: self.drift_cosine(a, b, names),
@@ -45,6 +45,11 @@ class LeafMerging:
         self.merge_refused = self.closest_unmerged(server_round, {c: u for c, u in updates.items() if c not in merged},
                                                    names)
         return summaries
+
+    def merge_vectors(self, groups: dict[int, list[TrainReply]], names: list[str]) -> dict[int, np.ndarray]:
+        """Per cluster that replied, the vectors a merge compares: its repliers' updates of
+        ``names`` (CFL's similarity pool may widen them to every member's stored update)."""
+        return {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
 
     def closest_unmerged(self, server_round: int, updates: dict[int, np.ndarray], names: list[str]) -> dict | None:
         """The pair of leaves not merged whose mean updates have the largest cosine, with the
