@@ -309,17 +309,19 @@ def count_at_a_glance() -> list[str]:
            "the re-run tables below). Cells are read from the re-runs after the cluster-count changes "
            "(`benchmarks/results/scale-adacfl/`, `benchmarks/results/scale-cfl-family/` folders ending "
            "`-defaults`, `-layercfl`, `-hicfl`) where they exist, else from the grids above (marked *); "
-           "each folder's `manifest.json` names its commit. 10 % grids: 90 rounds, three times the full "
+           "each folder's `manifest.json` names its commit. FedClust's cells are the grids above. 10 % grids: 90 rounds, three times the full "
            "participation's 30.", "", header, "|---|" + "---|" * len(GLANCE_SOURCES)]
+    starred = False
     for grid in GLANCE_GRIDS:
         cells = []
         for strategy in GLANCE_SOURCES:
             text, source = glance_cell(strategy, grid)
             earlier = source == "scale" and strategy != "fedclust"
+            starred = starred or earlier
             cells.append(text + (" *" if earlier else ""))
         out.append(f"| {grid} | " + " | ".join(cells) + " |")
-    return out + ["", "\\* from `benchmarks/results/scale/`, made before the strategy's cluster-count "
-                  "changes.", ""]
+    note = ["\\* from `benchmarks/results/scale/`, made before the strategy's cluster-count changes.", ""]
+    return out + [""] + (note if starred else [])
 
 
 # summary.json keys under which a run says why its count misses the true groups (clusterfed.results)
