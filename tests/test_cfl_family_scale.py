@@ -17,7 +17,6 @@ from clusterfed.strategies.exchange import ClientInfo, TrainReply
 from clusterfed.clustering.principal_scores import principal_scores
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
 from clusterfed.results import RunRecorder, cluster_miss_reason, over_split_reason
-from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
 
 
