@@ -324,7 +324,7 @@ def count_at_a_glance() -> list[str]:
     return out + [""] + (note if starred else [])
 
 
-# summary.json keys under which a run says why its count misses the true groups (clusterfed.results)
+# summary.json keys under which a run says why its count misses the true groups (clusterfed.cluster_misses)
 REASON_LABELS = {"one_cluster_reason": "one cluster", "over_split_reason": "over-split",
                  "under_split_reason": "under-split", "mixed_clusters_reason": "mixed clusters"}
 

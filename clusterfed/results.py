@@ -17,6 +17,8 @@ from typing import Any, TextIO
 import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
+from clusterfed.cluster_misses import cluster_miss_reason
+
 ROUND_FIELDS = (
     "round",
     "accuracy",
@@ -266,38 +268,6 @@ class RunRecorder:
         for watcher in self.watchers:
             watcher.run_ended(summary, clusters)
         return summary
-
-
-OVER_SPLIT_ARI = 0.9  # below this ARI, a clustered run's final clustering is a miss to account for
-
-# summary.json key for each way a run with more than one cluster can miss its true groups
-# (one cluster has its own ``one_cluster_reason``)
-MISS_KEYS = ("over_split_reason", "under_split_reason", "mixed_clusters_reason")
-
-
-def cluster_miss_reason(summary: dict[str, Any], clusters: dict[str, Any],
-                        true_groups: dict[str, int]) -> tuple[str, str] | None:
-    """(key, sentence) for a run whose final ARI is under OVER_SPLIT_ARI with more than one cluster:
-    ``over_split_reason`` for more clusters than true groups, ``under_split_reason`` for fewer,
-    ``mixed_clusters_reason`` for as many but with members mixed; the sentence quotes the
-    strategy's ``cluster_count_basis``. None when the run is no miss or the strategy says nothing."""
-    groups = {true_groups[k] for k in clusters.get("assignment") or {} if k in true_groups}
-    found, ari = len(set((clusters.get("assignment") or {}).values())), summary.get("final_ari")
-    if not clusters.get("cluster_count_basis") or not groups or found <= 1 or ari is None or ari >= OVER_SPLIT_ARI:
-        return None
-    basis = clusters["cluster_count_basis"]
-    if found > len(groups):
-        return "over_split_reason", f"{found} clusters for {len(groups)} true groups: {basis}"
-    if found < len(groups):
-        return "under_split_reason", f"{found} clusters for {len(groups)} true groups: {basis}"
-    return "mixed_clusters_reason", (f"{found} clusters for {len(groups)} true groups, but their members mix "
-                                     f"the groups (ARI {ari:.2f}): {basis}")
-
-
-def over_split_reason(summary: dict[str, Any], clusters: dict[str, Any], true_groups: dict[str, int]) -> str | None:
-    """"N clusters for M true groups: <cluster_count_basis>" for more clusters than groups and ARI < OVER_SPLIT_ARI."""
-    miss = cluster_miss_reason(summary, clusters, true_groups)
-    return miss[1] if miss and miss[0] == "over_split_reason" else None
 
 
 def with_true_groups(clusters: dict[str, Any], true_groups: dict[str, int]) -> dict[str, Any]:

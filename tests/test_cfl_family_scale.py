@@ -16,7 +16,8 @@ from clusterfed.strategies.base import steps
 from clusterfed.strategies.exchange import ClientInfo, TrainReply
 from clusterfed.clustering.principal_scores import principal_scores
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
-from clusterfed.results import RunRecorder, cluster_miss_reason, over_split_reason
+from clusterfed.cluster_misses import cluster_miss_reason, over_split_reason
+from clusterfed.results import RunRecorder
 from clusterfed.strategies.hicfl import HiCFL
 
 

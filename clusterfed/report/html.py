@@ -64,7 +64,7 @@ def clustering_notes(view: RunView) -> list[str]:
         notes.append(f"One cluster: {reason}")
     for key, label in (("over_split_reason", "More clusters than groups"), ("under_split_reason", "Fewer clusters than groups"),
                        ("mixed_clusters_reason", "Clusters mix the groups")):
-        if view.summary.get(key):  # the strategy's own account of its count (clusterfed.results)
+        if view.summary.get(key):  # the strategy's own account of its count (clusterfed.cluster_misses)
             notes.append(f"{label}: {view.summary[key]}")
     groups = {k: g for k, g in view.true_groups.items() if k in view.assignment}
     if groups:
