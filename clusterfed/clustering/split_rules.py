@@ -15,13 +15,15 @@ settings on real SGD updates, and that let an over-split tree repair itself.
   updates show the most structure (best-cut silhouette).
 - ``merge_pairs``: which leaf clusters to merge because their members' updates have become
   indistinguishable.
-- ``one_cluster_reason``: the sentence to report when a run ends with a single cluster.
+- ``one_cluster_reason``: the sentence to report when a run ends with a single cluster;
+  ``refusal_counts``: the refused attempts counted by reason code.
 
 Pure NumPy/SciPy; client keys and layer names are any hashables.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -222,9 +224,10 @@ def one_cluster_reason(reasons: dict[str, str], refusals: Sequence[str], could_s
         return reasons["size"]
     if not refusals:
         return reasons[timing]
-    counts: dict[str, int] = {}
-    for r in refusals:
-        counts[r] = counts.get(r, 0) + 1
-    top = max(counts, key=lambda k: counts[k])
-    detail = ", ".join(f"{k} ×{v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return f"{reasons.get(top, top)} ({detail})"
+    top = Counter(refusals).most_common(1)[0][0]  # ties: the first met
+    return f"{reasons.get(top, top)} ({refusal_counts(refusals)})"
+
+
+def refusal_counts(refusals: Sequence[str]) -> str:
+    """"code ×n, ..." for the refusals' reason codes, most frequent first (ties: first met)."""
+    return ", ".join(f"{code} ×{n}" for code, n in Counter(refusals).most_common())

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clusterfed.clustering.split_rules import one_cluster_reason
+from clusterfed.clustering.split_rules import one_cluster_reason, refusal_counts
 
 SHOWN_SPLITS = 2  # the splits a basis names: those closest to their threshold
 
@@ -91,10 +91,8 @@ class CountEvidence:
         refusal's numbers, or, with none refused, the timing rule's last numbers."""
         codes = self.refusal_codes()
         if codes:
-            counts = {code: codes.count(code) for code in sorted(set(codes), key=lambda k: -codes.count(k))}
-            detail = ", ".join(f"{code} ×{n}" for code, n in counts.items())  # the codes of one_cluster_reasons
             numbers = self.refusal_numbers()
-            return f"{len(codes)} split attempts refused: {detail}" + (f"; {numbers}" if numbers else "")
+            return f"{len(codes)} split attempts refused: {refusal_counts(codes)}" + (f"; {numbers}" if numbers else "")
         numbers = self.timing_numbers()
         return f"no split attempt refused; the timing rule's last {numbers}" if numbers else "no split attempt refused"
 
