@@ -10,9 +10,10 @@ from typing import Any
 
 OVER_SPLIT_ARI = 0.9  # below this ARI, a clustered run's final clustering is a miss to account for
 
-# summary.json key for each way a run with more than one cluster can miss its true groups
-# (one cluster has its own ``one_cluster_reason``)
-MISS_KEYS = ("over_split_reason", "under_split_reason", "mixed_clusters_reason")
+# summary.json key for each way a run with more than one cluster can miss its true groups,
+# and its label in the printed summary (one cluster has its own ``one_cluster_reason``)
+MISS_LABELS = {"over_split_reason": "over-split", "under_split_reason": "under-split",
+               "mixed_clusters_reason": "mixed clusters"}
 
 
 def cluster_miss_reason(summary: dict[str, Any], clusters: dict[str, Any],

@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
-from clusterfed.cluster_misses import cluster_miss_reason
+from clusterfed.cluster_misses import MISS_LABELS, cluster_miss_reason
 
 ROUND_FIELDS = (
     "round",
@@ -363,8 +363,7 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
             f"{_fmt(s['final_ari'], '5.2f')} {_fmt(s['num_clusters'], '8d')} {_fmt(s['rounds_to_target'], '8d')} "
             f"{_fmt(s['mb_to_target'], '8.2f')} {_fmt(s['total_mb'], '9.2f')} {_fmt(s.get('wall_seconds'), '7.1f')}"
         )
-        for key, label in (("one_cluster_reason", "one cluster"), ("over_split_reason", "over-split"),
-                           ("under_split_reason", "under-split"), ("mixed_clusters_reason", "mixed clusters")):
+        for key, label in {"one_cluster_reason": "one cluster", **MISS_LABELS}.items():
             if s.get(key):
                 lines.append(f"{'':<12} {label}: {s[key]}")
     return "\n".join(lines)

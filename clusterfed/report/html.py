@@ -12,6 +12,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from clusterfed.cluster_misses import MISS_LABELS
 from clusterfed.report.run_folder import RunView, read_run
 
 REPORT_NAME = "report.html"
@@ -55,6 +56,11 @@ def _img(png: bytes, alt: str) -> str:
     return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode()}">'
 
 
+# the report's heading for each miss reason (beside its own ground-truth notes "Over-split: ...")
+MISS_HEADINGS = {"over_split_reason": "More clusters than groups", "under_split_reason": "Fewer clusters than groups",
+                 "mixed_clusters_reason": "Clusters mix the groups"}
+
+
 def clustering_notes(view: RunView) -> list[str]:
     """Why the run ended with one cluster, and how the assignment splits or mixes the true
     groups (from ground truth, which only metrics read)."""
@@ -62,10 +68,9 @@ def clustering_notes(view: RunView) -> list[str]:
     reason = view.clusters.get("one_cluster_reason") or view.summary.get("one_cluster_reason")
     if reason:
         notes.append(f"One cluster: {reason}")
-    for key, label in (("over_split_reason", "More clusters than groups"), ("under_split_reason", "Fewer clusters than groups"),
-                       ("mixed_clusters_reason", "Clusters mix the groups")):
-        if view.summary.get(key):  # the strategy's own account of its count (clusterfed.cluster_misses)
-            notes.append(f"{label}: {view.summary[key]}")
+    for key in MISS_LABELS:  # the strategy's own account of its count
+        if view.summary.get(key):
+            notes.append(f"{MISS_HEADINGS[key]}: {view.summary[key]}")
     groups = {k: g for k, g in view.true_groups.items() if k in view.assignment}
     if groups:
         by_group: dict[int, set[int]] = {}
