@@ -16,21 +16,22 @@ from __future__ import annotations
 
 import json
 import sys
-from collections import Counter
 from pathlib import Path
 
-KEYS = ("final_ari", "num_clusters", "final_accuracy", "one_cluster_reason", "over_split_reason",
-        "under_split_reason", "mixed_clusters_reason")
+from sklearn.metrics.cluster import contingency_matrix
+
+from clusterfed.cluster_misses import MISS_LABELS
+
+KEYS = ("final_ari", "num_clusters", "final_accuracy", "one_cluster_reason", *MISS_LABELS)
 
 
 def purity(assignment: dict[str, int], true_groups: dict[str, int]) -> float | None:
     """The share of clients whose cluster's most common true group is their own (None without groups)."""
-    members: dict[int, Counter] = {}
-    for key, cluster in assignment.items():
-        if key in true_groups:
-            members.setdefault(cluster, Counter())[true_groups[key]] += 1
-    total = sum(sum(c.values()) for c in members.values())
-    return sum(c.most_common(1)[0][1] for c in members.values()) / total if total else None
+    keys = [k for k in assignment if k in true_groups]
+    if not keys:
+        return None
+    table = contingency_matrix([true_groups[k] for k in keys], [assignment[k] for k in keys])
+    return float(table.max(axis=0).sum() / len(keys))
 
 
 def reasons(grid: Path) -> dict[str, dict[str, dict]]:

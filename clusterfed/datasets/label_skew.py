@@ -14,7 +14,6 @@ DEFAULT_LABEL_GROUPS = "0-3;3-6;4-9;0-9"
 _MAX_TRIES = 100
 
 
-
 def split_among_holders(labels: np.ndarray, holds, num_classes: int, rng: np.random.Generator) -> list[list[np.ndarray]]:
     """Each label's example indices, shuffled and split evenly among the holders that want
     it (``holds[h]``: the labels holder h wants); per holder, its shares in label order."""
@@ -27,6 +26,7 @@ def split_among_holders(labels: np.ndarray, holds, num_classes: int, rng: np.ran
         for h, share in zip(holders, shares):
             shares_of[h].append(share)
     return shares_of
+
 
 def dirichlet(labels, num_classes, num_clients, beta, min_samples, rng):
     """Classic LDA split (NIID-Bench): per class, client shares ~ Dir(beta).
