@@ -33,9 +33,3 @@ def cluster_miss_reason(summary: dict[str, Any], clusters: dict[str, Any],
         return "under_split_reason", f"{found} clusters for {len(groups)} true groups: {basis}"
     return "mixed_clusters_reason", (f"{found} clusters for {len(groups)} true groups, but their members mix "
                                      f"the groups (ARI {ari:.2f}): {basis}")
-
-
-def over_split_reason(summary: dict[str, Any], clusters: dict[str, Any], true_groups: dict[str, int]) -> str | None:
-    """"N clusters for M true groups: <cluster_count_basis>" for more clusters than groups and ARI < OVER_SPLIT_ARI."""
-    miss = cluster_miss_reason(summary, clusters, true_groups)
-    return miss[1] if miss and miss[0] == "over_split_reason" else None

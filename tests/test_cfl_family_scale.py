@@ -16,7 +16,7 @@ from clusterfed.strategies.base import steps
 from clusterfed.strategies.exchange import ClientInfo, TrainReply
 from clusterfed.clustering.principal_scores import principal_scores
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
-from clusterfed.cluster_misses import cluster_miss_reason, over_split_reason
+from clusterfed.cluster_misses import cluster_miss_reason
 from clusterfed.results import RunRecorder
 from clusterfed.strategies.hicfl import HiCFL
 
@@ -112,9 +112,10 @@ def test_the_basis_names_the_splits_and_the_refused_merge_and_the_recorder_write
     assert clusters["cluster_count_basis"] == basis
     keys = [str(i) for i in range(200)]
     one_group, groups = {k: 0 for k in keys}, {k: int(g) for k, g in zip(keys, labels)}
-    assert over_split_reason({"final_ari": 0.0}, clusters, one_group) == f"2 clusters for 1 true groups: {basis}"
-    assert over_split_reason({"final_ari": 0.98}, clusters, groups) is None  # as many clusters as groups
-    assert over_split_reason({"final_ari": 0.95}, clusters, one_group) is None  # ARI high enough
+    assert cluster_miss_reason({"final_ari": 0.0}, clusters, one_group) == (
+        "over_split_reason", f"2 clusters for 1 true groups: {basis}")
+    assert cluster_miss_reason({"final_ari": 0.98}, clusters, groups) is None  # as many clusters as groups
+    assert cluster_miss_reason({"final_ari": 0.95}, clusters, one_group) is None  # ARI high enough
     stream = io.StringIO()
     recorder = RunRecorder(tmp_path, {"strategy": "cfl"}, stream=stream)
     recorder.true_groups.update(one_group)
@@ -139,7 +140,7 @@ def test_every_miss_with_several_clusters_is_named_fewer_and_mixed_as_well_as_mo
     assert cluster_miss_reason({"final_ari": 0.0}, {**clusters, "cluster_count_basis": None}, three) is None
     one = {"assignment": {"a": 0, "b": 0}, "cluster_count_basis": basis}
     assert cluster_miss_reason({"final_ari": 0.0}, one, {"a": 0, "b": 1}) is None  # one_cluster_reason's case
-    assert over_split_reason({"final_ari": 0.5}, clusters, three) is None  # fewer is not an over-split
+    assert cluster_miss_reason({"final_ari": 0.5}, clusters, three)[0] != "over_split_reason"  # fewer is not one
 
 
 def test_one_cluster_reasons_give_their_numbers():

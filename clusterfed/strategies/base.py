@@ -205,7 +205,7 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
     def cluster_count_basis(self) -> str | None:
         """One sentence on the evidence for the final number of clusters, without true groups
         (splits accepted with their scores against the thresholds, merges made or refused);
-        the driver quotes it as ``over_split_reason`` when a run over-splits. None: not said."""
+        the recorder quotes it when a run misses its true groups (``clusterfed.cluster_misses``). None: not said."""
         return None
 
     # ---------------------------------------------------------------- helpers
