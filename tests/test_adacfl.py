@@ -11,6 +11,7 @@ import pytest
 from clusterfed import protocol
 from clusterfed.config import parse_config
 from clusterfed.models import select_layers
+from clusterfed.models.layers import matrix_layers
 from clusterfed.server_app import initial_arrays
 from clusterfed.simulation import simulate
 
@@ -56,14 +57,17 @@ def test_warm_up_then_the_true_groups(with_stats):
     assert rounds[1]["num_preclusters"] == 1 and set(clusters["preclusters"]) == {0}
 
 
-def test_clustering_uploads_only_the_smallest_fc_layer(with_stats):
+def test_clustering_uploads_every_candidate_layer_once(with_stats):
     config, rounds, clusters = with_stats
-    model_bytes, layer_bytes = model_and_layer_bytes(config, "smallest-fc")
-    assert clusters["layers"] == select_layers(protocol.from_array_record(initial_arrays(config)), "smallest-fc")
-    assert rounds[1]["clustering_bytes_up"] == layer_bytes * 10  # 12 clients, 2 held back
+    theta0 = protocol.from_array_record(initial_arrays(config))
+    model_bytes = sum(a.nbytes for a in theta0.values())
+    candidates = sum(theta0[k].nbytes for keys in matrix_layers(theta0).values() for k in keys)
+    chosen = clusters["layer_choice"]["chosen"]
+    assert clusters["layers"] == select_layers(theta0, chosen)
+    assert rounds[1]["clustering_bytes_up"] == candidates * 10  # 12 clients, 2 held back
     # clustering phase + the round's training, one model down per client each time
     assert rounds[1]["bytes_down"] == model_bytes * 10 * 2
-    assert rounds[1]["bytes_up"] == layer_bytes * 10 + model_bytes * 10
+    assert rounds[1]["bytes_up"] == candidates * 10 + model_bytes * 10
     assert rounds[0]["bytes_down"] == model_bytes * 10  # warm-up: one model per client
 
 

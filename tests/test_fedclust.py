@@ -11,6 +11,7 @@ import pytest
 from clusterfed import protocol
 from clusterfed.config import parse_config
 from clusterfed.models import select_layers
+from clusterfed.models.layers import matrix_layers
 from clusterfed.plots.clustering import plot_clustering_figures
 from clusterfed.server_app import initial_arrays
 from clusterfed.simulation import simulate
@@ -55,15 +56,34 @@ def test_recovers_the_true_groups_in_the_clustering_round(fedclust_with_newcomer
     assert all(len(g) == 1 for g in by_label.values())
 
 
-def test_clustering_uplink_is_the_final_layer_of_each_replying_client(fedclust_with_newcomers):
+def candidate_bytes(config) -> int:
+    theta0 = protocol.from_array_record(initial_arrays(config))
+    return sum(theta0[k].nbytes for keys in matrix_layers(theta0).values() for k in keys)
+
+
+def test_clustering_uplink_is_every_candidate_layer_once_then_the_chosen_one(fedclust_with_newcomers):
     config, _, rounds, clusters = fedclust_with_newcomers
     _, layer_bytes = model_and_layer_bytes(config, "final")
     replying = len(clusters["client_order"])
     assert replying == 10  # 12 clients, 2 held back
-    assert rounds[0]["clustering_bytes_up"] == layer_bytes * replying
-    assert clusters["layers"] == ["fc2.weight", "fc2.bias"]
-    # newcomers upload the same layer
+    # cluster-layers = auto: each candidate layer uploaded in the clustering phase, scored
+    assert rounds[0]["clustering_bytes_up"] == candidate_bytes(config) * replying
+    choice = clusters["layer_choice"]
+    assert [s["layer"] for s in choice["scores"]] == list(matrix_layers(protocol.from_array_record(initial_arrays(config))))
+    # digit pairs: the classifier head separates the groups best
+    assert choice["chosen"] == "fc2" and clusters["layers"] == ["fc2.weight", "fc2.bias"]
+    assert rounds[0]["decision"].startswith("FedClust compared fc2.weight, fc2.bias (chosen by evidence")
+    # newcomers upload only the chosen layer
     assert rounds[2]["newcomer_bytes_up"] == layer_bytes * 2
+
+
+def test_the_papers_rule_uploads_only_the_final_layer(tmp_path):
+    config, _, rounds, clusters = run(tmp_path, "final", strategy="fedclust", rounds=1,
+                                      **{"fedclust.cluster-layers": "final"})
+    _, layer_bytes = model_and_layer_bytes(config, "final")
+    assert rounds[0]["clustering_bytes_up"] == layer_bytes * 12
+    assert clusters["layer_choice"]["scores"] == [] and clusters["layers"] == ["fc2.weight", "fc2.bias"]
+    assert rounds[0]["ari"] == 1.0
 
 
 def test_downlink_is_one_model_per_client(fedclust_with_newcomers):
@@ -75,7 +95,7 @@ def test_downlink_is_one_model_per_client(fedclust_with_newcomers):
     assert rounds[1]["bytes_up"] == model_bytes * 10
     # round 1: θ0 to each clustering client, then its cluster model to train
     assert rounds[0]["bytes_down"] == model_bytes * 10 * 2
-    assert rounds[0]["bytes_up"] == layer_bytes * 10 + model_bytes * 10
+    assert rounds[0]["bytes_up"] == candidate_bytes(config) * 10 + model_bytes * 10
 
 
 def test_newcomers_are_placed_and_recorded(fedclust_with_newcomers):

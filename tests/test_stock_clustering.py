@@ -45,7 +45,7 @@ def model_bytes() -> int:
 
 
 def test_fedclust_chains_requests_until_a_quickstart_client_trained_cluster_epochs():
-    result = run_quickstart(clusterfed.FedClust(cluster_epochs=CLUSTER_EPOCHS))
+    result = run_quickstart(clusterfed.FedClust(cluster_epochs=CLUSTER_EPOCHS, chain_until="epochs"))
     assert ari(result) >= 0.9, result.clustering.get("one_cluster_reason")
     # every request, chained or not, sends and returns the whole model (a stock client
     # returns it whatever is asked): 10 clustering requests and round 1's training per client
@@ -54,12 +54,25 @@ def test_fedclust_chains_requests_until_a_quickstart_client_trained_cluster_epoc
     assert result.traffic["bytes_down"] == requests * model_bytes()
 
 
-def test_one_epoch_of_a_quickstart_client_does_not_show_the_groups():
+def test_the_chain_ends_once_the_clustering_is_stable():
+    # chain-until = stable (the default): the chain stops when three requests in a row cut
+    # the clients the same way, with clear structure; fewer trainings, the same groups
+    result = run_quickstart(clusterfed.FedClust(cluster_epochs=CLUSTER_EPOCHS))
+    assert ari(result) >= 0.9, result.clustering.get("one_cluster_reason")
+    trainings, rest = divmod(result.traffic["bytes_up"], NUM_CLIENTS * model_bytes())
+    assert rest == 0 and 3 + 1 <= trainings < CLUSTER_EPOCHS + 1
+
+
+def test_one_epoch_of_a_quickstart_client_does_not_show_the_groups_in_the_final_layer():
     # the server told that a stock client trains 10 epochs per request sends one request:
-    # the clients train 1 epoch, and that is too little to tell the groups apart
-    result = run_quickstart(clusterfed.FedClust(cluster_epochs=CLUSTER_EPOCHS), server_local_epochs=CLUSTER_EPOCHS)
-    assert ari(result) < 0.5
-    assert result.traffic["bytes_up"] == NUM_CLIENTS * 2 * model_bytes()
+    # the clients train 1 epoch, and that is too little to tell the groups apart in the
+    # papers' final layer; scored layer by layer, the first hidden layer shows them
+    final = run_quickstart(clusterfed.FedClust(cluster_epochs=CLUSTER_EPOCHS, cluster_layers="final"),
+                           server_local_epochs=CLUSTER_EPOCHS)
+    assert ari(final) < 0.5
+    assert final.traffic["bytes_up"] == NUM_CLIENTS * 2 * model_bytes()
+    scored = run_quickstart(clusterfed.FedClust(cluster_epochs=CLUSTER_EPOCHS), server_local_epochs=CLUSTER_EPOCHS)
+    assert ari(scored) >= 0.9 and scored.clustering["layer_choice"]["chosen"] == "fc1"
 
 
 @pytest.mark.parametrize("warmup_rounds", [0, 1])
@@ -72,7 +85,8 @@ def test_adacfl_without_label_statistics_chains_the_same_way(warmup_rounds):
 
 def test_the_chain_sends_each_stock_client_its_own_reply_and_stops_for_one_that_confirms():
     groups = {str(i): i % 2 for i in range(4)}
-    algorithm = make(strategy_class("fedclust"), groups, **{"fedclust.cluster_epochs": 5})
+    algorithm = make(strategy_class("fedclust"), groups, **{"fedclust.cluster_epochs": 5, "fedclust.chain-until": "epochs",
+                                                            "fedclust.cluster-layers": "final"})
     algorithm.train_config["local-epochs"] = 2  # what a stock client trains per request: 3 requests
     for key in ("0", "1", "2"):
         algorithm.clients[key].stock = True

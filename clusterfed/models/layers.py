@@ -192,3 +192,17 @@ def _numel(value: Any) -> int:
 def num_parameters_bytes(state_dict: Mapping[str, Any], keys: list[str]) -> int:
     """Bytes of the named arrays as float32 (4 bytes per element), whatever their dtype."""
     return sum(4 * _numel(state_dict[key]) for key in keys)
+
+
+def matrix_layers(model_or_state_dict: Any, compare: Selector = AUTO) -> dict[str, list[str]]:
+    """Layer prefix -> its compared keys, for every layer with a compared array of two or
+    more dimensions (convolutions, linear layers, embeddings, recurrent and attention
+    weights), in state-dict order: the candidates a layer choice by evidence scores."""
+    state_dict = _as_state_dict(model_or_state_dict)
+    if _module_kinds(model_or_state_dict) is not None and (compare is None or compare == AUTO):
+        compare = trainable_names(model_or_state_dict)
+    compared = compared_names(state_dict, compare)
+    keys_by_layer: dict[str, list[str]] = {}
+    for key in compared:
+        keys_by_layer.setdefault(_layer_of(key), []).append(key)
+    return {layer: keys for layer, keys in keys_by_layer.items() if any(_ndim(state_dict[k]) >= 2 for k in keys)}

@@ -111,3 +111,28 @@ def trainable_names(model: Any) -> list[str]:
     registration order; a tied weight appears once, under its first name. Pass it as a
     strategy's ``compare_arrays`` to compare exactly these."""
     return [name for name, parameter in model.named_parameters() if parameter.requires_grad]
+
+
+# An array counts as unchanged when no client moved any of its entries by more than this
+# fraction of its largest start value (at least 1): float32 keeps ~7 significant digits, so
+# an array sent back as it came (a frozen layer, requires_grad=False) differs by 0, and
+# anything below this is rounding, not training.
+SILENT_UPDATE_FLOOR = 1e-7
+
+
+def silent_names(updates: Sequence[Mapping[str, Any]], names: Sequence[str], start: Mapping[str, Any] | None = None,
+                 floor: float = SILENT_UPDATE_FLOOR) -> list[str]:
+    """The ``names`` whose update is (numerically) zero in every one of ``updates``: arrays
+    no client changed, such as a frozen backbone's, which carry no signal about the clients
+    and must never decide a distance, a split or a layer choice. ``updates``: one mapping
+    per client of name -> update (new weights minus the start's); ``start``: the start
+    model, which scales the floor (``SILENT_UPDATE_FLOOR``). Empty when ``updates`` is."""
+    if not updates:
+        return []
+    silent = []
+    for name in names:
+        scale = 1.0 if start is None else max(1.0, float(np.max(np.abs(np.asarray(start[name], np.float64)), initial=0.0)))
+        bound = floor * scale
+        if all(float(np.max(np.abs(np.asarray(update[name], np.float64)), initial=0.0)) <= bound for update in updates):
+            silent.append(name)
+    return silent

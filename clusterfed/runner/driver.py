@@ -193,7 +193,9 @@ class RoundDriver:
         if self.recorder is not None:
             self.record(server_round, evals, time.perf_counter() - started, diagnostics)
         self.completed_rounds = server_round
-        self.log_round(server_round, num_rounds, result, diagnostics.get("train_loss"))
+        ending = self.strategy.ending_sentence() if server_round == num_rounds else None
+        decision = "; ".join(text for text in (diagnostics.get("decision"), ending) if text)
+        self.log_round(server_round, num_rounds, result, diagnostics.get("train_loss"), decision)
         self.strategy.training_failed = None
         self.check_failing(server_round, num_rounds)
         if self.options.checkpoint and self.recorder is not None:
@@ -221,9 +223,12 @@ class RoundDriver:
                             extra=self.extra_columns(diagnostics), absent=len(members.absent_devices()),
                             evaluated=self.evaluate_sent)
 
-    def log_round(self, server_round: int, num_rounds: int, result: ClusteredResult, loss: float | None) -> None:
+    def log_round(self, server_round: int, num_rounds: int, result: ClusteredResult, loss: float | None,
+                  decision: str | None = None) -> None:
         """The round's one INFO line: replies and failures, clusters, the mean train ``loss``
-        and the clients' evaluate metrics (averaged by num-examples, as Flower's FedAvg does)."""
+        and the clients' evaluate metrics (averaged by num-examples, as Flower's FedAvg does),
+        then the strategy's ``decision`` of this round in its own words, when it made one
+        (which arrays it compared; why it kept one cluster, and what to try)."""
         assignment = self.strategy.assignment
         clusters = len({assignment[k] for k in self.members.active_keys() if k in assignment})
         failed = len(self.link.failed_keys)
@@ -238,6 +243,8 @@ class RoundDriver:
             parts.append(f"train loss {loss:.4g}")
         if evaluated:
             parts.append("evaluate " + ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(evaluated.items())))
+        if decision:
+            parts.append(decision)
         log(logging.INFO, "%s", "; ".join(parts))
 
     def check_failing(self, server_round: int, num_rounds: int) -> None:

@@ -202,6 +202,19 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         """Why the run ended with one cluster; None when it has more or one cluster is the design."""
         return None
 
+    def one_cluster_advice(self) -> str | None:
+        """The one setting most likely to change a one-cluster ending (None: none to give)."""
+        return None
+
+    def ending_sentence(self) -> str | None:
+        """The last round line's words when the run ends as FedAvg: the reason and what to
+        try, in plain words; None when it has more than one cluster or one is the design."""
+        reason = self.one_cluster_reason()
+        if reason is None:
+            return None
+        advice = self.one_cluster_advice()
+        return f"{type(self).__name__} ends with one cluster: {reason}" + (f"; try {advice}" if advice else "")
+
     def cluster_count_basis(self) -> str | None:
         """One sentence on the evidence for the final number of clusters, without true groups
         (splits accepted with their scores against the thresholds, merges made or refused);

@@ -42,6 +42,7 @@ from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
 from clusterfed.clustering.sketch import in_sketch_space
+from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
 from clusterfed.strategies.count_evidence import CountEvidence
 from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, Diagnostics, SplitCompared, TrainReply, natural
@@ -92,6 +93,9 @@ class BiPartitioningState(ClusteredState):
     split_models: dict[int, Arrays] = field(default_factory=dict)
     merged: set[int] = field(default_factory=set)  # clusters made by a merge: final, never split again
     split_allowed: bool = False  # whether the size and round rules ever allowed a split
+    # arrays no client changed in the first replies (a frozen backbone): left out of every
+    # comparison from then on; None until the first replies were seen
+    silent: list[str] | None = None
     # members placed on a side of a split they sat out -> that split's node, until they are
     # placed by descent from it when next sampled (module docstring)
     provisional: dict[str, int] = field(default_factory=dict)
@@ -190,8 +194,29 @@ class BiPartitioning(CountEvidence, LeafMerging, ClusteredStrategy):
         return {"mode": c.split_criteria, "eps1": c.eps1, "eps2": c.eps2, "rel_eps1": c.rel_eps1,
                 "rel_eps2": c.rel_eps2}
 
+    # ------------------------------------------------------------ silent arrays
+    def leave_out_silent(self, replies: list[TrainReply]) -> str | None:
+        """On the first replies: the compared arrays whose update is zero for every client
+        (``parameters.silent_names``) leave ``compared`` for good, and the layer rules pick
+        again without them (``compared_changed``). Returns the sentence naming them, once."""
+        if self.silent is not None or not replies:
+            return None
+        silent = silent_names([r.update for r in replies], self.compared, self.theta0)
+        kept = [n for n in self.compared if n not in set(silent)]
+        self.silent = silent if kept else []  # all silent: nothing trained yet, nothing to judge by
+        if not self.silent:
+            return None
+        self.compared = kept
+        self.compared_changed()
+        shown = ", ".join(silent[:4]) + (f" and {len(silent) - 4} more" if len(silent) > 4 else "")
+        return f"{type(self).__name__}: left out of every comparison, no client changed them: {shown}"
+
+    def compared_changed(self) -> None:
+        """``compared`` lost arrays no client changed: what was chosen from it is chosen again."""
+
     # ------------------------------------------------------------ the round
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+        silent = self.leave_out_silent(replies)
         by_cluster: dict[int, list[TrainReply]] = defaultdict(list)
         for reply in sorted(replies, key=lambda r: natural(r.key)):  # positions follow key order
             if reply.cluster in self.models and self.tree.node(reply.cluster).is_leaf:
@@ -209,6 +234,8 @@ class BiPartitioning(CountEvidence, LeafMerging, ClusteredStrategy):
         if self.params.merge:
             diagnostics["merges"] = self.merge_leaves(server_round, {c: g for c, g in by_cluster.items()
                                                                      if self.tree.node(c).is_leaf})
+        if silent:
+            diagnostics["decision"] = silent
         return {**diagnostics, "split_criteria": report, "last_split_round": self.final_clustering_round}
 
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],

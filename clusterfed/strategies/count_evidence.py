@@ -6,11 +6,28 @@ the thresholds, the merges made and the closest pair of leaves a merge refused).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from clusterfed.clustering.split_rules import one_cluster_reason, refusal_counts
 
 SHOWN_SPLITS = 2  # the splits a basis names: those closest to their threshold
+
+
+# reason code (the strategies' ``one_cluster_reasons``) -> the setting most likely to change it
+ONE_CLUSTER_ADVICE = {
+    "criteria": "more rounds, split-criteria = relative (rel-eps1, rel-eps2: the criteria scaled to the updates), "
+                "or FedClust, which clusters once from the first round",
+    "stability": "more rounds, a larger hicfl.stability-eps-rel, or FedClust",
+    "window": "more rounds or a smaller hicfl.window",
+    "silhouette": "a lower split-min-silhouette if the groups are real but close, or compare-arrays naming the "
+                  "layers that differ between groups",
+    "check": "correct-clustering-check = false (the check recorded, not enforced)",
+    "size": "a smaller min-split-size or min-split-round, or more clients per round (fraction-train)",
+    "agree": "compare-arrays naming the layers that differ between groups, or FedClust",
+    "one_side": "a smaller hicfl.min-side",
+    "reference": "more clients per round (fraction-train) or a smaller min-split-size",
+}
 
 
 class CountEvidence:
@@ -37,6 +54,12 @@ class CountEvidence:
         return (f"round {last['round']}: mean-update norm {last['mean_norm']:.3g} vs rel-eps1 × peak "
                 f"{c.rel_eps1 * last['reference_mean_norm']:.3g}, max norm {last['max_norm']:.3g} vs rel-eps2 × mean "
                 f"{c.rel_eps2 * last['mean_norm']:.3g}")
+
+    def one_cluster_advice(self) -> str | None:
+        """What to try, by the reason the splits never happened (``ONE_CLUSTER_ADVICE``)."""
+        codes = self.refusal_codes()
+        code = Counter(codes).most_common(1)[0][0] if codes else ("size" if not self.split_allowed else self.timing_code)
+        return ONE_CLUSTER_ADVICE.get(code)
 
     def one_cluster_reason(self) -> str | None:
         """Why the run ended with one cluster, with the numbers behind it (None when it has more)."""

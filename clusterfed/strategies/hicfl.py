@@ -208,25 +208,36 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
         self.xi = 0.05 * float(self.train_config["lr"]) if xi is None else xi
         self.tracker = StabilityTracker(self.params.window, self.xi, min_kept_fraction=MIN_KEPT_FRACTION)
         rule = self.params.cluster_layers
-        names = self.compared if rule == "auto" else self.select_compared_layers(rule)
+        self.watch(self.compared if rule == "auto" else self.select_compared_layers(rule))
+        self.no_split = []
+        self.windows_filled = False
+        self.samples = {}
+
+    def watch(self, names: list[str]) -> None:
+        """The layers whose stability is watched: ``names`` grouped by layer."""
         self.layer_keys = {}
         for name in names:  # named layer = state-dict prefix: weight and bias together
             self.layer_keys.setdefault(name.rsplit(".", 1)[0], []).append(name)
         self.layers = list(self.layer_keys)
         self.layer_sizes = {layer: int(sum(self.theta0[n].size for n in keys))
                             for layer, keys in self.layer_keys.items()}
-        self.no_split = []
-        self.windows_filled = False
-        self.samples = {}
+
+    def compared_changed(self) -> None:
+        """Arrays no client changed are never watched (a frozen layer is perfectly stable)."""
+        kept = set(self.compared)
+        self.watch([n for keys in self.layer_keys.values() for n in keys if n in kept]
+                   or [n for keys in self.layer_keys.values() for n in keys])
 
     @property
     def structure_test(self) -> bool:
         return self.params.min_silhouette > -1
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+        silent = self.leave_out_silent(replies)  # before the windows see a frozen layer
         self.track(replies)
         # stability before a split restarts the windows, so figures show the trigger; no_split: [] when none
-        return {**self.record_stability(), "no_split": [], **super().after_train(server_round, replies)}
+        diagnostics = {**self.record_stability(), "no_split": [], **super().after_train(server_round, replies)}
+        return {**diagnostics, "decision": silent} if silent else diagnostics
 
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
                        decision: SplitDecision) -> Diagnostics | None:

@@ -57,6 +57,7 @@ from pydantic import Field
 
 from clusterfed.clustering.layercfl import CheckResult, correct_clustering_check
 from clusterfed.models.layers import select_layers
+from clusterfed.strategies.base import StrategyParamsError
 from clusterfed.strategies.cfl import CFL, CFLParams, CFLState
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
@@ -101,16 +102,31 @@ class LayerCFL(CFL):
 
     def init_clusters(self) -> None:
         super().init_clusters()
+        self.pick_layers(self.params.compare_arrays)
+
+    def pick_layers(self, compare) -> None:
+        """The layers the split is decided on, among the arrays ``compare`` selects."""
         rule = self.params.cluster_layers
-        compare = self.params.compare_arrays
         if rule == "auto":
             rule = LAYER_RULE_OF_SKEW[self.params.skew]
-            # a model without conv layers (an MLP, a GRU, a Transformer): its first fully
-            # connected layer; without one either, the final layer
+            # a model without conv layers (an MLP, a GRU, a Transformer) or whose conv layers
+            # no client changes (a frozen backbone): its first fully connected layer; without
+            # one either, the final layer
             fallbacks = {"conv": ("conv", "fc", "final"), "fc": ("fc", "final")}[rule]
             rule = next((r for r in fallbacks if _has_layer(self.theta0, r, compare)), "final")
         self.layer_rule = rule
-        self.selected_names = self.select_compared_layers(rule)
+        try:
+            self.selected_names = select_layers(self.theta0, rule, compare)
+        except ValueError as error:
+            raise StrategyParamsError(f"{self.name}: {error}") from None
+
+    def compared_changed(self) -> None:
+        """Arrays no client changed left ``compared``: the rule picks again among the rest
+        (an explicit ``cluster-layers`` keeps its layers, less the silent arrays)."""
+        if self.params.cluster_layers == "auto":
+            self.pick_layers(list(self.compared))
+        else:
+            self.selected_names = [n for n in self.selected_names if n in set(self.compared)] or self.selected_names
 
     def decision_names(self) -> list[str]:
         return self.selected_names

@@ -29,13 +29,14 @@ evaluated: no model was chosen for it. Every round trains exactly the sampled cl
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
-from sklearn.metrics import silhouette_score
+from sklearn.metrics import adjusted_rand_score, silhouette_score
 
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering import (
@@ -50,6 +51,7 @@ from clusterfed.clustering import (
 )
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
 from clusterfed.strategies.exchange import UPLOAD_FULL, Arrays, Diagnostics, NewcomersPlaced, TrainReply, natural
+from clusterfed.strategies.layer_choice import LayerChoice, choose, no_structure_advice, sentence, start_choice
 
 # clusters.json keeps the square distance matrix (for the heat-map) up to this many
 # clients; beyond, it would take O(m²) memory and megabytes of JSON per run
@@ -65,8 +67,15 @@ class OneShotParams(StrategyParams):
     cluster_epochs: int = Field(10, alias="cluster-epochs", ge=1,
                                 description="local epochs of the clustering step (and of a newcomer's placement)")
     cluster_layers: str = Field("auto", alias="cluster-layers",
-                                description="layers uploaded and compared: a rule (final, smallest-fc, conv, fc, all) "
-                                            "or layer names; auto = the strategy's own rule")
+                                description="layers uploaded and compared: auto = the layer whose clients' updates show "
+                                            "the most structure (every candidate layer uploaded once, in the "
+                                            "clustering phase); final = the papers' rule; or a rule (smallest-fc, "
+                                            "conv, fc, all) or layer names. Arrays no client changed are left out")
+    chain_until: Literal["stable", "epochs"] = Field(
+        "stable", alias="chain-until",
+        description="a stock ClientApp (it trains its own local-epochs per request) is sent its reply back until "
+                    "the clients' clustering is the same after two requests in a row (stable; at most "
+                    "cluster-epochs in all) or until it has trained cluster-epochs (epochs, the papers' phase)")
     lambda_: PositiveNumber | Literal["auto"] = Field(
         "auto", alias="lambda", description='distance threshold of the dendrogram cut, or "auto" = the best-silhouette cut')
     distance: Literal["l2", "cosine"] = Field(
@@ -90,7 +99,7 @@ class OneShotState(ClusteredState):
     # their partial weights are comparable with the cluster references
     cluster_start: Arrays = field(default_factory=dict)
     references: dict[int, np.ndarray] = field(default_factory=dict)
-    layer_keys: list[str] = field(default_factory=list)
+    layer_choice: LayerChoice = field(default_factory=LayerChoice)
     clustering_state: dict[str, Any] = field(default_factory=dict)
 
 
@@ -112,9 +121,14 @@ class OneShotClustering(ClusteredStrategy):
         self.clustered = False
         self.cluster_start = self.theta0
         self.references = {}
-        self.layer_keys = self.select_compared_layers(self.layer_rule if self.params.cluster_layers == "auto"
-                                                      else self.params.cluster_layers)
+        self.layer_choice = start_choice(self.theta0, self.params.cluster_layers, self.params.compare_arrays,
+                                         self.select_compared_layers, self.layer_rule)
         self.clustering_state = {}
+
+    @property
+    def layer_keys(self) -> list[str]:
+        """The arrays uploaded and compared now (``layer_choice.py``)."""
+        return self.layer_choice.keys
 
     def draw_sample(self, server_round: int) -> list[str] | None:
         """Placing asks clients for work: sample among all active clients first."""
@@ -132,8 +146,16 @@ class OneShotClustering(ClusteredStrategy):
             reference = self.clustering_state.get("auto_reference_silhouette")
             noise = "" if reference is None else f", group-free data of this size reaches {reference:.3f}"
             return (f"{self.one_cluster_reasons['silhouette']} (best silhouette {shown}, "
-                    f"auto-min-silhouette {self.params.auto_min_silhouette}{noise})")
+                    f"auto-min-silhouette {self.params.auto_min_silhouette}{noise}; compared "
+                    f"{', '.join(self.layer_keys)})")
         return f"{self.one_cluster_reasons['threshold']} (lambda {self.params.lambda_})"
+
+    def one_cluster_advice(self) -> str | None:
+        if not self.clustered:
+            return "a longer round timeout or more clients (nobody replied to the clustering step)"
+        if self.layer_choice.scores:
+            return "HiCFL or CFL (they compare every round), or a lower auto-min-silhouette if the groups are close"
+        return "cluster_layers='auto' (each layer scored) or HiCFL"
 
     # -------------------------------------------------------------- the phase
     def clustering_epochs(self) -> int:
@@ -161,17 +183,18 @@ class OneShotClustering(ClusteredStrategy):
         done, replies = [], []  # trained the epochs asked / to be sent their own reply back
         for reply in received:
             (done if self.trains_on(reply, epochs) else replies).append(reply)
-        chained = 0
+        chained, requests, partitions = 0, 1, []
         for _ in range(self.stock_requests() - 1):
-            if not replies:
+            if not replies or (self.params.chain_until == "stable" and self.settled(done + replies, start, partitions)):
                 break
             received = yield self.train_asks(server_round, [reply.key for reply in replies],
                                              models={reply.key: reply.weights for reply in replies},
                                              extra={**extra, "upload": UPLOAD_FULL}, phase="cluster")
             bytes_up += received.bytes_up
             chained += len(replies)
+            requests += 1
             replies = list(received)  # a client that fails on the way stays unplaced
-        diagnostics = {"stock_chained_requests": chained} if chained else {}
+        diagnostics = {"stock_chained_requests": chained, "stock_trainings": requests} if chained else {}
         replies = sorted(done + replies, key=lambda reply: natural(reply.key))
         if not replies:
             return [], None, bytes_up, diagnostics
@@ -179,9 +202,48 @@ class OneShotClustering(ClusteredStrategy):
         # the start model: L2 distances are those of the weights (the papers'), and cosine
         # compares directions of training instead of weights dominated by the shared start
         # (measured on digits IID: cosine on weights split 2 of 4 seeds, on changes none).
-        X = stack_partials([[reply.arrays[name] for name in self.layer_keys] for reply in replies])
-        X -= stack_partials([[start[name] for name in self.layer_keys]])
+        first_choice = not self.layer_choice.decided
+        X = self.rows(replies, start)
+        if first_choice:
+            diagnostics["decision"] = sentence(self.layer_choice, type(self).__name__)
+            diagnostics["compared_arrays"] = list(self.layer_keys)
         return [reply.key for reply in replies], X, bytes_up, diagnostics
+
+    def rows(self, replies: list[TrainReply], start: Arrays) -> np.ndarray:
+        """The replies' compared arrays minus ``start``'s, one row per reply; the first time,
+        this settles which layer is compared (``layer_choice.choose``)."""
+        p = self.params
+        return choose(self.layer_choice, [reply.arrays for reply in replies], start, metric=p.distance,
+                      linkage=p.linkage, min_silhouette=p.auto_min_silhouette,
+                      reference_draws=p.auto_reference_draws, seed=p.seed)
+
+    def settled(self, replies: list[TrainReply], start: Arrays, partitions: list[np.ndarray]) -> bool:
+        """Whether the clustering of ``replies`` (cut as ``cut`` would, on a copy of the layer
+        choice) is the same as after the two requests before, with more than one cluster
+        and a silhouette at ``auto-min-silhouette``: a stock client's further epochs would not
+        change it (``chain-until = stable``)."""
+        trial = copy.deepcopy(self.layer_choice)
+        p = self.params
+        X = choose(trial, [reply.arrays for reply in replies], start, metric=p.distance, linkage=p.linkage,
+                   min_silhouette=p.auto_min_silhouette, reference_draws=p.auto_reference_draws, seed=p.seed)
+        labels, info = self.cut(X)
+        partitions.append(np.asarray(labels))
+        if len(partitions) < 3 or len(np.unique(labels)) < 2:
+            return False
+        # a cut that only beats group-free data (the lowered bar) may still move: only clear
+        # structure, at the fixed bar, ends the chain early
+        if p.lambda_ == "auto" and (info.get("auto_best_silhouette") or -1.0) < p.auto_min_silhouette:
+            return False
+        return all(adjusted_rand_score(partitions[-1], earlier) == 1.0 for earlier in partitions[-3:-1])
+
+    def cut_sentence(self, labels: np.ndarray, info: dict[str, Any]) -> str | None:
+        """The clustering round's words on a cut that left one cluster: which arrays, the
+        score against the bar, the setting most likely to change it (None: clusters found)."""
+        if len(np.unique(labels)) > 1:
+            return None
+        return no_structure_advice(self.layer_choice, type(self).__name__, info.get("auto_best_silhouette"),
+                                   info.get("auto_required_silhouette", self.params.auto_min_silhouette
+                                            if self.params.lambda_ == "auto" else None), self.layer_rule)
 
     def trains_on(self, reply: TrainReply, epochs: int) -> bool:
         """Whether ``reply`` trained the clustering step's ``epochs`` in one request: a
@@ -239,6 +301,7 @@ class OneShotClustering(ClusteredStrategy):
             "clustering_round": server_round,
             "final_clustering_round": server_round,  # one-shot: the same; the grid's column for every strategy
             "layers": list(self.layer_keys),
+            "layer_choice": self.layer_choice.record(),
             "distance": self.params.distance,
             "vectors": "partial weights minus the start model's (L2 distances equal the weights')",
             "linkage_method": self.params.linkage,

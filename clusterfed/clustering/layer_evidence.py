@@ -1,0 +1,78 @@
+"""Which layer's updates show the clients' groups: each candidate layer's rows are cut
+as ``cluster_auto`` cuts them (best-silhouette dendrogram cut, tested against group-free
+data of the same size and shape, ``null_reference``), and the layer whose accepted cut is
+best separated is taken.
+
+Beyond the papers: FedClust (Islam et al., ICPP 2024) and AdaCFL compare "the final
+layer", which is the classifier head only when the head is the model's last layer and
+trains. A user's model may end with an auxiliary decoder, or train only a head on a frozen
+backbone; the evidence of the clients' own updates finds the layer that separates them.
+
+Picking the best of several layers is several tests: each layer's cut must beat the best
+of ``reference_draws`` × (number of layers) group-free draws (a Bonferroni-style
+correction of the one-layer 5 % test), so that IID clients stay one cluster as often as
+with one layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .agglomerative import DEFAULT_MAX_CLUSTERS, cluster_auto
+
+# rows scored per layer at most: the choice of a layer needs the groups' shape, not every
+# client (a seeded sample of rows; the chosen layer's cut then runs on all of them)
+MAX_SCORED_ROWS = 300
+
+
+@dataclass(frozen=True)
+class LayerScore:
+    """One candidate layer: its best cut's silhouette (None: fewer than 3 rows), the
+    number of clusters the cut accepted (1: no structure found), the silhouette it had
+    to reach (the fixed bar, or the group-free reference's lowered one)."""
+
+    layer: str
+    silhouette: float | None
+    clusters: int
+    required: float
+    reference: float | None
+
+    @property
+    def margin(self) -> float:
+        """How far the best cut's silhouette clears the bar it had to reach."""
+        return -np.inf if self.silhouette is None else self.silhouette - self.required
+
+    def record(self) -> dict:
+        return {"layer": self.layer, "silhouette": self.silhouette, "clusters": self.clusters,
+                "required": self.required, "reference": self.reference}
+
+
+def score_layers(rows: dict[str, np.ndarray], *, metric: str, linkage: str, min_silhouette: float,
+                 reference_draws: int, seed: int = 0, max_clusters: int | None = DEFAULT_MAX_CLUSTERS,
+                 max_rows: int = MAX_SCORED_ROWS) -> list[LayerScore]:
+    """Each layer's ``LayerScore``, in the order of ``rows`` (layer -> one row per client,
+    the same clients in every layer)."""
+    if not rows:
+        raise ValueError("no candidate layer to score")
+    draws = reference_draws * len(rows)
+    scores = []
+    for layer, X in rows.items():
+        X = np.asarray(X, dtype=np.float64)
+        if len(X) > max_rows:
+            X = X[np.sort(np.random.default_rng(seed).choice(len(X), size=max_rows, replace=False))]
+        cut = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette, max_clusters=max_clusters,
+                           reference_draws=draws, seed=seed)
+        required = min_silhouette if cut.required is None else float(cut.required)
+        scores.append(LayerScore(layer, cut.silhouette, int(cut.num_clusters), required, cut.reference))
+    return scores
+
+
+def most_structured(scores: list[LayerScore]) -> LayerScore:
+    """The layer to compare: among the layers whose cut found clusters, the one whose
+    silhouette clears its bar by most; when none found any, the one that came closest
+    (the run then stays one cluster, and says which layers were scored). Ties: the
+    earlier layer."""
+    found = [s for s in scores if s.clusters > 1]
+    return max(found or scores, key=lambda s: s.margin)

@@ -1,0 +1,138 @@
+"""The layer a one-shot clustering compares (FedClust, AdaCFL), chosen from the clients'
+own updates and said in plain words.
+
+``cluster-layers = auto`` (beyond the papers): the clustering phase uploads every
+candidate layer (each layer with a compared array of two or more dimensions; at most
+``MAX_CANDIDATE_LAYERS``, the last ones in state-dict order), the arrays no client changed
+are left out (``parameters.silent_names``: a frozen backbone), and the layer whose clients'
+updates show the most structure is compared (``clustering.layer_evidence``). Newcomers
+then upload only that layer. The papers' rule (``final``) or any rule or layer names stay
+selectable: they are compared as given, less the arrays no client changed.
+
+``LayerChoice`` is plain data (checkpointed in the strategy's state); ``choose`` is the
+one step, and ``sentence`` / ``no_structure_advice`` what the round line says.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from clusterfed.clustering import stack_partials
+from clusterfed.clustering.layer_evidence import LayerScore, most_structured, score_layers
+from clusterfed.models.layers import matrix_layers
+from clusterfed.models.parameters import silent_names
+
+EVIDENCE = "auto"
+# each candidate costs one cut with its group-free reference, and every candidate is
+# uploaded once in the clustering phase: the last layers hold the head and its neighbours
+MAX_CANDIDATE_LAYERS = 8
+
+
+@dataclass
+class LayerChoice:
+    """Which arrays are compared, and why. ``candidates``: layer -> keys still to be scored
+    (empty once chosen, or under a rule); ``keys``: what is uploaded and compared now."""
+
+    rule: str = EVIDENCE
+    keys: list[str] = field(default_factory=list)
+    candidates: dict[str, list[str]] = field(default_factory=dict)
+    chosen: str | None = None
+    scores: list[dict[str, Any]] = field(default_factory=list)
+    silent: list[str] = field(default_factory=list)
+    decided: bool = False  # the clustering phase's replies were seen: keys and silent arrays fixed
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.candidates)
+
+    def record(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k != "candidates"}
+
+
+def start_choice(theta0: dict[str, np.ndarray], rule: str, compare: Any, rule_keys, paper_rule: str) -> LayerChoice:
+    """The choice before any reply: under ``auto`` every candidate layer's keys are uploaded
+    (a model with one candidate needs no scoring); under a rule, ``rule_keys(rule)``
+    (``paper_rule``: the strategy's paper's, for a model with no candidate layer)."""
+    if rule != EVIDENCE:
+        return LayerChoice(rule=rule, keys=list(rule_keys(rule)))
+    candidates = matrix_layers(theta0, compare)
+    if len(candidates) > MAX_CANDIDATE_LAYERS:
+        candidates = dict(list(candidates.items())[-MAX_CANDIDATE_LAYERS:])
+    if len(candidates) <= 1:
+        keys = [k for keys in candidates.values() for k in keys] or list(rule_keys(paper_rule))
+        return LayerChoice(rule=rule, keys=keys, chosen=next(iter(candidates), None))
+    return LayerChoice(rule=rule, keys=[k for keys in candidates.values() for k in keys], candidates=candidates)
+
+
+def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict[str, np.ndarray], *,
+           metric: str, linkage: str, min_silhouette: float, reference_draws: int, seed: int) -> np.ndarray:
+    """Settle ``choice`` on the clustering phase's replies (``arrays``: each client's
+    uploaded arrays, trained from ``start``) and return the rows to cluster: the compared
+    keys' change from ``start``, arrays no client changed left out. The first call fixes
+    the keys and the silent arrays in ``choice``; later calls (newcomers) only read them."""
+    updates = [{k: np.asarray(a[k], np.float64) - np.asarray(start[k], np.float64) for k in choice.keys} for a in arrays]
+    if not choice.decided:  # later rows (newcomers) must line up with the clustering phase's
+        choice.silent = silent_names(updates, choice.keys, start)
+        choice.decided = True
+    silent = set(choice.silent)
+    if choice.pending:
+        rows = {layer: stack_partials([[u[k] for k in keys if k not in silent] for u in updates])
+                for layer, keys in choice.candidates.items() if any(k not in silent for k in keys)}
+        if len(rows) > 1:
+            scores = score_layers(rows, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
+                                  reference_draws=reference_draws, seed=seed)
+            best = most_structured(scores)
+            choice.scores = [s.record() for s in scores]
+            choice.chosen = best.layer
+        elif rows:
+            choice.chosen = next(iter(rows))
+        if choice.chosen is not None:
+            choice.keys = [k for k in choice.candidates[choice.chosen] if k not in silent]
+        choice.candidates = {}
+    kept = [k for k in choice.keys if k not in silent] or list(choice.keys)
+    return stack_partials([[u[k] for k in kept] for u in updates])
+
+
+def chosen_score(choice: LayerChoice) -> LayerScore | None:
+    for score in choice.scores:
+        if score["layer"] == choice.chosen:
+            return LayerScore(**score)
+    return None
+
+
+def sentence(choice: LayerChoice, strategy: str) -> str:
+    """What the clustering round's line says about the compared arrays."""
+    shown = ", ".join(choice.keys) if len(choice.keys) <= 3 else f"{choice.keys[0]} … ({len(choice.keys)} arrays)"
+    text = f"{strategy} compared {shown}"
+    if choice.scores:
+        others = ", ".join(f"{s['layer']} {_silhouette(s['silhouette'])}" for s in choice.scores if s["layer"] != choice.chosen)
+        best = chosen_score(choice)
+        text += (f" (chosen by evidence: best-cut silhouette {_silhouette(best.silhouette)} against "
+                 f"{best.required:.2f} needed; other layers {others})")
+    elif choice.rule != EVIDENCE:
+        text += f" (cluster-layers = {choice.rule})"
+    if choice.silent:
+        names = ", ".join(choice.silent[:4]) + (f" and {len(choice.silent) - 4} more" if len(choice.silent) > 4 else "")
+        text += f"; left out, no client changed them: {names}"
+    return text
+
+
+def no_structure_advice(choice: LayerChoice, strategy: str, silhouette: float | None, required: float | None,
+                        paper_rule: str) -> str:
+    """The one-cluster sentence of the clustering round: on which arrays, the score against
+    the bar, and the setting most likely to change it."""
+    layer = choice.chosen or (choice.keys[0].rsplit(".", 1)[0] if choice.keys else "?")
+    bar = "" if required is None else f" < {required:.2f}"
+    if choice.scores:  # every candidate was scored and none showed groups
+        hint = "the clients may share one task; if they should not, try HiCFL or CFL (they compare every round)"
+    else:
+        other = next(r for r in (paper_rule, "all") if r != choice.rule)
+        hint = f"try cluster_layers={EVIDENCE!r} (each layer scored) or {other!r}, or HiCFL"
+    return f"{strategy}: one cluster, no structure on {layer} (best silhouette {_silhouette(silhouette)}{bar}); {hint}"
+
+
+def _silhouette(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"

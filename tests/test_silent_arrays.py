@@ -1,0 +1,149 @@
+"""Arrays that carry no signal never decide, and the compared layer is chosen by evidence:
+a frozen backbone (its arrays come back unchanged) is left out of every comparison and of
+every layer rule; a classifier head that is not the model's last layer is found by the
+structure of the clients' updates; a one-cluster decision says why in the round line."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+from harness import drive_round, make
+
+import clusterfed
+from clusterfed.clustering.layer_evidence import most_structured, score_layers
+from clusterfed.models.layers import matrix_layers
+from clusterfed.models.parameters import silent_names
+from clusterfed.strategies import strategy_class
+
+GROUPS = {str(i): i % 2 for i in range(8)}  # two groups of four
+
+
+def client_update(key: str, name: str, shape: tuple[int, ...], structured: tuple[str, ...]) -> np.ndarray:
+    """conv1.* frozen (zero); the ``structured`` layers' updates point one way per group
+    with a little noise; every other array moves by noise alone, the same for both groups."""
+    rng = np.random.default_rng(1000 + int(key) * 31 + len(name))
+    if name.startswith("conv1"):
+        return np.zeros(shape, np.float32)
+    noise = 0.05 * rng.standard_normal(shape)
+    if name.rsplit(".", 1)[0] in structured:
+        direction = np.random.default_rng(7 + GROUPS[key]).standard_normal(shape)
+        return (direction + noise).astype(np.float32)
+    return (10 * noise).astype(np.float32)
+
+
+def respond_with(structured: tuple[str, ...]):
+    def respond(ask):
+        names = ask.upload or list(ask.model)
+        if ask.config.get("return") == "update":
+            return {n: client_update(ask.key, n, ask.model[n].shape, structured) for n in names}
+        return {n: ask.model[n] + client_update(ask.key, n, ask.model[n].shape, structured) for n in names}
+    return respond
+
+
+def test_silent_names_are_the_arrays_no_client_changed():
+    start = {"a": np.ones(3, np.float32), "b": np.ones(3, np.float32), "c": np.full(3, 100.0, np.float32)}
+    updates = [{"a": np.zeros(3), "b": np.array([0.0, 1e-3, 0.0]), "c": np.full(3, 5e-6)},
+               {"a": np.zeros(3), "b": np.zeros(3), "c": np.zeros(3)}]
+    # c moved by less than the floor scaled by its start (100 × 1e-7 = 1e-5): rounding, not training
+    assert silent_names(updates, ["a", "b", "c"], start) == ["a", "c"]
+    assert silent_names([], ["a"], start) == []
+
+
+def test_the_most_structured_layer_wins_and_noise_finds_none():
+    rng = np.random.default_rng(0)
+    groups = np.repeat([0, 1, 2], 4)
+    centres = 3 * rng.standard_normal((3, 500))
+    rows = {"noise": rng.standard_normal((12, 500)), "head": centres[groups] + 0.3 * rng.standard_normal((12, 500))}
+    scores = score_layers(rows, metric="cosine", linkage="average", min_silhouette=0.25, reference_draws=19)
+    assert [s.layer for s in scores] == ["noise", "head"]
+    best = most_structured(scores)
+    assert best.layer == "head" and best.clusters == 3
+    # group-free clients: with two candidate layers, each cut must beat twice the draws, so
+    # a choice among layers finds groups in noise about as rarely as one layer's 5 % test
+    found = 0
+    for seed in range(20):
+        noise = np.random.default_rng(100 + seed).standard_normal((2, 12, 500))
+        scores = score_layers({"a": noise[0], "b": noise[1]}, metric="cosine", linkage="average",
+                              min_silhouette=0.25, reference_draws=19, seed=seed)
+        found += most_structured(scores).clusters > 1
+    assert found <= 3
+
+
+def test_matrix_layers_are_the_layers_with_a_weight_matrix():
+    arrays = {"emb.weight": np.zeros((10, 4)), "norm.weight": np.zeros(4), "norm.bias": np.zeros(4),
+              "lstm.weight_ih_l0": np.zeros((8, 4)), "lstm.bias_ih_l0": np.zeros(8), "head.weight": np.zeros((3, 8)),
+              "head.bias": np.zeros(3), "bn.running_mean": np.zeros(3)}
+    assert matrix_layers(arrays) == {"emb": ["emb.weight"], "lstm": ["lstm.weight_ih_l0", "lstm.bias_ih_l0"],
+                                     "head": ["head.weight", "head.bias"]}
+
+
+def test_fedclust_compares_the_structured_layer_when_the_head_is_not_last():
+    # the harness model ends with fc2; here fc2 is an auxiliary decoder whose updates hold no
+    # groups, and fc1 is the classifier head that does: the papers' "final layer" is fc2
+    algorithm = make(strategy_class("fedclust"), GROUPS)
+    batches = drive_round(algorithm, 1, respond_with(structured=("fc1",)))
+    choice = algorithm.layer_choice
+    assert batches[0][0].upload == ["conv1.weight", "conv1.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+    assert choice.chosen == "fc1" and algorithm.layer_keys == ["fc1.weight", "fc1.bias"]
+    assert choice.silent == ["conv1.weight", "conv1.bias"]  # frozen: never scored
+    assert [s["layer"] for s in choice.scores] == ["fc1", "fc2"]
+    labels = [algorithm.assignment[k] for k in sorted(GROUPS)]
+    assert len(set(labels)) == 2 and all(labels[i] == labels[i % 2] for i in range(8))
+    decision = batches.diagnostics["decision"]
+    assert decision.startswith("FedClust compared fc1.weight, fc1.bias (chosen by evidence")
+    assert "left out, no client changed them: conv1.weight, conv1.bias" in decision
+
+
+def test_the_papers_final_layer_finds_nothing_and_the_round_line_says_what_to_try():
+    algorithm = make(strategy_class("fedclust"), GROUPS, **{"fedclust.cluster-layers": "final"})
+    batches = drive_round(algorithm, 1, respond_with(structured=("fc1",)))
+    assert len(set(algorithm.assignment.values())) == 1
+    decision = batches.diagnostics["decision"]
+    assert "FedClust: one cluster, no structure on fc2 (best silhouette" in decision
+    assert "try cluster_layers='auto'" in decision
+
+
+def test_layercfl_never_splits_on_a_frozen_conv_layer():
+    algorithm = make(strategy_class("layercfl"), GROUPS)
+    assert algorithm.selected_names == ["conv1.weight", "conv1.bias"]  # unknown skew -> the last conv layer
+    batches = drive_round(algorithm, 1, respond_with(structured=("fc1", "fc2")))
+    assert algorithm.silent == ["conv1.weight", "conv1.bias"]
+    assert algorithm.selected_names == ["fc1.weight", "fc1.bias"]  # the fallback: the first fc layer
+    assert "conv1.weight" not in algorithm.compared
+    assert batches.diagnostics["decision"] == ("LayerCFL: left out of every comparison, no client changed them: "
+                                               "conv1.weight, conv1.bias")
+    # said once: the next round's replies change nothing
+    later = drive_round(algorithm, 2, respond_with(structured=("fc1", "fc2")))
+    assert "decision" not in later.diagnostics
+
+
+def test_hicfl_never_watches_a_frozen_layer():
+    algorithm = make(strategy_class("hicfl"), GROUPS)
+    assert "conv1" in algorithm.layers
+    drive_round(algorithm, 1, respond_with(structured=("fc1", "fc2")))
+    assert algorithm.layers == ["fc1", "fc2"]
+
+
+def test_nothing_is_left_out_when_every_array_trains():
+    algorithm = make(strategy_class("cfl"), GROUPS)
+    compared = list(algorithm.compared)
+
+    def respond(ask):
+        return {n: np.full_like(ask.model[n], 0.1 * (1 + GROUPS[ask.key])) for n in ask.model}
+
+    batches = drive_round(algorithm, 1, respond)
+    assert algorithm.silent == [] and algorithm.compared == compared and "decision" not in batches.diagnostics
+
+
+def test_a_run_that_ends_as_fedavg_says_why_and_what_to_try_in_its_last_round_line(caplog):
+    from test_library import run_user_app
+
+    caplog.set_level(logging.INFO, logger="flwr")
+    run_user_app(clusterfed.CFL(), 2, num_clients=4)  # min-split-round 5: no split can happen in 2 rounds
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[ROUND")]
+    assert "ends with one cluster" not in lines[0]
+    assert lines[1].endswith(
+        "; CFL ends with one cluster: too few members or replies to split (min-split-size) or the run ended before "
+        "min-split-round; min-split-size 3, min-split-round 5, 4 clients; try a smaller min-split-size or "
+        "min-split-round, or more clients per round (fraction-train)")
