@@ -75,7 +75,7 @@ def test_oracle_clusters_are_the_true_groups():
 
 
 def test_fedclust_asks_for_the_final_layer_then_serves_each_cluster_its_model():
-    algorithm = make(strategy_class("fedclust"), TWO_GROUPS, cluster_epochs=4)
+    algorithm = make(strategy_class("fedclust"), TWO_GROUPS, cluster_epochs=4, **{"fedclust.cluster-layers": "final"})
     cluster_asks, train_asks = drive_round(algorithm, 1, by_group(TWO_GROUPS))
     assert {a.config["phase"] for a in cluster_asks} == {"cluster"}
     assert all(a.upload == ["fc2.weight", "fc2.bias"] and a.config["local-epochs"] == 4 for a in cluster_asks)
@@ -94,7 +94,8 @@ def test_fedclust_asks_for_the_final_layer_then_serves_each_cluster_its_model():
 
 def test_adacfl_warms_up_then_clusters_on_the_smallest_fc_layer():
     stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in TWO_GROUPS}
-    algorithm = make(strategy_class("adacfl"), TWO_GROUPS, stats=stats, warmup_rounds=1)
+    algorithm = make(strategy_class("adacfl"), TWO_GROUPS, stats=stats, warmup_rounds=1,
+                     **{"adacfl.cluster-layers": "smallest-fc"})
     (warmup,) = drive_round(algorithm, 1, lambda ask: trained(ask, 0.5))
     assert all(a.upload is None for a in warmup) and len(algorithm.models) == 1
     cluster_asks, _ = drive_round(algorithm, 2, by_group(TWO_GROUPS))

@@ -57,7 +57,8 @@ def test_the_quickstart_client_is_clustered_right_once_the_clustering_step_train
     FedClust sends it its own reply back until it has trained ``cluster-epochs``. From scratch
     on 64 examples, the default 10 leave its final layer's changes too noisy for the cut (the
     matrix's quickstart rows); 30 recover the groups."""
-    monkeypatch.setitem(server_app.STRATEGIES, "fedclust", lambda k: FedClust(fraction_train=1.0, cluster_epochs=30))
+    monkeypatch.setitem(server_app.STRATEGIES, "fedclust", lambda k: FedClust(fraction_train=1.0, cluster_epochs=30,
+                                                                                 chain_until="epochs"))
     cell, result = run_cell("quickstart", "concept", "fedclust", rounds=8, num_clients=NUM_CLIENTS)
     assert cell.ari is not None and cell.ari >= MIN_ARI, (cell.clusters, cell.reason)
     assert cell.accuracy >= fedavg_accuracy("quickstart", "concept", 8) + MIN_GAIN

@@ -24,7 +24,7 @@ from .agglomerative import DEFAULT_MAX_CLUSTERS, cluster_auto
 
 # rows scored per layer at most: the choice of a layer needs the groups' shape, not every
 # client (a seeded sample of rows; the chosen layer's cut then runs on all of them)
-MAX_SCORED_ROWS = 300
+MAX_SCORED_ROWS = 100
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class OneShotClustering(ClusteredStrategy):
         self.clustered = False
         self.cluster_start = self.theta0
         self.references = {}
-        self.layer_choice = start_choice(self.theta0, self.params.cluster_layers, self.params.compare_arrays,
+        self.layer_choice = start_choice(self.theta0, self.params.cluster_layers, self.compared_names(),
                                          self.select_compared_layers, self.layer_rule)
         self.clustering_state = {}
 
