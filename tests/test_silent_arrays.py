@@ -147,3 +147,9 @@ def test_a_run_that_ends_as_fedavg_says_why_and_what_to_try_in_its_last_round_li
         "; CFL ends with one cluster: too few members or replies to split (min-split-size) or the run ended before "
         "min-split-round; min-split-size 3, min-split-round 5, 4 clients; try a smaller min-split-size or "
         "min-split-round, or more clients per round (fraction-train)")
+
+
+def test_a_run_with_clusters_ends_saying_the_evidence_for_their_number():
+    algorithm = make(strategy_class("adacfl"), GROUPS, **{"adacfl.share-label-stats": False, "adacfl.warmup-rounds": 0})
+    drive_round(algorithm, 1, respond_with(structured=("fc1",)))
+    assert algorithm.ending_sentence().startswith("AdaCFL ends with 2 clusters: lambda auto ")

@@ -207,11 +207,14 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         return None
 
     def ending_sentence(self) -> str | None:
-        """The last round line's words when the run ends as FedAvg: the reason and what to
-        try, in plain words; None when it has more than one cluster or one is the design."""
+        """The last round line's words on how many clusters the run ends with and why: as
+        FedAvg, the reason and what to try, in plain words; with several, the evidence for
+        their number (``cluster_count_basis``), when the strategy gives it."""
         reason = self.one_cluster_reason()
         if reason is None:
-            return None
+            basis = self.cluster_count_basis()
+            clusters = len(set(self.assignment.values()))
+            return None if basis is None or clusters < 2 else f"{type(self).__name__} ends with {clusters} clusters: {basis}"
         advice = self.one_cluster_advice()
         return f"{type(self).__name__} ends with one cluster: {reason}" + (f"; try {advice}" if advice else "")
 
