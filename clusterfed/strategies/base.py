@@ -214,7 +214,10 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         if reason is None:
             basis = self.cluster_count_basis()
             clusters = len(set(self.assignment.values()))
-            return None if basis is None or clusters < 2 else f"{type(self).__name__} ends with {clusters} clusters: {basis}"
+            if basis is None or clusters < 2:
+                return None
+            said = basis.startswith(f"{clusters} clusters")  # AdaCFL's basis names the count itself
+            return f"{type(self).__name__} ends with " + (basis if said else f"{clusters} clusters: {basis}")
         advice = self.one_cluster_advice()
         return f"{type(self).__name__} ends with one cluster: {reason}" + (f"; try {advice}" if advice else "")
 
