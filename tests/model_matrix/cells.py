@@ -16,10 +16,14 @@ from clusterfed.simulation import inprocess_grid
 from model_matrix import client_app, helper_app, server_app
 from model_matrix.data import NUM_GROUPS, SHIFTS, group_of
 from model_matrix.models import MODELS, half_supported
+from model_matrix.quickstart import MODEL_NAMES as QUICKSTART_MODELS
 from model_matrix.quickstart import client_app as quickstart_client
 from model_matrix.quickstart.task import SHIFT_VARIABLE
 
-MODEL_NAMES = (*MODELS, "quickstart")
+# the models written as outside users write them, listed after the first matrix's models so
+# that a full run keeps those cells at the positions docs bind in cells.json
+USER_MODELS = ("mobilenet", "frozen-backbone", "head-not-last", "lstm", "quickstart-lr0.1")
+MODEL_NAMES = (*(m for m in (*MODELS, *QUICKSTART_MODELS) if m not in USER_MODELS), *USER_MODELS)
 STRATEGY_NAMES = tuple(server_app.STRATEGIES)
 HELPER_STRATEGIES = ("ifca", "adacfl-helper")
 NUM_CLIENTS = 12
@@ -33,7 +37,8 @@ def rounds_for(strategy: str) -> int:
     return SPLITTING_ROUNDS.get(strategy, ROUNDS)
 
 LEARNING_RATES = {"mlp": 0.05, "scalar-buffer": 0.05, "float16": 0.05, "resnet-bn": 0.05, "gru": 0.1,
-                  "transformer": 0.05, "quickstart": 0.02}
+                  "transformer": 0.05, "mobilenet": 0.05, "frozen-backbone": 0.05, "head-not-last": 0.05,
+                  "lstm": 0.1, "quickstart": 0.02, "quickstart-lr0.1": 0.1}
 
 
 @dataclass
@@ -57,7 +62,7 @@ class Cell:
 
 
 def client_for(model: str, strategy: str) -> str:
-    if model == "quickstart":
+    if model in QUICKSTART_MODELS:
         return "quickstart"
     return "helper" if strategy in HELPER_STRATEGIES else "stock"
 
