@@ -64,10 +64,11 @@ bench-models: $(VENV)/.installed
 	$(PY) benchmarks/model_matrix.py
 
 # Only the models written as outside users write them (MobileNetV2-style, a frozen backbone, a
-# head before an auxiliary decoder, an LSTM, the quickstart client at lr 0.1), into USER_MODELS_OUT.
+# head before an auxiliary decoder, an LSTM, the quickstart client at lr 0.1), into
+# USER_MODELS_OUT, its README with a before -> after table against the committed before run.
 USER_MODELS_OUT ?= benchmarks/results/model-matrix-user-models/after
 bench-user-models: $(VENV)/.installed
-	$(PY) benchmarks/model_matrix.py --models user --out $(USER_MODELS_OUT)
+	$(PY) benchmarks/model_matrix.py --models user --out $(USER_MODELS_OUT) --before benchmarks/results/model-matrix-user-models/before
 
 # A chaos soak on 127.0.0.1 (TLS, SuperNode authentication): CHAOS_NODES SuperNodes, FedClust
 # and CFL for CHAOS_ROUNDS rounds under SuperNode kills, two SuperLink kills (resume-from =

@@ -16,7 +16,9 @@ ClientApp; IFCA and AdaCFL through clusterfed's client helper). 12 clients in 3 
     PYTHONPATH=$PWD:$PWD/tests python benchmarks/model_matrix.py --models user --out DIR   # the users' models only
 
 ``--models``, ``--shifts`` and ``--strategies`` choose the cells (FedAvg, the reference, always
-runs); the README written names the command that reruns exactly those cells.
+runs); the README written names the command that reruns exactly those cells. ``--before DIR``
+(an earlier run of the same cells, e.g. on other code) adds a before → after table to the
+README, also with ``--report-only``.
 
 Writes to ``--out`` (default benchmarks/results/model-matrix): ``cells.json`` (one row per
 cell), ``README.md`` (the table), ``summary.json`` (the verdict counts), ``matrix.png`` (ARI and accuracy gain over FedAvg as
@@ -84,7 +86,7 @@ def progress(done: int, total: int, row: dict, elapsed: float) -> str:
     ari = "-" if row["ari"] is None else f"{row['ari']:.2f}"
     text = (f"[{done:3d}/{total}] {row['model']} × {row['shift']} × {row['strategy']}: accuracy {accuracy} "
             f"(FedAvg {row['fedavg_accuracy']}), ARI {ari}, {row['clusters'] or '-'} cluster(s), {row['verdict']} "
-            f"({row['seconds']:.1f} s; {elapsed / 60:.1f} min in all)")
+            f"({row['seconds']:.1f} s, {trainings_text(row)} trainings per client; {elapsed / 60:.1f} min in all)")
     return text + (f"\n      {row['reason']}" if row["reason"] else "")
 
 
@@ -92,13 +94,21 @@ def fmt(value, digits: int = 3) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
+def trainings_text(row: dict) -> str:
+    """``25 (11)``: train messages per client over the run (in round 1); ``-`` in a run from
+    before they were counted."""
+    if row.get("trainings") is None:
+        return "-"
+    return f"{row['trainings']:g} ({row['round1_trainings']:g})"
+
+
 def table(rows: list[dict]) -> str:
-    lines = ["| model | shift | strategy | client | rounds | accuracy | FedAvg | gain | ARI | clusters | verdict | "
-             "one-cluster reason or error |", "|---" * 12 + "|"]
+    lines = ["| model | shift | strategy | client | rounds | trainings per client (round 1) | accuracy | FedAvg | gain | "
+             "ARI | clusters | verdict | one-cluster reason or error |", "|---" * 13 + "|"]
     for row in rows:
         reason = (row["reason"] or "").replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {row['model']} | {row['shift']} | {row['strategy']} | {row['client']} | {row['rounds']} | "
-                     f"{fmt(row['accuracy'])} | {fmt(row['fedavg_accuracy'])} | {fmt(row['gain'])} | "
+                     f"{trainings_text(row)} | {fmt(row['accuracy'])} | {fmt(row['fedavg_accuracy'])} | {fmt(row['gain'])} | "
                      f"{fmt(row['ari'], 2)} | {row['clusters'] if row['clusters'] is not None else '-'} | "
                      f"{row['verdict']} | {reason} |")
     return "\n".join(lines)
@@ -122,7 +132,30 @@ def write_summary(rows: list[dict], out: Path) -> None:
                                                  indent=1) + "\n")
 
 
-def readme(rows: list[dict], command: str, seconds: float) -> str:
+def cell_text(row: dict | None) -> str:
+    if row is None:
+        return "not run"
+    return (f"{fmt(row['accuracy'])} / {fmt(row['ari'], 2)} / {row['clusters'] if row['clusters'] is not None else '-'}"
+            f" / {trainings_text(row)}")
+
+
+def comparison(rows: list[dict], before: Path) -> str:
+    """The before → after section: each cell's accuracy / ARI / clusters and verdict in
+    ``before``'s cells.json and in ``rows``."""
+    earlier = {(r["model"], r["shift"], r["strategy"]): r for r in json.loads((before / "cells.json").read_text())["cells"]}
+    lines = [f"## Before → after\n\nBefore: `{before.as_posix()}` (its `manifest.json` says which code). "
+             "Each cell: accuracy / ARI / clusters / trainings per client (in round 1).\n",
+             "| model | shift | strategy | before | after | verdict before → after | accuracy change |", "|---" * 7 + "|"]
+    for row in rows:
+        old = earlier.get((row["model"], row["shift"], row["strategy"]))
+        change = "-" if old is None or None in (old["accuracy"], row["accuracy"]) else \
+            f"{row['accuracy'] - old['accuracy']:+.3f}"
+        lines.append(f"| {row['model']} | {row['shift']} | {row['strategy']} | {cell_text(old)} | {cell_text(row)} | "
+                     f"{old['verdict'] if old else '-'} → {row['verdict']} | {change} |")
+    return "\n".join(lines) + "\n"
+
+
+def readme(rows: list[dict], command: str, seconds: float, before: Path | None = None) -> str:
     counts = verdict_counts(rows)
     summary = ", ".join(f"{n} {v}" for v, n in counts.items())
     return f"""# The model matrix: your model and your ClientApp against each clustered strategy
@@ -132,7 +165,9 @@ Numbers from `cells.json` beside this file (`manifest.json`: commit, versions, m
 examples each, one local epoch of SGD with momentum 0.9 a round, the last round's evaluation
 accuracy averaged over the clients by `num-examples` after the cell's rounds (by default {ROUNDS};
 {SPLITTING_ROUNDS['cfl']} for CFL, LayerCFL and HiCFL, which split one cluster in two at a time), FedAvg's after as
-many rounds. ARI: the clusters against the true groups.
+many rounds. ARI: the clusters against the true groups. Trainings per client: the train messages
+each client's ClientApp got (a stock client trains once per message), averaged over the
+clients, round 1's in brackets (where a chained clustering step shows).
 Generated by `{command}` in {seconds / 60:.1f} min.
 The same cells on other code (a checkout of it, the folder of your choice):
 `{rerun_command(rows)}`.
@@ -149,7 +184,7 @@ Cells: {summary}.
 {table(rows)}
 
 ![ARI and accuracy gain over FedAvg per cell](matrix.png)
-"""
+""" + ("" if before is None else "\n" + comparison(rows, before))
 
 
 def rerun_command(rows: list[dict], out: str = "OUT") -> str:
@@ -190,7 +225,7 @@ def figure(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def report_again(out: Path) -> None:
+def report_again(out: Path, before: Path | None = None) -> None:
     """README.md and matrix.png again from ``out``'s cells.json and manifest.json."""
     rows = json.loads((out / "cells.json").read_text())["cells"]
     for row in rows:
@@ -198,7 +233,7 @@ def report_again(out: Path) -> None:
         row["verdict"] = verdict(cell, row["fedavg_accuracy"])
     manifest = json.loads((out / "manifest.json").read_text())
     command = "python " + " ".join(manifest["command"])
-    (out / "README.md").write_text(readme(rows, command, manifest["wall_seconds"]))
+    (out / "README.md").write_text(readme(rows, command, manifest["wall_seconds"], before))
     write_summary(rows, out)
     figure(rows, out / "matrix.png")
     print(f"rewrote {out / 'README.md'}, summary.json and {out / 'matrix.png'}")
@@ -213,11 +248,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--strategies", default=",".join(STRATEGY_NAMES), help=f"from {', '.join(STRATEGY_NAMES)}")
     parser.add_argument("--rounds", type=int, default=None,
                         help=f"rounds for every cell (default: {ROUNDS}; {SPLITTING_ROUNDS} for CFL's family)")
+    parser.add_argument("--before", type=Path, default=None,
+                        help="a folder of an earlier run of the same cells: README.md adds a before → after table")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite README.md, summary.json and matrix.png from --out's cells.json (verdicts recomputed)")
     args = parser.parse_args(argv)
     if args.report_only:
-        report_again(args.out)
+        report_again(args.out, args.before)
         return
     models = names(args.models, MODEL_NAMES, "model", {"user": USER_MODELS})
     shifts = names(args.shifts, SHIFTS, "shift")
@@ -233,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cells.json").write_text(json.dumps({"config": config, "cells": rows}, indent=1) + "\n")
     command = "python benchmarks/model_matrix.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    (args.out / "README.md").write_text(readme(rows, command.strip(), seconds))
+    (args.out / "README.md").write_text(readme(rows, command.strip(), seconds, args.before))
     write_summary(rows, args.out)
     figure(rows, args.out / "matrix.png")
     write_manifest(args.out, manifest, config=config)

@@ -6,10 +6,11 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import torch
-from flwr.app import Context, RecordDict
+from flwr.app import Context, Message, MessageType, RecordDict
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.simulation import inprocess_grid
@@ -54,6 +55,8 @@ class Cell:
     clusters: int | None = None
     reason: str | None = None  # the strategy's one-cluster reason, or the error that stopped it
     seconds: float = 0.0
+    trainings: float | None = None  # train messages a client got, on average over the clients
+    round1_trainings: float | None = None  # of those, in round 1 (a chained clustering step shows here)
     assignment: dict = field(default_factory=dict)
     accuracy_by_round: dict = field(default_factory=dict)
 
@@ -69,6 +72,25 @@ def client_for(model: str, strategy: str) -> str:
 
 APPS = {"stock": client_app.app, "helper": helper_app.app, "quickstart": quickstart_client.app,
         "echo": client_app.echo_app}
+
+
+class CountingApp:
+    """A ClientApp that counts the train messages its nodes get (a stock client trains once
+    per train message) before passing each message on: ``trainings[(node, round)]``."""
+
+    def __init__(self, app):
+        self.app, self.trainings = app, Counter()
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        if message.metadata.message_type == MessageType.TRAIN:
+            config = message.content.config_records.get("config", {})
+            self.trainings[(context.node_id, int(config.get("server-round", 0)))] += 1
+        return self.app(message, context)
+
+    def per_client(self, num_clients: int) -> tuple[float, float]:
+        """Train messages per client over the run and in round 1."""
+        first = sum(n for (_, rnd), n in self.trainings.items() if rnd == 1)
+        return round(sum(self.trainings.values()) / num_clients, 2), round(first / num_clients, 2)
 
 
 def partition_of(key: str) -> int:
@@ -94,7 +116,8 @@ def run_cell(model: str, shift: str, strategy: str, *, rounds: int = ROUNDS, num
         cell.reason = "this CPU's torch does not train float16"
         return cell, None
     config = run_config(model, shift, strategy, rounds, num_clients)
-    grid = inprocess_grid(APPS[cell.client], num_clients, run_config=config,
+    app = CountingApp(APPS[cell.client])
+    grid = inprocess_grid(app, num_clients, run_config=config,
                           node_configs=[{"partition-id": i, "num-partitions": num_clients} for i in range(num_clients)])
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=config)
     started, previous_shift = time.perf_counter(), os.environ.get(SHIFT_VARIABLE)
@@ -109,6 +132,7 @@ def run_cell(model: str, shift: str, strategy: str, *, rounds: int = ROUNDS, num
         else:
             os.environ[SHIFT_VARIABLE] = previous_shift
         cell.seconds = round(time.perf_counter() - started, 2)
+        cell.trainings, cell.round1_trainings = app.per_client(num_clients)
     if result is not None:
         score(cell, result)
     return cell, result
