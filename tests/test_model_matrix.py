@@ -177,4 +177,4 @@ def test_the_lstm_learns_the_tokens_under_fedavg():
     FedAvg's accuracy is far above chance (1/4)."""
     cell, _ = run_cell("lstm", "covariate", "fedavg", rounds=10, num_clients=NUM_CLIENTS)
     assert cell.accuracy >= 0.45, cell.accuracy_by_round
-    assert (cell.trainings, cell.round1_trainings) == (10, 1)  # FedAvg: one training a client a round
+    assert (cell.trainings, cell.peak_trainings) == (10, 1)  # FedAvg: one training a client a round

@@ -56,7 +56,7 @@ class Cell:
     reason: str | None = None  # the strategy's one-cluster reason, or the error that stopped it
     seconds: float = 0.0
     trainings: float | None = None  # train messages a client got, on average over the clients
-    round1_trainings: float | None = None  # of those, in round 1 (a chained clustering step shows here)
+    peak_trainings: float | None = None  # of those, the most in one round (where a chained clustering step shows)
     assignment: dict = field(default_factory=dict)
     accuracy_by_round: dict = field(default_factory=dict)
 
@@ -88,9 +88,12 @@ class CountingApp:
         return self.app(message, context)
 
     def per_client(self, num_clients: int) -> tuple[float, float]:
-        """Train messages per client over the run and in round 1."""
-        first = sum(n for (_, rnd), n in self.trainings.items() if rnd == 1)
-        return round(sum(self.trainings.values()) / num_clients, 2), round(first / num_clients, 2)
+        """Train messages per client over the run, and in the round that had the most."""
+        by_round = Counter()
+        for (_, server_round), count in self.trainings.items():
+            by_round[server_round] += count
+        peak = max(by_round.values(), default=0)
+        return round(sum(by_round.values()) / num_clients, 2), round(peak / num_clients, 2)
 
 
 def partition_of(key: str) -> int:
@@ -132,7 +135,7 @@ def run_cell(model: str, shift: str, strategy: str, *, rounds: int = ROUNDS, num
         else:
             os.environ[SHIFT_VARIABLE] = previous_shift
         cell.seconds = round(time.perf_counter() - started, 2)
-        cell.trainings, cell.round1_trainings = app.per_client(num_clients)
+        cell.trainings, cell.peak_trainings = app.per_client(num_clients)
     if result is not None:
         score(cell, result)
     return cell, result
