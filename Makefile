@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test bench bench-quick bench-models bench-chaos clean test-containers test-arm64 test-compat constraints check-report
+.PHONY: run test bench bench-quick bench-models bench-user-models bench-chaos clean test-containers test-arm64 test-compat constraints check-report
 
 # pyproject.toml holds ranges; constraints.txt the exact versions make test and CI install.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -62,6 +62,13 @@ bench-quick: $(VENV)/.installed
 # ClientApps: benchmarks/results/model-matrix/ (table, heatmaps, manifest; ~10 min on one core).
 bench-models: $(VENV)/.installed
 	$(PY) benchmarks/model_matrix.py
+
+# Only the models written as outside users write them (MobileNetV2-style, a frozen backbone, a
+# head before an auxiliary decoder, an LSTM, the quickstart client at lr 0.1), into
+# USER_MODELS_OUT, its README with a before -> after table against the committed before run.
+USER_MODELS_OUT ?= benchmarks/results/model-matrix-user-models/after
+bench-user-models: $(VENV)/.installed
+	$(PY) benchmarks/model_matrix.py --models user --out $(USER_MODELS_OUT) --before benchmarks/results/model-matrix-user-models/before
 
 # A chaos soak on 127.0.0.1 (TLS, SuperNode authentication): CHAOS_NODES SuperNodes, FedClust
 # and CFL for CHAOS_ROUNDS rounds under SuperNode kills, two SuperLink kills (resume-from =

@@ -2,7 +2,10 @@
 under clusterfed's strategies, through the users' own ServerApp. Each cell recovers the
 groups (ARI ≥ 0.9) and beats FedAvg on the same federation by a clear margin, or stops with
 its true reason; arrays of every dtype and shape (0-d buffers, int64 counters, float16)
-come back as they were sent. The full matrix: benchmarks/model_matrix.py (make bench-models)."""
+come back as they were sent; each model written as outside users write them (MobileNetV2-style,
+a frozen backbone, a head before an auxiliary decoder, an LSTM, the quickstart client at lr 0.1)
+trains through its stock ClientApp. The full matrix: benchmarks/model_matrix.py (make
+bench-models)."""
 
 from __future__ import annotations
 
@@ -12,7 +15,9 @@ from functools import lru_cache
 import numpy as np
 import pytest
 import torch
-from model_matrix.cells import MIN_ARI, MIN_GAIN, run_cell, verdict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+from model_matrix.cells import APPS, LEARNING_RATES, MIN_ARI, MIN_GAIN, client_for, run_cell, run_config, verdict
 from model_matrix.data import NUM_GROUPS, make_examples
 from model_matrix.models import build_model, half_supported
 from model_matrix import server_app
@@ -114,3 +119,63 @@ def test_the_generated_groups_disagree_where_they_should():
             assert np.array_equal(concept[group][1], (covariate[group][1] + group) % 4)
             assert not np.array_equal(covariate[group][0], concept[group][0])
     assert build_model("transformer")(torch.from_numpy(make_examples("tokens", "concept", 1, 5)[0])).shape == (5, 4)
+
+
+USER_MODELS = ["mobilenet", "frozen-backbone", "head-not-last", "lstm", "quickstart-lr0.1"]
+
+
+def train_through_the_stock_client(model: str) -> tuple[dict, Message]:
+    """One train message to the model's stock ClientApp (partition 1, concept shift): the
+    arrays sent and the reply."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 7, 1
+    torch.manual_seed(0)
+    sent = initial_model(model).state_dict()
+    content = RecordDict({"arrays": ArrayRecord(sent),
+                          "config": ConfigRecord({"lr": LEARNING_RATES[model], "server-round": 1})})
+    message = Message(content, dst_node_id=7, message_type=MessageType.TRAIN)
+    message.metadata.__dict__["_message_id"] = "m1"
+    context = Context(run_id=1, node_id=7, node_config={"partition-id": 1, "num-partitions": 3}, state=RecordDict(),
+                      run_config=run_config(model, "concept", "fedavg", 1, 3))
+    return {name: tensor.numpy() for name, tensor in sent.items()}, APPS[client_for(model, "fedavg")](message, context)
+
+
+@pytest.mark.parametrize("model", USER_MODELS)
+def test_a_users_model_trains_through_its_stock_client_and_only_its_trainable_arrays_change(model):
+    """The reply carries the whole state_dict in the shapes and dtypes sent; every array
+    with requires_grad moved, a frozen one (the "pretrained" backbone) is returned bit for
+    bit; BatchNorm counted the local steps."""
+    sent, reply = train_through_the_stock_client(model)
+    back = {name: array.numpy() for name, array in reply.content["arrays"].items()}
+    assert list(back) == list(sent)
+    assert np.isfinite(reply.content["metrics"]["train_loss"]) and reply.content["metrics"]["num-examples"] == 64
+    trainable = {name: p.requires_grad for name, p in initial_model(model).named_parameters()}
+    for name, array in sent.items():
+        assert (back[name].dtype, back[name].shape) == (array.dtype, array.shape), name
+        if name in trainable:
+            assert np.array_equal(back[name], array) != trainable[name], name
+        elif name.endswith("num_batches_tracked"):
+            assert int(back[name]) == int(array) + 4, name  # 64 examples in batches of 16
+    if model == "frozen-backbone":
+        assert [name for name, moves in trainable.items() if not moves] == [
+            "backbone.0.weight", "backbone.0.bias", "backbone.2.weight", "backbone.2.bias"]
+    if model == "head-not-last":  # the auxiliary loss trains the decoder that follows the head
+        assert [name for name in back if name.endswith("weight") and back[name].ndim == 2][-1] == "aux.weight"
+
+
+def test_the_frozen_backbone_comes_back_unchanged_from_a_clustered_run():
+    cell, result = run_cell("frozen-backbone", "concept", "cfl", rounds=3, num_clients=NUM_CLIENTS)
+    assert result is not None and cell.accuracy is not None, cell.reason
+    torch.manual_seed(0)
+    sent = initial_model("frozen-backbone").state_dict()
+    for arrays in [result.arrays, *result.cluster_arrays.values()]:
+        for name in ("backbone.0.weight", "backbone.0.bias", "backbone.2.weight", "backbone.2.bias"):
+            assert np.array_equal(arrays[name].numpy(), sent[name].numpy()), name
+        assert not np.array_equal(arrays["head.weight"].numpy(), sent["head.weight"].numpy())
+
+
+def test_the_lstm_learns_the_tokens_under_fedavg():
+    """Vocabulary permuted per group, labels shared: one model can learn every group, so
+    FedAvg's accuracy is far above chance (1/4)."""
+    cell, _ = run_cell("lstm", "covariate", "fedavg", rounds=10, num_clients=NUM_CLIENTS)
+    assert cell.accuracy >= 0.45, cell.accuracy_by_round
+    assert (cell.trainings, cell.peak_trainings) == (10, 1)  # FedAvg: one training a client a round

@@ -6,20 +6,25 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 
 import torch
-from flwr.app import Context, RecordDict
+from flwr.app import Context, Message, MessageType, RecordDict
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.simulation import inprocess_grid
 from model_matrix import client_app, helper_app, server_app
 from model_matrix.data import NUM_GROUPS, SHIFTS, group_of
 from model_matrix.models import MODELS, half_supported
+from model_matrix.quickstart import MODEL_NAMES as QUICKSTART_MODELS
 from model_matrix.quickstart import client_app as quickstart_client
 from model_matrix.quickstart.task import SHIFT_VARIABLE
 
-MODEL_NAMES = (*MODELS, "quickstart")
+# the models written as outside users write them, listed after the first matrix's models so
+# that a full run keeps those cells at the positions docs bind in cells.json
+USER_MODELS = ("mobilenet", "frozen-backbone", "head-not-last", "lstm", "quickstart-lr0.1")
+MODEL_NAMES = (*(m for m in (*MODELS, *QUICKSTART_MODELS) if m not in USER_MODELS), *USER_MODELS)
 STRATEGY_NAMES = tuple(server_app.STRATEGIES)
 HELPER_STRATEGIES = ("ifca", "adacfl-helper")
 NUM_CLIENTS = 12
@@ -33,7 +38,8 @@ def rounds_for(strategy: str) -> int:
     return SPLITTING_ROUNDS.get(strategy, ROUNDS)
 
 LEARNING_RATES = {"mlp": 0.05, "scalar-buffer": 0.05, "float16": 0.05, "resnet-bn": 0.05, "gru": 0.1,
-                  "transformer": 0.05, "quickstart": 0.02}
+                  "transformer": 0.05, "mobilenet": 0.05, "frozen-backbone": 0.05, "head-not-last": 0.05,
+                  "lstm": 0.1, "quickstart": 0.02, "quickstart-lr0.1": 0.1}
 
 
 @dataclass
@@ -49,6 +55,8 @@ class Cell:
     clusters: int | None = None
     reason: str | None = None  # the strategy's one-cluster reason, or the error that stopped it
     seconds: float = 0.0
+    trainings: float | None = None  # train messages a client got, on average over the clients
+    peak_trainings: float | None = None  # of those, the most in one round (where a chained clustering step shows)
     assignment: dict = field(default_factory=dict)
     accuracy_by_round: dict = field(default_factory=dict)
 
@@ -57,13 +65,35 @@ class Cell:
 
 
 def client_for(model: str, strategy: str) -> str:
-    if model == "quickstart":
+    if model in QUICKSTART_MODELS:
         return "quickstart"
     return "helper" if strategy in HELPER_STRATEGIES else "stock"
 
 
 APPS = {"stock": client_app.app, "helper": helper_app.app, "quickstart": quickstart_client.app,
         "echo": client_app.echo_app}
+
+
+class CountingApp:
+    """A ClientApp that counts the train messages its nodes get (a stock client trains once
+    per train message) before passing each message on: ``trainings[(node, round)]``."""
+
+    def __init__(self, app):
+        self.app, self.trainings = app, Counter()
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        if message.metadata.message_type == MessageType.TRAIN:
+            config = message.content.config_records.get("config", {})
+            self.trainings[(context.node_id, int(config.get("server-round", 0)))] += 1
+        return self.app(message, context)
+
+    def per_client(self, num_clients: int) -> tuple[float, float]:
+        """Train messages per client over the run, and in the round that had the most."""
+        by_round = Counter()
+        for (_, server_round), count in self.trainings.items():
+            by_round[server_round] += count
+        peak = max(by_round.values(), default=0)
+        return round(sum(by_round.values()) / num_clients, 2), round(peak / num_clients, 2)
 
 
 def partition_of(key: str) -> int:
@@ -89,7 +119,8 @@ def run_cell(model: str, shift: str, strategy: str, *, rounds: int = ROUNDS, num
         cell.reason = "this CPU's torch does not train float16"
         return cell, None
     config = run_config(model, shift, strategy, rounds, num_clients)
-    grid = inprocess_grid(APPS[cell.client], num_clients, run_config=config,
+    app = CountingApp(APPS[cell.client])
+    grid = inprocess_grid(app, num_clients, run_config=config,
                           node_configs=[{"partition-id": i, "num-partitions": num_clients} for i in range(num_clients)])
     context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=config)
     started, previous_shift = time.perf_counter(), os.environ.get(SHIFT_VARIABLE)
@@ -104,6 +135,7 @@ def run_cell(model: str, shift: str, strategy: str, *, rounds: int = ROUNDS, num
         else:
             os.environ[SHIFT_VARIABLE] = previous_shift
         cell.seconds = round(time.perf_counter() - started, 2)
+        cell.trainings, cell.peak_trainings = app.per_client(num_clients)
     if result is not None:
         score(cell, result)
     return cell, result

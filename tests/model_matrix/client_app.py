@@ -1,8 +1,9 @@
 """The users' stock ClientApp, written the way Flower's quickstart-pytorch writes one: it knows
 nothing of clusterfed. The model, the shift, the epochs and the batch size come from the run
 config (``[tool.flwr.app.config]`` under ``flwr run``); the learning rate from the message.
-Training: SGD with momentum 0.9; the reply carries the full state_dict, ``num-examples`` and
-the mean training loss.
+Training: SGD with momentum 0.9 on the cross-entropy (plus the model's auxiliary loss, for a
+model that sets one); the reply carries the full state_dict (frozen arrays included),
+``num-examples`` and the mean training loss.
 
 ``echo_app`` is a client that trains nothing and sends back exactly the arrays it received
 (a round trip of every dtype and shape, 0-d buffers included)."""
@@ -16,7 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from model_matrix.data import load_data
-from model_matrix.models import build_model, data_kind
+from model_matrix.models import auxiliary_loss, build_model, data_kind
 
 app = ClientApp()
 
@@ -28,14 +29,15 @@ def loaders(context: Context):
 
 
 def train(model: nn.Module, loader, epochs: int, lr: float) -> float:
-    """SGD with momentum 0.9; the mean loss over the steps."""
+    """SGD with momentum 0.9 on the cross-entropy plus the model's auxiliary loss; the mean
+    loss over the steps."""
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     model.train()
     total, steps = 0.0, 0
     for _ in range(epochs):
         for x, y in loader:
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x).float(), y)
+            loss = F.cross_entropy(model(x).float(), y) + auxiliary_loss(model)
             loss.backward()
             optimizer.step()
             total, steps = total + float(loss.detach()), steps + 1

@@ -1,5 +1,10 @@
 """The users' own models: what people train, not clusterfed's. Each takes the input its data
-kind gives (``data.KINDS``) and outputs class logits."""
+kind gives (``data.KINDS``) and outputs class logits.
+
+Besides small ones (an MLP, a BatchNorm ResNet, a GRU, a Transformer encoder, a 0-d buffer,
+float16), models written the way people outside this repository write them: a
+MobileNetV2-style CNN, a frozen "pretrained" backbone under a trainable head, a classifier
+whose head is not the last entry of its state_dict, an Embedding + LSTM text model."""
 
 from __future__ import annotations
 
@@ -107,6 +112,115 @@ class TinyTransformer(nn.Module):
         return self.head(self.norm(hidden).mean(dim=1))
 
 
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: a 1×1 expansion, a depthwise 3×3 conv (``groups`` = channels), a
+    linear 1×1 projection, BatchNorm after each, ReLU6 after the first two; the input is added
+    back when the stride is 1 and the channels match."""
+
+    def __init__(self, inp: int, out: int, stride: int, expand: int):
+        super().__init__()
+        hidden = inp * expand
+        self.use_residual = stride == 1 and inp == out
+        self.conv = nn.Sequential(
+            nn.Conv2d(inp, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6(inplace=True),
+            nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False), nn.BatchNorm2d(hidden),
+            nn.ReLU6(inplace=True),
+            nn.Conv2d(hidden, out, 1, bias=False), nn.BatchNorm2d(out))
+
+    def forward(self, x):
+        return x + self.conv(x) if self.use_residual else self.conv(x)
+
+
+class MobileNetV2Small(nn.Module):
+    """A MobileNetV2 as torchvision lays it out, scaled to 12×12 inputs: ``features`` (a conv
+    stem, inverted residual blocks, a 1×1 conv to the last channels, each with BatchNorm and
+    ReLU6), global average pooling, ``classifier`` = dropout + linear."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES, last_channels: int = 32, dropout: float = 0.2):
+        super().__init__()
+        layers = [nn.Sequential(nn.Conv2d(IMAGE_SHAPE[0], 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8),
+                                nn.ReLU6(inplace=True))]
+        layers += [InvertedResidual(8, 8, 1, 1), InvertedResidual(8, 12, 2, 4), InvertedResidual(12, 12, 1, 4)]
+        layers.append(nn.Sequential(nn.Conv2d(12, last_channels, 1, bias=False), nn.BatchNorm2d(last_channels),
+                                    nn.ReLU6(inplace=True)))
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Sequential(nn.Dropout(dropout), nn.Linear(last_channels, num_classes))
+
+    def forward(self, x):
+        return self.classifier(torch.flatten(nn.functional.adaptive_avg_pool2d(self.features(x), 1), 1))
+
+
+BACKBONE_SEED = 2024  # the "pretrained" weights: the same in every process, whatever the global seed
+
+
+class FrozenBackbone(nn.Module):
+    """A "pretrained" conv backbone (weights fixed by ``BACKBONE_SEED``, no download) with
+    ``requires_grad=False``, and a trainable linear head: fine-tuning the head only, as people do
+    with a downloaded feature extractor. The state_dict holds the frozen arrays too."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES, channels: int = 16):
+        super().__init__()
+        with torch.random.fork_rng():
+            torch.manual_seed(BACKBONE_SEED)
+            self.backbone = nn.Sequential(
+                nn.Conv2d(IMAGE_SHAPE[0], channels, 3, padding=1), nn.ReLU(),
+                nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(3))
+        for parameter in self.backbone.parameters():
+            parameter.requires_grad = False
+        self.head = nn.Linear(channels * 9, num_classes)
+
+    def forward(self, x):
+        return self.head(torch.flatten(self.backbone(x), 1))
+
+
+AUX_LOSS_WEIGHT = 0.1
+
+
+class AuxDecoderClassifier(nn.Module):
+    """A classifier whose head is not the last entry of its state_dict: ``head`` is defined
+    before ``aux``, a linear decoder that reconstructs the conv features from the hidden layer
+    (a small auxiliary loss, ``AUX_LOSS_WEIGHT`` × MSE, set in ``aux_loss`` by each training
+    forward). The last 2-D weight of the state_dict is ``aux.weight``."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES, channels: int = 8, hidden: int = 32):
+        super().__init__()
+        self.encoder = nn.Sequential(nn.Conv2d(IMAGE_SHAPE[0], channels, 3, padding=1), nn.ReLU(),
+                                     nn.MaxPool2d(2), nn.Conv2d(channels, channels, 3, padding=1), nn.ReLU(),
+                                     nn.AdaptiveAvgPool2d(3))
+        self.hidden = nn.Linear(channels * 9, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+        self.aux = nn.Linear(hidden, channels * 9)
+
+    def forward(self, x):
+        features = torch.flatten(self.encoder(x), 1)
+        hidden = torch.relu(self.hidden(features))
+        if self.training:
+            self.aux_loss = AUX_LOSS_WEIGHT * nn.functional.mse_loss(self.aux(hidden), features.detach())
+        return self.head(hidden)
+
+
+def auxiliary_loss(model: nn.Module):
+    """The auxiliary loss the model's last training forward set (0 for a model without one)."""
+    return getattr(model, "aux_loss", 0.0)
+
+
+class LSTMClassifier(nn.Module):
+    """A text classifier as people write one: token embedding, a bidirectional LSTM (its arrays
+    ``weight_ih_l0`` and ``weight_ih_l0_reverse``, ...), dropout, a linear head on both
+    directions' last hidden states."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES, dim: int = 16, hidden: int = 24, dropout: float = 0.1):
+        super().__init__()
+        self.embedding = nn.Embedding(VOCAB, dim)
+        self.lstm = nn.LSTM(dim, hidden, batch_first=True, bidirectional=True)
+        self.dropout = nn.Dropout(dropout)
+        self.fc = nn.Linear(2 * hidden, num_classes)
+
+    def forward(self, tokens):
+        _, (last, _) = self.lstm(self.embedding(tokens))
+        return self.fc(self.dropout(torch.cat([last[-2], last[-1]], dim=1)))
+
+
 # model name -> (class, the data kind it takes)
 MODELS: dict[str, tuple[type[nn.Module], str]] = {
     "mlp": (MLP, "vector"),
@@ -115,6 +229,10 @@ MODELS: dict[str, tuple[type[nn.Module], str]] = {
     "transformer": (TinyTransformer, "tokens"),
     "scalar-buffer": (ScaledMLP, "vector"),
     "float16": (HalfMLP, "vector"),
+    "mobilenet": (MobileNetV2Small, "image"),
+    "frozen-backbone": (FrozenBackbone, "image"),
+    "head-not-last": (AuxDecoderClassifier, "image"),
+    "lstm": (LSTMClassifier, "tokens"),
 }
 
 

@@ -9,6 +9,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from clusterfed import CFL, IFCA, AdaCFL, FedAvg, FedClust, HiCFL, LayerCFL
 from model_matrix.models import build_model
+from model_matrix.quickstart import MODEL_NAMES as QUICKSTART_MODELS
 
 app = ServerApp()
 
@@ -27,7 +28,7 @@ STRATEGIES = {
 
 
 def initial_model(name: str) -> torch.nn.Module:
-    if name == "quickstart":
+    if name in QUICKSTART_MODELS:
         from model_matrix.quickstart.task import Net
 
         return Net()

@@ -6,4 +6,8 @@ quickstart's ClientApp step for step (a CIFAR-10 CNN, epochs from the run config
 momentum 0.9, ``train_loss`` / ``eval_loss`` / ``eval_acc`` / ``num-examples``); ``task``
 holds its model and loops and, in place of Flower Datasets' CIFAR-10 partitions, generated
 CIFAR-shaped group data (``load_data``; the shift is the environment's
-``MODEL_MATRIX_SHIFT``, default ``concept``)."""
+``MODEL_MATRIX_SHIFT``, default ``concept``). The matrix runs it at lr 0.02
+(``quickstart``) and at the example's own lr 0.1 (``quickstart-lr0.1``)."""
+
+# the same client under two model names: at lr 0.02, and at the published example's lr 0.1
+MODEL_NAMES = ("quickstart", "quickstart-lr0.1")
