@@ -381,7 +381,7 @@ def test_a_stock_client_run_sends_only_what_it_answers_and_logs_one_info_line_a_
     rounds = [line for line in ours if line.startswith("[ROUND")]
     assert len(rounds) == 3 and len(ours) == 3 + 1  # one line a round, one at the start
     assert rounds[0].startswith("[ROUND 1/3] train: 4 of 4 replies accepted; 1 cluster; train loss ")
-    assert "evaluate eval_acc " in rounds[0] and "eval_loss" in rounds[0]
+    assert "evaluate over 4 of 4 clients: eval_acc " in rounds[0] and "eval_loss" in rounds[0]
 
 
 def test_the_clients_own_error_text_is_taken_out_of_the_simulation_engines_wrapper():

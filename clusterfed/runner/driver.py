@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 # rejection kinds that say the server's model and the client's differ
 MISMATCH_KINDS = ("names", "shape", "dtype")
+# a known client's place in ``result.assignment`` when the strategy never placed it (the
+# ``cluster-id`` a client not in any cluster is sent, too)
+UNASSIGNED = -1
 
 
 @dataclass
@@ -61,6 +64,8 @@ class RunOptions:
     resume_from: str = ""
     resume_state: dict[str, Any] | None = None  # the checkpoint of resume_from, loaded and checked (preflight)
     absent_after: int = 2
+    # seconds the run's first profile probe waits (at least the round timeout): a cold start
+    probe_timeout: float = 120.0
     newcomer_fraction: float = 0.0
     newcomer_round: int = 10
     seed: int = 0
@@ -85,7 +90,7 @@ class RoundDriver:
         self.recorder = self.options.recorder
         self.newcomers = SimulatedNewcomers(self.options.newcomer_fraction, self.options.newcomer_round,
                                             self.options.seed)
-        self.members = Membership(strategy, self.newcomers, self.options.absent_after)
+        self.members = Membership(strategy, self.newcomers, self.options.absent_after, self.options.probe_timeout)
         self.link = self.members.link
         self.members.deployment = bool(self.options.deployment)
         self.shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -96,6 +101,7 @@ class RoundDriver:
         self.failing_rounds = 0  # rounds in a row in which train was asked and no reply accepted
         self.pending_asks: dict[str, Ask] = {}  # Flower's single-phase hooks: this round's asks
         self.pending_diagnostics: Diagnostics = {}  # and what its hooks before training returned
+        self.pending_round = None  # or the strategy's own round, paused at its first exchange
         self.new_round()
 
     def new_round(self) -> None:
@@ -126,11 +132,20 @@ class RoundDriver:
         models = self.strategy.cluster_models()
         result.cluster_arrays = {c: protocol.to_array_record(m) for c, m in sorted(models.items())}
         result.arrays = self.largest_cluster_record()
-        result.assignment = dict(self.strategy.assignment)
+        result.assignment = self.final_assignment()
         result.clustering = with_true_groups(self.strategy.final_clusters(),
                                              {k: c.true_group for k, c in self.members.clients.items()})
         result.traffic["probe_bytes_down"] = self.members.probe_bytes
         return result
+
+    def final_assignment(self) -> dict[str, int]:
+        """Every client the run knows, by key: its cluster (a client that failed keeps its last
+        one), or ``UNASSIGNED`` for one the strategy never placed (it failed or never
+        answered when asked to join); a client never drops out of the result."""
+        assignment = dict(self.strategy.assignment)
+        for key in self.members.known_keys():
+            assignment.setdefault(key, UNASSIGNED)
+        return assignment
 
     def begin(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int, timeout: float,
               train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None) -> int:
@@ -237,7 +252,8 @@ class RoundDriver:
         if loss is not None:
             parts.append(f"train loss {loss:.4g}")
         if evaluated:
-            parts.append("evaluate " + ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(evaluated.items())))
+            parts.append(f"evaluate over {len(self.round_eval_metrics)} of {len(self.members.known_keys())} clients: "
+                         + ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(evaluated.items())))
         log(logging.INFO, "%s", "; ".join(parts))
 
     def check_failing(self, server_round: int, num_rounds: int) -> None:
