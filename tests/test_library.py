@@ -416,7 +416,7 @@ def test_initial_arrays_the_clients_cannot_load_stop_before_round_1_with_torchs_
     them, the run stops as a model mismatch quoting torch's list, not as failing clients."""
     grid = recording_grid()
     other = {"fc.weight": torch.zeros(3, 5), "fc.bias": torch.zeros(3)}
-    with pytest.raises(clusterfed.ModelMismatchError, match=r"initial_arrays are not the model the ClientApp "
+    with pytest.raises(clusterfed.ModelMismatchError, match=r"(?s)initial_arrays are not the model the ClientApp "
                                                            r"trains.*Missing key\(s\) in state_dict"):
         clusterfed.FedClust().start(grid=grid, initial_arrays=ArrayRecord(other), num_rounds=2,
                                     train_config=ConfigRecord({"lr": 0.1}))

@@ -47,9 +47,6 @@ if TYPE_CHECKING:
 
 # rejection kinds that say the server's model and the client's differ
 MISMATCH_KINDS = ("names", "shape", "dtype")
-# a known client's place in ``result.assignment`` when the strategy never placed it (the
-# ``cluster-id`` a client not in any cluster is sent, too)
-UNASSIGNED = -1
 
 
 @dataclass
@@ -64,8 +61,7 @@ class RunOptions:
     resume_from: str = ""
     resume_state: dict[str, Any] | None = None  # the checkpoint of resume_from, loaded and checked (preflight)
     absent_after: int = 2
-    # seconds the run's first profile probe waits (at least the round timeout): a cold start
-    probe_timeout: float = 120.0
+    probe_timeout: float = 120.0  # seconds the run's first profile probe waits (at least the round timeout)
     newcomer_fraction: float = 0.0
     newcomer_round: int = 10
     seed: int = 0
@@ -132,20 +128,11 @@ class RoundDriver:
         models = self.strategy.cluster_models()
         result.cluster_arrays = {c: protocol.to_array_record(m) for c, m in sorted(models.items())}
         result.arrays = self.largest_cluster_record()
-        result.assignment = self.final_assignment()
+        result.assignment = self.members.final_assignment()
         result.clustering = with_true_groups(self.strategy.final_clusters(),
                                              {k: c.true_group for k, c in self.members.clients.items()})
         result.traffic["probe_bytes_down"] = self.members.probe_bytes
         return result
-
-    def final_assignment(self) -> dict[str, int]:
-        """Every client the run knows, by key: its cluster (a client that failed keeps its last
-        one), or ``UNASSIGNED`` for one the strategy never placed (it failed or never
-        answered when asked to join); a client never drops out of the result."""
-        assignment = dict(self.strategy.assignment)
-        for key in self.members.known_keys():
-            assignment.setdefault(key, UNASSIGNED)
-        return assignment
 
     def begin(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int, timeout: float,
               train_config: ConfigRecord | None, evaluate_config: ConfigRecord | None) -> int:

@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from clusterfed.strategies.base import ClusteredStrategy
 
 PROBE = "profile probe"  # the phase a failure of the probe is logged under
+# a known client's place in ``result.assignment`` when the strategy never placed it (the
+# ``cluster-id`` a client in no cluster is sent, too)
+UNASSIGNED = -1
 
 
 class Membership:
@@ -83,9 +86,22 @@ class Membership:
                        and k not in self.duplicates), key=natural)
 
     def known_keys(self) -> list[str]:
-        """Every client of the run so far (absent, failing and never placed ones included; not
-        the simulated newcomers still held back): what a reported accuracy is over."""
-        return sorted((k for k in self.clients if k not in self.newcomers.held_back), key=natural)
+        """Every client of the run so far, by name: the admitted ones (absent, failing and never
+        placed ones included; not the simulated newcomers still held back) and each node whose
+        profile probe failed and that never became a client (by the key its error named, else
+        ``node-<id>``): what a reported accuracy is over, and ``result.assignment``'s keys."""
+        keys = {k for k in self.clients if k not in self.newcomers.held_back}
+        for node in self.node_misses:
+            if node not in self.key_of_node:
+                named = self.benched.get(node) or self.last_key_of_node.get(node)
+                keys.add(named if named is not None else f"{STOCK_KEY_PREFIX}{node}")
+        return sorted(keys, key=natural)
+
+    def final_assignment(self) -> dict[str, int]:
+        """Every client the run knows (``known_keys``): its cluster (a client that failed keeps
+        its last one), or ``UNASSIGNED`` where the strategy never placed it (it failed, or never
+        answered when asked to join): no client drops out of ``result.assignment``."""
+        return {**{key: UNASSIGNED for key in self.known_keys()}, **self.strategy.assignment}
 
     def absent_devices(self) -> list[dict[str, Any]]:
         """Clients marked absent and nodes whose profile kept failing, one shape:
