@@ -44,11 +44,12 @@ class NarrowNet(Net):
 
 
 def stock_app(*, cold: set[int] = frozenset(), raises: set[int] = frozenset(), narrow: set[int] = frozenset(),
-              name_in: str = "metrics") -> ClientApp:
+              slow_train: set[int] = frozenset(), name_in: str = "metrics") -> ClientApp:
     """The user app's stock ClientApp, evaluating as Flower's quickstart does and naming its
     partition (``partition-id``) in its ``metrics`` or a ``config`` record; partitions in
     ``cold`` answer their first message ``COLD_START`` seconds late, those in ``raises`` raise
-    a two-line error in train, those in ``narrow`` hold ``NarrowNet``."""
+    a two-line error in train, those in ``slow_train`` train ``COLD_START`` seconds from round
+    2 on, those in ``narrow`` hold ``NarrowNet``."""
     app, seen = ClientApp(), set()
 
     @app.train()
@@ -56,6 +57,8 @@ def stock_app(*, cold: set[int] = frozenset(), raises: set[int] = frozenset(), n
         partition = context.node_config["partition-id"]
         if partition in raises:
             raise ValueError(f"sensor {partition} offline\ncalibration file /data/{partition}.cal is missing")
+        if partition in slow_train and msg.content["config"]["server-round"] > 1:
+            faults.clock.sleep(COLD_START)
         return train_fn(msg, context)
 
     @app.evaluate()
@@ -147,6 +150,14 @@ def test_a_client_that_fails_after_it_was_placed_keeps_its_cluster():
     result = run(clusterfed.FedAvg(), stock_app(raises={1}), rounds=2)
     assert result.assignment == {str(i): 0 for i in range(NUM_CLIENTS)}
     assert result.train_metrics_clientapp[2]["num-examples"] == 3 * 72
+
+
+def test_a_client_timing_out_in_train_is_named_in_a_warning_and_keeps_its_cluster(caplog):
+    caplog.set_level(logging.INFO, logger="flwr")
+    result = run(clusterfed.FedAvg(), stock_app(slow_train={1}), rounds=2)
+    assert warnings_of(caplog) == [f"round 2: client 1 (node 1001) in train: no reply within {TIMEOUT:g} s"]
+    assert result.assignment == {str(i): 0 for i in range(NUM_CLIENTS)}
+    assert "1 client(s) failed" in round_lines(caplog)[1]
 
 
 def test_a_model_shape_mismatch_is_quoted_with_every_key_and_shape_and_the_node_stays_in_the_result(caplog):
