@@ -175,3 +175,15 @@ def test_a_model_shape_mismatch_is_quoted_with_every_key_and_shape_and_the_node_
 def test_a_stock_client_naming_its_partition_in_a_config_record_is_keyed_by_it():
     result = run(clusterfed.FedAvg(), stock_app(name_in="config"), rounds=1)
     assert sorted(result.assignment) == [str(i) for i in range(NUM_CLIENTS)]
+
+
+def test_the_run_summary_says_over_how_many_of_how_many_clients_the_final_accuracy_was_taken():
+    from clusterfed.results import summarize, summary_table
+
+    last = {"round": 1, "accuracy": 0.8, "accuracy_std": 0.1, "ari": 1.0, "num_clusters": 2, "cum_bytes_down": 0,
+            "cum_bytes_up": 0, "clients_evaluated": 3, "clients_known": 3, "clients_absent": 1}
+    summary = summarize([last], target=0.9)
+    assert (summary["final_clients_evaluated"], summary["final_clients_known"]) == (3, 4)
+    assert "final acc over 3 of 4 clients" in summary_table([{**summary, "strategy": "fedclust"}])
+    everyone = summarize([{**last, "clients_absent": 0}], target=0.9)
+    assert " over " not in summary_table([{**everyone, "strategy": "fedclust"}])

@@ -328,8 +328,9 @@ class RoundDriver:
                 continue
             if ask.key in stock:  # a stock client's size is known from its replies only
                 self.members.clients[ask.key].num_examples = reply.num_examples
-            if ask.config.get("phase") == "train":
-                self.round_train_metrics.append((reply.num_examples, reply.metrics))
+            if ask.config.get("phase") == "train":  # a name a stock client gives itself is no metric to average
+                self.round_train_metrics.append((reply.num_examples, {k: v for k, v in reply.metrics.items()
+                                                                      if k not in STOCK_KEY_METRICS}))
             replies.append(reply)
             self.accepted_train += 1
             self.round_accepted += 1
