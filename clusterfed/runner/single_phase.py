@@ -147,9 +147,8 @@ def finish_own_round(strategy: ClusteredStrategy, server_round: int, round_steps
     round_steps.close()
     raise StrategyParamsError(
         f"{strategy.name}: round {server_round} asks {len(more)} client(s) for a second exchange after its first "
-        f"(e.g. IFCA's restarts, which try each initialisation in round 1), which Flower's single-phase "
-        f"configure_train/aggregate_train cannot run; call strategy.start(grid=..., initial_arrays=..., "
-        f"num_rounds=...) instead")
+        f"(a round that tries several starts, say), which Flower's single-phase configure_train/aggregate_train "
+        f"cannot run; call strategy.start(grid=..., initial_arrays=..., num_rounds=...) instead")
 
 
 def evaluate_messages(strategy: ClusteredStrategy, server_round: int, config: dict, grid: Grid) -> list[Message]:
