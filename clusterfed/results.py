@@ -235,13 +235,13 @@ class RunRecorder:
         total = self.config.get("rounds", "?")
         name = self.metric.name
         acc = "   n/a" if r[name] is None else f"{r[name]:.3f} ± {r[name + '_std']:.3f}"
+        known = r["clients_known"] + r["clients_absent"]  # absent clients count among those the value is over
         print(
             f"round {r['round']:>3}/{total}  {name[:3] if name == 'accuracy' else name} {acc}  clusters {r['num_clusters']:>2}  ARI {r['ari']:.2f}  "
             f"up {r['cum_bytes_up'] / 1e6:7.2f} MB  down {r['cum_bytes_down'] / 1e6:7.2f} MB  "
             f"{r['round_seconds']:.1f}s" + (f"  rejected {r['rejected']}" if r["rejected"] else "")
             + (f"  failed {r['failures']}" if r["failures"] else "")
-            + (f"  evaluated {r['clients_evaluated']}/{r['clients_known']}"
-               if r["clients_evaluated"] != r["clients_known"] else ""),
+            + (f"  evaluated {r['clients_evaluated']} of {known} clients" if r["clients_evaluated"] != known else ""),
             file=self.stream,
             flush=True,
         )

@@ -187,3 +187,17 @@ def test_the_run_summary_says_over_how_many_of_how_many_clients_the_final_accura
     assert "final acc over 3 of 4 clients" in summary_table([{**summary, "strategy": "fedclust"}])
     everyone = summarize([{**last, "clients_absent": 0}], target=0.9)
     assert " over " not in summary_table([{**everyone, "strategy": "fedclust"}])
+
+
+def test_an_error_reply_is_quoted_in_full_out_of_flowers_wrapper_and_cut_only_when_very_long():
+    from clusterfed.runner.replies import FULL_REASON_CHARS, first_line, full_text
+
+    flower = ("<class 'RuntimeError'>:<'[client-key \"3\"] Error(s) in loading state_dict for Net:\n"
+              "\tsize mismatch for out.weight: copying a param with shape torch.Size([2, 16]) from checkpoint, "
+              "the shape in current model is torch.Size([3, 16]).\n\n'>")
+    assert full_text(flower) == ("RuntimeError: Error(s) in loading state_dict for Net:\n\tsize mismatch for "
+                                 "out.weight: copying a param with shape torch.Size([2, 16]) from checkpoint, the "
+                                 "shape in current model is torch.Size([3, 16]).")
+    assert first_line(flower) == "RuntimeError: Error(s) in loading state_dict for Net:"
+    long = full_text("x" * (FULL_REASON_CHARS + 10))
+    assert long.startswith("x" * FULL_REASON_CHARS) and long.endswith("… (10 more characters)")
