@@ -8,7 +8,9 @@ A node whose key is known (a restarted device, a resumed run) takes that client'
 unless the key's node is listed and answered its last round (a duplicate key: neither is
 used until one is gone). Deployment: ``absent-after`` misses in a row mark a client
 absent; it keeps its place in the algorithm's assignment and is asked for its profile
-again while Flower lists its node.
+again while Flower lists its node. The run's first probe waits ``probe-timeout`` (at least
+the round ``timeout``: a ClientApp's cold start); a node that misses a probe is probed again
+the next round. Every client the run has met stays in ``result.assignment``.
 """
 
 from __future__ import annotations
