@@ -8,15 +8,21 @@ Construct one in your own ServerApp where ``FedAvg(...)`` stood::
 The strategies are imported on first use, so ``import clusterfed`` stays light. Every
 strategy registered in ``clusterfed.strategies.REGISTRY`` from that package is a public name
 under its class name (``FedClust``, ``CFL``, …), read from the registry: adding one adds
-no line here. ``dir(clusterfed)`` lists every public name; type checkers read the
+no line here. ``clusterfed.__version__`` is the installed package's version. ``dir(clusterfed)`` lists every public name; type checkers read the
 generated stub ``__init__.pyi`` (``python -m clusterfed.reference --write``).
 """
 
 from __future__ import annotations
 
 from importlib import import_module
+from importlib.metadata import PackageNotFoundError, version
 
 from clusterfed.strategies import public_strategies
+
+try:
+    __version__ = version("clusterfed")  # the installed distribution's, from pyproject.toml
+except PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 # the public names that are not strategies: name -> the module that defines it
 _SUPPORT = {
@@ -53,5 +59,6 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    own = set(globals()) - {"import_module", "annotations", "public_strategies", "_SUPPORT", "_public"}
+    own = set(globals()) - {"import_module", "annotations", "public_strategies", "_SUPPORT", "_public", "version",
+                            "PackageNotFoundError"}
     return sorted(own | set(_public()) | {"__all__"})

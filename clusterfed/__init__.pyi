@@ -31,6 +31,7 @@ from clusterfed.models.parameters import compared_names as compared_names
 from clusterfed.models.parameters import trainable_names as trainable_names
 from clusterfed.models.layers import select_layers as select_layers
 
+__version__: str
 __all__ = ['FedAvg', 'FedProx', 'Local', 'Oracle', 'FedClust', 'AdaCFL', 'CFL', 'LayerCFL', 'HiCFL', 'IFCA', 'ClientSelection', 'ClusteredStrategy', 'ClusteredResult', 'StrategyParams', 'ClusteredState', 'StrategyParamsError', 'CapabilityError', 'ClientFailureError', 'ModelMismatchError', 'Ask', 'TrainReply', 'ClientInfo', 'inprocess_grid', 'compared_names', 'trainable_names', 'select_layers']
 
 

@@ -38,6 +38,9 @@ class RunConfig(BaseModel):
     seed: int = Field(0, ge=0)
     out_dir: str = Field("results/run", alias="out-dir")
     timeout: float = Field(600.0, gt=0, description="seconds to wait for one phase's replies")
+    probe_timeout: float = Field(120.0, alias="probe-timeout", gt=0,
+                                 description="seconds the run's first profile probe waits for the nodes' replies (a "
+                                             "ClientApp's cold start: importing torch, loading data); at least timeout")
     checkpoint: bool = Field(True, description="write the full state after every round (out-dir/checkpoint.json + .npz)")
     resume_from: str = Field("", alias="resume-from",
                              description="folder of a checkpoint to continue from; \"auto\": out-dir's checkpoint "

@@ -184,7 +184,7 @@ def stub() -> str:
             lines.append(f"from {module} import {name} as _{name}")
         else:
             lines.append(f"from {module} import {name} as {name}")
-    lines += ["", f"__all__ = {list(public)!r}"]
+    lines += ["", "__version__: str", f"__all__ = {list(public)!r}"]
     for name, module, cls in strategies:
         params = [f"        {field}: {annotation_source(plain_type(info.annotation))} = "
                   f"{info.get_default(call_default_factory=True)!r},"

@@ -57,7 +57,7 @@ class Traffic:
     transmissions: int = 0
     failures: int = 0
     rejected: list[dict[str, Any]] = field(default_factory=list)
-    # every failure by client: {"client": key or None, "node": node id, "kind", "reason": first line}
+    # every failure by client: {"client": key or None, "node": node id, "kind", "reason": its full text}
     failed: list[dict[str, Any]] = field(default_factory=list)
     # every fault by kind: "error" (the client raised), "timeout" (no reply in time) and the
     # rejection kinds of clusterfed.runner.validation ("non_finite", "shape", ...)
@@ -235,13 +235,13 @@ class RunRecorder:
         total = self.config.get("rounds", "?")
         name = self.metric.name
         acc = "   n/a" if r[name] is None else f"{r[name]:.3f} ± {r[name + '_std']:.3f}"
+        known = r["clients_known"] + r["clients_absent"]  # absent clients count among those the value is over
         print(
             f"round {r['round']:>3}/{total}  {name[:3] if name == 'accuracy' else name} {acc}  clusters {r['num_clusters']:>2}  ARI {r['ari']:.2f}  "
             f"up {r['cum_bytes_up'] / 1e6:7.2f} MB  down {r['cum_bytes_down'] / 1e6:7.2f} MB  "
             f"{r['round_seconds']:.1f}s" + (f"  rejected {r['rejected']}" if r["rejected"] else "")
             + (f"  failed {r['failures']}" if r["failures"] else "")
-            + (f"  evaluated {r['clients_evaluated']}/{r['clients_known']}"
-               if r["clients_evaluated"] != r["clients_known"] else ""),
+            + (f"  evaluated {r['clients_evaluated']} of {known} clients" if r["clients_evaluated"] != known else ""),
             file=self.stream,
             flush=True,
         )
@@ -327,6 +327,10 @@ def summarize(rounds: list[dict[str, Any]], target: float, coverage: float = 1.0
         "total_mb": round(total_bytes / 1e6, 4),
         "total_mb_up": round(last.get("cum_bytes_up", 0) / 1e6, 4),
         "total_mb_down": round(last.get("cum_bytes_down", 0) / 1e6, 4),
+        # what the final value is over: the clients evaluated, of every client the run knew
+        # (absent ones included), as a Flower user counts its nodes
+        "final_clients_evaluated": last.get("clients_evaluated"),
+        "final_clients_known": last.get("clients_known", 0) + last.get("clients_absent", 0) if last else None,
         "final_ari": last.get("ari"),
         "num_clusters": last.get("num_clusters"),
         "rounds": len(rounds),
@@ -363,6 +367,9 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
             f"{_fmt(s['final_ari'], '5.2f')} {_fmt(s['num_clusters'], '8d')} {_fmt(s['rounds_to_target'], '8d')} "
             f"{_fmt(s['mb_to_target'], '8.2f')} {_fmt(s['total_mb'], '9.2f')} {_fmt(s.get('wall_seconds'), '7.1f')}"
         )
+        evaluated, known = s.get("final_clients_evaluated"), s.get("final_clients_known")
+        if evaluated is not None and known and evaluated < known:
+            lines.append(f"{'':<12} final {short} over {evaluated} of {known} clients")
         for key, label in {"one_cluster_reason": "one cluster", **MISS_LABELS}.items():
             if s.get(key):
                 lines.append(f"{'':<12} {label}: {s[key]}")

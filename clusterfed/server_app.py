@@ -120,7 +120,7 @@ def run_server(grid: Grid, config: RunConfig | Checked, *, stream: TextIO | None
     if isinstance(strategy, ClusteredStrategy):  # the app hands its options to the driver, not to the strategy
         strategy.driver = RoundDriver(strategy, RunOptions(
             recorder=recorder, deployment=deployment, checkpoint=config.checkpoint, resume_from=config.resume_from,
-            resume_state=checked.checkpoint, absent_after=config.absent_after,
+            resume_state=checked.checkpoint, absent_after=config.absent_after, probe_timeout=config.probe_timeout,
             newcomer_fraction=config.newcomer_fraction, newcomer_round=config.newcomer_round, seed=config.seed,
             run_config=flat))
         start = strategy.driver.start

@@ -128,3 +128,23 @@ def test_settings_that_do_not_fit_the_data_fail_on_the_first_load(digits):
         no_labels.load_partition(0)
     with pytest.raises(PartitionError, match=r"partition_id must be in 0..3"):
         RotationPartitioner(4).load_partition(4)
+
+
+@pytest.mark.parametrize("make", [lambda: LabelSwapPartitioner(num_partitions=6, num_groups=3),
+                                  lambda: RotationPartitioner(num_partitions=4, rotations=(0, 90))])
+def test_loading_a_partition_draws_no_progress_bar_and_leaves_the_users_setting(make, digits, capfd):
+    from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    images, labels = digits
+    partitioner = make()
+    partitioner.dataset = _dataset(images, labels)
+    enable_progress_bars()
+    capfd.readouterr()
+    for pid in (1, 2, 3):  # each one mapped (a permuted label or a turned image)
+        partitioner.load_partition(pid)
+    assert "Map" not in capfd.readouterr().err
+    assert not are_progress_bars_disabled()  # not silenced for the user's own calls
+    disable_progress_bars()
+    partitioner.load_partition(1)
+    assert are_progress_bars_disabled()  # nor switched on
+    enable_progress_bars()

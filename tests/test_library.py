@@ -381,7 +381,7 @@ def test_a_stock_client_run_sends_only_what_it_answers_and_logs_one_info_line_a_
     rounds = [line for line in ours if line.startswith("[ROUND")]
     assert len(rounds) == 3 and len(ours) == 3 + 1  # one line a round, one at the start
     assert rounds[0].startswith("[ROUND 1/3] train: 4 of 4 replies accepted; 1 cluster; train loss ")
-    assert "evaluate eval_acc " in rounds[0] and "eval_loss" in rounds[0]
+    assert "evaluate over 4 of 4 clients: eval_acc " in rounds[0] and "eval_loss" in rounds[0]
 
 
 def test_the_clients_own_error_text_is_taken_out_of_the_simulation_engines_wrapper():
@@ -416,7 +416,7 @@ def test_initial_arrays_the_clients_cannot_load_stop_before_round_1_with_torchs_
     them, the run stops as a model mismatch quoting torch's list, not as failing clients."""
     grid = recording_grid()
     other = {"fc.weight": torch.zeros(3, 5), "fc.bias": torch.zeros(3)}
-    with pytest.raises(clusterfed.ModelMismatchError, match=r"initial_arrays are not the model the ClientApp "
+    with pytest.raises(clusterfed.ModelMismatchError, match=r"(?s)initial_arrays are not the model the ClientApp "
                                                            r"trains.*Missing key\(s\) in state_dict"):
         clusterfed.FedClust().start(grid=grid, initial_arrays=ArrayRecord(other), num_rounds=2,
                                     train_config=ConfigRecord({"lr": 0.1}))

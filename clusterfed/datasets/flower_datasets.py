@@ -19,9 +19,11 @@ Needs the ``datasets`` extra (``pip install "clusterfed[datasets]"``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
+from datasets.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 from flwr_datasets.partitioner import Partitioner
 
 from .iid_shifts import parse_rotations
@@ -92,10 +94,12 @@ class SkewPartitioner(Partitioner):
                 raise PartitionError(
                     f"rotation: the data set has no image column {self._image_column!r} "
                     f"(columns: {', '.join(rows.column_names)}); pass image_column=")
-            rows = rows.map(lambda row: {self._image_column: rotate_image(row[self._image_column], client.rotation)})
+            with quiet_progress():
+                rows = rows.map(lambda row: {self._image_column: rotate_image(row[self._image_column], client.rotation)})
         if client.label_perm is not None:
             perm = client.label_perm
-            rows = rows.map(lambda row: {self._partition_by: int(perm[row[self._partition_by]])})
+            with quiet_progress():
+                rows = rows.map(lambda row: {self._partition_by: int(perm[row[self._partition_by]])})
         return rows
 
     def _client(self, partition_id: int) -> ClientPartition:
@@ -115,6 +119,21 @@ class SkewPartitioner(Partitioner):
         num_classes = getattr(feature, "num_classes", None) or int(labels.max(initial=-1)) + 1
         return make_partition(labels, num_classes, name=self._partitioner, num_clients=self._num_partitions,
                               seed=self._seed, **self._settings)
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """Hugging Face datasets' progress bars off for one of our own calls: ``Dataset.map``
+    draws a "Map" bar on every ``load_partition`` otherwise (a line per client per load);
+    the user's own setting is left as it was."""
+    if are_progress_bars_disabled():
+        yield
+        return
+    disable_progress_bars()
+    try:
+        yield
+    finally:
+        enable_progress_bars()
 
 
 class RotationPartitioner(SkewPartitioner):

@@ -61,6 +61,7 @@ class RunOptions:
     resume_from: str = ""
     resume_state: dict[str, Any] | None = None  # the checkpoint of resume_from, loaded and checked (preflight)
     absent_after: int = 2
+    probe_timeout: float = 120.0  # seconds the run's first profile probe waits (at least the round timeout)
     newcomer_fraction: float = 0.0
     newcomer_round: int = 10
     seed: int = 0
@@ -85,7 +86,7 @@ class RoundDriver:
         self.recorder = self.options.recorder
         self.newcomers = SimulatedNewcomers(self.options.newcomer_fraction, self.options.newcomer_round,
                                             self.options.seed)
-        self.members = Membership(strategy, self.newcomers, self.options.absent_after)
+        self.members = Membership(strategy, self.newcomers, self.options.absent_after, self.options.probe_timeout)
         self.link = self.members.link
         self.members.deployment = bool(self.options.deployment)
         self.shapes: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -96,6 +97,7 @@ class RoundDriver:
         self.failing_rounds = 0  # rounds in a row in which train was asked and no reply accepted
         self.pending_asks: dict[str, Ask] = {}  # Flower's single-phase hooks: this round's asks
         self.pending_diagnostics: Diagnostics = {}  # and what its hooks before training returned
+        self.pending_round = None  # or the strategy's own round, paused at its first exchange
         self.new_round()
 
     def new_round(self) -> None:
@@ -126,7 +128,7 @@ class RoundDriver:
         models = self.strategy.cluster_models()
         result.cluster_arrays = {c: protocol.to_array_record(m) for c, m in sorted(models.items())}
         result.arrays = self.largest_cluster_record()
-        result.assignment = dict(self.strategy.assignment)
+        result.assignment = self.members.final_assignment()
         result.clustering = with_true_groups(self.strategy.final_clusters(),
                                              {k: c.true_group for k, c in self.members.clients.items()})
         result.traffic["probe_bytes_down"] = self.members.probe_bytes
@@ -194,8 +196,8 @@ class RoundDriver:
             self.record(server_round, evals, time.perf_counter() - started, diagnostics)
         self.completed_rounds = server_round
         ending = self.strategy.ending_sentence() if server_round == num_rounds else None
-        decision = "; ".join(text for text in (diagnostics.get("decision"), ending) if text)
-        self.log_round(server_round, num_rounds, result, diagnostics.get("train_loss"), decision)
+        self.log_round(server_round, num_rounds, result, diagnostics.get("train_loss"),
+                       "; ".join(text for text in (diagnostics.get("decision"), ending) if text))
         self.strategy.training_failed = None
         self.check_failing(server_round, num_rounds)
         if self.options.checkpoint and self.recorder is not None:
@@ -223,12 +225,10 @@ class RoundDriver:
                             extra=self.extra_columns(diagnostics), absent=len(members.absent_devices()),
                             evaluated=self.evaluate_sent)
 
-    def log_round(self, server_round: int, num_rounds: int, result: ClusteredResult, loss: float | None,
-                  decision: str | None = None) -> None:
-        """The round's one INFO line: replies and failures, clusters, the mean train ``loss``
-        and the clients' evaluate metrics (averaged by num-examples, as Flower's FedAvg does),
-        then the strategy's ``decision`` of this round in its own words, when it made one
-        (which arrays it compared; why it kept one cluster, and what to try)."""
+    def log_round(self, server_round: int, num_rounds: int, result: ClusteredResult, loss: float | None, decision: str) -> None:
+        """The round's one INFO line: replies and failures, clusters, the mean train ``loss``,
+        the clients' evaluate metrics (averaged by num-examples, as Flower's FedAvg does) and
+        the strategy's ``decision`` in its own words (what it compared, why one cluster)."""
         assignment = self.strategy.assignment
         clusters = len({assignment[k] for k in self.members.active_keys() if k in assignment})
         failed = len(self.link.failed_keys)
@@ -242,7 +242,8 @@ class RoundDriver:
         if loss is not None:
             parts.append(f"train loss {loss:.4g}")
         if evaluated:
-            parts.append("evaluate " + ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(evaluated.items())))
+            parts.append(f"evaluate over {len(self.round_eval_metrics)} of {len(self.members.known_keys())} clients: "
+                         + ", ".join(f"{k} {float(v):.4g}" for k, v in sorted(evaluated.items())))
         if decision:
             parts.append(decision)
         log(logging.INFO, "%s", "; ".join(parts))
@@ -332,8 +333,9 @@ class RoundDriver:
                 continue
             if ask.key in stock:  # a stock client's size is known from its replies only
                 self.members.clients[ask.key].num_examples = reply.num_examples
-            if ask.config.get("phase") == "train":
-                self.round_train_metrics.append((reply.num_examples, reply.metrics))
+            if ask.config.get("phase") == "train":  # a name a stock client gives itself is no metric to average
+                self.round_train_metrics.append((reply.num_examples, {k: v for k, v in reply.metrics.items()
+                                                                      if k not in STOCK_KEY_METRICS}))
             replies.append(reply)
             self.accepted_train += 1
             self.round_accepted += 1

@@ -13,7 +13,7 @@ from flwr.supercore import log
 
 from clusterfed import protocol
 from clusterfed.results import Traffic
-from clusterfed.runner.replies import first_line
+from clusterfed.runner.replies import full_text
 from clusterfed.runner.transport import push_and_collect
 from clusterfed.runner.validation import ReplyRejected
 from clusterfed.strategies.exchange import Arrays
@@ -38,24 +38,32 @@ class Link:
         self.failed_keys: set[str] = set()  # clients whose reply this round was an error or rejected
         self.lags: list[float] = []
 
-    def push(self, messages: list[Message]) -> tuple[list[str], list[Message]]:
-        """Send ``messages``; their ids (empty: not delivered) and the replies that came in time."""
-        return push_and_collect(self.grid, messages, self.timeout, self.lags)
+    def push(self, messages: list[Message], timeout: float | None = None) -> tuple[list[str], list[Message]]:
+        """Send ``messages``; their ids (empty: not delivered) and the replies that came within
+        ``timeout`` seconds (default: the round ``timeout``)."""
+        return push_and_collect(self.grid, messages, self.timeout if timeout is None else timeout, self.lags)
 
-    def fail(self, kind: str, reason: str, key: str | None, node: int | None) -> None:
+    def fail(self, server_round: int, kind: str, reason: str, key: str | None, node: int | None,
+             phase: str = "train") -> None:
         """One failure (an error reply, no reply, an undeliverable message), named (a node
-        that fails before it says its key, by the client it served before a resume)."""
+        that fails before it says its key, by the client it served before a resume), recorded
+        and logged in one WARNING with the client's full error text; ``phase``: what it was asked
+        (``train``, ``evaluate``, ``profile probe``)."""
         named = self.last_key_of_node.get(node) if key is None else key  # a name, not a miss of that client
+        text = full_text(reason)
         self.traffic.failures += 1
         self.traffic.fault(kind)
-        self.traffic.failed.append({"client": named, "node": node, "kind": kind, "reason": first_line(reason)})
+        self.traffic.failed.append({"client": named, "node": node, "kind": kind, "reason": text})
         if key is not None:
             self.failed_keys.add(key)
+        who = f"client {named} (node {node})" if named is not None else f"node {node}"
+        log(logging.WARNING, "round %s: %s %s %s: %s", server_round, who, "failed in" if kind == "error" else "in",
+            phase, text)
 
     def reject(self, server_round: int, key: str | None, error: ReplyRejected, node: int | None = None) -> None:
         """A reply that failed validation: counted as a fault of its kind, named."""
         node = self.node_of_key.get(key) if node is None and key is not None else node
-        self.traffic.rejected.append({"client": key, "node": node, "kind": error.kind, "reason": first_line(str(error))})
+        self.traffic.rejected.append({"client": key, "node": node, "kind": error.kind, "reason": full_text(str(error))})
         self.traffic.fault(error.kind)
         if key is not None:
             self.failed_keys.add(key)
@@ -106,14 +114,13 @@ class Link:
         """The replies by key and the array bytes up; errors, undelivered messages and
         missing replies recorded as failures of their client."""
         key_of_message = dict(zip(message_ids, keys))
+        phase = "evaluate" if message_type == MessageType.EVALUATE else "train"
         out: dict[str, RecordDict] = {}
         bytes_up = 0
         for reply in replies:
             key = key_of_message[reply.metadata.reply_to_message_id]
             if reply.has_error():
-                self.fail("error", reply.error.reason, key, self.node_of_key.get(key))
-                log(logging.WARNING, "round %s: client %s (node %s) failed: %s", server_round, key,
-                    self.node_of_key.get(key), first_line(reply.error.reason))
+                self.fail(server_round, "error", reply.error.reason, key, self.node_of_key.get(key), phase)
                 continue
             self.answered.add(key)
             if message_type != MessageType.EVALUATE:
@@ -125,10 +132,9 @@ class Link:
         replied = {reply.metadata.reply_to_message_id for reply in replies}
         for message_id, key in zip(message_ids, keys):
             if not message_id:
-                self.fail("unavailable", "its node is gone: the message was not delivered", key,
-                          self.node_of_key[key])
-                log(logging.WARNING, "client %s: its node %s is gone; the message was not delivered",
-                    key, self.node_of_key[key])
+                self.fail(server_round, "unavailable", "its node is gone: the message was not delivered", key,
+                          self.node_of_key[key], phase)
             elif message_id not in replied:
-                self.fail("timeout", f"no reply within {self.timeout:g} s", key, self.node_of_key[key])
+                self.fail(server_round, "timeout", f"no reply within {self.timeout:g} s", key, self.node_of_key[key],
+                          phase)
         return out, bytes_up

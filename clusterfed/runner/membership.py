@@ -8,7 +8,9 @@ A node whose key is known (a restarted device, a resumed run) takes that client'
 unless the key's node is listed and answered its last round (a duplicate key: neither is
 used until one is gone). Deployment: ``absent-after`` misses in a row mark a client
 absent; it keeps its place in the algorithm's assignment and is asked for its profile
-again while Flower lists its node.
+again while Flower lists its node. The run's first probe waits ``probe-timeout`` (at least
+the round ``timeout``: a ClientApp's cold start); a node that misses a probe is probed again
+the next round. Every client the run has met stays in ``result.assignment``.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from clusterfed.runner.replies import (
     LOAD_ERROR,
     NO_EVALUATE_HANDLER,
     STOCK_KEY_PREFIX,
-    first_line,
+    full_text,
     is_profile,
     key_in_reason,
     stock_key,
@@ -38,12 +40,22 @@ from clusterfed.strategies.exchange import ClientInfo, natural
 if TYPE_CHECKING:
     from clusterfed.strategies.base import ClusteredStrategy
 
+PROBE = "profile probe"  # the phase a failure of the probe is logged under
+# a known client's place in ``result.assignment`` when the strategy never placed it (the
+# ``cluster-id`` a client in no cluster is sent, too)
+UNASSIGNED = -1
+
 
 class Membership:
     """The clients of one run and the nodes they are on."""
 
-    def __init__(self, strategy: ClusteredStrategy, newcomers: SimulatedNewcomers, absent_after: int = 2):
+    def __init__(self, strategy: ClusteredStrategy, newcomers: SimulatedNewcomers, absent_after: int = 2,
+                 probe_timeout: float = 0.0):
         self.strategy = strategy
+        # seconds the run's first profile probe waits (at least the round timeout): a node's
+        # first reply may come after a cold start (its ClientApp importing torch, loading data)
+        self.probe_timeout = probe_timeout
+        self.probed = False  # the first probe was sent
         self.newcomers = newcomers
         self.absent_after = absent_after
         self.deployment = False  # set by the driver: nodes may join late and go absent
@@ -74,6 +86,24 @@ class Membership:
     def active_keys(self) -> list[str]:
         return sorted((k for k in self.clients if k not in self.newcomers.held_back and k not in self.absent
                        and k not in self.duplicates), key=natural)
+
+    def known_keys(self) -> list[str]:
+        """Every client of the run so far, by name: the admitted ones (absent, failing and never
+        placed ones included; not the simulated newcomers still held back) and each node whose
+        profile probe failed and that never became a client (by the key its error named, else
+        ``node-<id>``): what a reported accuracy is over, and ``result.assignment``'s keys."""
+        keys = {k for k in self.clients if k not in self.newcomers.held_back}
+        for node in self.node_misses:
+            if node not in self.key_of_node:
+                named = self.benched.get(node) or self.last_key_of_node.get(node)
+                keys.add(named if named is not None else f"{STOCK_KEY_PREFIX}{node}")
+        return sorted(keys, key=natural)
+
+    def final_assignment(self) -> dict[str, int]:
+        """Every client the run knows (``known_keys``): its cluster (a client that failed keeps
+        its last one), or ``UNASSIGNED`` where the strategy never placed it (it failed, or never
+        answered when asked to join): no client drops out of ``result.assignment``."""
+        return {**{key: UNASSIGNED for key in self.known_keys()}, **self.strategy.assignment}
 
     def absent_devices(self) -> list[dict[str, Any]]:
         """Clients marked absent and nodes whose profile kept failing, one shape:
@@ -186,9 +216,11 @@ class Membership:
         if not new_nodes:
             return
         first_contact = not self.clients
-        message_ids, replies = self.link.push(self.probe_messages(server_round, new_nodes))
+        wait = self.link.timeout if self.probed else max(self.link.timeout, self.probe_timeout)
+        self.probed = True
+        message_ids, replies = self.link.push(self.probe_messages(server_round, new_nodes), wait)
         reasons, load_errors = self.admit_replies(server_round, dict(zip(message_ids, new_nodes)), replies,
-                                                  probes, live)
+                                                  probes, live, wait)
         if first_contact and not self.clients:
             if load_errors:  # the probe evaluates start()'s initial_arrays: they do not load
                 raise ModelMismatchError(
@@ -196,14 +228,14 @@ class Membership:
                     f"the ClientApp trains; give start() that model's arrays (ArrayRecord(Net().state_dict())). "
                     f"{load_errors[0]}")
             raise ClientFailureError(f"no client could be profiled; the first error: "
-                                     f"{reasons[0] if reasons else 'no reply'}")
+                                     f"{reasons[0] if reasons else 'no node answered'}")
         if first_contact:
             self.newcomers.hold_back(list(self.clients))
 
     def admit_replies(self, server_round: int, node_of_message: dict[str, int], replies: list[Message],
-                      probes: set[int], live: list[int]) -> tuple[list[str], list[str]]:
-        """Admit each node by its reply to the probe; returns the reasons of the failed
-        probes and of those whose arrays did not load."""
+                      probes: set[int], live: list[int], wait: float) -> tuple[list[str], list[str]]:
+        """Admit each node by its reply to the probe (sent ``wait`` seconds before); returns
+        the reasons of the failed probes and of those whose arrays did not load, each in full."""
         reasons, load_errors = [], []
         answered = set()
         for reply in replies:
@@ -215,12 +247,10 @@ class Membership:
                 log(logging.DEBUG, "absent client's node %s still unreachable: %s", node, reply.error.reason)
             elif reply.has_error():
                 key = key_in_reason(reply.error.reason)
-                self.link.fail("error", reply.error.reason, key, node)
-                reasons.append(first_line(reply.error.reason))
+                self.link.fail(server_round, "error", reply.error.reason, key, node, PROBE)
+                reasons.append(f"node {node}: {full_text(reply.error.reason)}")
                 if LOAD_ERROR.search(reply.error.reason):
-                    load_errors.append(f"Client on node {node}: {first_line(reply.error.reason, lines=4)}")
-                log(logging.WARNING, "round %s: profile of %s failed: %s", server_round,
-                    f"client {key} (node {node})" if key is not None else f"node {node}", first_line(reply.error.reason))
+                    load_errors.append(f"Client on node {node}: {full_text(reply.error.reason)}")
                 self.profile_failed(server_round, node, key)
             elif not is_profile(reply.content):
                 self.admit_stock(server_round, node, stock_key(reply.content, node), live)
@@ -235,7 +265,8 @@ class Membership:
                 self.claim(server_round, node, info, live)
         for node in node_of_message.values():
             if node not in answered and node not in probes:
-                self.link.fail("timeout", f"no reply to the profile probe within {self.link.timeout:g} s", None, node)
+                self.link.fail(server_round, "timeout", f"no reply within {wait:g} s", None, node, PROBE)
+                reasons.append(f"node {node}: no reply within {wait:g} s")
                 self.profile_failed(server_round, node, None)
         return reasons, load_errors
 
@@ -247,8 +278,9 @@ class Membership:
         self.node_misses[node] = self.node_misses.get(node, 0) + 1
         if self.node_misses[node] >= self.absent_after and node not in self.benched:
             self.benched[node] = key
-            log(logging.WARNING, "round %s: client %s (node %s) failed its profile probe in %d rounds in a row: "
-                "marked absent", server_round, key if key is not None else "(no key)", node, self.node_misses[node])
+            log(logging.WARNING, "round %s: %s failed its profile probe in %d rounds in a row: marked absent",
+                server_round, f"client {key} (node {node})" if key is not None else f"node {node}",
+                self.node_misses[node])
 
     def resolve_duplicates(self, server_round: int, live: list[int]) -> None:
         """A key claimed by several nodes goes to the one left listed, when only one is."""

@@ -1,5 +1,5 @@
-"""What a client's reply says about the client: its error text cut to one line (Flower's and
-the simulation engine's wrappers taken off), the key it names in that text, whether a probe
+"""What a client's reply says about the client: its error text in full or cut to one line
+(Flower's and the simulation engine's wrappers taken off), the key it names in that text, whether a probe
 reply is a clusterfed profile, and the name a stock Flower ClientApp gives itself."""
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from clusterfed import protocol
 NO_EVALUATE_HANDLER = "No evaluate function registered"
 STOCK_KEY_PREFIX = "node-"
 # how a stock ClientApp may name itself in its evaluate reply: a number under one of these
-# metrics, or a "client" ConfigRecord with a "client-key" (as clusterfed's clients send)
+# names in its metrics or a ConfigRecord, or a "client" ConfigRecord with a "client-key" (as
+# clusterfed's clients send)
 STOCK_KEY_METRICS = ("client-key", "partition-id")
 # how clusterfed's ClientApp names itself in an error reply (clusterfed.client.app.ClientFailure)
 KEY_IN_REASON = re.compile(r'\[client-key ("(?:[^"\\]|\\.)*")\]\s*')
@@ -28,6 +29,8 @@ RAY_CAUSE = "The above exception was the direct cause of the following exception
 CLIENT_APP_EXCEPTION = "Exception ClientAppException occurred. Message: "
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 REASON_CHARS = 300
+# a failure's full text is kept whole up to this length (a model's list of missing keys can run long)
+FULL_REASON_CHARS = 4000
 
 
 def key_in_reason(reason: str) -> str | None:
@@ -60,20 +63,36 @@ def client_exception(text: str) -> str:
     return text
 
 
-def first_line(reason: str, lines: int = 1) -> str:
-    """An error reply's reason as one line: ``Type: message`` (Flower's ``<class ...>:<'...'>``
-    wrapper, the simulation engine's Ray wrapper and the client-key tag taken off), the
-    first non-empty line (the first ``lines`` joined, for a message that must show more,
-    e.g. torch's list of missing keys), at most ``REASON_CHARS`` characters a line."""
+def client_text(reason: str) -> str:
+    """An error reply's reason as the client raised it: ``Type: message`` with every line of
+    the message (Flower's ``<class ...>:<'...'>`` wrapper, the simulation engine's Ray
+    wrapper, terminal colours and the client-key tag taken off)."""
     text = ANSI.sub("", str(reason or ""))
     match = FLOWER_REASON.match(text.strip())
     if match is not None:
         inner = match.group(2)
         text = client_exception(inner) if RAY_CAUSE in inner or CLIENT_APP_EXCEPTION in inner else \
             f"{match.group(1).rpartition('.')[2]}: {inner}"
-    text = KEY_IN_REASON.sub("", text, count=1)
-    parts = [part.strip() for part in text.splitlines() if part.strip()][:lines]
+    return KEY_IN_REASON.sub("", text, count=1).strip()
+
+
+def first_line(reason: str, lines: int = 1) -> str:
+    """An error reply's reason (``client_text``) as one line: the first non-empty line (the
+    first ``lines`` joined, for a message that must show more), at most ``REASON_CHARS``
+    characters a line."""
+    parts = [part.strip() for part in client_text(reason).splitlines() if part.strip()][:lines]
     return " ".join(part if len(part) <= REASON_CHARS else part[:REASON_CHARS - 1] + "…" for part in parts)
+
+
+def full_text(reason: str) -> str:
+    """An error reply's reason (``client_text``) with all its lines, as a WARNING and a
+    failure record quote it: a message of several lines (torch's ``Error(s) in loading
+    state_dict for Net:`` followed by each key and its shapes) says what went wrong only
+    in full. Blank lines dropped; at most ``FULL_REASON_CHARS`` characters."""
+    text = "\n".join(line.rstrip() for line in client_text(reason).splitlines() if line.strip())
+    if len(text) <= FULL_REASON_CHARS:
+        return text
+    return f"{text[:FULL_REASON_CHARS]}… ({len(text) - FULL_REASON_CHARS} more characters)"
 
 
 # what a ClientApp's error says when the arrays it was sent do not load into its model (torch's
@@ -90,14 +109,16 @@ def is_profile(content: RecordDict) -> bool:
 
 def stock_key(content: RecordDict, node: int) -> str:
     """The key of a stock ClientApp from its evaluate reply: a ``client`` ConfigRecord's
-    ``client-key``, else a ``client-key`` or ``partition-id`` metric (a number), else
-    ``node-<node id>``."""
+    ``client-key``, else a ``client-key`` or ``partition-id`` (a whole number) in its metrics
+    or in any ConfigRecord of the reply (a ``config`` record, say), else ``node-<node id>``."""
     client = content.get(protocol.CLIENT) if hasattr(content, "get") else None
     if client is not None and str(client.get("client-key", "")).strip():
         return str(client["client-key"])
-    metrics = content.get(protocol.METRICS) if hasattr(content, "get") else None
-    for name in STOCK_KEY_METRICS:
-        value = metrics.get(name) if metrics is not None else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
-            return str(int(value))
+    records = [content.get(protocol.METRICS)] if hasattr(content, "get") else []
+    records += [record for _, record in sorted(getattr(content, "config_records", {}).items())]
+    for record in records:
+        for name in STOCK_KEY_METRICS:
+            value = record.get(name) if record is not None else None
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+                return str(int(value))
     return f"{STOCK_KEY_PREFIX}{node}"

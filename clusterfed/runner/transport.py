@@ -33,6 +33,9 @@ def push_and_collect(grid: Grid, messages: list[Message], timeout: float,
     so that aggregation sums in the same order every run. Late replies are dropped.
     ``lags``, if given, gets each reply's seconds from its creation (on the client) to its
     pick-up here: the delivery and polling delay."""
+    wait_at_least = getattr(grid, "wait_at_least", None)  # the in-process grid's clock (see there)
+    if wait_at_least is not None:
+        wait_at_least(timeout)
     message_ids = list(grid.push_messages(messages))
     # a SuperLink refuses to store a message for a node that is gone (offline or
     # unregistered) and returns an empty id for it: no reply can come, so do not wait for one
