@@ -29,11 +29,6 @@ HELPER_APP = client_app(ClientTask(
 # what each strategy does through the hooks, helper clients, defaults (IFCA needs helper
 # clients; a strategy that places clients by a clustering exchange needs start()'s phases)
 REFUSES = {"FedClust": "placement step", "AdaCFL": "before-train step"}
-# HiCFL's default xi (0.05 x the clients' lr) reads the train config in init(), which a loop of
-# one's own calls before configure_train hands the strategy its config: a bare KeyError today
-KNOWN_BUGS = {"HiCFL": pytest.mark.xfail(raises=KeyError, strict=True,
-                                         reason="HiCFL.init reads train_config['lr'] before configure_train sets it")}
-
 
 def flowers_loop(strategy, app, rounds: int = ROUNDS) -> list[tuple]:
     """What Flower's ``Strategy.start`` does each round with the hooks; each round's
@@ -53,7 +48,7 @@ def flowers_loop(strategy, app, rounds: int = ROUNDS) -> list[tuple]:
     return metrics
 
 
-@pytest.mark.parametrize("name", [pytest.param(name, marks=KNOWN_BUGS.get(name, ())) for name in sorted(public_strategies())])
+@pytest.mark.parametrize("name", sorted(public_strategies()))
 def test_every_public_strategy_trains_through_the_single_phase_hooks_or_refuses_clearly(name):
     strategy = getattr(clusterfed, name)()
     if name in REFUSES:

@@ -162,7 +162,7 @@ class HiCFLState(BiPartitioningState):
     epsilon: float | None = None  # absolute ε (the paper's mode) when set; None: relative to each layer's scale
     eps_rel: float = 1.5
     scales: dict[int, dict[str, float]] = field(default_factory=dict)  # cluster -> layer -> median S at its first full window
-    xi: float = 0.0
+    xi: float | None = 0.0
     tracker: StabilityTracker | None = None
     layer_keys: dict[str, list[str]] = field(default_factory=dict)
     layers: list[str] = field(default_factory=list)
@@ -205,7 +205,8 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
         self.epsilon = eps
         self.eps_rel = self.params.stability_eps_rel
         self.scales = {}
-        self.xi = 0.05 * float(self.train_config["lr"]) if xi is None else xi
+        lr = self.train_config.get("lr")  # None in a loop of one's own: its first configure_train gives it
+        self.xi = xi if xi is not None else 0.05 * float(lr) if isinstance(lr, (int, float)) else None
         self.tracker = StabilityTracker(self.params.window, self.xi, min_kept_fraction=MIN_KEPT_FRACTION)
         rule = self.params.cluster_layers
         self.watch(self.compared if rule == "auto" else self.select_compared_layers(rule))
@@ -233,6 +234,9 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
         return self.params.min_silhouette > -1
 
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+        if self.xi is None:  # xi = auto, the train config's lr known only now
+            self.check_train_config(self.train_config)
+            self.xi = self.tracker.xi = 0.05 * float(self.train_config["lr"])
         silent = self.leave_out_silent(replies)  # before the windows see a frozen layer
         self.track(replies)
         # stability before a split restarts the windows, so figures show the trigger; no_split: [] when none
