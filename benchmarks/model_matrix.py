@@ -104,13 +104,14 @@ def trainings_text(row: dict) -> str:
 
 def table(rows: list[dict]) -> str:
     lines = ["| model | shift | strategy | client | rounds | trainings per client (most in one round) | accuracy | FedAvg | gain | "
-             "ARI | clusters | verdict | one-cluster reason or error |", "|---" * 13 + "|"]
+             "ARI | clusters | compared (where named) | verdict | one-cluster reason, miss reason or error |",
+             "|---" * 14 + "|"]
     for row in rows:
         reason = (row["reason"] or "").replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {row['model']} | {row['shift']} | {row['strategy']} | {row['client']} | {row['rounds']} | "
                      f"{trainings_text(row)} | {fmt(row['accuracy'])} | {fmt(row['fedavg_accuracy'])} | {fmt(row['gain'])} | "
                      f"{fmt(row['ari'], 2)} | {row['clusters'] if row['clusters'] is not None else '-'} | "
-                     f"{row['verdict']} | {reason} |")
+                     f"{', '.join(row.get('compared') or [])} | {row['verdict']} | {reason} |")
     return "\n".join(lines)
 
 
