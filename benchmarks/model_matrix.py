@@ -46,7 +46,8 @@ from model_matrix.data import NUM_GROUPS, SHIFTS  # noqa: E402
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "model-matrix"
 
 
-def names(text: str, allowed: tuple[str, ...], what: str, aliases: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+def names(text: str, allowed: tuple[str, ...], what: str,
+          aliases: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """The comma-separated names of ``text``, an alias standing for its names."""
     chosen = [alias for name in text.split(",") if name.strip()
               for alias in (aliases or {}).get(name.strip(), (name.strip(),))]
@@ -103,14 +104,16 @@ def trainings_text(row: dict) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| model | shift | strategy | client | rounds | trainings per client (most in one round) | accuracy | FedAvg | gain | "
-             "ARI | clusters | verdict | one-cluster reason or error |", "|---" * 13 + "|"]
+    lines = ["| model | shift | strategy | client | rounds | trainings per client (most in one round) | accuracy | "
+             "FedAvg | gain | ARI | clusters | compared (where named) | verdict | one-cluster reason, miss reason or error |",
+             "|---" * 14 + "|"]
     for row in rows:
         reason = (row["reason"] or "").replace("|", "\\|").replace("\n", " ")
         lines.append(f"| {row['model']} | {row['shift']} | {row['strategy']} | {row['client']} | {row['rounds']} | "
-                     f"{trainings_text(row)} | {fmt(row['accuracy'])} | {fmt(row['fedavg_accuracy'])} | {fmt(row['gain'])} | "
+                     f"{trainings_text(row)} | {fmt(row['accuracy'])} | {fmt(row['fedavg_accuracy'])} | "
+                     f"{fmt(row['gain'])} | "
                      f"{fmt(row['ari'], 2)} | {row['clusters'] if row['clusters'] is not None else '-'} | "
-                     f"{row['verdict']} | {reason} |")
+                     f"{', '.join(row.get('compared') or [])} | {row['verdict']} | {reason} |")
     return "\n".join(lines)
 
 
@@ -142,10 +145,12 @@ def cell_text(row: dict | None) -> str:
 def comparison(rows: list[dict], before: Path) -> str:
     """The before → after section: each cell's accuracy / ARI / clusters and verdict in
     ``before``'s cells.json and in ``rows``."""
-    earlier = {(r["model"], r["shift"], r["strategy"]): r for r in json.loads((before / "cells.json").read_text())["cells"]}
+    earlier_rows = json.loads((before / "cells.json").read_text())["cells"]
+    earlier = {(r["model"], r["shift"], r["strategy"]): r for r in earlier_rows}
     lines = [f"## Before → after\n\nBefore: `{before.as_posix()}` (its `manifest.json` says which code). "
              "Each cell: accuracy / ARI / clusters / trainings per client (most in one round).\n",
-             "| model | shift | strategy | before | after | verdict before → after | accuracy change |", "|---" * 7 + "|"]
+             "| model | shift | strategy | before | after | verdict before → after | accuracy change |",
+             "|---" * 7 + "|"]
     for row in rows:
         old = earlier.get((row["model"], row["shift"], row["strategy"]))
         change = "-" if old is None or None in (old["accuracy"], row["accuracy"]) else \

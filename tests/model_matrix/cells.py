@@ -13,6 +13,7 @@ import torch
 from flwr.app import Context, Message, MessageType, RecordDict
 from sklearn.metrics import adjusted_rand_score
 
+from clusterfed.cluster_misses import cluster_miss_reason
 from clusterfed.simulation import inprocess_grid
 from model_matrix import client_app, helper_app, server_app
 from model_matrix.data import NUM_GROUPS, SHIFTS, group_of
@@ -53,8 +54,9 @@ class Cell:
     accuracy: float | None = None  # the last round's evaluation accuracy, averaged by num-examples
     ari: float | None = None  # the clusters against the true groups
     clusters: int | None = None
-    reason: str | None = None  # the strategy's one-cluster reason, or the error that stopped it
+    reason: str | None = None  # the strategy's one-cluster or miss reason, or the error that stopped it
     seconds: float = 0.0
+    compared: list | None = None  # the arrays the strategy's clustering compared, where it names them
     trainings: float | None = None  # train messages a client got, on average over the clients
     peak_trainings: float | None = None  # of those, the most in one round (where a chained clustering step shows)
     assignment: dict = field(default_factory=dict)
@@ -157,6 +159,24 @@ def score(cell: Cell, result) -> None:
     if partitions:  # else nobody was placed: no clusters to score
         cell.ari = round(float(adjusted_rand_score([group_of(p) for p in partitions],
                                                    [cell.assignment[p] for p in partitions])), 4)
+    layers = clustering.get("layers")
+    cell.compared = list(layers.get("names", []) if isinstance(layers, dict) else layers) if layers else None
+    if cell.reason is None:
+        cell.reason = miss_reason(cell, result, clustering)
+
+
+def miss_reason(cell: Cell, result, clustering: dict) -> str | None:
+    """For several clusters that miss the groups: the strategy's count basis, as a run's summary
+    says it, else the clusters against the groups and the arrays compared."""
+    true_groups = {key: group_of(partition_of(key)) for key in result.assignment}
+    miss = cluster_miss_reason({"final_ari": cell.ari}, {**clustering, "assignment": dict(result.assignment)},
+                               true_groups)
+    if miss:
+        return miss[1]
+    if cell.clusters and cell.clusters > 1 and cell.ari is not None and cell.ari < MIN_ARI:
+        return (f"{cell.clusters} clusters for {NUM_GROUPS} true groups (ARI {cell.ari:.2f}); the strategy states no "
+                f"basis" + (f"; compared: {', '.join(cell.compared)}" if cell.compared else ""))
+    return None
 
 
 def one_thread() -> None:
