@@ -153,3 +153,15 @@ def test_a_run_with_clusters_ends_saying_the_evidence_for_their_number():
     algorithm = make(strategy_class("adacfl"), GROUPS, **{"adacfl.share-label-stats": False, "adacfl.warmup-rounds": 0})
     drive_round(algorithm, 1, respond_with(structured=("fc1",)))
     assert algorithm.ending_sentence().startswith("AdaCFL ends with 2 clusters: lambda auto ")
+
+
+def test_a_split_on_arrays_no_client_changed_is_refused():
+    # cluster-layers names the frozen layer: its updates are all zero, every best cut scores
+    # 0 and so does group-free data of that shape; a split must beat it, not tie it
+    algorithm = make(strategy_class("layercfl"), GROUPS, **{"layercfl.cluster-layers": "conv1", "min-split-round": 1,
+                                                            "split-criteria": "absolute", "eps1": 100.0, "eps2": 0.001})
+    batches = drive_round(algorithm, 1, respond_with(structured=("fc1", "fc2")))
+    assert algorithm.selected_names == ["conv1.weight", "conv1.bias"]  # kept as named, though silent
+    assert algorithm.splits == [] and len(set(algorithm.assignment.values())) == 1
+    (refusal,) = batches.diagnostics["refused_splits"]
+    assert refusal["reason"] == "silhouette" and refusal["best_cut_silhouette"] == 0.0

@@ -262,7 +262,9 @@ class CFL(BiPartitioning):
             "layers": self.decision_names(),
             "similarity_rank": rank,
         }
-        if structure < required:  # a bi-partition of noise: keep the cluster whole
+        # a bi-partition of noise keeps the cluster whole; a cut must beat group-free data
+        # strictly (updates that are all zero score 0, and so does their reference)
+        if structure < required or (reference is not None and structure <= reference):
             self.refuse({"round": server_round, "cluster": cluster, "reason": "silhouette",
                          "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record}, compared)
             return {"refused_splits": [{"cluster": cluster, "reason": "silhouette", "gap": gap,
