@@ -165,3 +165,11 @@ def test_a_split_on_arrays_no_client_changed_is_refused():
     assert algorithm.splits == [] and len(set(algorithm.assignment.values())) == 1
     (refusal,) = batches.diagnostics["refused_splits"]
     assert refusal["reason"] == "silhouette" and refusal["best_cut_silhouette"] == 0.0
+
+
+def test_fedclust_states_the_evidence_for_its_number_of_clusters():
+    algorithm = make(strategy_class("fedclust"), GROUPS)
+    drive_round(algorithm, 1, respond_with(structured=("fc1",)))
+    assert algorithm.cluster_count_basis().startswith("2 clusters: lambda auto ")
+    assert algorithm.cluster_count_basis().endswith(" of 8 clients on fc1.weight, fc1.bias")
+    assert algorithm.ending_sentence().startswith("FedClust ends with 2 clusters: lambda auto ")

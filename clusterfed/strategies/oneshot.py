@@ -150,6 +150,18 @@ class OneShotClustering(ClusteredStrategy):
                     f"{', '.join(self.layer_keys)})")
         return f"{self.one_cluster_reasons['threshold']} (lambda {self.params.lambda_})"
 
+    def cluster_count_basis(self) -> str | None:
+        """The clustering step's own evidence for the number of clusters: λ and how it was
+        chosen, the cut's silhouette, the arrays compared (None before the step ran)."""
+        if not self.clustered:
+            return None
+        state, k = self.clustering_state, len(set(self.assignment.values()))
+        silhouette = state.get("silhouette")
+        cut = (f"lambda {float(state['lambda']):.3g} as given" if self.params.lambda_ != "auto" else
+               f"lambda auto {float(state['lambda']):.3g}, the best-silhouette cut")
+        shown = "" if silhouette is None else f" at silhouette {silhouette:.3f}"
+        return f"{k} clusters: {cut}{shown} of {len(state.get('client_order', []))} clients on {', '.join(self.layer_keys)}"
+
     def one_cluster_advice(self) -> str | None:
         if not self.clustered:
             return "a longer round timeout or more clients (nobody replied to the clustering step)"
