@@ -9,7 +9,11 @@ message id (set through ``metadata.__dict__["_message_id"]``), and the SuperNode
 conversion of a raising ClientApp into an error reply (``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``)
 is re-done here.
 
-Time: clients run one after another when their replies are pulled, but a deployed
+Clients run when their replies are pulled: with ``client_batching = "auto"`` the clients of
+a pull that the built-in task or the client helper's default loop trains are trained
+together (``clusterfed.runner.batched_clients``), the others one after another.
+
+Time: a client's reply takes its own compute time (its share of a batched chunk), but a deployed
 federation runs them in parallel, so a reply counts as late when its own client's time
 (compute plus any injected delay, which waits on a virtual clock instead of sleeping) is
 over the round ``timeout``; late replies are dropped as a SuperLink would never deliver
@@ -29,6 +33,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from clusterfed import faults
+from clusterfed.runner.batched_clients import BatchedClients, Prepared
 
 
 # Flower's message classes: plain objects whose state is their ``__dict__`` (no pickle hooks)
@@ -75,8 +80,12 @@ class _VirtualClock:
 
 class InProcessGrid(Grid):
     def __init__(self, client_app, num_nodes: int, run_id: int = 1, timeout: float = float("inf"),
-                 node_configs: list[dict] | None = None, run_config: dict | None = None):
+                 node_configs: list[dict] | None = None, run_config: dict | None = None,
+                 client_batching: str = "auto"):
+        if client_batching not in ("auto", "off"):
+            raise ValueError(f"client_batching={client_batching!r}: use 'auto' or 'off'")
         self.client_app = client_app
+        self.batched = BatchedClients(client_app) if client_batching == "auto" else None
         self._run_id = run_id
         self.timeout = timeout
         self.node_ids = [1000 + i for i in range(num_nodes)]
@@ -114,12 +123,15 @@ class InProcessGrid(Grid):
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        taken = [(message_id, self.pending.pop(message_id)) for message_id in list(message_ids)
+                 if message_id in self.pending]
+        prepared = {}
+        if self.batched is not None and len(taken) > 1:
+            prepared = self.batched.answers([(message_id, message, self.contexts[message.metadata.dst_node_id])
+                                             for message_id, message in taken])
         replies = []
-        for message_id in list(message_ids):
-            message = self.pending.pop(message_id, None)
-            if message is None:
-                continue
-            reply = self._call(message)
+        for message_id, message in taken:
+            reply = self._call(message, prepared.get(message_id))
             if reply is not None:
                 replies.append(reply)
         return replies
@@ -128,13 +140,16 @@ class InProcessGrid(Grid):
         """Every message pushed was answered or dropped as late: waiting longer gains nothing."""
         return not self.pending
 
-    def _call(self, message: Message) -> Message | None:
+    def _call(self, message: Message, prepared: Prepared | None = None) -> Message | None:
+        """The client's reply (None: late); ``prepared``: its answer computed with others."""
         context = self.contexts[message.metadata.dst_node_id]
         clock, real = _VirtualClock(), faults.clock.sleep
         faults.clock.sleep = clock.sleep
         started = time.perf_counter()
+        if prepared is not None:
+            clock.elapsed += prepared.seconds
         try:
-            reply = self.client_app(message, context)
+            reply = (prepared.handler if prepared is not None else self.client_app)(message, context)
         except Exception as error:  # the SuperNode turns a raising ClientApp into an error reply
             reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(error).__name__}: {error}"),
                             reply_to=message)
@@ -142,7 +157,8 @@ class InProcessGrid(Grid):
             faults.clock.sleep = real
         if time.perf_counter() - started + clock.elapsed > self.timeout:
             return None
-        return _transfer(reply)
+        # a reply computed together is new and shared with nobody: no copy stands in for the network
+        return reply if prepared is not None and not reply.has_error() else _transfer(reply)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))
