@@ -1,7 +1,8 @@
 """The in-process engine's batched client executor: a round's messages that the built-in task
 or the client helper's default loop would train (or evaluate) one after another are trained
 together (``clusterfed.runner.batched_training``), on CUDA when the clients' device is CUDA,
-on the CPU otherwise, in chunks sized from the device's free memory.
+on the CPU otherwise, in chunks sized from the device's free memory (and on the CPU from its
+cache: ``client_steps.chunk_size``).
 
 What it answers for: a ClientApp made by ``clusterfed.client.client_app`` whose task trains
 with the default loop (no ``train_fn``) or a ``train_fn`` marked ``trains_with`` (the
@@ -71,6 +72,7 @@ class BatchedClients:
 
     client_app: Any
     logged: set[str] = field(default_factory=set)
+    signatures: dict[int, tuple] = field(default_factory=dict)  # id(model) -> (model, its signature), one pull
     chunks: list[dict[str, Any]] = field(default_factory=list)  # per chunk: kind, clients, seconds, peak bytes
 
     def why_not(self, reason: str) -> None:
@@ -89,6 +91,7 @@ class BatchedClients:
             self.why_not(f"the ClientApp's mods {unknown} may change a message before its client sees it")
             return {}
         task = load_task(parts.task) if isinstance(parts.task, str) else parts.task
+        self.signatures.clear()  # kept for one pull: a model_fn may build a new model every call
         groups: dict[tuple, list[_Client]] = {}
         for message_id, message, context in calls:
             prepared = self._prepare(task, parts, message_id, message, context)
@@ -124,7 +127,9 @@ class BatchedClients:
             steps, loss_key = client_steps.of(task, kind, model, data, config, device)
         except Exception:  # noqa: BLE001
             return None
-        signature = (kind, client_steps.model_signature(model), str(device), loss_key)
+        if id(model) not in self.signatures:  # the built-in task hands every client one model object
+            self.signatures[id(model)] = (model, client_steps.model_signature(model))
+        signature = (kind, self.signatures[id(model)][1], str(device), loss_key)
         return signature, _Client(message_id, message, context, config, data, received, choice, steps)
 
     def _run(self, task: ClientTask, parts, kind: str, clients: list[_Client], device: str) -> dict[str, Prepared]:

@@ -1,6 +1,7 @@
 """What each client of a batched round does, step by step (``of``), which clients can share
 one stack (``model_signature``), and the chunks they are trained in (``in_chunks``): sized
-from the device's free memory, halved and retried when the device runs out of it anyway.
+from the device's free memory and, on the CPU, its cache (``chunk_size``), halved and retried
+when the device runs out of memory anyway.
 
 Imported by the batched client executor when it first batches a round (it imports torch).
 """
@@ -21,6 +22,9 @@ from clusterfed.runner.batched_training import (ClientSteps, activation_bytes, e
 from clusterfed.training import EVALUATE_BATCH, batch_orders
 
 BUILTIN_LOSS = "cross-entropy"
+# on the CPU, a chunk's activations (as ``activation_bytes`` counts them) within about the
+# size of a server CPU's last-level cache
+CPU_CHUNK_ACTIVATIONS = 16 << 20
 
 
 def model_signature(model: nn.Module) -> tuple:
@@ -85,10 +89,13 @@ def free_bytes(device: torch.device) -> int:
     return 2 << 30
 
 
-def client_bytes(model: nn.Module, work: list[ClientSteps], device: torch.device, training: bool) -> int:
-    """An upper estimate of one client's memory in a chunk: its state (with gradients,
-    momentum and proximal anchor when training), its laid-out batches and one step's
-    activations (three times over when training: saved for backward, and their gradients)."""
+def chunk_size(model: nn.Module, work: list[ClientSteps], device: torch.device, training: bool, share: float) -> int:
+    """How many clients to stack at once. Memory: an upper estimate of one client's bytes (its
+    state, with gradients, momentum and proximal anchor when training; its laid-out batches;
+    one step's activations, three times over when training: saved for backward and their
+    gradients) into ``share`` of the free memory. On the CPU also the cache: a chunk whose
+    activations outgrow ``CPU_CHUNK_ACTIVATIONS`` runs its elementwise layers from main memory,
+    slower than the same clients one after another."""
     state = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     widest = max(work, key=lambda w: max(w.sizes, default=0))
     steps = max(len(w.steps) for w in work)
@@ -97,9 +104,12 @@ def client_bytes(model: nn.Module, work: list[ClientSteps], device: torch.device
     data = steps * width * (sample.numel() * sample.element_size() + widest.y[:1].numel() * widest.y.element_size())
     activations = 0
     if width and len(widest.x):
-        model.to(device)
         activations = activation_bytes(model, widest.x[:width].to(device))
-    return state * (5 if training else 2) + data + activations * (3 if training else 1)
+    per_client = state * (5 if training else 2) + data + activations * (3 if training else 1)
+    size = int(share * free_bytes(device) // max(per_client, 1))
+    if device.type == "cpu":
+        size = min(size, CPU_CHUNK_ACTIVATIONS // max(activations, 1))
+    return max(1, min(len(work), size))
 
 
 def _out_of_memory(error: BaseException) -> bool:
@@ -116,7 +126,7 @@ def in_chunks(model: nn.Module, kind: str, received: list[Mapping[str, np.ndarra
     training = kind == MessageType.TRAIN
     # clients with the same batch sizes side by side: their steps are contiguous slices
     order = sorted(range(len(work)), key=lambda i: work[i].sizes)
-    size = max(1, min(len(work), int(share * free_bytes(device) // max(client_bytes(model, work, device, training), 1))))
+    size = chunk_size(model, work, device, training, share)
     if max_chunk:
         size = min(size, max_chunk)
     start = 0
