@@ -311,3 +311,58 @@ def test_golden_runs_with_clients_trained_together_keep_their_clusters(name, tmp
         accuracy_a, accuracy_b = dict(a["client_accuracy"]), dict(b["client_accuracy"])
         assert accuracy_a.keys() == accuracy_b.keys()
         assert abs(np.mean(list(accuracy_a.values())) - np.mean(list(accuracy_b.values()))) <= 0.005
+
+
+def _helper_task():
+    """The client helper's default loops: a fresh MLP per call, DataLoaders of 20 + 7 * node examples."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from clusterfed.client import ClientTask, TaskData
+
+    def model_fn(context, config):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    def data_fn(context, config):
+        node = int(context.node_config["partition-id"])
+        rng = np.random.default_rng(node)
+        x = rng.normal(size=(30 + 7 * node, 4)).astype(np.float32)
+        y = rng.integers(0, 3, len(x))
+        train, test = (TensorDataset(torch.from_numpy(x[a:b]), torch.from_numpy(y[a:b])) for a, b in
+                       ((0, 20 + 7 * node), (20 + 7 * node, None)))
+        return TaskData(DataLoader(train, batch_size=8), DataLoader(test, batch_size=4), labels=y)
+
+    return ClientTask(model_fn=model_fn, data_fn=data_fn)
+
+
+@pytest.mark.parametrize("message_type", ["train", "evaluate"])
+def test_the_client_helpers_default_loops_trained_together_equal_one_after_another(message_type):
+    from flwr.app import Message, RecordDict
+
+    from clusterfed import protocol
+    from clusterfed.client import client_app
+    from clusterfed.simulation import inprocess_grid
+
+    task = _helper_task()
+    arrays = protocol.to_array_record({k: v.numpy() for k, v in task.model_fn(None, None).state_dict().items()})
+    configs = [{}, {"momentum": 0.9}, {"weight-decay": 0.01}, {"proximal-mu": 0.3}, {"local-epochs": 3},
+               {"upload": "2.weight", "return": "update"}]
+    answers = {}
+    for mode in ("off", "auto"):
+        grid = inprocess_grid(client_app(task), len(configs), client_batching=mode)
+        messages = [Message(RecordDict({protocol.CONFIG: protocol.config_record(
+            {"server-round": 1, "phase": "train", "local-epochs": 1, "lr": 0.1, "cluster-id": 0, "upload": "full",
+             "return": "weights", **extra}), protocol.ARRAYS: arrays}), dst_node_id=node, message_type=message_type)
+            for node, extra in zip(grid.get_node_ids(), configs)]
+        replies = {r.metadata.src_node_id: r for r in grid.send_and_receive(messages)}
+        answers[mode] = [replies[node] for node in grid.get_node_ids()]
+        if mode == "auto":
+            assert sum(c["clients"] for c in grid.batched.chunks) == len(configs)
+    for a, b in zip(answers["auto"], answers["off"]):
+        metrics_a, metrics_b = dict(a.content[protocol.METRICS]), dict(b.content[protocol.METRICS])
+        assert metrics_a.keys() == metrics_b.keys() and all(_close(metrics_a[k], metrics_b[k]) for k in metrics_b)
+        if message_type == "train":
+            arrays_a, arrays_b = (protocol.from_array_record(r.content[protocol.ARRAYS]) for r in (a, b))
+            assert list(arrays_a) == list(arrays_b) and all(_close(arrays_a[n], arrays_b[n]) for n in arrays_b)

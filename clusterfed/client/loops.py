@@ -65,11 +65,11 @@ def sgd_options(config: Mapping) -> dict[str, Any]:
 @torch.no_grad()
 def _mean_loss_and_accuracy(task, model: nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
     model.to(device).eval()
-    loss_fn = loss_fn(task)
+    criterion = loss_fn(task)
     loss_sum, correct, count = 0.0, 0, 0
     for x, y in batches(task, loader, device):
         outputs = model(x)
-        loss_sum += float(loss_fn(outputs, y)) * len(y)
+        loss_sum += float(criterion(outputs, y)) * len(y)
         if outputs.ndim == 2 and y.ndim == 1:
             correct += int((outputs.argmax(1) == y).sum())
         count += len(y)
