@@ -366,3 +366,33 @@ def test_the_client_helpers_default_loops_trained_together_equal_one_after_anoth
         if message_type == "train":
             arrays_a, arrays_b = (protocol.from_array_record(r.content[protocol.ARRAYS]) for r in (a, b))
             assert list(arrays_a) == list(arrays_b) and all(_close(arrays_a[n], arrays_b[n]) for n in arrays_b)
+
+
+def test_a_chunk_that_runs_out_of_memory_is_halved_and_run_again(monkeypatch):
+    """The memory estimate can be short: a chunk the device cannot hold is split, and every
+    client is still trained exactly once, as in one chunk."""
+    import torch
+
+    from clusterfed.runner import batched_training, client_steps
+
+    model, states, data = _clients("digits-cnn")
+    work = [batched_training.ClientSteps(torch.from_numpy(x), torch.from_numpy(y), client_steps.batch_orders(
+        len(x), BATCH, 1, i), lr=0.05, momentum=0.5) for i, (x, y) in enumerate(data)]
+    whole = list(client_steps.in_chunks(model, "train", states, work, torch.nn.CrossEntropyLoss(), "cpu", 0, None, 0.5))
+    train, tried = batched_training.train_together, []
+
+    def short_of_memory(model, stacked, chunk_work, loss, device):
+        tried.append(len(chunk_work))
+        if len(chunk_work) > 1:
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes")
+        return train(model, stacked, chunk_work, loss, device)
+
+    monkeypatch.setattr(client_steps, "train_together", short_of_memory)
+    split = list(client_steps.in_chunks(model, "train", states, work, torch.nn.CrossEntropyLoss(), "cpu", 0, None, 0.5))
+    assert [len(chunk) for chunk, *_ in whole] == [len(SIZES)] and [len(chunk) for chunk, *_ in split] == [1] * 4
+    assert tried == [4, 2, 1, 1, 1, 1]
+    got = {i: result for chunk, results, *_ in split for i, result in zip(chunk, results)}
+    want = {i: result for chunk, results, *_ in whole for i, result in zip(chunk, results)}
+    assert sorted(got) == sorted(want) == list(range(len(SIZES)))
+    for i in want:
+        assert _close(got[i][1], want[i][1]) and all(_close(got[i][0][k], want[i][0][k]) for k in want[i][0])

@@ -149,7 +149,8 @@ def _one_chunk(model: nn.Module, training: bool, received: list, work: list[Clie
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+    cuda = [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)  # dropout's draws: the same run, the same draws
         stacked = stack_states(model, received, device)
         if training:
