@@ -19,6 +19,11 @@ count (which must agree between the two modes).
 On a machine with a GPU the clients train on it (``device = auto``); the manifest and
 ``results.json`` name the device. Writes ``benchmarks/results/batched-clients/<label>/``:
 ``results.json``, ``README.md``, ``manifest.json`` (``--label`` defaults to ``cpu`` or ``gpu``).
+
+``--server-parts``: instead, one batched run per client count and strategy, timing the server's
+parts of a steady round (messages built and copied, replies collected and validated, evaluate
+replies scored, the strategy's aggregation, the round's record): ``server_parts.json`` and
+``manifest-server-parts.json``.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ class Timings:
 
         self.rounds: dict[int, float] = {}
         self.cpu_at: dict[int, float] = {}  # process CPU seconds when each round began
+        self.before_steady = None  # called as round 2 begins
         self.current = 0
         self.grids = []
         pull, play, init = inprocess.InProcessGrid.pull_messages, RoundDriver.play_round, inprocess.InProcessGrid.__init__
@@ -69,6 +75,8 @@ class Timings:
                 timings.rounds[timings.current] = timings.rounds.get(timings.current, 0.0) + time.perf_counter() - started
 
         def marked_round(driver, server_round, *args, **kwargs):
+            if server_round == 2 and timings.before_steady is not None:
+                timings.before_steady()
             timings.current = server_round
             timings.cpu_at[server_round] = time.process_time()
             return play(driver, server_round, *args, **kwargs)
@@ -91,7 +99,7 @@ class Timings:
             setattr(owner, name, old)
 
 
-def run_once(clients: int, strategy: str, mode: str, rounds: int, data_dir: str) -> dict:
+def run_once(clients: int, strategy: str, mode: str, rounds: int, data_dir: str, before_steady=None) -> dict:
     from clusterfed.config import parse_config
     from clusterfed.experiments.settings import setting
     from clusterfed.simulation import simulate
@@ -100,6 +108,7 @@ def run_once(clients: int, strategy: str, mode: str, rounds: int, data_dir: str)
               "rounds": rounds, "seed": 0, "strategy": strategy, "checkpoint": False, "log-to": "none",
               "client-batching": mode}
     with tempfile.TemporaryDirectory() as tmp, Timings() as timings:
+        timings.before_steady = before_steady
         started = time.perf_counter()
         simulate(parse_config({**values, "out-dir": tmp}), engine="inprocess", stream=None)
         wall, cpu_end = time.perf_counter() - started, time.process_time()
@@ -124,6 +133,57 @@ def run_once(clients: int, strategy: str, mode: str, rounds: int, data_dir: str)
             "not_batched": sorted(batched.logged) if batched is not None else [],
             "final_accuracy": rows[-1].get("accuracy"), "final_ari": rows[-1].get("ari"),
             "num_clusters": rows[-1].get("num_clusters")}
+
+
+# the server's parts of a round, by the function that does each (module, qualified name)
+SERVER_PARTS = {
+    "messages built": ("clusterfed.runner.link", "Link.messages"),
+    "messages copied into the grid": ("clusterfed.runner.inprocess", "InProcessGrid.push_messages"),
+    "replies collected (bytes, faults)": ("clusterfed.runner.link", "Link.collect"),
+    "train replies validated": ("clusterfed.runner.driver", "parse_train_reply"),  # where the driver calls them
+    "evaluate replies scored": ("clusterfed.runner.driver", "eval_rows"),
+    "strategy: aggregation": ("clusterfed.strategies.base", "ClusteredStrategy.aggregate_clusters"),
+    "round recorded": ("clusterfed.runner.driver", "record_round"),
+}
+
+
+def server_profile(clients: int, strategy: str, rounds: int, data_dir: str) -> dict:
+    """Seconds per steady round in each of the server's parts (``SERVER_PARTS``), clients
+    trained together, timed by wrapping each function (no profiler overhead elsewhere)."""
+    import importlib
+
+    spent: dict[str, float] = {}
+    patches = []
+    for label, (module_name, qualified) in SERVER_PARTS.items():
+        owner = importlib.import_module(module_name)
+        *classes, name = qualified.split(".")
+        for cls in classes:
+            owner = getattr(owner, cls)
+        original = getattr(owner, name)
+
+        def timed(*args, __original=original, __label=label, **kwargs):
+            started = time.perf_counter()
+            try:
+                return __original(*args, **kwargs)
+            finally:
+                spent[__label] = spent.get(__label, 0.0) + time.perf_counter() - started
+
+        patches.append((owner, name, original))
+        setattr(owner, name, timed)
+    marks: dict[str, float] = {}
+    try:
+        run = run_once(clients, strategy, "auto", rounds, data_dir, before_steady=lambda: marks.update(spent))
+    finally:
+        for owner, name, original in patches:
+            setattr(owner, name, original)
+    steady = max(rounds - 1, 1)
+    parts = {label: round((spent.get(label, 0.0) - marks.get(label, 0.0)) / steady, 3) for label in SERVER_PARTS}
+    server = run["steady_round_seconds"] - run["client_seconds"]
+    # the rest: the strategy's own steps beyond aggregating (e.g. CFL's update norms and
+    # similarities), membership, logging
+    parts["rest of the server's round"] = round(server - sum(parts.values()), 3)
+    return {**{k: run[k] for k in ("clients", "strategy", "steady_round_seconds", "client_seconds", "server_share")},
+            "server_seconds_per_round": round(server, 3), "parts_seconds_per_round": parts}
 
 
 def write_readme(folder: Path, data: dict) -> None:
@@ -175,6 +235,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", default=str(default_data_dir()))
     parser.add_argument("--label", default="", help="results subfolder (default: gpu with CUDA, else cpu)")
+    parser.add_argument("--server-parts", action="store_true",
+                        help="instead: the seconds per round of each server part, clients trained together "
+                             "(server_parts.json in the results folder)")
     args = parser.parse_args()
     logging.getLogger("flwr").setLevel(logging.WARNING)
     import torch
@@ -182,6 +245,15 @@ def main() -> int:
     label = args.label or ("gpu" if torch.cuda.is_available() else "cpu")
     folder = RESULTS / label
     manifest = start_manifest(vars(args))
+    if args.server_parts:
+        rows = [server_profile(int(n), strategy, args.rounds, args.data_dir) for n in args.clients.split(",")
+                for strategy in args.strategies.split(",")]
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "server_parts.json").write_text(json.dumps({"device": device_name(), "rows": rows}, indent=1) + "\n")
+        write_manifest(folder, manifest, device=device_name()).rename(folder / "manifest-server-parts.json")
+        return 0
     data = {"command": "PYTHONPATH=$PWD python benchmarks/" + " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
             "device": device_name(), "results": []}
     for clients in [int(c) for c in args.clients.split(",")]:

@@ -434,8 +434,8 @@ BATCHED_PROSE = [
     "the log says why, once. `flwr run`, Flower's simulation engine and deployments are unchanged.", "",
     "Trained together, a client's weights agree with one-after-another training to float rounding (the sums "
     "inside a batched convolution run in another order): `tests/test_batched_clients.py` checks every built-in "
-    "model and a BatchNorm model to 1e-5 relative after one local epoch on random data, and the golden runs keep "
-    "their assignments and ARI. On real images a client whose training meets a kink of ReLU or max-pooling (a "
+    "model and a BatchNorm model to 1e-5 relative after one local epoch on random data, and golden runs of FedAvg, "
+    "FedProx, FedClust, CFL and HiCFL keep their assignments and ARI with batching on. On real images a client whose training meets a kink of ReLU or max-pooling (a "
     "near tie) can move further, exactly as one-after-another training does when its starting weights move by "
     "one rounding step; runs still agree in their clusters, and their accuracies within noise. The sums over "
     "clients (a cluster's mean, the round's metrics) are taken in the order of the client keys, so neither the "
