@@ -86,6 +86,7 @@ class InProcessGrid(Grid):
             raise ValueError(f"client_batching={client_batching!r}: use 'auto' or 'off'")
         self.client_app = client_app
         self.batched = BatchedClients(client_app) if client_batching == "auto" else None
+        self.prepared: dict[str, Prepared] = {}  # answers the batched executor computed for this pull
         self._run_id = run_id
         self.timeout = timeout
         self.node_ids = [1000 + i for i in range(num_nodes)]
@@ -117,31 +118,33 @@ class InProcessGrid(Grid):
         ids = []
         for message in messages:
             message.metadata.__dict__["_message_id"] = str(uuid.uuid4())
-            # a copy stands in for serialisation: the client never shares arrays with the server
-            self.pending[message.metadata.message_id] = _transfer(message)
+            # copied when a ClientApp is called with it (``_call``), as crossing the network would
+            self.pending[message.metadata.message_id] = message
             ids.append(message.metadata.message_id)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         taken = [(message_id, self.pending.pop(message_id)) for message_id in list(message_ids)
                  if message_id in self.pending]
-        prepared = {}
         if self.batched is not None and len(taken) > 1:
-            prepared = self.batched.answers([(message_id, message, self.contexts[message.metadata.dst_node_id])
-                                             for message_id, message in taken])
+            self.prepared = self.batched.answers([(message_id, message, self.contexts[message.metadata.dst_node_id])
+                                                  for message_id, message in taken])
         replies = []
-        for message_id, message in taken:
-            reply = self._call(message, prepared.get(message_id))
+        for _, message in taken:
+            reply = self._call(message)
             if reply is not None:
                 replies.append(reply)
+        self.prepared = {}
         return replies
 
     def nothing_in_flight(self) -> bool:
         """Every message pushed was answered or dropped as late: waiting longer gains nothing."""
         return not self.pending
 
-    def _call(self, message: Message, prepared: Prepared | None = None) -> Message | None:
-        """The client's reply (None: late); ``prepared``: its answer computed with others."""
+    def _call(self, message: Message) -> Message | None:
+        """The client's reply (None: late): computed with others' by the batched executor, or by
+        calling the ClientApp."""
+        prepared = self.prepared.pop(message.metadata.message_id, None)
         context = self.contexts[message.metadata.dst_node_id]
         clock, real = _VirtualClock(), faults.clock.sleep
         faults.clock.sleep = clock.sleep
@@ -149,7 +152,10 @@ class InProcessGrid(Grid):
         if prepared is not None:
             clock.elapsed += prepared.seconds
         try:
-            reply = (prepared.handler if prepared is not None else self.client_app)(message, context)
+            if prepared is not None:  # answered from the message, which the batched executor only read
+                reply = prepared.handler(message, context)
+            else:  # a copy stands in for serialisation: the client never shares arrays with the server
+                reply = self.client_app(_transfer(message), context)
         except Exception as error:  # the SuperNode turns a raising ClientApp into an error reply
             reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(error).__name__}: {error}"),
                             reply_to=message)
