@@ -473,7 +473,27 @@ def batched_clients_section() -> list[str]:
                        f"{r['server_share'] * 100:.1f} % {key}server_share *100 --> | "
                        f"{r['final_accuracy']:.3f} {key}final_accuracy --> | {r['final_ari']:.2f} {key}final_ari --> |")
         out.append("")
+        out += server_parts_table(path.parent / "server_parts.json")
     return out
+
+
+def server_parts_table(path: Path) -> list[str]:
+    """Where a batched round's server seconds go, per strategy (nothing when never measured)."""
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())["rows"]
+    parts = list(rows[0]["parts_seconds_per_round"])
+    out = ["Where the server's part of a round goes, clients trained together (seconds per steady round, "
+           f"`{rel(path)}`, `bench_batched_clients.py --server-parts`; a separate run, so its rounds differ a little "
+           "from the table above). *Rest*: the strategy's own steps beyond aggregating (CFL's update norms and "
+           "stored update vectors), membership and logging.", "",
+           "| clients | strategy | server s | " + " | ".join(parts) + " |", "|---|---|---|" + "---|" * len(parts)]
+    for i, r in enumerate(rows):
+        key = f"<!-- bind: {rel(path)} rows.{i}."
+        cells = [f"{r['parts_seconds_per_round'][part]:.3f} {key}parts_seconds_per_round.{part} -->" for part in parts]
+        out.append(f"| {r['clients']} | {r['strategy']} | {r['server_seconds_per_round']:.3f} "
+                   f"{key}server_seconds_per_round --> | " + " | ".join(cells) + " |")
+    return out + [""]
 
 
 # ---------------------------------------------------------------- fidelity, driven by fidelity_claims.toml
