@@ -196,6 +196,10 @@ def write_readme(folder: Path, data: dict) -> None:
         lines += ["No GPU was available to this run: these are CPU numbers. On an H100/H200 run, from the repository "
                   "root, `PYTHONPATH=$PWD python benchmarks/bench_batched_clients.py --clients 100,1000,10000` "
                   "(a few minutes); it writes `benchmarks/results/batched-clients/gpu/`.", ""]
+        if not any(r["clients"] >= 10_000 for r in data["results"]):
+            lines += ["10,000 clients were not run here: one after another, a round of 1,000 took the time in the "
+                      "table, so 10,000 would take about ten times as long a round, beyond the few minutes this "
+                      "measurement may take on a shared machine.", ""]
     lines += ["| clients | strategy | client-batching | steady round s | clients/s | CPU s / round | server share | "
               "chunks (largest) | peak GPU MB / chunk | final acc | ARI | clusters |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
