@@ -215,6 +215,7 @@ def scale_page() -> str | None:
     out += count_at_a_glance()
     out += rescaled_section()
     out += memory_section()
+    out += batched_clients_section()
     return "\n".join(out).rstrip("\n") + "\n"
 
 
@@ -409,6 +410,90 @@ def memory_section() -> list[str]:
             out.append(f"| {label} | " + " | ".join(cells + ["–"] * (rounds - len(cells))) + " |")
         out.append("")
     return out
+
+
+BATCHED = RESULTS / "batched-clients"
+_SCALE_SPEED = json.loads((RESULTS / "scale_speed" / "results.json").read_text())["ray"]["results"]
+RAY_ROUND, INPROCESS_ROUND = round(_SCALE_SPEED[0]["round_seconds"][1], 1), round(_SCALE_SPEED[1]["round_seconds"][1], 1)
+RAY_BIND = "<!-- bind: benchmarks/results/scale_speed/results.json ray.results.0.round_seconds.1 -->"
+INPROCESS_BIND = "<!-- bind: benchmarks/results/scale_speed/results.json ray.results.1.round_seconds.1 -->"
+BATCHED_PROSE = [
+    "## Clients trained together", "",
+    "The in-process engine holds a whole round's messages at once. With `client-batching = auto` (the default; "
+    "`inprocess_grid(..., client_batching=\"auto\")` in the library) it trains the clients that the built-in task "
+    "or the client helper's default loop would train one after another together instead "
+    "(`clusterfed/runner/batched_clients.py`): their models stacked, one `torch.func.vmap` over "
+    "`grad(functional_call)` per step, on CUDA when the clients' device is CUDA, else on the CPU, in chunks sized "
+    "from the free memory (on the CPU, also from its cache; a chunk that runs out of GPU memory is halved and run "
+    "again). Each client keeps what it has alone: its own seeded batch order, SGD momentum and weight decay, "
+    "FedProx's proximal term, BatchNorm buffers, dropout draws; clients of unequal sizes go in lock step, those "
+    "whose batch at a step has the same size in one call (no padding enters BatchNorm's statistics); partial "
+    "uploads, updates, label statistics and the evaluate phase are answered alike, and the replies are built "
+    "from the trained arrays without a serialisation round trip. A task with its own train or evaluate function, "
+    "a ClientApp with other mods, models that differ, or a model `vmap` cannot take run one after another, and "
+    "the log says why, once. `flwr run`, Flower's simulation engine and deployments are unchanged.", "",
+    "Trained together, a client's weights agree with one-after-another training to float rounding (the sums "
+    "inside a batched convolution run in another order): `tests/test_batched_clients.py` checks every built-in "
+    "model and a BatchNorm model to 1e-5 relative after one local epoch on random data, and golden runs of FedAvg, "
+    "FedProx, FedClust, CFL and HiCFL keep their assignments and ARI with batching on. On real images a client whose training meets a kink of ReLU or max-pooling (a "
+    "near tie) can move further, exactly as one-after-another training does when its starting weights move by "
+    "one rounding step; runs still agree in their clusters, and their accuracies within noise. The sums over "
+    "clients (a cluster's mean, the round's metrics) are taken in the order of the client keys, so neither the "
+    "order replies arrive in nor batching reorders them.", ""]
+
+
+def batched_clients_section() -> list[str]:
+    """docs/scale.md's table of clients trained together vs one after another, per device
+    folder of benchmarks/results/batched-clients/ (nothing when never run)."""
+    out = []
+    for path in sorted(BATCHED.glob("*/results.json")):
+        data = json.loads(path.read_text())
+        if not out:
+            out = BATCHED_PROSE + [
+                "MNIST rotation, `mnist-cnn`, one local epoch, batch 16 (`benchmarks/bench_batched_clients.py`, its "
+                "`README.md` and `manifest.json` beside each `results.json`). Steady round: the mean over the rounds "
+                "after the first, server included; CPU s: the process's CPU seconds per round, less inflated than "
+                "wall time by the other jobs of a shared machine; server share: the part of a round outside the "
+                "clients' own work (their training, evaluation and replies). No GPU was available where these "
+                "numbers were measured: on one, the same command writes a `gpu` folder, with the peak GPU memory of "
+                "each chunk. Flower's simulation engine (Ray) at 1,000 of these clients, on two cores: its second "
+                f"round took {RAY_ROUND} s {RAY_BIND} against the in-process engine's {INPROCESS_ROUND} s "
+                f"{INPROCESS_BIND} one client after another (`benchmarks/bench_scale_speed.py ray`).", ""]
+        out += [f"### {data['device']}", "", f"Source: `{rel(path)}` (`{data['command']}`).", "",
+                "| clients | strategy | client-batching | steady round s | clients / s | CPU s / round | server share | "
+                "final acc | ARI |", "|---|---|---|---|---|---|---|---|---|"]
+        for i, r in enumerate(data["results"]):
+            if "error" in r:
+                continue
+            key = f"<!-- bind: {rel(path)} results.{i}."
+            out.append(f"| {r['clients']} | {r['strategy']} | {r['client_batching']} | "
+                       f"{r['steady_round_seconds']:.2f} {key}steady_round_seconds --> | "
+                       f"{r['clients_per_second']:.1f} {key}clients_per_second --> | "
+                       f"{r['cpu_seconds_per_round']:.2f} {key}cpu_seconds_per_round --> | "
+                       f"{r['server_share'] * 100:.1f} % {key}server_share *100 --> | "
+                       f"{r['final_accuracy']:.3f} {key}final_accuracy --> | {r['final_ari']:.2f} {key}final_ari --> |")
+        out.append("")
+        out += server_parts_table(path.parent / "server_parts.json")
+    return out
+
+
+def server_parts_table(path: Path) -> list[str]:
+    """Where a batched round's server seconds go, per strategy (nothing when never measured)."""
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())["rows"]
+    parts = list(rows[0]["parts_seconds_per_round"])
+    out = ["Where the server's part of a round goes, clients trained together (seconds per steady round, "
+           f"`{rel(path)}`, `bench_batched_clients.py --server-parts`; a separate run, so its rounds differ a little "
+           "from the table above). *Rest*: the strategy's own steps beyond aggregating (CFL's update norms and "
+           "stored update vectors), membership and logging.", "",
+           "| clients | strategy | server s | " + " | ".join(parts) + " |", "|---|---|---|" + "---|" * len(parts)]
+    for i, r in enumerate(rows):
+        key = f"<!-- bind: {rel(path)} rows.{i}."
+        cells = [f"{r['parts_seconds_per_round'][part]:.3f} {key}parts_seconds_per_round.{part} -->" for part in parts]
+        out.append(f"| {r['clients']} | {r['strategy']} | {r['server_seconds_per_round']:.3f} "
+                   f"{key}server_seconds_per_round --> | " + " | ".join(cells) + " |")
+    return out + [""]
 
 
 # ---------------------------------------------------------------- fidelity, driven by fidelity_claims.toml

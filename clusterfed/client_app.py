@@ -32,7 +32,7 @@ from clusterfed.datasets import client_arrays
 from clusterfed.datasets.device_data import load_device_data
 from clusterfed.datasets.export import PARTITION_KEYS, build_partition
 from clusterfed.models import build_model
-from clusterfed.training import cap_threads, evaluate, train
+from clusterfed.training import LocalSGD, cap_threads, evaluate, evaluates_on, train, trains_with
 
 
 @dataclass(frozen=True)
@@ -164,26 +164,29 @@ def builtin_model(context: Context, config: Mapping):
                   int(spec["seed"]))
 
 
-def builtin_train(model, data: BuiltinData, config: Mapping, device) -> float:
+def builtin_sgd(data: BuiltinData, config: Mapping) -> LocalSGD:
     """SGD with the spec's batch size and momentum, seeded per client, round and phase."""
     spec = data.spec
-    return train(
-        model,
-        data.client.x_train,
-        data.client.y_train,
-        epochs=int(config["local-epochs"]),
-        batch_size=int(spec["batch-size"]),
-        lr=float(config["lr"]),
-        momentum=float(spec["momentum"]),
-        seed=_seed(spec["seed"], data.key, config["server-round"], config.get("phase", "train")),
-        device=device,
-        proximal_mu=float(config.get("proximal-mu", 0.0)),
-    )
+    return LocalSGD(data.client.x_train, data.client.y_train, epochs=int(config["local-epochs"]),
+                    batch_size=int(spec["batch-size"]), lr=float(config["lr"]), momentum=float(spec["momentum"]),
+                    seed=_seed(spec["seed"], data.key, config["server-round"], config.get("phase", "train")),
+                    proximal_mu=float(config.get("proximal-mu", 0.0)))
 
 
+@trains_with(builtin_sgd)
+def builtin_train(model, data: BuiltinData, config: Mapping, device) -> float:
+    """``builtin_sgd``'s training (the in-process engine may train many such clients together)."""
+    return train(model, **vars(builtin_sgd(data, config)), device=device)
+
+
+def builtin_test_split(data: BuiltinData, config: Mapping) -> tuple[np.ndarray, np.ndarray]:
+    return data.client.x_test, data.client.y_test
+
+
+@evaluates_on(builtin_test_split)
 def builtin_evaluate(model, data: BuiltinData, config: Mapping, device) -> dict[str, float]:
     """Loss and accuracy of the model on this client's test split."""
-    loss, accuracy = evaluate(model, data.client.x_test, data.client.y_test, device=device)
+    loss, accuracy = evaluate(model, *builtin_test_split(data, config), device=device)
     return {"eval-loss": float(loss), "eval-accuracy": float(accuracy)}
 
 

@@ -75,6 +75,11 @@ class RunConfig(BaseModel):
     lr: float = Field(0.05, gt=0)
     momentum: float = Field(0.5, ge=0, lt=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    client_batching: Literal["auto", "off"] = Field(
+        "auto", alias="client-batching",
+        description="in-process engine: auto = the clients of a round that the built-in task or the client helper's "
+                    "default loop trains are trained together (torch.func, on CUDA when present), the others one "
+                    "after another, with one log line saying why; off = one after another")
     compare_arrays: str = Field(
         "auto", alias="compare-arrays",
         description="arrays whose updates clustering compares: auto = floating-point arrays that are not buffers "

@@ -43,15 +43,17 @@ class _DropMessages(logging.Filter):
 
 
 def inprocess_grid(client_app, num_nodes: int, node_configs: list[dict] | None = None,
-                   run_config: dict | None = None):
-    """A Flower Grid whose ``num_nodes`` nodes call ``client_app`` in this process, one after
-    another (no Ray, no SuperLink): for trying a ServerApp's ``main`` or a strategy's
-    ``start`` quickly. Node i gets ``node_configs[i]`` (default ``partition-id = i``,
+                   run_config: dict | None = None, client_batching: str = "auto"):
+    """A Flower Grid whose ``num_nodes`` nodes call ``client_app`` in this process (no Ray,
+    no SuperLink): for trying a ServerApp's ``main`` or a strategy's ``start`` quickly.
+    ``client_batching``: ``auto`` trains the clients of a round together where the app lets
+    it (``clusterfed.runner.batched_clients``), ``off`` one after another. Node i gets ``node_configs[i]`` (default ``partition-id = i``,
     ``num-partitions``); its node id is ``1000 + i``, so a stock ClientApp's client key is
     ``node-{1000 + i}``. ``run_config`` is what the ClientApps see as ``context.run_config``
     (under ``flwr run``: the pyproject's ``[tool.flwr.app.config]``)."""
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1  # what a SuperLink sets
-    return InProcessGrid(client_app, num_nodes, node_configs=node_configs, run_config=run_config)
+    return InProcessGrid(client_app, num_nodes, node_configs=node_configs, run_config=run_config,
+                         client_batching=client_batching)
 
 
 def make_server_app(checked: Checked, stream: TextIO | None, result: dict[str, Any]) -> ServerApp:
@@ -85,7 +87,7 @@ def simulate(config: RunConfig | Checked, *, engine: str = "flower", stream: Tex
         from clusterfed.server_app import run_server
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-        grid = InProcessGrid(client_app, run.num_clients, timeout=run.timeout)
+        grid = InProcessGrid(client_app, run.num_clients, timeout=run.timeout, client_batching=run.client_batching)
         return run_server(grid, config, stream=stream, node_wait_seconds=0)
     checked = config if isinstance(config, Checked) else preflight(config, announce=True)  # before Ray starts
     return _simulate_flower(checked, stream, client_app)

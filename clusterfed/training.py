@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -78,15 +79,16 @@ def load_numpy_state(model: nn.Module, arrays: Mapping[str, np.ndarray]) -> None
 
 def sgd(model: nn.Module, epoch_batches: Callable[[], Iterable[tuple[torch.Tensor, torch.Tensor]]], *, epochs: int,
         lr: float, momentum: float, loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-        proximal_mu: float = 0.0) -> float:
-    """SGD with momentum for ``epochs`` passes, each over the ``(inputs, labels)`` batches that
-    ``epoch_batches()`` yields (on the model's device); returns the mean training loss.
+        proximal_mu: float = 0.0, weight_decay: float = 0.0) -> float:
+    """SGD with momentum (and L2 ``weight_decay``, as torch's SGD adds it to the gradient) for
+    ``epochs`` passes, each over the ``(inputs, labels)`` batches that ``epoch_batches()``
+    yields (on the model's device); returns the mean training loss.
 
     ``proximal_mu > 0`` adds FedProx's ``mu/2 * ||w - w_received||^2`` with the weights the
     model had on entry as ``w_received``.
     """
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else None
     total, count = 0.0, 0
     for _ in range(epochs):
@@ -104,6 +106,44 @@ def sgd(model: nn.Module, epoch_batches: Callable[[], Iterable[tuple[torch.Tenso
     return total / max(count, 1)
 
 
+@dataclass(frozen=True)
+class LocalSGD:
+    """The arguments of one client's ``train`` over arrays: a task's train function that is
+    exactly ``train(model, **vars(plan))`` says so (``trains_with``), and the in-process
+    engine can then train many such clients together (``clusterfed.runner.batched_clients``)."""
+
+    x: np.ndarray
+    y: np.ndarray
+    epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    seed: int
+    proximal_mu: float = 0.0
+    weight_decay: float = 0.0
+
+
+def trains_with(plan: Callable[[object, Mapping], LocalSGD]):
+    """Mark a task's ``train_fn(model, data, config, device)`` as ``train`` with the arguments
+    ``plan(data, config)`` gives (the batched client executor reads the mark)."""
+    def mark(train_fn):
+        train_fn.local_sgd = plan
+        return train_fn
+
+    return mark
+
+
+def batch_orders(count: int, batch_size: int, epochs: int, seed: int) -> list[torch.Tensor]:
+    """The example indices of each batch ``train`` takes, every epoch in turn: each epoch a
+    fresh permutation drawn from ``seed``'s generator, cut into ``batch_size`` pieces."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(epochs):
+        order = torch.randperm(count, generator=generator)
+        out.extend(order[start:start + batch_size] for start in range(0, count, batch_size))
+    return out
+
+
 def train(
     model: nn.Module,
     x: np.ndarray,
@@ -116,27 +156,42 @@ def train(
     seed: int,
     device: torch.device | None = None,
     proximal_mu: float = 0.0,
+    weight_decay: float = 0.0,
 ) -> float:
-    """``sgd`` over (x, y) in batches of ``batch_size``, reshuffled each epoch from ``seed``;
-    returns the mean training loss."""
+    """``sgd`` over (x, y) in batches of ``batch_size``, reshuffled each epoch from ``seed``
+    (``batch_orders``); returns the mean training loss."""
     device = device or torch.device("cpu")
     model.to(device)
     xt, yt = torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)
-    generator = torch.Generator().manual_seed(seed)
+    orders = iter(batch_orders(len(xt), batch_size, epochs, seed))
+    per_epoch = -(-len(xt) // batch_size)
 
     def shuffled() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        order = torch.randperm(len(xt), generator=generator).to(device)
-        for start in range(0, len(xt), batch_size):
-            batch = order[start : start + batch_size]
+        for _, batch in zip(range(per_epoch), orders):
+            batch = batch.to(device)
             yield xt[batch], yt[batch]
 
     return sgd(model, shuffled, epochs=epochs, lr=lr, momentum=momentum, loss_fn=nn.CrossEntropyLoss(),
-               proximal_mu=proximal_mu)
+               proximal_mu=proximal_mu, weight_decay=weight_decay)
+
+
+EVALUATE_BATCH = 256  # ``evaluate``'s batch size
+
+
+def evaluates_on(split: Callable[[object, Mapping], tuple[np.ndarray, np.ndarray]]):
+    """Mark a task's ``evaluate_fn(model, data, config, device)`` as ``evaluate`` on the arrays
+    ``split(data, config)`` gives, returning ``eval-loss`` and ``eval-accuracy`` (the batched
+    client executor reads the mark)."""
+    def mark(evaluate_fn):
+        evaluate_fn.evaluated_on = split
+        return evaluate_fn
+
+    return mark
 
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, *, batch_size: int = 256, device: torch.device | None = None
+    model: nn.Module, x: np.ndarray, y: np.ndarray, *, batch_size: int = EVALUATE_BATCH, device: torch.device | None = None
 ) -> tuple[float, float]:
     """Mean cross-entropy loss and accuracy on (x, y)."""
     device = device or torch.device("cpu")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,7 +49,7 @@ def _key_or_none(task: ClientTask | str, context: Context) -> str | None:
         return None
 
 
-def _name_client(task: ClientTask | str, context: Context, error: Exception) -> None:
+def name_client(task: ClientTask | str, context: Context, error: Exception) -> None:
     """Prefix the exception's message with ``[client-key "<key>"]`` (its type is kept): Flower's
     error reply carries only the type and this text, and the server names the device from it."""
     key = _key_or_none(task, context)
@@ -94,7 +95,7 @@ def _device(context: Context, config: Mapping):
     return pick_device(str(context.node_config.get("device", config.get("device", "auto"))))
 
 
-def _receive(task: ClientTask, content: RecordDict, context: Context):
+def receive(task: ClientTask, content: RecordDict, context: Context):
     """The message's config, this client's data, the model loaded with what it was sent, the
     device, the arrays received (for IFCA, the chosen model's) and IFCA's choice (or None)."""
     from clusterfed.training import load_numpy_state
@@ -137,9 +138,16 @@ def train_reply(task: ClientTask, content: RecordDict, context: Context) -> Reco
     for (``upload``), as weights or as the update trained - received (``return``)."""
     from clusterfed.training import state_to_numpy
 
-    config, data, model, device, received, choice = _receive(task, content, context)
+    config, data, model, device, received, choice = receive(task, content, context)
     trained_metrics = task.train(model, data, config, device)
     trained = state_to_numpy(model, copy=False)  # copied once, into the reply's bytes
+    return trained_content(task, context, config, data, received, choice, trained, trained_metrics)
+
+
+def trained_content(task: ClientTask, context: Context, config: Mapping, data, received: Mapping[str, np.ndarray],
+                    choice: int | None, trained: Mapping[str, np.ndarray], trained_metrics: Mapping) -> RecordDict:
+    """A train reply's content from the trained state (``train_reply``'s, or the batched client
+    executor's, which trains many clients together)."""
     names = protocol.parse_upload(str(config.get("upload", protocol.UPLOAD_FULL)))
     if names is None:
         names = list(trained)
@@ -163,10 +171,23 @@ def train_reply(task: ClientTask, content: RecordDict, context: Context) -> Reco
 
 def evaluate_reply(task: ClientTask, content: RecordDict, context: Context) -> RecordDict:
     """The task's evaluation metrics of the model sent, on this client's test data."""
-    config, data, model, device, *_ = _receive(task, content, context)
-    evaluated = task.evaluate(model, data, config, device)
+    config, data, model, device, *_ = receive(task, content, context)
+    return evaluated_content(task, context, data, task.evaluate(model, data, config, device))
+
+
+def evaluated_content(task: ClientTask, context: Context, data, evaluated: Mapping) -> RecordDict:
+    """An evaluate reply's content from the evaluation metrics."""
     metrics = {"num-examples": _count(evaluated, data, "test"), **evaluated}
     return RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.CLIENT: _identity(task, context, data)})
+
+
+@dataclass(frozen=True)
+class HelperParts:
+    """What ``client_app`` built a ClientApp from."""
+
+    task: ClientTask | str
+    mods: tuple
+    check: Callable[[Context], None] | None
 
 
 _REPLIES = {MessageType.TRAIN: train_reply, MessageType.EVALUATE: evaluate_reply,
@@ -225,11 +246,13 @@ def client_app(task: ClientTask | str, *, mods: Sequence | None = None,
             else:
                 content = reply(task, message_type, msg.content, context)
         except Exception as error:
-            _name_client(task, context, error)
+            name_client(task, context, error)
             raise
         return Message(content, reply_to=msg)
 
     app = ClientApp(mods=list(mods or []))
+    # what the in-process engine's batched client executor reads to answer for this app
+    app.clusterfed_parts = HelperParts(task, tuple(mods or ()), check)
     app.query("profile")(answer)
     app.train()(answer)
     app.evaluate()(answer)

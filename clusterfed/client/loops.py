@@ -15,7 +15,7 @@ from torch import nn
 from clusterfed.training import sgd
 
 
-def _loss_fn(task) -> Any:
+def loss_fn(task) -> Any:
     return task.loss_fn if task.loss_fn is not None else nn.CrossEntropyLoss()
 
 
@@ -46,23 +46,30 @@ def _number(config: Mapping, key: str, kind=float):
 
 
 def default_train(task, model: nn.Module, data, config: Mapping, device: torch.device) -> float:
-    """SGD (``lr``, ``momentum`` default 0) for ``local-epochs`` passes over ``data.train``; with
-    ``proximal-mu`` > 0, FedProx's ``mu/2 * ||w - w_received||^2``. The mean training loss."""
-    lr, epochs = _number(config, "lr"), _number(config, "local-epochs", int)
+    """SGD (``lr``, ``momentum`` and ``weight-decay`` default 0) for ``local-epochs`` passes over
+    ``data.train``; with ``proximal-mu`` > 0, FedProx's ``mu/2 * ||w - w_received||^2``. The
+    mean training loss."""
+    options = sgd_options(config)
     model.to(device)
-    return sgd(model, lambda: batches(task, data.train, device), epochs=epochs, lr=lr,
-               momentum=float(config.get("momentum", 0.0) or 0.0), loss_fn=_loss_fn(task),
-               proximal_mu=float(config.get("proximal-mu", 0.0) or 0.0))
+    return sgd(model, lambda: batches(task, data.train, device), loss_fn=loss_fn(task), **options)
+
+
+def sgd_options(config: Mapping) -> dict[str, Any]:
+    """``sgd``'s keyword options from a message config (the default loop's keys)."""
+    return {"epochs": _number(config, "local-epochs", int), "lr": _number(config, "lr"),
+            "momentum": float(config.get("momentum", 0.0) or 0.0),
+            "weight_decay": float(config.get("weight-decay", 0.0) or 0.0),
+            "proximal_mu": float(config.get("proximal-mu", 0.0) or 0.0)}
 
 
 @torch.no_grad()
 def _mean_loss_and_accuracy(task, model: nn.Module, loader, device: torch.device) -> tuple[float, float, int]:
     model.to(device).eval()
-    loss_fn = _loss_fn(task)
+    criterion = loss_fn(task)
     loss_sum, correct, count = 0.0, 0, 0
     for x, y in batches(task, loader, device):
         outputs = model(x)
-        loss_sum += float(loss_fn(outputs, y)) * len(y)
+        loss_sum += float(criterion(outputs, y)) * len(y)
         if outputs.ndim == 2 and y.ndim == 1:
             correct += int((outputs.argmax(1) == y).sum())
         count += len(y)

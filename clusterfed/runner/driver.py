@@ -102,8 +102,8 @@ class RoundDriver:
 
     def new_round(self) -> None:
         self.link.new_round()
-        self.round_train_metrics: list[tuple[int, dict[str, float]]] = []
-        self.round_eval_metrics: list[tuple[int, dict[str, float]]] = []
+        self.round_train_metrics: list[tuple[str, int, dict[str, float]]] = []
+        self.round_eval_metrics: list[tuple[str, int, dict[str, float]]] = []
         self.round_asked = self.round_accepted = 0  # train replies asked for this round, and accepted
         self.round_trainers: set[str] = set()  # clients asked to train this round (a client may be asked twice)
         self.evaluate_sent = 0  # clients sent an evaluate message this round
@@ -334,8 +334,8 @@ class RoundDriver:
             if ask.key in stock:  # a stock client's size is known from its replies only
                 self.members.clients[ask.key].num_examples = reply.num_examples
             if ask.config.get("phase") == "train":  # a name a stock client gives itself is no metric to average
-                self.round_train_metrics.append((reply.num_examples, {k: v for k, v in reply.metrics.items()
-                                                                      if k not in STOCK_KEY_METRICS}))
+                self.round_train_metrics.append((reply.key, reply.num_examples, {
+                    k: v for k, v in reply.metrics.items() if k not in STOCK_KEY_METRICS}))
             replies.append(reply)
             self.accepted_train += 1
             self.round_accepted += 1

@@ -9,7 +9,11 @@ message id (set through ``metadata.__dict__["_message_id"]``), and the SuperNode
 conversion of a raising ClientApp into an error reply (``ErrorCode.CLIENT_APP_RAISED_EXCEPTION``)
 is re-done here.
 
-Time: clients run one after another when their replies are pulled, but a deployed
+Clients run when their replies are pulled: with ``client_batching = "auto"`` the clients of
+a pull that the built-in task or the client helper's default loop trains are trained
+together (``clusterfed.runner.batched_clients``), the others one after another.
+
+Time: a client's reply takes its own compute time (its share of a batched chunk), but a deployed
 federation runs them in parallel, so a reply counts as late when its own client's time
 (compute plus any injected delay, which waits on a virtual clock instead of sleeping) is
 over the time the server waits for it (the round ``timeout``, or the first probe's longer
@@ -30,6 +34,7 @@ from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from clusterfed import faults
+from clusterfed.runner.batched_clients import BatchedClients, Prepared
 
 
 # Flower's message classes: plain objects whose state is their ``__dict__`` (no pickle hooks)
@@ -76,8 +81,13 @@ class _VirtualClock:
 
 class InProcessGrid(Grid):
     def __init__(self, client_app, num_nodes: int, run_id: int = 1, timeout: float = float("inf"),
-                 node_configs: list[dict] | None = None, run_config: dict | None = None):
+                 node_configs: list[dict] | None = None, run_config: dict | None = None,
+                 client_batching: str = "auto"):
+        if client_batching not in ("auto", "off"):
+            raise ValueError(f"client_batching={client_batching!r}: use 'auto' or 'off'")
         self.client_app = client_app
+        self.batched = BatchedClients(client_app) if client_batching == "auto" else None
+        self.prepared: dict[str, Prepared] = {}  # answers the batched executor computed for this pull
         self._run_id = run_id
         self.timeout = timeout
         self.window = timeout  # how long the server waits for the replies of the messages it pushes next
@@ -110,20 +120,23 @@ class InProcessGrid(Grid):
         ids = []
         for message in messages:
             message.metadata.__dict__["_message_id"] = str(uuid.uuid4())
-            # a copy stands in for serialisation: the client never shares arrays with the server
-            self.pending[message.metadata.message_id] = _transfer(message)
+            # copied when a ClientApp is called with it (``_call``), as crossing the network would
+            self.pending[message.metadata.message_id] = message
             ids.append(message.metadata.message_id)
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        taken = [(message_id, self.pending.pop(message_id)) for message_id in list(message_ids)
+                 if message_id in self.pending]
+        if self.batched is not None and len(taken) > 1:
+            self.prepared = self.batched.answers([(message_id, message, self.contexts[message.metadata.dst_node_id])
+                                                  for message_id, message in taken])
         replies = []
-        for message_id in list(message_ids):
-            message = self.pending.pop(message_id, None)
-            if message is None:
-                continue
+        for _, message in taken:
             reply = self._call(message)
             if reply is not None:
                 replies.append(reply)
+        self.prepared = {}
         return replies
 
     def wait_at_least(self, seconds: float) -> None:
@@ -137,12 +150,20 @@ class InProcessGrid(Grid):
         return not self.pending
 
     def _call(self, message: Message) -> Message | None:
+        """The client's reply (None: late): computed with others' by the batched executor, or by
+        calling the ClientApp."""
+        prepared = self.prepared.pop(message.metadata.message_id, None)
         context = self.contexts[message.metadata.dst_node_id]
         clock, real = _VirtualClock(), faults.clock.sleep
         faults.clock.sleep = clock.sleep
         started = time.perf_counter()
+        if prepared is not None:
+            clock.elapsed += prepared.seconds
         try:
-            reply = self.client_app(message, context)
+            if prepared is not None:  # answered from the message, which the batched executor only read
+                reply = prepared.handler(message, context)
+            else:  # a copy stands in for serialisation: the client never shares arrays with the server
+                reply = self.client_app(_transfer(message), context)
         except Exception as error:  # the SuperNode turns a raising ClientApp into an error reply
             reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(error).__name__}: {error}"),
                             reply_to=message)
@@ -150,7 +171,8 @@ class InProcessGrid(Grid):
             faults.clock.sleep = real
         if time.perf_counter() - started + clock.elapsed > self.window:
             return None
-        return _transfer(reply)
+        # a reply computed together is new and shared with nobody: no copy stands in for the network
+        return reply if prepared is not None and not reply.has_error() else _transfer(reply)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         return self.pull_messages(self.push_messages(messages))

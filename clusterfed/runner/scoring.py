@@ -16,7 +16,7 @@ from clusterfed.clustering.layercfl import true_group_gap
 from clusterfed.results import EvalRow, RunRecorder, Traffic
 from clusterfed.runner.replies import STOCK_KEY_METRICS
 from clusterfed.runner.validation import ReplyRejected, parse_eval_reply
-from clusterfed.strategies.exchange import Arrays, ClientInfo, NewcomersPlaced, SplitCompared
+from clusterfed.strategies.exchange import Arrays, ClientInfo, NewcomersPlaced, SplitCompared, natural
 
 # names a stock Flower ClientApp (quickstart-pytorch) reports for the same quantities
 METRIC_ALIASES = {"accuracy": ("eval-accuracy", "eval_acc", "eval_accuracy", "accuracy"),
@@ -31,10 +31,11 @@ def metric_value(metrics: dict[str, float], name: str) -> float | None:
     return None
 
 
-def weighted_metrics(rows: list[tuple[int, dict[str, float]]]) -> MetricRecord:
-    """Each metric averaged over the replies by their num-examples, as Flower's FedAvg does;
+def weighted_metrics(rows: list[tuple[str, int, dict[str, float]]]) -> MetricRecord:
+    """Each metric averaged over the replies (client key, num-examples, metrics) by their
+    num-examples, as Flower's FedAvg does, summed in the order of the client keys;
     ``num-examples`` is the total."""
-    return average_metrics([{**m, "num-examples": n} for n, m in rows])
+    return average_metrics([{**m, "num-examples": n} for _, n, m in sorted(rows, key=lambda row: natural(row[0]))])
 
 
 def average_metrics(records: list) -> MetricRecord:
@@ -53,17 +54,18 @@ def average_metrics(records: list) -> MetricRecord:
 
 
 def eval_rows(server_round: int, received: dict[str, RecordDict], models: dict[str, tuple[int, Arrays]],
-              clients: dict[str, ClientInfo], metric: str, reject) -> tuple[list[EvalRow], list[tuple[int, dict]]]:
+              clients: dict[str, ClientInfo], metric: str, reject) -> tuple[list[EvalRow], list[tuple[str, int, dict]]]:
     """Each evaluate reply scored: its row (cluster, true group, ``metric``, loss, examples)
     and its metrics for the Flower-style average; a malformed reply goes to ``reject``."""
     rows, averaged = [], []
-    for key, content in received.items():
+    for key in sorted(received, key=natural):  # every sum over clients in the order of their keys
+        content = received[key]
         try:
             metrics, n = parse_eval_reply(content, key)
         except ReplyRejected as error:
             reject(server_round, key, error)
             continue
-        averaged.append((n, {k: v for k, v in metrics.items() if k not in STOCK_KEY_METRICS}))
+        averaged.append((key, n, {k: v for k, v in metrics.items() if k not in STOCK_KEY_METRICS}))
         rows.append(EvalRow(key, models[key][0], clients[key].true_group, metric_value(metrics, metric),
                             metric_value(metrics, "loss"), n))
     return rows, averaged

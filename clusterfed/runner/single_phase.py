@@ -134,7 +134,7 @@ def aggregate_train_messages(strategy: ClusteredStrategy, server_round: int,
     driver.strategy_seconds += time.perf_counter() - started
     score_reports(strategy.reports, driver.members.clients, assignment_before)
     log(logging.DEBUG, "round %s diagnostics: %s", server_round, diagnostics)
-    return driver.largest_cluster_record(), weighted_metrics([(r.num_examples, r.metrics) for r in good])
+    return driver.largest_cluster_record(), weighted_metrics([(r.key, r.num_examples, r.metrics) for r in good])
 
 
 def finish_own_round(strategy: ClusteredStrategy, server_round: int, round_steps, replies: list[TrainReply]) -> Diagnostics:

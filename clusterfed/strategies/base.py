@@ -66,7 +66,7 @@ from clusterfed.strategies.flower_hooks import FlowerHooks
 from clusterfed.strategies.params import StrategyParams, describe_errors, document_params  # noqa: F401
 from clusterfed.strategies.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
     RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, Steps, TrainReply, diagnostics_of,
-    natural, steps, weighted_average)
+    by_key, natural, steps, weighted_average)
 
 
 @dataclass
@@ -325,10 +325,10 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         released: dict[int, dict[str, Any]] = {}
         fallbacks: dict[str, str] = {}
         for cluster, group in by_cluster.items():
+            group = by_key(group)  # summed in the order of the client keys, not of arrival
             if self.dp is not None:  # clipped, equal weights (clusterfed.privacy)
                 group = privacy.clip_replies(group, self.dp.clipping_norm)
-            weights, counts = [r.weights for r in group], [r.num_examples for r in group]
-            self.models[cluster], fallback = self.aggregate_cluster(cluster, weights, counts)
+            self.models[cluster], fallback = self.aggregate_cluster(cluster, group)
             if fallback is not None:
                 fallbacks[str(cluster)] = fallback
             if self.dp is not None:
@@ -338,12 +338,15 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
             diagnostics["privacy"] = self.dp_accountant.report(self.dp_releases, self.assignment, released)
         return diagnostics
 
-    def aggregate_cluster(self, cluster: int, weights: list[Arrays], counts: list[float]) -> tuple[Arrays, str | None]:
-        """One cluster's new model from its members' trained ``weights`` and num-examples
-        ``counts``, by its own aggregator (optimiser state kept per cluster), and why the
-        aggregator fell back to the weighted mean (None when it did not)."""
+    def aggregate_cluster(self, cluster: int, replies: list[TrainReply]) -> tuple[Arrays, str | None]:
+        """One cluster's new model from its members' ``replies`` (weighed by num-examples), by its
+        own aggregator (optimiser state kept per cluster), and why the aggregator fell back to
+        the weighted mean (None when it did not). The weighted mean adds each reply as sent
+        model + update (``weighted_average``), so replies of weights and of updates agree."""
+        counts = [r.num_examples for r in replies]
         if self.aggregator is None:
-            return weighted_average(weights, counts), None
+            return weighted_average([r.update for r in replies], counts, sent=[r.sent for r in replies]), None
+        weights = [r.weights for r in replies]
         model, self.aggregator_state[cluster], fallback = self.aggregator.aggregate(
             self.models[cluster], weights, counts, self.aggregator_state.get(cluster))
         if fallback is not None:

@@ -11,7 +11,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import Result
 
-from clusterfed.strategies.exchange import TrainReply
+from clusterfed.strategies.exchange import TrainReply, by_key
 
 # capabilities a strategy may need from its clients beyond a stock Flower ClientApp
 # (train: load arrays, train, reply the full state + num-examples; evaluate: reply metrics)
@@ -85,5 +85,5 @@ class ModelMismatchError(ValueError):
 
 def mean_train_loss(replies: list[TrainReply]) -> float | None:
     """Mean training loss of the replies that reported one (a stock client may not)."""
-    losses = [r.train_loss for r in replies if r.train_loss is not None]
+    losses = [r.train_loss for r in by_key(replies) if r.train_loss is not None]
     return float(np.mean(losses)) if losses else None

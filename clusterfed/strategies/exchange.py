@@ -154,24 +154,36 @@ class Replies(list):
 Steps = Generator[list[Ask], Replies, Any]
 
 
-def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:
+def weighted_average(arrays: list[Arrays], weights: list[float], sent: list[Arrays] | None = None) -> Arrays:
     """Sample-weighted aggregate per array name, in each array's own dtype and shape.
 
     Floating-point (and complex) arrays: the weighted mean, summed in float64 (complex128)
     in list order. Integer arrays (``num_batches_tracked`` and other counters): the weighted
     mean rounded to the nearest integer (halves to even). Bool arrays (masks): the weighted
-    majority, True on a tie."""
+    majority, True on a tie.
+
+    With ``sent`` (the models the clients were sent, one per entry), ``arrays`` are updates
+    (``difference(trained, sent)``): a floating-point term is then ``sent + update`` taken in
+    float64, so that replies carrying weights (turned into updates by ``difference``, the
+    client's own arithmetic) and replies carrying updates sum to the same numbers bit for bit;
+    ``sent + update`` rounded to the array's dtype would lose the last bit of some weights."""
     total = float(sum(weights))
     out = {}
     for n in arrays[0].keys():
         dtype = np.asarray(arrays[0][n]).dtype
+        exact = np.issubdtype(dtype, np.inexact)
         wide = np.complex128 if np.issubdtype(dtype, np.complexfloating) else np.float64
         # 0 + w_0 a_0 + w_1 a_1 + ... in float64, in place: the numbers ``sum()`` of the
         # products gives (from the same zero), without two temporaries per client and array
         acc = np.zeros(np.shape(arrays[0][n]), wide)
         term = np.empty_like(acc)
-        for a, w in zip(arrays, weights):
-            np.multiply(a[n], w, out=term, dtype=wide)
+        for i, (a, w) in enumerate(zip(arrays, weights)):
+            if sent is not None and exact:
+                np.add(sent[i][n], a[n], out=term, dtype=wide)
+                term *= w
+            else:
+                value = a[n] if sent is None else apply_difference(sent[i][n], a[n])
+                np.multiply(value, w, out=term, dtype=wide)
             acc += term
         mean = np.asarray(acc / total)  # asarray: a 0-d quotient is a numpy scalar
         if dtype == np.bool_:
@@ -181,6 +193,12 @@ def weighted_average(arrays: list[Arrays], weights: list[float]) -> Arrays:
         else:
             out[n] = mean.astype(dtype)
     return out
+
+
+def by_key(replies: list) -> list:
+    """``replies`` (anything with a client ``key``) in the order of their keys: every sum over
+    clients is taken in this order, so a run does not depend on the order replies arrived in."""
+    return sorted(replies, key=lambda reply: natural(reply.key))
 
 
 def natural(key: str) -> tuple[int, str]:

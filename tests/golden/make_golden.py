@@ -14,7 +14,10 @@ import tempfile
 from pathlib import Path
 
 # each entry: (name, run-config overrides). Small and short: the suite replays them all.
-BASE = {"num-clients": 6, "rounds": 3, "partitioner": "label-groups", "label-groups": "0-4;5-9", "batch-size": 32}
+# Clients one after another: the numbers pinned are those of the sequential path (the batched
+# one agrees to float rounding, tests/test_batched_clients.py)
+BASE = {"num-clients": 6, "rounds": 3, "partitioner": "label-groups", "label-groups": "0-4;5-9", "batch-size": 32,
+        "client-batching": "off"}
 # criteria that always fire, so the bi-partitioning runs split and place newcomers by descent
 FORCE = {"split-criteria": "absolute", "eps1": 100.0, "eps2": 0.001, "split-min-silhouette": 0.0}
 # the papers' rules where the defaults now go beyond them (merging; HiCFL's absolute ε, every
@@ -46,11 +49,11 @@ RUNS = {
 FIELDS = ("bytes_down", "bytes_up", "transmissions", "num_clusters", "ari", "client_accuracy")
 
 
-def run_one(name: str, out: Path) -> dict:
+def run_one(name: str, out: Path, overrides: dict | None = None) -> dict:
     from clusterfed.config import parse_config
     from clusterfed.simulation import simulate
 
-    config = parse_config({**BASE, **RUNS[name], "out-dir": str(out)})
+    config = parse_config({**BASE, **RUNS[name], **(overrides or {}), "out-dir": str(out)})
     simulate(config, engine="inprocess", stream=None)
     rounds = [json.loads(line) for line in (out / "rounds.jsonl").read_text().splitlines()]
     clusters = json.loads((out / "clusters.json").read_text())
