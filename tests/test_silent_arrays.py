@@ -15,6 +15,7 @@ from clusterfed.clustering.layer_evidence import most_structured, score_layers
 from clusterfed.models.layers import matrix_layers
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies import strategy_class
+from clusterfed.strategies.contract import ending_sentence
 
 GROUPS = {str(i): i % 2 for i in range(8)}  # two groups of four
 
@@ -152,7 +153,7 @@ def test_a_run_that_ends_as_fedavg_says_why_and_what_to_try_in_its_last_round_li
 def test_a_run_with_clusters_ends_saying_the_evidence_for_their_number():
     algorithm = make(strategy_class("adacfl"), GROUPS, **{"adacfl.share-label-stats": False, "adacfl.warmup-rounds": 0})
     drive_round(algorithm, 1, respond_with(structured=("fc1",)))
-    assert algorithm.ending_sentence().startswith("AdaCFL ends with 2 clusters: lambda auto ")
+    assert ending_sentence(algorithm).startswith("AdaCFL ends with 2 clusters: lambda auto ")
 
 
 def test_a_split_on_arrays_no_client_changed_is_refused():
@@ -172,4 +173,4 @@ def test_fedclust_states_the_evidence_for_its_number_of_clusters():
     drive_round(algorithm, 1, respond_with(structured=("fc1",)))
     assert algorithm.cluster_count_basis().startswith("2 clusters: lambda auto ")
     assert algorithm.cluster_count_basis().endswith(" of 8 clients on fc1.weight, fc1.bias")
-    assert algorithm.ending_sentence().startswith("FedClust ends with 2 clusters: lambda auto ")
+    assert ending_sentence(algorithm).startswith("FedClust ends with 2 clusters: lambda auto ")

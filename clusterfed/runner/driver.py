@@ -39,7 +39,7 @@ from clusterfed.runner.replies import STOCK_KEY_METRICS
 from clusterfed.runner.scoring import eval_rows, record_round, score_reports, weighted_metrics
 from clusterfed.runner.transport import wait_for_nodes
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
-from clusterfed.strategies.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError
+from clusterfed.strategies.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError, ending_sentence
 from clusterfed.strategies.exchange import Ask, Diagnostics, Replies, diagnostics_of
 
 if TYPE_CHECKING:
@@ -195,7 +195,7 @@ class RoundDriver:
         if self.recorder is not None:
             self.record(server_round, evals, time.perf_counter() - started, diagnostics)
         self.completed_rounds = server_round
-        ending = self.strategy.ending_sentence() if server_round == num_rounds else None
+        ending = ending_sentence(self.strategy) if server_round == num_rounds else None
         self.log_round(server_round, num_rounds, result, diagnostics.get("train_loss"),
                        "; ".join(text for text in (diagnostics.get("decision"), ending) if text))
         self.strategy.training_failed = None

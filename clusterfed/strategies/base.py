@@ -206,21 +206,6 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         """The one setting most likely to change a one-cluster ending (None: none to give)."""
         return None
 
-    def ending_sentence(self) -> str | None:
-        """The last round line's words on how many clusters the run ends with and why: as
-        FedAvg, the reason and what to try, in plain words; with several, the evidence for
-        their number (``cluster_count_basis``), when the strategy gives it."""
-        reason = self.one_cluster_reason()
-        if reason is None:
-            basis = self.cluster_count_basis()
-            clusters = len(set(self.assignment.values()))
-            if basis is None or clusters < 2:
-                return None
-            said = basis.startswith(f"{clusters} clusters")  # AdaCFL's basis names the count itself
-            return f"{type(self).__name__} ends with " + (basis if said else f"{clusters} clusters: {basis}")
-        advice = self.one_cluster_advice()
-        return f"{type(self).__name__} ends with one cluster: {reason}" + (f"; try {advice}" if advice else "")
-
     def cluster_count_basis(self) -> str | None:
         """One sentence on the evidence for the final number of clusters, without true groups
         (splits accepted with their scores against the thresholds, merges made or refused);

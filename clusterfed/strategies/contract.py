@@ -87,3 +87,20 @@ def mean_train_loss(replies: list[TrainReply]) -> float | None:
     """Mean training loss of the replies that reported one (a stock client may not)."""
     losses = [r.train_loss for r in by_key(replies) if r.train_loss is not None]
     return float(np.mean(losses)) if losses else None
+
+
+def ending_sentence(strategy: Any) -> str | None:
+    """The last round line's words on how many clusters ``strategy`` ends with and why: as
+    FedAvg, its reason and what to try (``one_cluster_reason``, ``one_cluster_advice``), in
+    plain words; with several, its evidence for their number (``cluster_count_basis``)."""
+    name = type(strategy).__name__
+    reason = strategy.one_cluster_reason()
+    if reason is None:
+        basis = strategy.cluster_count_basis()
+        clusters = len(set(strategy.assignment.values()))
+        if basis is None or clusters < 2:
+            return None
+        said = basis.startswith(f"{clusters} clusters")  # the one-shot strategies' basis names the count itself
+        return f"{name} ends with " + (basis if said else f"{clusters} clusters: {basis}")
+    advice = strategy.one_cluster_advice()
+    return f"{name} ends with one cluster: {reason}" + (f"; try {advice}" if advice else "")
