@@ -1,0 +1,131 @@
+"""The run keeper's loop: observe the run, ``decide``, act, and keep status.json true."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from clusterfed.keeper.decide import LAUNCH, OVER, STOP, Policy, Seen, State, decide, launch_failed, launched
+from clusterfed.keeper.flower import LaunchError
+from clusterfed.keeper.status import keeper_status, read_app_status, read_rounds, write_status
+
+ACTIVE = ("pending", "starting", "running")  # Flower's statuses of a run that is not over
+SERVERAPP_PROGRAMS = ("flwr-serverapp", "flwr-simulation")
+TERM_GRACE_SECONDS = 10.0
+
+
+class Flower(Protocol):
+    def launch(self) -> int: ...
+
+    def status(self, run_id: int) -> tuple[str, str] | None: ...
+
+    def stop(self, run_id: int) -> str: ...
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def end_serverapp(app: dict[str, Any], wait: Callable[[float], None] = time.sleep) -> str:
+    """End the ServerApp process that wrote ``app`` (its status.json: ``pid``, ``host``) when
+    it runs on this host and is one of Flower's app processes: SIGTERM, then SIGKILL. A
+    ServerApp elsewhere (another container) ends by itself once Flower stopped its run (its
+    next heartbeat is refused). Returns what was done, for the log."""
+    pid, host = app.get("pid"), app.get("host")
+    if not isinstance(pid, int) or pid == os.getpid():
+        return "no ServerApp pid in status.json"
+    if host != socket.gethostname():
+        return f"the ServerApp (pid {pid}) runs on {host}: Flower's stop ends it"
+    argv = _cmdline(pid)
+    if not argv or not _running(pid):
+        return f"the ServerApp (pid {pid}) is gone"
+    if not any(Path(arg).name in SERVERAPP_PROGRAMS for arg in argv[:2]):
+        return f"pid {pid} is no longer a ServerApp ({Path(argv[0]).name}): left alone"
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return f"ended the ServerApp (pid {pid})"
+        waited = 0.0
+        while waited < TERM_GRACE_SECONDS and _running(pid):
+            wait(0.5)
+            waited += 0.5
+        if not _running(pid):
+            return f"ended the ServerApp (pid {pid}) with {sig.name}"
+    return f"the ServerApp (pid {pid}) did not end after SIGKILL"
+
+
+class Keeper:
+    """Looks after one run of ``flower`` whose out-dir is ``out``."""
+
+    def __init__(self, flower: Flower, out: Path, policy: Policy, *, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time, log: Callable[[str], None] = print,
+                 end_process: Callable[[dict[str, Any]], str] = end_serverapp):
+        self.flower, self.out, self.policy = flower, Path(out), policy
+        self.clock, self.wall, self.log, self.end_process = clock, wall, log, end_process
+        self.state = State()
+
+    def adopt(self) -> None:
+        """A keeper started again (its container restarted) takes over the run status.json
+        names when Flower still runs it, instead of launching a second one."""
+        run_id = read_app_status(self.out).get("run_id")
+        if not isinstance(run_id, int):
+            return
+        answer = self.flower.status(run_id)
+        if answer is not None and answer[0] in ACTIVE:
+            state = launched(State(last_round=read_rounds(self.out).last), run_id, self.clock())
+            self.state = replace(state, reason=f"took over run {run_id} ({answer[0]}) from an earlier keeper")
+            self.log(f"keeper: {self.state.reason}")
+
+    def step(self) -> State:
+        app, rounds = read_app_status(self.out), read_rounds(self.out)
+        answer = self.flower.status(self.state.run_id) if self.state.run_id is not None else None
+        seen = Seen(now=self.clock(), flower=answer[0] if answer else None, details=answer[1] if answer else "",
+                    last_round=rounds.last, app_error=str(app.get("error", "")) if app.get("status") == "failed" else "")
+        before = self.state
+        state, actions = decide(self.policy, before, seen)
+        if STOP in actions and before.run_id is not None:
+            state = self._stop(state, before.run_id, seen, app)
+        if LAUNCH in actions:
+            try:
+                state = launched(state, self.flower.launch(), self.clock())
+            except LaunchError as error:
+                state = launch_failed(self.policy, state, self.clock(), str(error))
+        self.state = state
+        if (state.phase, state.reason) != (before.phase, before.reason):
+            self.log(f"keeper: {state.phase}: {state.reason}")
+        # the ServerApp's own heartbeat (running, then ok or failed) is the truth while Flower runs it
+        if state.phase != "running" or app.get("status") not in ("running", "ok", "failed"):
+            write_status(self.out, keeper_status(self.policy, state, seen, app, read_rounds(self.out), self.wall()))
+        return state
+
+    def _stop(self, state: State, run_id: int, seen: Seen, app: dict[str, Any]) -> State:
+        if seen.flower in ACTIVE or seen.flower is None:
+            self.log(f"keeper: stopping run {run_id}: {self.flower.stop(run_id)}")
+        self.log(f"keeper: {self.end_process(app)}")
+        return state
+
+    def run(self, poll_seconds: float, sleep: Callable[[float], None] = time.sleep) -> int:
+        """Until the run finished (0) or the keeper gave up (1)."""
+        self.adopt()
+        while self.step().phase not in OVER:
+            sleep(poll_seconds)
+        return 0 if self.state.phase == "finished" else 1
