@@ -326,3 +326,20 @@ def test_the_policy_states_its_bounds():
     assert POLICY.stall_seconds(False) == 120.0 and POLICY.stall_seconds(True) == 180.0
     assert [POLICY.backoff_seconds(n) for n in (1, 2, 3, 4, 5)] == [10.0, 20.0, 40.0, 40.0, 40.0]
     assert replace(POLICY, stall_multiple=2.0).stall_seconds(False) == 60.0
+
+
+def test_the_audit_flags_a_status_that_says_running_while_no_round_comes():
+    from clusterfed.keeper.audit import audit
+
+    def sample(t, status, round_, serverapps=1):
+        return {"t": t, "status": status, "round": round_, "serverapps": serverapps}
+
+    truthful = [sample(0, "starting", 0), sample(10, "running", 1), sample(50, "resuming", 1, 0),
+                sample(60, "resuming", 1, 2), sample(90, "running", 2), sample(100, "finished", 3)]
+    checks = audit(truthful, POLICY, poll=5.0, kill_at=40.0)
+    assert checks["running_beyond_the_stall_bound"] == 0 and checks["left_running_after_the_kill"]
+    assert checks["most_serverapps_alive_at_once"] == 2
+    assert checks["statuses_seen"] == ["starting", "running", "resuming", "finished"]
+    frozen = [sample(0, "running", 1), sample(100, "running", 1), sample(200, "running", 1), sample(300, "running", 2)]
+    checks = audit(frozen, POLICY, poll=5.0, kill_at=50.0)  # the bound here is 180 + 5 + 2 s
+    assert checks["running_beyond_the_stall_bound"] == 1 and not checks["left_running_after_the_kill"]
