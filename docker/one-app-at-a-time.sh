@@ -9,6 +9,8 @@
 # task out again) and otherwise exits without starting. --close: the app's own children (the
 # warm worker) do not inherit the lock.
 name=$(basename "$0")
-real=$(PATH=$(printf '%s' "$PATH" | sed 's#/app/bin:##g') command -v "$name") \
-    || { echo "$0: no $name on PATH" >&2; exit 127; }
-exec flock --close --wait "${CLUSTERFED_APP_LOCK_WAIT:-20}" "/tmp/$name.lock" "$real" "$@"
+here=$(cd "$(dirname "$0")" && pwd)
+# the real program: the first of that name on PATH outside this folder
+real=$(PATH=$(printf '%s' "$PATH" | tr ':' '\n' | grep -vx "$here" | paste -sd:) command -v "$name") \
+    || { echo "$0: no other $name on PATH" >&2; exit 127; }
+exec flock --close --wait "${CLUSTERFED_APP_LOCK_WAIT:-20}" "${CLUSTERFED_APP_LOCK_DIR:-/tmp}/$name.lock" "$real" "$@"

@@ -81,16 +81,19 @@ def _flags(command):
 
 @cache
 def _known_flags(program):
-    done = subprocess.run([str(BIN / program), "--help"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([str(BIN / program[0]), *program[1:], "--help"], capture_output=True, text=True,
+                          timeout=120)
     return set(re.findall(r"--[a-z][a-z0-9-]*", done.stdout))
 
 
 def _program(service):
     if service == "superlink":
-        return "flower-superlink"
+        return ("flower-superlink",)
     if service.startswith("supernode"):
-        return "flower-supernode"
-    return "flower-superexec"
+        return ("flower-supernode",)
+    if service == "keeper":
+        return ("clusterfed", "keep")
+    return ("flower-superexec",)
 
 
 def test_dockerfile_builds_on_the_superexec_image_of_our_flower_version_as_non_root():
@@ -139,15 +142,43 @@ def test_every_service_restarts_after_a_crash_and_waits_only_on_services_that_ke
     # a dependency on a one-shot container (exited) stops podman from restarting the dependant
     services = _merged(prepared, *files)
     for name, spec in services.items():
-        assert spec["restart"] == "on-failure" and spec["init"] is True, name
+        # the keeper exits 1 when it gave up on a run: restarted a few times, not forever
+        assert spec["restart"] == ("on-failure:3" if name == "keeper" else "on-failure") and spec["init"] is True, name
         for needed in spec.get("depends_on", {}):
             assert services[needed]["restart"] == "on-failure", (name, needed)
+
+
+VARIABLE = re.compile(r"^\$\{([A-Z_]+):-([^}]+)\}$")
+
+
+@pytest.mark.parametrize("files", [PLAIN, TLS], ids=["plain", "tls"])
+def test_every_service_has_cpu_memory_and_pids_limits_each_a_variable_with_a_default(prepared, files):
+    for name, spec in _merged(prepared, *files).items():
+        limits = {key: VARIABLE.match(str(spec.get(key, ""))) for key in ("cpus", "mem_limit", "pids_limit")}
+        assert all(limits.values()), (name, {k: spec.get(k) for k in limits})
+        cpus, memory, pids = (match.group(2) for match in limits.values())
+        assert 0 < float(cpus) <= 2 and re.fullmatch(r"\d+[mg]", memory) and 16 <= int(pids) <= 1024, name
+        # one variable per service kind, named after it (documented in docs/deployment.md, Limits)
+        prefix = re.sub(r"-\d+$", "", name).upper()
+        assert {m.group(1) for m in limits.values()} == {f"{prefix}_CPUS", f"{prefix}_MEMORY", f"{prefix}_PIDS"}
+        assert f"`{prefix}_PIDS`" in DOCS.read_text(), prefix
+
+
+def test_the_published_port_is_a_variable_and_the_keeper_needs_asking_for(prepared):
+    services = _merged(prepared, *PLAIN)
+    assert services["superlink"]["ports"] == ["${SUPERLINK_PORT:-9093}:9093"]
+    assert [name for name, spec in services.items() if "ports" in spec] == ["superlink"]
+    keeper = services["keeper"]
+    assert keeper["profiles"] == ["keeper"] and keeper["entrypoint"] == ["clusterfed"]
+    assert keeper["command"][:3] == ["keep", "/app", "compose"] and "results:/app/results" in keeper["volumes"]
+    tls = _merged(prepared, *TLS)["keeper"]["command"]
+    assert "--root-certificates=/certs/ca.crt" in tls and "--superlink=superlink:9093" in tls
 
 
 def test_prepare_writes_one_device_per_data_file_in_two_groups(prepared):
     services = _merged(prepared, *PLAIN)
     nodes = sorted(s for s in services if s.startswith("supernode-"))
-    assert len(nodes) == DEVICES and "9093:9093" in services["superlink"]["ports"]
+    assert len(nodes) == DEVICES
     keys = set()
     for node in nodes:
         command = services[node]["command"]
@@ -199,7 +230,11 @@ def test_one_health_check_serves_plain_and_tls_without_overlay_tags(prepared):
         test = services[name]["healthcheck"]["test"]
         port = "9093" if name == "superlink" else "9094"
         assert test == ["CMD", "python", "-c", check, f"{name}:{port}"], name
+        # a busy two-core host answered in over 5 s: generous timeouts, a long start period
+        health = services[name]["healthcheck"]
+        assert (health["timeout"], health["start_period"], health["retries"]) == ("30s", "120s", 10), name
     compile(check, "health-check", "exec")
+    assert "timeout=20" in check
     assert "https://" in check and "/certs/ca.crt" in check and "/health" in check
 
 
