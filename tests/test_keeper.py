@@ -343,3 +343,25 @@ def test_the_audit_flags_a_status_that_says_running_while_no_round_comes():
     frozen = [sample(0, "running", 1), sample(100, "running", 1), sample(200, "running", 1), sample(300, "running", 2)]
     checks = audit(frozen, POLICY, poll=5.0, kill_at=50.0)  # the bound here is 180 + 5 + 2 s
     assert checks["running_beyond_the_stall_bound"] == 1 and not checks["left_running_after_the_kill"]
+
+
+def test_a_serverapp_that_wrote_failed_is_relaunched_without_waiting_for_flower():
+    state, actions = decide(POLICY, running(last_round=2), Seen(now=20.0, flower="running", last_round=2,
+                                                                 app_error="stopped: SystemExit: 0", app_failed=True))
+    assert actions == (STOP,) and state.phase == "resuming" and "stopped: SystemExit: 0" in state.reason
+    # before Flower ran the launch, a `failed` in status.json is not this run's
+    state, actions = decide(POLICY, launched(State(), 7, 0.0), Seen(now=5.0, flower="pending", app_failed=True))
+    assert actions == () and state.phase == "starting"
+
+
+def test_the_keeper_takes_only_a_failed_written_since_its_launch_as_the_runs(keeper):
+    keeper, flower, clock, ended, out = keeper
+    _app_status(out, "failed", error="from an earlier run", updated="2020-01-01T00:00:00Z")
+    keeper.step()
+    flower.statuses[101] = ("running", "")
+    clock.now = 10.0
+    assert keeper.step().phase == "running" and _status(out)["status"] == "running"  # the old `failed` replaced
+    _app_status(out, "failed", error="stopped: SystemExit: 0", updated="2027-01-15T08:00:00Z")  # after wall()
+    clock.now = 20.0
+    state = keeper.step()
+    assert state.phase == "resuming" and flower.stops == [101] and "SystemExit" in _status(out)["reason"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import os
 import signal
 import socket
@@ -82,6 +83,7 @@ class Keeper:
         self.flower, self.out, self.policy = flower, Path(out), policy
         self.clock, self.wall, self.log, self.end_process = clock, wall, log, end_process
         self.state = State()
+        self.launch_wall = 0.0  # wall time of the last launch: a ServerApp's status written since is its
 
     def adopt(self) -> None:
         """A keeper started again (its container restarted) takes over the run status.json
@@ -98,22 +100,26 @@ class Keeper:
     def step(self) -> State:
         app, rounds = read_app_status(self.out), read_rounds(self.out)
         answer = self.flower.status(self.state.run_id) if self.state.run_id is not None else None
+        failed = app.get("status") == "failed"
         seen = Seen(now=self.clock(), flower=answer[0] if answer else None, details=answer[1] if answer else "",
-                    last_round=rounds.last, app_error=str(app.get("error", "")) if app.get("status") == "failed" else "")
+                    last_round=rounds.last, app_error=str(app.get("error", "")) if failed else "",
+                    app_failed=failed and _stamp(app.get("updated")) >= self.launch_wall)
         before = self.state
         state, actions = decide(self.policy, before, seen)
         if STOP in actions and before.run_id is not None:
             state = self._stop(state, before.run_id, seen, app)
         if LAUNCH in actions:
             try:
+                self.launch_wall = int(self.wall())  # status.json's stamps have whole seconds
                 state = launched(state, self.flower.launch(), self.clock())
             except LaunchError as error:
                 state = launch_failed(self.policy, state, self.clock(), str(error))
         self.state = state
         if (state.phase, state.reason) != (before.phase, before.reason):
             self.log(f"keeper: {state.phase}: {state.reason}")
-        # the ServerApp's own heartbeat (running, then ok or failed) is the truth while Flower runs it
-        if state.phase != "running" or app.get("status") not in ("running", "ok", "failed"):
+        # the ServerApp's own heartbeat (running, then ok or failed) is the truth while Flower runs it;
+        # a `failed` from before this launch is not
+        if state.phase != "running" or not (app.get("status") in ("running", "ok") or seen.app_failed):
             write_status(self.out, keeper_status(self.policy, state, seen, app, read_rounds(self.out), self.wall()))
         return state
 
@@ -124,8 +130,28 @@ class Keeper:
         return state
 
     def run(self, poll_seconds: float, sleep: Callable[[float], None] = time.sleep) -> int:
-        """Until the run finished (0) or the keeper gave up (1)."""
+        """Until the run finished (0) or the keeper gave up (1). Between looks at Flower it
+        watches status.json every second and looks again at once when the ServerApp wrote it."""
         self.adopt()
         while self.step().phase not in OVER:
-            sleep(poll_seconds)
+            seen = _mtime(self.out / "status.json")
+            waited = 0.0
+            while waited < poll_seconds and _mtime(self.out / "status.json") == seen:
+                sleep(min(1.0, poll_seconds - waited))
+                waited += 1.0
         return 0 if self.state.phase == "finished" else 1
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+def _stamp(text: object) -> float:
+    """status.json's "2026-11-27T18:12:40Z" as seconds since the epoch (0 when unreadable)."""
+    try:
+        return calendar.timegm(time.strptime(str(text), "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return 0.0
