@@ -9,14 +9,24 @@
 #          ClientApp container are killed (kill -9) and the SuperLink is stopped and started;
 #          the run must end "ok" with every round in rounds.jsonl, every device back in the last
 #          round, and the results copied to the host (`compose exec -T serverapp tar ...`)
+#   semantics  what podman's restart policy does after kill -9, `podman kill`, `podman stop`,
+#          `podman start`, `podman restart` (engine/semantics.json)
+#   soak   the TLS federation run by the keeper service (nobody re-runs anything) while
+#          scripts/containers/soak.py kills a SuperNode every SOAK_KILL_EVERY rounds, kills the
+#          SuperLink twice, turns one device's data bad, and samples status.json and the Flower
+#          app processes in every container (soak-short/, or SOAK_NAME)
 # Writes benchmarks/results/containers/ (result.json, README.md between its generated-section
-# markers, manifest.json, each run's status/summary/clusters files); hand-written README lines
-# and result.json keys the script does not write are kept.
+# markers, manifest.json, each run's status/summary/clusters files, engine/, soak*/) only when
+# every step passed: the steps write to a copy under the cache, which is then copied over;
+# a failed run leaves the committed files as they were. Hand-written README lines and
+# result.json keys the script does not write are kept.
 #
 # Works from a fresh clone on Debian 12 as root: installs podman, buildah, runc, netavark,
 # aardvark-dns, iptables, debootstrap (apt) and podman-compose 1.6.0 (PyPI, into a venv under
-# the cache; Debian's 1.0.3 is not used), writes /etc/containers/containers.conf, and builds
-# local base images, because no container registry is reachable here:
+# the cache; Debian's 1.0.3 is not used), and a small host venv with clusterfed's core (no
+# torch) under the cache; podman reads a containers.conf of its own under the cache
+# (CONTAINERS_CONF: runc, open-files limit), nothing under /etc is changed. It builds local base
+# images, because no container registry is reachable here:
 #   localhost/clusterfed-py311:bookworm      Debian 12 minbase + python3 (debootstrap), with this
 #                                            machine's CA bundle (pip in builds trusts what the
 #                                            machine's pip trusts: PIP_CERT / local CAs)
@@ -30,10 +40,11 @@
 # copied to docker/wheels/ (without torchvision: no CPU build of it is at hand then).
 #
 # Environment: CLUSTERFED_CACHE (default /var/cache/clusterfed), CLUSTERFED_VENV (the host's
-# venv with `clusterfed` and `flwr`, default .venv: `make test-containers` creates it),
-# DEVICES (6), ROUNDS (4: the TLS run; the plain one runs 2), KEEP_UP=1 (leave the TLS
-# federation running). Steps: scripts/test-containers.sh [setup] [base] [images] [plain] [tls]
-# (default: all).
+# venv with `clusterfed` and `flwr`, default the cache's host-venv, which setup makes),
+# DEVICES (6), ROUNDS (4: the TLS run; the plain one runs 2), SOAK_ROUNDS (6), SOAK_KILL_EVERY
+# (2), SOAK_NAME (soak-short), SOAK_MAX_MINUTES (120), KEEP_UP=1 (leave the last federation
+# running). Steps: scripts/test-containers.sh [setup] [base] [images] [semantics] [plain] [tls]
+# [soak] (default: all).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -69,7 +80,7 @@ timed() {
     log "$name: $(echo "$t1 - $t0" | bc) s"
 }
 
-[ "$(id -u)" = 0 ] || { echo "run as root (podman rootful, debootstrap, /etc/containers)" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "run as root (podman rootful, debootstrap)" >&2; exit 1; }
 
 setup() {
     local need=()

@@ -116,7 +116,7 @@ class Keeper:
                 state = launch_failed(self.policy, state, self.clock(), str(error))
         self.state = state
         if (state.phase, state.reason) != (before.phase, before.reason):
-            self.log(f"keeper: {state.phase}: {state.reason}")
+            self.log(f"keeper: {state.phase}" + (f": {state.reason}" if state.reason else ""))
         # the ServerApp's own heartbeat (running, then ok or failed) is the truth while Flower runs it;
         # a `failed` from before this launch is not
         if state.phase != "running" or not (app.get("status") in ("running", "ok") or seen.app_failed):

@@ -42,16 +42,15 @@ def podman(*args: str) -> str:
 
 
 def containers() -> dict[str, str]:
-    """Service name -> full container id, for the project's containers."""
+    """Service name -> full container id, for the project's containers (named
+    ``clusterfed_<service>_1`` by podman-compose)."""
     lines = podman("ps", "--no-trunc", "--filter", f"label=io.podman.compose.project={PROJECT}",
-                   "--format", "{{.ID}} {{.Labels}}")
+                   "--format", "{{.ID}} {{.Names}}")
     out = {}
     for line in lines.splitlines():
-        cid, _, labels = line.partition(" ")
-        service = next((part.split(":", 1)[1] for part in labels.strip("map[]").split()
-                        if part.startswith("com.docker.compose.service:")), None)
-        if service:
-            out[service] = cid
+        cid, _, name = line.partition(" ")
+        if name.startswith(f"{PROJECT}_") and name.endswith("_1"):
+            out[name[len(PROJECT) + 1:-2]] = cid
     return out
 
 
@@ -74,6 +73,20 @@ def app_processes(ids: dict[str, str]) -> dict[str, dict[str, int]]:
         elif any(Path(a).name in APP_PROGRAMS for a in argv[:2]):
             counts[service]["live"] += 1
     return counts
+
+
+def memory_mib() -> dict[str, float]:
+    """Per service: memory in use now (`podman stats`), MiB."""
+    out = {}
+    units = {"b": 1 / 2**20, "kb": 1 / 1024, "kib": 1 / 1024, "mb": 1.0, "mib": 1.0, "gb": 1024.0, "gib": 1024.0}
+    for line in podman("stats", "--no-stream", "--format", "{{.Name}} {{.MemUsage}}").splitlines():
+        name, _, usage = line.partition(" ")
+        number = usage.split("/")[0].strip().lower()
+        value = number.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = number[len(value):].strip()
+        if name.startswith(f"{PROJECT}_") and unit in units:
+            out[name[len(PROJECT) + 1:-2]] = round(float(value) * units[unit], 1)
+    return out
 
 
 def crash(service: str, seconds: float = 120.0) -> float:
@@ -143,8 +156,13 @@ def main() -> int:
         events.append({"kind": kind, "t": round(time.monotonic() - t0, 1), **fields})
         print(f"[{events[-1]['t']:7.1f}s] {kind} {fields}", flush=True)
 
+    peak_memory: dict[str, float] = {}
     with (args.results / "samples.jsonl").open("w") as sample_file:
         while time.monotonic() - t0 < args.max_minutes * 60:
+            if len(samples) % 30 == 0:  # about once a minute: podman stats is not free
+                for service, mib in memory_mib().items():
+                    kind = service.rsplit("-", 1)[0] if service[-1].isdigit() else service
+                    peak_memory[kind] = max(peak_memory.get(kind, 0.0), mib)
             status, rounds = _json(out / "status.json"), read_rounds(out)
             processes = app_processes(containers())
             sample = {"t": round(time.monotonic() - t0, 1), "status": status.get("status"), "round": rounds.last,
@@ -192,6 +210,7 @@ def main() -> int:
         "bad_device": bad_key, "bad_device_named": bad_key in named,
         "most_live_app_processes_in_one_container": max(s["live_app_processes"] for s in samples),
         "most_zombies_in_one_container": max(s["zombies"] for s in samples),
+        "peak_memory_mib_by_service_kind": peak_memory,
         "checks": checks, "events": events, "wall_seconds": round(time.monotonic() - t0, 1),
     }
     summary["verdict"] = {
