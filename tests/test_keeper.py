@@ -365,3 +365,16 @@ def test_the_keeper_takes_only_a_failed_written_since_its_launch_as_the_runs(kee
     clock.now = 20.0
     state = keeper.step()
     assert state.phase == "resuming" and flower.stops == [101] and "SystemExit" in _status(out)["reason"]
+
+
+def test_a_serverapp_killed_on_this_host_is_seen_gone_while_status_json_still_says_running(keeper):
+    keeper, flower, clock, ended, out = keeper
+    keeper.step()
+    flower.statuses[101] = ("running", "")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: its pid runs nothing now
+    _app_status(out, "running", pid=gone.pid, host=socket.gethostname(), updated="2027-01-15T08:00:00Z")
+    clock.now = 10.0
+    state = keeper.step()
+    assert state.phase == "resuming" and f"pid {gone.pid}) is gone" in state.reason
+    assert _status(out)["status"] == "resuming"

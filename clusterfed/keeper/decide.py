@@ -61,7 +61,7 @@ class Seen:
     details: str = ""  # Flower's status details ("No heartbeat received from the task")
     last_round: int = 0  # the highest round in out-dir's rounds.jsonl
     app_error: str = ""  # the `error` the ServerApp wrote in status.json, if it wrote one
-    app_failed: bool = False  # the current run's ServerApp wrote `failed` (it is exiting)
+    app_failed: bool = False  # the current run's ServerApp wrote `failed`, or its process on this host is gone
 
 
 @dataclass(frozen=True)
@@ -132,12 +132,12 @@ def decide(policy: Policy, state: State, seen: Seen) -> tuple[State, tuple[str, 
         if seen.app_error:
             why += f"; the ServerApp said: {seen.app_error}"
         return _give_up_or_retry(policy, state, now, "resuming", why), (STOP,)
-    if seen.app_failed and state.running_since is not None:  # dead before Flower says so: no need to wait
-        why = f"the ServerApp of run {state.run_id} stopped: {seen.app_error or 'failed'}"
-        return _give_up_or_retry(policy, state, now, "resuming", why), (STOP,)
     if flower == "running" and state.running_since is None:
         state = replace(state, running_since=now, phase="running",
                         reason="" if state.relaunches == 0 else f"resumed as run {state.run_id}")
+    if seen.app_failed and state.running_since is not None:  # dead before Flower says so: no need to wait
+        why = f"the ServerApp of run {state.run_id} stopped: {seen.app_error or 'failed'}"
+        return _give_up_or_retry(policy, state, now, "resuming", why), (STOP,)
     stalled = _stalled_for(policy, state, now)
     if stalled:
         if flower is None:

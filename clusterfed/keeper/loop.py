@@ -101,8 +101,11 @@ class Keeper:
         app, rounds = read_app_status(self.out), read_rounds(self.out)
         answer = self.flower.status(self.state.run_id) if self.state.run_id is not None else None
         failed = app.get("status") == "failed"
+        error = str(app.get("error", "")) if failed else ""
+        if app.get("status") == "running" and _gone_from_this_host(app):  # killed: it wrote nothing more
+            failed, error = True, f"its process (pid {app['pid']}) is gone, its last word was running"
         seen = Seen(now=self.clock(), flower=answer[0] if answer else None, details=answer[1] if answer else "",
-                    last_round=rounds.last, app_error=str(app.get("error", "")) if failed else "",
+                    last_round=rounds.last, app_error=error,
                     app_failed=failed and _stamp(app.get("updated")) >= self.launch_wall)
         before = self.state
         state, actions = decide(self.policy, before, seen)
@@ -140,6 +143,12 @@ class Keeper:
                 sleep(min(1.0, poll_seconds - waited))
                 waited += 1.0
         return 0 if self.state.phase == "finished" else 1
+
+
+def _gone_from_this_host(app: dict[str, Any]) -> bool:
+    """The ServerApp that wrote ``app`` ran on this host and its process no longer runs."""
+    pid = app.get("pid")
+    return isinstance(pid, int) and app.get("host") == socket.gethostname() and not _running(pid)
 
 
 def _mtime(path: Path) -> int:
