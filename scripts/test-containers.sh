@@ -450,7 +450,7 @@ soak() {
     export RUN_CONFIG="strategy=\"fedclust\" num-clients=$DEVICES min-clients=$((DEVICES - 1)) rounds=$rounds \
 partitioner=\"label-groups\" label-groups=\"0-4;5-9\" absent-after=2 timeout=120.0 out-dir=\"results/$name\""
     export KEEPER_POLL=5
-    compose "${files[@]}" --profile keeper up -d keeper
+    compose "${files[@]}" --profile keeper up -d --no-deps keeper
     local out=$RESULTS/$name status=0
     rm -rf "$out"
     "$VENV/bin/python" "$ROOT/scripts/containers/soak.py" "$out" "$(volume_dir)" "$ROOT/docker/data" \
