@@ -487,6 +487,8 @@ report() {
 FAILED=()
 steps=("$@")
 rm -rf "$RESULTS" && mkdir -p "$(dirname "$RESULTS")" && cp -r "$COMMITTED" "$RESULTS"
+STAGED=$CACHE/results-staged-at  # what the steps wrote is newer than this
+touch "$STAGED"
 if [ ${#steps[@]} -eq 0 ]; then
     steps=(setup base images semantics plain tls soak)
     : > "$TIMINGS"
@@ -506,5 +508,6 @@ if [ ${#FAILED[@]} -gt 0 ]; then
     echo "containers: the ${FAILED[*]} check failed (see above and $RESULTS); benchmarks/results/containers/ is left as it was" >&2
     exit 1
 fi
-cp -r "$RESULTS"/. "$COMMITTED"/
+# only what this run wrote: a file edited in the checkout meanwhile is not put back
+(cd "$RESULTS" && find . -type f -newer "$STAGED" -exec cp --parents {} "$COMMITTED"/ \;)
 log "results in $COMMITTED"
