@@ -146,6 +146,9 @@ def run(tmp: Path, args: argparse.Namespace) -> dict:
         "left_running_after_the_kill": checks["left_running_after_the_kill"],
         "at_most_one_serverapp": checks["most_serverapps_alive_at_once"] <= 1,
     }
+    left = checks["first_status_after_the_kill_that_is_not_running"]
+    checks["seconds_from_the_kill_to_a_status_that_is_not_running"] = (
+        round(left["t"] - kill_at, 1) if left and kill_at is not None else None)
     return {"config": config, "policy": asdict(policy),
             "superlink_kills": 1 if kill_at is not None else 0, "rounds_recorded": len(set(rounds.rounds)),
             "final_status": final, "checks": checks, "verdict": verdict, "events": events, "keeper_log": log_lines,
