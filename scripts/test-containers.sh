@@ -461,6 +461,10 @@ partitioner=\"label-groups\" label-groups=\"0-4;5-9\" absent-after=2 timeout=120
         if [ -f "$(volume_dir)/$name/$f" ]; then cp "$(volume_dir)/$name/$f" "$out/run-$f"; fi
     done
     podman logs "$(container keeper)" > "$out/keeper.log" 2>&1 || true
+    # the clean twin (same data before it was spoiled, same keys and config) in the server image
+    podman run --rm --entrypoint python -v "$CACHE/soak-clean-data:/data:ro" -v "$out:/soak:ro" \
+        -v "$ROOT/scripts/containers:/scripts:ro" clusterfed-server:0.1.0 /scripts/soak_clean.py /data /soak \
+        > "$out/clean.json" 2> "$CACHE/soak_clean.log" || { tail -20 "$CACHE/soak_clean.log" >&2; status=1; }
     podman inspect --format '{{.Name}} {{.State.Status}} restarts={{.RestartCount}}' \
         $(podman ps -aq --filter "label=io.podman.compose.project=$PROJECT") > "$out/containers.txt" 2>&1 || true
     "$VENV/bin/python" - "$out" "$manifest_t0" "$RUN_CONFIG" <<'PY'
