@@ -432,7 +432,8 @@ PY
 }
 
 # soak: the TLS federation run by the keeper service while soak.py breaks things (SuperNode
-# kill -9 every SOAK_KILL_EVERY rounds, two SuperLink kill -9s, one device's data turned bad)
+# kill -9 every SOAK_KILL_EVERY rounds, two SuperLink kill -9s, one device's data turned bad,
+# the ServerApp's process killed once)
 # and samples status.json and the app processes. `make test-containers` runs a short one
 # (SOAK_ROUNDS=6, into soak-short/); SOAK_ROUNDS=20 SOAK_NAME=soak for the full one.
 soak() {
@@ -456,6 +457,7 @@ partitioner=\"label-groups\" label-groups=\"0-4;5-9\" absent-after=2 timeout=120
     "$VENV/bin/python" "$ROOT/scripts/containers/soak.py" "$out" "$(volume_dir)" "$ROOT/docker/data" \
         --devices "$DEVICES" --rounds "$rounds" --kill-every "$every" \
         --superlink-kills "$((rounds / 3)),$((2 * rounds / 3))" --bad-after "$((rounds / 2))" \
+        --serverapp-kills "$((5 * rounds / 6))" \
         --out-name "$name" --timeout 120 --poll 5 --max-minutes "${SOAK_MAX_MINUTES:-120}" || status=1
     for f in rounds.jsonl status.json clusters.json summary.json config.json; do
         if [ -f "$(volume_dir)/$name/$f" ]; then cp "$(volume_dir)/$name/$f" "$out/run-$f"; fi

@@ -103,6 +103,23 @@ def crash(service: str, seconds: float = 120.0) -> float:
     raise RuntimeError(f"{service} was not restarted within {seconds:g} s after kill -9")
 
 
+def kill_serverapp(ids: dict[str, str]) -> list[int]:
+    """kill -9 the ServerApp processes (``flwr-serverapp``) in the serverapp container, not the
+    container: the run's ServerApp dies and writes nothing more, as in an out-of-memory kill."""
+    killed = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cgroup = (proc / "cgroup").read_text()
+        except OSError:
+            continue
+        if ids.get("serverapp", "-") in cgroup and any(Path(a).name == "flwr-serverapp" for a in argv[:2]) \
+                and "flock" not in Path(argv[0]).name:
+            os.kill(int(proc.name), signal.SIGKILL)
+            killed.append(int(proc.name))
+    return killed
+
+
 def spoil_in_place(path: Path) -> None:
     """The device's data turns bad: same arrays, images all NaN, written into the same inode."""
     with np.load(path, allow_pickle=False) as npz:
@@ -137,6 +154,7 @@ def main() -> int:
     parser.add_argument("--kill-every", type=int, default=3)
     parser.add_argument("--superlink-kills", default="7,14")
     parser.add_argument("--bad-after", type=int, default=10)
+    parser.add_argument("--serverapp-kills", default="", help="rounds after which the ServerApp process is killed")
     parser.add_argument("--out-name", default="soak")
     parser.add_argument("--timeout", type=float, default=120.0, help="the run's timeout (for the stall bound)")
     parser.add_argument("--wait-timeout", type=float, default=300.0)
@@ -185,6 +203,10 @@ def main() -> int:
                     victim = f"supernode-{1 + len([k for k in done if k[0] == 'node']) % (args.devices - 1)}"
                     event("supernode kill -9", service=victim, after_round=rounds.last,
                           back_after_seconds=crash(victim))
+            for after in [int(r) for r in args.serverapp_kills.split(",") if r]:
+                if rounds.last >= after and ("serverapp", after) not in done:
+                    done.add(("serverapp", after))
+                    event("serverapp process kill -9", after_round=rounds.last, pids=kill_serverapp(containers()))
             if rounds.last >= args.bad_after and ("bad", 0) not in done:
                 done.add(("bad", 0))
                 spoil_in_place(args.data / f"part-{bad_device - 1}.npz")
@@ -204,6 +226,7 @@ def main() -> int:
     summary = {
         "superlink_kills": sum(e["kind"] == "superlink kill -9" for e in events),
         "supernode_kills": sum(e["kind"] == "supernode kill -9" for e in events),
+        "serverapp_kills": sum(e["kind"] == "serverapp process kill -9" for e in events),
         "rounds_planned": args.rounds, "rounds_recorded": len(set(rounds.rounds)),
         "duplicate_rounds": rounds.duplicates, "final_status": final,
         "final_accuracy": rows[-1].get("accuracy") if rows else None, "final_ari": rows[-1].get("ari") if rows else None,
