@@ -126,7 +126,7 @@ def spoil_in_place(path: Path) -> None:
         arrays = {name: npz[name] for name in npz.files}
     for name in ("x_train", "x_test"):
         arrays[name] = np.full(arrays[name].shape, np.nan, dtype=np.float32)
-    tmp = path.with_name(path.name + ".spoiled")
+    tmp = path.with_name("spoiled-" + path.name)  # np.savez adds .npz to a name without it
     np.savez(tmp, **arrays)
     with path.open("r+b") as target:
         target.write(tmp.read_bytes())
@@ -170,6 +170,14 @@ def main() -> int:
     bad_device = args.devices
     t0 = time.monotonic()
 
+    def act(kind: str, action, **fields) -> None:
+        """Do one planned break; a failure is recorded as the event's error, the soak goes on."""
+        try:
+            fields.update(action() or {})
+        except Exception as error:  # noqa: BLE001  (any failure of the harness itself is recorded)
+            fields["error"] = f"{type(error).__name__}: {error}"
+        event(kind, **fields)
+
     def event(kind: str, **fields) -> None:
         events.append({"kind": kind, "t": round(time.monotonic() - t0, 1), **fields})
         print(f"[{events[-1]['t']:7.1f}s] {kind} {fields}", flush=True)
@@ -196,21 +204,23 @@ def main() -> int:
             for after in link_kills:
                 if rounds.last >= after and ("link", after) not in done:
                     done.add(("link", after))
-                    event("superlink kill -9", after_round=rounds.last, back_after_seconds=crash("superlink"))
+                    act("superlink kill -9", lambda: {"back_after_seconds": crash("superlink")},
+                        after_round=rounds.last)
             for after in node_kills:
                 if rounds.last >= after and ("node", after) not in done:
                     done.add(("node", after))
                     victim = f"supernode-{1 + len([k for k in done if k[0] == 'node']) % (args.devices - 1)}"
-                    event("supernode kill -9", service=victim, after_round=rounds.last,
-                          back_after_seconds=crash(victim))
+                    act("supernode kill -9", lambda: {"back_after_seconds": crash(victim)}, service=victim,
+                        after_round=rounds.last)
             for after in [int(r) for r in args.serverapp_kills.split(",") if r]:
                 if rounds.last >= after and ("serverapp", after) not in done:
                     done.add(("serverapp", after))
-                    event("serverapp process kill -9", after_round=rounds.last, pids=kill_serverapp(containers()))
+                    act("serverapp process kill -9", lambda: {"pids": kill_serverapp(containers())},
+                        after_round=rounds.last)
             if rounds.last >= args.bad_after and ("bad", 0) not in done:
                 done.add(("bad", 0))
-                spoil_in_place(args.data / f"part-{bad_device - 1}.npz")
-                event("data turned bad", device=f"device-{bad_device}", after_round=rounds.last)
+                act("data turned bad", lambda: spoil_in_place(args.data / f"part-{bad_device - 1}.npz"),
+                    device=f"device-{bad_device}", after_round=rounds.last)
             time.sleep(2.0)
         else:
             event("soak deadline reached")
@@ -240,6 +250,7 @@ def main() -> int:
         "finished": final.get("status") == "finished",
         "every_round_once": sorted(rounds.rounds) == list(range(1, args.rounds + 1)),
         "superlink_killed_twice": summary["superlink_kills"] == len(link_kills),
+        "every_planned_break_done": not any("error" in e for e in events),
         "never_running_beyond_the_stall_bound": checks["running_beyond_the_stall_bound"] == 0,
         "at_most_one_serverapp": checks["most_serverapps_alive_at_once"] <= 1,
         "app_processes_bounded": summary["most_live_app_processes_in_one_container"] <= 3,
