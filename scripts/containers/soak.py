@@ -70,8 +70,8 @@ def app_processes(ids: dict[str, str]) -> dict[str, dict[str, int]]:
             continue
         if state == "Z" and name.startswith(("flwr-", "python", "flock")):
             counts[service]["zombie"] += 1
-        elif any(Path(a).name in APP_PROGRAMS for a in argv[:2]):
-            counts[service]["live"] += 1
+        elif any(Path(a).name in APP_PROGRAMS for a in argv[:2]) and not Path(argv[0]).name.endswith("sh"):
+            counts[service]["live"] += 1  # the app itself, not the wrapper's shell on its way to flock
     return counts
 
 
