@@ -227,6 +227,8 @@ def test_the_keeper_resumes_a_run_that_died_and_status_json_tells_the_truth_at_e
     clock.now = 110.0
     assert keeper.step().phase == "resuming" and flower.launches == [101, 102]
     assert _status(out)["keeper"]["runs"] == [101, 102]
+    # the ServerApp's last word is kept, not replaced by the keeper's own previous status
+    assert _status(out)["serverapp"] == {"status": "running", "pid": 12, "host": "elsewhere"}
     flower.statuses[102] = ("running", "")
     _app_status(out, "running")
     for number in (3, 4, 5):

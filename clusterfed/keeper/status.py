@@ -87,9 +87,11 @@ def keeper_status(policy: Policy, state: State, seen: Seen, app: dict[str, Any],
     }
     if state.run_id is None and state.phase not in ("failed", "finished"):
         body["keeper"]["next_launch_in_seconds"] = max(0, round(state.launch_at - seen.now))
-    if app:
+    if app and "keeper" not in app:  # the ServerApp's own word, not the keeper's previous one
         body["serverapp"] = {key: app[key] for key in ("status", "error", "ended", "pid", "host", "updated", "note")
                              if key in app}
+    elif "serverapp" in app:
+        body["serverapp"] = app["serverapp"]
         if state.phase == "finished" and "ended" in app:
             body["ended"] = app["ended"]
     return body
