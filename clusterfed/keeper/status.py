@@ -92,8 +92,8 @@ def keeper_status(policy: Policy, state: State, seen: Seen, app: dict[str, Any],
                              if key in app}
     elif "serverapp" in app:
         body["serverapp"] = app["serverapp"]
-        if state.phase == "finished" and "ended" in app:
-            body["ended"] = app["ended"]
+    if state.phase == "finished" and "ended" in app:
+        body["ended"] = app["ended"]
     return body
 
 
