@@ -121,7 +121,8 @@ class Keeper:
         if (state.phase, state.reason) != (before.phase, before.reason):
             self.log(f"keeper: {state.phase}" + (f": {state.reason}" if state.reason else ""))
         # the ServerApp's own heartbeat (running, then ok or failed) is the truth while Flower runs it;
-        # a `failed` from before this launch is not
+        # a `failed` from before this launch is not. Read again: it may have written while Flower answered
+        app = read_app_status(self.out)
         if state.phase != "running" or not (app.get("status") in ("running", "ok") or seen.app_failed):
             write_status(self.out, keeper_status(self.policy, state, seen, app, read_rounds(self.out), self.wall()))
         return state
