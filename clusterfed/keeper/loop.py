@@ -123,7 +123,8 @@ class Keeper:
         # the ServerApp's own heartbeat (running, then ok or failed) is the truth while Flower runs it;
         # a `failed` from before this launch is not. Read again: it may have written while Flower answered
         app = read_app_status(self.out)
-        if state.phase != "running" or not (app.get("status") in ("running", "ok") or seen.app_failed):
+        fresh_failure = app.get("status") == "failed" and _stamp(app.get("updated")) >= self.launch_wall
+        if state.phase != "running" or not (app.get("status") in ("running", "ok") or fresh_failure):
             write_status(self.out, keeper_status(self.policy, state, seen, app, read_rounds(self.out), self.wall()))
         return state
 
