@@ -246,6 +246,11 @@ def main() -> int:
         "peak_memory_mib_by_service_kind": peak_memory,
         "checks": checks, "events": events, "wall_seconds": round(time.monotonic() - t0, 1),
     }
+    killed_app = next((e["t"] for e in events if e["kind"] == "serverapp process kill -9"), None)
+    after_kill = next((x for x in samples if killed_app is not None and x["t"] >= killed_app
+                       and x["status"] not in ("running", None)), None)
+    summary["seconds_from_the_serverapp_kill_to_a_status_that_is_not_running"] = (
+        round(after_kill["t"] - killed_app, 1) if after_kill else None)
     summary["verdict"] = {
         "finished": final.get("status") == "finished",
         "every_round_once": sorted(rounds.rounds) == list(range(1, args.rounds + 1)),
