@@ -42,7 +42,7 @@
 # Environment: CLUSTERFED_CACHE (default /var/cache/clusterfed), CLUSTERFED_VENV (the host's
 # venv with `clusterfed` and `flwr`, default the cache's host-venv, which setup makes),
 # DEVICES (6), ROUNDS (4: the TLS run; the plain one runs 2), SOAK_ROUNDS (6), SOAK_KILL_EVERY
-# (2), SOAK_NAME (soak-short), SOAK_MAX_MINUTES (120), KEEP_UP=1 (leave the last federation
+# (1), SOAK_NAME (soak-short), SOAK_MAX_MINUTES (120), KEEP_UP=1 (leave the last federation
 # running). Steps: scripts/test-containers.sh [setup] [base] [images] [semantics] [plain] [tls]
 # [soak] (default: all).
 set -euo pipefail
@@ -435,9 +435,11 @@ PY
 # kill -9 every SOAK_KILL_EVERY rounds, two SuperLink kill -9s, one device's data turned bad,
 # the ServerApp's process killed once)
 # and samples status.json and the app processes. `make test-containers` runs a short one
-# (SOAK_ROUNDS=6, into soak-short/); SOAK_ROUNDS=20 SOAK_NAME=soak for the full one.
+# (SOAK_ROUNDS=6, into soak-short/); SOAK_ROUNDS=20 SOAK_KILL_EVERY=3 SOAK_NAME=soak for the full one.
 soak() {
-    local rounds=${SOAK_ROUNDS:-6} name=${SOAK_NAME:-soak-short} every=${SOAK_KILL_EVERY:-2}
+    # every round by default: in a 6-round soak the SuperLink's kills take rounds 2 and 4, so the
+    # SuperNodes die after rounds 1, 3 and 5
+    local rounds=${SOAK_ROUNDS:-6} name=${SOAK_NAME:-soak-short} every=${SOAK_KILL_EVERY:-1}
     local files=(-f "$ROOT/docker/compose.yml" -f "$ROOT/docker/compose.devices.yml" -f "$ROOT/docker/compose.tls.yml"
                  -f "$ROOT/docker/compose.devices.tls.yml")
     MODE=soak
