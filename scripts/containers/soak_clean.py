@@ -50,6 +50,11 @@ def main() -> int:
     last = soak[-1]
     twin = next(row for row in clean if row["round"] == last["round"])
     present = sorted(last["client_accuracy"])
+    if not present:  # the soak's last round evaluated nobody: nothing to compare, and a failure
+        print(json.dumps({"round": last["round"], "devices_compared": [], "soak_accuracy": None,
+                          "within_2_pp_with_the_same_clusters": False,
+                          "why": "the soak's last round evaluated no device"}, indent=1))
+        return 1
     clean_same = sum(twin["client_accuracy"][key] for key in present) / len(present)
     soak_assignment = json.loads((folder / "run-clusters.json").read_text())["assignment"]
     common = sorted(set(clean_assignment) & set(soak_assignment))
