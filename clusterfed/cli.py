@@ -1,4 +1,5 @@
-"""``clusterfed run | compare | experiment | partition-report | partition | params | plot | report | worker stop``."""
+"""``clusterfed run | compare | experiment | partition-report | partition | params | plot | report | worker stop |
+keep``."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from clusterfed.datasets import DatasetNotFoundError, PartitionError, partition_
 from clusterfed.datasets.export import build_partition, export_partition
 from clusterfed.experiments.grids import RunsFailed, run_experiment
 from clusterfed.experiments.spec import load_experiment
+from clusterfed.keeper.command import add_parser as add_keep_parser
 from clusterfed.reference import strategy_help
 from clusterfed.report import WatcherError, write_report
 from clusterfed.runner import CheckpointError
@@ -208,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     report_html.add_argument("dir", metavar="OUT_DIR", help="a run's out-dir (holding rounds.jsonl)")
     report_html.add_argument("--out", help="where to write the report (default: OUT_DIR/report.html)")
     report_html.set_defaults(func=cmd_report)
+    add_keep_parser(sub)
     return parser
 
 

@@ -95,15 +95,18 @@ health=$(sed -n '/^x-health-check:/,/^$/p' "$HERE/compose.yml" | sed '1d;/^$/d;s
       - --node-config=client-key="device-$n" data-path="/data/part-$((n - 1)).npz"
     restart: on-failure
     init: true
+    cpus: \${SUPERNODE_CPUS:-0.5}
+    mem_limit: \${SUPERNODE_MEMORY:-384m}
+    pids_limit: \${SUPERNODE_PIDS:-128}
     depends_on:
       superlink:
         condition: service_healthy
     healthcheck:
       test: ["CMD", "python", "-c", "$health", "supernode-$n:9094"]
-      interval: 10s
-      timeout: 5s
-      retries: 6
-      start_period: 20s
+      interval: 15s
+      timeout: 30s
+      retries: 10
+      start_period: 120s
   clientapp-$n:
     build:
       context: ..
@@ -114,6 +117,9 @@ health=$(sed -n '/^x-health-check:/,/^$/p' "$HERE/compose.yml" | sed '1d;/^$/d;s
       - ./data/part-$((n - 1)).npz:/data/part-$((n - 1)).npz:ro  # the ClientApp, not the SuperNode, reads data-path
     restart: on-failure
     init: true
+    cpus: \${CLIENTAPP_CPUS:-1.0}
+    mem_limit: \${CLIENTAPP_MEMORY:-1g}
+    pids_limit: \${CLIENTAPP_PIDS:-128}
     depends_on:
       supernode-$n:
         condition: service_healthy

@@ -9,14 +9,24 @@
 #          ClientApp container are killed (kill -9) and the SuperLink is stopped and started;
 #          the run must end "ok" with every round in rounds.jsonl, every device back in the last
 #          round, and the results copied to the host (`compose exec -T serverapp tar ...`)
+#   semantics  what podman's restart policy does after kill -9, `podman kill`, `podman stop`,
+#          `podman start`, `podman restart` (engine/semantics.json)
+#   soak   the TLS federation run by the keeper service (nobody re-runs anything) while
+#          scripts/containers/soak.py kills a SuperNode every SOAK_KILL_EVERY rounds, kills the
+#          SuperLink twice, turns one device's data bad, and samples status.json and the Flower
+#          app processes in every container (soak-short/, or SOAK_NAME)
 # Writes benchmarks/results/containers/ (result.json, README.md between its generated-section
-# markers, manifest.json, each run's status/summary/clusters files); hand-written README lines
-# and result.json keys the script does not write are kept.
+# markers, manifest.json, each run's status/summary/clusters files, engine/, soak*/) only when
+# every step passed: the steps write to a copy under the cache, which is then copied over;
+# a failed run leaves the committed files as they were. Hand-written README lines and
+# result.json keys the script does not write are kept.
 #
 # Works from a fresh clone on Debian 12 as root: installs podman, buildah, runc, netavark,
 # aardvark-dns, iptables, debootstrap (apt) and podman-compose 1.6.0 (PyPI, into a venv under
-# the cache; Debian's 1.0.3 is not used), writes /etc/containers/containers.conf, and builds
-# local base images, because no container registry is reachable here:
+# the cache; Debian's 1.0.3 is not used), and a small host venv with clusterfed's core (no
+# torch) under the cache; podman reads a containers.conf of its own under the cache
+# (CONTAINERS_CONF: runc, open-files limit), nothing under /etc is changed. It builds local base
+# images, because no container registry is reachable here:
 #   localhost/clusterfed-py311:bookworm      Debian 12 minbase + python3 (debootstrap), with this
 #                                            machine's CA bundle (pip in builds trusts what the
 #                                            machine's pip trusts: PIP_CERT / local CAs)
@@ -30,16 +40,20 @@
 # copied to docker/wheels/ (without torchvision: no CPU build of it is at hand then).
 #
 # Environment: CLUSTERFED_CACHE (default /var/cache/clusterfed), CLUSTERFED_VENV (the host's
-# venv with `clusterfed` and `flwr`, default .venv: `make test-containers` creates it),
-# DEVICES (6), ROUNDS (4: the TLS run; the plain one runs 2), KEEP_UP=1 (leave the TLS
-# federation running). Steps: scripts/test-containers.sh [setup] [base] [images] [plain] [tls]
-# (default: all).
+# venv with `clusterfed` and `flwr`, default the cache's host-venv, which setup makes),
+# DEVICES (6), ROUNDS (4: the TLS run; the plain one runs 2), SOAK_ROUNDS (6), SOAK_KILL_EVERY
+# (1), SOAK_NAME (soak-short), SOAK_MAX_MINUTES (120), KEEP_UP=1 (leave the last federation
+# running). Steps: scripts/test-containers.sh [setup] [base] [images] [semantics] [plain] [tls]
+# [soak] (default: all).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${CLUSTERFED_CACHE:-/var/cache/clusterfed}/containers
-VENV=${CLUSTERFED_VENV:-$ROOT/.venv}
-RESULTS=$ROOT/benchmarks/results/containers
+VENV=${CLUSTERFED_VENV:-$CACHE/host-venv}
+COMMITTED=$ROOT/benchmarks/results/containers
+# everything is written to a copy of the committed results; copied back only when every step
+# passed, so a failed run leaves benchmarks/results/containers/ as it was
+RESULTS=$CACHE/results-staging
 FLWR_VERSION=$(sed -n 's/^ARG FLWR_VERSION=//p' "$ROOT/docker/Dockerfile")
 BASE_IMAGE=localhost/clusterfed-py311:bookworm
 PROJECT=clusterfed
@@ -47,7 +61,7 @@ PORT=9093
 DEVICES=${DEVICES:-6}
 ROUNDS=${ROUNDS:-4}
 LOCAL_TORCH=${LOCAL_TORCH:-2.13.0}
-mkdir -p "$CACHE" "$RESULTS"
+mkdir -p "$CACHE"
 TIMINGS=$CACHE/timings.txt
 EVENTS=$CACHE/events.txt   # "NAME VALUE" lines for the report: restarts, recovery facts
 NOISE=$CACHE/engine.log    # what podman and podman-compose print (shown when a step fails)
@@ -66,7 +80,7 @@ timed() {
     log "$name: $(echo "$t1 - $t0" | bc) s"
 }
 
-[ "$(id -u)" = 0 ] || { echo "run as root (podman rootful, debootstrap, /etc/containers)" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || { echo "run as root (podman rootful, debootstrap)" >&2; exit 1; }
 
 setup() {
     local need=()
@@ -82,12 +96,20 @@ setup() {
         python3 -m venv "$CACHE/tools"
         "$CACHE/tools/bin/pip" install -q "podman-compose==1.6.0"
     fi
-    # crun refuses this machine's hybrid cgroups: runc. Podman's default open-files limit is too
-    # low for Flower's servers.
-    local conf=/etc/containers/containers.conf
-    if [ ! -f "$conf" ] || grep -q "written by clusterfed" "$conf"; then
-        mkdir -p /etc/containers
-        cat > "$conf" <<'CONF'
+    # the host's own venv: clusterfed's core (flwr, NumPy, SciPy, scikit-learn; no torch) for
+    # docker/prepare.sh's `clusterfed partition` and `flwr run`, as the docs tell an operator
+    if [ ! -x "$VENV/bin/flwr" ]; then
+        python3 -m venv "$VENV"
+        "$VENV/bin/pip" install -q "$ROOT"
+    fi
+    # this checkout's code (the dependencies are already there)
+    "$VENV/bin/pip" install -q --no-deps --force-reinstall "$ROOT"
+}
+
+# crun refuses this machine's hybrid cgroups: runc. Podman's default open-files limit is too
+# low for Flower's servers. In a file of our own (CONTAINERS_CONF): /etc/containers is left as it is.
+export CONTAINERS_CONF=$CACHE/containers.conf
+cat > "$CONTAINERS_CONF" <<'CONF'
 # written by clusterfed scripts/test-containers.sh
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
@@ -95,11 +117,6 @@ default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
 [engine]
 runtime = "runc"
 CONF
-    elif ! grep -q 'runtime *= *"runc"' "$conf"; then
-        echo "$conf exists and does not set runtime = \"runc\": add it (and default_ulimits)" >&2
-        exit 1
-    fi
-}
 
 # podman-compose's own chatter and podman's `level=error ... systemd` lines (no systemd here to
 # time health checks) go to $NOISE; shown when the command fails
@@ -369,6 +386,103 @@ wait_until() {
     done
 }
 
+# semantics: what podman does with a container on restart: on-failure when its process is
+# killed, when `podman kill` / `podman stop` end it, and to RestartCount on `podman start`
+semantics() {
+    local name=clusterfed-semantics out=$RESULTS/engine
+    mkdir -p "$out"
+    podman rm -f "$name" > /dev/null 2>&1 || true
+    podman run -d --name "$name" --restart on-failure --init "$BASE_IMAGE" sleep 100000 > /dev/null
+    inspect() { podman inspect --format "{{.State.$1}}" "$name"; }
+    wait_pid() {  # until the container runs a process other than $1, at most 30 s
+        local t0=$SECONDS
+        while [ $((SECONDS - t0)) -lt 30 ]; do
+            local pid; pid=$(inspect Pid)
+            if [ "$pid" != 0 ] && [ "$pid" != "$1" ] && [ "$(inspect Status)" = running ]; then echo yes; return; fi
+            sleep 1
+        done
+        echo no
+    }
+    {
+        echo "{"
+        local pid
+        pid=$(inspect Pid); kill -9 "$pid"
+        echo "\"kill_9_of_its_process\": {\"restarted\": \"$(wait_pid "$pid")\", \"restart_count\": $(podman inspect --format '{{.RestartCount}}' "$name")},"
+        pid=$(inspect Pid); podman kill -s KILL "$name" > /dev/null; sleep 15
+        echo "\"podman_kill_s_KILL\": {\"restarted\": \"$(wait_pid "$pid")\", \"exit_code\": $(inspect ExitCode), \"status\": \"$(inspect Status)\"},"
+        podman start "$name" > /dev/null
+        echo "\"restart_count_after_podman_start\": $(podman inspect --format '{{.RestartCount}}' "$name"),"
+        pid=$(inspect Pid); podman stop "$name" > /dev/null; sleep 15
+        echo "\"podman_stop\": {\"restarted\": \"$(wait_pid "$pid")\", \"exit_code\": $(inspect ExitCode), \"status\": \"$(inspect Status)\"},"
+        podman start "$name" > /dev/null; pid=$(inspect Pid); podman restart "$name" > /dev/null
+        echo "\"podman_restart\": {\"running\": \"$(wait_pid "$pid")\", \"restart_count\": $(podman inspect --format '{{.RestartCount}}' "$name")}"
+        echo "}"
+    } > "$out/semantics.json.tmp"
+    podman rm -f "$name" > /dev/null
+    python3 -m json.tool "$out/semantics.json.tmp" > "$out/semantics.json" && rm "$out/semantics.json.tmp"
+    "$VENV/bin/python" - "$out" <<'PY'
+import subprocess
+import sys
+from clusterfed.experiments.manifest import start_manifest, write_manifest
+manifest = start_manifest({}, ["scripts/test-containers.sh", "semantics"])
+engine = subprocess.run(["podman", "--version"], capture_output=True, text=True).stdout.strip()
+write_manifest(sys.argv[1], manifest, engine=engine, note="a container of the base image running `sleep` under --init with --restart on-failure; each line of semantics.json is one action on it, in order")
+PY
+    log "podman semantics: $(tr -d '\n ' < "$out/semantics.json")"
+}
+
+# soak: the TLS federation run by the keeper service while soak.py breaks things (SuperNode
+# kill -9 every SOAK_KILL_EVERY rounds, two SuperLink kill -9s, one device's data turned bad,
+# the ServerApp's process killed once)
+# and samples status.json and the app processes. `make test-containers` runs a short one
+# (SOAK_ROUNDS=6, into soak-short/); SOAK_ROUNDS=20 SOAK_KILL_EVERY=3 SOAK_NAME=soak for the full one.
+soak() {
+    # every round by default: in a 6-round soak the SuperLink's kills take rounds 2 and 4, so the
+    # SuperNodes die after rounds 1, 3 and 5
+    local rounds=${SOAK_ROUNDS:-6} name=${SOAK_NAME:-soak-short} every=${SOAK_KILL_EVERY:-1}
+    local files=(-f "$ROOT/docker/compose.yml" -f "$ROOT/docker/compose.devices.yml" -f "$ROOT/docker/compose.tls.yml"
+                 -f "$ROOT/docker/compose.devices.tls.yml")
+    MODE=soak
+    log "soak: $rounds rounds, SuperNode kill every $every rounds, SuperLink kills after $((rounds / 3)) and $((2 * rounds / 3))"
+    if [ -f "$ROOT/docker/compose.devices.yml" ]; then compose "${files[@]}" --profile keeper down -v > /dev/null 2>&1 || true; fi
+    CLUSTERFED="$VENV/bin/clusterfed" DEVICES=$DEVICES "$ROOT/docker/prepare.sh" > "$CACHE/prepare_soak.log"
+    rm -rf "$CACHE/soak-clean-data" && cp -r "$ROOT/docker/data" "$CACHE/soak-clean-data"
+    local manifest_t0; manifest_t0=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
+    timed up_soak compose "${files[@]}" up -d
+    wait_all_healthy
+    export RUN_CONFIG="strategy=\"fedclust\" num-clients=$DEVICES min-clients=$((DEVICES - 1)) rounds=$rounds \
+partitioner=\"label-groups\" label-groups=\"0-4;5-9\" absent-after=2 timeout=120.0 out-dir=\"results/$name\""
+    export KEEPER_POLL=5
+    compose "${files[@]}" --profile keeper up -d --no-deps keeper
+    local out=$RESULTS/$name status=0
+    rm -rf "$out"
+    "$VENV/bin/python" "$ROOT/scripts/containers/soak.py" "$out" "$(volume_dir)" "$ROOT/docker/data" \
+        --devices "$DEVICES" --rounds "$rounds" --kill-every "$every" \
+        --superlink-kills "$((rounds / 3)),$((2 * rounds / 3))" --bad-after "$((rounds / 2))" \
+        --serverapp-kills "$((5 * rounds / 6))" \
+        --out-name "$name" --timeout 120 --poll 5 --max-minutes "${SOAK_MAX_MINUTES:-120}" || status=1
+    for f in rounds.jsonl status.json clusters.json summary.json config.json; do
+        if [ -f "$(volume_dir)/$name/$f" ]; then cp "$(volume_dir)/$name/$f" "$out/run-$f"; fi
+    done
+    podman logs "$(container keeper)" > "$out/keeper.log" 2>&1 || true
+    # the clean twin (same data before it was spoiled, same keys and config) in the server image
+    podman run --rm --entrypoint python -v "$CACHE/soak-clean-data:/data:ro" -v "$out:/soak:ro" \
+        -v "$ROOT/scripts/containers:/scripts:ro" clusterfed-server:0.1.0 /scripts/soak_clean.py /data /soak \
+        > "$out/clean.json" 2> "$CACHE/soak_clean.log" || { tail -20 "$CACHE/soak_clean.log" >&2; status=1; }
+    podman inspect --format '{{.Name}} {{.State.Status}} restarts={{.RestartCount}}' \
+        $(podman ps -aq --filter "label=io.podman.compose.project=$PROJECT") > "$out/containers.txt" 2>&1 || true
+    "$VENV/bin/python" - "$out" "$manifest_t0" "$RUN_CONFIG" <<'PY'
+import sys
+from clusterfed.experiments.manifest import start_manifest, write_manifest
+manifest = start_manifest({"run_config": sys.argv[3]}, ["scripts/test-containers.sh", "soak"])
+manifest["started"] = sys.argv[2]
+write_manifest(sys.argv[1], manifest, run_config=sys.argv[3])
+PY
+    if [ "${KEEP_UP:-0}" != 1 ]; then compose "${files[@]}" --profile keeper down -v || true; fi
+    cp "$CACHE"/soak-clean-data/part-*.npz "$ROOT/docker/data/"  # the spoiled device's file back
+    [ "$status" = 0 ] || FAILED+=(soak)
+}
+
 plain() { federation plain compose.yml compose.devices.yml; }
 tls() { federation tls compose.yml compose.devices.yml compose.tls.yml compose.devices.tls.yml; }
 
@@ -380,8 +494,11 @@ report() {
 
 FAILED=()
 steps=("$@")
+rm -rf "$RESULTS" && mkdir -p "$(dirname "$RESULTS")" && cp -r "$COMMITTED" "$RESULTS"
+STAGED=$CACHE/results-staged-at  # what the steps wrote is newer than this
+touch "$STAGED"
 if [ ${#steps[@]} -eq 0 ]; then
-    steps=(setup base images plain tls)
+    steps=(setup base images semantics plain tls soak)
     : > "$TIMINGS"
     : > "$EVENTS"
     : > "$CACHE/image_contents.txt"
@@ -393,9 +510,12 @@ for step in "${steps[@]}"; do
 done
 # only a run of a federation has something to report: `setup base` alone leaves the results be
 case " ${steps[*]} " in
-    *" plain "* | *" tls "*) report; log "results in $RESULTS" ;;
+    *" plain "* | *" tls "*) report ;;
 esac
 if [ ${#FAILED[@]} -gt 0 ]; then
-    echo "containers: the ${FAILED[*]} check failed (see above and $RESULTS/result.json)" >&2
+    echo "containers: the ${FAILED[*]} check failed (see above and $RESULTS); benchmarks/results/containers/ is left as it was" >&2
     exit 1
 fi
+# only what this run wrote: a file edited in the checkout meanwhile is not put back
+(cd "$RESULTS" && find . -type f -newer "$STAGED" -exec cp --parents {} "$COMMITTED"/ \;)
+log "results in $COMMITTED"

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -81,16 +82,19 @@ def _flags(command):
 
 @cache
 def _known_flags(program):
-    done = subprocess.run([str(BIN / program), "--help"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([str(BIN / program[0]), *program[1:], "--help"], capture_output=True, text=True,
+                          timeout=120)
     return set(re.findall(r"--[a-z][a-z0-9-]*", done.stdout))
 
 
 def _program(service):
     if service == "superlink":
-        return "flower-superlink"
+        return ("flower-superlink",)
     if service.startswith("supernode"):
-        return "flower-supernode"
-    return "flower-superexec"
+        return ("flower-supernode",)
+    if service == "keeper":
+        return ("clusterfed", "keep")
+    return ("flower-superexec",)
 
 
 def test_dockerfile_builds_on_the_superexec_image_of_our_flower_version_as_non_root():
@@ -139,15 +143,43 @@ def test_every_service_restarts_after_a_crash_and_waits_only_on_services_that_ke
     # a dependency on a one-shot container (exited) stops podman from restarting the dependant
     services = _merged(prepared, *files)
     for name, spec in services.items():
-        assert spec["restart"] == "on-failure" and spec["init"] is True, name
+        # the keeper exits 1 when it gave up on a run: restarted a few times, not forever
+        assert spec["restart"] == ("on-failure:3" if name == "keeper" else "on-failure") and spec["init"] is True, name
         for needed in spec.get("depends_on", {}):
             assert services[needed]["restart"] == "on-failure", (name, needed)
+
+
+VARIABLE = re.compile(r"^\$\{([A-Z_]+):-([^}]+)\}$")
+
+
+@pytest.mark.parametrize("files", [PLAIN, TLS], ids=["plain", "tls"])
+def test_every_service_has_cpu_memory_and_pids_limits_each_a_variable_with_a_default(prepared, files):
+    for name, spec in _merged(prepared, *files).items():
+        limits = {key: VARIABLE.match(str(spec.get(key, ""))) for key in ("cpus", "mem_limit", "pids_limit")}
+        assert all(limits.values()), (name, {k: spec.get(k) for k in limits})
+        cpus, memory, pids = (match.group(2) for match in limits.values())
+        assert 0 < float(cpus) <= 2 and re.fullmatch(r"\d+[mg]", memory) and 16 <= int(pids) <= 1024, name
+        # one variable per service kind, named after it (documented in docs/deployment.md, Limits)
+        prefix = re.sub(r"-\d+$", "", name).upper()
+        assert {m.group(1) for m in limits.values()} == {f"{prefix}_CPUS", f"{prefix}_MEMORY", f"{prefix}_PIDS"}
+        assert f"`{prefix}_PIDS`" in DOCS.read_text(), prefix
+
+
+def test_the_published_port_is_a_variable_and_the_keeper_needs_asking_for(prepared):
+    services = _merged(prepared, *PLAIN)
+    assert services["superlink"]["ports"] == ["${SUPERLINK_PORT:-9093}:9093"]
+    assert [name for name, spec in services.items() if "ports" in spec] == ["superlink"]
+    keeper = services["keeper"]
+    assert keeper["profiles"] == ["keeper"] and keeper["entrypoint"] == ["clusterfed"]
+    assert keeper["command"][:3] == ["keep", "/app", "compose"] and "results:/app/results" in keeper["volumes"]
+    tls = _merged(prepared, *TLS)["keeper"]["command"]
+    assert "--root-certificates=/certs/ca.crt" in tls and "--superlink=superlink:9093" in tls
 
 
 def test_prepare_writes_one_device_per_data_file_in_two_groups(prepared):
     services = _merged(prepared, *PLAIN)
     nodes = sorted(s for s in services if s.startswith("supernode-"))
-    assert len(nodes) == DEVICES and "9093:9093" in services["superlink"]["ports"]
+    assert len(nodes) == DEVICES
     keys = set()
     for node in nodes:
         command = services[node]["command"]
@@ -199,7 +231,11 @@ def test_one_health_check_serves_plain_and_tls_without_overlay_tags(prepared):
         test = services[name]["healthcheck"]["test"]
         port = "9093" if name == "superlink" else "9094"
         assert test == ["CMD", "python", "-c", check, f"{name}:{port}"], name
+        # a busy two-core host answered in over 5 s: generous timeouts, a long start period
+        health = services[name]["healthcheck"]
+        assert (health["timeout"], health["start_period"], health["retries"]) == ("30s", "120s", 10), name
     compile(check, "health-check", "exec")
+    assert "timeout=20" in check
     assert "https://" in check and "/certs/ca.crt" in check and "/health" in check
 
 
@@ -288,3 +324,95 @@ def test_make_certs_issues_a_ca_signed_server_certificate_with_the_given_names(t
 def test_make_certs_without_names_is_a_usage_error(tmp_path):
     done = subprocess.run(["sh", str(ROOT / "scripts/make-certs.sh"), str(tmp_path)], capture_output=True, text=True)
     assert done.returncode == 2 and "usage" in done.stderr
+
+
+def test_the_image_runs_flower_apps_through_the_one_at_a_time_wrapper_and_keeps_torch_in_its_own_layer():
+    text = (DOCKER / "Dockerfile").read_text()
+    for program in ("flwr-clientapp", "flwr-serverapp"):
+        assert f"COPY --chown=49999:49999 --chmod=755 docker/one-app-at-a-time.sh /app/bin/{program}" in text
+    assert "PATH=/app/bin:$PATH" in text and "!docker/one-app-at-a-time.sh" in (ROOT / ".dockerignore").read_text()
+    # torch, then the dependencies, then the code: a code change does not reinstall torch
+    assert text.index("${TORCH}") < text.index("COPY --chown=49999:49999 pyproject.toml") \
+        < text.index("COPY --chown=49999:49999 clusterfed ./clusterfed") < text.index("--no-deps --force-reinstall")
+
+
+def _wrapper(tmp_path, wait="0.3"):
+    """docker/one-app-at-a-time.sh as `flwr-clientapp` in wrap/, and a real `flwr-clientapp`
+    in real/ that records its arguments and holds on until the test creates `release`."""
+    if shutil.which("flock") is None:
+        pytest.skip("flock (util-linux) not on PATH")
+    wrap, real = tmp_path / "wrap", tmp_path / "real"
+    wrap.mkdir()
+    real.mkdir()
+    shutil.copy(DOCKER / "one-app-at-a-time.sh", wrap / "flwr-clientapp")
+    (real / "flwr-clientapp").write_text(f"#!/bin/sh\necho \"$*\" >> {tmp_path}/ran\n"
+                                         f"while [ ! -f {tmp_path}/release ]; do sleep 0.05; done\n")
+    (real / "flwr-clientapp").chmod(0o755)
+    env = {**os.environ, "PATH": f"{wrap}:{real}:{os.environ['PATH']}", "CLUSTERFED_APP_LOCK_WAIT": wait,
+           "CLUSTERFED_APP_LOCK_DIR": str(tmp_path)}
+    return wrap / "flwr-clientapp", env
+
+
+def test_one_app_at_a_time_a_second_app_process_gives_up_while_the_first_runs(tmp_path):
+    wrapper, env = _wrapper(tmp_path)
+    first = subprocess.Popen([str(wrapper), "--token", "A"], env=env)
+    try:
+        for _ in range(200):  # the first holds the lock once its real program has started
+            if (tmp_path / "ran").exists():
+                break
+            time.sleep(0.05)
+        second = subprocess.run([str(wrapper), "--token", "B"], env=env, timeout=60)
+        assert second.returncode == 1  # flock could not take the lock: the real program never ran
+        assert (tmp_path / "ran").read_text().split("\n")[:-1] == ["--token A"]
+    finally:
+        (tmp_path / "release").touch()
+        first.wait(timeout=60)
+    assert first.returncode == 0
+    # free again: the next one runs
+    third = subprocess.run([str(wrapper), "--token", "C"], env=env, timeout=60)
+    assert third.returncode == 0 and (tmp_path / "ran").read_text().split("\n")[:-1] == ["--token A", "--token C"]
+
+
+def _preflight(tmp_path, **env):
+    root = tmp_path / "repo"
+    shutil.copytree(DOCKER, root / "docker", ignore=shutil.ignore_patterns("data", "certs", "compose.devices*",
+                                                                           "*.whl"))
+    environment = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "ENGINE": "no-such-engine",
+                   "CLUSTERFED": str(BIN / "clusterfed"), "FLWR": str(BIN / "flwr"), **env}
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    done = subprocess.run(["bash", str(root / "docker" / "preflight.sh")], capture_output=True, text=True,
+                          timeout=120, env=environment)
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # nothing written
+    return root, done
+
+
+def test_preflight_names_the_taken_port_the_missing_engine_and_the_torch_build_argument(tmp_path):
+    import socket
+
+    root = tmp_path / "first"
+    root.mkdir()
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        _, done = _preflight(root, SUPERLINK_PORT=str(port), TORCH_INDEX="http://127.0.0.1:9/none")
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("FIX") and f"port {port} is taken" in line and "SUPERLINK_PORT" in line
+               for line in lines), done.stdout
+    assert any(line.startswith("FIX") and "no container engine" in line for line in lines), done.stdout
+    assert any(line.startswith("FIX") and "does not answer" in line for line in lines), done.stdout
+    assert any(line.startswith("ok") and "clusterfed" in line for line in lines), done.stdout
+
+
+def test_preflight_says_which_torch_build_argument_a_wheel_in_docker_wheels_needs(tmp_path):
+    wheel = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
+    root = tmp_path / "repo"
+    shutil.copytree(DOCKER, root / "docker", ignore=shutil.ignore_patterns("data", "certs", "compose.devices*"))
+    (root / "docker" / "wheels" / wheel).write_bytes(b"")
+    run = lambda **env: subprocess.run(["bash", str(root / "docker" / "preflight.sh")], capture_output=True,
+                                       text=True, timeout=120, env={**os.environ, "ENGINE": "no-such-engine", **env})
+    asked = run().stdout
+    assert f'holds {wheel}' in asked and '--build-arg TORCH="torch==2.13.0+cpu"' in asked, asked
+    given = run(TORCH="torch==2.13.0+cpu").stdout
+    assert "ok    torch: docker/wheels/" in given and "TORCH asks for torch==2.13.0+cpu" in given, given
