@@ -146,14 +146,14 @@ def test_every_reply_malformed_leaves_the_model_at_theta0_and_stops_the_run(tmp_
 
 
 def test_full_model_instead_of_the_requested_layer_is_rejected_in_the_clustering_round(tmp_path, monkeypatch):
-    """FedClust asks for the final layer only; a client that sends more is rejected and
+    """FedClust under the paper's rule asks for the final layer only; a client that sends more is rejected and
     left out of the clustering (placed later as a newcomer if it behaves)."""
 
     def add_everything(arrays):
         arrays["conv1.weight"] = np.zeros((16, 1, 3, 3), dtype=np.float32)
 
     strategy, rounds = run(tmp_path, monkeypatch, corrupting_app(add_everything, phases={"cluster"}),
-                           strategy="fedclust", **{"cluster-epochs": 1})
+                           strategy="fedclust", **{"cluster-epochs": 1, "fedclust.cluster-layers": "final"})
     assert rounds[0]["rejected"] == 1 and "unexpected ['conv1.weight']" in rounds[0]["rejections"][0]["reason"]
     assert str(BAD_CLIENT) not in strategy.assignment
     assert str(BAD_CLIENT) not in strategy.clustering_state["client_order"]
