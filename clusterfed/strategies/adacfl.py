@@ -185,8 +185,7 @@ class AdaCFL(OneShotClustering):
         info = {**self.precluster_info(replied, X, pre, cuts, preclustering), "lambda": float(lam), **auto_info,
                 "clusters_within_preclusters": within}
         diagnostics.update({**skipped, **self.form_clusters(server_round, replied, X, labels, start, bytes_up, info)})
-        if (one_cluster := self.cut_sentence(labels, info)) is not None:
-            diagnostics["decision"] = f"{diagnostics.get('decision', '')}; {one_cluster}".lstrip("; ")
+        self.say_cut(diagnostics, labels, info)
         return {**diagnostics, "preclustering": preclustering, "num_preclusters": len(cuts),
                 "clusters_within_preclusters": within}
 

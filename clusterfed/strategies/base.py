@@ -222,12 +222,12 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         except ValueError as error:
             raise StrategyParamsError(f"{self.name}: {error}") from None
 
-    def select_compared_layers(self, rule: str) -> list[str]:
-        """The compared arrays of θ0 that layer ``rule`` picks (``select_layers``);
-        StrategyParamsError, named for the strategy, when the rule or ``compare-arrays``
-        selects nothing."""
+    def select_compared_layers(self, rule: str, compare: Any = None) -> list[str]:
+        """The compared arrays of θ0 that layer ``rule`` picks (``select_layers``) among
+        ``compare`` (default ``compare-arrays``); StrategyParamsError, named for the strategy,
+        when the rule or the selection selects nothing."""
         try:
-            return select_layers(self.theta0, rule, self.params.compare_arrays)
+            return select_layers(self.theta0, rule, self.params.compare_arrays if compare is None else compare)
         except ValueError as error:
             raise StrategyParamsError(f"{self.name}: {error}") from None
 

@@ -105,8 +105,7 @@ class FedClust(OneShotClustering):
             return diagnostics  # nobody replied: try again next round
         labels, info = self.cut(X)
         diagnostics.update(self.form_clusters(server_round, replied, X, labels, self.theta0, bytes_up, info))
-        if (one_cluster := self.cut_sentence(labels, info)) is not None:
-            diagnostics["decision"] = f"{diagnostics.get('decision', '')}; {one_cluster}".lstrip("; ")
+        self.say_cut(diagnostics, labels, info)
         if self.params.recut and self.params.lambda_ == "auto" and len(np.unique(labels)) == 1:
             # float32, as the clients sent them: half the memory, a cut of the same labels
             self.unclustered = dict(zip(replied, X.astype(np.float32)))

@@ -57,7 +57,6 @@ from pydantic import Field
 
 from clusterfed.clustering.layercfl import CheckResult, correct_clustering_check
 from clusterfed.models.layers import select_layers
-from clusterfed.strategies.base import StrategyParamsError
 from clusterfed.strategies.cfl import CFL, CFLParams, CFLState
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
@@ -115,10 +114,7 @@ class LayerCFL(CFL):
             fallbacks = {"conv": ("conv", "fc", "final"), "fc": ("fc", "final")}[rule]
             rule = next((r for r in fallbacks if _has_layer(self.theta0, r, compare)), "final")
         self.layer_rule = rule
-        try:
-            self.selected_names = select_layers(self.theta0, rule, compare)
-        except ValueError as error:
-            raise StrategyParamsError(f"{self.name}: {error}") from None
+        self.selected_names = self.select_compared_layers(rule, compare)
 
     def compared_changed(self) -> None:
         """Arrays no client changed left ``compared``: the rule picks again among the rest

@@ -221,12 +221,13 @@ class OneShotClustering(ClusteredStrategy):
             diagnostics["compared_arrays"] = list(self.layer_keys)
         return [reply.key for reply in replies], X, bytes_up, diagnostics
 
-    def rows(self, replies: list[TrainReply], start: Arrays) -> np.ndarray:
+    def rows(self, replies: list[TrainReply], start: Arrays, choice: LayerChoice | None = None) -> np.ndarray:
         """The replies' compared arrays minus ``start``'s, one row per reply; the first time,
-        this settles which layer is compared (``layer_choice.choose``)."""
+        this settles which layer is compared (``layer_choice.choose``; on ``choice``, a trial
+        copy, when given)."""
         p = self.params
-        return choose(self.layer_choice, [reply.arrays for reply in replies], start, metric=p.distance,
-                      linkage=p.linkage, min_silhouette=p.auto_min_silhouette,
+        return choose(self.layer_choice if choice is None else choice, [reply.arrays for reply in replies], start,
+                      metric=p.distance, linkage=p.linkage, min_silhouette=p.auto_min_silhouette,
                       reference_draws=p.auto_reference_draws, seed=p.seed)
 
     def settled(self, replies: list[TrainReply], start: Arrays, partitions: list[np.ndarray]) -> bool:
@@ -234,11 +235,8 @@ class OneShotClustering(ClusteredStrategy):
         choice) is the same as after the two requests before, with more than one cluster
         and a silhouette at ``auto-min-silhouette``: a stock client's further epochs would not
         change it (``chain-until = stable``)."""
-        trial = copy.deepcopy(self.layer_choice)
         p = self.params
-        X = choose(trial, [reply.arrays for reply in replies], start, metric=p.distance, linkage=p.linkage,
-                   min_silhouette=p.auto_min_silhouette, reference_draws=p.auto_reference_draws, seed=p.seed)
-        labels, info = self.cut(X)
+        labels, info = self.cut(self.rows(replies, start, choice=copy.deepcopy(self.layer_choice)))
         partitions.append(np.asarray(labels))
         if len(partitions) < 3 or len(np.unique(labels)) < 2:
             return False
@@ -248,14 +246,15 @@ class OneShotClustering(ClusteredStrategy):
             return False
         return all(adjusted_rand_score(partitions[-1], earlier) == 1.0 for earlier in partitions[-3:-1])
 
-    def cut_sentence(self, labels: np.ndarray, info: dict[str, Any]) -> str | None:
-        """The clustering round's words on a cut that left one cluster: which arrays, the
-        score against the bar, the setting most likely to change it (None: clusters found)."""
+    def say_cut(self, diagnostics: Diagnostics, labels: np.ndarray, info: dict[str, Any]) -> None:
+        """Add to the clustering round's ``decision`` the words on a cut that left one cluster:
+        which arrays, the score against the bar, the setting most likely to change it."""
         if len(np.unique(labels)) > 1:
-            return None
-        return no_structure_advice(self.layer_choice, type(self).__name__, info.get("auto_best_silhouette"),
+            return
+        said = no_structure_advice(self.layer_choice, type(self).__name__, info.get("auto_best_silhouette"),
                                    info.get("auto_required_silhouette", self.params.auto_min_silhouette
                                             if self.params.lambda_ == "auto" else None), self.layer_rule)
+        diagnostics["decision"] = "; ".join(text for text in (diagnostics.get("decision"), said) if text)
 
     def trains_on(self, reply: TrainReply, epochs: int) -> bool:
         """Whether ``reply`` trained the clustering step's ``epochs`` in one request: a
