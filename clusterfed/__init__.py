@@ -17,12 +17,27 @@ from __future__ import annotations
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
+from clusterfed import strategy_protocol
 from clusterfed.strategies import public_strategies
 
 try:
     __version__ = version("clusterfed")  # the installed distribution's, from pyproject.toml
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
+
+
+
+def _load_runner() -> strategy_protocol.StrategyRunner:
+    """The runner behind every strategy's ``start`` and single-phase hooks. The package root is
+    the one module that knows both ``strategies/`` and ``runner/``, so it wires them: a strategy
+    reaches the runner through ``strategy_protocol.runner()`` without importing it, and it is
+    loaded on a strategy's first ``start`` (it loads scikit-learn, through the run recorder)."""
+    from clusterfed.runner import strategy_runner
+
+    return strategy_runner
+
+
+strategy_protocol.install_runner(_load_runner)
 
 # the public names that are not strategies: name -> the module that defines it
 _SUPPORT = {
@@ -60,5 +75,5 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     own = set(globals()) - {"import_module", "annotations", "public_strategies", "_SUPPORT", "_public", "version",
-                            "PackageNotFoundError"}
+                            "PackageNotFoundError", "strategy_protocol", "_load_runner"}
     return sorted(own | set(_public()) | {"__all__"})

@@ -22,7 +22,8 @@ from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.report.watchers import make_watchers, parse_log_to
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError
-from clusterfed.runner.driver import RoundDriver, RunOptions
+from clusterfed.runner import strategy_runner
+from clusterfed.runner.driver import RunOptions
 from clusterfed.runner.preflight import Checked, check_model, preflight
 from clusterfed.runner.transport import wait_for_nodes
 from clusterfed.strategies.base import (
@@ -116,14 +117,14 @@ def run_server(grid: Grid, config: RunConfig | Checked, *, stream: TextIO | None
     flat = config.to_flower()
     recorder = RunRecorder(out, flat, stream=stream, watchers=make_watchers(parse_log_to(config.log_to)))
     strategy = config.build_strategy(recorder)
-    start = strategy.start
+    start, driver = strategy.start, None
     if isinstance(strategy, ClusteredStrategy):  # the app hands its options to the driver, not to the strategy
-        strategy.driver = RoundDriver(strategy, RunOptions(
+        driver = strategy_runner.new_driver(strategy, RunOptions(
             recorder=recorder, deployment=deployment, checkpoint=config.checkpoint, resume_from=config.resume_from,
             resume_state=checked.checkpoint, absent_after=config.absent_after, probe_timeout=config.probe_timeout,
             newcomer_fraction=config.newcomer_fraction, newcomer_round=config.newcomer_round, seed=config.seed,
             run_config=flat))
-        start = strategy.driver.start
+        start = driver.start
     # the built-in task's configs: the data/model spec every client rebuilds its partition and
     # model from (simulation via the Python API gives clients an empty run config, so the spec
     # travels in the messages), plus local epochs and lr
@@ -132,7 +133,7 @@ def run_server(grid: Grid, config: RunConfig | Checked, *, stream: TextIO | None
     if status is not None:
         recorder.on_round = status.heartbeat
         status.rounds = config.rounds
-        status.devices = lambda: strategy.driver.members.device_report() if getattr(strategy, "driver", None) else {}
+        status.devices = lambda: driver.members.device_report() if driver is not None else {}
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
     start(grid, initial, num_rounds=config.rounds, timeout=config.timeout, train_config=train_config,

@@ -1,10 +1,14 @@
 """Imports flow one way: clusterfed's import graph, read from the source with ``ast``, has no
-cycle, and a function-local import only keeps a heavy dependency lazy.
+cycle, ``strategies/`` never imports ``runner/``, and a function-local import only keeps a
+heavy dependency lazy.
 
-Module-level and function-local imports alike are edges: a function-local import hides a
-cycle from Python at import time, not from the design. Imports under ``if TYPE_CHECKING:``
-are not (they never run). ``from pkg import name`` is an edge to ``pkg.name`` when that is a
-module, else to ``pkg``; relative imports are resolved.
+Module-level, function-local and ``if TYPE_CHECKING:`` imports alike are edges: a
+function-local import hides a cycle from Python at import time, and a TYPE_CHECKING one a
+dependency that only type checkers follow, not from the design. The one exception: a
+package's ``__init__`` naming its own submodules under TYPE_CHECKING, for type checkers, the
+names it resolves on first use (``__getattr__``), which its code does not depend on.
+``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``;
+relative imports are resolved.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ def imported(module: str, is_package: bool, node: ast.Import | ast.ImportFrom) -
 
 
 def _type_checking_only(tree: ast.Module) -> set[int]:
-    """Imports under ``if TYPE_CHECKING:``: read by type checkers, never run."""
+    """Imports under ``if TYPE_CHECKING:``: read by type checkers, never run by Python."""
     return {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If) and isinstance(node.test, ast.Name)
             and node.test.id == "TYPE_CHECKING" for sub in ast.walk(node) if isinstance(sub, (ast.Import, ast.ImportFrom))}
 
@@ -70,8 +74,13 @@ def _function_local(tree: ast.Module) -> set[int]:
             for sub in ast.walk(fn) if isinstance(sub, (ast.Import, ast.ImportFrom))}
 
 
+def _own_submodule(package: str, target: str) -> bool:
+    return target.startswith(package + ".")
+
+
 def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]], list[tuple[str, int, list[str], list[str]]]]:
-    """(every edge, the module-level edges, the function-local imports as (module, line, clusterfed targets, others))."""
+    """(every edge, TYPE_CHECKING ones included; the module-level edges Python runs; the
+    function-local imports as (module, line, clusterfed targets, others))."""
     edges: dict[str, set[str]] = {m: set() for m in MODULES}
     top: dict[str, set[str]] = {m: set() for m in MODULES}
     local = []
@@ -79,9 +88,12 @@ def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]], list[tuple
         tree = ast.parse(path.read_text(), str(path))
         in_functions, not_run = _function_local(tree), _type_checking_only(tree)
         for node in ast.walk(tree):
-            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in not_run:
+            if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             ours, others = imported(module, is_package, node)
+            if id(node) in not_run:  # typing only: an edge, unless a package names its own submodules
+                edges[module].update(t for t in ours if t != module and not (is_package and _own_submodule(module, t)))
+                continue
             edges[module].update(t for t in ours if t != module)
             if id(node) in in_functions:
                 local.append((module, node.lineno, ours, others))
@@ -153,6 +165,23 @@ def test_the_graph_reads_the_package():
 
 def test_no_import_cycle():
     assert cycles(EDGES) == [], "import cycle(s)"
+
+
+def test_the_strategies_never_import_the_runner():
+    """Not at run time, not lazily, not for type checkers: a strategy reaches the runner through
+    ``clusterfed.strategy_protocol``, and the runner is typed against its ``RoundStrategy``."""
+    strategies = [m for m in MODULES if m == "clusterfed.strategies" or m.startswith("clusterfed.strategies.")]
+    found = {m: sorted(t for t in EDGES[m] if t == "clusterfed.runner" or t.startswith("clusterfed.runner."))
+             for m in strategies}
+    assert {m: t for m, t in found.items() if t} == {}
+
+
+def test_type_checking_imports_are_edges():
+    tree = ast.parse("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from clusterfed.strategies import base\n")
+    assert _type_checking_only(tree) and all(
+        imported("clusterfed.runner.driver", False, node)[0] == ["clusterfed.strategies.base"]
+        for node in ast.walk(tree) if id(node) in _type_checking_only(tree))
+    assert "clusterfed.strategies.exchange" in EDGES["clusterfed.strategy_protocol"]  # a TYPE_CHECKING import
 
 
 def test_function_local_imports_only_keep_heavy_packages_lazy():

@@ -277,7 +277,7 @@ def test_single_phase_hooks_stop_loudly_when_placing_clients_asks_them_for_work(
     grid = InProcessGrid(stock_client_app, 4, node_configs=[{"partition-id": i} for i in range(4)])
     strategy = clusterfed.FedClust()
     strategy.init(protocol.from_array_record(ArrayRecord(Net().state_dict())))
-    with pytest.raises(StrategyParamsError, match=r"placement step asks 4 client\(s\).*strategy\.start"):
+    with pytest.raises(StrategyParamsError, match=r"first asks 4 client\(s\) for cluster work.*strategy\.start"):
         strategy.configure_train(1, ArrayRecord(), ConfigRecord({}), grid)
     assert not strategy.assignment  # nobody half-placed
 

@@ -6,10 +6,12 @@ or the client helper, never a bare ``KeyError``."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import ArrayRecord, ConfigRecord, MessageType
 from flwr.supercore.task_identity import TaskIdentity
 from userapp.client_app import app as stock_client_app
 from userapp.task import Net, load_data
@@ -27,16 +29,36 @@ HELPER_APP = client_app(ClientTask(
     data_fn=lambda context, config: TaskData(*load_data(context.node_config["partition-id"]),
                                              labels=np.array([0, 1]))))
 # what each strategy does through the hooks, helper clients, defaults (IFCA needs helper
-# clients; a strategy that places clients by a clustering exchange needs start()'s phases)
-REFUSES = {"FedClust": "placement step", "AdaCFL": "before-train step"}
+# clients; a strategy whose round first asks clients for clustering work needs start())
+REFUSES = {"FedClust": "round 1 first asks 4 client(s) for cluster work",
+           "AdaCFL": "round 2 first asks 4 client(s) for cluster work"}
 
-def flowers_loop(strategy, app, rounds: int = ROUNDS) -> list[tuple]:
+
+class CountingGrid(InProcessGrid):
+    """The in-process grid, counting the train messages pushed to it."""
+
+    trains = 0
+
+    def push_messages(self, messages):
+        messages = list(messages)
+        self.trains += sum(m.metadata.message_type == MessageType.TRAIN for m in messages)
+        return super().push_messages(messages)
+
+def new_grid(app) -> CountingGrid:
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    return CountingGrid(app, NUM_CLIENTS, node_configs=[{"partition-id": i} for i in range(NUM_CLIENTS)])
+
+
+def initial_arrays() -> ArrayRecord:
+    torch.manual_seed(0)
+    return ArrayRecord(Net().state_dict())
+
+
+def flowers_loop(strategy, app, rounds: int = ROUNDS, grid: CountingGrid | None = None) -> list[tuple]:
     """What Flower's ``Strategy.start`` does each round with the hooks; each round's
     aggregated train and evaluate metrics."""
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-    grid = InProcessGrid(app, NUM_CLIENTS, node_configs=[{"partition-id": i} for i in range(NUM_CLIENTS)])
-    torch.manual_seed(0)
-    strategy.init(protocol.from_array_record(ArrayRecord(Net().state_dict())))
+    grid = grid or new_grid(app)
+    strategy.init(protocol.from_array_record(initial_arrays()))
     arrays, metrics = ArrayRecord(), []
     for server_round in range(1, rounds + 1):
         config = ConfigRecord({"lr": 0.1, "local-epochs": 1})
@@ -52,9 +74,12 @@ def flowers_loop(strategy, app, rounds: int = ROUNDS) -> list[tuple]:
 def test_every_public_strategy_trains_through_the_single_phase_hooks_or_refuses_clearly(name):
     strategy = getattr(clusterfed, name)()
     if name in REFUSES:
-        with pytest.raises(clusterfed.StrategyParamsError, match=rf"{REFUSES[name]} .*strategy\.start\(") as error:
-            flowers_loop(strategy, HELPER_APP)
-        assert "KeyError" not in str(error.value)
+        grid = new_grid(HELPER_APP)
+        with pytest.raises(clusterfed.StrategyParamsError,
+                           match=rf"^{strategy.name}: {re.escape(REFUSES[name])} .*nothing was sent.*strategy\.start\("):
+            flowers_loop(strategy, HELPER_APP, grid=grid)
+        refused_round = int(REFUSES[name].split()[1])
+        assert grid.trains == NUM_CLIENTS * (refused_round - 1)  # the refused round sent nothing
         return
     metrics = flowers_loop(strategy, HELPER_APP)
     for trained, evaluated in metrics:
@@ -77,3 +102,20 @@ def test_ifca_through_the_hooks_refuses_stock_clients_before_any_train_message()
 def test_ifca_restarts_need_start_and_say_so_through_the_hooks():
     with pytest.raises(clusterfed.StrategyParamsError, match=r"^ifca: round 1 asks 4 client\(s\) for a second exchange.*strategy\.start\("):
         flowers_loop(clusterfed.IFCA(num_clusters=2, restarts=2), HELPER_APP, rounds=1)
+
+
+@pytest.mark.parametrize("name", ["FedAvg", "CFL", "IFCA"])
+def test_the_hooks_run_the_same_round_as_start(name):
+    """One round, written once: Flower's loop through the hooks ends with the cluster models
+    and assignment that ``start`` ends with, on the same clients."""
+    through_hooks = getattr(clusterfed, name)()
+    flowers_loop(through_hooks, HELPER_APP)
+    started = getattr(clusterfed, name)()
+    started.start(grid=new_grid(HELPER_APP), initial_arrays=initial_arrays(), num_rounds=ROUNDS,
+                  train_config=ConfigRecord({"lr": 0.1, "local-epochs": 1}))
+    assert through_hooks.assignment == started.assignment
+    hooks_models, start_models = through_hooks.cluster_models(), started.cluster_models()
+    assert sorted(hooks_models) == sorted(start_models)
+    for cluster, model in start_models.items():
+        for array, value in model.items():
+            np.testing.assert_array_equal(hooks_models[cluster][array], value, err_msg=f"{cluster} {array}")

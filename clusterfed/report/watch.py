@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterfed.report.watchers import RunWatcher, WatcherError, make_watchers, parse_log_to
+from clusterfed.strategies.contract import ClientFailureError
 
 
 class watch:
@@ -43,5 +44,7 @@ class watch:
     def __enter__(self) -> watch:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.recorder.finish(time.perf_counter() - self.started, self.strategy.final_clusters())
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        # a run that stopped because no client's training was accepted: that is why it ended so
+        failed = str(error) if isinstance(error, ClientFailureError) else None
+        self.recorder.finish(time.perf_counter() - self.started, self.strategy.final_clusters(training_failed=failed))

@@ -23,11 +23,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, MessageType
 from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from clusterfed import protocol
@@ -37,13 +39,11 @@ from clusterfed.runner.membership import Membership
 from clusterfed.runner.newcomers import SimulatedNewcomers
 from clusterfed.runner.replies import STOCK_KEY_METRICS
 from clusterfed.runner.scoring import eval_rows, record_round, score_reports, weighted_metrics
-from clusterfed.runner.transport import wait_for_nodes
+from clusterfed.runner.transport import is_simulation, wait_for_nodes
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
 from clusterfed.strategies.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError, ending_sentence
 from clusterfed.strategies.exchange import Ask, Diagnostics, Replies, diagnostics_of
-
-if TYPE_CHECKING:
-    from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategy_protocol import RoundStrategy
 
 # rejection kinds that say the server's model and the client's differ
 MISMATCH_KINDS = ("names", "shape", "dtype")
@@ -69,18 +69,10 @@ class RunOptions:
     run_config: dict[str, Any] = field(default_factory=dict)
 
 
-def is_simulation(grid: Grid) -> bool:
-    """Flower's in-memory grid (``flwr run`` on a simulation federation, ``run_simulation``)
-    or our in-process grid: a fixed federation."""
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-
-    return isinstance(grid, InMemoryGrid) or getattr(grid, "nothing_in_flight", None) is not None
-
-
 class RoundDriver:
-    """Drives one ``ClusteredStrategy`` over a Flower Grid for ``num_rounds`` rounds."""
+    """Drives one strategy (``RoundStrategy``) over a Flower Grid for ``num_rounds`` rounds."""
 
-    def __init__(self, strategy: ClusteredStrategy, options: RunOptions | None = None):
+    def __init__(self, strategy: RoundStrategy, options: RunOptions | None = None):
         self.options = options or RunOptions(seed=strategy.params.seed)
         self.strategy = strategy
         self.recorder = self.options.recorder
@@ -95,9 +87,8 @@ class RoundDriver:
         self.completed_rounds = 0
         self.accepted_train = 0  # train replies accepted over the run
         self.failing_rounds = 0  # rounds in a row in which train was asked and no reply accepted
-        self.pending_asks: dict[str, Ask] = {}  # Flower's single-phase hooks: this round's asks
-        self.pending_diagnostics: Diagnostics = {}  # and what its hooks before training returned
-        self.pending_round = None  # or the strategy's own round, paused at its first exchange
+        self.training_failed: str | None = None  # why the run stopped with no train reply accepted
+        self.pending = None  # Flower's single-phase hooks: the round between configure_train and aggregate_train
         self.new_round()
 
     def new_round(self) -> None:
@@ -116,7 +107,9 @@ class RoundDriver:
     # ------------------------------------------------------------ the loop
     def start(self, grid: Grid, initial_arrays: ArrayRecord, num_rounds: int = 3, timeout: float = 3600,
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
-              evaluate_fn: Any = None) -> ClusteredResult:
+              evaluate_fn: Any = None, should_stop: Callable[[int, Result], bool] | None = None) -> ClusteredResult:
+        """The run (Flower's ``Strategy.start``); ``should_stop(round, result)`` is asked after
+        each round whether to end the run there (Flower 1.43's early stop)."""
         first_round = self.begin(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config)
         result = ClusteredResult()
         if evaluate_fn is not None and first_round == 1:  # as Flower's start: the initial model, round 0
@@ -125,6 +118,11 @@ class RoundDriver:
                 result.evaluate_metrics_serverapp[0] = server_metrics
         for server_round in range(first_round, num_rounds + 1):
             self.play_round(server_round, first_round, num_rounds, result, evaluate_fn)
+            if server_round < num_rounds and should_stop is not None and should_stop(server_round, result):
+                ending = ending_sentence(self.strategy)
+                log(logging.INFO, "[ROUND %d/%d] should_stop returned True: the run stops here%s", server_round,
+                    num_rounds, f"; {ending}" if ending else "")
+                break
         models = self.strategy.cluster_models()
         result.cluster_arrays = {c: protocol.to_array_record(m) for c, m in sorted(models.items())}
         result.arrays = self.largest_cluster_record()
@@ -162,7 +160,6 @@ class RoundDriver:
 
     def set_configs(self, train_config: dict[str, Any], evaluate_config: dict[str, Any]) -> None:
         self.train_config, self.evaluate_config = train_config, evaluate_config
-        self.strategy.train_config = train_config
         self.members.probe_config = {**evaluate_config, **train_config}
 
     def play_round(self, server_round: int, first_round: int, num_rounds: int, result: ClusteredResult,
@@ -176,9 +173,9 @@ class RoundDriver:
             if self.options.resume_from or self.options.resume_state is not None:
                 self.members.absent_until_seen(server_round)
             self.members.check_capabilities()
-        self.strategy.active = self.members.active_keys()
         assignment_before = dict(self.strategy.assignment)
-        diagnostics = self.drive(server_round, self.strategy.round(server_round))
+        steps = self.strategy.round_steps(server_round, self.members.active_keys(), self.train_config)
+        diagnostics = self.drive(server_round, steps)
         score_reports(self.strategy.reports, self.members.clients, assignment_before)
         evals = self.evaluate(server_round)
         self.members.update_absence(server_round)
@@ -198,7 +195,6 @@ class RoundDriver:
         ending = ending_sentence(self.strategy) if server_round == num_rounds else None
         self.log_round(server_round, num_rounds, result, diagnostics.get("train_loss"),
                        "; ".join(text for text in (diagnostics.get("decision"), ending) if text))
-        self.strategy.training_failed = None
         self.check_failing(server_round, num_rounds)
         if self.options.checkpoint and self.recorder is not None:
             save_checkpoint(self.recorder.out, self.checkpoint_state(server_round))
@@ -269,9 +265,9 @@ class RoundDriver:
                                                                 else f"node {failure['node']}"))
         causes = "; ".join(f"{', '.join(who[:3])}{' …' if len(who) > 3 else ''}: {reason}"
                            for reason, who in list(quoted.items())[:3])
-        self.strategy.training_failed = (f"no client's train reply was accepted in {self.failing_rounds} round(s) in a "
+        self.training_failed = (f"no client's train reply was accepted in {self.failing_rounds} round(s) in a "
                                          f"row (to round {server_round}); the clients' errors: {causes}")
-        raise ClientFailureError(self.strategy.training_failed)
+        raise ClientFailureError(self.training_failed)
 
     def largest_cluster_record(self) -> ArrayRecord:
         """The model of the cluster with the most clients (ties: the lowest id)."""

@@ -125,9 +125,12 @@ class InProcessGrid(Grid):
             ids.append(message.metadata.message_id)
         return ids
 
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        taken = [(message_id, self.pending.pop(message_id)) for message_id in list(message_ids)
-                 if message_id in self.pending]
+    def pull_messages(self, reply_to_message_ids: Iterable[str] = (), *,
+                      message_ids: Iterable[str] = ()) -> Iterable[Message]:
+        """The replies to the pushed messages ``reply_to_message_ids`` (Flower 1.43's name;
+        1.41/1.42 call it ``message_ids``; clusterfed passes it by position, which both take)."""
+        wanted = list(reply_to_message_ids) + list(message_ids)
+        taken = [(message_id, self.pending.pop(message_id)) for message_id in wanted if message_id in self.pending]
         if self.batched is not None and len(taken) > 1:
             self.prepared = self.batched.answers([(message_id, message, self.contexts[message.metadata.dst_node_id])
                                                   for message_id, message in taken])

@@ -16,7 +16,7 @@ the next round. Every client the run has met stays in ``result.assignment``.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from flwr.app import ArrayRecord, Message, MessageType, RecordDict
 from flwr.supercore import log
@@ -36,9 +36,8 @@ from clusterfed.runner.replies import (
 from clusterfed.runner.validation import ReplyRejected, parse_profile_reply
 from clusterfed.strategies.contract import CAPABILITIES, LABEL_STATS, CapabilityError, ClientFailureError, ModelMismatchError
 from clusterfed.strategies.exchange import ClientInfo, natural
+from clusterfed.strategy_protocol import RoundStrategy
 
-if TYPE_CHECKING:
-    from clusterfed.strategies.base import ClusteredStrategy
 
 PROBE = "profile probe"  # the phase a failure of the probe is logged under
 # a known client's place in ``result.assignment`` when the strategy never placed it (the
@@ -49,7 +48,7 @@ UNASSIGNED = -1
 class Membership:
     """The clients of one run and the nodes they are on."""
 
-    def __init__(self, strategy: ClusteredStrategy, newcomers: SimulatedNewcomers, absent_after: int = 2,
+    def __init__(self, strategy: RoundStrategy, newcomers: SimulatedNewcomers, absent_after: int = 2,
                  probe_timeout: float = 0.0):
         self.strategy = strategy
         # seconds the run's first profile probe waits (at least the round timeout): a node's

@@ -43,6 +43,7 @@ def push_and_collect(grid: Grid, messages: list[Message], timeout: float,
     deadline = time.monotonic() + timeout
     interval = poll_seconds(grid)
     while pending:
+        # by position: Flower 1.43 renames the argument (message_ids -> reply_to_message_ids)
         for reply in grid.pull_messages([m for m in message_ids if m in pending]):
             if reply.metadata.reply_to_message_id in pending:
                 replies.append(reply)
@@ -66,3 +67,11 @@ def wait_for_nodes(grid: Grid, needed: int, wait_seconds: float, poll_every: flo
     while (online := len(list(grid.get_node_ids()))) < needed and time.monotonic() < deadline:
         time.sleep(poll_every)
     return online
+
+
+def is_simulation(grid: Grid) -> bool:
+    """Flower's in-memory grid (``flwr run`` on a simulation federation, ``run_simulation``)
+    or our in-process grid: a fixed federation."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    return isinstance(grid, InMemoryGrid) or getattr(grid, "nothing_in_flight", None) is not None

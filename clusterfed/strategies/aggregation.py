@@ -15,8 +15,8 @@ parent's model and inherit a copy of its optimiser state; clusters formed by a c
 merge start afresh.
 
 Flower's code does the aggregating: the replies become Flower train replies
-(``clusterfed.runner.flower_replies``) and the cluster's copy's
-``aggregate_train`` is called, with the cluster's own step count as the round (FedAdam's
+(``clusterfed.flower_replies``, outside ``strategies/`` and ``runner/``) and the cluster's
+copy's ``aggregate_train`` is called, with the cluster's own step count as the round (FedAdam's
 bias correction counts the cluster's own steps). Only floating-point arrays go through it;
 counters and masks (integer and bool arrays) are averaged as without an aggregator, and
 every result keeps its array's dtype and shape.
@@ -41,7 +41,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 from flwr.serverapp import strategy as flower
 
-from clusterfed.runner.flower_replies import train_reply  # the runner's modules are the ones that build Messages
+from clusterfed.flower_replies import train_reply
 from clusterfed.strategies.exchange import Arrays, weighted_average
 
 DEFAULT = "fedavg"

@@ -21,8 +21,11 @@ The algorithm is written in the style of FedJAX's ``init``/``apply``: ``init(θ0
 up the state; each round ``round(r)`` is a generator that yields lists of ``Ask`` (what
 each client is asked for) and is sent back the validated ``Replies``. A strategy's own
 logic never touches a Message or the Grid: ``start`` hands the generator to the round
-driver (``clusterfed.runner.driver.RoundDriver``), which alone speaks Flower (discovery,
-profiles, sending, validation, byte and fault counting, evaluation, checkpoints).
+driver (``clusterfed.runner.driver.RoundDriver``, reached through
+``clusterfed.strategy_protocol``), which alone speaks Flower (discovery, profiles, sending,
+validation, byte and fault counting, evaluation, checkpoints) and hands the round its
+active clients and train config (``round_steps``). Flower's single-phase hooks run the
+same generator, one exchange per Flower round.
 
 Hooks a subclass overrides, reading like its paper's algorithm box: ``admit`` (clients
 not placed yet), ``before_train`` (clustering steps before this round's training),
@@ -119,8 +122,7 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         self.reports: list[Any] = []  # this round's splits and placements, for the driver's scoring
         self.train_config: dict[str, Any] = {}
         self.run_options = None  # RunOptions: how a user's own ServerApp passes options (the app's go to the driver)
-        self.driver = None
-        self.training_failed: str | None = None  # set by the driver: why nothing trained
+        self.driver = None  # the driver of the current run, as the runner built it for start / the hooks
         # this round's sample drawn before placement (``draw_sample``); None: trainers are
         # sampled among the placed clients. Per round, not state: a round is never resumed midway
         self.sampled: list[str] | None = None
@@ -151,6 +153,12 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         self.theta0 = {k: v.copy() for k, v in theta0.items()}
         self.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
         self.init_clusters()
+
+    def round_steps(self, server_round: int, active: list[str], train_config: dict[str, Any]) -> Steps:
+        """The round the driver runs (in ``start`` and behind Flower's single-phase hooks):
+        ``round(server_round)`` over the ``active`` client keys with ``train_config``."""
+        self.active, self.train_config = list(active), dict(train_config)
+        return self.round(server_round)
 
     def round(self, server_round: int) -> Steps:
         """One round: place newcomers, clustering steps, train, aggregate per cluster; returns its diagnostics."""
@@ -359,8 +367,9 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
     def eval_model(self, key: str) -> Arrays:
         return self.models[self.assignment[key]]
 
-    def final_clusters(self) -> dict[str, Any]:
-        """What clusters.json holds (the recorder adds the true groups: scoring is the driver's)."""
+    def final_clusters(self, training_failed: str | None = None) -> dict[str, Any]:
+        """What clusters.json holds (the recorder adds the true groups: scoring is the driver's);
+        ``training_failed``: why no client's training was accepted, when a run stopped so."""
         assignment = {k: self.assignment[k] for k in sorted(self.assignment, key=natural)}
         sizes: dict[str, int] = defaultdict(int)
         for cluster in assignment.values():
@@ -378,8 +387,8 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
             state["cluster_count_basis"] = basis
         if self.dp_accountant is not None:
             state["privacy"] = self.dp_accountant.report(self.dp_releases, assignment)
-        if self.training_failed:  # nothing trained: that, not the algorithm, is why
-            state["one_cluster_reason"] = state["training_failed"] = self.training_failed
+        if training_failed:  # nothing trained: that, not the algorithm, is why
+            state["one_cluster_reason"] = state["training_failed"] = training_failed
         return state
 
     def cluster_models(self) -> dict[int, Arrays]:

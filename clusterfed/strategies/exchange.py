@@ -29,6 +29,11 @@ from clusterfed.protocol import (  # noqa: E402,F401
     unpack_model,
 )
 
+# an Ask's "phase" when the client trains the model it is sent for the round's update (IFCA's
+# warm-up trains θ0 so): what Flower's single-phase configure_train may send; "cluster" and
+# "placement" ask for clustering work before training
+TRAINING_PHASES = ("train", "warmup")
+
 
 @dataclass
 class ClientInfo:

@@ -13,16 +13,13 @@ import re
 import types
 import typing
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from clusterfed import privacy
 from clusterfed.strategies import clustered_classes
 from clusterfed.strategies.aggregation import check_aggregator, template_of
-
-if TYPE_CHECKING:
-    from clusterfed.strategies.base import ClusteredStrategy
 
 
 class StrategyParams(BaseModel):
@@ -157,7 +154,7 @@ def params_docstring(params: type[BaseModel]) -> str:
     return "\n".join(lines)
 
 
-def document_params(cls: type[ClusteredStrategy], *, base: bool = False) -> None:
+def document_params(cls: type, *, base: bool = False) -> None:  # a ClusteredStrategy class (base imports this module)
     """Give a strategy class the signature and the docstring's ``Parameters`` section of its
     ``Params``: one source for the constructor, ``clusterfed params NAME`` and the reference.
     A subclass with a constructor of its own (not the ``base``) keeps that one's signature."""

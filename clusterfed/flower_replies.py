@@ -1,6 +1,7 @@
 """Train replies as Flower's own strategies read them, for calling their ``aggregate_train``
-from a cluster's aggregator (``clusterfed.strategies.aggregation``): the strategies
-themselves never build a Message."""
+from a cluster's aggregator (``clusterfed.strategies.aggregation``): the strategy modules
+themselves never build a Message, and this module is neither a strategy's nor the
+runner's (``strategies/`` never imports ``runner/``)."""
 
 from __future__ import annotations
 
