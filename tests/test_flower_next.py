@@ -63,7 +63,7 @@ def test_should_stop_is_not_asked_after_the_last_round():
     stop = StopAfter(99)
     torch.manual_seed(0)
     result = clusterfed.FedAvg().start(grid=user_grid(), initial_arrays=ArrayRecord(Net().state_dict()),
-                                       num_rounds=2, should_stop=stop)
+                                       num_rounds=2, train_config=ConfigRecord({"lr": 0.1}), should_stop=stop)
     assert [r for r, _ in stop.asked] == [1] and sorted(result.train_metrics_clientapp) == [1, 2]
 
 

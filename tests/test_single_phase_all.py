@@ -119,3 +119,15 @@ def test_the_hooks_run_the_same_round_as_start(name):
     for cluster, model in start_models.items():
         for array, value in model.items():
             np.testing.assert_array_equal(hooks_models[cluster][array], value, err_msg=f"{cluster} {array}")
+
+
+@pytest.mark.parametrize("name", sorted(public_strategies()))
+def test_every_public_strategy_has_what_the_driver_calls(name):
+    """The driver is typed against ``RoundStrategy``, not the strategies' base: each public
+    strategy has every member of it."""
+    from clusterfed.strategy_protocol import RoundStrategy
+
+    strategy = getattr(clusterfed, name)()
+    strategy.init(protocol.from_array_record(initial_arrays()))
+    members = {n for n in dir(RoundStrategy) if not n.startswith("_")} | set(RoundStrategy.__annotations__)
+    assert {n for n in members if not hasattr(strategy, n)} == set()
