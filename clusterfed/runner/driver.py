@@ -109,7 +109,7 @@ class RoundDriver:
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Any = None, should_stop: Callable[[int, Result], bool] | None = None) -> ClusteredResult:
         """The run (Flower's ``Strategy.start``); ``should_stop(round, result)`` is asked after
-        each round whether to end the run there (Flower 1.43's early stop)."""
+        each round but the last whether to end the run there (Flower 1.43's early stop)."""
         first_round = self.begin(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config)
         result = ClusteredResult()
         if evaluate_fn is not None and first_round == 1:  # as Flower's start: the initial model, round 0
