@@ -78,7 +78,7 @@ def test_three_level_hierarchy_maps_splits_to_client_keys(seed):
         run_round(strategy, server_round, vectors)
     # level by level: every split separates exactly one level of the code, by key
     levels = {1: [], 2: [], 3: []}
-    for split in strategy.splits:
+    for split in strategy.state.splits:
         levels[split["round"]].append(split)
         side_a, side_b = ({code_of[k][:split["round"]] for k in side} for side in split["members"])
         assert len(side_a) == len(side_b) == 1 and side_a != side_b
@@ -91,7 +91,7 @@ def test_three_level_hierarchy_maps_splits_to_client_keys(seed):
         leaves.setdefault(cluster, set()).add(code_of[key])
     assert len(leaves) == 8 and all(len(codes) == 1 for codes in leaves.values())
     assert set(strategy.models) == set(leaves)  # internal nodes hold no model
-    assert strategy.final_clustering_round == 3
+    assert strategy.state.final_clustering_round == 3
     tree = strategy.cluster_state()["tree"]
     assert sorted(n["id"] for n in tree["nodes"] if n["leaf"]) == sorted(leaves)
 
@@ -105,7 +105,7 @@ def test_children_start_from_the_parent_model_and_no_side_is_empty():
     for child in (1, 2):
         for name, value in strategy.models[child].items():
             np.testing.assert_array_equal(value, arrays_of(np.arange(DIM, dtype=float))[name])
-        assert strategy.tree.members(child)
+        assert strategy.state.tree.members(child)
 
 
 def test_member_that_did_not_reply_follows_its_last_update():
@@ -114,7 +114,7 @@ def test_member_that_did_not_reply_follows_its_last_update():
     run_round(strategy, 1, vectors)  # too early to split; remembers every update
     absent = "5"
     run_round(strategy, 2, {k: v for k, v in vectors.items() if k != absent})
-    (split,) = strategy.splits
+    (split,) = strategy.state.splits
     assert absent not in split["similarity"]["keys"]
     side = 0 if absent in split["absent"][0] else 1
     assert {code_of[k][0] for k in split["members"][side]} == {code_of[absent][0]}
@@ -125,10 +125,10 @@ def test_no_split_before_min_round_or_below_min_size():
     strategy = make_strategy(CFL, {k: 0 for k in code_of}, min_split_round=3)
     run_round(strategy, 1, vectors)
     run_round(strategy, 2, vectors)
-    assert strategy.splits == []
+    assert strategy.state.splits == []
     small = make_strategy(CFL, {k: 0 for k in list(code_of)[:2]})
     run_round(small, 1, {k: vectors[k] for k in list(code_of)[:2]})
-    assert small.splits == []
+    assert small.state.splits == []
 
 
 def test_relative_criteria_recorded_every_round():
@@ -173,19 +173,19 @@ def test_default_cfl_refuses_splits_of_noise_but_splits_real_groups(seed):
         c = extra["split_criteria"]["0"]
         fired += c["stationary"] and c["heterogeneous"] and server_round >= 5
     assert fired >= 10  # the norm criteria alone would have split
-    assert iid.splits == [] and set(iid.assignment.values()) == {0}
-    assert len(iid.refused) == fired and all(r["reason"] == "silhouette" for r in iid.refused)
-    assert max(r["best_cut_silhouette"] for r in iid.refused) < iid.params.split_min_silhouette
+    assert iid.state.splits == [] and set(iid.assignment.values()) == {0}
+    assert len(iid.state.refused) == fired and all(r["reason"] == "silhouette" for r in iid.state.refused)
+    assert max(r["best_cut_silhouette"] for r in iid.state.refused) < iid.params.split_min_silhouette
 
     group_of = {k: i % 2 for i, k in enumerate(keys)}
     grouped = make_strategy(CFL, group_of, split_criteria="relative", min_split_round=5)
     for server_round in range(1, 41):
         run_round(grouped, server_round, converging_updates(rng, keys, server_round, group_of))
-    first = grouped.splits[0]
+    first = grouped.state.splits[0]
     assert first["best_cut_silhouette"] >= grouped.params.split_min_silhouette
     assert {frozenset(group_of[k] for k in side) for side in first["members"]} == {frozenset({0}), frozenset({1})}
     # and the pure halves are never split again: their proposals are noise
-    assert len(grouped.splits) == 1
+    assert len(grouped.state.splits) == 1
 
 
 # ----------------------------------------------------------------------------- whole runs

@@ -190,7 +190,7 @@ def test_cfl_member_that_never_replied_joins_the_larger_side_and_keeps_a_model()
     strategy = make_strategy(CFL, {k: t for k, (t, _, _) in code_of.items()})
     silent = sorted(code_of, key=int)[0]
     run_round(strategy, 1, {k: v for k, v in vectors.items() if k != silent})
-    (split,) = strategy.splits[:1]
+    (split,) = strategy.state.splits[:1]
     sizes = [len(side) for side in split["members"]]
     side = 0 if silent in split["absent"][0] else 1
     assert silent in split["absent"][side] and sizes[side] == max(sizes)
@@ -216,9 +216,9 @@ def test_hicfl_times_and_splits_on_the_repliers_and_places_the_absent_by_their_l
         present = {k: v + 0.001 * rng.standard_normal(DIM) for k, v in vectors.items()
                    if k != never and (k != late or server_round <= 2)}
         run_round(strategy, server_round, present)
-        if strategy.splits:
+        if strategy.state.splits:
             break
-    split = strategy.splits[0]
+    split = strategy.state.splits[0]
     assert late not in split["similarity"]["keys"] and never not in split["similarity"]["keys"]
     assert set(split["stability"]) == set(keys) - {late, never}
     side_of = {k: s for s, side in enumerate(split["members"]) for k in side}
@@ -237,14 +237,14 @@ def test_hicfl_stability_windows_count_participations_not_rounds():
     code_of, vectors = hierarchical_updates(1)
     strategy = make_strategy(HiCFL, {k: 0 for k in code_of}, **{**HICFL_UNIT, "min_split_round": 100})
     steady, gappy = sorted(code_of, key=int)[:2]
-    layer = strategy.layers[0]
+    layer = strategy.state.layers[0]
     for server_round in range(1, 11):
         present = {k: vectors[k] for k in (steady, gappy) if k == steady or server_round % 2 == 0}
         run_round(strategy, server_round, present)
         if server_round == 5:  # 5 participations fill a window of 2 (one to select, two more to score)
-            assert strategy.tracker.windowed(steady, layer) is not None
-            assert strategy.tracker.windowed(gappy, layer) is None
-    assert strategy.tracker.windowed(gappy, layer) is not None  # its 5th participation, in round 10
+            assert strategy.state.tracker.windowed(steady, layer) is not None
+            assert strategy.state.tracker.windowed(gappy, layer) is None
+    assert strategy.state.tracker.windowed(gappy, layer) is not None  # its 5th participation, in round 10
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -458,7 +458,7 @@ def test_provisional_members_round_trip_a_checkpoint_and_are_placed_after_resumi
     run_round(strategy, 1, vectors)
     absent = "5"
     run_round(strategy, 2, {k: v for k, v in vectors.items() if k != absent})
-    assert strategy.provisional == {absent: 0}
+    assert strategy.state.provisional == {absent: 0}
     save_checkpoint(tmp_path, {"round": 2, "algorithm": strategy.get_state()})
     state = load_checkpoint(tmp_path)["algorithm"]
     assert_same(strategy.get_state(), state)
@@ -477,11 +477,11 @@ def test_provisional_members_round_trip_a_checkpoint_and_are_placed_after_resumi
                            is_update=True)
         with pytest.raises(StopIteration):
             steps.send([reply])
-        return algorithm.assignment[absent], algorithm.provisional
+        return algorithm.assignment[absent], algorithm.state.provisional
 
     assert place(strategy) == place(resumed)
-    assert resumed.provisional == {}
-    side = [s for s, members in enumerate(resumed.splits[0]["members"]) if absent in members][0]
+    assert resumed.state.provisional == {}
+    side = [s for s, members in enumerate(resumed.state.splits[0]["members"]) if absent in members][0]
     # the descent put it with its own group
-    assert {code_of[k][0] for k in resumed.tree.members(resumed.assignment[absent])} == {code_of[absent][0]}
+    assert {code_of[k][0] for k in resumed.state.tree.members(resumed.assignment[absent])} == {code_of[absent][0]}
     assert side in (0, 1)
