@@ -283,6 +283,8 @@ class HiCFL(_HiCFL):
         timing: typing.Literal['all', 'median'] = 'median',
         split: typing.Literal['reference', 'linkage'] = 'linkage',
         min_silhouette: float = 0.45,
+        min_kept_fraction: float = 0.05,
+        centre_updates: bool = True,
         min_side: int = 2,
         small_side_reference_draws: int = 99,
     ) -> None: ...

@@ -46,7 +46,7 @@ of a splitting cluster that did not reply is put at once on the side whose mean 
 summed update on the decision layers is nearest to by cosine, or on the larger side if it
 never replied (recorded under the split's ``absent``), so it keeps a model; when next
 sampled it is placed for real by the newcomer descent from that split
-(``bipartitioning.py``). Merging, too, compares the clusters' repliers. With full
+(``tree_descent.py``). Merging, too, compares the clusters' repliers. With full
 participation this is the paper's procedure. **Choice, beyond the paper (``similarity-pool =
 members``, opt-in):** the similarity, the bi-partition, the acceptance test and the merge
 tests use every member with a stored vector (the repliers' new ones, the others' last), the
@@ -58,8 +58,11 @@ The defaults of ``rel-eps1``, ``rel-eps2``, ``split-min-silhouette`` and
 updates: Sattler's absolute ``eps1``/``eps2`` never fire on small clients' updates, the
 relative criteria fire on structured and, late in training, on iid clients alike, and the
 best-cut silhouette separates the two (the measurements: docs/algorithms/cfl.md).
-``split-min-silhouette = -1`` switches the test off. The shared tree, split log and newcomer
-descent are in ``bipartitioning.py``.
+``split-min-silhouette = -1`` switches the test off. Every extension beyond the paper is a
+``Params`` field, listed with the paper's rule and our default in docs/algorithms/cfl.md. The
+shared tree, criteria and split log are in ``bipartitioning.py``; the parts CFL composes:
+the per-client vectors (``client_vectors.py``), the newcomer descent (``tree_descent.py``),
+merging (``leaf_merging.py``) and what a run says of its cluster count (``count_evidence.py``).
 """
 
 from __future__ import annotations

@@ -148,7 +148,7 @@ class HiCFLState(BiPartitioningState):
 
 
 class HiCFL(BiPartitioning):
-    """HiCFL: splits timed by per-layer model stability (module docstring: the paper's steps)."""
+    """HiCFL: splits timed by per-layer model stability (the paper's steps: the module docstring)."""
 
     name = "hicfl"
     Params = HiCFLParams
