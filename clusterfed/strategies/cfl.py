@@ -178,6 +178,10 @@ class CFL(BiPartitioning):
         """CFL keeps every proposed split; LayerCFL adds its correct-clustering check."""
         return None
 
+    def check_enforced(self) -> bool:
+        """Whether a split failing ``check_split`` is refused (LayerCFL's ``correct-clustering-check``)."""
+        return False
+
     # ------------------------------------------------------------ the round (module docstring)
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
         """Keep each replier's vector (step 2's input), then per cluster the criteria (step 1),
@@ -228,7 +232,7 @@ class CFL(BiPartitioning):
                                         "silhouette": silhouette, "best_cut_silhouette": structure}]}
         if check is not None:
             record["check"] = check_record(check)
-            if not check.passed and getattr(self.params, "correct_clustering_check", False):
+            if not check.passed and self.check_enforced():
                 self.refuse({"round": server_round, "cluster": cluster, "reason": "check", "members": sides,
                              **record}, compared)
                 return {"refused_splits": [{"cluster": cluster, "reason": "check", "gap": gap,

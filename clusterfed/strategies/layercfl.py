@@ -39,7 +39,7 @@ Uplink: the protocol aggregates full updates every round, so every member upload
 whole update anyway and the split decision reads the selected layers out of that same
 upload — LayerCFL saves no uplink here. It would only save uplink in a protocol with
 rounds that do not aggregate. (Newcomers placed after a split do upload only the
-selected layers: see ``BiPartitioning.admit``.)
+selected layers: ``tree_descent.py``.)
 
 Partial participation (``fraction-train`` < 1): as CFL (``cfl.py``) — criteria and split
 on this round's repliers; a member that did not reply follows its latest update of the
@@ -132,6 +132,9 @@ class LayerCFL(CFL):
 
     def check_split(self, U: np.ndarray, side_a: np.ndarray, side_b: np.ndarray, S: np.ndarray) -> CheckResult:
         return correct_clustering_check(U, side_a, side_b, similarity=S)
+
+    def check_enforced(self) -> bool:
+        return self.params.correct_clustering_check
 
     def cluster_state(self) -> dict:
         state = super().cluster_state()
