@@ -16,6 +16,7 @@ import numpy as np
 
 from clusterfed.clustering.sketch import Sketch, count_sketch
 from clusterfed.strategies.exchange import TrainReply
+from clusterfed.strategies.parts import Host, Part
 from clusterfed.strategies.update_vectors import flatten
 
 
@@ -27,22 +28,13 @@ class VectorState(Protocol):
     sketch: dict[str, Any] | None
 
 
-class VectorHost(Protocol):
-    @property
-    def state(self) -> VectorState: ...
-
-
-class ClientVectors:
+class ClientVectors(Part[VectorState]):
     """Keeps ``last_vector`` up to date from each round's replies (module docstring)."""
 
-    def __init__(self, host: VectorHost, *, sketch_dim: int, seed: int) -> None:
-        self.host = host
+    def __init__(self, host: Host[VectorState], *, sketch_dim: int, seed: int) -> None:
+        super().__init__(host)
         self.sketch_dim = sketch_dim
         self.seed = seed
-
-    @property
-    def state(self) -> VectorState:
-        return self.host.state
 
     def keep(self, replies: list[TrainReply], names: list[str], decay: float, compact: bool) -> None:
         """Each replier's vector of ``names``: its update as sent (decay 0), or ``decay`` × its

@@ -10,6 +10,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any, Protocol
 
 from clusterfed.clustering.split_rules import one_cluster_reason, refusal_counts
+from clusterfed.strategies.parts import Host, Part
 
 if TYPE_CHECKING:
     from clusterfed.strategies.bipartitioning import BiPartitioningParams
@@ -61,26 +62,22 @@ class Refusals(Protocol):
         """A split's structure score's name, the score and what it had to reach."""
 
 
-class EvidenceHost(Refusals, Protocol):
-    @property
-    def state(self) -> EvidenceState: ...
+class EvidenceHost(Refusals, Host[EvidenceState], Protocol):
+    """A strategy, as its evidence sees it: its state and its refusals."""
 
 
-class CountEvidence:
+class CountEvidence(Part[EvidenceState]):
     """The reasons of a bi-partitioning strategy: ``host`` gives its state and its refusals,
     ``reasons`` its ``one_cluster_reasons``, ``timing_code`` the reason code when the timing
     rule never held."""
 
     def __init__(self, host: EvidenceHost, params: BiPartitioningParams, reasons: dict[str, str],
                  timing_code: str) -> None:
-        self.host = host
+        super().__init__(host)
+        self.host: EvidenceHost = host
         self.params = params
         self.reasons = reasons
         self.timing_code = timing_code
-
-    @property
-    def state(self) -> EvidenceState:
-        return self.host.state
 
     def criteria_numbers(self) -> str | None:
         """The split criteria of the last cluster judged against their thresholds."""

@@ -18,6 +18,7 @@ from clusterfed.clustering.split_rules import sides_silhouette
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
 from clusterfed.clustering.stability import StabilityTracker, centred_updates, reference_split
 from clusterfed.strategies.exchange import ClientInfo
+from clusterfed.strategies.parts import Host, Part
 from clusterfed.strategies.update_vectors import cosine
 
 if TYPE_CHECKING:
@@ -32,25 +33,21 @@ class ProposalState(Protocol):
     layer_keys: dict[str, list[str]]
 
 
-class ProposalHost(Protocol):
-    @property
-    def state(self) -> ProposalState: ...
+class ProposalHost(Host[ProposalState], Protocol):
+    """What the proposals need of HiCFL beyond its state: its clients' sizes (centring)."""
 
     clients: dict[str, ClientInfo]
 
 
-class LayerProposals:
+class LayerProposals(Part[ProposalState]):
     """The proposals of HiCFL (module docstring); ``sample_of(layer)``: the route's ``sketch``
     entry when the layer's updates are kept on a sample (``StabilityWindows.sample_of``)."""
 
     def __init__(self, host: ProposalHost, params: HiCFLParams, sample_of: Callable[[str], dict[str, Any]]) -> None:
-        self.host = host
+        super().__init__(host)
+        self.host: ProposalHost = host
         self.params = params
         self.sample_of = sample_of
-
-    @property
-    def state(self) -> ProposalState:
-        return self.host.state
 
     def propose(self, layer: str, members: list[str]) -> dict[str, Any] | None:
         """The bi-partition of ``members`` on ``layer`` by the configured rule (``split``)

@@ -17,6 +17,7 @@ from clusterfed.clustering.sketch import Sketch, split_budget
 from clusterfed.clustering.split_rules import layer_scale, relative_stability
 from clusterfed.clustering.stability import StabilityTracker
 from clusterfed.strategies.exchange import Arrays, TrainReply
+from clusterfed.strategies.parts import Host, Part
 from clusterfed.strategies.update_vectors import flatten
 
 
@@ -36,23 +37,14 @@ class WindowState(Protocol):
     windows_filled: bool
 
 
-class WindowHost(Protocol):
-    @property
-    def state(self) -> WindowState: ...
-
-
-class StabilityWindows:
+class StabilityWindows(Part[WindowState]):
     """The stability bookkeeping of HiCFL (module docstring); ``sketch_dim`` and ``seed`` size
     and seed the layers' samples under ``update-storage = sketch``."""
 
-    def __init__(self, host: WindowHost, *, sketch_dim: int, seed: int) -> None:
-        self.host = host
+    def __init__(self, host: Host[WindowState], *, sketch_dim: int, seed: int) -> None:
+        super().__init__(host)
         self.sketch_dim = sketch_dim
         self.seed = seed
-
-    @property
-    def state(self) -> WindowState:
-        return self.host.state
 
     def watch(self, names: list[str]) -> None:
         """The layers whose stability is watched: ``names`` grouped by layer."""

@@ -16,6 +16,7 @@ import numpy as np
 from clusterfed.clustering.bipartition import ClusterTree
 from clusterfed.clustering.split_rules import merge_pairs, sides_silhouette
 from clusterfed.strategies.exchange import Arrays, ClientInfo, TrainReply, weighted_average
+from clusterfed.strategies.parts import Host, Part
 from clusterfed.strategies.update_vectors import cosine, flatten
 
 # per cluster that replied, the vectors a merge compares (rows: clients)
@@ -37,11 +38,8 @@ class MergeState(Protocol):
     merge_refused: dict[str, Any] | None
 
 
-class MergeHost(Protocol):
-    """What merging needs of its strategy: its state, its clients' sizes, a new cluster."""
-
-    @property
-    def state(self) -> MergeState: ...
+class MergeHost(Host[MergeState], Protocol):
+    """What merging needs of its strategy beyond its state: its clients' sizes, a new cluster."""
 
     clients: dict[str, ClientInfo]
 
@@ -53,7 +51,7 @@ def replier_vectors(groups: dict[int, list[TrainReply]], names: list[str]) -> di
     return {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
 
 
-class LeafMerging:
+class LeafMerging(Part[MergeState]):
     """The merge step (module docstring). ``names()``: the arrays whose updates decide a merge;
     ``vectors``: what a merge compares per cluster (CFL's similarity pool may widen it to
     every member's stored update); ``restart(cluster, keys)``: strategy state to restart for
@@ -62,17 +60,14 @@ class LeafMerging:
     def __init__(self, host: MergeHost, *, min_cosine: float, max_silhouette: float, min_drift_members: int,
                  names: Callable[[], list[str]], vectors: MergeVectors = replier_vectors,
                  restart: Callable[[int, list[str]], None] | None = None) -> None:
-        self.host = host
+        super().__init__(host)
+        self.host: MergeHost = host
         self.min_cosine = min_cosine
         self.max_silhouette = max_silhouette
         self.min_drift_members = min_drift_members
         self.names = names
         self.vectors = vectors
         self.restart = restart
-
-    @property
-    def state(self) -> MergeState:
-        return self.host.state
 
     def merge_leaves(self, server_round: int, groups: dict[int, list[TrainReply]]) -> list[dict[str, Any]]:
         """Merge the leaf pairs ``split_rules.merge_pairs`` finds among the clusters that

@@ -35,6 +35,7 @@ import numpy as np
 from clusterfed.clustering.bipartition import ClusterTree
 from clusterfed.clustering.sketch import in_sketch_space
 from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, Ask, Steps
+from clusterfed.strategies.parts import Host, Part
 from clusterfed.strategies.update_vectors import cosine, flatten
 
 
@@ -60,25 +61,17 @@ class DescentState(Protocol):
     provisional: dict[str, int]
 
 
-class DescentHost(Protocol):
-    """What the descent needs of its strategy: its state and a way to ask clients to train."""
-
-    @property
-    def state(self) -> DescentState: ...
+class DescentHost(Host[DescentState], Protocol):
+    """What the descent needs of its strategy beyond its state: a way to ask clients to train."""
 
     def train_asks(self, server_round: int, keys: list[str], *, models: dict[str, Arrays] | None = None,
                    extra: dict[str, Any] | None = None, phase: str = "train") -> list[Ask]: ...
 
 
-class TreeDescent:
+class TreeDescent(Part[DescentState]):
     """Placement of clients by replaying splits (module docstring)."""
 
-    def __init__(self, host: DescentHost) -> None:
-        self.host = host
-
-    @property
-    def state(self) -> DescentState:
-        return self.host.state
+    host: DescentHost
 
     def place_absent(self, cluster: int, absent: list[str], route: dict[str, Any], last: dict[str, np.ndarray],
                      sizes: tuple[int, int]) -> tuple[list[str], list[str]]:
