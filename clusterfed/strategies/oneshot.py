@@ -12,7 +12,7 @@ both call is in parts they build (composition, not a base class):
   references, newcomers placed at the nearest reference, and what the run says about its
   number of clusters.
 
-A part keeps a reference to the strategy (``OneShotHost``) and reads and writes the
+A part (``OneShotPart``) keeps a reference to the strategy (``OneShotHost``) and reads and writes the
 strategy's ``state`` through it, never a copy: ``init`` and ``set_state`` (a resumed
 checkpoint) replace the state object, and a part must follow. The fields the parts use are
 declared once in ``OneShotState``, which each strategy's ``State`` extends, so a
@@ -122,3 +122,19 @@ class OneShotHost(Protocol):
     def compared_names(self) -> list[str]: ...
 
     def select_compared_layers(self, rule: str, compare: Any = None) -> list[str]: ...
+
+
+class OneShotPart:
+    """A part of a one-shot strategy: it reads and writes the strategy's ``state`` (never a
+    copy: ``init`` and ``set_state`` replace it) and reads its ``params``."""
+
+    def __init__(self, strategy: OneShotHost) -> None:
+        self.strategy = strategy
+
+    @property
+    def state(self) -> OneShotState:
+        return self.strategy.state
+
+    @property
+    def params(self) -> OneShotParams:
+        return self.strategy.params

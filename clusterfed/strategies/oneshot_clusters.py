@@ -30,26 +30,18 @@ from clusterfed.clustering import (
 )
 from clusterfed.strategies.exchange import Arrays, Diagnostics, NewcomersPlaced, Steps
 from clusterfed.strategies.layer_choice import no_structure_advice
-from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotHost, OneShotParams, OneShotState
+from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotHost, OneShotPart
 from clusterfed.strategies.partial_weights import PartialWeights
 
 
-class OneShotClusters:
+class OneShotClusters(OneShotPart):
     """The cut, clusters, references and newcomers of ``strategy``'s one-shot clustering
     (a part it builds); ``partials``, the strategy's other part, collects a newcomer's
     partial weights and knows the compared arrays."""
 
     def __init__(self, strategy: OneShotHost, partials: PartialWeights) -> None:
-        self.strategy = strategy
+        super().__init__(strategy)
         self.partials = partials
-
-    @property
-    def state(self) -> OneShotState:
-        return self.strategy.state
-
-    @property
-    def params(self) -> OneShotParams:
-        return self.strategy.params
 
     def start(self) -> None:
         """Before the clustering step: not clustered, the start model θ0, the layer choice."""

@@ -26,29 +26,21 @@ from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.strategies.exchange import UPLOAD_FULL, Arrays, Steps, TrainReply, natural
 from clusterfed.strategies.layer_choice import LayerChoice, choose, sentence, start_choice
-from clusterfed.strategies.oneshot import OneShotHost, OneShotParams, OneShotState
+from clusterfed.strategies.oneshot import OneShotHost, OneShotPart
 
 # a cut of rows: (labels, what the cut used), as ``OneShotClusters.cut`` gives them
 Cut = Callable[[np.ndarray], tuple[np.ndarray, dict[str, Any]]]
 
 
-class PartialWeights:
+class PartialWeights(OneShotPart):
     """Collects the clustering phase's partial weights for ``strategy`` (a part it builds);
     ``paper_rule`` is the layer rule of its paper (what ``cluster-layers = auto`` falls back
     to on a model with no candidate layer), ``cut`` how the stability check cuts rows."""
 
     def __init__(self, strategy: OneShotHost, paper_rule: str, cut: Cut) -> None:
-        self.strategy = strategy
+        super().__init__(strategy)
         self.paper_rule = paper_rule
         self.cut = cut
-
-    @property
-    def state(self) -> OneShotState:
-        return self.strategy.state
-
-    @property
-    def params(self) -> OneShotParams:
-        return self.strategy.params
 
     def start(self) -> None:
         """The layer choice before any reply (``layer_choice.start_choice``)."""
