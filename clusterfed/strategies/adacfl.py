@@ -178,34 +178,33 @@ class AdaCFL(ClusteredStrategy):
     def admit(self, server_round: int, keys: list[str]) -> Steps:
         """Clients not placed yet: the warm-up cluster before the clustering step, newcomers
         (step 4) after it."""
-        state = self.state
-        if state.clustered:
+        if self.state.clustered:
             return (yield from self.place_newcomers(server_round, keys))
-        if state.warmup_cluster is None:
-            state.warmup_cluster = self.new_cluster(state.theta0)
+        if self.state.warmup_cluster is None:
+            self.state.warmup_cluster = self.new_cluster(self.state.theta0)
         for key in keys:
-            state.assignment[key] = state.warmup_cluster
+            self.state.assignment[key] = self.state.warmup_cluster
 
     # ------------------------------------------- steps 2 and 3: the clustering step
     def before_train(self, server_round: int) -> Steps:
         """At the start of round ``warmup-rounds + 1``: the sampled clients train the warm-up
         model and upload the smallest fc layer; pre-clusters by label entropy; the threshold
         cut inside each and the merge across them; every cluster model at the warm-up model."""
-        state = self.state
-        if state.clustered or server_round <= self.params.warmup_rounds or state.warmup_cluster is None:
+        if (self.state.clustered or server_round <= self.params.warmup_rounds
+                or self.state.warmup_cluster is None):
             return
-        keys = self.reachable(self.members(state.warmup_cluster))  # partial participation: the sample
+        keys = self.reachable(self.members(self.state.warmup_cluster))  # partial participation: the sample
         if not keys:
             return
-        start = state.models[state.warmup_cluster]
+        start = self.state.models[self.state.warmup_cluster]
         replied, X, bytes_up, diagnostics = yield from self.partials.collect(server_round, keys, start)
         if X is None:
             return diagnostics  # nobody replied: stay in warm-up, try again next round
         # clients whose reply was lost, that were not sampled or are absent leave the warm-up
         # cluster (its model goes) and come back as newcomers
-        for key in [k for k, c in state.assignment.items() if c == state.warmup_cluster]:
-            del state.assignment[key]
-        del state.models[state.warmup_cluster]
+        for key in [k for k, c in self.state.assignment.items() if c == self.state.warmup_cluster]:
+            del self.state.assignment[key]
+        del self.state.models[self.state.warmup_cluster]
         pre, preclustering, skipped = self.preclusters(replied)
         lam, auto_info = self.threshold(X)
         labels, cuts = cluster_within_preclusters(
@@ -322,17 +321,17 @@ class AdaCFL(ClusteredStrategy):
         """The shared reason, with the clients the clustering step saw (a sample under partial
         participation) and their median size: a small sample of small clients is where the
         silhouette cannot beat group-free data."""
-        state = self.state
         reason = self.clusters.one_cluster_reason()
-        if reason is None or not state.clustered:
+        if reason is None or not self.state.clustered:
             return reason
-        keys = state.clustering_state.get("client_order", [])
+        keys = self.state.clustering_state.get("client_order", [])
         sizes = [self.clients[key].num_examples for key in keys if key in self.clients]
         median = f", median {float(np.median(sizes)):g} examples each" if sizes else ""
-        joined = len(state.newcomer_log)
+        joined = len(self.state.newcomer_log)
         later = (f"; the paper clusters once, and the {joined} clients placed later joined its one cluster "
                  f"(epsilon auto is infinite with one reference)" if joined else "")
-        return (f"{reason}; the clustering step in round {state.clustering_state.get('clustering_round')} "
+        clustering_round = self.state.clustering_state.get("clustering_round")
+        return (f"{reason}; the clustering step in round {clustering_round} "
                 f"saw {len(keys)} clients{median}{later}")
 
     def cluster_count_basis(self) -> str | None:
@@ -341,34 +340,34 @@ class AdaCFL(ClusteredStrategy):
         newcomers founded); None before the clustering step."""
         if not self.state.clustered:
             return None
-        state = self.state.clustering_state
+        cut = self.state.clustering_state  # what the clustering step recorded
         final = len(set(self.state.assignment.values()))
-        lam = float(state["lambda"])
-        if "auto_clusters" not in state:
+        lam = float(cut["lambda"])
+        if "auto_clusters" not in cut:
             how = f"lambda {lam:.3g} as given"
-        elif state["auto_clusters"] < 2:
-            best = state.get("auto_best_silhouette")
+        elif cut["auto_clusters"] < 2:
+            best = cut.get("auto_best_silhouette")
             how = (f"lambda auto {lam:.3g}: one cluster, the best cut's silhouette "
                    f"{'none' if best is None else f'{best:.3f}'} below the required "
-                   f"{state.get('auto_required_silhouette') or self.params.auto_min_silhouette:.3f}")
-        elif state["auto_clusters"] == state["auto_best_clusters"]:
-            how = (f"lambda auto {lam:.3g}: the best-silhouette cut of all {len(state['client_order'])} clients, "
-                   f"{state['auto_clusters']} clusters at silhouette {state['auto_silhouette']:.3f}")
+                   f"{cut.get('auto_required_silhouette') or self.params.auto_min_silhouette:.3f}")
+        elif cut["auto_clusters"] == cut["auto_best_clusters"]:
+            how = (f"lambda auto {lam:.3g}: the best-silhouette cut of all {len(cut['client_order'])} clients, "
+                   f"{cut['auto_clusters']} clusters at silhouette {cut['auto_silhouette']:.3f}")
         else:
-            how = (f"lambda auto {lam:.3g}: {state['auto_clusters']} clusters at silhouette "
-                   f"{state['auto_silhouette']:.3f}, the fewest within auto-tolerance {state['auto_tolerance']:g} of "
-                   f"the best cut ({state['auto_best_clusters']} clusters at {state['auto_best_silhouette']:.3f})")
-        if state.get("auto_max_clusters"):
-            how += (f" (at most {state['auto_max_clusters']} clusters: the best cut beat only the group-free "
-                    f"reference {state['auto_reference_silhouette']:.3f}, not auto-min-silhouette "
+            how = (f"lambda auto {lam:.3g}: {cut['auto_clusters']} clusters at silhouette "
+                   f"{cut['auto_silhouette']:.3f}, the fewest within auto-tolerance {cut['auto_tolerance']:g} of "
+                   f"the best cut ({cut['auto_best_clusters']} clusters at {cut['auto_best_silhouette']:.3f})")
+        if cut.get("auto_max_clusters"):
+            how += (f" (at most {cut['auto_max_clusters']} clusters: the best cut beat only the group-free "
+                    f"reference {cut['auto_reference_silhouette']:.3f}, not auto-min-silhouette "
                     f"{self.params.auto_min_silhouette})")
-        pre = len(state.get("precluster_cuts", [])) or 1
-        at_clustering = len(set(state["labels"]))
-        within = state.get("clusters_within_preclusters", at_clustering)
+        pre = len(cut.get("precluster_cuts", [])) or 1
+        at_clustering = len(set(cut["labels"]))
+        within = cut.get("clusters_within_preclusters", at_clustering)
         if pre > 1:
             if not self.params.precluster_merge:
                 merged = ", their union kept (precluster-merge = false)"
-            elif state.get("auto_clusters") == 1:
+            elif cut.get("auto_clusters") == 1:
                 merged = ", kept apart: the weights show no structure to merge them by"
             elif within != at_clustering:
                 merged = f", merged across pre-clusters at lambda to {at_clustering}"

@@ -166,30 +166,29 @@ class FedClust(ClusteredStrategy):
     def recut(self, server_round: int) -> Diagnostics:
         """Cut the kept partial weights of the one cluster's members again (a grown sample);
         on clusters, form them from the one cluster's current model. Returns the diagnostics."""
-        state = self.state
-        keys = sorted(state.unclustered, key=natural)
-        X = np.stack([state.unclustered[key] for key in keys], dtype=np.float64)
+        keys = sorted(self.state.unclustered, key=natural)
+        X = np.stack([self.state.unclustered[key] for key in keys], dtype=np.float64)
         bound = recut_max_clusters(len(keys), self.params.max_clusters)
         labels, info = self.cut(X, max_clusters=bound)
         clusters = len(np.unique(labels))
-        state.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound,
-                             "clusters": int(clusters), "best_silhouette": info.get("auto_best_silhouette"),
-                             "required_silhouette": info.get("auto_required_silhouette")})
+        self.state.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound,
+                                  "clusters": int(clusters), "best_silhouette": info.get("auto_best_silhouette"),
+                                  "required_silhouette": info.get("auto_required_silhouette")})
         diagnostics = {"recut_clients": len(keys)}
         if clusters == 1:
             if len(keys) >= len(self.clients):  # every known client was cut: nothing left to grow
-                state.unclustered, state.recut_at = {}, 0
+                self.state.unclustered, self.state.recut_at = {}, 0
             else:  # next when the sample has doubled or holds every known client
-                state.recut_at = min(2 * len(keys), len(self.clients))
-            state.clustering_state.update({k: v for k, v in info.items() if k != "lambda"})
+                self.state.recut_at = min(2 * len(keys), len(self.clients))
+            self.state.clustering_state.update({k: v for k, v in info.items() if k != "lambda"})
             return diagnostics
-        (single,) = set(state.models)
-        current = state.models.pop(single)
-        first_round = state.clustering_state["clustering_round"]
-        diagnostics.update(self.clusters.form(server_round, keys, X, labels, state.theta0, 0, info,
+        (single,) = set(self.state.models)
+        current = self.state.models.pop(single)
+        first_round = self.state.clustering_state["clustering_round"]
+        diagnostics.update(self.clusters.form(server_round, keys, X, labels, self.state.theta0, 0, info,
                                               models_from=current))
-        state.clustering_state["clustering_round"] = first_round
-        state.unclustered, state.recut_at = {}, 0
+        self.state.clustering_state["clustering_round"] = first_round
+        self.state.unclustered, self.state.recut_at = {}, 0
         return diagnostics
 
     # ------------------------------------------------------ what the run says
@@ -209,10 +208,9 @@ class FedClust(ClusteredStrategy):
     def cluster_count_basis(self) -> str | None:
         """The clustering step's own evidence for the number of clusters: λ and how it was
         chosen, the cut's silhouette, the arrays compared (None before the step ran)."""
-        state = self.state
-        if not state.clustered:
+        if not self.state.clustered:
             return None
-        cs, k = state.clustering_state, len(set(state.assignment.values()))
+        cs, k = self.state.clustering_state, len(set(self.state.assignment.values()))
         silhouette = cs.get("silhouette")
         cut = (f"lambda {float(cs['lambda']):.3g} as given" if self.params.lambda_ != "auto" else
                f"lambda auto {float(cs['lambda']):.3g}, the best-silhouette cut")

@@ -93,34 +93,34 @@ class OneShotClusters(OneShotPart):
         """Make one cluster per label, every model at ``models_from`` (default ``start``, the
         model the rows of X were trained from and newcomers will train); store references
         and the state for the figures; returns the clustering's diagnostics."""
-        state, p = self.state, self.params
+        p = self.params
         first = start if models_from is None else models_from
         cluster_of_label = {int(label): self.strategy.new_cluster(first) for label in np.unique(labels)}
         for key, label in zip(keys, labels):
-            state.assignment[key] = cluster_of_label[int(label)]
+            self.state.assignment[key] = cluster_of_label[int(label)]
         # reference = mean of the members' clustering-round partial weights (our choice: the papers leave it open)
-        state.references = {cluster_of_label[int(label)]: X[labels == label].mean(axis=0)
-                            for label in np.unique(labels)}
+        self.state.references = {cluster_of_label[int(label)]: X[labels == label].mean(axis=0)
+                                 for label in np.unique(labels)}
         small = len(keys) <= p.matrix_max_clients
         D = distance_matrix(X, p.distance) if small else None
         silhouette = _silhouette(D, labels) if small else None
         # the dendrogram is for figures; with a sampled clustering it would cost O(m²) memory
         Z = (linkage_matrix(X, metric=p.distance, linkage=p.linkage)
              if 1 < len(keys) and (small or "cluster_sample" not in info) else None)
-        state.clustered = True
-        state.cluster_start = start
-        state.clustering_state = {
+        self.state.clustered = True
+        self.state.cluster_start = start
+        self.state.clustering_state = {
             "clustering_round": server_round,
             "final_clustering_round": server_round,  # one-shot: the same; the grid's column for every strategy
             "layers": list(self.partials.keys),
-            "layer_choice": state.layer_choice.record(),
+            "layer_choice": self.state.layer_choice.record(),
             "distance": p.distance,
             "vectors": "partial weights minus the start model's (L2 distances equal the weights')",
             "linkage_method": p.linkage,
             "lambda": info["lambda"],
             "silhouette": silhouette,
             "client_order": list(keys),
-            "labels": [state.assignment[key] for key in keys],
+            "labels": [self.state.assignment[key] for key in keys],
             "distance_matrix": None if D is None else D.round(6).tolist(),
             "linkage": None if Z is None else Z.tolist(),
             **{k: v for k, v in info.items() if k != "lambda"},
@@ -138,25 +138,25 @@ class OneShotClusters(OneShotPart):
         farther than ``epsilon`` founds a cluster (inf: never; None: ``place_newcomer``'s
         default from the references). Returns (the keys that replied, their partial weights
         as rows or None, the diagnostics)."""
-        state = self.state
         keys = self.strategy.reachable(keys)  # only this round's sampled clients are asked
         if not keys:
             return [], None, {}
-        replied, X, bytes_up, diagnostics = yield from self.partials.collect(server_round, keys, state.cluster_start)
+        replied, X, bytes_up, diagnostics = yield from self.partials.collect(server_round, keys,
+                                                                              self.state.cluster_start)
         diagnostics["newcomer_bytes_up"] = bytes_up
         if X is None:
             return [], None, diagnostics
         placed = NewcomersPlaced([])
         for key, x in zip(replied, X):
-            cluster, distance = place_newcomer(x, state.references, epsilon=epsilon, metric=self.params.distance)
+            cluster, distance = place_newcomer(x, self.state.references, epsilon=epsilon, metric=self.params.distance)
             founded = cluster is None
             if founded:
-                cluster = self.strategy.new_cluster(state.cluster_start)
-                state.references[cluster] = x.copy()  # later newcomers may join it
-            state.assignment[key] = cluster
+                cluster = self.strategy.new_cluster(self.state.cluster_start)
+                self.state.references[cluster] = x.copy()  # later newcomers may join it
+            self.state.assignment[key] = cluster
             placed.entries.append({"round": server_round, "client": key, "cluster": cluster,
                                    "distance": float(distance), "new_cluster": founded})
-        state.newcomer_log.extend(placed.entries)
+        self.state.newcomer_log.extend(placed.entries)
         self.strategy.reports.append(placed)
         diagnostics["newcomers_placed"] = len(replied)
         return replied, X, diagnostics
@@ -164,15 +164,15 @@ class OneShotClusters(OneShotPart):
     # ----------------------------------------------------- what the run says
     def one_cluster_reason(self) -> str | None:
         """Why the run ended with one cluster (None when it has more)."""
-        state, p = self.state, self.params
-        if len(set(state.assignment.values())) > 1:
+        p = self.params
+        if len(set(self.state.assignment.values())) > 1:
             return None
-        if not state.clustered:
+        if not self.state.clustered:
             return ONE_CLUSTER_REASONS["not_clustered"]
-        best = state.clustering_state.get("auto_best_silhouette")
+        best = self.state.clustering_state.get("auto_best_silhouette")
         if p.lambda_ == "auto":
             shown = "none (fewer than 3 clients)" if best is None else f"{best:.3f}"
-            reference = state.clustering_state.get("auto_reference_silhouette")
+            reference = self.state.clustering_state.get("auto_reference_silhouette")
             noise = "" if reference is None else f", group-free data of this size reaches {reference:.3f}"
             return (f"{ONE_CLUSTER_REASONS['silhouette']} (best silhouette {shown}, "
                     f"auto-min-silhouette {p.auto_min_silhouette}{noise}; compared "
