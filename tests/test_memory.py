@@ -221,4 +221,4 @@ def test_a_split_records_the_similarity_of_at_most_200_of_its_clients():
 def test_selection_keeps_the_final_layer_as_sent():
     strategy, keys = bench_memory.build("selection", 40, SHAPES, {})
     bench_memory.drive(strategy, keys, rounds=2)
-    assert strategy.latest and all(v.dtype == np.float32 for v in strategy.latest.values())
+    assert strategy.state.latest and all(v.dtype == np.float32 for v in strategy.state.latest.values())

@@ -23,7 +23,7 @@ from clusterfed.strategies.adacfl import AdaCFL
 from clusterfed.strategies.bipartitioning import BiPartitioning
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
-from clusterfed.strategies.oneshot import OneShotClustering
+from clusterfed.strategies.oneshot import OneShotState
 from clusterfed.strategies.selection import ClientSelection
 
 CLIENTS = 12
@@ -60,7 +60,7 @@ def placement(cls: type) -> str:
     one-shot clustering, places a client when it is first sampled (placing asks for work);
     ``chosen``, a strategy whose clients choose among K models (``multi-model``), when it
     first trains; any other, every active client."""
-    if issubclass(cls, OneShotClustering):
+    if issubclass(cls.State, OneShotState):
         return "sampled"
     if MULTI_MODEL in cls().requires():
         return "chosen"
@@ -123,7 +123,7 @@ def check_partial_participation(name: str, tmp_path, monkeypatch) -> dict:
     cls = strategy_class(name)
     overrides, ari = run_settings(name)
     summary, rounds, clusters, asks, after = run_logged(tmp_path, monkeypatch, name, **overrides)
-    one_shot, places = issubclass(cls, OneShotClustering), placement(cls)
+    one_shot, places = issubclass(cls.State, OneShotState), placement(cls)
     sample = int(overrides.get("num-clients", CLIENTS) * FRACTION)
     seen: set[str] = set()  # clients that replied to a clustering / placement (one-shot) or train (IFCA) ask
     for record in rounds:
@@ -328,9 +328,9 @@ def test_fedclust_cuts_again_when_the_first_sample_showed_no_groups():
     from sklearn.metrics import adjusted_rand_score
 
     algorithm, groups = fedclust_on_a_growing_sample([0, 1], rounds=12)
-    first = algorithm.recuts[0]
+    first = algorithm.state.recuts[0]
     assert first["clients"] == 8 and first["clusters"] == 2  # cut again once the 4 became 8
-    assert algorithm.recut_at == 0 and not algorithm.unclustered  # done: later clients are newcomers
+    assert algorithm.state.recut_at == 0 and not algorithm.state.unclustered  # done: later clients are newcomers
     assert set(algorithm.assignment) == set(groups) and len(set(algorithm.assignment.values())) == 2
     assert set(algorithm.models) == set(algorithm.assignment.values())  # the one cluster's model is gone
     keys = sorted(groups)
@@ -390,7 +390,7 @@ def test_fedclust_recut_bound_reaches_a_sampled_cut():
 
 def test_fedclust_recut_false_keeps_the_papers_single_cut():
     algorithm, _ = fedclust_on_a_growing_sample([0, 1], rounds=12, recut=False)
-    assert algorithm.recuts == [] and len(set(algorithm.assignment.values())) == 1
+    assert algorithm.state.recuts == [] and len(set(algorithm.assignment.values())) == 1
 
 
 def test_fedclust_kept_partial_weights_survive_a_checkpoint(tmp_path):
@@ -401,11 +401,11 @@ def test_fedclust_kept_partial_weights_survive_a_checkpoint(tmp_path):
 
 def test_fedclust_one_group_stays_one_cluster_and_says_how_many_clients_it_last_cut():
     algorithm, groups = fedclust_on_a_growing_sample([0], rounds=20)
-    assert [r["clients"] for r in algorithm.recuts] == [8, 16]  # each time the sample doubled
+    assert [r["clients"] for r in algorithm.state.recuts] == [8, 16]  # each time the sample doubled
     assert len(set(algorithm.assignment.values())) == 1 and set(algorithm.assignment) == set(groups)
     assert "last on 16 clients" in algorithm.final_clusters()["one_cluster_reason"]
     # every known client was in the last cut: nothing left to grow, the kept rows are dropped
-    assert algorithm.unclustered == {} and algorithm.recut_at == 0
+    assert algorithm.state.unclustered == {} and algorithm.state.recut_at == 0
 
 
 def test_selection_reads_fraction_train_as_availability():

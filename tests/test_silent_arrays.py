@@ -84,7 +84,7 @@ def test_fedclust_compares_the_structured_layer_when_the_head_is_not_last():
     # groups, and fc1 is the classifier head that does: the papers' "final layer" is fc2
     algorithm = make(strategy_class("fedclust"), GROUPS)
     batches = drive_round(algorithm, 1, respond_with(structured=("fc1",)))
-    choice = algorithm.layer_choice
+    choice = algorithm.state.layer_choice
     assert batches[0][0].upload == ["conv1.weight", "conv1.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
     assert choice.chosen == "fc1" and algorithm.layer_keys == ["fc1.weight", "fc1.bias"]
     assert choice.silent == ["conv1.weight", "conv1.bias"]  # frozen: never scored
