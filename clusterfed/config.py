@@ -242,8 +242,9 @@ def _one_of(value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def config_defaults() -> dict[str, Any]:
-    return RunConfig().to_flower()
+def config_defaults(strategy: str | None = None) -> dict[str, Any]:
+    """The flat run config's default values (with ``strategy``'s parameters when given)."""
+    return (parse_config({"strategy": strategy}) if strategy else RunConfig()).to_flower()
 
 
 def config_keys() -> list[str]:

@@ -117,7 +117,7 @@ def test_cfl_newcomer_descends_the_tree_uploading_the_decision_layers():
     always = {"split_criteria": "absolute", "eps1": 1e6, "eps2": 1e-6, "min_split_round": 1}
     algorithm = make(strategy_class("cfl"), TWO_GROUPS, **always)
     drive_round(algorithm, 1, by_group(TWO_GROUPS, noise=0.2))
-    assert len(algorithm.splits) == 1
+    assert len(algorithm.state.splits) == 1
     algorithm.clients["9"] = type(algorithm.clients["0"])("9", 50, 0)
     algorithm.active = [*TWO_GROUPS, "9"]
     placement, *_ = drive_round(algorithm, 2, by_group({**TWO_GROUPS, "9": 0}, noise=0.2, seed=3))

@@ -78,7 +78,7 @@ def test_three_level_hierarchy_maps_splits_to_client_keys(seed):
         run_round(strategy, server_round, vectors)
     # level by level: every split separates exactly one level of the code, by key
     levels = {1: [], 2: [], 3: []}
-    for split in strategy.splits:
+    for split in strategy.state.splits:
         levels[split["round"]].append(split)
         side_a, side_b = ({code_of[k][:split["round"]] for k in side} for side in split["members"])
         assert len(side_a) == len(side_b) == 1 and side_a != side_b
@@ -91,7 +91,7 @@ def test_three_level_hierarchy_maps_splits_to_client_keys(seed):
         leaves.setdefault(cluster, set()).add(code_of[key])
     assert len(leaves) == 8 and all(len(codes) == 1 for codes in leaves.values())
     assert set(strategy.models) == set(leaves)  # internal nodes hold no model
-    assert strategy.final_clustering_round == 3
+    assert strategy.state.final_clustering_round == 3
     tree = strategy.cluster_state()["tree"]
     assert sorted(n["id"] for n in tree["nodes"] if n["leaf"]) == sorted(leaves)
 
@@ -105,7 +105,7 @@ def test_children_start_from_the_parent_model_and_no_side_is_empty():
     for child in (1, 2):
         for name, value in strategy.models[child].items():
             np.testing.assert_array_equal(value, arrays_of(np.arange(DIM, dtype=float))[name])
-        assert strategy.tree.members(child)
+        assert strategy.state.tree.members(child)
 
 
 def test_member_that_did_not_reply_follows_its_last_update():
@@ -114,7 +114,7 @@ def test_member_that_did_not_reply_follows_its_last_update():
     run_round(strategy, 1, vectors)  # too early to split; remembers every update
     absent = "5"
     run_round(strategy, 2, {k: v for k, v in vectors.items() if k != absent})
-    (split,) = strategy.splits
+    (split,) = strategy.state.splits
     assert absent not in split["similarity"]["keys"]
     side = 0 if absent in split["absent"][0] else 1
     assert {code_of[k][0] for k in split["members"][side]} == {code_of[absent][0]}
@@ -125,10 +125,10 @@ def test_no_split_before_min_round_or_below_min_size():
     strategy = make_strategy(CFL, {k: 0 for k in code_of}, min_split_round=3)
     run_round(strategy, 1, vectors)
     run_round(strategy, 2, vectors)
-    assert strategy.splits == []
+    assert strategy.state.splits == []
     small = make_strategy(CFL, {k: 0 for k in list(code_of)[:2]})
     run_round(small, 1, {k: vectors[k] for k in list(code_of)[:2]})
-    assert small.splits == []
+    assert small.state.splits == []
 
 
 def test_relative_criteria_recorded_every_round():
@@ -173,19 +173,19 @@ def test_default_cfl_refuses_splits_of_noise_but_splits_real_groups(seed):
         c = extra["split_criteria"]["0"]
         fired += c["stationary"] and c["heterogeneous"] and server_round >= 5
     assert fired >= 10  # the norm criteria alone would have split
-    assert iid.splits == [] and set(iid.assignment.values()) == {0}
-    assert len(iid.refused) == fired and all(r["reason"] == "silhouette" for r in iid.refused)
-    assert max(r["best_cut_silhouette"] for r in iid.refused) < iid.params.split_min_silhouette
+    assert iid.state.splits == [] and set(iid.assignment.values()) == {0}
+    assert len(iid.state.refused) == fired and all(r["reason"] == "silhouette" for r in iid.state.refused)
+    assert max(r["best_cut_silhouette"] for r in iid.state.refused) < iid.params.split_min_silhouette
 
     group_of = {k: i % 2 for i, k in enumerate(keys)}
     grouped = make_strategy(CFL, group_of, split_criteria="relative", min_split_round=5)
     for server_round in range(1, 41):
         run_round(grouped, server_round, converging_updates(rng, keys, server_round, group_of))
-    first = grouped.splits[0]
+    first = grouped.state.splits[0]
     assert first["best_cut_silhouette"] >= grouped.params.split_min_silhouette
     assert {frozenset(group_of[k] for k in side) for side in first["members"]} == {frozenset({0}), frozenset({1})}
     # and the pure halves are never split again: their proposals are noise
-    assert len(grouped.splits) == 1
+    assert len(grouped.state.splits) == 1
 
 
 # ----------------------------------------------------------------------------- whole runs
@@ -265,3 +265,66 @@ def test_relative_criteria_do_not_fire_on_iid(small_config, tmp_path):
     assert _clusters(config.out_dir)["splits"] == []
     criteria = [r["split_criteria"]["0"] for r in _rounds(config.out_dir)]
     assert not any(c["stationary"] and c["heterogeneous"] for c in criteria[config.strategy_params["min-split-round"] - 1:])
+
+
+# The fields of a checkpoint's ``algorithm`` entry, as they were before the CFL family's
+# shared parts became objects: a checkpoint written by one version resumes in the other.
+BIPARTITIONING_FIELDS = {
+    "aggregator_state", "assignment", "compared", "dp_releases", "final_clustering_round", "last_criteria",
+    "max_mean_norm", "merge_refused", "merged", "merges", "models", "newcomer_log", "next_cluster_id",
+    "provisional", "rng", "routes", "shapes", "silent", "sketched", "split_allowed", "split_models", "splits",
+    "theta0", "tree"}
+CHECKPOINT_FIELDS = {
+    "cfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch"},
+    "layercfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "layer_rule", "selected_names"},
+    "hicfl": BIPARTITIONING_FIELDS | {"eps_rel", "epsilon", "last_timing", "layer_keys", "layer_sizes", "layers",
+                                      "no_split", "samples", "scales", "tracker", "windows_filled", "xi"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKPOINT_FIELDS))
+def test_a_checkpoints_algorithm_entry_keeps_its_fields(name, tmp_path):
+    from clusterfed.runner.checkpoint import load_checkpoint, save_checkpoint
+    from clusterfed.strategies.hicfl import HiCFL
+    from clusterfed.strategies.layercfl import LayerCFL
+
+    cls = {"cfl": CFL, "layercfl": LayerCFL, "hicfl": HiCFL}[name]
+    code_of, vectors = hierarchical_updates(0)
+    groups = {k: 4 * t + 2 * m + l for k, (t, m, l) in code_of.items()}
+    config = {"window": 2} if name == "hicfl" else {}
+    strategy = make_strategy(cls, groups, **config)
+    rng = np.random.default_rng(1)
+    for server_round in range(1, 9):  # noisy rounds: HiCFL's stability needs updates that vary
+        run_round(strategy, server_round, {k: v + 0.05 * rng.standard_normal(v.shape) for k, v in vectors.items()})
+    assert strategy.state.splits  # the state holds a tree, routes and split models, not only defaults
+    save_checkpoint(tmp_path, {"round": 8, "algorithm": strategy.get_state()})
+    algorithm = load_checkpoint(tmp_path)["algorithm"]
+    assert set(algorithm) == CHECKPOINT_FIELDS[name]
+    resumed = make_strategy(cls, groups, **config)
+    resumed.set_state(algorithm)
+    assert resumed.final_clusters() == strategy.final_clusters()
+
+
+def test_every_part_declares_fields_its_strategys_state_has():
+    """A part reads and writes only the ``State`` fields its Protocol declares; each strategy
+    that composes it has them all, so a checkpoint holds everything the part remembers."""
+    import dataclasses
+    import typing
+
+    from clusterfed.strategies.client_vectors import VectorState
+    from clusterfed.strategies.count_evidence import EvidenceState
+    from clusterfed.strategies.hicfl import HiCFL
+    from clusterfed.strategies.hicfl_proposals import ProposalState
+    from clusterfed.strategies.hicfl_stability import WindowState
+    from clusterfed.strategies.layercfl import LayerCFL
+    from clusterfed.strategies.leaf_merging import MergeState
+    from clusterfed.strategies.tree_descent import DescentState
+
+    shared = (DescentState, MergeState, EvidenceState)
+    parts = {CFL: shared + (VectorState,), LayerCFL: shared + (VectorState,),
+             HiCFL: shared + (WindowState, ProposalState)}
+    for strategy, protocols in parts.items():
+        fields = {f.name: f.type for f in dataclasses.fields(strategy.State)}
+        for protocol in protocols:
+            declared = typing.get_type_hints(protocol)
+            assert declared and set(declared) <= set(fields), (strategy.name, protocol.__name__)

@@ -91,10 +91,10 @@ def test_cfl_splits_many_noisy_clients_on_principal_components_and_the_paper_doe
         wide_round(strategy, 1, U)
         found[rank] = strategy
     auto, paper = found["auto"], found[0]
-    assert len(auto.splits) == 1 and auto.splits[0]["similarity_rank"] == 5
-    assert auto.splits[0]["required_silhouette"] == auto.splits[0]["reference_silhouette"]  # beat group-free updates
+    assert len(auto.state.splits) == 1 and auto.state.splits[0]["similarity_rank"] == 5
+    assert auto.state.splits[0]["required_silhouette"] == auto.state.splits[0]["reference_silhouette"]  # beat group-free updates
     assert adjusted_rand_score(labels, [auto.assignment[str(i)] for i in range(200)]) >= 0.9
-    assert paper.splits == [] and paper.refused[0]["similarity_rank"] == 0  # raw cosines: no structure
+    assert paper.state.splits == [] and paper.state.refused[0]["similarity_rank"] == 0  # raw cosines: no structure
     reason = paper.one_cluster_reason()
     assert "closest refusal: round 1, cluster 0 (200 repliers): best-cut silhouette" in reason and "< required" in reason
 
@@ -174,7 +174,7 @@ def test_hicfls_basis_shows_the_stability_that_fired_the_last_split_as_below_eps
     hicfl = make_strategy(HiCFL, groups, **UNIT)
     for server_round in range(1, 12):
         run_round(hicfl, server_round, updates(server_round))
-    assert [s["round"] for s in hicfl.splits] == [9]
+    assert [s["round"] for s in hicfl.state.splits] == [9]
     tail = hicfl.cluster_count_basis().split("; no further split: ")[1]
     assert tail == "no split attempt refused; the timing rule's last round 9: nearest layer fc1, all member's " \
                    "stability 0.333 < ε 0.500"
@@ -198,9 +198,9 @@ def test_similarity_pool_members_judges_a_split_on_every_member_where_a_sample_i
             partial_round(strategy, server_round, U, [str(i) for i in range(20 * (server_round - 1), 20 * server_round)])
         found[pool] = strategy
     repliers, members = found["repliers"], found["members"]
-    assert repliers.splits == [] and len(repliers.refused) == 10  # 20 updates a round show no groups
-    assert all(len(r["members"][0]) + len(r["members"][1]) == 20 for r in repliers.refused)
-    (split,) = members.splits  # at round 5, judged on the 100 clients that had replied by then
+    assert repliers.state.splits == [] and len(repliers.state.refused) == 10  # 20 updates a round show no groups
+    assert all(len(r["members"][0]) + len(r["members"][1]) == 20 for r in repliers.state.refused)
+    (split,) = members.state.splits  # at round 5, judged on the 100 clients that had replied by then
     assert split["round"] == 5 and sum(len(side) for side in split["members"]) == 200
     compared = [str(i) for i in range(100)]
     assert adjusted_rand_score(labels[:100], [members.assignment[k] for k in compared]) > 0.9  # the two groups
@@ -221,7 +221,7 @@ def test_similarity_pool_members_lets_a_merge_compare_every_members_stored_updat
         wide_round(strategy, 1, U)  # everyone replies: one split, every client's vector stored
         found[pool] = strategy
     for pool, strategy in found.items():
-        (split,) = strategy.splits
+        (split,) = strategy.state.splits
         leaves = sorted(set(strategy.assignment.values()))
         # a later round: two repliers per leaf
         sample = {c: [k for k in sorted(strategy.assignment, key=int) if strategy.assignment[k] == c][:2] for c in leaves}

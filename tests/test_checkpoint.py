@@ -206,3 +206,20 @@ def test_resume_from_auto_starts_fresh_then_continues_from_out_dir(tmp_path, cap
     assert reads == [str(stopped)]
     assert rows(stopped) == rows(straight)
     assert_same_models(straight, stopped)
+
+
+def test_a_key_added_since_the_checkpoint_is_accepted_at_its_default_only():
+    """A checkpoint written before a parameter existed resumes while the parameter holds its
+    default (what the earlier version did), and is refused when it is set otherwise."""
+    from clusterfed.config import config_defaults
+    from clusterfed.runner.checkpoint import check_compatible
+
+    defaults = config_defaults("hicfl")
+    saved = {k: v for k, v in defaults.items() if k != "hicfl.window"}  # as if hicfl.window came later
+    state = {"config": saved, "model_shapes": {}, "round": 1}
+    check_compatible(state, {**defaults, "rounds": 5}, {}, defaults=defaults)
+    with pytest.raises(CheckpointError, match="hicfl.window"):
+        check_compatible(state, {**defaults, "rounds": 5, "hicfl.window": defaults["hicfl.window"] + 1}, {},
+                         defaults=defaults)
+    with pytest.raises(CheckpointError, match="hicfl.window"):  # without the defaults, every new key is a change
+        check_compatible(state, {**defaults, "rounds": 5}, {})

@@ -11,6 +11,7 @@ from clusterfed.plots.splits import plot_split_figures
 from clusterfed.simulation import simulate
 from clusterfed.strategies.update_vectors import flatten
 from clusterfed.strategies.hicfl import HiCFL
+from clusterfed.strategies.tree_descent import side_of
 
 # the paper's rule: absolute ε, every member below it, sign of the cosine with the reference,
 # heterogeneity stop rule (no structure test), no merging
@@ -41,14 +42,14 @@ def test_no_split_while_stability_is_above_epsilon_then_split_when_it_falls_belo
     history = []
     for server_round in range(1, 17):
         extra = run_round(strategy, server_round, updates(server_round))
-        history.append((server_round, extra["stability"], [s["round"] for s in strategy.splits]))
-    (split,) = strategy.splits
+        history.append((server_round, extra["stability"], [s["round"] for s in strategy.state.splits]))
+    (split,) = strategy.state.splits
     # W = 3, stability from the 2nd update on (ξ selection), first score at round 4;
     # windowed S: rounds 6..10 = 2, 5/3, 1, 1/3, 0 → first below ε = 0.5 at round 9
     assert split["round"] == 9
     for server_round, stability, splits_so_far in history:
         ready = any(all(v[layer] is not None and v[layer] < 0.5 for v in stability.values())
-                    for layer in strategy.layers)
+                    for layer in strategy.state.layers)
         if server_round < 9:
             assert not ready and splits_so_far == []
         if server_round == 9:
@@ -58,9 +59,9 @@ def test_no_split_while_stability_is_above_epsilon_then_split_when_it_falls_belo
     assert split["reference"] in split["members"][0]
     assert split["stability"][split["reference"]] == min(split["stability"].values())
     # children restart their windows: ready again at round 14, but their members agree
-    later = [n for n in strategy.no_split if n["round"] >= 14]
+    later = [n for n in strategy.state.no_split if n["round"] >= 14]
     assert later and all(n["reason"].startswith("updates agree") for n in later)
-    assert strategy.final_clustering_round == 9
+    assert strategy.state.final_clustering_round == 9
 
 
 def test_every_member_on_the_reference_side_means_no_split():
@@ -68,12 +69,12 @@ def test_every_member_on_the_reference_side_means_no_split():
     rng = np.random.default_rng(1)
     d = rng.standard_normal(DIM)
     groups = {str(i): 0 for i in range(5)}
-    strategy = make_strategy(HiCFL, groups, **{**UNIT, "split_criteria": "absolute", "eps1": 1e6, "eps2": 1e-6})
-    strategy.centre_updates = False
+    strategy = make_strategy(HiCFL, groups, **{**UNIT, "split_criteria": "absolute", "eps1": 1e6, "eps2": 1e-6,
+                                               "centre_updates": False})
     for server_round in range(1, 10):
         run_round(strategy, server_round, {k: d + 0.1 * rng.standard_normal(DIM) / np.sqrt(DIM) for k in groups})
-    assert strategy.splits == []
-    assert any(n["code"] == "one_side" for n in strategy.no_split)
+    assert strategy.state.splits == []
+    assert any(n["code"] == "one_side" for n in strategy.state.no_split)
 
 
 def shared_direction_groups(seed):
@@ -93,25 +94,25 @@ def shared_direction_groups(seed):
 @pytest.mark.parametrize("centre", [True, False])
 def test_centred_reference_split_separates_groups_under_a_shared_direction(centre):
     groups, updates = shared_direction_groups(4)
-    strategy = make_strategy(HiCFL, groups, **{**UNIT, "split_criteria": "absolute", "eps1": 1e6, "eps2": 1e-6})
-    strategy.centre_updates = centre
+    strategy = make_strategy(HiCFL, groups, **{**UNIT, "split_criteria": "absolute", "eps1": 1e6, "eps2": 1e-6,
+                                               "centre_updates": centre})
     for server_round in range(1, 10):
         run_round(strategy, server_round, updates(server_round))
     if not centre:  # the paper's raw sign: everyone on the reference's side, no split
-        assert strategy.splits == []
+        assert strategy.state.splits == []
         return
-    split = strategy.splits[0]
+    split = strategy.state.splits[0]
     assert split["centred"] is True
     assert sorted(sorted({groups[k] for k in side}) for side in split["members"]) == [[0], [1]]
     assert sorted(len(side) for side in split["members"]) == [3, 5]
     # a newcomer replays the centred rule: its update minus the split round's mean
-    route = strategy.routes[split["parent"]]
+    route = strategy.state.routes[split["parent"]]
     ref_group = groups[split["reference"]]
     for grp in (0, 1):
         vector = np.zeros(DIM)
         vector[0], vector[1] = 10.0, (1.5 if grp else -0.8)
         on_layer = flatten(arrays_of(vector), route["names"])
-        assert (HiCFL.side_of(on_layer, route) == 0) == (grp == ref_group)
+        assert (side_of(on_layer, route) == 0) == (grp == ref_group)
 
 
 def test_weight_selection_floor():

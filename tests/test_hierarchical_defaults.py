@@ -63,11 +63,11 @@ def test_relative_epsilon_fires_once_stability_falls_below_its_own_scale():
                           merge=False)
     for server_round in range(1, 16):
         run_round(hicfl, server_round, updates(server_round))
-        if hicfl.splits:
+        if hicfl.state.splits:
             break
-    (split,) = hicfl.splits
-    scale = hicfl.scales[0]
-    assert set(scale) == set(hicfl.layers) and all(v > 0 for v in scale.values())
+    (split,) = hicfl.state.splits
+    scale = hicfl.state.scales[0]
+    assert set(scale) == set(hicfl.state.layers) and all(v > 0 for v in scale.values())
     assert split["round"] > 8 and split["relative"] and split["rule"] == "linkage"
     sides = [{groups[k] for k in side} for side in split["members"]]
     assert not sides[0] & sides[1] and sides[0] | sides[1] == {0, 1, 2}
@@ -83,8 +83,8 @@ def test_structure_test_refuses_noise_and_reports_why():
     hicfl = make_strategy(HiCFL, groups, window=3, xi=1e-9, min_split_round=1, hicfl_min_side=1)
     for server_round in range(1, 12):
         run_round(hicfl, server_round, updates(server_round))
-    assert hicfl.splits == [] and hicfl.no_split
-    assert {n["code"] for n in hicfl.no_split} == {"silhouette"}
+    assert hicfl.state.splits == [] and hicfl.state.no_split
+    assert {n["code"] for n in hicfl.state.no_split} == {"silhouette"}
     assert "structure test" in hicfl.one_cluster_reason()
 
 
@@ -99,21 +99,21 @@ def test_a_split_of_one_group_is_merged_back_with_models_averaged_by_size():
     cfl = make_strategy(CFL, groups, split_min_silhouette=-1, merge=True)
     round_updates = lambda: {k: direction + 0.3 * rng.standard_normal(DIM) for k in groups}  # noqa: E731
     run_round(cfl, 1, round_updates())
-    (split,) = cfl.splits
+    (split,) = cfl.state.splits
     a, b = split["children"]
     cfl.models[a] = {n: np.full_like(v, 1.0) for n, v in cfl.models[a].items()}
     cfl.models[b] = {n: np.full_like(v, 4.0) for n, v in cfl.models[b].items()}
-    size_a, size_b = (len(cfl.tree.members(c)) for c in (a, b))
+    size_a, size_b = (len(cfl.state.tree.members(c)) for c in (a, b))
     cfl.params = cfl.params.model_copy(update={"split_criteria": "absolute", "eps1": 1e-9})  # no new split
     extra = run_round(cfl, 2, round_updates())
-    (merge,) = cfl.merges
+    (merge,) = cfl.state.merges
     merged = merge["into"]
     assert merge["merged"] == [a, b] and merge["cosine"] >= 0.6 and merge["silhouette"] <= 0.5
     assert extra["merges"] == [{"merged": [a, b], "into": merged, "cosine": merge["cosine"],
                                 "silhouette": merge["silhouette"], "drift_cosine": merge["drift_cosine"]}]
     assert merge["drift_cosine"] >= 0.6  # both halves moved the same way since the split
     assert set(cfl.assignment.values()) == {merged} and set(cfl.models) == {merged}
-    assert cfl.tree.leaves() == [merged] and cfl.final_clustering_round == 2
+    assert cfl.state.tree.leaves() == [merged] and cfl.state.final_clustering_round == 2
     # every client has 50 examples: averaged by member count (aggregation happens in round(), not here)
     want = (1.0 * size_a + 4.0 * size_b) / (size_a + size_b)
     assert all(np.allclose(v, want) for v in cfl.models[merged].values())
@@ -131,7 +131,7 @@ def test_distinct_clusters_are_not_merged():
     cfl = make_strategy(CFL, groups, merge=True)
     for server_round in range(1, 5):
         run_round(cfl, server_round, updates(server_round))
-    assert len(cfl.splits) == 1 and cfl.merges == [] and len(set(cfl.assignment.values())) == 2
+    assert len(cfl.state.splits) == 1 and cfl.state.merges == [] and len(set(cfl.assignment.values())) == 2
 
 
 # ----------------------------------------------------------------------------- whole runs, defaults
@@ -163,7 +163,7 @@ def test_defaults_do_not_split_iid_and_say_why(small_config, strategy):
 
 def test_layercfl_defaults_record_the_check_and_use_the_last_conv_layer():
     strategy = make_strategy(LayerCFL, {str(i): i % 2 for i in range(6)})
-    assert strategy.layer_rule == "conv" and not strategy.params.correct_clustering_check
+    assert strategy.state.layer_rule == "conv" and not strategy.params.correct_clustering_check
     assert list(steps(None)) == []
 
 
@@ -176,6 +176,6 @@ def test_hicfl_min_side_keeps_one_outlier_client_in_its_cluster(min_side, splits
     hicfl = make_strategy(HiCFL, groups, window=3, xi=1e-9, min_split_round=1, hicfl_min_side=min_side)
     for server_round in range(1, 12):
         run_round(hicfl, server_round, updates(server_round))
-    assert bool(hicfl.splits) is splits
+    assert bool(hicfl.state.splits) is splits
     if splits:
-        assert sorted(map(len, hicfl.splits[0]["members"])) == [1, 7]
+        assert sorted(map(len, hicfl.state.splits[0]["members"])) == [1, 7]

@@ -160,7 +160,7 @@ def test_every_client_gets_all_k_models_and_joins_the_cluster_it_chose():
 
 def test_restarts_keep_the_initialisation_with_the_lowest_mean_training_loss():
     algorithm = make(strategy_class("ifca"), FOUR, num_clusters=2, ifca_restarts=3, seed=1)
-    candidates = [[{n: v.copy() for n, v in m.items()} for m in models] for models in algorithm.candidates]
+    candidates = [[{n: v.copy() for n, v in m.items()} for m in models] for models in algorithm.state.candidates]
     losses = iter([0.9, 0.2, 0.5])
     seen = []
 

@@ -49,7 +49,7 @@ def test_four_group_hierarchy_forms_and_the_check_stops_it_there(seed):
     strategy = make_strategy(LayerCFL, groups, skew="feature")
     for server_round in range(1, 5):
         run_round(strategy, server_round, vectors)
-    first, *second = strategy.splits
+    first, *second = strategy.state.splits
     assert first["round"] == 1 and [s["round"] for s in second] == [2, 2]
     pairs = {frozenset(groups[k] for k in side) for side in first["members"]}
     assert pairs == {frozenset({0, 1}), frozenset({2, 3})}
@@ -60,9 +60,9 @@ def test_four_group_hierarchy_forms_and_the_check_stops_it_there(seed):
     assert len(clusters) == 4 and all(len(g) == 1 for g in clusters.values())
     # rounds 3 and 4: each pure group of 3 is proposed for a split and refused — by CFL's
     # silhouette test (inherited, default split-min-silhouette) before the check is reached
-    assert strategy.refused and all(r["reason"] == "silhouette" for r in strategy.refused)
-    assert {r["round"] for r in strategy.refused} == {3, 4}
-    assert strategy.final_clustering_round == 2
+    assert strategy.state.refused and all(r["reason"] == "silhouette" for r in strategy.state.refused)
+    assert {r["round"] for r in strategy.state.refused} == {3, 4}
+    assert strategy.state.final_clustering_round == 2
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -74,10 +74,10 @@ def test_four_group_hierarchy_the_check_alone_stops_it(seed):
                              correct_clustering_check=True)
     for server_round in range(1, 5):
         run_round(strategy, server_round, vectors)
-    assert len(strategy.splits) == 3 and all(s["check"]["passed"] for s in strategy.splits)
-    assert strategy.refused and all(not r["check"]["passed"] for r in strategy.refused)
-    assert {r["round"] for r in strategy.refused} == {3, 4}
-    assert strategy.final_clustering_round == 2
+    assert len(strategy.state.splits) == 3 and all(s["check"]["passed"] for s in strategy.state.splits)
+    assert strategy.state.refused and all(not r["check"]["passed"] for r in strategy.state.refused)
+    assert {r["round"] for r in strategy.state.refused} == {3, 4}
+    assert strategy.state.final_clustering_round == 2
 
 
 def test_refused_split_leaves_the_cluster_whole():
@@ -90,12 +90,12 @@ def test_refused_split_leaves_the_cluster_whole():
                              correct_clustering_check=True)
     model = {k: v.copy() for k, v in strategy.models[0].items()}
     extra = run_round(strategy, 1, vectors)
-    assert strategy.splits == [] and set(strategy.assignment.values()) == {0}
-    (refused,) = strategy.refused
+    assert strategy.state.splits == [] and set(strategy.assignment.values()) == {0}
+    (refused,) = strategy.state.refused
     assert not refused["check"]["passed"] and refused["check"]["gamma_max"] >= refused["check"]["bound"]
     assert extra["refused_splits"][0]["passed"] is False
     assert all(np.array_equal(model[k], strategy.models[0][k]) for k in model)
-    assert strategy.cluster_state()["refused_splits"] == strategy.refused
+    assert strategy.cluster_state()["refused_splits"] == strategy.state.refused
 
 
 def test_check_switched_off_is_recorded_but_does_not_refuse():
@@ -107,8 +107,8 @@ def test_check_switched_off_is_recorded_but_does_not_refuse():
     strategy = make_strategy(LayerCFL, {k: 0 for k in vectors}, skew="unknown", split_min_silhouette=-1.0,
                              correct_clustering_check=False)
     run_round(strategy, 1, vectors)
-    (split,) = strategy.splits
-    assert strategy.refused == [] and len(set(strategy.assignment.values())) == 2
+    (split,) = strategy.state.splits
+    assert strategy.state.refused == [] and len(set(strategy.assignment.values())) == 2
     assert not split["check"]["passed"] and split["check"]["gamma_max"] >= split["check"]["bound"]
 
 
@@ -117,7 +117,7 @@ def test_the_layer_matters_fc_noise_hides_the_conv_groups():
     wrong = make_strategy(LayerCFL, groups, skew="label")
     for server_round in range(1, 4):
         run_round(wrong, server_round, vectors)
-    assert wrong.splits == [] and wrong.refused  # every proposal on fc noise fails the check
+    assert wrong.state.splits == [] and wrong.state.refused  # every proposal on fc noise fails the check
 
 
 def test_layercfl_run_recovers_two_groups_and_records_the_check(small_config, tmp_path):

@@ -150,7 +150,7 @@ def test_a_newcomer_descends_a_sketched_split_to_its_group():
     rng = np.random.default_rng(1)
     for server_round in range(1, 5):
         run_round(strategy, server_round, {k: group_updates(rng, g) for k, g in groups.items()})
-    assert all(route["sketch"]["size"] == 256 for route in strategy.routes.values())
+    assert all(route["sketch"]["size"] == 256 for route in strategy.state.routes.values())
     leaf_of_group = {g: strategy.assignment[k] for k, g in groups.items()}
     for group in range(4):
         key = f"new{group}"
@@ -175,9 +175,9 @@ def test_hicfl_on_sampled_weights_splits_when_and_as_exact_storage_does():
         for server_round in range(1, 12):
             run_small_round(strategy, server_round, updates(server_round))
         assert strategy.state.sketched is (storage == "sketch")
-        splits[storage] = [(s["round"], sorted(map(sorted, s["members"]))) for s in strategy.splits]
+        splits[storage] = [(s["round"], sorted(map(sorted, s["members"]))) for s in strategy.state.splits]
     assert splits["sketch"] == splits["exact"] and splits["exact"][0][0] == 9
-    assert sorted(strategy.samples) == ["conv1", "fc1"]  # 32 of 80 and 32 of 84 weights
+    assert sorted(strategy.state.samples) == ["conv1", "fc1"]  # 32 of 80 and 32 of 84 weights
 
 
 # ----------------------------------------------------------------------------- checkpoints
@@ -206,7 +206,7 @@ def test_sketched_state_round_trips_and_the_run_continues_the_same(cls):
     for strategy in (original, resumed):
         for server_round in (10, 11) if cls is HiCFL else (8, 9):
             step(strategy, server_round, updates(server_round))
-    assert resumed.assignment == original.assignment and resumed.splits == original.splits
+    assert resumed.assignment == original.assignment and resumed.state.splits == original.state.splits
 
 
 def test_a_split_records_the_similarity_of_at_most_200_of_its_clients():
@@ -221,4 +221,4 @@ def test_a_split_records_the_similarity_of_at_most_200_of_its_clients():
 def test_selection_keeps_the_final_layer_as_sent():
     strategy, keys = bench_memory.build("selection", 40, SHAPES, {})
     bench_memory.drive(strategy, keys, rounds=2)
-    assert strategy.latest and all(v.dtype == np.float32 for v in strategy.latest.values())
+    assert strategy.state.latest and all(v.dtype == np.float32 for v in strategy.state.latest.values())

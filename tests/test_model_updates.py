@@ -350,7 +350,7 @@ def cfl_after_one_round(theta0, updates, **params):
                           metrics={}, is_update=True) for k, u in updates.items()]
     decision = strategy.criteria(0, replies)
     strategy.after_train(1, replies)
-    sides = {frozenset(members) for members in strategy.splits[0]["members"]} if strategy.splits else set()
+    sides = {frozenset(members) for members in strategy.state.splits[0]["members"]} if strategy.state.splits else set()
     return decision, sides
 
 

@@ -23,7 +23,7 @@ from clusterfed.strategies.adacfl import AdaCFL
 from clusterfed.strategies.bipartitioning import BiPartitioning
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
-from clusterfed.strategies.oneshot import OneShotClustering
+from clusterfed.strategies.oneshot import OneShotState
 from clusterfed.strategies.selection import ClientSelection
 
 CLIENTS = 12
@@ -60,7 +60,7 @@ def placement(cls: type) -> str:
     one-shot clustering, places a client when it is first sampled (placing asks for work);
     ``chosen``, a strategy whose clients choose among K models (``multi-model``), when it
     first trains; any other, every active client."""
-    if issubclass(cls, OneShotClustering):
+    if issubclass(cls.State, OneShotState):
         return "sampled"
     if MULTI_MODEL in cls().requires():
         return "chosen"
@@ -123,7 +123,7 @@ def check_partial_participation(name: str, tmp_path, monkeypatch) -> dict:
     cls = strategy_class(name)
     overrides, ari = run_settings(name)
     summary, rounds, clusters, asks, after = run_logged(tmp_path, monkeypatch, name, **overrides)
-    one_shot, places = issubclass(cls, OneShotClustering), placement(cls)
+    one_shot, places = issubclass(cls.State, OneShotState), placement(cls)
     sample = int(overrides.get("num-clients", CLIENTS) * FRACTION)
     seen: set[str] = set()  # clients that replied to a clustering / placement (one-shot) or train (IFCA) ask
     for record in rounds:
@@ -190,7 +190,7 @@ def test_cfl_member_that_never_replied_joins_the_larger_side_and_keeps_a_model()
     strategy = make_strategy(CFL, {k: t for k, (t, _, _) in code_of.items()})
     silent = sorted(code_of, key=int)[0]
     run_round(strategy, 1, {k: v for k, v in vectors.items() if k != silent})
-    (split,) = strategy.splits[:1]
+    (split,) = strategy.state.splits[:1]
     sizes = [len(side) for side in split["members"]]
     side = 0 if silent in split["absent"][0] else 1
     assert silent in split["absent"][side] and sizes[side] == max(sizes)
@@ -216,9 +216,9 @@ def test_hicfl_times_and_splits_on_the_repliers_and_places_the_absent_by_their_l
         present = {k: v + 0.001 * rng.standard_normal(DIM) for k, v in vectors.items()
                    if k != never and (k != late or server_round <= 2)}
         run_round(strategy, server_round, present)
-        if strategy.splits:
+        if strategy.state.splits:
             break
-    split = strategy.splits[0]
+    split = strategy.state.splits[0]
     assert late not in split["similarity"]["keys"] and never not in split["similarity"]["keys"]
     assert set(split["stability"]) == set(keys) - {late, never}
     side_of = {k: s for s, side in enumerate(split["members"]) for k in side}
@@ -237,14 +237,14 @@ def test_hicfl_stability_windows_count_participations_not_rounds():
     code_of, vectors = hierarchical_updates(1)
     strategy = make_strategy(HiCFL, {k: 0 for k in code_of}, **{**HICFL_UNIT, "min_split_round": 100})
     steady, gappy = sorted(code_of, key=int)[:2]
-    layer = strategy.layers[0]
+    layer = strategy.state.layers[0]
     for server_round in range(1, 11):
         present = {k: vectors[k] for k in (steady, gappy) if k == steady or server_round % 2 == 0}
         run_round(strategy, server_round, present)
         if server_round == 5:  # 5 participations fill a window of 2 (one to select, two more to score)
-            assert strategy.tracker.windowed(steady, layer) is not None
-            assert strategy.tracker.windowed(gappy, layer) is None
-    assert strategy.tracker.windowed(gappy, layer) is not None  # its 5th participation, in round 10
+            assert strategy.state.tracker.windowed(steady, layer) is not None
+            assert strategy.state.tracker.windowed(gappy, layer) is None
+    assert strategy.state.tracker.windowed(gappy, layer) is not None  # its 5th participation, in round 10
 
 
 # ----------------------------------------------------------------------------- sampling
@@ -328,9 +328,9 @@ def test_fedclust_cuts_again_when_the_first_sample_showed_no_groups():
     from sklearn.metrics import adjusted_rand_score
 
     algorithm, groups = fedclust_on_a_growing_sample([0, 1], rounds=12)
-    first = algorithm.recuts[0]
+    first = algorithm.state.recuts[0]
     assert first["clients"] == 8 and first["clusters"] == 2  # cut again once the 4 became 8
-    assert algorithm.recut_at == 0 and not algorithm.unclustered  # done: later clients are newcomers
+    assert algorithm.state.recut_at == 0 and not algorithm.state.unclustered  # done: later clients are newcomers
     assert set(algorithm.assignment) == set(groups) and len(set(algorithm.assignment.values())) == 2
     assert set(algorithm.models) == set(algorithm.assignment.values())  # the one cluster's model is gone
     keys = sorted(groups)
@@ -390,7 +390,7 @@ def test_fedclust_recut_bound_reaches_a_sampled_cut():
 
 def test_fedclust_recut_false_keeps_the_papers_single_cut():
     algorithm, _ = fedclust_on_a_growing_sample([0, 1], rounds=12, recut=False)
-    assert algorithm.recuts == [] and len(set(algorithm.assignment.values())) == 1
+    assert algorithm.state.recuts == [] and len(set(algorithm.assignment.values())) == 1
 
 
 def test_fedclust_kept_partial_weights_survive_a_checkpoint(tmp_path):
@@ -401,11 +401,11 @@ def test_fedclust_kept_partial_weights_survive_a_checkpoint(tmp_path):
 
 def test_fedclust_one_group_stays_one_cluster_and_says_how_many_clients_it_last_cut():
     algorithm, groups = fedclust_on_a_growing_sample([0], rounds=20)
-    assert [r["clients"] for r in algorithm.recuts] == [8, 16]  # each time the sample doubled
+    assert [r["clients"] for r in algorithm.state.recuts] == [8, 16]  # each time the sample doubled
     assert len(set(algorithm.assignment.values())) == 1 and set(algorithm.assignment) == set(groups)
     assert "last on 16 clients" in algorithm.final_clusters()["one_cluster_reason"]
     # every known client was in the last cut: nothing left to grow, the kept rows are dropped
-    assert algorithm.unclustered == {} and algorithm.recut_at == 0
+    assert algorithm.state.unclustered == {} and algorithm.state.recut_at == 0
 
 
 def test_selection_reads_fraction_train_as_availability():
@@ -458,7 +458,7 @@ def test_provisional_members_round_trip_a_checkpoint_and_are_placed_after_resumi
     run_round(strategy, 1, vectors)
     absent = "5"
     run_round(strategy, 2, {k: v for k, v in vectors.items() if k != absent})
-    assert strategy.provisional == {absent: 0}
+    assert strategy.state.provisional == {absent: 0}
     save_checkpoint(tmp_path, {"round": 2, "algorithm": strategy.get_state()})
     state = load_checkpoint(tmp_path)["algorithm"]
     assert_same(strategy.get_state(), state)
@@ -477,11 +477,11 @@ def test_provisional_members_round_trip_a_checkpoint_and_are_placed_after_resumi
                            is_update=True)
         with pytest.raises(StopIteration):
             steps.send([reply])
-        return algorithm.assignment[absent], algorithm.provisional
+        return algorithm.assignment[absent], algorithm.state.provisional
 
     assert place(strategy) == place(resumed)
-    assert resumed.provisional == {}
-    side = [s for s, members in enumerate(resumed.splits[0]["members"]) if absent in members][0]
+    assert resumed.state.provisional == {}
+    side = [s for s, members in enumerate(resumed.state.splits[0]["members"]) if absent in members][0]
     # the descent put it with its own group
-    assert {code_of[k][0] for k in resumed.tree.members(resumed.assignment[absent])} == {code_of[absent][0]}
+    assert {code_of[k][0] for k in resumed.state.tree.members(resumed.assignment[absent])} == {code_of[absent][0]}
     assert side in (0, 1)

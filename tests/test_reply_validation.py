@@ -156,5 +156,5 @@ def test_full_model_instead_of_the_requested_layer_is_rejected_in_the_clustering
                            strategy="fedclust", **{"cluster-epochs": 1, "fedclust.cluster-layers": "final"})
     assert rounds[0]["rejected"] == 1 and "unexpected ['conv1.weight']" in rounds[0]["rejections"][0]["reason"]
     assert str(BAD_CLIENT) not in strategy.assignment
-    assert str(BAD_CLIENT) not in strategy.clustering_state["client_order"]
-    assert len(strategy.clustering_state["client_order"]) == 3
+    assert str(BAD_CLIENT) not in strategy.state.clustering_state["client_order"]
+    assert len(strategy.state.clustering_state["client_order"]) == 3

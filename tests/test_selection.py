@@ -92,8 +92,8 @@ def test_selection_trains_exactly_p_clients_after_warmup(stabilizer, guard, last
         # the paper's p collapses to one client; the floor is the four groups the clustering shows
         assert extra["p_floor"] == (4 if guard == "floor" else 1)
         expected_p = extra["p_next"]
-    assert expected_p == last_p == algorithm.controller.cut
-    assert algorithm.controller.p == 1  # the rule itself runs as in the paper
+    assert expected_p == last_p == algorithm.state.controller.cut
+    assert algorithm.state.controller.p == 1  # the rule itself runs as in the paper
     if guard == "floor":  # once at the floor, one representative of every group trains
         assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
 
@@ -135,7 +135,7 @@ def test_floor_draws_from_the_warmup_groups_when_later_changes_lose_them():
     for r in range(2, 8):
         (asks,) = drive_round(algorithm, r, blurred)
         assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
-    assert algorithm.floor == 4 and algorithm.groups == FOUR_GROUPS
+    assert algorithm.state.floor == 4 and algorithm.state.groups == FOUR_GROUPS
 
 
 def test_floor_keeps_every_client_when_too_few_to_cut():
@@ -165,7 +165,7 @@ def test_floor_is_one_when_the_clients_show_no_groups():
     for r in range(2, 8):
         respond.loss *= 0.5
         assert drive_round(algorithm, r, respond).diagnostics["p_floor"] == 1
-    assert algorithm.controller.cut == 1
+    assert algorithm.state.controller.cut == 1
 
 
 def test_representatives_come_one_from_each_cluster_of_latest_models():
@@ -175,7 +175,7 @@ def test_representatives_come_one_from_each_cluster_of_latest_models():
     algorithm.count_controller().p = 4
     for r in range(2, 6):
         respond.loss = 1.0  # r = 0 <= w: p doubles back, so pin it again
-        algorithm.controller.p = 4
+        algorithm.state.controller.p = 4
         (asks,) = drive_round(algorithm, r, respond)
         assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
 
@@ -248,5 +248,5 @@ def test_selection_run_records_p_trains_p_clients_and_ignores_evaluation(small_c
 def test_floor_places_a_later_client_in_the_nearest_warmup_group():
     algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1)
     drive_round(algorithm, 1, _by_group_losses(1.0))
-    algorithm.latest["late"] = algorithm.group_refs[2] + 0.1  # a change like group 2's
-    assert algorithm.group_of("late") == 2 == algorithm.groups["late"]
+    algorithm.state.latest["late"] = algorithm.state.group_refs[2] + 0.1  # a change like group 2's
+    assert algorithm.group_of("late") == 2 == algorithm.state.groups["late"]

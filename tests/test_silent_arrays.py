@@ -84,7 +84,7 @@ def test_fedclust_compares_the_structured_layer_when_the_head_is_not_last():
     # groups, and fc1 is the classifier head that does: the papers' "final layer" is fc2
     algorithm = make(strategy_class("fedclust"), GROUPS)
     batches = drive_round(algorithm, 1, respond_with(structured=("fc1",)))
-    choice = algorithm.layer_choice
+    choice = algorithm.state.layer_choice
     assert batches[0][0].upload == ["conv1.weight", "conv1.bias", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
     assert choice.chosen == "fc1" and algorithm.layer_keys == ["fc1.weight", "fc1.bias"]
     assert choice.silent == ["conv1.weight", "conv1.bias"]  # frozen: never scored
@@ -107,11 +107,11 @@ def test_the_papers_final_layer_finds_nothing_and_the_round_line_says_what_to_tr
 
 def test_layercfl_never_splits_on_a_frozen_conv_layer():
     algorithm = make(strategy_class("layercfl"), GROUPS)
-    assert algorithm.selected_names == ["conv1.weight", "conv1.bias"]  # unknown skew -> the last conv layer
+    assert algorithm.state.selected_names == ["conv1.weight", "conv1.bias"]  # unknown skew -> the last conv layer
     batches = drive_round(algorithm, 1, respond_with(structured=("fc1", "fc2")))
-    assert algorithm.silent == ["conv1.weight", "conv1.bias"]
-    assert algorithm.selected_names == ["fc1.weight", "fc1.bias"]  # the fallback: the first fc layer
-    assert "conv1.weight" not in algorithm.compared
+    assert algorithm.state.silent == ["conv1.weight", "conv1.bias"]
+    assert algorithm.state.selected_names == ["fc1.weight", "fc1.bias"]  # the fallback: the first fc layer
+    assert "conv1.weight" not in algorithm.state.compared
     assert batches.diagnostics["decision"] == ("LayerCFL: left out of every comparison, no client changed them: "
                                                "conv1.weight, conv1.bias")
     # said once: the next round's replies change nothing
@@ -121,20 +121,20 @@ def test_layercfl_never_splits_on_a_frozen_conv_layer():
 
 def test_hicfl_never_watches_a_frozen_layer():
     algorithm = make(strategy_class("hicfl"), GROUPS)
-    assert "conv1" in algorithm.layers
+    assert "conv1" in algorithm.state.layers
     drive_round(algorithm, 1, respond_with(structured=("fc1", "fc2")))
-    assert algorithm.layers == ["fc1", "fc2"]
+    assert algorithm.state.layers == ["fc1", "fc2"]
 
 
 def test_nothing_is_left_out_when_every_array_trains():
     algorithm = make(strategy_class("cfl"), GROUPS)
-    compared = list(algorithm.compared)
+    compared = list(algorithm.state.compared)
 
     def respond(ask):
         return {n: np.full_like(ask.model[n], 0.1 * (1 + GROUPS[ask.key])) for n in ask.model}
 
     batches = drive_round(algorithm, 1, respond)
-    assert algorithm.silent == [] and algorithm.compared == compared and "decision" not in batches.diagnostics
+    assert algorithm.state.silent == [] and algorithm.state.compared == compared and "decision" not in batches.diagnostics
 
 
 def test_a_run_that_ends_as_fedavg_says_why_and_what_to_try_in_its_last_round_line(caplog):
@@ -162,8 +162,8 @@ def test_a_split_on_arrays_no_client_changed_is_refused():
     algorithm = make(strategy_class("layercfl"), GROUPS, **{"layercfl.cluster-layers": "conv1", "min-split-round": 1,
                                                             "split-criteria": "absolute", "eps1": 100.0, "eps2": 0.001})
     batches = drive_round(algorithm, 1, respond_with(structured=("fc1", "fc2")))
-    assert algorithm.selected_names == ["conv1.weight", "conv1.bias"]  # kept as named, though silent
-    assert algorithm.splits == [] and len(set(algorithm.assignment.values())) == 1
+    assert algorithm.state.selected_names == ["conv1.weight", "conv1.bias"]  # kept as named, though silent
+    assert algorithm.state.splits == [] and len(set(algorithm.assignment.values())) == 1
     (refusal,) = batches.diagnostics["refused_splits"]
     assert refusal["reason"] == "silhouette" and refusal["best_cut_silhouette"] == 0.0
 

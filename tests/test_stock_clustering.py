@@ -104,6 +104,6 @@ def test_the_chain_sends_each_stock_client_its_own_reply_and_stops_for_one_that_
     # a stock client is asked for its whole model (the next request starts from it); the helper client "3" for the layer
     assert [a.upload for a in first] == [None, None, None, ["fc2.weight", "fc2.bias"]]
     assert [bias for key, bias in sent if key == "0"][:3] == [0.0, 1.0, 2.0]  # its own replies, sent back
-    rows = dict(zip(algorithm.clustering_state["client_order"], algorithm.clustering_state["labels"]))
+    rows = dict(zip(algorithm.state.clustering_state["client_order"], algorithm.state.clustering_state["labels"]))
     assert rows["0"] == rows["2"] != rows["1"] == rows["3"]
     assert batches.diagnostics["stock_chained_requests"] == 4

@@ -229,8 +229,10 @@ def load_checkpoint(directory: str | Path) -> dict[str, Any]:
     return state
 
 
-def check_compatible(state: dict[str, Any], config: dict[str, Any], shapes: dict[str, tuple]) -> None:
-    """Refuse a checkpoint of another strategy, model, data setting or seed."""
+def check_compatible(state: dict[str, Any], config: dict[str, Any], shapes: dict[str, tuple],
+                     defaults: dict[str, Any] | None = None) -> None:
+    """Refuse a checkpoint of another strategy, model, data setting or seed. ``defaults``: the
+    flat config's default values; a key the checkpoint's config lacks is accepted at its default."""
     saved = state.get("config", {})
     problems = []
     if saved.get("strategy") != config.get("strategy"):
@@ -238,8 +240,12 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], shapes: dict
     saved_shapes = state.get("model_shapes")
     if saved_shapes != shapes:
         problems.append("its model differs (array names or shapes)")
+    # a key added to the schema since the checkpoint was written is no change while it holds
+    # its default: what the earlier version did without the key
+    added_at_default = {k for k in set(config) - set(saved) if defaults is not None and k in defaults
+                        and config[k] == defaults[k]}
     changed = sorted(k for k in set(saved) | set(config)
-                     if k not in RESUMABLE_CHANGES and k != "strategy" and saved.get(k) != config.get(k))
+                     if k not in RESUMABLE_CHANGES | added_at_default and k != "strategy" and saved.get(k) != config.get(k))
     if changed:
         problems.append("these config keys differ: " + ", ".join(
             f"{k} ({saved.get(k)!r} in the checkpoint, {config.get(k)!r} now)" for k in changed))

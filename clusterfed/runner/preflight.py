@@ -18,7 +18,7 @@ from typing import Any
 from flwr.supercore import log
 
 from clusterfed import protocol
-from clusterfed.config import ConfigError, RunConfig
+from clusterfed.config import ConfigError, RunConfig, config_defaults
 from clusterfed.datasets import DatasetNotFoundError, PartitionError
 from clusterfed.datasets.export import build_partition
 from clusterfed.datasets.iid_shifts import parse_rotations
@@ -121,7 +121,7 @@ def preflight(config: RunConfig, *, announce: bool = False, partition_checked: b
         shapes = {k: (list(v.shape), str(v.dtype)) for k, v in protocol.from_array_record(initial).items()}
         try:
             checkpoint = load_checkpoint(config.resume_from)
-            check_compatible(checkpoint, config.to_flower(), shapes)
+            check_compatible(checkpoint, config.to_flower(), shapes, defaults=config_defaults(config.strategy))
         except CheckpointError as error:
             problems.append(str(error))
     if problems:

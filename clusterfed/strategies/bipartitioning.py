@@ -1,23 +1,10 @@
 """The recursive bi-partitioning base, what CFL, LayerCFL and HiCFL share: the cluster
 tree (client keys, never matrix positions), the split log written to clusters.json, the criteria
 bookkeeping and newcomer placement (merging of leaves: ``leaf_merging.py``; update vectors
-and records: ``update_vectors.py``). Newcomers descend the tree: at each split they train
-once on the model the parent's members had trained from in the split round, upload only
-the arrays the split was decided on, and follow the side whose split-round direction their
-update resembles (CFL / LayerCFL: the side's mean update, by cosine; HiCFL: the sign of
-the cosine with the reference client's update, as in the split itself). Before the first
-split that is simply the root.
-
-Partial participation (``fraction-train`` < 1): a split is decided on the members that
-replied in its round. A member that did not is put on a side at once — the side its latest
-recorded update points to, or the larger side when it has none — so it always holds a
-cluster and a model; the placement is *provisional* (``provisional``: client → the split it
-missed, recorded under the split's ``absent``). The first round it is sampled again it is
-placed for real, before training, exactly as a newcomer descends the tree but starting at
-that split: one local training on the split-round model, an upload of the split's arrays,
-the side its update points to (and so on down any later splits). It then trains its
-final cluster's model in the same round. A placement reply that is lost leaves it where it
-is, still provisional.
+and records: ``update_vectors.py``). Newcomers, and members that sat out their cluster's split round, find their leaf by replaying
+the splits (``tree_descent.py``). What a run says about its cluster count is
+``count_evidence.py``'s, merging ``leaf_merging.py``'s: parts each strategy builds once
+(``descent``, ``evidence``, ``merging``) over its own state.
 
 Storage (``update-storage``; choice beyond the papers): the vectors kept per client between
 rounds (CFL's and LayerCFL's latest or summed update, HiCFL's stability history) are the
@@ -35,19 +22,20 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
-from clusterfed.clustering.sketch import in_sketch_space
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
 from clusterfed.strategies.count_evidence import CountEvidence
 from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, Diagnostics, SplitCompared, TrainReply, natural
-from clusterfed.strategies.leaf_merging import LeafMerging
-from clusterfed.strategies.update_vectors import cosine, decision_record, flatten, stack_float64
+from clusterfed.strategies.leaf_merging import LeafMerging, replier_vectors
+from clusterfed.strategies.tree_descent import TreeDescent
+from clusterfed.strategies.update_vectors import decision_record, flatten, stack_float64
 
 class BiPartitioningParams(StrategyParams):
     """Split criteria, size/timing rules and merging, shared by CFL, LayerCFL and HiCFL."""
@@ -104,8 +92,9 @@ class BiPartitioningState(ClusteredState):
     merge_refused: dict[str, Any] | None = None  # the last round's closest pair of leaves not merged, for the basis
 
 
-class BiPartitioning(CountEvidence, LeafMerging, ClusteredStrategy):
-    """Clusters grown by bi-partitions: tree, split log, criteria, newcomer descent.
+class BiPartitioning(ClusteredStrategy):
+    """Clusters grown by bi-partitions: tree, criteria, split log; newcomers placed by descent
+    (``descent``), leaves merged (``merging``), the cluster count explained (``evidence``).
 
     Subclasses implement ``consider_split(round, cluster, replies, decision)``. Cluster ids
     of the tree and of the base's models coincide (root 0, children numbered in order).
@@ -114,16 +103,35 @@ class BiPartitioning(CountEvidence, LeafMerging, ClusteredStrategy):
     name = "bipartitioning"
     Params = BiPartitioningParams
     State = BiPartitioningState
+    state: BiPartitioningState
+    params: BiPartitioningParams
     timing_code = "criteria"  # the reason code when the timing rule never held
     figures = ("tree", "splits")
 
+    # ------------------------------------------------------------ parts
+    # built once, on first use; they hold no state of their own (all of it is ``self.state``'s)
+    @cached_property
+    def descent(self) -> TreeDescent:
+        return TreeDescent(self)
+
+    @cached_property
+    def merging(self) -> LeafMerging:
+        c = self.params
+        return LeafMerging(self, min_cosine=c.merge_min_cosine, max_silhouette=c.merge_max_silhouette,
+                           min_drift_members=c.min_split_size, names=self.merge_names, vectors=self.merge_vectors,
+                           restart=self.entered)
+
+    @cached_property
+    def evidence(self) -> CountEvidence:
+        return CountEvidence(self, self.params, self.one_cluster_reasons, self.timing_code)
+
     # ------------------------------------------------------------ set-up
     def init_clusters(self) -> None:
-        self.tree = ClusterTree([], round=0)
-        root = self.new_cluster(self.theta0)
-        if root != self.tree.root_id:
-            raise RuntimeError(f"the tree's root {self.tree.root_id} and the first cluster {root} must coincide")
-        self.compared = self.compared_names()
+        self.state.tree = ClusterTree([], round=0)
+        root = self.new_cluster(self.state.theta0)
+        if root != self.state.tree.root_id:
+            raise RuntimeError(f"the tree's root {self.state.tree.root_id} and the first cluster {root} must coincide")
+        self.state.compared = self.compared_names()
 
     def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
         return {"return": RETURN_UPDATE}
@@ -132,62 +140,76 @@ class BiPartitioning(CountEvidence, LeafMerging, ClusteredStrategy):
         """Placing a provisional member asks it for work: sample before placement."""
         return self.sample_active()
 
+    # ------------------------------------------------------------ newcomers
+    def admit(self, server_round: int, keys: list[str]) -> Steps:
+        """Descend the tree: at each split node train once on the split-round model and
+        follow the side the update points to (``tree_descent.py``)."""
+        at, path, _ = yield from self.descent.descend(server_round, {key: self.state.tree.root_id for key in keys})
+        for key, leaf in at.items():
+            self.state.tree.add_member(leaf, key)
+            self.state.assignment[key] = leaf
+            if server_round > 1:
+                self.state.newcomer_log.append({"round": server_round, "client": key, "cluster": leaf,
+                                                "path": path[key]})
+
     def before_train(self, server_round: int) -> Steps:
         """Partial participation: the sampled members placed provisionally at a split they
-        sat out descend from that split now, as newcomers do (module docstring)."""
-        due = {k: self.provisional[k] for k in self.reachable(self.placed()) if k in self.provisional}
+        sat out descend from that split now, as newcomers do (``tree_descent.py``)."""
+        state = self.state
+        due = {k: state.provisional[k] for k in self.reachable(self.placed()) if k in state.provisional}
         if not due:
             return
-        at, path, failed = yield from self.descend(server_round, due)
+        at, path, failed = yield from self.descent.descend(server_round, due)
         moved = []
         for key, leaf in at.items():
             if key in failed:
                 continue  # no placement reply: stays where it is, still provisional
-            del self.provisional[key]
-            old = self.assignment[key]
+            del state.provisional[key]
+            old = state.assignment[key]
             if leaf != old:
-                self.tree.remove_member(old, key)
-                self.tree.add_member(leaf, key)
-                self.assignment[key] = leaf
+                state.tree.remove_member(old, key)
+                state.tree.add_member(leaf, key)
+                state.assignment[key] = leaf
                 self.entered(leaf, [key])
             moved.append({"client": key, "from": old, "cluster": leaf, "path": path[key]})
         return {"replaced": moved}
 
     def entered(self, cluster: int, keys: list[str]) -> None:
-        """Strategy state to restart for clients that moved into ``cluster`` (HiCFL: windows)."""
+        """Strategy state to restart for clients that moved into ``cluster`` by a merge or a
+        provisional member's descent (HiCFL: their stability windows)."""
 
     # ------------------------------------------------------------ storage
     def compact_storage(self) -> bool:
         """Whether per-client vectors are kept compact (``update-storage``): decided once,
         the first time one is kept, from the clients known then."""
-        if self.sketched is None:
+        if self.state.sketched is None:
             mode = self.params.update_storage
-            self.sketched = mode == "sketch" or (mode == "auto" and len(self.clients) > self.params.sketch_above)
-        return self.sketched
+            self.state.sketched = mode == "sketch" or (mode == "auto" and len(self.clients) > self.params.sketch_above)
+        return self.state.sketched
 
     def storage_record(self) -> dict[str, Any]:
-        return {"mode": self.params.update_storage, "sketched": self.sketched,
-                **({"sketch_dim": self.params.sketch_dim} if self.sketched else {})}
+        return {"mode": self.params.update_storage, "sketched": self.state.sketched,
+                **({"sketch_dim": self.params.sketch_dim} if self.state.sketched else {})}
 
     # ------------------------------------------------------------ criteria
     def criteria(self, cluster: int, replies: list[TrainReply]) -> SplitDecision:
         """Sattler's criteria on the full updates of the compared arrays (buffers such as
         BatchNorm's counters excluded); keeps the cluster's largest mean-norm."""
-        U = stack_float64([flatten(r.update, self.compared, dtype=None) for r in replies])
+        U = stack_float64([flatten(r.update, self.state.compared, dtype=None) for r in replies])
         c = self.params
         decision = split_criteria(U, [r.num_examples for r in replies], mode=c.split_criteria, eps1=c.eps1,
                                   eps2=c.eps2, rel_eps1=c.rel_eps1, rel_eps2=c.rel_eps2,
-                                  max_mean_norm_seen=self.max_mean_norm.get(cluster))
-        self.max_mean_norm[cluster] = decision.reference_mean_norm
+                                  max_mean_norm_seen=self.state.max_mean_norm.get(cluster))
+        self.state.max_mean_norm[cluster] = decision.reference_mean_norm
         return decision
 
     def may_split(self, server_round: int, cluster: int, replies: list[TrainReply]) -> bool:
         """Size and timing rules: at least ``min-split-size`` members and as many updates
         this round, not before ``min-split-round``; a cluster made by a merge never splits
-        again (module docstring)."""
+        again (``leaf_merging.py``)."""
         size = self.params.min_split_size
-        return (server_round >= self.params.min_split_round and len(self.tree.members(cluster)) >= size
-                and len(replies) >= size and cluster not in self.merged)
+        return (server_round >= self.params.min_split_round and len(self.state.tree.members(cluster)) >= size
+                and len(replies) >= size and cluster not in self.state.merged)
 
     def thresholds(self) -> dict[str, Any]:
         c = self.params
@@ -199,14 +221,15 @@ class BiPartitioning(CountEvidence, LeafMerging, ClusteredStrategy):
         """On the first replies: the compared arrays whose update is zero for every client
         (``parameters.silent_names``) leave ``compared`` for good, and the layer rules pick
         again without them (``compared_changed``). Returns the sentence naming them, once."""
-        if self.silent is not None or not replies:
+        state = self.state
+        if state.silent is not None or not replies:
             return None
-        silent = silent_names([r.update for r in replies], self.compared, self.theta0)
-        kept = [n for n in self.compared if n not in set(silent)]
-        self.silent = silent if kept else []  # all silent: nothing trained yet, nothing to judge by
-        if not self.silent:
+        silent = silent_names([r.update for r in replies], state.compared, state.theta0)
+        kept = [n for n in state.compared if n not in set(silent)]
+        state.silent = silent if kept else []  # all silent: nothing trained yet, nothing to judge by
+        if not state.silent:
             return None
-        self.compared = kept
+        state.compared = kept
         self.compared_changed()
         shown = ", ".join(silent[:4]) + (f" and {len(silent) - 4} more" if len(silent) > 4 else "")
         return f"{type(self).__name__}: left out of every comparison, no client changed them: {shown}"
@@ -216,138 +239,104 @@ class BiPartitioning(CountEvidence, LeafMerging, ClusteredStrategy):
 
     # ------------------------------------------------------------ the round
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+        """Per leaf that replied: the criteria, then ``consider_split``; then merging."""
+        state = self.state
         silent = self.leave_out_silent(replies)
         by_cluster: dict[int, list[TrainReply]] = defaultdict(list)
         for reply in sorted(replies, key=lambda r: natural(r.key)):  # positions follow key order
-            if reply.cluster in self.models and self.tree.node(reply.cluster).is_leaf:
+            if reply.cluster in state.models and state.tree.node(reply.cluster).is_leaf:
                 by_cluster[reply.cluster].append(reply)
         report: dict[str, dict[str, Any]] = {}
         diagnostics: Diagnostics = {"splits": [], "merges": []}
         for cluster in sorted(by_cluster):
             group = by_cluster[cluster]
-            self.split_allowed = self.split_allowed or self.may_split(server_round, cluster, group)
+            state.split_allowed = state.split_allowed or self.may_split(server_round, cluster, group)
             decision = self.criteria(cluster, group)
             report[str(cluster)] = {**decision_record(decision), "replies": len(group)}
-            self.last_criteria = {"round": server_round, "cluster": cluster, **decision_record(decision)}
+            state.last_criteria = {"round": server_round, "cluster": cluster, **decision_record(decision)}
             for key, records in (self.consider_split(server_round, cluster, group, decision) or {}).items():
                 diagnostics.setdefault(key, []).extend(records)
         if self.params.merge:
-            diagnostics["merges"] = self.merge_leaves(server_round, {c: g for c, g in by_cluster.items()
-                                                                     if self.tree.node(c).is_leaf})
+            diagnostics["merges"] = self.merging.merge_leaves(
+                server_round, {c: g for c, g in by_cluster.items() if state.tree.node(c).is_leaf})
         if silent:
             diagnostics["decision"] = silent
-        return {**diagnostics, "split_criteria": report, "last_split_round": self.final_clustering_round}
+        return {**diagnostics, "split_criteria": report, "last_split_round": state.final_clustering_round}
 
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
                        decision: SplitDecision) -> Diagnostics | None:
         """Decide whether ``cluster`` splits this round (CFL, LayerCFL, HiCFL); here: never.
         Returns its diagnostics, each a list of records (concatenated over the clusters)."""
 
-    # ------------------------------------------------------------ splitting
-    @staticmethod
-    def side_of(vector: np.ndarray, route: dict[str, Any]) -> int:
-        """0 or 1: the side of a split that an update on ``route["names"]`` belongs to (a
-        full update is first mapped by the split's sketch, if it was decided on sketches)."""
-        vector = in_sketch_space(vector, route.get("sketch"))
-        sims = [cosine(vector, d) for d in route["directions"]]
-        if route["rule"] == "reference":  # HiCFL: the reference's side iff cos > 0
-            return 0 if sims[0] > 0 else 1
-        return int(np.argmax(sims))  # nearest side mean; ties -> side 0
-
-    def place_absent(self, cluster: int, absent: list[str], route: dict[str, Any], last: dict[str, np.ndarray],
-                     sizes: tuple[int, int]) -> tuple[list[str], list[str]]:
-        """Members of ``cluster`` that did not reply in its split round: provisionally the
-        side their latest update points to; with no update on record, the larger side. They
-        descend from this split when next sampled (``before_train``); one already
-        provisional keeps the earlier split it missed, whose descent passes this one."""
-        extra: tuple[list[str], list[str]] = ([], [])
-        for key in absent:
-            side = (self.side_of(np.asarray(last[key], dtype=np.float64), route) if key in last
-                    else (0 if sizes[0] >= sizes[1] else 1))
-            extra[side].append(key)
-            self.provisional.setdefault(key, cluster)
-        return extra
-
     def apply_split(self, server_round: int, cluster: int, keys_a: list[str], keys_b: list[str],
                     record: dict[str, Any], route: dict[str, Any], compared: SplitCompared) -> dict[str, Any]:
-        """Replace leaf ``cluster`` by two children that start from its model; ``compared`` (what
-        the split decided on) is reported with the split's records for scoring. Returns its summary."""
-        a, b = self.tree.split_by_keys(cluster, keys_a, keys_b, round=server_round)
-        model = self.models.pop(cluster)
+        """Replace leaf ``cluster`` by two children that start from its model; ``route`` is how
+        a newcomer replays the split (``tree_descent.py``); ``compared`` (what the split decided
+        on) is reported with the split's records for scoring. Returns its summary."""
+        state = self.state
+        a, b = state.tree.split_by_keys(cluster, keys_a, keys_b, round=server_round)
+        model = state.models.pop(cluster)
         made = (self.new_cluster(model, inherit=cluster), self.new_cluster(model, inherit=cluster))
         if made != (a, b):  # the tree and the models number clusters alike
             raise RuntimeError(f"split of {cluster}: tree children {(a, b)} but new clusters {made}")
         for key in keys_a:
-            self.assignment[key] = a
+            state.assignment[key] = a
         for key in keys_b:
-            self.assignment[key] = b
-        self.max_mean_norm.pop(cluster, None)
-        self.routes[cluster] = route
-        self.split_models[cluster] = model
+            state.assignment[key] = b
+        state.max_mean_norm.pop(cluster, None)
+        state.routes[cluster] = route
+        state.split_models[cluster] = model
         record = {"round": server_round, "parent": cluster, "children": [a, b], "members": [keys_a, keys_b], **record}
-        self.splits.append(record)
-        self.final_clustering_round = server_round
+        state.splits.append(record)
+        state.final_clustering_round = server_round
         summary = {k: record[k] for k in ("parent", "children", "gap") if k in record}
         compared.records += [record, summary]
         self.reports.append(compared)
         return summary
 
-    # ------------------------------------------------------------ newcomers
-    def admit(self, server_round: int, keys: list[str]) -> Steps:
-        """Descend the tree: at each split node train once on the split-round model and
-        follow the side the update points to (see the module docstring)."""
-        at, path, _ = yield from self.descend(server_round, {key: self.tree.root_id for key in keys})
-        for key, leaf in at.items():
-            self.tree.add_member(leaf, key)
-            self.assignment[key] = leaf
-            if server_round > 1:
-                self.newcomer_log.append({"round": server_round, "client": key, "cluster": leaf, "path": path[key]})
+    # ------------------------------------------------------------ merging
+    def merge_names(self) -> list[str]:
+        """The arrays whose updates decide a merge: every compared array (CFL: its decision arrays)."""
+        return self.state.compared
 
-    def descend(self, server_round: int, start: dict[str, int]) -> Steps:
-        """From node ``start[key]`` down to a leaf per key: at each split node train once on
-        the split-round model and follow the side the update points to. Returns (leaf per
-        key, the split nodes passed, the keys whose placement reply was lost at some node:
-        those took the larger side there)."""
-        at = dict(start)
-        path: dict[str, list[int]] = {key: [] for key in start}
-        failed: set[str] = set()
-        while True:
-            waiting: dict[int, list[str]] = defaultdict(list)
-            for key, node in at.items():
-                while (into := self.tree.node(node).merged_into) is not None:  # merged leaf: no choice to make
-                    node = at[key] = into
-                if not self.tree.node(node).is_leaf:
-                    waiting[node].append(key)
-            if not waiting:
-                break
-            for node, group in waiting.items():
-                route = self.routes[node]
-                children = self.tree.node(node).children
-                sizes = tuple(len(self.tree.node(ch).members) for ch in children)
-                replies = yield self.train_asks(
-                    server_round, group, models={k: route["model"] for k in group}, phase="placement",
-                    extra={"upload": ",".join(route["names"]), "return": RETURN_UPDATE})
-                got = {r.key: flatten(r.update, route["names"]) for r in replies}
-                for key in group:
-                    if key in got:
-                        side = self.side_of(got[key], route)
-                    else:  # the placement round failed for this client
-                        side = 0 if sizes[0] >= sizes[1] else 1
-                        failed.add(key)
-                    path[key].append(node)
-                    at[key] = children[side]
-        return at, path, failed
+    def merge_vectors(self, groups: dict[int, list[TrainReply]], names: list[str]) -> dict[int, np.ndarray]:
+        """Per cluster that replied, the vectors a merge compares: its repliers' updates."""
+        return replier_vectors(groups, names)
 
     # ------------------------------------------------------------ outputs
+    def refusal_codes(self) -> list[str]:
+        """The reason code of every refused split attempt (``one_cluster_reasons``)."""
+        return []
+
+    def refusal_numbers(self) -> str | None:
+        """The closest refused split against its threshold (CFL, HiCFL say it)."""
+        return None
+
+    def timing_numbers(self) -> str | None:
+        """The timing rule's numbers in its last round: the split criteria of the last cluster judged."""
+        return self.evidence.criteria_numbers()
+
+    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
+        """A split's structure score, what it had to reach, and the score's name (subclasses)."""
+        return None
+
+    def one_cluster_reason(self) -> str | None:
+        return self.evidence.one_cluster_reason()
+
+    def one_cluster_advice(self) -> str | None:
+        return self.evidence.one_cluster_advice()
+
+    def cluster_count_basis(self) -> str | None:
+        return self.evidence.cluster_count_basis()
+
     def cluster_state(self) -> dict[str, Any]:
+        state = self.state
         return {
-            "tree": self.tree.to_dict(),
-            "splits": self.splits,
-            "final_clustering_round": self.final_clustering_round,
+            "tree": state.tree.to_dict(),
+            "splits": state.splits,
+            "final_clustering_round": state.final_clustering_round,
             "criteria": self.thresholds(),
-            "merges": self.merges,
+            "merges": state.merges,
             "one_cluster_reason": self.one_cluster_reason(),
             "update_storage": self.storage_record(),
         }
-
-

@@ -46,7 +46,7 @@ of a splitting cluster that did not reply is put at once on the side whose mean 
 summed update on the decision layers is nearest to by cosine, or on the larger side if it
 never replied (recorded under the split's ``absent``), so it keeps a model; when next
 sampled it is placed for real by the newcomer descent from that split
-(``bipartitioning.py``). Merging, too, compares the clusters' repliers. With full
+(``tree_descent.py``). Merging, too, compares the clusters' repliers. With full
 participation this is the paper's procedure. **Choice, beyond the paper (``similarity-pool =
 members``, opt-in):** the similarity, the bi-partition, the acceptance test and the merge
 tests use every member with a stored vector (the repliers' new ones, the others' last), the
@@ -58,13 +58,17 @@ The defaults of ``rel-eps1``, ``rel-eps2``, ``split-min-silhouette`` and
 updates: Sattler's absolute ``eps1``/``eps2`` never fire on small clients' updates, the
 relative criteria fire on structured and, late in training, on iid clients alike, and the
 best-cut silhouette separates the two (the measurements: docs/algorithms/cfl.md).
-``split-min-silhouette = -1`` switches the test off. The shared tree, split log and newcomer
-descent are in ``bipartitioning.py``.
+``split-min-silhouette = -1`` switches the test off. Every extension beyond the paper is a
+``Params`` field, listed with the paper's rule and our default in docs/algorithms/cfl.md. The
+shared tree, criteria and split log are in ``bipartitioning.py``; the parts CFL composes:
+the per-client vectors (``client_vectors.py``), the newcomer descent (``tree_descent.py``),
+merging (``leaf_merging.py``) and what a run says of its cluster count (``count_evidence.py``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -80,8 +84,8 @@ from clusterfed.clustering.split_scores import (
 from clusterfed.clustering.layercfl import CheckResult
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS, reference_score, structure_threshold
 from clusterfed.clustering.principal_scores import principal_scores
-from clusterfed.clustering.sketch import Sketch, count_sketch
 from clusterfed.strategies.bipartitioning import BiPartitioning, BiPartitioningParams, BiPartitioningState
+from clusterfed.strategies.client_vectors import ClientVectors
 from clusterfed.strategies.exchange import Diagnostics, SplitCompared, TrainReply, natural
 from clusterfed.strategies.update_vectors import (
     check_record,
@@ -151,6 +155,8 @@ class CFL(BiPartitioning):
     name = "cfl"
     Params = CFLParams
     State = CFLState
+    state: CFLState
+    params: CFLParams
     one_cluster_reasons = {
         "criteria": "split criteria never met: the cluster was never both near-stationary "
                     "(mean-update norm < rel-eps1 × its peak) and heterogeneous (max norm > rel-eps2 × mean norm)",
@@ -159,93 +165,47 @@ class CFL(BiPartitioning):
         "size": "too few members or replies to split (min-split-size) or the run ended before min-split-round",
     }
 
+    @cached_property
+    def vectors(self) -> ClientVectors:
+        """The per-client vectors the similarity compares (``client_vectors.py``)."""
+        return ClientVectors(self, sketch_dim=self.params.sketch_dim, seed=self.params.seed)
+
     def decision_names(self) -> list[str]:
         """The arrays whose updates the similarity is computed on: every compared array."""
-        return self.compared
+        return self.state.compared
 
     def check_split(self, U: np.ndarray, side_a: np.ndarray, side_b: np.ndarray, S: np.ndarray) -> CheckResult | None:
         """CFL keeps every proposed split; LayerCFL adds its correct-clustering check."""
         return None
 
-    def merge_names(self) -> list[str]:
-        return self.decision_names()
+    def check_enforced(self) -> bool:
+        """Whether a split failing ``check_split`` is refused (LayerCFL's ``correct-clustering-check``)."""
+        return False
 
-    def refusal_codes(self) -> list[str]:
-        return [r["reason"] for r in self.refused]
-
-    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
-        if split.get("best_cut_silhouette") is None or split.get("required_silhouette") is None:
-            return None
-        return "best-cut silhouette", split["best_cut_silhouette"], split["required_silhouette"]
-
-    def refusal_numbers(self) -> str | None:
-        """The refusal closest to passing, of the most frequent reason: the best-cut silhouette
-        against the one required, or (LayerCFL's check) γ_max against its bound."""
-        codes = self.refusal_codes()
-        if not codes:
-            return None
-        top = max(set(codes), key=codes.count)
-        if top == "check":
-            r = min((r for r in self.refused if r["reason"] == "check"),
-                    key=lambda r: r["check"]["gamma_max"] - r["check"]["bound"])
-            return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: estimated γ_max "
-                    f"{r['check']['gamma_max']:.3f} >= bound {r['check']['bound']:.3f}")
-        r = max((r for r in self.refused if r["reason"] == top),
-                key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
-        basis = (f"group-free reference {r['reference_silhouette']:.3f}" if r.get("reference_silhouette") is not None
-                 else f"split-min-silhouette {self.params.split_min_silhouette}")
-        compared = len(r["members"][0]) + len(r["members"][1])
-        who = "clients compared" if self.params.similarity_pool == "members" else "repliers"
-        return (f"closest refusal: round {r['round']}, cluster {r['cluster']} ({compared} {who}): "
-                f"best-cut silhouette {r['best_cut_silhouette']:.3f} < required "
-                f"{r['required_silhouette']:.3f} ({basis})")
-
+    # ------------------------------------------------------------ the round (module docstring)
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
-        names = self.decision_names()
-        decay = self.decay()
-        if self.compact_storage():
-            self.keep_compact(replies, names, decay)
-        else:
-            for reply in replies:
-                previous = self.last_vector.get(reply.key)
-                if previous is None or decay == 0:
-                    self.last_vector[reply.key] = flatten(reply.update, names, dtype=None)  # as sent (float32)
-                else:
-                    # a client's own updates summed with decay (float64): its persistent pull on the
-                    # model grows with every round, the noise of its few samples only as the square root
-                    self.last_vector[reply.key] = decay * previous + flatten(reply.update, names)
+        """Keep each replier's vector (step 2's input), then per cluster the criteria (step 1),
+        the split (steps 2–4) and merging (step 5) (``BiPartitioning.after_train``)."""
+        self.vectors.keep(replies, self.decision_names(), self.decay(), compact=self.compact_storage())
         # refused_splits: a column every round, [] when ``consider_split`` refused none
         return {"refused_splits": [], **super().after_train(server_round, replies)}
 
-    def keep_compact(self, replies: list[TrainReply], names: list[str], decay: float) -> None:
-        """``update-storage = sketch``: each client's vector as a float32 count sketch of
-        ``sketch-dim`` numbers (whole, in float32, when not longer); the decayed sum is
-        summed in the sketch (the map is linear, so it is the sketch of the sum)."""
-        if not replies:
-            return
-        if self.sketch is None:
-            dim = int(sum(np.size(replies[0].update[n]) for n in names))
-            made = count_sketch(dim, self.params.sketch_dim, self.params.seed)
-            self.sketch = None if made is None else made.spec
-        mapped = Sketch.from_spec(self.sketch) if self.sketch is not None else None
-        for reply in replies:
-            vector = flatten(reply.update, names, dtype=np.float32)
-            vector = mapped(vector) if mapped is not None else vector
-            previous = self.last_vector.get(reply.key)
-            self.last_vector[reply.key] = (vector if previous is None or decay == 0
-                                           else (np.float32(decay) * previous + vector).astype(np.float32))
-
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
                        decision: SplitDecision) -> Diagnostics | None:
+        """Steps 2–4: a near-stationary, heterogeneous cluster of enough members is cut in two
+        by complete linkage of its clients' cosine similarities, if the cut passes the
+        acceptance test (and LayerCFL's check, when enforced)."""
         if not (decision.split and self.may_split(server_round, cluster, replies)):
             return
+        # step 2: the similarity of the clients' vectors (similarity-pool, -decay, -rank) and two sides
         keys = self.similarity_pool(cluster, [r.key for r in replies])
-        U = stack_float64([self.last_vector[k] for k in keys])
+        U = stack_float64([self.state.last_vector[k] for k in keys])
         rank = self.rank(len(keys))
         S = cosine_similarity_matrix(principal_scores(U, rank) if rank else U)
         side_a, side_b = bipartition(S)
         gap = separation_gap(S, side_a, side_b)
         silhouette = split_silhouette(S, side_a, side_b)
+        # step 3: the acceptance test (beyond the paper): structure on 1 - S beyond what noise shows
         max_k = self.params.split_silhouette_max_k
         structure, structure_k = best_cut_silhouette(S, max_k) if max_k > 2 else (silhouette, 2)
         check = self.check_split(U, side_a, side_b, S)
@@ -262,33 +222,42 @@ class CFL(BiPartitioning):
             "layers": self.decision_names(),
             "similarity_rank": rank,
         }
+        sides = [[keys[i] for i in side_a], [keys[i] for i in side_b]]
         # a bi-partition of noise keeps the cluster whole; a cut must beat group-free data
         # strictly (updates that are all zero score 0, and so does their reference)
         if structure < required or (reference is not None and structure <= reference):
-            self.refuse({"round": server_round, "cluster": cluster, "reason": "silhouette",
-                         "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record}, compared)
+            self.refuse({"round": server_round, "cluster": cluster, "reason": "silhouette", "members": sides,
+                         **record}, compared)
             return {"refused_splits": [{"cluster": cluster, "reason": "silhouette", "gap": gap,
                                         "silhouette": silhouette, "best_cut_silhouette": structure}]}
         if check is not None:
             record["check"] = check_record(check)
-            if not check.passed and getattr(self.params, 'correct_clustering_check', False):
-                refused = {"round": server_round, "cluster": cluster, "reason": "check",
-                           "members": [[keys[i] for i in side_a], [keys[i] for i in side_b]], **record}
-                self.refuse(refused, compared)
+            if not check.passed and self.check_enforced():
+                self.refuse({"round": server_round, "cluster": cluster, "reason": "check", "members": sides,
+                             **record}, compared)
                 return {"refused_splits": [{"cluster": cluster, "reason": "check", "gap": gap,
                                             "silhouette": silhouette, **record["check"]}]}
-        keys_a, keys_b = [keys[i] for i in side_a], [keys[i] for i in side_b]
-        # the model the members trained from this round: a newcomer replays the split on it
+        # step 4: two children from the cluster's model; the model the members trained from this
+        # round is what a newcomer replays the split on
+        keys_a, keys_b = sides
         route = {"rule": "nearest-mean", "names": self.decision_names(), "model": replies[0].sent,
                  "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)],
-                 **({"sketch": self.sketch} if self.sketched and self.sketch is not None else {})}
-        absent = [k for k in self.tree.members(cluster) if k not in set(keys)]
-        extra_a, extra_b = self.place_absent(cluster, absent, route, self.last_vector, (len(keys_a), len(keys_b)))
+                 **({"sketch": self.state.sketch} if self.state.sketched and self.state.sketch is not None else {})}
+        absent = [k for k in self.state.tree.members(cluster) if k not in set(keys)]
+        extra_a, extra_b = self.descent.place_absent(cluster, absent, route, self.state.last_vector,
+                                                     (len(keys_a), len(keys_b)))
         record["absent"] = [extra_a, extra_b]
         record["similarity"] = similarity_record(keys, S)
         summary = self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route, compared)
         return {"splits": [summary]}
 
+    def refuse(self, record: dict[str, Any], compared: SplitCompared) -> None:
+        """Log a refused split; reported for scoring like a split."""
+        self.state.refused.append(record)
+        compared.records.append(record)
+        self.reports.append(compared)
+
+    # ------------------------------------------------------------ extensions beyond the paper
     def similarity_pool(self, cluster: int, repliers: list[str]) -> list[str]:
         """The clients a split of ``cluster``, or a merge, is judged on (``similarity-pool``): its repliers, then,
         with ``members``, every other member with a stored update in key order. Under partial
@@ -298,22 +267,9 @@ class CFL(BiPartitioning):
         if self.params.similarity_pool == "repliers":
             return repliers
         replied = set(repliers)
-        return repliers + sorted((k for k in self.tree.members(cluster) if k not in replied and k in self.last_vector),
+        last = self.state.last_vector
+        return repliers + sorted((k for k in self.state.tree.members(cluster) if k not in replied and k in last),
                                  key=natural)
-
-    def merge_vectors(self, groups: dict[int, list[TrainReply]], names: list[str]) -> dict[int, np.ndarray]:
-        """With ``similarity-pool = members``, each replying cluster's pool (``similarity_pool``) of stored
-        vectors; else the repliers' updates (``LeafMerging``)."""
-        if self.params.similarity_pool == "repliers":
-            return super().merge_vectors(groups, names)
-        return {c: stack_float64([self.last_vector[k] for k in self.similarity_pool(c, [r.key for r in g])])
-                for c, g in sorted(groups.items())}
-
-    def refuse(self, record: dict[str, Any], compared: SplitCompared) -> None:
-        """Log a refused split; reported for scoring like a split."""
-        self.refused.append(record)
-        compared.records.append(record)
-        self.reports.append(compared)
 
     def decay(self) -> float:
         """``similarity-decay``; ``auto``: 0.8 for small clients (the median client of those
@@ -351,7 +307,51 @@ class CFL(BiPartitioning):
             return (fixed if reference is None else reference), reference
         return structure_threshold(fixed, reference), reference
 
+    # ------------------------------------------------------------ merging (step 5)
+    def merge_names(self) -> list[str]:
+        return self.decision_names()
+
+    def merge_vectors(self, groups: dict[int, list[TrainReply]], names: list[str]) -> dict[int, np.ndarray]:
+        """With ``similarity-pool = members``, each replying cluster's pool (``similarity_pool``) of stored
+        vectors; else the repliers' updates."""
+        if self.params.similarity_pool == "repliers":
+            return super().merge_vectors(groups, names)
+        return {c: stack_float64([self.state.last_vector[k] for k in self.similarity_pool(c, [r.key for r in g])])
+                for c, g in sorted(groups.items())}
+
+    # ------------------------------------------------------------ what a run says of its count
+    def refusal_codes(self) -> list[str]:
+        return [r["reason"] for r in self.state.refused]
+
+    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
+        if split.get("best_cut_silhouette") is None or split.get("required_silhouette") is None:
+            return None
+        return "best-cut silhouette", split["best_cut_silhouette"], split["required_silhouette"]
+
+    def refusal_numbers(self) -> str | None:
+        """The refusal closest to passing, of the most frequent reason: the best-cut silhouette
+        against the one required, or (LayerCFL's check) γ_max against its bound."""
+        codes = self.refusal_codes()
+        if not codes:
+            return None
+        top = max(set(codes), key=codes.count)
+        refused = self.state.refused
+        if top == "check":
+            r = min((r for r in refused if r["reason"] == "check"),
+                    key=lambda r: r["check"]["gamma_max"] - r["check"]["bound"])
+            return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: estimated γ_max "
+                    f"{r['check']['gamma_max']:.3f} >= bound {r['check']['bound']:.3f}")
+        r = max((r for r in refused if r["reason"] == top),
+                key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
+        basis = (f"group-free reference {r['reference_silhouette']:.3f}" if r.get("reference_silhouette") is not None
+                 else f"split-min-silhouette {self.params.split_min_silhouette}")
+        compared = len(r["members"][0]) + len(r["members"][1])
+        who = "clients compared" if self.params.similarity_pool == "members" else "repliers"
+        return (f"closest refusal: round {r['round']}, cluster {r['cluster']} ({compared} {who}): "
+                f"best-cut silhouette {r['best_cut_silhouette']:.3f} < required "
+                f"{r['required_silhouette']:.3f} ({basis})")
+
     def cluster_state(self) -> dict[str, Any]:
         state = super().cluster_state()
-        state["refused_splits"] = self.refused
+        state["refused_splits"] = self.state.refused
         return state

@@ -7,9 +7,13 @@ the thresholds, the merges made and the closest pair of leaves a merge refused).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from clusterfed.clustering.split_rules import one_cluster_reason, refusal_counts
+from clusterfed.strategies.parts import Host, Part
+
+if TYPE_CHECKING:
+    from clusterfed.strategies.bipartitioning import BiPartitioningParams
 
 SHOWN_SPLITS = 2  # the splits a basis names: those closest to their threshold
 
@@ -30,21 +34,54 @@ ONE_CLUSTER_ADVICE = {
 }
 
 
-class CountEvidence:
-    """The reasons of ``BiPartitioning`` (reads its splits, merges, refusals and params)."""
+class EvidenceState(Protocol):
+    """The strategy state the evidence reads (all of it read only)."""
+
+    assignment: dict[str, int]
+    splits: list[dict[str, Any]]
+    merges: list[dict[str, Any]]
+    split_allowed: bool
+    last_criteria: dict[str, Any] | None
+    merge_refused: dict[str, Any] | None
+
+
+class Refusals(Protocol):
+    """What each strategy says of its own refused splits and timing rule (CFL: ``refused``;
+    HiCFL: ``no_split`` and its stability)."""
 
     def refusal_codes(self) -> list[str]:
         """The reason code of every refused split attempt (``one_cluster_reasons``)."""
-        return []
 
     def refusal_numbers(self) -> str | None:
-        """The closest refused split against its threshold (CFL, HiCFL say it)."""
-        return None
+        """The closest refused split against its threshold."""
 
     def timing_numbers(self) -> str | None:
-        """The timing rule's numbers in its last round against its thresholds: the split
-        criteria of the last cluster judged (HiCFL: its stability)."""
-        last = self.last_criteria
+        """The timing rule's numbers in its last round against its thresholds."""
+
+    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
+        """A split's structure score's name, the score and what it had to reach."""
+
+
+class EvidenceHost(Refusals, Host[EvidenceState], Protocol):
+    """A strategy, as its evidence sees it: its state and its refusals."""
+
+
+class CountEvidence(Part[EvidenceState]):
+    """The reasons of a bi-partitioning strategy: ``host`` gives its state and its refusals,
+    ``reasons`` its ``one_cluster_reasons``, ``timing_code`` the reason code when the timing
+    rule never held."""
+
+    def __init__(self, host: EvidenceHost, params: BiPartitioningParams, reasons: dict[str, str],
+                 timing_code: str) -> None:
+        super().__init__(host)
+        self.host: EvidenceHost = host
+        self.params = params
+        self.reasons = reasons
+        self.timing_code = timing_code
+
+    def criteria_numbers(self) -> str | None:
+        """The split criteria of the last cluster judged against their thresholds."""
+        last = self.state.last_criteria
         if not last:
             return None
         c = self.params
@@ -57,24 +94,26 @@ class CountEvidence:
 
     def one_cluster_advice(self) -> str | None:
         """What to try, by the reason the splits never happened (``ONE_CLUSTER_ADVICE``)."""
-        codes = self.refusal_codes()
-        code = Counter(codes).most_common(1)[0][0] if codes else ("size" if not self.split_allowed else self.timing_code)
+        codes = self.host.refusal_codes()
+        code = (Counter(codes).most_common(1)[0][0] if codes
+                else ("size" if not self.state.split_allowed else self.timing_code))
         return ONE_CLUSTER_ADVICE.get(code)
 
     def one_cluster_reason(self) -> str | None:
         """Why the run ended with one cluster, with the numbers behind it (None when it has more)."""
-        if len(set(self.assignment.values())) > 1:
+        state = self.state
+        if len(set(state.assignment.values())) > 1:
             return None
-        codes = self.refusal_codes()
-        reason = one_cluster_reason(self.one_cluster_reasons, codes, self.split_allowed, len(self.splits),
+        codes = self.host.refusal_codes()
+        reason = one_cluster_reason(self.reasons, codes, state.split_allowed, len(state.splits),
                                     timing=self.timing_code)
-        if self.splits and self.merges:  # merged back: name the last merge's evidence and thresholds
-            return reason + "; " + self.merge_evidence(self.merges[-1])
-        if not self.split_allowed:
+        if state.splits and state.merges:  # merged back: name the last merge's evidence and thresholds
+            return reason + "; " + self.merge_evidence(state.merges[-1])
+        if not state.split_allowed:
             numbers = (f"min-split-size {self.params.min_split_size}, min-split-round {self.params.min_split_round}, "
-                       f"{len(self.assignment)} clients")
+                       f"{len(state.assignment)} clients")
         else:
-            numbers = self.refusal_numbers() if codes else self.timing_numbers()
+            numbers = self.host.refusal_numbers() if codes else self.host.timing_numbers()
         return f"{reason}; {numbers}" if numbers else reason
 
     def merge_evidence(self, merge: dict[str, Any]) -> str:
@@ -88,17 +127,13 @@ class CountEvidence:
         return f"last merge (round {merge['round']}, clusters {merge['merged'][0]} and {merge['merged'][1]}): " \
                + ", ".join(parts) + " (merge = false keeps the splits)"
 
-    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
-        """A split's structure score, what it had to reach, and the score's name (subclasses)."""
-        return None
-
     def merge_refusal(self) -> str:
         """Why no further pair of leaves merged: ``merge = false``, or the closest pair of the
         last round (by the cosine of the mean updates) and the test it failed."""
         c = self.params
         if not c.merge:
             return "merge = false"
-        pair = self.merge_refused
+        pair = self.state.merge_refused
         if not pair:
             return "no two leaves replied in one round to compare"
         where = f"the closest pair of leaves (round {pair['round']}, clusters {pair['clusters'][0]} and {pair['clusters'][1]})"
@@ -112,22 +147,23 @@ class CountEvidence:
     def split_refusal(self) -> str:
         """Why the clusters split no further: the refused attempts by reason with the closest
         refusal's numbers, or, with none refused, the timing rule's last numbers."""
-        codes = self.refusal_codes()
+        codes = self.host.refusal_codes()
         if codes:
-            numbers = self.refusal_numbers()
+            numbers = self.host.refusal_numbers()
             return f"{len(codes)} split attempts refused: {refusal_counts(codes)}" + (f"; {numbers}" if numbers else "")
-        numbers = self.timing_numbers()
+        numbers = self.host.timing_numbers()
         return f"no split attempt refused; the timing rule's last {numbers}" if numbers else "no split attempt refused"
 
     def cluster_count_basis(self) -> str | None:
         """The evidence for the final number of clusters (None with one cluster: see the reason)."""
-        leaves = len(set(self.assignment.values()))
+        state = self.state
+        leaves = len(set(state.assignment.values()))
         if leaves <= 1:
             return None
-        scored = [(s, score) for s in self.splits if (score := self.split_score(s)) is not None]
+        scored = [(s, score) for s in state.splits if (score := self.host.split_score(s)) is not None]
         closest = sorted(scored, key=lambda item: item[1][1] - item[1][2])[:SHOWN_SPLITS]
         shown = "; ".join(f"round {s['round']}, cluster {s['parent']}: {name} {value:.3f} vs {threshold:.3f}"
                           for s, (name, value, threshold) in closest)
-        splits = f"{len(self.splits)} splits accepted" + (f" (closest to their threshold: {shown})" if shown else "")
-        return (f"{splits}, {len(self.merges)} merges; no further merge: {self.merge_refusal()}; "
+        splits = f"{len(state.splits)} splits accepted" + (f" (closest to their threshold: {shown})" if shown else "")
+        return (f"{splits}, {len(state.merges)} merges; no further merge: {self.merge_refusal()}; "
                 f"no further split: {self.split_refusal()}")

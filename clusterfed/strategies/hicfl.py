@@ -1,70 +1,47 @@
 """HiCFL (Gong, Xing, Liu, Xi, Chen, "Towards Hierarchical Clustered Federated Learning With
 Model Stability on Mobile Devices", IEEE Transactions on Mobile Computing 2023).
 
-All clients start in one cluster; every round each member trains its cluster's model and
-sends its full update (``return = update``); the server aggregates per cluster. Then:
+The paper's steps, in the order ``after_train`` and ``consider_split`` run them:
 
-1. **Model stability** per client and layer: ``S_t = |(T_t + T_{t−1})/2 − T_{t−2~t}|`` from
+1. All clients start in one cluster; every round each member trains its cluster's model and
+   sends its full update (``return = update``); the server aggregates per cluster.
+2. **Model stability** per client and layer: ``S_t = |(T_t + T_{t−1})/2 − T_{t−2~t}|`` from
    the last three updates of that layer, averaged over a sliding window of ``window`` (W)
-   rounds (``clustering/stability.StabilityTracker``; a window counts only once full).
-   A *layer* is a named layer of the state dict — its weight and bias flattened together
-   (``conv1``, ``conv2``, ``fc1``, ``fc2`` for the digits CNN): that is the paper's
-   "layer l" and keeps the bias with the weights it shifts. ``cluster-layers`` (a rule or
-   names) restricts the layers watched; ``auto`` = every layer of compared arrays (buffers
-   such as BatchNorm running statistics are never watched: ``compare-arrays``).
-2. **Weight selection**: when a client enters a cluster (the start, or after its cluster
-   split) only the indexes with ``|Δ_new − Δ_old| > ξ`` of each layer are kept for its
-   stability (``xi``, default ``0.05·lr``); the first update after entering is compared
-   with the previous one, so stability starts one round later. A selection keeping fewer
-   than ``MIN_KEPT_FRACTION`` of a layer falls back to the whole layer: on one or two
-   weights every cosine is ±1 and S is 0 by construction. The fraction of weights kept is
-   reported every round.
-3. **Split timing** (paper): a cluster is ready to split when, on one layer, the windowed
-   stability of every member is below ε (``stability-eps``; the paper sets ε = 0.5·η).
-   **Defaults beyond the paper** (the measurements behind them: docs/algorithms/hicfl.md):
+   rounds (``StabilityWindows``, ``hicfl_stability.py``; a window counts only once full).
+   A *layer* is a named layer of the state dict, its weight and bias flattened together
+   (``conv1``, ``fc1``, …): the paper's "layer l", keeping the bias with the weights it
+   shifts. ``cluster-layers`` restricts the layers watched (``auto``: every layer of compared
+   arrays; buffers such as BatchNorm statistics are never watched).
+3. **Weight selection**: when a client enters a cluster (the start, or after a split) only
+   the indexes with ``|Δ_new − Δ_old| > ξ`` of each layer are kept for its stability (``xi``,
+   the paper's ``0.05·η``); the first update after entering is compared with the previous
+   one, so stability starts one round later. The share of weights kept is reported.
+4. **Split timing**: a cluster is ready to split when, on one layer, the windowed stability
+   of every member is below ε (``stability-eps``, the paper's ``0.5·η``).
+5. **The split**: reference ``c_r = argmin S`` on the ready layer; members whose update has
+   ``cos > 0`` with the reference's join its side (``split = reference``;
+   ``LayerProposals``, ``hicfl_proposals.py``). If every member points the reference's way
+   there is no split (never an empty side). Children start from the parent's model; their
+   members' windows and weight selections restart, so children split again later.
+6. **Stop rule**: a cluster whose updates agree stops splitting — the heterogeneity half of
+   CFL's criteria (``split-criteria``) must hold in the split round. Stationarity is not
+   required: stability replaces it as the timing signal (split before the model converged).
 
-   - *relative ε* (``stability-eps = auto``, ``stability-eps-rel``): ε is a multiple of the
-     layer's median windowed stability at the cluster's first full window
-     (``split_rules.layer_scale`` / ``relative_stability``; every new cluster takes its own
-     scale), because the layers' stability scales differ, so one absolute ε is met on some
-     layers at once and on others never. A number in ``stability-eps`` restores the
-     paper's absolute ε.
-   - *median member* (``timing = median``; ``all`` = the paper): a layer is ready when the
-     median member's relative stability is below ε. Windowed stability grows during
-     training (the updates become noise-dominated), so with ``all`` one noisy member holds
-     every layer back.
-
-4. **The split** (paper: reference ``c_r = argmin S`` on the ready layer; members whose
-   update has ``cos > 0`` with the reference's join its side). **Default beyond the paper**
-   (``split = linkage``): CFL's complete-linkage bi-partition of the cosine similarities of
-   the members' latest updates of the layer, the same rule that gives CFL and LayerCFL pure
-   splits; the sign rule with one reference is rarely pure when a cluster holds several
-   groups. ``reference`` keeps the paper's rule, on **centred** updates (choice,
-   ``CENTRE_UPDATES``): each member's update minus the members' sample-weighted mean
-   (``clustering/stability.centred_updates``) — the mean is the cluster's common progress,
-   which dominates early on, so raw cosines are almost all positive and the raw sign split
-   off only the clients pulling hardest against it. If every member points the reference's
-   way there is no split (never an empty side).
-
-   **Structure test and layer choice (beyond the paper; ``min-silhouette``)**: every ready
-   layer proposes a split; the one with the largest structure score is taken and kept only
-   if the score reaches the threshold (``split_rules.pick_best``). The score is the
-   silhouette on cosine distances 1 − cos of the layer's raw updates: for ``linkage`` the
-   best over complete-linkage cuts into 2..``split-silhouette-max-k`` clusters (as CFL's
-   acceptance test), for ``reference`` the proposed split's own. With it on, the paper's
-   heterogeneity stop rule (step 5) is skipped. ``min-silhouette = -1`` switches the test
-   off and restores the stop rule and the paper's layer (the first ready one).
-   **Minimum side (beyond the paper; ``min-side``)**: a linkage split leaving a side with
-   fewer members is not proposed — one outlier client is not a group.
-
-   Children start from the parent's model; their members' stability windows and weight
-   selections restart, so children split again later (hierarchy). Over-splitting of pure
-   groups is repaired by merging (``merge``, see ``leaf_merging.py``).
-5. **Stop rule** (only with the structure test off): a cluster whose updates agree stops
-   splitting — the heterogeneity half of CFL's criteria (``split-criteria``; relative:
-   ``max_c ||Δ_c|| > rel-eps2 · ||Σ n_c/N Δ_c||``, absolute: ``> eps2``) must hold in the
-   split round. Stationarity is not required: stability replaces it as the timing signal,
-   which is the paper's point (split before the cluster's model has converged).
+Beyond the paper, each switchable and listed with its default in docs/algorithms/hicfl.md:
+ε relative to each layer's scale (``stability-eps = auto``, ``stability-eps-rel``: the layers'
+stability scales differ); the median member's stability (``timing = median``; ``all`` = the
+paper); the weight selection's fallback to the whole layer when it keeps fewer than
+``min-kept-fraction`` of it (on one or two weights every cosine is ±1 and S is 0 by
+construction); complete linkage of the members' cosine similarities (``split = linkage``,
+CFL's rule; the sign rule with one reference is rarely pure when a cluster holds several
+groups); the reference rule on updates centred on the members' sample-weighted mean
+(``centre-updates``: raw cosines are almost all positive while the cluster's common progress
+dominates); the structure test and layer choice (``min-silhouette``: every ready layer
+proposes, the best-scored proposal is taken if its silhouette on 1 − cos reaches the
+threshold; with it on, the stop rule of step 6 is skipped and ``-1`` restores the stop rule
+and the paper's layer, the first ready one); a minimum side (``min-side``); the group-free
+rotation test of splits into small sides (``small-side-reference-draws``); merging
+(``merge``, ``leaf_merging.py``).
 
 Partial participation (``fraction-train`` < 1): stability is tracked per client over its
 own participations — a client's last three updates and its window of W scores come from the
@@ -76,30 +53,27 @@ window (the paper's every member); with ``fraction-train`` < 1 windows fill at r
 windows are full vote, propose and set the ε scale, at least ``min-split-size`` of them; a
 replier whose window is not full yet joins the side its update of this round points to
 (recorded under ``unwindowed``). A member that did not reply is put at once on the side its
-last update of the chosen layer points to (by the split's own rule: nearest side mean, or
-the sign with the centred reference), or on the larger side if it has none; it is recorded
-under ``absent`` and keeps a model (its side's). When next sampled it is placed for real by
-the newcomer descent from that split (``bipartitioning.py``); if that moves it, its windows
-restart. All members' windows restart after the split. With full participation this is the
-paper's rule on every member.
+last update of the chosen layer points to (by the split's own rule), or on the larger side if
+it has none; it is recorded under ``absent`` and keeps a model (its side's). When next
+sampled it is placed for real by the newcomer descent from that split (``tree_descent.py``);
+if that moves it, its windows restart. All members' windows restart after the split.
 
 Also as in CFL: at least ``min-split-size`` members (and as many updates this round) and
 not before ``min-split-round``. Each split records the rule, the layer, the ready layers and
 their scores, the reference (``reference`` rule), the members' stabilities, the criteria,
-the side-based Gap and the true-group Gap (metrics only) and the cosine matrix of the
-layer's updates (for figures).
+the side-based Gap and the cosine matrix of the layer's updates (for figures).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import SplitDecision
-from clusterfed.clustering.sketch import in_sketch_space
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.clustering.split_scores import separation_gap
 from clusterfed.clustering.stability import StabilityTracker
@@ -108,18 +82,8 @@ from clusterfed.strategies.bipartitioning import BiPartitioning, BiPartitioningP
 from clusterfed.strategies.exchange import Diagnostics, SplitCompared, TrainReply
 from clusterfed.strategies.hicfl_proposals import LayerProposals
 from clusterfed.strategies.hicfl_stability import StabilityWindows
+from clusterfed.strategies.tree_descent import side_of
 from clusterfed.strategies.update_vectors import decision_record, similarity_record
-
-# A ξ-selection keeping fewer than this share of a layer's weights falls back to the whole
-# layer (choice beyond the paper; no config key yet): measured on digits (rotation, seed 0)
-# one client kept 1 of conv1's 160 weights, its S was identically 0 and it became the
-# reference of a 19 | 1 split.
-MIN_KEPT_FRACTION = 0.05
-
-# The reference split on centred updates (choice beyond the paper; no config key yet): see
-# the module docstring, step 3. False = the paper's raw cosine sign.
-CENTRE_UPDATES = True
-
 
 # Draws of the small-side rotation test: the test is repeated every round while a cluster
 # stays whole, so a 5 % test (19 draws) is passed by noise within a few rounds (measured:
@@ -147,6 +111,16 @@ class HiCFLParams(BiPartitioningParams):
         "linkage", json_schema_extra={"legacy": "hicfl-split"}, description="sign of the cosine with the reference (the paper) or complete linkage (CFL's)")
     min_silhouette: float = Field(0.45, alias="min-silhouette", json_schema_extra={"legacy": "hicfl-min-silhouette"}, ge=-1, le=1,
                                   description="structure test on the proposed split; -1 = off (the paper's stop rule)")
+    # measured on digits (rotation, seed 0) before the fallback: one client kept 1 of conv1's
+    # 160 weights, its S was identically 0 and it became the reference of a 19 | 1 split
+    min_kept_fraction: float = Field(
+        0.05, alias="min-kept-fraction", ge=0, le=1,
+        description="a ξ-selection keeping fewer than this share of a layer's weights falls back to the whole layer "
+                    "(0 = never; beyond the paper)")
+    centre_updates: bool = Field(
+        True, alias="centre-updates",
+        description="split = reference: cosines with the reference on updates minus the members' weighted mean "
+                    "(false = the paper's raw updates)")
     min_side: int = Field(2, alias="min-side", json_schema_extra={"legacy": "hicfl-min-side"}, ge=1, description="fewest members on each side of a split")
     small_side_reference_draws: int = Field(
         SMALL_SIDE_DRAWS, alias="small-side-reference-draws", ge=0,
@@ -173,13 +147,14 @@ class HiCFLState(BiPartitioningState):
     last_timing: dict[str, Any] | None = None  # the last judged cluster's layer nearest ε, for the reason
 
 
-class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
-    """HiCFL: splits timed by per-layer model stability."""
+class HiCFL(BiPartitioning):
+    """HiCFL: splits timed by per-layer model stability (the paper's steps: the module docstring)."""
 
     name = "hicfl"
     Params = HiCFLParams
     State = HiCFLState
-    centre_updates = CENTRE_UPDATES
+    state: HiCFLState
+    params: HiCFLParams
     timing_code = "stability"
     one_cluster_reasons = {
         "stability": "split timing never met: on every layer the windowed stability (of every member or of the "
@@ -194,68 +169,74 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
         "size": "too few members or replies to split, or the run ended before min-split-round",
     }
 
+    @cached_property
+    def windows(self) -> StabilityWindows:
+        """Steps 2–4's stability windows (``hicfl_stability.py``)."""
+        return StabilityWindows(self, sketch_dim=self.params.sketch_dim, seed=self.params.seed)
+
+    @cached_property
+    def proposals(self) -> LayerProposals:
+        """Step 5's proposals, one per ready layer (``hicfl_proposals.py``)."""
+        return LayerProposals(self, self.params, self.windows.sample_of)
+
     def check_train_config(self, train_config: dict[str, Any]) -> None:
         if self.params.xi == "auto" and not isinstance(train_config.get("lr"), (int, float)):
             raise StrategyParamsError('hicfl.xi = "auto" is 0.05 × the clients\' learning rate, but the train config '
                                       'has no number "lr": set xi, or pass train_config={"lr": ...}')
 
+    # ------------------------------------------------------------ step 1: one cluster
     def init_clusters(self) -> None:
         super().init_clusters()
-        eps, xi = self.params.number_or_none(self.params.stability_eps), self.params.number_or_none(self.params.xi)
-        self.epsilon = eps
-        self.eps_rel = self.params.stability_eps_rel
-        self.scales = {}
-        lr = self.train_config.get("lr")  # None in a loop of one's own: its first configure_train gives it
-        self.xi = xi if xi is not None else 0.05 * float(lr) if isinstance(lr, (int, float)) else None
-        self.tracker = StabilityTracker(self.params.window, self.xi, min_kept_fraction=MIN_KEPT_FRACTION)
-        rule = self.params.cluster_layers
-        self.watch(self.compared if rule == "auto" else self.select_compared_layers(rule))
-        self.no_split = []
-        self.windows_filled = False
-        self.samples = {}
-
-    def watch(self, names: list[str]) -> None:
-        """The layers whose stability is watched: ``names`` grouped by layer."""
-        self.layer_keys = {}
-        for name in names:  # named layer = state-dict prefix: weight and bias together
-            self.layer_keys.setdefault(name.rsplit(".", 1)[0], []).append(name)
-        self.layers = list(self.layer_keys)
-        self.layer_sizes = {layer: int(sum(self.theta0[n].size for n in keys))
-                            for layer, keys in self.layer_keys.items()}
+        state, c = self.state, self.params
+        state.epsilon = c.number_or_none(c.stability_eps)
+        state.eps_rel = c.stability_eps_rel
+        state.scales = {}
+        xi, lr = c.number_or_none(c.xi), self.train_config.get("lr")  # lr None in a loop of one's own: its first configure_train gives it
+        state.xi = xi if xi is not None else 0.05 * float(lr) if isinstance(lr, (int, float)) else None
+        state.tracker = StabilityTracker(c.window, state.xi, min_kept_fraction=c.min_kept_fraction)
+        self.windows.watch(state.compared if c.cluster_layers == "auto" else self.select_compared_layers(c.cluster_layers))
+        state.no_split = []
+        state.windows_filled = False
+        state.samples = {}
 
     def compared_changed(self) -> None:
         """Arrays no client changed are never watched (a frozen layer is perfectly stable)."""
-        kept = set(self.compared)
-        self.watch([n for keys in self.layer_keys.values() for n in keys if n in kept]
-                   or [n for keys in self.layer_keys.values() for n in keys])
+        kept, watched = set(self.state.compared), [n for keys in self.state.layer_keys.values() for n in keys]
+        self.windows.watch([n for n in watched if n in kept] or watched)
 
     @property
     def structure_test(self) -> bool:
         return self.params.min_silhouette > -1
 
+    # ------------------------------------------------------------ steps 2–3: stability, weight selection
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
-        if self.xi is None:  # xi = auto, the train config's lr known only now
+        state = self.state
+        if state.xi is None:  # xi = auto, the train config's lr known only now
             self.check_train_config(self.train_config)
-            self.xi = self.tracker.xi = 0.05 * float(self.train_config["lr"])
+            state.xi = state.tracker.xi = 0.05 * float(self.train_config["lr"])
         silent = self.leave_out_silent(replies)  # before the windows see a frozen layer
-        self.track(replies)
+        self.windows.track(replies, compact=self.compact_storage())
         # stability before a split restarts the windows, so figures show the trigger; no_split: [] when none
-        diagnostics = {**self.record_stability(), "no_split": [], **super().after_train(server_round, replies)}
+        diagnostics = {**self.windows.record(self.placed()), "no_split": [],
+                       **super().after_train(server_round, replies)}
         return {**diagnostics, "decision": silent} if silent else diagnostics
 
+    # ------------------------------------------------------------ steps 4–6: timing, split, stop rule
     def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
                        decision: SplitDecision) -> Diagnostics | None:
-        members = self.tree.members(cluster)
+        tracker, layers = self.state.tracker, self.state.layers
+        members = self.state.tree.members(cluster)
         replied = {r.key for r in replies}
         # timing and split on the members that replied this round (every member with full
         # participation); under partial participation only those with full windows vote
         # and propose, the others follow their update after the split (module docstring)
         present = [k for k in members if k in replied]
         if self.params.fraction_train < 1:
-            present = [k for k in present if all(self.tracker.windowed(k, layer) is not None for layer in self.layers)]
+            present = [k for k in present if all(tracker.windowed(k, layer) is not None for layer in layers)]
             if len(present) < self.params.min_split_size:
                 return
-        values, threshold = self.stability_against_eps(cluster, present)
+        # step 4: the layers whose members' windowed stability is below ε
+        values, threshold = self.windows.against_eps(cluster, present)
         if not self.may_split(server_round, cluster, replies):
             return
         self.note_timing(server_round, cluster, values, threshold)
@@ -264,9 +245,10 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
             return
         if not self.structure_test:
             ready = ready[:1]  # the paper: the first layer that is ready
-            if not decision.heterogeneous:  # stop rule: the members' updates agree
+            if not decision.heterogeneous:  # step 6, the stop rule: the members' updates agree
                 return self.note_no_split(server_round, cluster, ready[0], "agree", decision)
-        proposals = {layer: p for layer in ready if (p := self.propose(layer, present)) is not None}
+        # step 5: a proposal per ready layer; with the structure test, the best-scored one
+        proposals = {layer: p for layer in ready if (p := self.proposals.propose(layer, present)) is not None}
         if not proposals:
             return self.note_no_split(server_round, cluster, ready[0], "one_side", decision)
         choice = pick_best({layer: p["score"] for layer, p in proposals.items()},
@@ -275,10 +257,18 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
             return self.note_no_split(server_round, cluster, max(choice.silhouettes, key=choice.silhouettes.get),
                                       "silhouette", decision, silhouettes=choice.silhouettes)
         chosen = proposals[choice.layer]
-        reference = self.small_side_reference(chosen, present)
+        reference = self.proposals.small_side_reference(chosen, present)
         if reference is not None and choice.silhouette <= reference:  # a few members of one group: noise
             return self.note_no_split(server_round, cluster, choice.layer, "reference", decision,
                                       silhouettes=choice.silhouettes, reference_silhouette=reference)
+        return self.split(server_round, cluster, replies, decision, choice, chosen, ready, reference, present)
+
+    def split(self, server_round: int, cluster: int, replies: list[TrainReply], decision: SplitDecision, choice: Any,
+              chosen: dict[str, Any], ready: list[str], reference: float | None, present: list[str]) -> Diagnostics:
+        """Step 5's split of ``cluster`` by the ``chosen`` proposal; every member's windows restart."""
+        tracker = self.state.tracker
+        members = self.state.tree.members(cluster)
+        replied = {r.key for r in replies}
         keys_a, keys_b = chosen["keys"]
         S = chosen["S"]
         position = {k: i for i, k in enumerate(present)}
@@ -289,10 +279,10 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
             "silhouettes": choice.silhouettes,
             "reference_silhouette": reference,
             "stability": chosen["stability"],
-            "relative": self.epsilon is None,
+            "relative": self.state.epsilon is None,
             "criterion": decision_record(decision),
             "gap": separation_gap(S, [position[k] for k in keys_a], [position[k] for k in keys_b]),
-            "layers": self.layer_keys[choice.layer],
+            "layers": self.state.layer_keys[choice.layer],
             "similarity": similarity_record(present, S),
         }
         route = {**chosen["route"], "model": replies[0].sent}
@@ -300,29 +290,22 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
         # the descent would place them: final); members that did not reply: provisionally
         fresh: tuple[list[str], list[str]] = ([], [])
         for key in (k for k in members if k in replied and k not in position):
-            fresh[self.side_of(self.tracker.last_update(key, choice.layer), route)].append(key)
+            fresh[side_of(tracker.last_update(key, choice.layer), route)].append(key)
         absent = [k for k in members if k not in replied]
-        last = {k: v for k in absent if (v := self.tracker.last_update(k, choice.layer)) is not None}
-        extra_a, extra_b = self.place_absent(cluster, absent, route, last, (len(keys_a), len(keys_b)))
+        last = {k: v for k in absent if (v := tracker.last_update(k, choice.layer)) is not None}
+        extra_a, extra_b = self.descent.place_absent(cluster, absent, route, last, (len(keys_a), len(keys_b)))
         record["absent"] = [extra_a, extra_b]
         if fresh[0] or fresh[1]:
             record["unwindowed"] = [fresh[0], fresh[1]]
         summary = self.apply_split(server_round, cluster, list(keys_a) + fresh[0] + extra_a,
                                    list(keys_b) + fresh[1] + extra_b, record, route, SplitCompared(present, S))
-        self.tracker.reset(members)  # children: windows and weight selection restart
+        self.windows.restart(members)  # children: windows and weight selection restart
         return {"splits": [summary]}
 
-    @staticmethod
-    def side_of(vector: np.ndarray, route: dict[str, Any]) -> int:
-        """A newcomer's side: as in the split itself — its update (on the split's sample of
-        the layer, if any) minus the split round's mean update (when the split was centred),
-        then the sign of the cosine with the reference's centred update."""
-        vector = in_sketch_space(vector, route.get("sketch"))
-        centre = route.get("centre")
-        if centre is not None:
-            vector = vector - centre
-        return BiPartitioning.side_of(vector, route)
+    def entered(self, cluster: int, keys: list[str]) -> None:
+        self.windows.restart(keys)  # a merge, or a provisional member placed elsewhere: its windows restart
 
+    # ------------------------------------------------------------ what a run says of its count
     NO_SPLIT_TEXT = {"agree": "updates agree (not heterogeneous)",
                      "one_side": "a side with fewer than hicfl-min-side members, or everyone on the reference's side",
                      "silhouette": "no ready layer's split passed the structure test",
@@ -333,15 +316,17 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
                       **extra: Any) -> Diagnostics:
         entry = {"round": server_round, "cluster": cluster, "layer": layer, "code": code,
                  "reason": self.NO_SPLIT_TEXT[code], "criterion": decision_record(decision), **extra}
-        self.no_split.append(entry)
+        self.state.no_split.append(entry)
         return {"no_split": [{"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra}]}
 
     def refusal_codes(self) -> list[str]:
-        return [n["code"] for n in self.no_split]
+        return [n["code"] for n in self.state.no_split]
 
     def one_cluster_reason(self) -> str | None:
         reason = super().one_cluster_reason()
-        if reason is not None and self.split_allowed and not self.splits and not self.no_split and not self.windows_filled:
+        state = self.state
+        if reason is not None and state.split_allowed and not state.splits and not state.no_split \
+                and not state.windows_filled:
             return f"{self.one_cluster_reasons['window']}; window {self.params.window}"
         return reason
 
@@ -351,14 +336,14 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
         judged = {layer: float(statistic(list(v.values()))) for layer, v in values.items() if v}
         if judged:
             layer = min(judged, key=judged.get)
-            self.last_timing = {"round": server_round, "cluster": cluster, "layer": layer, "value": judged[layer],
-                                "eps": eps}
+            self.state.last_timing = {"round": server_round, "cluster": cluster, "layer": layer,
+                                      "value": judged[layer], "eps": eps}
 
     def timing_numbers(self) -> str | None:
-        t = self.last_timing
+        t = self.state.last_timing
         if not t:
             return None
-        unit = "" if self.epsilon is not None else " (relative to the layer's scale)"
+        unit = "" if self.state.epsilon is not None else " (relative to the layer's scale)"
         sign = ">=" if t["value"] >= t["eps"] else "<"  # the last judged round may have fired (then a split)
         return (f"round {t['round']}: nearest layer {t['layer']}, {self.params.timing} member's stability "
                 f"{t['value']:.3f} {sign} ε {t['eps']:.3f}{unit}")
@@ -373,7 +358,7 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
         if not codes:
             return None
         top = max(set(codes), key=codes.count)
-        entries = [n for n in self.no_split if n["code"] == top]
+        entries = [n for n in self.state.no_split if n["code"] == top]
         if top == "silhouette":
             n = max(entries, key=lambda n: max(n["silhouettes"].values()))
             return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: best layer silhouette "
@@ -386,13 +371,13 @@ class HiCFL(LayerProposals, StabilityWindows, BiPartitioning):
         return f"last refusal: round {n['round']}, cluster {n['cluster']}, layer {n['layer']}"
 
     def thresholds(self) -> dict[str, Any]:
-        c = self.params
-        return {**super().thresholds(), "stability_eps": self.epsilon, "stability_eps_rel": self.eps_rel, "xi": self.xi,
-                "window": c.window, "timing": c.timing, "split": c.split,
+        c, state = self.params, self.state
+        return {**super().thresholds(), "stability_eps": state.epsilon, "stability_eps_rel": state.eps_rel,
+                "xi": state.xi, "window": c.window, "timing": c.timing, "split": c.split,
                 "min_silhouette": c.min_silhouette}
 
     def cluster_state(self) -> dict[str, Any]:
-        state = super().cluster_state()
-        state["layers"] = self.layers
-        state["no_split"] = self.no_split
-        return state
+        cluster_state = super().cluster_state()
+        cluster_state["layers"] = self.state.layers
+        cluster_state["no_split"] = self.state.no_split
+        return cluster_state

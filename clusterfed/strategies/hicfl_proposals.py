@@ -1,4 +1,5 @@
-"""HiCFL's split proposals (step 4 of ``hicfl.py``): on one layer, a bi-partition of the
+"""HiCFL's split proposals (Gong et al., "Towards Hierarchical Clustered Federated Learning With
+Model Stability on Mobile Devices", step 4 of ``hicfl.py``): on one layer, a bi-partition of the
 members by the configured rule (``split``: complete linkage of the cosine similarities, or the
 paper's sign of the cosine with the reference member's centred update) with its structure
 score, and the score of group-free rotations of the updates that a split leaving a small side
@@ -6,7 +7,8 @@ must beat (``small-side-reference-draws``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -14,20 +16,47 @@ from clusterfed.clustering.bipartition import bipartition
 from clusterfed.clustering.null_reference import reference_score
 from clusterfed.clustering.split_rules import sides_silhouette
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
-from clusterfed.clustering.stability import centred_updates, reference_split
+from clusterfed.clustering.stability import StabilityTracker, centred_updates, reference_split
+from clusterfed.strategies.exchange import ClientInfo
+from clusterfed.strategies.parts import Host, Part
 from clusterfed.strategies.update_vectors import cosine
 
+if TYPE_CHECKING:
+    from clusterfed.strategies.hicfl import HiCFLParams
 
-class LayerProposals:
-    """The proposals of ``HiCFL`` (reads its tracker, params, clients and layers)."""
+
+class ProposalState(Protocol):
+    """The strategy state the proposals read (all of it read only): the tracker's latest
+    updates and windowed stability, the watched layers' arrays."""
+
+    tracker: StabilityTracker | None
+    layer_keys: dict[str, list[str]]
+
+
+class ProposalHost(Host[ProposalState], Protocol):
+    """What the proposals need of HiCFL beyond its state: its clients' sizes (centring)."""
+
+    clients: dict[str, ClientInfo]
+
+
+class LayerProposals(Part[ProposalState]):
+    """The proposals of HiCFL (module docstring); ``sample_of(layer)``: the route's ``sketch``
+    entry when the layer's updates are kept on a sample (``StabilityWindows.sample_of``)."""
+
+    def __init__(self, host: ProposalHost, params: HiCFLParams, sample_of: Callable[[str], dict[str, Any]]) -> None:
+        super().__init__(host)
+        self.host: ProposalHost = host
+        self.params = params
+        self.sample_of = sample_of
 
     def propose(self, layer: str, members: list[str]) -> dict[str, Any] | None:
-        """The bi-partition of ``members`` on ``layer`` by the configured rule (``hicfl-split``)
+        """The bi-partition of ``members`` on ``layer`` by the configured rule (``split``)
         and its structure score, or None when the reference rule puts everyone on one side."""
-        raw = {k: self.tracker.last_update(k, layer) for k in members}
+        tracker, layer_keys = self.state.tracker, self.state.layer_keys
+        raw = {k: tracker.last_update(k, layer) for k in members}
         U = np.stack([raw[k] for k in members])
         S = cosine_similarity_matrix(U)  # raw: comparable with CFL's
-        stability = {k: float(self.tracker.windowed(k, layer)) for k in members}
+        stability = {k: float(tracker.windowed(k, layer)) for k in members}
         if self.params.split == "linkage":
             side_a, side_b = bipartition(S)
             if min(len(side_a), len(side_b)) < self.params.min_side:
@@ -35,13 +64,14 @@ class LayerProposals:
             keys_a, keys_b = [members[i] for i in side_a], [members[i] for i in side_b]
             max_k = self.params.split_silhouette_max_k
             score = float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(U, side_a, side_b)
-            route = {"rule": "nearest-mean", "names": self.layer_keys[layer],
+            route = {"rule": "nearest-mean", "names": layer_keys[layer],
                      "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)], "centre": None,
                      **self.sample_of(layer)}
             return {"layer": layer, "keys": (keys_a, keys_b), "score": score, "S": S, "stability": stability,
                     "route": route, "record": {"rule": "linkage"}}
-        weights = {k: self.clients[k].num_examples for k in members}
-        updates = centred_updates(raw, weights) if self.centre_updates else raw
+        centre = self.params.centre_updates
+        weights = {k: self.host.clients[k].num_examples for k in members}
+        updates = centred_updates(raw, weights) if centre else raw
         sides = reference_split(updates, stability)
         if sides is None:
             return None
@@ -49,10 +79,10 @@ class LayerProposals:
         position = {k: i for i, k in enumerate(members)}
         reference = min(members, key=lambda k: stability[k])  # reference_split's argmin (first on ties)
         score = sides_silhouette(U, [position[k] for k in keys_a], [position[k] for k in keys_b])
-        route = {"rule": "reference", "names": self.layer_keys[layer], "directions": [updates[reference]],
-                 "centre": raw[reference] - updates[reference] if self.centre_updates else None,
+        route = {"rule": "reference", "names": layer_keys[layer], "directions": [updates[reference]],
+                 "centre": raw[reference] - updates[reference] if centre else None,
                  **self.sample_of(layer)}
-        record = {"rule": "reference", "reference": reference, "centred": self.centre_updates,
+        record = {"rule": "reference", "reference": reference, "centred": centre,
                   "centred_similarity_to_reference": {k: round(cosine(updates[reference], updates[k]), 4)
                                                       for k in members}}
         return {"layer": layer, "keys": sides, "score": score, "S": S, "stability": stability, "route": route,
@@ -76,7 +106,7 @@ class LayerProposals:
         if draws <= 0 or self.params.split != "linkage" or smallest >= self.params.min_split_size or smallest < 2:
             return None
         layer = proposal["layer"]
-        U = np.stack([self.tracker.last_update(k, layer) for k in members]).astype(np.float64)
+        U = np.stack([self.state.tracker.last_update(k, layer) for k in members]).astype(np.float64)
         max_k = self.params.split_silhouette_max_k
 
         def score(R: np.ndarray) -> float:

@@ -67,30 +67,27 @@ class IFCA(ClusteredStrategy):
     name = "ifca"
     Params = IFCAParams
     State = IFCAState
+    params: IFCAParams
+    state: IFCAState
     one_cluster_reasons = {
         "one_choice": "every client's lowest-training-loss model was the same one: the other models never won a "
                       "client (try init = \"kmeans++\" or more restarts)",
     }
 
-    def one_cluster_reason(self) -> str | None:
-        chosen = set(self.assignment.values())
-        if len(chosen) != 1 or self.k == 1:
-            return None
-        return f"{self.one_cluster_reasons['one_choice']} (cluster {chosen.pop()} of {self.k})"
-
     def requires(self) -> set[str]:
         return {MULTI_MODEL}
 
     def init_clusters(self) -> None:
-        self.k = self.params.num_clusters
-        self.warming_up = self.params.init == "kmeans++"
-        self.choice_counts = {}
-        if self.warming_up:
-            self.new_cluster(self.theta0)  # the warm-up model, replaced by the seeds
+        self.state.k = self.params.num_clusters
+        self.state.warming_up = self.params.init == "kmeans++"
+        self.state.choice_counts = {}
+        if self.state.warming_up:
+            self.new_cluster(self.state.theta0)  # the warm-up model, replaced by the seeds
             return
-        self.candidates = [random_initialisations(self.theta0, self.k, self.rng, self.compared_names())
-                           for _ in range(self.params.restarts)]
-        for model in self.candidates[0]:
+        self.state.candidates = [
+            random_initialisations(self.state.theta0, self.state.k, self.state.rng, self.compared_names())
+            for _ in range(self.params.restarts)]
+        for model in self.state.candidates[0]:
             self.new_cluster(model)
 
     def select_trainers(self, server_round: int) -> list[str]:
@@ -101,37 +98,37 @@ class IFCA(ClusteredStrategy):
         """Nothing to do: a newcomer chooses its cluster by loss when it first trains."""
 
     def ifca_asks(self, server_round: int, keys: list[str], models: dict[int, dict]) -> list[Ask]:
-        packed = pack_models([models[c] for c in range(self.k)])
+        packed = pack_models([models[c] for c in range(self.state.k)])
         asks = []
         for key in keys:
             config = {"server-round": server_round, "phase": "train", "upload": "full", "return": "weights",
-                      "cluster-id": -1, CHOICES: self.k}
+                      "cluster-id": -1, CHOICES: self.state.k}
             asks.append(Ask(key, packed, config))
         return asks
 
     def round(self, server_round: int) -> Steps:
         self.reports = []
         trainers = self.select_trainers(server_round)
-        if self.warming_up:
-            replies = yield self.train_asks(server_round, trainers, models={k: self.theta0 for k in trainers},
+        if self.state.warming_up:
+            replies = yield self.train_asks(server_round, trainers, models={k: self.state.theta0 for k in trainers},
                                             extra={"cluster-id": 0}, phase="warmup")
             diagnostics = self.seed_from(replies)
         else:
-            restarts = self.candidates or []
+            restarts = self.state.candidates or []
             if len(restarts) > 1:
                 replies, diagnostics = yield from self.restart(server_round, trainers, restarts)
             else:
-                replies = yield self.ifca_asks(server_round, trainers, self.models)
+                replies = yield self.ifca_asks(server_round, trainers, self.state.models)
                 diagnostics = self.take(replies)
-            self.candidates = []
+            self.state.candidates = []
         diagnostics["train_loss"] = mean_train_loss(replies)
-        diagnostics["ifca_choices"] = {str(c): sum(1 for r in replies if r.cluster == c) for c in range(self.k)}
+        diagnostics["ifca_choices"] = {str(c): sum(1 for r in replies if r.cluster == c) for c in range(self.state.k)}
         return diagnostics
 
     def take(self, replies: list[TrainReply]) -> Diagnostics:
         """Each replying client belongs to the cluster it chose; FedAvg per cluster (its diagnostics returned)."""
         for reply in replies:
-            self.assignment[reply.key] = reply.cluster
+            self.state.assignment[reply.key] = reply.cluster
         return self.aggregate_clusters(replies)
 
     def restart(self, server_round: int, trainers: list[str], restarts: list[list[dict]]) -> Steps:
@@ -146,7 +143,7 @@ class IFCA(ClusteredStrategy):
             if best is None or loss < best[0]:
                 best = (loss, index, replies)
         loss, index, replies = best
-        self.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(restarts[index])}
+        self.state.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(restarts[index])}
         return replies, {**self.take(replies), "ifca_restart_kept": index, "ifca_restart_loss": loss}
 
     def seed_from(self, replies: list[TrainReply]) -> Diagnostics:
@@ -156,21 +153,29 @@ class IFCA(ClusteredStrategy):
         replies = sorted(replies, key=lambda r: natural(r.key))
         names = sorted(self.compared_names())  # buffers (BatchNorm counters) would swamp the distances
         X = np.stack([np.concatenate([r.weights[n].ravel() for n in names]).astype(np.float64) for r in replies])
-        k = min(self.k, len(replies))
+        k = min(self.state.k, len(replies))
         best = None
         for _ in range(self.params.restarts):
-            seeds, potential = kmeanspp_seeds(X, k, self.rng)
+            seeds, potential = kmeanspp_seeds(X, k, self.state.rng)
             if best is None or potential < best[1]:
                 best = (seeds, potential)
         seeds = best[0]
         models = [replies[i].weights for i in seeds]
-        models += random_initialisations(self.theta0, self.k - k + 1, self.rng, self.compared_names())[1:]  # fewer replies than K
-        self.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(models)}
-        self.next_cluster_id = self.k
+        # fewer replies than K: the rest are random initialisations
+        models += random_initialisations(self.state.theta0, self.state.k - k + 1, self.state.rng,
+                                         self.compared_names())[1:]
+        self.state.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(models)}
+        self.state.next_cluster_id = self.state.k
         for reply, position in zip(replies, nearest_seed(X, seeds)):
-            self.assignment[reply.key] = int(position)  # provisional, until it chooses by loss
-        self.warming_up = False
+            self.state.assignment[reply.key] = int(position)  # provisional, until it chooses by loss
+        self.state.warming_up = False
         return {"ifca_seed_clients": [replies[i].key for i in seeds], "ifca_potential": best[1]}
 
+    def one_cluster_reason(self) -> str | None:
+        chosen = set(self.state.assignment.values())
+        if len(chosen) != 1 or self.state.k == 1:
+            return None
+        return f"{self.one_cluster_reasons['one_choice']} (cluster {chosen.pop()} of {self.state.k})"
+
     def cluster_state(self) -> dict:
-        return {"num_clusters": self.k, "init": self.params.init}
+        return {"num_clusters": self.state.k, "init": self.params.init}

@@ -3,7 +3,7 @@ own updates and said in plain words.
 
 ``cluster-layers = auto`` (beyond the papers): the clustering phase uploads every
 candidate layer (each layer with a compared array of two or more dimensions; at most
-``MAX_CANDIDATE_LAYERS``, the last ones in state-dict order), the arrays no client changed
+``max-candidate-layers``, the last ones in state-dict order), the arrays no client changed
 are left out (``parameters.silent_names``: a frozen backbone), and the layer whose clients'
 updates show the most structure is compared (``clustering.layer_evidence``). Newcomers
 then upload only that layer. The papers' rule (``final``) or any rule or layer names stay
@@ -26,8 +26,8 @@ from clusterfed.models.layers import matrix_layers
 from clusterfed.models.parameters import silent_names
 
 EVIDENCE = "auto"
-# each candidate costs one cut with its group-free reference, and every candidate is
-# uploaded once in the clustering phase: the last layers hold the head and its neighbours
+# the default of ``max-candidate-layers``: each candidate costs one cut with its group-free
+# reference and is uploaded once in the clustering phase; the last layers hold the head
 MAX_CANDIDATE_LAYERS = 8
 
 
@@ -52,15 +52,17 @@ class LayerChoice:
         return {k: v for k, v in asdict(self).items() if k != "candidates"}
 
 
-def start_choice(theta0: dict[str, np.ndarray], rule: str, compare: Any, rule_keys, paper_rule: str) -> LayerChoice:
-    """The choice before any reply: under ``auto`` every candidate layer's keys are uploaded
-    (a model with one candidate needs no scoring); under a rule, ``rule_keys(rule)``
-    (``paper_rule``: the strategy's paper's, for a model with no candidate layer)."""
+def start_choice(theta0: dict[str, np.ndarray], rule: str, compare: Any, rule_keys, paper_rule: str,
+                 max_candidates: int = MAX_CANDIDATE_LAYERS) -> LayerChoice:
+    """The choice before any reply: under ``auto`` the keys of every candidate layer (the
+    last ``max_candidates``) are uploaded (a model with one candidate needs no scoring);
+    under a rule, ``rule_keys(rule)`` (``paper_rule``: the strategy's paper's, for a model
+    with no candidate layer)."""
     if rule != EVIDENCE:
         return LayerChoice(rule=rule, keys=list(rule_keys(rule)))
     candidates = matrix_layers(theta0, compare)
-    if len(candidates) > MAX_CANDIDATE_LAYERS:
-        candidates = dict(list(candidates.items())[-MAX_CANDIDATE_LAYERS:])
+    if len(candidates) > max_candidates:
+        candidates = dict(list(candidates.items())[-max_candidates:])
     if len(candidates) <= 1:
         keys = [k for keys in candidates.values() for k in keys] or list(rule_keys(paper_rule))
         return LayerChoice(rule=rule, keys=keys, chosen=next(iter(candidates), None))

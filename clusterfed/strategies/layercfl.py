@@ -39,7 +39,7 @@ Uplink: the protocol aggregates full updates every round, so every member upload
 whole update anyway and the split decision reads the selected layers out of that same
 upload — LayerCFL saves no uplink here. It would only save uplink in a protocol with
 rounds that do not aggregate. (Newcomers placed after a split do upload only the
-selected layers: see ``BiPartitioning.admit``.)
+selected layers: ``tree_descent.py``.)
 
 Partial participation (``fraction-train`` < 1): as CFL (``cfl.py``) — criteria and split
 on this round's repliers; a member that did not reply follows its latest update of the
@@ -91,6 +91,8 @@ class LayerCFL(CFL):
     name = "layercfl"
     Params = LayerCFLParams
     State = LayerCFLState
+    state: LayerCFLState
+    params: LayerCFLParams
     one_cluster_reasons = {
         "criteria": "split criteria never met (as CFL)",
         "silhouette": "every proposed split refused by the structure test on the selected layers",
@@ -112,25 +114,29 @@ class LayerCFL(CFL):
             # no client changes (a frozen backbone): its first fully connected layer; without
             # one either, the final layer
             fallbacks = {"conv": ("conv", "fc", "final"), "fc": ("fc", "final")}[rule]
-            rule = next((r for r in fallbacks if _has_layer(self.theta0, r, compare)), "final")
-        self.layer_rule = rule
-        self.selected_names = self.select_compared_layers(rule, compare)
+            rule = next((r for r in fallbacks if _has_layer(self.state.theta0, r, compare)), "final")
+        self.state.layer_rule = rule
+        self.state.selected_names = self.select_compared_layers(rule, compare)
 
     def compared_changed(self) -> None:
         """Arrays no client changed left ``compared``: the rule picks again among the rest
         (an explicit ``cluster-layers`` keeps its layers, less the silent arrays)."""
+        state = self.state
         if self.params.cluster_layers == "auto":
-            self.pick_layers(list(self.compared))
+            self.pick_layers(list(state.compared))
         else:
-            self.selected_names = [n for n in self.selected_names if n in set(self.compared)] or self.selected_names
+            state.selected_names = [n for n in state.selected_names if n in set(state.compared)] or state.selected_names
 
     def decision_names(self) -> list[str]:
-        return self.selected_names
+        return self.state.selected_names
 
     def check_split(self, U: np.ndarray, side_a: np.ndarray, side_b: np.ndarray, S: np.ndarray) -> CheckResult:
         return correct_clustering_check(U, side_a, side_b, similarity=S)
 
+    def check_enforced(self) -> bool:
+        return self.params.correct_clustering_check
+
     def cluster_state(self) -> dict:
         state = super().cluster_state()
-        state["layers"] = {"rule": self.layer_rule, "names": self.selected_names}
+        state["layers"] = {"rule": self.state.layer_rule, "names": self.state.selected_names}
         return state

@@ -20,4 +20,4 @@ class Local(ClusteredStrategy):
 
     def admit(self, server_round: int, keys: list[str]) -> None:
         for key in keys:
-            self.assignment[key] = self.new_cluster(self.theta0)
+            self.state.assignment[key] = self.new_cluster(self.state.theta0)

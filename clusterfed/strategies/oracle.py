@@ -20,13 +20,14 @@ class Oracle(ClusteredStrategy):
 
     name = "oracle"
     State = OracleState
+    state: OracleState
 
     def init_clusters(self) -> None:
-        self.cluster_of_group = {}
+        self.state.cluster_of_group = {}
 
     def admit(self, server_round: int, keys: list[str]) -> None:
         for key in keys:
             group = self.clients[key].true_group
-            if group not in self.cluster_of_group:
-                self.cluster_of_group[group] = self.new_cluster(self.theta0)
-            self.assignment[key] = self.cluster_of_group[group]
+            if group not in self.state.cluster_of_group:
+                self.state.cluster_of_group[group] = self.new_cluster(self.state.theta0)
+            self.state.assignment[key] = self.state.cluster_of_group[group]

@@ -8,7 +8,7 @@ cluster trains, which cuts the transmissions.
    latest *change* (local model minus the global model the client started from): the
    latest models of clients that last trained in different rounds differ mostly by how
    far the global model has moved since, which would cluster stale against fresh
-   clients rather than by data. (choice; docs/algorithms/selection.md)
+   clients rather than by data. (choice: ``cluster-on``; ``weights`` is the paper's)
 2. Every later round the clients' latest final layers are clustered (agglomerative,
    ``linkage``, L2) into exactly ``p`` groups; one random client per group trains the
    global model; the global model is the ``n_c``-weighted average of their models, and
@@ -70,6 +70,10 @@ class SelectionParams(StrategyParams):
                               description="annealing: keep p with probability 1 - exp(-round / anneal-tau)")
     linkage: Literal["average", "single", "complete", "ward"] = Field(
         "average", description="linkage of the cut into p groups")
+    cluster_on: Literal["changes", "weights"] = Field(
+        "changes", alias="cluster-on",
+        description="what is clustered of each client's final layer: its latest change (local model minus the "
+                    "global model it started from) or its latest weights (the paper's)")
     guard: Literal["none", "floor"] = Field(
         "floor", description="none: the paper's rule (p starts at the number of clients and may fall to 1: one "
                              "client then trains the global model); floor: one representative, weighted by its "
@@ -97,24 +101,26 @@ class ClientSelection(ClusteredStrategy):
     name = "selection"
     Params = SelectionParams
     State = SelectionState
+    params: SelectionParams
+    state: SelectionState
     figures = ("p_history",)
 
     def init_clusters(self) -> None:
         super().init_clusters()
-        self.layer_keys = self.select_compared_layers("final")
-        self.latest = {}
-        self.previous_loss = None
-        self.controller = None
-        self.transmissions = 0
-        self.floor, self.groups, self.group_refs = 1, {}, {}
-        self.examples, self.stands_for = {}, {}
+        self.state.layer_keys = self.select_compared_layers("final")
+        self.state.latest = {}
+        self.state.previous_loss = None
+        self.state.controller = None
+        self.state.transmissions = 0
+        self.state.floor, self.state.groups, self.state.group_refs = 1, {}, {}
+        self.state.examples, self.state.stands_for = {}, {}
 
     def round(self, server_round: int) -> Steps:
         self.reports = []
         self.sampled = self.draw_sample(server_round)  # the clients reachable this round
-        unplaced = [k for k in self.active if k not in self.assignment]
+        unplaced = [k for k in self.active if k not in self.state.assignment]
         self.admit(server_round, unplaced)
-        warmup = server_round <= self.params.warmup_rounds or self.controller is None and not self.latest
+        warmup = server_round <= self.params.warmup_rounds or self.state.controller is None and not self.state.latest
         if warmup:
             trainers, p, diagnostics = self.reachable(self.placed()), None, {}
         else:
@@ -126,68 +132,69 @@ class ClientSelection(ClusteredStrategy):
             self.learn_groups()
         loss = mean_train_loss(replies)
         diagnostics["train_loss"] = loss
-        ratio = loss_reduction_ratio(self.previous_loss, loss)
+        ratio = loss_reduction_ratio(self.state.previous_loss, loss)
         if not warmup:
             p_next = self.count_controller().update(ratio, server_round)
-            diagnostics.update({"p_next": p_next, "p_action": self.controller.history[-1].action})
+            diagnostics.update({"p_next": p_next, "p_action": self.state.controller.history[-1].action})
         if loss is not None:
-            self.previous_loss = loss
-        self.transmissions += 2 * len(trainers)
+            self.state.previous_loss = loss
+        self.state.transmissions += 2 * len(trainers)
         return {**diagnostics, "p": p, "representatives": trainers if not warmup else [], "warmup": warmup,
                 "loss_reduction_ratio": ratio, "trained_clients": len(trainers),
-                "models_exchanged": 2 * len(trainers), "cum_models_exchanged": self.transmissions}
+                "models_exchanged": 2 * len(trainers), "cum_models_exchanged": self.state.transmissions}
 
     def draw_sample(self, server_round: int) -> list[str] | None:
         """``fraction-train`` is availability: the clients reachable this round."""
         return self.sample_active()
 
     def count_controller(self) -> ClusterCountController:
-        if self.controller is None:
+        if self.state.controller is None:
             # guard = "floor": the rule's p lives in [1, floor] (starting at the floor) and the
             # cut never goes below the floor, so the cut is the groups the warm-up showed
-            top = max(len(self.active), 1) if self.params.guard == "none" else max(self.floor, 1)
-            self.controller = ClusterCountController(
+            top = max(len(self.active), 1) if self.params.guard == "none" else max(self.state.floor, 1)
+            self.state.controller = ClusterCountController(
                 m=top, w=self.params.w, hold_rounds=self.params.hold_rounds,
-                stabilizer=self.params.stabilizer, rng=self.rng, anneal_tau=self.params.anneal_tau)
-            self.controller.set_floor(self.floor)
-        return self.controller
+                stabilizer=self.params.stabilizer, rng=self.state.rng, anneal_tau=self.params.anneal_tau)
+            self.state.controller.set_floor(self.state.floor)
+        return self.state.controller
 
     def learn_groups(self) -> None:
         """guard = "floor": the groups of the silhouette-best cut of the clients' latest
         final-layer changes (every client its own group with fewer than 3: no cut to score);
         ``floor`` is their number (1 with guard = "none")."""
-        keys = sorted(self.latest, key=natural)
+        keys = sorted(self.state.latest, key=natural)
         if self.params.guard != "floor" or not keys:
-            self.floor = 1
+            self.state.floor = 1
             return
-        X = np.stack([self.latest[k] for k in keys], dtype=np.float64)
+        X = np.stack([self.state.latest[k] for k in keys], dtype=np.float64)
         labels = (np.arange(len(keys)) if len(keys) < 3 else
                   cluster_auto(X, metric="l2", linkage=self.params.linkage).labels)
-        self.groups = {k: int(label) for k, label in zip(keys, labels)}
-        self.group_refs = cluster_references(X, labels)
-        self.floor = len(self.group_refs)
+        self.state.groups = {k: int(label) for k, label in zip(keys, labels)}
+        self.state.group_refs = cluster_references(X, labels)
+        self.state.floor = len(self.state.group_refs)
 
     def group_of(self, key: str) -> int:
         """A client's warm-up group; one that joined later goes to the group whose mean
         warm-up change is nearest its latest change."""
-        if key not in self.groups:
-            self.groups[key] = nearest_cluster(np.asarray(self.latest[key], dtype=np.float64), self.group_refs)[0]
-        return self.groups[key]
+        if key not in self.state.groups:
+            change = np.asarray(self.state.latest[key], dtype=np.float64)
+            self.state.groups[key] = nearest_cluster(change, self.state.group_refs)[0]
+        return self.state.groups[key]
 
     def representatives(self) -> tuple[list[str], int, Diagnostics]:
         """Cut the clients' latest final layers into exactly p groups (guard = "floor": the
         warm-up's groups); one random reachable client per group (a group with none reachable
         sits the round out). Reachable clients with no latest model yet (newcomers) train too.
         Returns them, p, and the diagnostics (the rule's p and the floor)."""
-        known = sorted((k for k in self.placed() if k in self.latest), key=natural)
+        known = sorted((k for k in self.placed() if k in self.state.latest), key=natural)
         reachable = set(self.reachable(known))
-        fresh = [k for k in self.reachable(self.placed()) if k not in self.latest]
+        fresh = [k for k in self.reachable(self.placed()) if k not in self.state.latest]
         chosen, p, diagnostics = [], 0, {}
-        self.stands_for = {}
+        self.state.stands_for = {}
         if known:
-            X = np.stack([self.latest[k] for k in known], dtype=np.float64)
+            X = np.stack([self.state.latest[k] for k in known], dtype=np.float64)
             controller = self.count_controller()
-            p = min(controller.set_floor(self.floor), len(known))
+            p = min(controller.set_floor(self.state.floor), len(known))
             diagnostics = {"p_rule": controller.p, "p_floor": controller.floor}
             if self.params.guard == "floor":  # the warm-up's groups: later changes mix stale and fresh
                 labels = np.array([self.group_of(k) for k in known])
@@ -199,12 +206,12 @@ class ClientSelection(ClusteredStrategy):
                 members = [k for k in group if k in reachable]
                 groups += 1
                 if members:
-                    chosen.append(members[int(self.rng.integers(len(members)))])
-                    self.stands_for[chosen[-1]] = sum(self.examples.get(k, 0) for k in group)
+                    chosen.append(members[int(self.state.rng.integers(len(members)))])
+                    self.state.stands_for[chosen[-1]] = sum(self.state.examples.get(k, 0) for k in group)
             # SciPy never splits a tie, so a cut may have fewer than p groups: top up at random
             rest = [k for k in known if k not in chosen and k in reachable]
             missing = min(p - groups, len(rest))
-            extra = self.rng.choice(len(rest), size=missing, replace=False) if missing > 0 else []
+            extra = self.state.rng.choice(len(rest), size=missing, replace=False) if missing > 0 else []
             chosen += [rest[int(i)] for i in extra]
         return sorted(chosen + fresh, key=natural), p, diagnostics
 
@@ -214,18 +221,18 @@ class ClientSelection(ClusteredStrategy):
         group the weight FedAvg gives it, whichever member was drawn."""
         if self.params.guard != "floor":
             return replies
-        return [replace(r, num_examples=self.stands_for.get(r.key) or r.num_examples) for r in replies]
+        return [replace(r, num_examples=self.state.stands_for.get(r.key) or r.num_examples) for r in replies]
 
     def remember(self, replies: list[TrainReply]) -> None:
         for reply in replies:
-            self.examples[reply.key] = int(reply.num_examples)
-            update = reply.update
-            # in the update's own dtype (float32 as clients send it: half the memory of a float64
-            # copy, and the float64 stacks it is read into hold the same numbers)
-            self.latest[reply.key] = np.concatenate([update[n].ravel() for n in self.layer_keys])
+            self.state.examples[reply.key] = int(reply.num_examples)
+            arrays = reply.update if self.params.cluster_on == "changes" else reply.weights
+            # in the arrays' own dtype (float32 as clients send them: half the memory of a float64
+            # copy, and the float64 stacks they are read into hold the same numbers)
+            self.state.latest[reply.key] = np.concatenate([arrays[n].ravel() for n in self.state.layer_keys])
 
     def cluster_state(self) -> dict:
-        history = self.controller.history if self.controller else []
+        history = self.state.controller.history if self.state.controller else []
         return {"p_history": [{"round": s.round, "p": s.p, "p_rule": s.rule_p, "floor": s.floor, "d": s.d,
                                "action": s.action, "ratio": s.ratio} for s in history],
-                "transmissions": self.transmissions}
+                "transmissions": self.state.transmissions}

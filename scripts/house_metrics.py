@@ -1,0 +1,142 @@
+"""How the strategies are built, measured from the source: for every registered strategy, its
+classes between it and Flower's ``Strategy`` (the MRO), the lines of its own module, and the
+clusterfed modules its module reaches through imports inside ``strategies/``, ``clustering/``
+and ``models/`` (what a reader has to open to know the algorithm); for the package, the import
+cycles (``TYPE_CHECKING`` imports counted as edges) and the edges from ``strategies/`` to
+``runner/``.
+
+    python scripts/house_metrics.py > metrics.json
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import sys
+from importlib import import_module
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "clusterfed"
+KNOWLEDGE = ("clusterfed.strategies", "clusterfed.clustering", "clusterfed.models")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(ROOT).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+MODULES = modules()
+
+
+def owner(name: str) -> str:
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name
+
+
+def edges_of(module: str) -> set[str]:
+    """Every clusterfed module ``module`` imports: module level, function-local or under TYPE_CHECKING."""
+    path = MODULES[module]
+    is_package = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(owner(a.name) for a in node.names if a.name.startswith("clusterfed"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: len(module.split(".")) - (node.level - (1 if is_package else 0))]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source.startswith("clusterfed"):
+                found.update(f"{source}.{a.name}" if f"{source}.{a.name}" in MODULES else owner(source)
+                             for a in node.names)
+    found.discard(module)
+    found.discard("")
+    return found
+
+
+GRAPH = {m: edges_of(m) for m in MODULES}
+
+
+def reach(start: str) -> set[str]:
+    """The modules of ``KNOWLEDGE`` reachable from ``start`` through such modules (packages'
+    ``__init__`` re-exports are followed to what they name)."""
+    seen, todo = {start}, [start]
+    while todo:
+        for target in GRAPH[todo.pop()]:
+            if target.startswith(KNOWLEDGE) and target != "clusterfed.strategies" and target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def lines(module: str) -> int:
+    return len(MODULES[module].read_text().splitlines())
+
+
+def cycles() -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(GRAPH[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while (w := stack.pop()) != v:
+                component.append(w)
+            component.append(v)
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(GRAPH):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def main() -> None:
+    from flwr.serverapp.strategy import Strategy
+
+    from clusterfed.strategies import REGISTRY
+
+    strategies = {}
+    for name, path in REGISTRY.items():
+        module, _, cls_name = path.partition(":")
+        cls = getattr(import_module(module), cls_name)
+        mro = list(cls.__mro__)
+        below = mro[: mro.index(Strategy)] if Strategy in mro else mro[:-1]
+        spans = sorted(reach(module))
+        strategies[name] = {
+            "mro_below_flower_strategy": [c.__name__ for c in below],
+            "mro_depth": len(below),
+            "own_module": module,
+            "own_module_lines": lines(module),
+            "modules_spanned": len(spans),
+            "lines_spanned": sum(lines(m) for m in spans),
+            "strategy_modules_spanned": sum(m.startswith("clusterfed.strategies.") for m in spans),
+            "strategy_lines_spanned": sum(lines(m) for m in spans if m.startswith("clusterfed.strategies.")),
+            "spans": spans,
+        }
+    to_runner = sorted(f"{m} -> {t}" for m in GRAPH if m.startswith("clusterfed.strategies")
+                       for t in GRAPH[m] if t.startswith("clusterfed.runner"))
+    print(json.dumps({"strategies": strategies, "import_cycles": cycles(), "strategies_to_runner": to_runner},
+                     indent=1))
+
+
+if __name__ == "__main__":
+    main()
