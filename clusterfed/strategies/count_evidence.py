@@ -7,13 +7,10 @@ the thresholds, the merges made and the closest pair of leaves a merge refused).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from clusterfed.clustering.split_rules import one_cluster_reason, refusal_counts
 from clusterfed.strategies.parts import Host, Part
-
-if TYPE_CHECKING:
-    from clusterfed.strategies.bipartitioning import BiPartitioningParams
 
 SHOWN_SPLITS = 2  # the splits a basis names: those closest to their threshold
 
@@ -32,6 +29,14 @@ ONE_CLUSTER_ADVICE = {
     "one_side": "a smaller hicfl.min-side",
     "reference": "more clients per round (fraction-train) or a smaller min-split-size",
 }
+
+
+class EvidenceParams(Protocol):
+    """The bi-partitioning parameters the evidence reads (``BiPartitioningParams`` has them;
+    a Protocol, not an import of the module that composes this part)."""
+
+    min_split_size: int
+    min_split_round: int
 
 
 class EvidenceState(Protocol):
@@ -71,7 +76,7 @@ class CountEvidence(Part[EvidenceState]):
     ``reasons`` its ``one_cluster_reasons``, ``timing_code`` the reason code when the timing
     rule never held."""
 
-    def __init__(self, host: EvidenceHost, params: BiPartitioningParams, reasons: dict[str, str],
+    def __init__(self, host: EvidenceHost, params: EvidenceParams, reasons: dict[str, str],
                  timing_code: str) -> None:
         super().__init__(host)
         self.host: EvidenceHost = host

@@ -8,7 +8,7 @@ must beat (``small-side-reference-draws``)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -21,8 +21,18 @@ from clusterfed.strategies.exchange import ClientInfo
 from clusterfed.strategies.parts import Host, Part
 from clusterfed.strategies.update_vectors import cosine
 
-if TYPE_CHECKING:
-    from clusterfed.strategies.hicfl import HiCFLParams
+
+class ProposalParams(Protocol):
+    """HiCFL's parameters the proposals read (``HiCFLParams`` has them; a Protocol, not an
+    import of the module that composes this part)."""
+
+    split: str
+    min_side: int
+    min_split_size: int
+    split_silhouette_max_k: int
+    small_side_reference_draws: int
+    centre_updates: bool
+    seed: int
 
 
 class ProposalState(Protocol):
@@ -43,7 +53,7 @@ class LayerProposals(Part[ProposalState]):
     """The proposals of HiCFL (module docstring); ``sample_of(layer)``: the route's ``sketch``
     entry when the layer's updates are kept on a sample (``StabilityWindows.sample_of``)."""
 
-    def __init__(self, host: ProposalHost, params: HiCFLParams, sample_of: Callable[[str], dict[str, Any]]) -> None:
+    def __init__(self, host: ProposalHost, params: ProposalParams, sample_of: Callable[[str], dict[str, Any]]) -> None:
         super().__init__(host)
         self.host: ProposalHost = host
         self.params = params
