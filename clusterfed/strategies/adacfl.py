@@ -82,6 +82,7 @@ below 1 (docs/algorithms/adacfl.md) unless ``precluster-merge`` brings it back t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
@@ -147,11 +148,14 @@ class AdaCFL(ClusteredStrategy):
 
     stock_alternative = "construct AdaCFL(share_label_stats=False), which needs no label statistics"
 
-    def __init__(self, params: AdaCFLParams | None = None, /, **keywords: Any) -> None:
-        # the parts, set before the base seals the instance's attributes
-        self.partials = PartialWeights(self, PAPER_LAYERS, cut=self.chain_cut)
-        self.clusters = OneShotClusters(self, self.partials)
-        super().__init__(params, **keywords)
+    # the parts, built on first use (the constructor stays the base's: its signature is the Params')
+    @cached_property
+    def partials(self) -> PartialWeights:
+        return PartialWeights(self, PAPER_LAYERS, cut=self.chain_cut)
+
+    @cached_property
+    def clusters(self) -> OneShotClusters:
+        return OneShotClusters(self, self.partials)
 
     def chain_cut(self, X: np.ndarray) -> tuple[np.ndarray, dict[str, Any]]:
         """The cut by which a stock client's chain of requests checks that the clustering has

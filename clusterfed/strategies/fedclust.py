@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -100,11 +101,14 @@ class FedClust(ClusteredStrategy):
     one_cluster_reasons = ONE_CLUSTER_REASONS
     figures = ("distance_matrix", "linkage")
 
-    def __init__(self, params: FedClustParams | None = None, /, **keywords: Any) -> None:
-        # the parts, set before the base seals the instance's attributes
-        self.partials = PartialWeights(self, PAPER_LAYERS, cut=self.cut)
-        self.clusters = OneShotClusters(self, self.partials)
-        super().__init__(params, **keywords)
+    # the parts, built on first use (the constructor stays the base's: its signature is the Params')
+    @cached_property
+    def partials(self) -> PartialWeights:
+        return PartialWeights(self, PAPER_LAYERS, cut=self.cut)
+
+    @cached_property
+    def clusters(self) -> OneShotClusters:
+        return OneShotClusters(self, self.partials)
 
     def init_clusters(self) -> None:
         self.clusters.start()
