@@ -133,7 +133,7 @@ def test_a_sample_without_groups_stays_one_cluster_and_says_what_the_step_saw():
     assert len(set(algorithm.assignment.values())) == 1
     reason = algorithm.one_cluster_reason()
     assert "the clustering step in round 2 saw 20 clients, median 10 examples each" in reason
-    joined = len(algorithm.newcomer_log)
+    joined = len(algorithm.state.newcomer_log)
     assert joined > 0 and f"the {joined} clients placed later joined its one cluster" in reason
     assert algorithm.cluster_count_basis().startswith("1 cluster: lambda auto")
 

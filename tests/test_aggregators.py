@@ -47,7 +47,7 @@ def test_fedadam_keeps_one_optimiser_state_per_cluster():
     oracle = make(strategy_class("oracle"), GROUPS, aggregator="fedadam(eta=0.1)")
     for server_round in (1, 2, 3):
         drive_round(oracle, server_round, honest)
-    states = oracle.aggregator_state
+    states = oracle.state.aggregator_state
     assert sorted(states) == sorted(set(oracle.assignment.values())) and len(states) == 2
     a, b = (states[c]["attributes"] for c in sorted(states))
     assert states[0]["steps"] == states[1]["steps"] == 3
@@ -65,14 +65,14 @@ def test_fedavgm_momentum_is_the_clusters_own_and_split_children_inherit_it():
     cfl = CFL(aggregator=FedAvgM(server_momentum=0.9))
     cfl.init(theta0())
     parent = min(cfl.models)
-    cfl.aggregator_state[parent] = {"aggregator": "FedAvgM", "steps": 4,
+    cfl.state.aggregator_state[parent] = {"aggregator": "FedAvgM", "steps": 4,
                                     "attributes": {"momentum_vector": [np.ones(2, np.float32)]}}
     child = cfl.new_cluster(cfl.models[parent], inherit=parent)
     fresh = cfl.new_cluster(cfl.models[parent])
-    assert cfl.aggregator_state[child]["steps"] == 4
-    assert cfl.aggregator_state[child]["attributes"]["momentum_vector"] is not \
-        cfl.aggregator_state[parent]["attributes"]["momentum_vector"]
-    assert fresh not in cfl.aggregator_state
+    assert cfl.state.aggregator_state[child]["steps"] == 4
+    assert cfl.state.aggregator_state[child]["attributes"]["momentum_vector"] is not \
+        cfl.state.aggregator_state[parent]["attributes"]["momentum_vector"]
+    assert fresh not in cfl.state.aggregator_state
 
 
 @pytest.mark.parametrize("spec", ["fedmedian", "fedtrimmedavg(beta=0.2)", "krum(num_malicious_nodes=1)",

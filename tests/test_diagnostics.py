@@ -152,3 +152,40 @@ def test_no_module_names_a_shared_round_dict():
                                  else node.value if isinstance(node, ast.Constant) and isinstance(node.value, str)
                                  else "")]
     assert not hits
+
+
+def assigned_attributes(tree: ast.AST) -> dict[str, int]:
+    """``self.<name> = ...`` (plain, annotated or augmented) outside ``__init__``: name -> line."""
+    found = {}
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)) or function.name == "__init__":
+            continue
+        for node in ast.walk(function):
+            targets = (node.targets if isinstance(node, ast.Assign) else
+                       [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else [])
+            for target in targets:
+                for leaf in ast.walk(target):
+                    if (isinstance(leaf, ast.Attribute) and isinstance(leaf.value, ast.Name) and leaf.value.id == "self"
+                            and isinstance(leaf.ctx, ast.Store)):
+                        found.setdefault(leaf.attr, leaf.lineno)
+    return found
+
+
+def test_a_strategy_remembers_nothing_outside_its_state():
+    """What a strategy sets on itself after construction is one of the attributes its
+    constructor made (per run or per round: the active keys, the round's sample, …) or its
+    ``State`` object; anything else would decide later rounds without being checkpointed."""
+    sample = "class A:\n def __init__(self): self.a = 1\n def f(self): self.b = 2; self.state.c = 3; self.d += 1"
+    assert assigned_attributes(ast.parse(sample)) == {"b": 3, "d": 3}  # the check sees them (line 3)
+    found = {}
+    for name in REGISTRY:
+        cls = strategy_class(name)
+        if not issubclass(cls, ClusteredStrategy):
+            continue
+        made = set(vars(cls())) | {"state"}
+        for klass in cls.__mro__:
+            if klass.__module__.startswith("clusterfed.strategies") and klass.__module__ != "clusterfed.strategies.parts":
+                extra = {attr: line for attr, line in assigned_attributes(ast.parse(inspect.getsource(klass))).items()
+                         if attr not in made}
+                found.update({f"{name} ({klass.__name__})": extra} if extra else {})
+    assert not found

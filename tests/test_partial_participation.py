@@ -396,7 +396,7 @@ def test_fedclust_recut_false_keeps_the_papers_single_cut():
 def test_fedclust_kept_partial_weights_survive_a_checkpoint(tmp_path):
     straight, _ = fedclust_on_a_growing_sample([0, 1], rounds=12)
     resumed, _ = fedclust_on_a_growing_sample([0, 1], rounds=12, checkpoint_after=1, tmp_path=tmp_path)
-    assert resumed.recuts == straight.recuts and resumed.assignment == straight.assignment
+    assert resumed.state.recuts == straight.state.recuts and resumed.assignment == straight.assignment
 
 
 def test_fedclust_one_group_stays_one_cluster_and_says_how_many_clients_it_last_cut():

@@ -31,7 +31,7 @@ def strategy_with(members: dict[int, list[str]], **dp):
     for cluster in members:
         if cluster not in strategy.models:
             strategy.models[cluster] = {k: v.copy() for k, v in strategy.models[0].items()}
-    strategy.assignment = {key: cluster for cluster, keys in members.items() for key in keys}
+    strategy.state.assignment = {key: cluster for cluster, keys in members.items() for key in keys}
     strategy.active = sorted(strategy.assignment)
     return strategy
 
@@ -134,7 +134,7 @@ def test_a_client_that_moves_clusters_is_charged_for_every_release_it_entered(ac
     strategy.aggregate_clusters([reply(strategy, k, np.zeros(SIZE)) for k in "abc"])
     strategy.assignment["a"] = 1  # a moves to cluster 1
     report = strategy.aggregate_clusters([reply(strategy, k, np.zeros(SIZE)) for k in "ac"])["privacy"]
-    assert strategy.dp_releases == {"a": 2, "b": 1, "c": 2}
+    assert strategy.state.dp_releases == {"a": 2, "b": 1, "c": 2}
     assert report["clusters"]["0"]["epsilon"] == pytest.approx(flower_epsilon(1.0, 1e-3, 1))
     assert report["epsilon"] == report["clusters"]["1"]["epsilon"] == pytest.approx(flower_epsilon(1.0, 1e-3, 2))
     assert "dp_releases" in strategy.get_state()  # checkpointed with the rest of the state
@@ -282,4 +282,4 @@ def test_the_release_ledger_and_noise_generator_resume_from_a_checkpoint(account
     resumed = strategy_with({0: ["a", "b"]}, **dp)
     resumed.set_state(decode(loads_json(dumps_json(tree)), arrays))
     assert np.array_equal(step(straight), step(resumed))
-    assert resumed.dp_releases == straight.dp_releases == {"a": 2, "b": 2}
+    assert resumed.state.dp_releases == straight.state.dp_releases == {"a": 2, "b": 2}

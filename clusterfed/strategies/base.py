@@ -13,7 +13,8 @@ Each strategy module declares, and nothing else does:
 - ``Params``: its typed parameters (a pydantic model; the constructor's keyword arguments,
   the run config's ``<name>.<param>`` keys, the generated configuration reference);
 - ``State``: everything that decides later rounds, a plain dataclass (checkpointed as
-  JSON + npz; ``self.<field>`` reads and writes it: ``declared_state``);
+  JSON + npz; the strategy reads and writes it as ``self.state.<field>``, which type
+  checkers follow; ``get_state`` / ``set_state`` move all of it as plain data);
 - ``one_cluster_reasons``: what it says when it ends as FedAvg;
 - ``requires``: what it needs from clients beyond a stock Flower ClientApp.
 
@@ -49,7 +50,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 import numpy as np
@@ -64,7 +65,6 @@ from clusterfed.strategies.contract import (  # noqa: F401 (re-exported: the err
     CAPABILITIES, LABEL_STATS, MULTI_MODEL, CapabilityError, ClientFailureError, ClusteredResult,
     ModelMismatchError, StrategyParamsError, mean_train_loss)
 from clusterfed.strategies.aggregation import ClusterAggregator, template_of
-from clusterfed.strategies.declared_state import DeclaredState
 from clusterfed.strategies.flower_hooks import FlowerHooks
 from clusterfed.strategies.params import StrategyParams, describe_errors, document_params  # noqa: F401
 from clusterfed.strategies.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
@@ -90,7 +90,7 @@ class ClusteredState:
     dp_releases: dict[str, int] = field(default_factory=dict)  # client key -> noisy releases its update entered
 
 
-class ClusteredStrategy(DeclaredState, FlowerHooks):
+class ClusteredStrategy(FlowerHooks):
     """FedAvg on the clustered base: one cluster, every client in it. Subclasses add clusters."""
 
     name: ClassVar[str] = "fedavg"
@@ -129,8 +129,41 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         # the within-cluster aggregator (``aggregator``); None: the sample-weighted mean
         template = template_of(self.params.aggregator)
         self.aggregator = ClusterAggregator(template) if template is not None else None
-        self.state = self.State()
-        self._sealed = True
+        self.state: ClusteredState = self.State()
+
+    # ------------------------------------------------------------------ state
+    def get_state(self) -> dict[str, Any]:
+        """Everything that decides later rounds, as plain data (a deep copy of ``State``'s fields)."""
+        return copy.deepcopy({f.name: getattr(self.state, f.name) for f in fields(self.state)})
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Restore what ``get_state`` returned (a checkpoint's ``algorithm`` entry)."""
+        unknown = set(state) - {f.name for f in fields(self.State)}
+        if unknown:
+            raise ValueError(f"state fields {sorted(unknown)} are not part of {self.State.__name__}")
+        self.state = self.State(**copy.deepcopy(state))
+
+    # what a run's caller reads after ``start`` (the driver, a user's ServerApp, tests): the
+    # base's state, by name
+    @property
+    def models(self) -> dict[int, Arrays]:
+        """Each cluster's model, by cluster id (``state.models``)."""
+        return self.state.models
+
+    @property
+    def assignment(self) -> dict[str, int]:
+        """Each placed client's cluster, by client key (``state.assignment``)."""
+        return self.state.assignment
+
+    @property
+    def theta0(self) -> Arrays:
+        """The start model (``state.theta0``; empty before ``init``)."""
+        return self.state.theta0
+
+    @property
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """Each array's shape and dtype in the start model (``state.shapes``)."""
+        return self.state.shapes
 
     # how to run this strategy with stock ClientApps when ``requires`` names a capability they
     # lack, if there is a way (quoted by the CapabilityError)
@@ -149,9 +182,9 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         if isinstance(theta0, ArrayRecord):
             theta0 = protocol.from_array_record(theta0)
         self.state = self.State()
-        self.rng = np.random.default_rng(self.params.seed)
-        self.theta0 = {k: v.copy() for k, v in theta0.items()}
-        self.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
+        self.state.rng = np.random.default_rng(self.params.seed)
+        self.state.theta0 = {k: v.copy() for k, v in theta0.items()}
+        self.state.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
         self.init_clusters()
 
     def round_steps(self, server_round: int, active: list[str], train_config: dict[str, Any]) -> Steps:
@@ -168,7 +201,7 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         except ValueError as error:
             raise StrategyParamsError(f"{self.name}: {error}") from None
         self.sampled = self.draw_sample(server_round)
-        unplaced = [k for k in self.active if k not in self.assignment]
+        unplaced = [k for k in self.active if k not in self.state.assignment]
         diagnostics = (yield from steps(self.admit(server_round, unplaced))) if unplaced else {}
         diagnostics.update((yield from steps(self.before_train(server_round))))
         replies = yield self.train_asks(server_round, self.select_trainers(server_round))
@@ -185,12 +218,12 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
     # ------------------------------------------------------------------ hooks
     def init_clusters(self) -> None:
         """FedAvg: one cluster holding θ0."""
-        self.new_cluster(self.theta0)
+        self.new_cluster(self.state.theta0)
 
     def admit(self, server_round: int, keys: list[str]) -> Steps | Diagnostics | None:
         """Place clients the server has not assigned yet (returns its diagnostics). FedAvg: the one cluster."""
         for key in keys:
-            self.assignment[key] = min(self.models)
+            self.state.assignment[key] = min(self.state.models)
 
     def before_train(self, server_round: int) -> Steps | Diagnostics | None:
         """Clustering steps that happen before this round's training (returns their diagnostics)."""
@@ -226,7 +259,7 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         array is only averaged per cluster). StrategyParamsError when it selects nothing
         or names an array the model lacks."""
         try:
-            return compared_names(self.theta0, self.params.compare_arrays)
+            return compared_names(self.state.theta0, self.params.compare_arrays)
         except ValueError as error:
             raise StrategyParamsError(f"{self.name}: {error}") from None
 
@@ -235,32 +268,32 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         ``compare`` (default ``compare-arrays``); StrategyParamsError, named for the strategy,
         when the rule or the selection selects nothing."""
         try:
-            return select_layers(self.theta0, rule, self.params.compare_arrays if compare is None else compare)
+            return select_layers(self.state.theta0, rule, self.params.compare_arrays if compare is None else compare)
         except ValueError as error:
             raise StrategyParamsError(f"{self.name}: {error}") from None
 
     def new_cluster(self, model: Arrays, inherit: int | None = None) -> int:
         """A new cluster starting from ``model``; with ``inherit``, its aggregator's optimiser
         state is a copy of that cluster's (a split's children), else it starts afresh."""
-        cluster = self.next_cluster_id
-        self.next_cluster_id += 1
-        self.models[cluster] = {k: v.copy() for k, v in model.items()}
-        if inherit is not None and inherit in self.aggregator_state:
-            self.aggregator_state[cluster] = copy.deepcopy(self.aggregator_state[inherit])
+        cluster = self.state.next_cluster_id
+        self.state.next_cluster_id += 1
+        self.state.models[cluster] = {k: v.copy() for k, v in model.items()}
+        if inherit is not None and inherit in self.state.aggregator_state:
+            self.state.aggregator_state[cluster] = copy.deepcopy(self.state.aggregator_state[inherit])
         return cluster
 
     def members(self, cluster: int) -> list[str]:
         active = set(self.active)
-        return sorted((k for k, c in self.assignment.items() if c == cluster and k in active), key=natural)
+        return sorted((k for k, c in self.state.assignment.items() if c == cluster and k in active), key=natural)
 
     def placed(self) -> list[str]:
-        return [k for k in self.active if k in self.assignment]
+        return [k for k in self.active if k in self.state.assignment]
 
     def sample(self, keys: list[str], fraction: float, minimum: int = 1) -> list[str]:
         if fraction >= 1.0 or not keys:
             return list(keys)
         count = min(max(int(len(keys) * fraction), minimum, 1), len(keys))
-        chosen = self.rng.choice(len(keys), size=count, replace=False)
+        chosen = self.state.rng.choice(len(keys), size=count, replace=False)
         return [keys[i] for i in sorted(chosen)]
 
     def draw_sample(self, server_round: int) -> list[str] | None:
@@ -286,7 +319,7 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         """The keys that train this round: a ``fraction-train`` sample of placed clients,
         or the sampled clients that are placed when the sample was drawn before placement."""
         if self.sampled is not None:
-            return [k for k in self.sampled if k in self.assignment]
+            return [k for k in self.sampled if k in self.state.assignment]
         return self.sample(self.placed(), self.params.fraction_train, self.params.min_train_nodes)
 
     def train_asks(self, server_round: int, keys: list[str], *, models: dict[str, Arrays] | None = None,
@@ -294,14 +327,14 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         """Train ``keys``, each on its cluster's model (or on ``models[key]``)."""
         asks = []
         for key in keys:
-            cluster = self.assignment.get(key, -1)
+            cluster = self.state.assignment.get(key, -1)
             config = {"server-round": server_round, "phase": phase, "upload": UPLOAD_FULL, "return": RETURN_WEIGHTS,
                       "cluster-id": cluster}
             config.update(self.train_instructions(server_round, key))
             config.update(extra or {})
             if self.dp is not None:  # what Flower's fixedclipping_mod reads
                 config[privacy.CLIPPING_NORM_KEY] = self.dp.clipping_norm
-            asks.append(Ask(key, models[key] if models is not None else self.models[cluster], config))
+            asks.append(Ask(key, models[key] if models is not None else self.state.models[cluster], config))
         return asks
 
     def aggregate_clusters(self, replies: list[TrainReply]) -> Diagnostics:
@@ -311,24 +344,24 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         few replies in a cluster used the weighted mean (``aggregator_fallback``), ``privacy``."""
         by_cluster: dict[int, list[TrainReply]] = defaultdict(list)
         for reply in replies:
-            if reply.cluster in self.models and set(reply.arrays) == set(self.shapes):
+            if reply.cluster in self.state.models and set(reply.arrays) == set(self.state.shapes):
                 by_cluster[reply.cluster].append(reply)
         # optimiser states of clusters that no longer exist (split, merged, re-cut) go
-        self.aggregator_state = {c: s for c, s in self.aggregator_state.items() if c in self.models}
+        self.state.aggregator_state = {c: s for c, s in self.state.aggregator_state.items() if c in self.state.models}
         released: dict[int, dict[str, Any]] = {}
         fallbacks: dict[str, str] = {}
         for cluster, group in by_cluster.items():
             group = by_key(group)  # summed in the order of the client keys, not of arrival
             if self.dp is not None:  # clipped, equal weights (clusterfed.privacy)
                 group = privacy.clip_replies(group, self.dp.clipping_norm)
-            self.models[cluster], fallback = self.aggregate_cluster(cluster, group)
+            self.state.models[cluster], fallback = self.aggregate_cluster(cluster, group)
             if fallback is not None:
                 fallbacks[str(cluster)] = fallback
             if self.dp is not None:
                 released[cluster] = self.add_dp_noise(cluster, group)
         diagnostics: Diagnostics = {"aggregator_fallback": fallbacks} if fallbacks else {}
         if self.dp_accountant is not None:
-            diagnostics["privacy"] = self.dp_accountant.report(self.dp_releases, self.assignment, released)
+            diagnostics["privacy"] = self.dp_accountant.report(self.state.dp_releases, self.state.assignment, released)
         return diagnostics
 
     def aggregate_cluster(self, cluster: int, replies: list[TrainReply]) -> tuple[Arrays, str | None]:
@@ -340,8 +373,8 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         if self.aggregator is None:
             return weighted_average([r.update for r in replies], counts, sent=[r.sent for r in replies]), None
         weights = [r.weights for r in replies]
-        model, self.aggregator_state[cluster], fallback = self.aggregator.aggregate(
-            self.models[cluster], weights, counts, self.aggregator_state.get(cluster))
+        model, self.state.aggregator_state[cluster], fallback = self.aggregator.aggregate(
+            self.state.models[cluster], weights, counts, self.state.aggregator_state.get(cluster))
         if fallback is not None:
             log(logging.WARNING, "cluster %s: %s", cluster, fallback)
         return model, fallback
@@ -350,10 +383,10 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         """Gaussian noise on ``cluster``'s new average of ``group``'s clipped replies; each
         member's update went into one more release. Returns what was released."""
         std = self.dp.noise_std(len(group))
-        self.models[cluster] = privacy.add_noise(self.models[cluster], std, self.rng)
+        self.state.models[cluster] = privacy.add_noise(self.state.models[cluster], std, self.state.rng)
         if std > 0:
             for reply in group:
-                self.dp_releases[reply.key] = self.dp_releases.get(reply.key, 0) + 1
+                self.state.dp_releases[reply.key] = self.state.dp_releases.get(reply.key, 0) + 1
         return {"sampled": len(group), "noise_std": std}
 
     # ------------------------------------------------------------- evaluation
@@ -362,15 +395,15 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         if self.params.fraction_evaluate <= 0:
             return {}
         keys = self.sample(self.placed(), self.params.fraction_evaluate, self.params.min_evaluate_nodes)
-        return {k: (self.assignment[k], self.eval_model(k)) for k in keys}
+        return {k: (self.state.assignment[k], self.eval_model(k)) for k in keys}
 
     def eval_model(self, key: str) -> Arrays:
-        return self.models[self.assignment[key]]
+        return self.state.models[self.state.assignment[key]]
 
     def final_clusters(self, training_failed: str | None = None) -> dict[str, Any]:
         """What clusters.json holds (the recorder adds the true groups: scoring is the driver's);
         ``training_failed``: why no client's training was accepted, when a run stopped so."""
-        assignment = {k: self.assignment[k] for k in sorted(self.assignment, key=natural)}
+        assignment = {k: self.state.assignment[k] for k in sorted(self.state.assignment, key=natural)}
         sizes: dict[str, int] = defaultdict(int)
         for cluster in assignment.values():
             sizes[str(cluster)] += 1
@@ -378,7 +411,7 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
             "strategy": self.name,
             "assignment": assignment,
             "sizes": dict(sizes),
-            "newcomers": self.newcomer_log,
+            "newcomers": self.state.newcomer_log,
         }
         state.update(self.cluster_state())
         if "one_cluster_reason" not in state and self.one_cluster_reasons:
@@ -386,14 +419,14 @@ class ClusteredStrategy(DeclaredState, FlowerHooks):
         if (basis := self.cluster_count_basis()) is not None:
             state["cluster_count_basis"] = basis
         if self.dp_accountant is not None:
-            state["privacy"] = self.dp_accountant.report(self.dp_releases, assignment)
+            state["privacy"] = self.dp_accountant.report(self.state.dp_releases, assignment)
         if training_failed:  # nothing trained: that, not the algorithm, is why
             state["one_cluster_reason"] = state["training_failed"] = training_failed
         return state
 
     def cluster_models(self) -> dict[int, Arrays]:
         """The models clients are served at the end of a run, by cluster id."""
-        return self.models
+        return self.state.models
 
 
 document_params(ClusteredStrategy, base=True)
