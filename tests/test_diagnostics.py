@@ -189,3 +189,16 @@ def test_a_strategy_remembers_nothing_outside_its_state():
                          if attr not in made}
                 found.update({f"{name} ({klass.__name__})": extra} if extra else {})
     assert not found
+
+
+def test_a_state_field_used_as_an_attribute_gets_one_clear_message():
+    """A strategy written as ``self.<field>`` for a ``State`` field (how they were once
+    written) is told where the field lives, reading or writing; nothing lands outside the state."""
+    strategy = strategy_class("cfl")()
+    with pytest.raises(AttributeError, match=r"CFL.tree is a field of CFLState: read it as self.state.tree"):
+        strategy.tree
+    with pytest.raises(AttributeError, match=r"write it as self.state.assignment"):
+        strategy.assignment = {}
+    assert "assignment" not in vars(strategy)
+    with pytest.raises(AttributeError, match=r"has no attribute 'nothing_like_it'"):
+        strategy.nothing_like_it

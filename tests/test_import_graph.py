@@ -4,9 +4,7 @@ heavy dependency lazy.
 
 Module-level, function-local and ``if TYPE_CHECKING:`` imports alike are edges: a
 function-local import hides a cycle from Python at import time, and a TYPE_CHECKING one a
-dependency that only type checkers follow, not from the design. The one exception: a
-package's ``__init__`` naming its own submodules under TYPE_CHECKING, for type checkers, the
-names it resolves on first use (``__getattr__``), which its code does not depend on.
+dependency that only type checkers follow, not from the design.
 ``from pkg import name`` is an edge to ``pkg.name`` when that is a module, else to ``pkg``;
 relative imports are resolved.
 """
@@ -74,10 +72,6 @@ def _function_local(tree: ast.Module) -> set[int]:
             for sub in ast.walk(fn) if isinstance(sub, (ast.Import, ast.ImportFrom))}
 
 
-def _own_submodule(package: str, target: str) -> bool:
-    return target.startswith(package + ".")
-
-
 def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]], list[tuple[str, int, list[str], list[str]]]]:
     """(every edge, TYPE_CHECKING ones included; the module-level edges Python runs; the
     function-local imports as (module, line, clusterfed targets, others))."""
@@ -91,8 +85,8 @@ def import_graph() -> tuple[dict[str, set[str]], dict[str, set[str]], list[tuple
             if not isinstance(node, (ast.Import, ast.ImportFrom)):
                 continue
             ours, others = imported(module, is_package, node)
-            if id(node) in not_run:  # typing only: an edge, unless a package names its own submodules
-                edges[module].update(t for t in ours if t != module and not (is_package and _own_submodule(module, t)))
+            if id(node) in not_run:  # typing only: an edge all the same
+                edges[module].update(t for t in ours if t != module)
                 continue
             edges[module].update(t for t in ours if t != module)
             if id(node) in in_functions:

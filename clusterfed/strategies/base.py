@@ -51,7 +51,8 @@ import copy
 import logging
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from functools import cache
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 from flwr.supercore import log
@@ -88,6 +89,12 @@ class ClusteredState:
     # data); empty with the default weighted mean (clusterfed.strategies.aggregation)
     aggregator_state: dict[int, dict[str, Any]] = field(default_factory=dict)
     dp_releases: dict[str, int] = field(default_factory=dict)  # client key -> noisy releases its update entered
+
+
+@cache
+def state_fields(state_class: type) -> frozenset[str]:
+    """The field names of a ``State`` dataclass."""
+    return frozenset(f.name for f in fields(state_class))
 
 
 class ClusteredStrategy(FlowerHooks):
@@ -138,10 +145,26 @@ class ClusteredStrategy(FlowerHooks):
 
     def set_state(self, state: dict[str, Any]) -> None:
         """Restore what ``get_state`` returned (a checkpoint's ``algorithm`` entry)."""
-        unknown = set(state) - {f.name for f in fields(self.State)}
+        unknown = set(state) - state_fields(self.State)
         if unknown:
             raise ValueError(f"state fields {sorted(unknown)} are not part of {self.State.__name__}")
         self.state = self.State(**copy.deepcopy(state))
+
+    if not TYPE_CHECKING:  # hidden from type checkers, which see only self.state.<field>
+        # guard rails for a strategy written when ``State`` fields were read as ``self.<field>``:
+        # one clear message instead of a bare AttributeError, and never an attribute that
+        # shadows a field and escapes the checkpoint
+        def __getattr__(self, name: str) -> Any:
+            if name in state_fields(type(self).State):
+                raise AttributeError(f"{type(self).__name__}.{name} is a field of {type(self).State.__name__}: "
+                                     f"read it as self.state.{name}")
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+        def __setattr__(self, name: str, value: Any) -> None:
+            if name in state_fields(type(self).State):
+                raise AttributeError(f"{type(self).__name__}.{name} is a field of {type(self).State.__name__}: "
+                                     f"write it as self.state.{name} (checkpointed), not as an attribute")
+            object.__setattr__(self, name, value)
 
     # what a run's caller reads after ``start`` (the driver, a user's ServerApp, tests): the
     # base's state, by name

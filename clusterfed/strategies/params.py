@@ -18,7 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from clusterfed import privacy
-from clusterfed.strategies import clustered_classes
+from clusterfed.strategies.registry import clustered_classes
 from clusterfed.strategies.aggregation import check_aggregator, template_of
 
 

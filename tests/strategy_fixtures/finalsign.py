@@ -45,22 +45,22 @@ class FinalSign(ClusteredStrategy):
 
     def init_clusters(self) -> None:
         for _ in range(2):
-            self.new_cluster(self.theta0)
+            self.new_cluster(self.state.theta0)
 
     def draw_sample(self, server_round: int) -> list[str] | None:
         return self.sample_active()  # the probe asks only this round's sample
 
     def before_train(self, server_round: int) -> Steps:
         keys = self.reachable(self.placed())
-        layer = select_layers(self.theta0, "final", self.params.compare_arrays)
+        layer = select_layers(self.state.theta0, "final", self.params.compare_arrays)
         replies = yield self.train_asks(
-            server_round, keys, models={key: self.theta0 for key in keys}, phase="probe",
+            server_round, keys, models={key: self.state.theta0 for key in keys}, phase="probe",
             extra={"upload": upload_names(layer), "return": RETURN_UPDATE, "local-epochs": self.params.probe_epochs})
         for reply in replies:
             change = stack_partials([[reply.update[name] for name in layer]])[0]
-            self.assignment[reply.key] = 0 if change.mean() >= 0 else 1
-            self.probed[reply.key] = server_round
+            self.state.assignment[reply.key] = 0 if change.mean() >= 0 else 1
+            self.state.probed[reply.key] = server_round
         return {"probe_replies": len(replies)}
 
     def cluster_state(self) -> dict:
-        return {"probed": dict(self.probed)}
+        return {"probed": dict(self.state.probed)}

@@ -26,9 +26,9 @@ class Halves(ClusteredStrategy):
 
     def init_clusters(self) -> None:
         for _ in range(self.params.halves):
-            self.new_cluster(self.theta0)
+            self.new_cluster(self.state.theta0)
 
     def admit(self, server_round, keys):
         for key in keys:
-            self.seen.append(key)
-            self.assignment[key] = len(self.seen) % self.params.halves
+            self.state.seen.append(key)
+            self.state.assignment[key] = len(self.state.seen) % self.params.halves
