@@ -287,6 +287,10 @@ def test_the_docs_container_commands_name_files_and_connections_that_exist():
     files = set(re.findall(r"-f docker/(compose[\w.-]*\.yml)", commands))
     assert files and files <= {p.name for p in DOCKER.glob("compose*.yml")} | generated
     assert commands.index("docker/prepare.sh") < commands.index(" up -d")
+    # the way up the docs give first starts the run keeper too (the run is looked after unless
+    # one asks otherwise), with the run config it launches
+    first_up = next(line for line in commands.splitlines() if " up -d" in line)
+    assert "--profile keeper" in first_up and commands.index("export RUN_CONFIG=") < commands.index(first_up)
     # the connection `flwr run` uses is the one the docs define, with an absolute certificate path
     # (Flower 1.41 refuses a relative one) and `insecure = true` for the plain federation
     defined = dict(re.findall(r"\[superlink\.([\w-]+)\]\n((?:[a-z-]+ = .*\n)+)", commands))
