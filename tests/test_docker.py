@@ -377,6 +377,31 @@ def test_one_app_at_a_time_a_second_app_process_gives_up_while_the_first_runs(tm
     assert third.returncode == 0 and (tmp_path / "ran").read_text().split("\n")[:-1] == ["--token A", "--token C"]
 
 
+def test_one_app_at_a_time_a_holder_past_the_bound_is_taken_for_hung_and_ended_by_the_next(tmp_path):
+    wrapper, env = _wrapper(tmp_path)
+    env = {**env, "CLUSTERFED_APP_MAX_SECONDS": "1"}
+    first = subprocess.Popen([str(wrapper), "--token", "A"], env=env)  # never released: hung
+    try:
+        for _ in range(200):
+            if (tmp_path / "ran").exists():
+                break
+            time.sleep(0.05)
+        time.sleep(2.2)  # past the bound
+        second = subprocess.Popen([str(wrapper), "--token", "B"], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(400):  # it ends the hung one and runs in its place
+            if (tmp_path / "ran").read_text().split("\n")[:-1] == ["--token A", "--token B"]:
+                break
+            time.sleep(0.05)
+        assert first.wait(timeout=60) != 0  # ended by a signal
+        assert (tmp_path / "ran").read_text().split("\n")[:-1] == ["--token A", "--token B"]
+    finally:
+        (tmp_path / "release").touch()
+    assert second.wait(timeout=60) == 0 and "held the lock" in second.stderr.read()
+    # within the bound a holder is left alone (the test above): only the hung one is ended
+    env = {**env, "CLUSTERFED_APP_MAX_SECONDS": "0"}
+    assert subprocess.run([str(wrapper), "--token", "C"], env=env, timeout=60).returncode == 0
+
+
 def _preflight(tmp_path, **env):
     root = tmp_path / "repo"
     shutil.copytree(DOCKER, root / "docker", ignore=shutil.ignore_patterns("data", "certs", "compose.devices*",
