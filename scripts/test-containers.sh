@@ -133,8 +133,9 @@ compose() {
 # preflight: docker/preflight.sh as the docs have an operator run it, before anything is built
 # or started (the engine, the free port, the torch build argument, the host's commands, memory)
 preflight() {
+    torch_source
     PATH="$CACHE/tools/bin:$PATH" ENGINE=podman CLUSTERFED="$VENV/bin/clusterfed" FLWR="$VENV/bin/flwr" \
-        DEVICES=$DEVICES "$ROOT/docker/preflight.sh" | tee "$CACHE/preflight.txt" >&2
+        DEVICES=$DEVICES TORCH="${TORCH:-}" "$ROOT/docker/preflight.sh" | tee "$CACHE/preflight.txt" >&2
 }
 
 base() {
@@ -163,11 +164,16 @@ base() {
     done
 }
 
-images() {
-    local args=() wheel
+# torch_source: where the images' torch comes from (TORCH_INDEX, a wheel in docker/wheels/, PyTorch's
+# CPU index, or this machine's pip, downloaded into docker/wheels/), into TORCH_ARGS and TORCH;
+# the preflight checks the same choice the build then makes
+TORCH_ARGS=()
+torch_source() {
+    local wheel
+    TORCH_ARGS=()
     wheel=$(ls "$ROOT"/docker/wheels/torch-*.whl 2>/dev/null | head -1 || true)
     if [ -n "${TORCH_INDEX:-}" ]; then
-        args+=(--build-arg TORCH_INDEX="$TORCH_INDEX")
+        TORCH_ARGS+=(--build-arg TORCH_INDEX="$TORCH_INDEX")
         echo "index $TORCH_INDEX" > "$CACHE/torch_source.txt"
     elif [ -z "$wheel" ] && curl -sf -m 10 -o /dev/null https://download.pytorch.org/whl/cpu/torch/; then
         echo "index https://download.pytorch.org/whl/cpu" > "$CACHE/torch_source.txt"
@@ -184,7 +190,13 @@ images() {
         # torch-2.13.0+cpu-cp311-... → torch==2.13.0+cpu
         TORCH="torch==$(basename "$wheel" | cut -d- -f2)"
     fi
-    [ -z "${TORCH:-}" ] || args+=(--build-arg TORCH="$TORCH")
+    [ -z "${TORCH:-}" ] || TORCH_ARGS+=(--build-arg TORCH="$TORCH")
+}
+
+images() {
+    local args
+    torch_source
+    args=("${TORCH_ARGS[@]}")
     log "torch: $(cat "$CACHE/torch_source.txt") ${TORCH:-}"
     timed build_client podman build -q --runtime runc -f "$ROOT/docker/Dockerfile" "${args[@]}" \
         -t clusterfed-client:0.1.0 "$ROOT" > /dev/null
