@@ -82,11 +82,12 @@ bench-chaos: $(VENV)/.installed
 		--nodes $(CHAOS_NODES) --rounds $(CHAOS_ROUNDS) --kill-every $(CHAOS_KILL_EVERY) --out benchmarks/results/chaos-soak
 
 # Real checks outside `make test` (root on Debian 12 x86_64; each installs what it needs with
-# apt and pip and caches under /var/cache/clusterfed). test-containers: docker/'s images built with
-# podman and the compose federation (6 devices, docker/prepare.sh) run plain and with TLS, every
-# service killed and back, FedClust recovering from crashes and a SuperLink stop/start mid-run,
-# then a short soak run by the keeper service; it needs no torch on the host (its own small venv
-# under the cache) and changes no system file;
+# apt and pip and caches under /var/cache/clusterfed). test-containers: docker/preflight.sh first,
+# then docker/'s images built with podman and the compose federation (6 devices,
+# docker/prepare.sh) run plain and with TLS, every service killed and back, FedClust recovering
+# from crashes and a SuperLink stop/start mid-run, then a short soak run by the keeper service
+# (6 rounds, ~15 min); it needs no torch on the host (its own small venv under the cache),
+# changes no system file and writes benchmarks/results/containers/ only when every step passed;
 # test-arm64: an emulated aarch64 device (qemu-user) installs the device part and joins one round
 # (~40 min the first time). Results: benchmarks/results/{containers,arm64}/.
 test-containers:

@@ -154,8 +154,21 @@ class RunFailed(RuntimeError):
     all of that."""
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+def _now(seconds: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+ROUND_EXCHANGES = 4  # the most exchanges one round makes (FedClust's first: probe, train, evaluate, ...)
+
+
+def stale_bounds(config: RunConfig) -> tuple[float, float]:
+    """Seconds a ``"running"`` status.json stays true without a new round: (before this
+    launch's first round, after a later one). Every exchange waits at most ``timeout`` (the
+    first profile probe ``probe-timeout``); a launch first waits ``wait-timeout`` for its
+    devices. The run keeper's stall bound is the same with its defaults."""
+    later = ROUND_EXCHANGES * config.timeout
+    first = later - config.timeout + max(config.timeout, config.probe_timeout) + config.wait_timeout
+    return first, later
 
 
 def _alive(pid: int) -> bool:
@@ -178,8 +191,9 @@ class RunStatus:
     """``out-dir/status.json``: ``"running"`` (with ``updated``, the time of the last round,
     as a heartbeat), ``"ok"`` or ``"failed"`` (with ``error``), ``ended`` (how the run ended,
     in a sentence), the devices ``absent`` and ``failing`` (docs/outputs.md), and who writes
-    it (``pid``, ``host``). A ``"running"`` left by a run that is gone is replaced at start-up
-    with a ``note`` saying so."""
+    it (``pid``, ``host``). A ``"running"`` carries ``stale_after``: the time past which it is
+    stale (no round can take that long, so its writer is dead or stuck). A ``"running"`` left
+    by a run that is gone is replaced at start-up with a ``note`` saying so."""
 
     def __init__(self, out_dir: str | Path):
         self.path = Path(out_dir).resolve() / "status.json"
@@ -188,6 +202,8 @@ class RunStatus:
         self.round: int | None = None
         self.rounds: int | None = None  # the rounds the run was asked for
         self.devices: Callable[[], dict[str, Any]] | None = None  # absent and failing devices, now
+        # seconds a round may take: (this launch's first round, a later one); see stale_bounds
+        self.bounds: tuple[float, float] | None = None
 
     def start(self) -> None:
         previous = self.read()
@@ -221,8 +237,11 @@ class RunStatus:
         self.write("running")
 
     def write(self, status: str, error: str = "") -> None:
-        body: dict[str, Any] = {"status": status, "time": _now(), "started": self.started, "updated": _now(),
+        now = time.time()
+        body: dict[str, Any] = {"status": status, "time": _now(now), "started": self.started, "updated": _now(now),
                                 "pid": os.getpid(), "host": socket.gethostname()}
+        if status == "running" and self.bounds is not None:
+            body["stale_after"] = _now(now + self.bounds[0 if self.round is None else 1])
         if self.round is not None:
             body["round"] = self.round
         if error:
@@ -273,6 +292,7 @@ def main(grid: Grid, context: Context) -> None:
         config = parse_config(dict(context.run_config))
     except ConfigError as error:
         raise _fail(status, f"bad run config: {error}") from None
+    status.bounds = stale_bounds(config)
     status.start()
     # `flwr run` against a simulation federation hands the app Flower's in-memory grid: that
     # is a simulation (fixed federation); any other grid talks to a SuperLink

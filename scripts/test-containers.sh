@@ -42,9 +42,9 @@
 # Environment: CLUSTERFED_CACHE (default /var/cache/clusterfed), CLUSTERFED_VENV (the host's
 # venv with `clusterfed` and `flwr`, default the cache's host-venv, which setup makes),
 # DEVICES (6), ROUNDS (4: the TLS run; the plain one runs 2), SOAK_ROUNDS (6), SOAK_KILL_EVERY
-# (1), SOAK_NAME (soak-short), SOAK_MAX_MINUTES (120), KEEP_UP=1 (leave the last federation
-# running). Steps: scripts/test-containers.sh [setup] [base] [images] [semantics] [plain] [tls]
-# [soak] (default: all).
+# (1), SOAK_NAME (soak-short), SOAK_MAX_MINUTES (120), SUPERLINK_PORT (9093), KEEP_UP=1 (leave
+# the last federation running). Steps: scripts/test-containers.sh [setup] [preflight] [base]
+# [images] [semantics] [plain] [tls] [soak] (default: all).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -57,7 +57,9 @@ RESULTS=$CACHE/results-staging
 FLWR_VERSION=$(sed -n 's/^ARG FLWR_VERSION=//p' "$ROOT/docker/Dockerfile")
 BASE_IMAGE=localhost/clusterfed-py311:bookworm
 PROJECT=clusterfed
-PORT=9093
+# the published port (compose.yml reads the same variable); another one where 9093 is taken
+PORT=${SUPERLINK_PORT:-9093}
+export SUPERLINK_PORT=$PORT
 DEVICES=${DEVICES:-6}
 ROUNDS=${ROUNDS:-4}
 LOCAL_TORCH=${LOCAL_TORCH:-2.13.0}
@@ -128,6 +130,14 @@ compose() {
     fi
 }
 
+# preflight: docker/preflight.sh as the docs have an operator run it, before anything is built
+# or started (the engine, the free port, the torch build argument, the host's commands, memory)
+preflight() {
+    torch_source
+    PATH="$CACHE/tools/bin:$PATH" ENGINE=podman CLUSTERFED="$VENV/bin/clusterfed" FLWR="$VENV/bin/flwr" \
+        DEVICES=$DEVICES TORCH="${TORCH:-}" "$ROOT/docker/preflight.sh" | tee "$CACHE/preflight.txt" >&2
+}
+
 base() {
     local rootfs=$CACHE/py311-rootfs
     if ! podman image exists "$BASE_IMAGE"; then
@@ -154,11 +164,16 @@ base() {
     done
 }
 
-images() {
-    local args=() wheel
+# torch_source: where the images' torch comes from (TORCH_INDEX, a wheel in docker/wheels/, PyTorch's
+# CPU index, or this machine's pip, downloaded into docker/wheels/), into TORCH_ARGS and TORCH;
+# the preflight checks the same choice the build then makes
+TORCH_ARGS=()
+torch_source() {
+    local wheel
+    TORCH_ARGS=()
     wheel=$(ls "$ROOT"/docker/wheels/torch-*.whl 2>/dev/null | head -1 || true)
     if [ -n "${TORCH_INDEX:-}" ]; then
-        args+=(--build-arg TORCH_INDEX="$TORCH_INDEX")
+        TORCH_ARGS+=(--build-arg TORCH_INDEX="$TORCH_INDEX")
         echo "index $TORCH_INDEX" > "$CACHE/torch_source.txt"
     elif [ -z "$wheel" ] && curl -sf -m 10 -o /dev/null https://download.pytorch.org/whl/cpu/torch/; then
         echo "index https://download.pytorch.org/whl/cpu" > "$CACHE/torch_source.txt"
@@ -175,7 +190,13 @@ images() {
         # torch-2.13.0+cpu-cp311-... → torch==2.13.0+cpu
         TORCH="torch==$(basename "$wheel" | cut -d- -f2)"
     fi
-    [ -z "${TORCH:-}" ] || args+=(--build-arg TORCH="$TORCH")
+    [ -z "${TORCH:-}" ] || TORCH_ARGS+=(--build-arg TORCH="$TORCH")
+}
+
+images() {
+    local args
+    torch_source
+    args=("${TORCH_ARGS[@]}")
     log "torch: $(cat "$CACHE/torch_source.txt") ${TORCH:-}"
     timed build_client podman build -q --runtime runc -f "$ROOT/docker/Dockerfile" "${args[@]}" \
         -t clusterfed-client:0.1.0 "$ROOT" > /dev/null
@@ -448,12 +469,13 @@ soak() {
     CLUSTERFED="$VENV/bin/clusterfed" DEVICES=$DEVICES "$ROOT/docker/prepare.sh" > "$CACHE/prepare_soak.log"
     rm -rf "$CACHE/soak-clean-data" && cp -r "$ROOT/docker/data" "$CACHE/soak-clean-data"
     local manifest_t0; manifest_t0=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)
-    timed up_soak compose "${files[@]}" up -d
-    wait_all_healthy
     export RUN_CONFIG="strategy=\"fedclust\" num-clients=$DEVICES min-clients=$((DEVICES - 1)) rounds=$rounds \
 partitioner=\"label-groups\" label-groups=\"0-4;5-9\" absent-after=2 timeout=120.0 out-dir=\"results/$name\""
     export KEEPER_POLL=5
-    compose "${files[@]}" --profile keeper up -d --no-deps keeper
+    # the documented way up: the federation and the keeper in one command; the keeper launches
+    # the run as soon as the SuperLink answers, and the ServerApp waits for its devices
+    timed up_soak compose "${files[@]}" --profile keeper up -d
+    wait_all_healthy
     local out=$RESULTS/$name status=0
     rm -rf "$out"
     "$VENV/bin/python" "$ROOT/scripts/containers/soak.py" "$out" "$(volume_dir)" "$ROOT/docker/data" \
@@ -498,7 +520,7 @@ rm -rf "$RESULTS" && mkdir -p "$(dirname "$RESULTS")" && cp -r "$COMMITTED" "$RE
 STAGED=$CACHE/results-staged-at  # what the steps wrote is newer than this
 touch "$STAGED"
 if [ ${#steps[@]} -eq 0 ]; then
-    steps=(setup base images semantics plain tls soak)
+    steps=(setup preflight base images semantics plain tls soak)
     : > "$TIMINGS"
     : > "$EVENTS"
     : > "$CACHE/image_contents.txt"

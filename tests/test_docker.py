@@ -287,6 +287,10 @@ def test_the_docs_container_commands_name_files_and_connections_that_exist():
     files = set(re.findall(r"-f docker/(compose[\w.-]*\.yml)", commands))
     assert files and files <= {p.name for p in DOCKER.glob("compose*.yml")} | generated
     assert commands.index("docker/prepare.sh") < commands.index(" up -d")
+    # the way up the docs give first starts the run keeper too (the run is looked after unless
+    # one asks otherwise), with the run config it launches
+    first_up = next(line for line in commands.splitlines() if " up -d" in line)
+    assert "--profile keeper" in first_up and commands.index("export RUN_CONFIG=") < commands.index(first_up)
     # the connection `flwr run` uses is the one the docs define, with an absolute certificate path
     # (Flower 1.41 refuses a relative one) and `insecure = true` for the plain federation
     defined = dict(re.findall(r"\[superlink\.([\w-]+)\]\n((?:[a-z-]+ = .*\n)+)", commands))
@@ -371,6 +375,31 @@ def test_one_app_at_a_time_a_second_app_process_gives_up_while_the_first_runs(tm
     # free again: the next one runs
     third = subprocess.run([str(wrapper), "--token", "C"], env=env, timeout=60)
     assert third.returncode == 0 and (tmp_path / "ran").read_text().split("\n")[:-1] == ["--token A", "--token C"]
+
+
+def test_one_app_at_a_time_a_holder_past_the_bound_is_taken_for_hung_and_ended_by_the_next(tmp_path):
+    wrapper, env = _wrapper(tmp_path)
+    env = {**env, "CLUSTERFED_APP_MAX_SECONDS": "1"}
+    first = subprocess.Popen([str(wrapper), "--token", "A"], env=env)  # never released: hung
+    try:
+        for _ in range(200):
+            if (tmp_path / "ran").exists():
+                break
+            time.sleep(0.05)
+        time.sleep(2.2)  # past the bound
+        second = subprocess.Popen([str(wrapper), "--token", "B"], env=env, stderr=subprocess.PIPE, text=True)
+        for _ in range(400):  # it ends the hung one and runs in its place
+            if (tmp_path / "ran").read_text().split("\n")[:-1] == ["--token A", "--token B"]:
+                break
+            time.sleep(0.05)
+        assert first.wait(timeout=60) != 0  # ended by a signal
+        assert (tmp_path / "ran").read_text().split("\n")[:-1] == ["--token A", "--token B"]
+    finally:
+        (tmp_path / "release").touch()
+    assert second.wait(timeout=60) == 0 and "held the lock" in second.stderr.read()
+    # within the bound a holder is left alone (the test above): only the hung one is ended
+    env = {**env, "CLUSTERFED_APP_MAX_SECONDS": "0"}
+    assert subprocess.run([str(wrapper), "--token", "C"], env=env, timeout=60).returncode == 0
 
 
 def _preflight(tmp_path, **env):

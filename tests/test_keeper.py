@@ -380,3 +380,48 @@ def test_a_serverapp_killed_on_this_host_is_seen_gone_while_status_json_still_sa
     state = keeper.step()
     assert state.phase == "resuming" and f"pid {gone.pid}) is gone" in state.reason
     assert _status(out)["status"] == "resuming"
+
+
+def _stamp(text: str) -> float:
+    import calendar
+    return calendar.timegm(time.strptime(text, "%Y-%m-%dT%H:%M:%SZ"))
+
+
+def test_every_status_the_keeper_writes_says_when_it_is_stale_unless_the_run_is_over(keeper):
+    keeper, flower, clock, ended, out = keeper
+    keeper.step()
+    status = _status(out)
+    assert status["status"] == "starting"
+    assert _stamp(status["stale_after"]) - _stamp(status["updated"]) == keeper.stale_seconds()
+    assert keeper.stale_seconds() > keeper.poll_seconds  # a poll and the slowest step in between
+    flower.statuses[101] = ("finished:failed", "No heartbeat received from the task")
+    clock.now = 10.0
+    keeper.step()
+    assert _status(out)["status"] == "resuming" and "stale_after" in _status(out)
+    for number in range(1, 6):
+        _round(out, number)
+    clock.now = 20.0
+    keeper.step()  # the relaunch
+    flower.statuses[102] = ("finished:completed", "")
+    clock.now = 30.0
+    assert keeper.step().phase == "finished" and "stale_after" not in _status(out)
+
+
+def test_the_serverapps_running_says_when_it_is_stale_the_first_round_of_a_launch_waiting_longer(tmp_path):
+    from clusterfed.config import parse_config
+    from clusterfed.server_app import RunStatus, stale_bounds
+
+    config = parse_config({"timeout": 30.0, "probe-timeout": 90.0, "wait-timeout": 60.0})
+    first, later = stale_bounds(config)
+    assert later == POLICY.stall_seconds(False)  # the keeper's stall bound with its default multiple
+    assert first == 3 * 30.0 + 90.0 + 60.0  # one exchange is the first profile probe, then the wait for devices
+    status = RunStatus(tmp_path)
+    status.bounds = (first, later)
+    status.start()
+    body = json.loads((tmp_path / "status.json").read_text())
+    assert _stamp(body["stale_after"]) - _stamp(body["updated"]) == first
+    status.heartbeat({"round": 1})
+    body = json.loads((tmp_path / "status.json").read_text())
+    assert body["status"] == "running" and _stamp(body["stale_after"]) - _stamp(body["updated"]) == later
+    status.write("ok")
+    assert "stale_after" not in json.loads((tmp_path / "status.json").read_text())

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from clusterfed.keeper.decide import LAUNCH, OVER, STOP, Policy, Seen, State, decide, launch_failed, launched
-from clusterfed.keeper.flower import LaunchError
+from clusterfed.keeper.flower import FLWR_TIMEOUT, LaunchError
 from clusterfed.keeper.status import keeper_status, read_app_status, read_rounds, write_status
 
 ACTIVE = ("pending", "starting", "running")  # Flower's statuses of a run that is not over
@@ -84,6 +84,7 @@ class Keeper:
         self.clock, self.wall, self.log, self.end_process = clock, wall, log, end_process
         self.state = State()
         self.launch_wall = 0.0  # wall time of the last launch: a ServerApp's status written since is its
+        self.poll_seconds = 10.0  # run() sets it
 
     def adopt(self) -> None:
         """A keeper started again (its container restarted) takes over the run status.json
@@ -125,8 +126,14 @@ class Keeper:
         app = read_app_status(self.out)
         fresh_failure = app.get("status") == "failed" and _stamp(app.get("updated")) >= self.launch_wall
         if state.phase != "running" or not (app.get("status") in ("running", "ok") or fresh_failure):
-            write_status(self.out, keeper_status(self.policy, state, seen, app, read_rounds(self.out), self.wall()))
+            write_status(self.out, keeper_status(self.policy, state, seen, app, read_rounds(self.out), self.wall(),
+                                                 stale_seconds=self.stale_seconds()))
         return state
+
+    def stale_seconds(self) -> float:
+        """The longest between two of the keeper's writes: a poll, then one step's three `flwr`
+        calls (status, stop, launch) at their timeout and the old ServerApp's two signals' grace."""
+        return self.poll_seconds + 3 * FLWR_TIMEOUT + 2 * TERM_GRACE_SECONDS
 
     def _stop(self, state: State, run_id: int, seen: Seen, app: dict[str, Any]) -> State:
         if seen.flower in ACTIVE or seen.flower is None:
@@ -137,6 +144,7 @@ class Keeper:
     def run(self, poll_seconds: float, sleep: Callable[[float], None] = time.sleep) -> int:
         """Until the run finished (0) or the keeper gave up (1). Between looks at Flower it
         watches status.json every second and looks again at once when the ServerApp wrote it."""
+        self.poll_seconds = poll_seconds
         self.adopt()
         while self.step().phase not in OVER:
             seen = _mtime(self.out / "status.json")

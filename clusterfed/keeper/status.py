@@ -64,11 +64,17 @@ def _devices(app: dict[str, Any], rounds: RoundsOnDisk) -> dict[str, list]:
     return {"absent": absent, "failing": failing}
 
 
+def _stamp(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
 def keeper_status(policy: Policy, state: State, seen: Seen, app: dict[str, Any], rounds: RoundsOnDisk,
-                  wall_time: float) -> dict[str, Any]:
+                  wall_time: float, stale_seconds: float | None = None) -> dict[str, Any]:
     """status.json as the keeper writes it: its phase and reason, the round reached, the
-    devices absent or failing, Flower's view, and the ServerApp's last word (``serverapp``)."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall_time))
+    devices absent or failing, Flower's view, and the ServerApp's last word (``serverapp``).
+    Unless the run is over, ``stale_after``: ``stale_seconds`` past now, the longest the keeper
+    takes to write again; a reader past that time knows nobody keeps the file."""
+    stamp = _stamp(wall_time)
     first = state.last_round == state.round_at_launch
     body: dict[str, Any] = {
         "status": state.phase, "reason": state.reason, "time": stamp, "updated": stamp,
@@ -85,10 +91,13 @@ def keeper_status(policy: Policy, state: State, seen: Seen, app: dict[str, Any],
                                        if state.launched_at is not None else None),
         },
     }
+    if stale_seconds is not None and state.phase not in ("failed", "finished"):
+        body["stale_after"] = _stamp(wall_time + stale_seconds)
     if state.run_id is None and state.phase not in ("failed", "finished"):
         body["keeper"]["next_launch_in_seconds"] = max(0, round(state.launch_at - seen.now))
     if app and "keeper" not in app:  # the ServerApp's own word, not the keeper's previous one
-        body["serverapp"] = {key: app[key] for key in ("status", "error", "ended", "pid", "host", "updated", "note")
+        body["serverapp"] = {key: app[key] for key in ("status", "error", "ended", "pid", "host", "updated",
+                                                       "stale_after", "note")
                              if key in app}
     elif "serverapp" in app:
         body["serverapp"] = app["serverapp"]
