@@ -29,6 +29,16 @@ Rules (what a failure here means):
   after ``=``, ``≥``, ``≤``, ``<``, ``>`` (a threshold or a setting: ARI ≥ 0.9, ε = 0.25) and
   dimensions (8×8). A duration, size or percentage in a fenced block's comment fails: no marker can
   sit there, so say it in prose, bound.
+  A count beside a bound number is measured too. In a segment that carries a bound number — a
+  table row (one line starting with ``|``), or a sentence (a paragraph's lines joined, cut after
+  ``.``, ``!`` or ``?`` before a capital, ``(``, ``*`` or a code span; a heading is a segment of its
+  own and a list item starts a new paragraph) — an integer must be bound when it is (a) a table cell of numbers and
+  punctuation only (the 5 of ``| fedclust | 5 | 0.944 <!-- bind: … --> |``, the 20 of
+  ``0.888 <!-- bind: … --> (20)``), or (b) a count of what a run produced: followed by clusters,
+  pre-clusters, splits, merges, packages, transmissions, times, rejections, failures, errors,
+  retries or restarts (each of "16 and 9 clusters"). Still exempt there: settings and labels in
+  words (400 clients, 30 rounds, 5 groups, seeds 0-2, round 3, 6 devices), ordinals, and every
+  integer of a segment without a bound number.
   Fix: bind the number to the result file it comes from, write it into a summary.json beside its
   CSV/MD table (from data already in the repository), generate it, or drop it.
 - Relative links resolve (file, and heading anchor in a Markdown file); no ``../shared``
@@ -224,6 +234,56 @@ def unbound_numbers(text: str) -> list[tuple[str, str]]:
     return found
 
 
+COUNT_NOUN = (r"(?:clusters?|pre-clusters?|splits?|merges?|packages?|transmissions?|times|rejections?|failures?|"
+              r"errors?|retries|restarts?)\b")
+INTEGER = r"\d{1,3}(?:,\d{3})+(?![\d.])|\d+(?![\d.])"
+COUNT = re.compile(rf"(?<![\w./@#§⟨-])(?:{INTEGER})(?=(?:\s*(?:,|and|or|to|–)\s*(?:{INTEGER}))*\s+(?:of them\s+)?{COUNT_NOUN})")
+CELL_OF_NUMBERS = re.compile(r"[\s\d,.()±–~/-]*\d[\s\d,.()±–~/-]*")
+SENTENCE_END = re.compile(r"(?<=[.!?])[*_)\"']*\s+(?=[A-Z(*`\[])")
+BOUND = "⟨bound⟩"
+
+
+def segments(text: str) -> list[str]:
+    """The table rows and sentences of ``text`` (code, link targets and HTML comments removed), for the
+    count rule of the module docstring."""
+    text = FENCE.sub("", text)
+    text = CODE.sub("``", text)
+    text = LINK.sub(lambda m: m.group(0).split("](")[0] + "]", text)
+    text = HTML_COMMENT.sub("", text)
+    out, paragraph = [], []
+
+    def flush():
+        if paragraph:
+            out.extend(SENTENCE_END.split(" ".join(paragraph)))
+            paragraph.clear()
+
+    for line in (line.strip() for line in text.split("\n")):
+        if not line or line.startswith(("|", "#")) or re.match(r"(?:[-*+]|\d+\.)\s", line):
+            flush()
+        if line.startswith(("|", "#")):
+            out.append(line)
+        elif line:
+            paragraph.append(line)
+    flush()
+    return out
+
+
+def unbound_counts(text: str) -> list[tuple[str, str]]:
+    """(integer, segment) of every count beside a bound number (bound numbers already replaced by
+    ``⟨bound⟩``) that is not bound itself: the count rule of the module docstring."""
+    found = []
+    for segment in segments(text):
+        if BOUND not in segment:
+            continue
+        if segment.startswith("|"):
+            for cell in segment.strip("|").split("|"):
+                cell = cell.replace(BOUND, "")
+                if CELL_OF_NUMBERS.fullmatch(cell):
+                    found += [(m.group(0), segment) for m in re.finditer(rf"(?<![\d.,])(?:{INTEGER})", cell)]
+        found += [(m.group(0), segment) for m in COUNT.finditer(segment)]
+    return found
+
+
 def fenced_measurements(text: str) -> list[str]:
     """Durations, sizes and percentages in the comments of fenced blocks (no marker can sit there)."""
     out = []
@@ -254,6 +314,8 @@ def number_problems(text: str, root: Path = None) -> list[str]:
     problems += [f"a bind marker with no number right before it: {m.group(0)}"
                  for m in re.finditer(r"<!-- bind:.*?-->", rest, re.S)]
     problems += [f"unbound: {number} (in: {line[:110]})" for number, line in unbound_numbers(rest)]
+    problems += [f"an unbound count beside a bound number: {number} (in: {segment[:110]})"
+                 for number, segment in unbound_counts(rest)]
     problems += [f"in a code block (say it in prose, bound): {hit}" for hit in fenced_measurements(rest)]
     return problems
 
@@ -273,7 +335,7 @@ def test_the_number_rule_itself(tmp_path):
     results = tmp_path / "benchmarks" / "results" / "x"
     results.mkdir(parents=True)
     (results / "summary.json").write_text(json.dumps(
-        {"rows": [{"ari": 0.944}, {"ari": -0.0213}], "by": {"0.5": {"share": 0.6149}}, "wall_s": 194.7}))
+        {"rows": [{"ari": 0.944, "clusters": 5}, {"ari": -0.0213}], "by": {"0.5": {"share": 0.6149}}, "wall_s": 194.7}))
     (results / "t.csv").write_text("lam,seed,ari\n0.5,0,0.8733\n0.5,1,0.91\n")
     page = "benchmarks/results/x/"
     right = (f"ARI 0.944 <!-- bind: {page}summary.json rows.0.ari --> and −0.02 <!-- bind: {page}summary.json rows.1.ari -->,"
@@ -295,6 +357,20 @@ def test_the_number_rule_itself(tmp_path):
                " 12 seconds, 3x")
     assert [n for n, _ in unbound_numbers(unbound)] == \
         ["0.944", "45 %", "194.7 s", "2–9 min", "1.58 GB", "38 ±", "5.7", "3.1 pp", "72.6×", "12 seconds", "3x"]
+    # a count beside a bound number: a table cell of numbers, or what a run produced
+    ari = f"0.944 <!-- bind: {page}summary.json rows.0.ari -->"
+    five = f"5 <!-- bind: {page}summary.json rows.0.clusters -->"
+    assert number_problems(f"| fedclust | {five} | {ari} |\n| fedclust | {ari} ({five}) | – |\n"
+                           f"At 400 clients in 5 groups (seeds 0-2, 30 rounds) FedClust formed {five} clusters,\n"
+                           f"ARI {ari} from round 3 on 6 devices.\nFedClust formed 5 clusters (no bound number here).\n", tmp_path) == []
+    for wrong, count in ((f"| fedclust | 5 | {ari} |", 1),                      # the loophole: the 5 unbound
+                         (f"| fedclust | {ari} (5) | – |", 1),                  # beside it in its cell
+                         (f"| 16 | 9 | {ari} |", 2),
+                         (f"CFL ended at {ari}, still\n16 and 9 clusters for 5 groups.", 2),  # one sentence, two lines
+                         (f"FedClust formed 4 clusters (ARI {ari}).", 1),
+                         (f"It made 12 splits; ARI {ari}.", 1)):
+        assert len(number_problems(wrong, tmp_path)) == count, (wrong, number_problems(wrong, tmp_path))
+    assert number_problems(f"FedClust formed 4 clusters. Then ARI {ari}.", tmp_path) == []  # two sentences
     assert len(number_problems("```bash\nmake bench-quick   # about 2 min\n```\n", tmp_path)) == 1
     assert number_problems("```markdown\nARI 0.9 <!-- bind: benchmarks/results/y.json a -->\n```\n", tmp_path) == []
 
