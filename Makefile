@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test bench bench-quick bench-models bench-user-models bench-chaos clean test-containers test-arm64 test-compat constraints check-report
+.PHONY: run test test-fast bench bench-quick bench-models bench-user-models bench-chaos clean test-containers test-arm64 test-compat constraints check-report
 
 # pyproject.toml holds ranges; constraints.txt the exact versions make test and CI install.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -44,6 +44,13 @@ run: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest tests
+
+# The fast tier: the unit and fast integration tests. It leaves out the tests marked end_to_end
+# (pyproject.toml's markers): runs on Flower's simulation engine, deployments on loopback,
+# SuperLink/SuperNode/ServerApp processes, docker checks, model matrices and long golden runs.
+# `make test` (and CI) runs every test, those included.
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -m "not end_to_end" tests
 
 # Every strategy on every setting (benchmarks/experiments/suite-*.toml), FedClust's λ sweep
 # (lambda-sensitivity*.toml), then docs/results.md, docs/fidelity.md and the README's results

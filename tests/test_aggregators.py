@@ -148,6 +148,7 @@ CFL_RUN = {"strategy": "cfl", "rounds": 4, "batch-size": 32, "partitioner": "rot
            "cfl.min-split-round": 2, "aggregator": "fedadam(eta=0.01)"}
 
 
+@pytest.mark.end_to_end
 def test_a_resumed_run_with_fedadam_per_cluster_is_bit_identical(tmp_path):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     simulate(parse_config({**CFL_RUN, "out-dir": str(straight)}), engine="inprocess", stream=None)

@@ -69,6 +69,7 @@ def test_replies_of_updates_and_of_weights_aggregate_to_the_same_bits():
     assert all(np.array_equal(got[n], want[n]) for n in want)
 
 
+@pytest.mark.end_to_end
 def test_a_run_is_bit_identical_when_its_replies_come_shuffled(small_config, tmp_path, monkeypatch):
     """Every round's validated replies are handed to the strategy shuffled (the order a
     SuperLink delivers them in is not fixed), and every recorded number stays the same."""
@@ -296,6 +297,7 @@ def test_a_task_with_its_own_train_function_runs_one_after_another_and_says_why(
 
 
 @pytest.mark.parametrize("name", ["fedavg", "fedprox", "fedclust", "cfl", "hicfl-defaults"])
+@pytest.mark.end_to_end
 def test_golden_runs_with_clients_trained_together_keep_their_clusters(name, tmp_path):
     """The golden runs (tests/golden) with batching on: the same assignments and ARI every
     round, and the mean of the clients' accuracies within half a percentage point (a client's

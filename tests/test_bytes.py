@@ -8,6 +8,7 @@ from flwr.app import Array, ArrayRecord
 from clusterfed import protocol
 from clusterfed.server_app import initial_arrays
 from clusterfed.simulation import simulate
+import pytest
 
 
 def test_array_bytes_is_the_sum_of_nbytes():
@@ -16,6 +17,7 @@ def test_array_bytes_is_the_sum_of_nbytes():
     assert protocol.array_bytes(record) == sum(v.nbytes for v in arrays.values()) == 48 + 40 + 14
 
 
+@pytest.mark.end_to_end
 def test_round_traffic_equals_model_size_times_clients(small_config):
     config = small_config(strategy="fedavg", rounds=2, num_clients=5)
     simulate(config, engine="inprocess", stream=None)

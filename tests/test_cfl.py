@@ -204,6 +204,7 @@ TWO_GROUPS = {"partitioner": "label-groups", "label_groups": "0-4;5-9", "num_cli
               "rel_eps2": 2.0}
 
 
+@pytest.mark.end_to_end
 def test_cfl_equals_fedavg_until_its_first_split_then_recovers_the_groups(small_config, tmp_path):
     fedavg = small_config(strategy="fedavg", out_dir=str(tmp_path / "fedavg"), **TWO_GROUPS)
     cfl = small_config(strategy="cfl", out_dir=str(tmp_path / "cfl"), **TWO_GROUPS)
@@ -235,6 +236,7 @@ def test_cfl_equals_fedavg_until_its_first_split_then_recovers_the_groups(small_
     assert plot_split_figures(fedavg.out_dir) == []  # nothing to draw for a strategy that does not split
 
 
+@pytest.mark.end_to_end
 def test_relative_criteria_fire_on_rotation_where_absolute_ones_do_not(small_config, tmp_path):
     """Default criteria, 20 clients, 4 rotations: the relative rule splits at round 5 (the
     federation's mean update has stalled below 0.9 x its peak while the largest client
@@ -259,6 +261,7 @@ def test_relative_criteria_fire_on_rotation_where_absolute_ones_do_not(small_con
         assert norms["max_norm"] < config.strategy_params["eps2"] / 2
 
 
+@pytest.mark.end_to_end
 def test_relative_criteria_do_not_fire_on_iid(small_config, tmp_path):
     config = small_config(strategy="cfl", partitioner="iid", num_clients=20, rounds=12, batch_size=16)
     simulate(config, engine="inprocess", stream=None)

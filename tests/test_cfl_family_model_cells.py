@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from model_matrix.cells import rounds_for, run_cell
 from test_model_matrix import one_thread_quiet_flower  # noqa: F401  (autouse: one thread, quiet Flower)
+import pytest
+pytestmark = pytest.mark.end_to_end
 
 
 def test_cfl_keeps_converged_true_groups_apart():

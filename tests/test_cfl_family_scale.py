@@ -19,6 +19,7 @@ from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_simil
 from clusterfed.cluster_misses import cluster_miss_reason
 from clusterfed.results import RunRecorder
 from clusterfed.strategies.hicfl import HiCFL
+import pytest
 
 
 def noisy_groups(m, d, strength, seed=0, groups=2):
@@ -83,6 +84,7 @@ def wide_round(strategy, server_round, U):
     strategy.after_train(server_round, replies)
 
 
+@pytest.mark.end_to_end
 def test_cfl_splits_many_noisy_clients_on_principal_components_and_the_paper_does_not():
     labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
     found = {}
@@ -99,6 +101,7 @@ def test_cfl_splits_many_noisy_clients_on_principal_components_and_the_paper_doe
     assert "closest refusal: round 1, cluster 0 (200 repliers): best-cut silhouette" in reason and "< required" in reason
 
 
+@pytest.mark.end_to_end
 def test_the_basis_names_the_splits_and_the_refused_merge_and_the_recorder_writes_the_over_split(tmp_path):
     labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
     strategy = wide_cfl(labels, **{"similarity-rank": "auto", "merge-min-cosine": 0.99})
@@ -158,6 +161,7 @@ def test_one_cluster_reasons_give_their_numbers():
     assert "stability" in reason and "round 12: nearest layer" in reason and ">= ε" in reason
 
 
+@pytest.mark.end_to_end
 def test_the_basis_says_why_no_further_split_came():
     labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
     strategy = wide_cfl(labels, **{"similarity-rank": "auto", "merge-min-cosine": 0.99})
@@ -188,6 +192,7 @@ def partial_round(strategy, server_round, U, keys):
     strategy.after_train(server_round, replies)
 
 
+@pytest.mark.end_to_end
 def test_similarity_pool_members_judges_a_split_on_every_member_where_a_sample_is_too_small():
     labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
     found = {}
@@ -213,6 +218,7 @@ def test_similarity_pool_is_the_papers_repliers_by_default():
     assert strategy.similarity_pool(0, ["1", "0"]) == ["1", "0"]
 
 
+@pytest.mark.end_to_end
 def test_similarity_pool_members_lets_a_merge_compare_every_members_stored_update():
     labels, U = noisy_groups(200, WIDE_DIM, 5.5, seed=3)
     found = {}

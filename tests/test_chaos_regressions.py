@@ -8,6 +8,7 @@ import pytest
 from clusterfed.runner.checkpoint import load_checkpoint
 from clusterfed.server_app import run_server
 from test_membership import ChurnGrid, churn, config, rows  # noqa: F401 - churn is a fixture
+pytestmark = pytest.mark.end_to_end
 
 
 def test_a_resumed_deployment_whose_device_has_not_reconnected_marks_it_absent(tmp_path, churn):  # noqa: F811

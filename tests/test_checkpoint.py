@@ -55,6 +55,7 @@ def assert_same_models(first, second):
 
 
 @pytest.mark.parametrize("strategy", ["fedclust", "cfl", "hicfl"])
+@pytest.mark.end_to_end
 def test_resumed_run_is_bit_identical(strategy, tmp_path):
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     simulate(config(strategy, straight), engine="inprocess", stream=None)
@@ -67,6 +68,7 @@ def test_resumed_run_is_bit_identical(strategy, tmp_path):
     assert clusters[0] == clusters[1]
 
 
+@pytest.mark.end_to_end
 def test_a_killed_process_resumes_from_its_last_checkpoint(tmp_path):
     """SIGKILL mid-run (after some round's checkpoint), then resume: same final rows."""
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -88,6 +90,7 @@ def test_a_killed_process_resumes_from_its_last_checkpoint(tmp_path):
     assert rows(killed) == rows(straight)
 
 
+@pytest.mark.end_to_end
 def test_corrupt_truncated_and_incompatible_checkpoints_are_refused(tmp_path):
     run = tmp_path / "run"
     simulate(config("fedclust", run, rounds=2), engine="inprocess", stream=None)
@@ -166,6 +169,7 @@ def test_a_checkpoint_interrupted_before_its_json_leaves_the_previous_one(tmp_pa
     assert len(list(tmp_path.glob("checkpoint-*.npz"))) == 1 and load_checkpoint(tmp_path)["round"] == 2
 
 
+@pytest.mark.end_to_end
 def test_exported_cluster_model_loads_and_predicts(tmp_path):
     out = tmp_path / "run"
     simulate(config("fedclust", out, rounds=2), engine="inprocess", stream=None)
@@ -182,6 +186,7 @@ def test_exported_cluster_model_loads_and_predicts(tmp_path):
     assert (predicted == digits.target[:50]).mean() > 0.1  # trained, not a constant guess
 
 
+@pytest.mark.end_to_end
 def test_resume_from_auto_starts_fresh_then_continues_from_out_dir(tmp_path, caplog, monkeypatch):
     """``resume-from="auto"`` (what a deployment passes with ``flwr run --run-config``): no
     checkpoint in out-dir starts fresh, saying so; the same command after a stop resumes,

@@ -235,6 +235,7 @@ def test_task_paths_and_types_are_checked():
         TASK.key(Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={}))
 
 
+@pytest.mark.end_to_end
 def test_a_users_task_by_import_path_is_answered_by_the_warm_worker(tmp_path, monkeypatch):
     monkeypatch.setenv("CLUSTERFED_WORKER_DIR", str(tmp_path / "w"))
     app = client_app("test_client_helper:TASK")

@@ -66,6 +66,7 @@ def _same_content(a: RecordDict, b: RecordDict):
             assert dict(a[name]) == dict(b[name])
 
 
+@pytest.mark.end_to_end
 def test_worker_replies_equal_the_in_process_replies_and_one_process_serves_them(worker_env, part):
     node = {"client-key": "pi-01", "data-path": str(part)}
     replies = {}
@@ -84,6 +85,7 @@ def test_worker_replies_equal_the_in_process_replies_and_one_process_serves_them
     assert [int(p.read_text()) for p in worker_env.glob("*.pid")] == [pid]
 
 
+@pytest.mark.end_to_end
 def test_an_error_in_the_worker_reaches_the_client_app_with_its_message(worker_env, tmp_path):
     np.savez(tmp_path / "bad.npz", x_train=np.zeros((2, 8, 8), np.uint8), y_train=np.array([0, 12]),
              x_test=np.zeros((1, 8, 8), np.uint8), y_test=np.array([1]))
@@ -111,6 +113,7 @@ def test_a_device_with_broken_data_starts_no_worker(worker_env, tmp_path, case):
     assert not worker_env.exists() or not [p for p in worker_env.iterdir() if p.suffix in (".pid", ".sock", ".log")]
 
 
+@pytest.mark.end_to_end
 def test_a_killed_worker_is_replaced_and_an_idle_one_exits(worker_env, part):
     node = {"client-key": "pi-03", "data-path": str(part), "warm-worker": True, "warm-worker-idle": 1.0}
     _ask(_message(protocol.PROFILE_QUERY, with_model=False), node)

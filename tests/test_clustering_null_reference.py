@@ -51,6 +51,7 @@ def test_weak_real_groups_are_found_below_the_fixed_threshold():
     assert adjusted_rand_score(groups, cut.labels) == pytest.approx(1.0)
 
 
+@pytest.mark.end_to_end
 def test_noise_of_the_same_size_stays_one_cluster():
     X, _ = groups_in_noise(0.0)
     cut = cluster_auto(X, metric="cosine", min_silhouette=0.25, reference_draws=19)

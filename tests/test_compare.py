@@ -22,6 +22,7 @@ def tiny_compare(tmp_path_factory):
     return out
 
 
+@pytest.mark.end_to_end
 def test_csv_has_one_row_per_strategy_and_seed(tiny_compare):
     with (tiny_compare / "comparison.csv").open() as handle:
         reader = csv.DictReader(handle)

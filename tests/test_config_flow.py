@@ -94,6 +94,7 @@ def describe(stays: list[tuple[str, str, bool]]) -> str:
     return "; ".join(f"{module}:{function}{' (return up)' if up else ''}" for module, function, up in stays)
 
 
+@pytest.mark.end_to_end
 def test_a_runs_config_passes_each_module_once(tmp_path):
     config = tiny_run(tmp_path)
     stays = trace_config(lambda: simulate(config, engine="inprocess", stream=None))
@@ -107,6 +108,7 @@ def test_a_runs_config_passes_each_module_once(tmp_path):
     assert (tmp_path / "summary.json").is_file()
 
 
+@pytest.mark.end_to_end
 def test_the_server_apps_own_entry_passes_each_module_once(tmp_path):
     """``run_server`` given a run config (as ``main`` under ``flwr run`` and the benchmarks call it)."""
     from flwr.supercore.task_identity import TaskIdentity
@@ -126,6 +128,7 @@ def test_the_server_apps_own_entry_passes_each_module_once(tmp_path):
     assert (tmp_path / "summary.json").is_file()
 
 
+@pytest.mark.end_to_end
 def test_an_experiments_grid_checks_each_run_once_and_hands_the_checked_config_to_it(tmp_path):
     """A grid of two runs: each run config is parsed and preflighted once, by the grid, before
     either run starts; each run takes its checked config and passes each module once."""

@@ -66,6 +66,7 @@ def test_synthetic_digits_are_noisy_copies_of_the_digits_of_their_label():
     assert abs(float(source.x.mean())) < 1e-3 and abs(float(source.x.std()) - 1.0) < 1e-3
 
 
+@pytest.mark.end_to_end
 def test_the_10000_client_setting_gives_every_client_its_minimum():
     from clusterfed.experiments.settings import setting
 
@@ -198,6 +199,7 @@ def test_a_hugging_face_folder_is_a_source_like_the_built_in_sets(saved_digits):
     assert x_train.shape[1:] == (1, 8, 8) and len(y_train) == len(part.clients[1].train_idx)
 
 
+@pytest.mark.end_to_end
 def test_the_built_in_task_runs_on_a_hugging_face_folder(saved_digits, small_config, tmp_path):
     from clusterfed.simulation import simulate
 

@@ -38,6 +38,7 @@ pytestmark = pytest.mark.skipif(
     not (SUPERLINK and SUPERNODE and FLWR and OPENSSL),
     reason="needs flower-superlink, flower-supernode and flwr (pip install flwr) and openssl on PATH",
 )
+pytestmark = [pytestmark, pytest.mark.end_to_end]
 
 # generous: CI machines are slow and shared; these bound waiting, they are not asserted on
 RUN_SECONDS = 600

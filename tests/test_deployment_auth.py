@@ -15,6 +15,7 @@ from test_deployment import FLWR, NODE_UP_SECONDS, RUN_SECONDS, Federation, rows
 
 SSH_KEYGEN = shutil.which("ssh-keygen")
 pytestmark = pytest.mark.skipif(not SSH_KEYGEN, reason="needs ssh-keygen (openssh-client) to make device keys")
+pytestmark = [pytestmark, pytest.mark.end_to_end]
 
 
 def _device_key(folder, name):

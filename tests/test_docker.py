@@ -132,6 +132,7 @@ def test_dockerfile_passes_hadolint():
 
 
 @pytest.mark.parametrize("files", [PLAIN, TLS], ids=["plain", "tls"])
+@pytest.mark.end_to_end
 def test_every_flag_in_the_compose_commands_is_one_flower_accepts(prepared, files):
     for service, spec in _merged(prepared, *files).items():
         unknown = set(_flags(spec["command"])) - _known_flags(_program(service))

@@ -10,6 +10,7 @@ from clusterfed.results import ROUND_FIELDS
 from clusterfed.server_app import run_server
 from clusterfed.runner.inprocess import InProcessGrid
 from clusterfed.simulation import simulate
+pytestmark = pytest.mark.end_to_end
 
 SUMMARY_FIELDS = ("final_accuracy", "best_accuracy", "rounds_to_target", "mb_to_target", "total_mb", "final_ari",
                   "num_clusters", "wall_seconds", "config")

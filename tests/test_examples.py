@@ -108,6 +108,7 @@ def test_the_one_line_change_is_visible_in_the_sensor_server_app():
 
 
 # ---------------------------------------------------------------- (a) a stock ClientApp, FedClust
+@pytest.mark.end_to_end
 def test_sensor_clusters_fedclust_finds_the_machine_kinds_and_beats_fedavg():
     run = runner("sensor-clusters")
     (result, ari), printed = quietly(run.simulate)  # the ServerApp's main: FedClust, 5 rounds
@@ -161,6 +162,7 @@ print(json.dumps({"fedclust": [fedclust_ari, fedclust.evaluate_metrics_clientapp
 """
 
 
+@pytest.mark.end_to_end
 def test_sklearn_clients_under_fedclust_and_cfl_recover_the_sites_on_a_server_without_torch():
     """A stock scikit-learn ClientApp (logistic regression as NumPy arrays) and the ServerApp, in a
     process where torch cannot be imported: FedClust and CFL find the three kinds of site."""

@@ -198,6 +198,7 @@ def test_runs_of_a_grid_made_in_pieces_merge_into_one_folder(tiny_experiment, tm
     assert "seeds 0, 1" in (into / "comparison.md").read_text()
 
 
+@pytest.mark.end_to_end
 def test_the_memory_benchmark_answers_every_kind_of_ask_and_counts_what_is_kept(monkeypatch):
     """benchmarks/bench_scale_speed.py memory: the uploads it reports are the replies' array
     bytes; FedAvg keeps nothing per client, CFL at least one float32 update per client; an

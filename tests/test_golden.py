@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "golden"))
 from make_golden import RUNS, canonical_assignment, run_one  # noqa: E402
+pytestmark = pytest.mark.end_to_end
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "runs.json").read_text())
 

@@ -141,6 +141,7 @@ def test_kept_fraction_and_stability_reported():
 # ----------------------------------------------------------------------------- whole runs
 
 
+@pytest.mark.end_to_end
 def test_hicfl_run_recovers_two_groups(small_config, tmp_path):
     """ε = 0.05 (default 0.5 · lr = 0.025): with 12 clients the windowed stability of every
     client drops below 0.05 on one layer by round 8 here; below 0.025 only later. rel-eps2 = 2
@@ -161,6 +162,7 @@ def test_hicfl_run_recovers_two_groups(small_config, tmp_path):
     assert {"split_timeline.png", "stability.png", "similarity_splits.png", "update_norms.png"} == written
 
 
+@pytest.mark.end_to_end
 def test_hicfl_never_splits_with_a_tiny_epsilon(small_config, tmp_path):
     config = small_config(strategy="hicfl", partitioner="label-groups", label_groups="0-4;5-9", num_clients=8,
                           rounds=10, stability_eps=1e-9)

@@ -143,6 +143,7 @@ PAIRS = {"partitioner": "label-groups", "label_groups": "0,1;2,3;4,5", "num_clie
 
 @pytest.mark.parametrize(("strategy", "setting", "groups"),
                          [("cfl", PAIRS, 3), ("layercfl", PAIRS, 3), ("hicfl", ROTATION, 2)])
+@pytest.mark.end_to_end
 def test_defaults_recover_known_groups(small_config, strategy, setting, groups):
     config = small_config(strategy=strategy, **setting)
     summary = simulate(config, engine="inprocess", stream=None)

@@ -120,6 +120,7 @@ def test_the_layer_matters_fc_noise_hides_the_conv_groups():
     assert wrong.state.splits == [] and wrong.state.refused  # every proposal on fc noise fails the check
 
 
+@pytest.mark.end_to_end
 def test_layercfl_run_recovers_two_groups_and_records_the_check(small_config, tmp_path):
     config = small_config(strategy="layercfl", skew="label", partitioner="label-groups", label_groups="0-4;5-9",
                           num_clients=8, rounds=8, rel_eps2=2.0)

@@ -43,6 +43,7 @@ def ari(result) -> float:
 
 
 @pytest.mark.parametrize("name, rounds", [("FedClust", 3), ("CFL", 12), ("LayerCFL", 12), ("HiCFL", 20)])
+@pytest.mark.end_to_end
 def test_one_line_swap_recovers_the_groups_with_a_stock_client_app(name, rounds):
     result = run_user_app(getattr(clusterfed, name)(), rounds)
     assert ari(result) == 1.0, result.clustering.get("one_cluster_reason")
@@ -120,6 +121,7 @@ def test_a_strategy_from_outside_the_package_runs_by_module_and_class(tmp_path):
         parse_config({"strategy": "no_such_package.module:Cls"})
 
 
+@pytest.mark.end_to_end
 def test_bad_strategy_input_is_one_line_and_exit_2():
     for setting in ("strategy=no_such.module:X", "fedclust.eps1=0.3", "fedclust.lambda=-1"):
         result = subprocess.run([sys.executable, "-m", "clusterfed.cli", "run", "--engine", "inprocess",

@@ -86,6 +86,7 @@ def config(tmp_path, **extra):
     return parse_config(values)
 
 
+@pytest.mark.end_to_end
 def test_late_node_is_placed_absent_node_is_kept_and_served_again(tmp_path, churn):
     grid = ChurnGrid(3)  # partitions 0..2 start, partition 3 joins in round 3
     killed = {}

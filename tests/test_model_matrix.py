@@ -57,6 +57,7 @@ def test_a_users_model_and_stock_client_app_get_their_groups_and_beat_fedavg(mod
     assert verdict(cell, fedavg) == "holds"
 
 
+@pytest.mark.end_to_end
 def test_the_quickstart_client_is_clustered_right_once_the_clustering_step_trains_long_enough(monkeypatch):
     """The quickstart client trains the epochs of its run config, whatever the message says;
     FedClust sends it its own reply back until it has trained ``cluster-epochs``. From scratch

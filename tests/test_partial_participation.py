@@ -111,6 +111,7 @@ def run_logged(tmp_path, monkeypatch, name: str, **values):
 
 
 @pytest.mark.parametrize("name", list(clustered_classes()))
+@pytest.mark.end_to_end
 def test_half_the_clients_train_each_round_and_none_is_orphaned(name, tmp_path, monkeypatch):
     check_partial_participation(name, tmp_path, monkeypatch)
 

@@ -74,6 +74,7 @@ def test_product_code_has_no_assert_statements():
     assert not found, found
 
 
+@pytest.mark.end_to_end
 def test_splits_happen_under_python_optimize(tmp_path):
     """CFL under ``python -O`` still makes its children (a split used to happen inside an assert)."""
     out = tmp_path / "run"

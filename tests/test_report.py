@@ -28,6 +28,7 @@ def check_self_contained(path: Path) -> ReportAudit:
     return found
 
 
+@pytest.mark.end_to_end
 def test_a_runs_report_is_one_self_contained_file_listing_every_client(small_config, tmp_path):
     from clusterfed.simulation import simulate
 

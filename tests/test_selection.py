@@ -223,6 +223,7 @@ def _rounds(out_dir):
     return [json.loads(line) for line in open(f"{out_dir}/rounds.jsonl")]
 
 
+@pytest.mark.end_to_end
 def test_selection_run_records_p_trains_p_clients_and_ignores_evaluation(small_config, tmp_path):
     from clusterfed.plots.run import plot_run
     from clusterfed.simulation import simulate

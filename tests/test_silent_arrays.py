@@ -16,6 +16,7 @@ from clusterfed.models.layers import matrix_layers
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies import strategy_class
 from clusterfed.strategies.contract import ending_sentence
+import pytest
 
 GROUPS = {str(i): i % 2 for i in range(8)}  # two groups of four
 
@@ -137,6 +138,7 @@ def test_nothing_is_left_out_when_every_array_trains():
     assert algorithm.state.silent == [] and algorithm.state.compared == compared and "decision" not in batches.diagnostics
 
 
+@pytest.mark.end_to_end
 def test_a_run_that_ends_as_fedavg_says_why_and_what_to_try_in_its_last_round_line(caplog):
     from test_library import run_user_app
 

@@ -347,6 +347,7 @@ def test_the_checkpoint_modules_do_not_use_pickle():
 
 
 @pytest.mark.parametrize("strategy", list(clustered_classes()))
+@pytest.mark.end_to_end
 def test_every_strategy_state_round_trips(strategy, tmp_path, monkeypatch, small_config):
     """What each strategy's runner saves after a few rounds comes back the same (types,
     arrays, order, shared Generators) from the files alone."""

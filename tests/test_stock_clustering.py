@@ -17,6 +17,7 @@ from sklearn.metrics import adjusted_rand_score
 import clusterfed
 from clusterfed.runner.inprocess import InProcessGrid
 from clusterfed.strategies import strategy_class
+pytestmark = pytest.mark.end_to_end
 
 NUM_CLIENTS = 9  # three label-permutation groups of three
 CLUSTER_EPOCHS = 10
