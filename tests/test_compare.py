@@ -44,6 +44,7 @@ def test_csv_has_one_row_per_strategy_and_seed(tiny_compare):
         assert json.loads(groups[0])["true_groups"] == json.loads(groups[1])["true_groups"]
 
 
+@pytest.mark.end_to_end
 def test_markdown_has_mean_std_and_figures(tiny_compare):
     text = (tiny_compare / "comparison.md").read_text()
     header = text.splitlines()[0]

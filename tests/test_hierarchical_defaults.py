@@ -152,6 +152,7 @@ def test_defaults_recover_known_groups(small_config, strategy, setting, groups):
 
 
 @pytest.mark.parametrize("strategy", ["cfl", "layercfl", "hicfl"])
+@pytest.mark.end_to_end
 def test_defaults_do_not_split_iid_and_say_why(small_config, strategy):
     config = small_config(strategy=strategy, **{**ROTATION, "partitioner": "iid", "rounds": 10})
     stream = io.StringIO()

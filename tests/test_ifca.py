@@ -196,6 +196,7 @@ def _rounds(out_dir):
     return [json.loads(line) for line in open(f"{out_dir}/rounds.jsonl")]
 
 
+@pytest.mark.end_to_end
 def test_ifca_recovers_rotation_groups_and_its_downlink_is_k_models_per_client(small_config, tmp_path):
     from clusterfed.server_app import initial_arrays
     from clusterfed.simulation import simulate

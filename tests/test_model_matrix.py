@@ -24,6 +24,7 @@ from model_matrix import server_app
 from model_matrix.server_app import initial_model
 
 from clusterfed import FedClust
+pytestmark = pytest.mark.end_to_end
 
 NUM_CLIENTS = 9  # three per group: the small federation a user tries first
 
@@ -57,7 +58,6 @@ def test_a_users_model_and_stock_client_app_get_their_groups_and_beat_fedavg(mod
     assert verdict(cell, fedavg) == "holds"
 
 
-@pytest.mark.end_to_end
 def test_the_quickstart_client_is_clustered_right_once_the_clustering_step_trains_long_enough(monkeypatch):
     """The quickstart client trains the epochs of its run config, whatever the message says;
     FedClust sends it its own reply back until it has trained ``cluster-epochs``. From scratch

@@ -29,6 +29,7 @@ def cli(*args, cwd=None):
     ("label-groups=", "label-groups is empty"),
     ("partitioner=rotation rotations=", "malformed rotations ''"),
 ])
+@pytest.mark.end_to_end
 def test_bad_input_ends_with_one_line_before_any_client(setting, message, tmp_path):
     args = ["run", "--engine", "inprocess"] + [a for part in setting.split(" ") for a in ("--set", part)]
     if not setting.startswith("out-dir"):
@@ -41,6 +42,7 @@ def test_bad_input_ends_with_one_line_before_any_client(setting, message, tmp_pa
     assert not (tmp_path / "out" / "rounds.jsonl").exists()  # no round ran, no client was contacted
 
 
+@pytest.mark.end_to_end
 def test_every_problem_is_listed_at_once(tmp_path):
     result = cli("run", "--engine", "inprocess", "--set", "label-groups=0,1;x", "--set", "out-dir=/etc/passwd/x",
                  "--set", "model=mnist-cnn")
