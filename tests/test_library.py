@@ -289,7 +289,7 @@ def test_single_phase_hooks_stop_loudly_when_placing_clients_asks_them_for_work(
 def test_a_strategy_from_an_installed_entry_point_runs_by_name(monkeypatch):
     from importlib.metadata import EntryPoint
 
-    import clusterfed.strategies as registry
+    import clusterfed.strategies.registry as registry
     from clusterfed.config import parse_config
 
     point = EntryPoint(name="halves", value="userapp.my_strategy:Halves", group=registry.ENTRY_POINT_GROUP)
