@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import json
-import sys
 from importlib import import_module
 from pathlib import Path
 
@@ -80,33 +79,21 @@ def lines(module: str) -> int:
 
 
 def cycles() -> list[list[str]]:
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    found: list[list[str]] = []
+    """The strongly connected components of more than one module."""
+    from scipy.sparse import lil_matrix
+    from scipy.sparse.csgraph import connected_components
 
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in sorted(GRAPH[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = []
-            while (w := stack.pop()) != v:
-                component.append(w)
-            component.append(v)
-            if len(component) > 1:
-                found.append(sorted(component))
-
-    sys.setrecursionlimit(10000)
-    for v in sorted(GRAPH):
-        if v not in index:
-            visit(v)
-    return found
+    names = sorted(GRAPH)
+    index = {name: i for i, name in enumerate(names)}
+    adjacency = lil_matrix((len(names), len(names)), dtype=bool)
+    for source, targets in GRAPH.items():
+        for target in targets:
+            adjacency[index[source], index[target]] = True
+    _, labels = connected_components(adjacency.tocsr(), directed=True, connection="strong")
+    groups: dict[int, list[str]] = {}
+    for name, label in zip(names, labels):
+        groups.setdefault(int(label), []).append(name)
+    return sorted(group for group in groups.values() if len(group) > 1)
 
 
 def main() -> None:
