@@ -109,7 +109,8 @@ class RoundDriver:
               train_config: ConfigRecord | None = None, evaluate_config: ConfigRecord | None = None,
               evaluate_fn: Any = None, should_stop: Callable[[int, Result], bool] | None = None) -> ClusteredResult:
         """The run (Flower's ``Strategy.start``); ``should_stop(round, result)`` is asked after
-        each round but the last whether to end the run there (Flower 1.43's early stop)."""
+        every round, the last included, whether to end the run there (Flower 1.43's early stop,
+        asked where its own loop asks it)."""
         first_round = self.begin(grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config)
         result = ClusteredResult()
         if evaluate_fn is not None and first_round == 1:  # as Flower's start: the initial model, round 0
@@ -118,7 +119,7 @@ class RoundDriver:
                 result.evaluate_metrics_serverapp[0] = server_metrics
         for server_round in range(first_round, num_rounds + 1):
             self.play_round(server_round, first_round, num_rounds, result, evaluate_fn)
-            if server_round < num_rounds and should_stop is not None and should_stop(server_round, result):
+            if should_stop is not None and should_stop(server_round, result):
                 ending = ending_sentence(self.strategy)
                 log(logging.INFO, "[ROUND %d/%d] should_stop returned True: the run stops here%s", server_round,
                     num_rounds, f"; {ending}" if ending else "")

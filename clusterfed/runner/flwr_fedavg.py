@@ -73,7 +73,7 @@ class FlowerFedAvg(FedAvg):
             metrics = evaluate_fn(server_round, arrays) if evaluate_fn is not None else None
             if metrics is not None:
                 self.progress.evaluate_metrics_serverapp[server_round] = metrics
-            if 0 < server_round < num_rounds and should_stop(server_round, self.progress):
+            if server_round > 0 and should_stop(server_round, self.progress):  # as 1.43: not round 0
                 raise _Stopped(server_round)
             return metrics
 

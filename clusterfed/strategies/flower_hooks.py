@@ -32,8 +32,8 @@ class FlowerHooks(Strategy):
         if given, is called on ``initial_arrays`` at round 0 and on the largest cluster's
         model after every round, as Flower's FedAvg calls it on the global model; its
         MetricRecord is stored per round in ``evaluate_metrics_serverapp``.
-        ``should_stop(round, result)``, if given, is called after every round but the last
-        with the Result so far (Flower 1.43's early stop): True ends the run there, and the
+        ``should_stop(round, result)``, if given, is called after every round (the last too,
+        as Flower's own loop calls it) with the Result so far (Flower 1.43's early stop): True ends the run there, and the
         Result is returned as after the last round. Returns Flower's Result with the clustering."""
         self.driver = runner().new_driver(self, self.run_options)
         return runner().start(self.driver, grid, initial_arrays, num_rounds=num_rounds, timeout=timeout,
