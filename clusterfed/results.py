@@ -198,6 +198,10 @@ class RunRecorder:
             record["failed"] = traffic.failed
         if traffic.rejected:
             record["rejections"] = traffic.rejected
+        clash = sorted(set(extra or {}) & set(record))
+        if clash:  # a strategy's diagnostic under a column's name would corrupt the row and what reads it
+            raise ValueError(f"round {server_round}: the round's diagnostics {clash} have the names of "
+                             f"rounds.jsonl's own columns; a strategy hook must return them under other names")
         record.update(extra or {})
         self.rounds.append(record)
         if self._rounds_file is None:

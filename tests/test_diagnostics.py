@@ -11,6 +11,7 @@ import json
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from clusterfed.strategies import REGISTRY, Steps, steps, strategy_class
@@ -202,3 +203,35 @@ def test_a_state_field_used_as_an_attribute_gets_one_clear_message():
     assert "assignment" not in vars(strategy)
     with pytest.raises(AttributeError, match=r"has no attribute 'nothing_like_it'"):
         strategy.nothing_like_it
+
+
+def test_an_undeclared_attribute_after_init_and_a_parameter_read_as_an_attribute_are_named():
+    """Once a strategy has started (``init``) or resumed (``set_state``), a new attribute would
+    decide later rounds and be lost on resume: it is refused, naming the State to add it to.
+    A parameter read as ``self.<name>`` is pointed at ``self.params``."""
+    strategy = strategy_class("fedavg")()
+    strategy.before_init = 1  # construction time: allowed
+    strategy.init({"w": np.zeros(3, dtype=np.float32)})
+    with pytest.raises(AttributeError, match=r"FedAvg.rounds_done is not declared: add it to ClusteredState"):
+        strategy.rounds_done = 1
+    strategy.active = ["a"]  # what the constructor made stays writable
+    resumed = strategy_class("fedavg")()
+    resumed.set_state(strategy.get_state())
+    with pytest.raises(AttributeError, match="is not declared"):
+        resumed.rounds_done = 1
+    with pytest.raises(AttributeError, match=r"FedAvg.fraction_train is a parameter: read it as self.params.fraction_train"):
+        strategy.fraction_train
+
+
+def test_a_diagnostic_named_like_a_column_of_the_round_stops_the_run_naming_it(tmp_path):
+    """A hook's diagnostic under a name of rounds.jsonl's own columns (``clusters``: each
+    cluster's accuracy and size, which the report and plots read) would overwrite it: refused."""
+    from clusterfed.results import RunRecorder, Traffic
+
+    recorder = RunRecorder(tmp_path, {"strategy": "fedavg", "rounds": 1}, stream=None)
+    with pytest.raises(ValueError, match=r"round 1: the round's diagnostics \['clusters'\] have the names of rounds.jsonl"):
+        recorder.record_round(1, evals=[], assignment={}, true_groups={}, traffic=Traffic(), round_seconds=0.1,
+                              extra={"moved": 1, "clusters": 2})
+    recorder.record_round(1, evals=[], assignment={}, true_groups={}, traffic=Traffic(), round_seconds=0.1,
+                          extra={"moved": 1, "cluster_models": 2})
+    assert recorder.rounds[-1]["cluster_models"] == 2

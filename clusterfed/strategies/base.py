@@ -149,6 +149,7 @@ class ClusteredStrategy(FlowerHooks):
         if unknown:
             raise ValueError(f"state fields {sorted(unknown)} are not part of {self.State.__name__}")
         self.state = self.State(**copy.deepcopy(state))
+        object.__setattr__(self, "_initialised", True)  # a resumed run remembers only what is declared too
 
     if not TYPE_CHECKING:  # hidden from type checkers, which see only self.state.<field>
         # guard rails for a strategy written when ``State`` fields were read as ``self.<field>``:
@@ -158,12 +159,19 @@ class ClusteredStrategy(FlowerHooks):
             if name in state_fields(type(self).State):
                 raise AttributeError(f"{type(self).__name__}.{name} is a field of {type(self).State.__name__}: "
                                      f"read it as self.state.{name}")
+            if name in type(self).Params.model_fields:
+                raise AttributeError(f"{type(self).__name__}.{name} is a parameter: read it as self.params.{name}")
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
         def __setattr__(self, name: str, value: Any) -> None:
             if name in state_fields(type(self).State):
                 raise AttributeError(f"{type(self).__name__}.{name} is a field of {type(self).State.__name__}: "
                                      f"write it as self.state.{name} (checkpointed), not as an attribute")
+            if self.__dict__.get("_initialised") and name not in self.__dict__ and not hasattr(type(self), name):
+                # after init(θ0) a new attribute would decide later rounds and be lost on resume
+                raise AttributeError(f"{type(self).__name__}.{name} is not declared: add it to "
+                                     f"{type(self).State.__name__} (read and written as self.state.{name}, "
+                                     f"checkpointed) or set it in __init__")
             object.__setattr__(self, name, value)
 
     # what a run's caller reads after ``start`` (the driver, a user's ServerApp, tests): the
@@ -205,6 +213,7 @@ class ClusteredStrategy(FlowerHooks):
         if isinstance(theta0, ArrayRecord):
             theta0 = protocol.from_array_record(theta0)
         self.state = self.State()
+        object.__setattr__(self, "_initialised", True)  # from here on, what is remembered is declared
         self.state.rng = np.random.default_rng(self.params.seed)
         self.state.theta0 = {k: v.copy() for k, v in theta0.items()}
         self.state.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
