@@ -198,11 +198,7 @@ class RunRecorder:
             record["failed"] = traffic.failed
         if traffic.rejected:
             record["rejections"] = traffic.rejected
-        clash = sorted(set(extra or {}) & set(record))
-        if clash:  # a strategy's diagnostic under a column's name would corrupt the row and what reads it
-            raise ValueError(f"round {server_round}: the round's diagnostics {clash} have the names of "
-                             f"rounds.jsonl's own columns; a strategy hook must return them under other names")
-        record.update(extra or {})
+        record.update(_no_clash(server_round, record, extra or {}))
         self.rounds.append(record)
         if self._rounds_file is None:
             self._rounds_file = self._rounds_path.open("w")
@@ -285,6 +281,16 @@ def with_true_groups(clusters: dict[str, Any], true_groups: dict[str, int]) -> d
         if key == "assignment":
             out["true_groups"] = {k: true_groups[k] for k in value if k in true_groups}
     return out
+
+
+def _no_clash(server_round: int, record: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra``, or ValueError when one of its keys is a column of the round's own ``record``: a
+    strategy's diagnostic under a column's name would corrupt the row and what reads it."""
+    clash = sorted(set(extra) & set(record))
+    if clash:
+        raise ValueError(f"round {server_round}: the round's diagnostics {clash} have the names of "
+                         f"rounds.jsonl's own columns; a strategy hook must return them under other names")
+    return extra
 
 
 def _mean(values: np.ndarray) -> float | None:
