@@ -12,8 +12,8 @@ both call is in parts they build (composition, not a base class):
   references, newcomers placed at the nearest reference, and what the run says about its
   number of clusters.
 
-A part (``OneShotPart``) keeps a reference to the strategy (``OneShotHost``) and reads and writes the
-strategy's ``state`` through it, never a copy: ``init`` and ``set_state`` (a resumed
+A part (``OneShotPart``, a ``parts.Part``) keeps a reference to the strategy (``OneShotHost``) and reads and
+writes the strategy's ``state`` through it, never a copy: ``init`` and ``set_state`` (a resumed
 checkpoint) replace the state object, and a part must follow. The fields the parts use are
 declared once in ``OneShotState``, which each strategy's ``State`` extends, so a
 checkpoint holds the same fields under the same names as before the parts existed.
@@ -32,6 +32,7 @@ from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.strategies.base import ClusteredState, StrategyParams
 from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo
 from clusterfed.strategies.layer_choice import MAX_CANDIDATE_LAYERS, LayerChoice
+from clusterfed.strategies.parts import Part
 
 # the default of ``matrix-max-clients``: the square distance matrix (for the heat-map) of
 # this many clients is a few megabytes of JSON
@@ -124,17 +125,12 @@ class OneShotHost(Protocol):
     def select_compared_layers(self, rule: str, compare: Any = None) -> list[str]: ...
 
 
-class OneShotPart:
-    """A part of a one-shot strategy: it reads and writes the strategy's ``state`` (never a
-    copy: ``init`` and ``set_state`` replace it) and reads its ``params``."""
+class OneShotPart(Part[OneShotState]):
+    """A part of a one-shot strategy (``parts.Part``: the strategy's current ``state``, never
+    a copy) that also reads its ``params``."""
 
-    def __init__(self, strategy: OneShotHost) -> None:
-        self.strategy = strategy
-
-    @property
-    def state(self) -> OneShotState:
-        return self.strategy.state
+    host: OneShotHost
 
     @property
     def params(self) -> OneShotParams:
-        return self.strategy.params
+        return self.host.params

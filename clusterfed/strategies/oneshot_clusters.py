@@ -81,7 +81,7 @@ class OneShotClusters(OneShotPart):
         if len(np.unique(labels)) > 1:
             return
         p = self.params
-        said = no_structure_advice(self.state.layer_choice, type(self.strategy).__name__,
+        said = no_structure_advice(self.state.layer_choice, type(self.host).__name__,
                                    info.get("auto_best_silhouette"),
                                    info.get("auto_required_silhouette", p.auto_min_silhouette
                                             if p.lambda_ == "auto" else None), self.partials.paper_rule)
@@ -95,7 +95,7 @@ class OneShotClusters(OneShotPart):
         and the state for the figures; returns the clustering's diagnostics."""
         p = self.params
         first = start if models_from is None else models_from
-        cluster_of_label = {int(label): self.strategy.new_cluster(first) for label in np.unique(labels)}
+        cluster_of_label = {int(label): self.host.new_cluster(first) for label in np.unique(labels)}
         for key, label in zip(keys, labels):
             self.state.assignment[key] = cluster_of_label[int(label)]
         # reference = mean of the members' clustering-round partial weights (our choice: the papers leave it open)
@@ -138,7 +138,7 @@ class OneShotClusters(OneShotPart):
         farther than ``epsilon`` founds a cluster (inf: never; None: ``place_newcomer``'s
         default from the references). Returns (the keys that replied, their partial weights
         as rows or None, the diagnostics)."""
-        keys = self.strategy.reachable(keys)  # only this round's sampled clients are asked
+        keys = self.host.reachable(keys)  # only this round's sampled clients are asked
         if not keys:
             return [], None, {}
         replied, X, bytes_up, diagnostics = yield from self.partials.collect(server_round, keys,
@@ -151,13 +151,13 @@ class OneShotClusters(OneShotPart):
             cluster, distance = place_newcomer(x, self.state.references, epsilon=epsilon, metric=self.params.distance)
             founded = cluster is None
             if founded:
-                cluster = self.strategy.new_cluster(self.state.cluster_start)
+                cluster = self.host.new_cluster(self.state.cluster_start)
                 self.state.references[cluster] = x.copy()  # later newcomers may join it
             self.state.assignment[key] = cluster
             placed.entries.append({"round": server_round, "client": key, "cluster": cluster,
                                    "distance": float(distance), "new_cluster": founded})
         self.state.newcomer_log.extend(placed.entries)
-        self.strategy.reports.append(placed)
+        self.host.reports.append(placed)
         diagnostics["newcomers_placed"] = len(replied)
         return replied, X, diagnostics
 

@@ -44,7 +44,7 @@ class PartialWeights(OneShotPart):
 
     def start(self) -> None:
         """The layer choice before any reply (``layer_choice.start_choice``)."""
-        s = self.strategy
+        s = self.host
         self.state.layer_choice = start_choice(self.state.theta0, self.params.cluster_layers, s.compared_names(),
                                                s.select_compared_layers, self.paper_rule,
                                                max_candidates=self.params.max_candidate_layers)
@@ -67,10 +67,10 @@ class PartialWeights(OneShotPart):
         others'."""
         epochs = self.params.cluster_epochs
         extra = {"local-epochs": epochs, "upload": ",".join(self.keys)}
-        asks = self.strategy.train_asks(server_round, keys, models={key: start for key in keys}, extra=extra,
+        asks = self.host.train_asks(server_round, keys, models={key: start for key in keys}, extra=extra,
                                         phase="cluster")
         for ask in asks:
-            if self.strategy.clients[ask.key].stock:  # it sends its whole model anyway; the next request needs it
+            if self.host.clients[ask.key].stock:  # it sends its whole model anyway; the next request needs it
                 ask.config["upload"] = UPLOAD_FULL
         received = yield asks
         bytes_up = received.bytes_up
@@ -81,7 +81,7 @@ class PartialWeights(OneShotPart):
         for _ in range(self.stock_requests() - 1):
             if not replies or (self.params.chain_until == "stable" and self.settled(done + replies, start, partitions)):
                 break
-            received = yield self.strategy.train_asks(server_round, [reply.key for reply in replies],
+            received = yield self.host.train_asks(server_round, [reply.key for reply in replies],
                                                       models={reply.key: reply.weights for reply in replies},
                                                       extra={**extra, "upload": UPLOAD_FULL}, phase="cluster")
             bytes_up += received.bytes_up
@@ -97,7 +97,7 @@ class PartialWeights(OneShotPart):
         first_choice = not self.state.layer_choice.decided
         X = self.rows(replies, start)
         if first_choice:
-            diagnostics["decision"] = sentence(self.state.layer_choice, type(self.strategy).__name__)
+            diagnostics["decision"] = sentence(self.state.layer_choice, type(self.host).__name__)
             diagnostics["compared_arrays"] = list(self.keys)
         return [reply.key for reply in replies], X, bytes_up, diagnostics
 
@@ -129,11 +129,11 @@ class PartialWeights(OneShotPart):
     def trains_on(self, reply: TrainReply, epochs: int) -> bool:
         """Whether ``reply`` trained the clustering step's ``epochs`` in one request: a
         clusterfed client does; a stock ClientApp only when it says so (``local-epochs``)."""
-        return not self.strategy.clients[reply.key].stock or reply.metrics.get("local-epochs") == epochs
+        return not self.host.clients[reply.key].stock or reply.metrics.get("local-epochs") == epochs
 
     def stock_requests(self) -> int:
         """Requests that give a stock ClientApp the clustering step's epochs: it trains its
         run config's ``local-epochs`` per request, which the server reads from its own train
         config (Flower's quickstart default, 1, when absent)."""
-        per_request = max(int(self.strategy.train_config.get("local-epochs", 1) or 1), 1)
+        per_request = max(int(self.host.train_config.get("local-epochs", 1) or 1), 1)
         return math.ceil(self.params.cluster_epochs / per_request)
