@@ -313,6 +313,13 @@ class RoundDriver:
         """Send the asks; the validated replies in send order (rejections recorded)."""
         plan = {ask.key: (ask.model, {**self.train_config, **ask.config}) for ask in asks}
         received, bytes_up = self.link.send(server_round, plan, MessageType.TRAIN)
+        return self.accept(server_round, asks, received, bytes_up)
+
+    def accept(self, server_round: int, asks: list[Ask], received: dict[str, Any], bytes_up: int = 0) -> Replies:
+        """The replies ``received`` (client key -> content) to ``asks`` that pass validation, in
+        send order: rejections recorded, a stock client's size learnt, the round's train
+        metrics and counts kept; ModelMismatchError when replies differ from the model and none
+        matched. ``start``'s exchanges and Flower's single-phase hooks both end here."""
         replies = Replies(bytes_up=bytes_up)
         mismatches = []
         self.round_asked += len(asks)

@@ -26,9 +26,8 @@ from flwr.app import ArrayRecord, Message, MessageType, MetricRecord
 from flwr.supercore import log
 
 from clusterfed.runner.scoring import score_reports, weighted_metrics
-from clusterfed.runner.validation import ReplyRejected, parse_train_reply
 from clusterfed.strategies.contract import StrategyParamsError
-from clusterfed.strategies.exchange import TRAINING_PHASES, Ask, Replies, Steps, TrainReply, diagnostics_of, natural
+from clusterfed.strategies.exchange import TRAINING_PHASES, Ask, Steps, diagnostics_of, natural
 
 if TYPE_CHECKING:
     from clusterfed.runner.driver import RoundDriver
@@ -87,10 +86,10 @@ def aggregate_train_messages(driver: RoundDriver | None, server_round: int,
         raise StrategyParamsError("aggregate_train before configure_train: call configure_train first, or use start()")
     driver.pending = None
     strategy, asks = driver.strategy, pending.asks
-    good = validated(driver, server_round, asks, replies)
+    good = driver.accept(server_round, list(asks.values()), received_contents(driver, server_round, asks, replies))
     started = time.perf_counter()
     try:
-        more = pending.steps.send(Replies(good))
+        more = pending.steps.send(good)
     except StopIteration as done:
         diagnostics = diagnostics_of(done.value)
     else:
@@ -106,27 +105,24 @@ def aggregate_train_messages(driver: RoundDriver | None, server_round: int,
     return driver.largest_cluster_record(), weighted_metrics([(r.key, r.num_examples, r.metrics) for r in good])
 
 
-def validated(driver: RoundDriver, server_round: int, asks: dict[str, Ask], replies: list[Message]) -> list[TrainReply]:
-    """The replies to ``asks`` that pass validation, in arrival order; error replies, rejected
-    replies and asks with no reply are counted as the driver counts them."""
-    members, good, answered = driver.members, [], set()
+def received_contents(driver: RoundDriver, server_round: int, asks: dict[str, Ask],
+                      replies: list[Message]) -> dict[str, Any]:
+    """The contents of the replies to ``asks`` by client key; error replies and asks with no
+    reply are counted as the driver's link counts them (the driver validates the rest)."""
+    members, received = driver.members, {}
     for message in replies:
         key = members.key_of_node.get(message.metadata.src_node_id)
-        if key not in asks:
+        if key not in asks or key in received:
             continue
-        answered.add(key)
         if message.has_error():
             driver.link.fail(server_round, "error", message.error.reason, key, message.metadata.src_node_id)
+            received[key] = None
             continue
-        try:
-            good.append(parse_train_reply(message.content, asks[key], driver.shapes or driver.strategy.shapes,
-                                          stock=key in members.stock))
-        except ReplyRejected as error:
-            driver.link.reject(server_round, key, error)
-    for key in sorted(set(asks) - answered, key=natural):  # Flower's loop hands over the replies it got in time
+        received[key] = message.content
+    for key in sorted(set(asks) - set(received), key=natural):  # Flower's loop hands over the replies it got in time
         driver.link.fail(server_round, "timeout", "no reply within the ServerApp loop's timeout", key,
                          members.node_of_key.get(key))
-    return good
+    return {key: content for key, content in received.items() if content is not None}
 
 
 def evaluate_messages(driver: RoundDriver, server_round: int, config: dict[str, Any]) -> list[Message]:

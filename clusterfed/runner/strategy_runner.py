@@ -2,7 +2,7 @@
 StrategyRunner``, installed by the package root): ``start`` runs the rounds with a new
 ``RoundDriver``; Flower's single-phase hooks run the same round through Flower's loop
 (``single_phase``). ``new_driver`` is the one place a driver is built; the strategy keeps
-the driver it is handed (``driver_of`` reads it back)."""
+the driver it is handed and passes it back to each call."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def driver_on(strategy: RoundStrategy, grid: Grid, current: RoundDriver | None,
                                   "call strategy.init(arrays) first, or use start()")
     driver = new_driver(strategy, options)
     driver.link.grid = grid
+    driver.shapes = dict(strategy.shapes)  # what replies are checked against (start's begin() sets it there)
     driver.members.probe_record = protocol.to_array_record(strategy.theta0)
     return driver
 
