@@ -153,3 +153,31 @@ def test_the_mod_leaves_numpys_global_random_state_alone():
     state = np.random.get_state()[1].copy()
     run(groups={"B": GROUPS["B"]})
     assert np.array_equal(np.random.get_state()[1], state)
+
+
+def test_a_member_whose_reply_does_not_fit_is_left_out_and_its_masks_removed():
+    from secagg_harness import make_app
+
+    def odd(sent, key):
+        out = trained(sent, key)
+        if key == "a1":
+            out["extra"] = np.zeros(3, dtype=np.float32)  # arrays that differ from the group's
+        return out
+
+    keys = GROUPS["A"]
+    outcome, protocols, _ = run(groups={"A": keys}, fed=Federation(keys, MODELS, app=make_app(odd)),
+                                settings=SecAggSettings(max_weight=2**20))
+    assert_mean(outcome["A"], "A", [k for k in keys if k != "a1"])
+    assert outcome["A"].dropped == {"a1": "collect: its arrays (names, shapes, dtypes) differ from the group's"}
+    # a weight above max_weight fails that member's reply on the client: it counts as dropped
+    heaviest = max(keys, key=weight)
+    outcome, _, _ = run(groups={"A": keys}, settings=SecAggSettings(max_weight=weight(heaviest) - 1))
+    assert outcome["A"].dropped == {heaviest: "collect: no reply"}
+    assert_mean(outcome["A"], "A", [k for k in keys if k != heaviest])
+
+
+def test_equal_weights_without_a_weight_key():
+    outcome, _, _ = run(groups={"B": GROUPS["B"]}, settings=SecAggSettings(weight_key=None))
+    expected = plain_mean([trained(MODELS["B"], k) for k in GROUPS["B"]], [1] * len(GROUPS["B"]))
+    assert outcome["B"].total_weight == len(GROUPS["B"])
+    assert np.max(np.abs(outcome["B"].means["arrays"]["layer1.w"] - expected["layer1.w"])) < BOUND

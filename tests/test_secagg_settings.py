@@ -118,3 +118,18 @@ def test_flowers_secaggplus_mod_cannot_read_a_message_api_reply():
     with pytest.raises(KeyError, match="fitres.parameters"):
         secaggplus_mod(_message(content), context, train)
     assert trained == [True]
+
+
+def test_a_device_imports_the_mod_without_the_servers_packages():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    code = ("import sys\nimport clusterfed.secagg\n"
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+            "('scipy', 'sklearn', 'matplotlib', 'ray', 'torch')))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                          env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
