@@ -1,5 +1,5 @@
 """Secure-aggregation settings, the small-group rule, the client's own refusals, and why
-Flower's secaggplus_mod does not serve a Message-API ClientApp (Flower 1.41/1.42)."""
+Flower's secaggplus_mod does not serve a Message-API ClientApp (checked on the installed Flower)."""
 
 from __future__ import annotations
 

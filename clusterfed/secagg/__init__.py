@@ -15,9 +15,10 @@ side. Two pieces, wired into a round by a driver:
 
 Decisions, and why:
 
-**A mod of our own, not Flower's ``secaggplus_mod``.** In Flower 1.41 and 1.42 the mod reads
-the train reply through the legacy conversion ``recorddict_to_fitres``, which looks for the
-records ``fitres.parameters`` / ``fitres.num_examples``: a Message-API train function's reply
+**A mod of our own, not Flower's ``secaggplus_mod``.** In Flower 1.41 (tested here; the test
+runs on whichever Flower is installed) the mod reads the train reply through the legacy
+conversion ``recorddict_to_fitres``, which looks for the records ``fitres.parameters`` /
+``fitres.num_examples``: a Message-API train function's reply
 ``{"arrays": ArrayRecord, "metrics": MetricRecord}`` raises ``KeyError: 'fitres.parameters'``
 there, after training (tests/test_secagg_settings.py shows it). Its server side exists only as
 the legacy ``SecAggPlusWorkflow`` around a legacy ``Strategy``. So the mod here is built on
@@ -62,6 +63,10 @@ in the clear. Three is the least with a threshold of at least 2 (a secret is nev
 member's hands) and a sum of more than two (in a sum of two, each member could subtract its own
 update from the released model and read the other's). A round in which fewer than
 ``max(threshold, min_group_size)`` members complete ends with ``SecAggError``, and no sum.
+
+**One session at a time per client.** A client's protocol state is one record in its
+``Context.state``; a new setup starts over. Groups are disjoint (a client is in one cluster per
+round), so several groups run side by side with one exchange per stage for all.
 
 **Dropouts.** Members may drop at any stage: those gone before sending their masked vector are
 left out of the sum (their pairwise masks rebuilt from their neighbours' shares of their mask
