@@ -181,3 +181,10 @@ def test_equal_weights_without_a_weight_key():
     expected = plain_mean([trained(MODELS["B"], k) for k in GROUPS["B"]], [1] * len(GROUPS["B"]))
     assert outcome["B"].total_weight == len(GROUPS["B"])
     assert np.max(np.abs(outcome["B"].means["arrays"]["layer1.w"] - expected["layer1.w"])) < BOUND
+
+
+def test_the_same_inputs_give_the_same_sum():
+    first, _, _ = run(groups={"B": GROUPS["B"]})
+    again, _, _ = run(groups={"B": GROUPS["B"]})  # fresh keys and masks, same rounding
+    for name, value in first["B"].means["arrays"].items():
+        assert np.array_equal(value, again["B"].means["arrays"][name])

@@ -32,9 +32,10 @@ with Flower's stage names, order and checks. Two parts differ from Flower's, eac
   Flower itself depends on, after HKDF-SHA256), not with Flower's ``pseudo_rand_gen``, which
   folds a seed to 32 bits and draws from NumPy's Mersenne Twister: 2**32 possible masks per seed
   is a space one can search, and MT19937 is not a cryptographic generator;
-- quantization (``vectors.quantize``) rounds stochastically with the mod's own generator, not
-  Flower's ``quantize``, which draws from NumPy's global generator (it would change the user's
-  own random stream between rounds) and does not count what it clips.
+- quantization (``vectors.quantize``) rounds stochastically with the mod's own generator,
+  seeded by the session and the member (so the same inputs give the same sum), not Flower's
+  ``quantize``, which draws from NumPy's global generator (it would change the user's own
+  random stream between rounds) and does not count what it clips.
 
 **Weighting.** A member's vector is ``[w, c, w*q]`` with ``w`` its integer weight (the reply
 metric ``weight_key``, default ``num-examples``; None = 1 per member), ``c`` how many values it

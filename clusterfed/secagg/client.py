@@ -26,7 +26,7 @@ State between stages lives in ``Context.state`` (a ConfigRecord), as Flower's ow
 
 from __future__ import annotations
 
-import logging
+import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
@@ -49,7 +49,6 @@ from flwr.supercore.primitives.asymmetric import (
 
 from clusterfed.secagg import vectors, wire
 
-logger = logging.getLogger(__name__)
 STATE = "clusterfed.secagg.state"  # the ConfigRecord in Context.state
 
 Mod = Callable[[Message, Context, Callable[[Message, Context], Message]], Message]
@@ -259,7 +258,10 @@ def _weight(state: ClientState, metrics: dict[str, MetricRecord]) -> int:
 
 
 def _masked_vector(state: ClientState, partners: list[int], values: np.ndarray, weight: int) -> np.ndarray:
-    quantized, clipped = vectors.quantize(values, state.clipping_range, state.levels, np.random.default_rng())
+    # the rounding's randomness is the session's and the member's (not secret: it only decides
+    # which way a value rounds), so the same inputs give the same sum
+    rng = np.random.default_rng(list(hashlib.sha256(f"{state.session}/{state.index}".encode()).digest()))
+    quantized, clipped = vectors.quantize(values, state.clipping_range, state.levels, rng)
     vector = np.concatenate([np.array([weight, clipped], dtype=np.uint64), quantized * np.uint64(weight)])
     vector += vectors.mask(state.seed, vector.size, state.modulus_bits)
     sk1 = bytes_to_private_key(state.sk1)
