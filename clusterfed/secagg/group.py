@@ -217,7 +217,8 @@ class GroupProtocol:  # pylint: disable=too-many-instance-attributes
         for i, reply in valid.items():
             owners, given = list(reply.get("owners", [])), list(reply.get("shares", []))
             asked = self._last_asked[i]
-            if len(owners) != len(given) or set(owners) != set(asked["alive"]) | set(asked["dead"]):
+            if (len(owners) != len(given) or set(owners) != set(asked["alive"]) | set(asked["dead"])
+                    or not all(isinstance(share, bytes) for share in given)):
                 self._drop(i, "its shares do not match the ask")
                 continue
             for owner, share in zip(owners, given):
@@ -226,7 +227,10 @@ class GroupProtocol:  # pylint: disable=too-many-instance-attributes
         for owner in sorted(survivors):
             total -= vectors.mask(self._secret(owner, shares[owner], "mask seed"), total.size, self.settings.modulus_bits)
         for owner in sorted(dead):
-            key = bytes_to_private_key(self._secret(owner, shares[owner], "mask key"))
+            try:
+                key = bytes_to_private_key(self._secret(owner, shares[owner], "mask key"))
+            except ValueError as error:
+                raise SecAggError(self._failure(f"member {self._member[owner]!r}'s mask key: {error}")) from None
             for j in sorted(survivors):
                 if owner in {src for src, _ in self._forward[j]}:
                     pairwise = vectors.mask(vectors.mask_key(generate_shared_key(key, bytes_to_public_key(
