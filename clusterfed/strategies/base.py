@@ -115,9 +115,27 @@ class ClusteredStrategy(FlowerHooks):
     one_cluster_reasons: ClassVar[dict[str, str]] = {}
     # clusters.json keys this strategy's figures read (clusterfed.plots draws what is there)
     figures: ClassVar[tuple[str, ...]] = ()
+    # the paper preset: parameter values by field name that run the published algorithm with
+    # no extension beyond the paper (``paper()``, the run config's ``preset = "paper"``); {}: the
+    # defaults are the paper's; None: no paper to run (a baseline such as Local, or a strategy
+    # that has not declared its preset)
+    PAPER: ClassVar[dict[str, Any] | None] = None
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        unknown = sorted(set(cls.PAPER or ()) - set(cls.Params.model_fields))
+        if unknown:
+            raise TypeError(f"{cls.__name__}.PAPER names {unknown}, not fields of {cls.Params.__name__}")
         document_params(cls)
+
+    @classmethod
+    def paper(cls, **overrides: Any) -> ClusteredStrategy:
+        """The strategy as its paper runs it (``PAPER``'s values, by field name), ``overrides``
+        on top (``IFCA.paper(num_clusters=2)``); StrategyParamsError for one without a paper."""
+        if cls.PAPER is None:
+            raise StrategyParamsError(f"{cls.name}: no paper preset: {cls.__name__} is not a published algorithm "
+                                      f"or does not declare its paper's parameter values (PAPER)")
+        return cls(**{**cls.PAPER, **overrides})
 
     def __init__(self, params: StrategyParams | None = None, /, **keywords: Any) -> None:
         given = params if params is not None and not keywords else {**dict(params or {}), **keywords}

@@ -15,6 +15,8 @@ it and returns it with the chosen index; FedAvg per cluster over the clients tha
   rounds of traffic, all counted) and the one whose clients' mean training loss is lowest
   is kept; with ``kmeans++``, R seedings and the lowest k-means potential. (choice: the
   paper restarts whole runs; restarting the first round keeps it inside one run)
+- ``IFCA.paper()`` (run config ``preset = "paper"``): random initialisations, no restart
+  (``PAPER``), the paper's Algorithm 1 as this module runs it.
 - A client is evaluated with the model it chose last; a client that has not trained yet
   (a newcomer) is not evaluated until it has chosen, which it does by loss like everyone.
 
@@ -67,6 +69,7 @@ class IFCA(ClusteredStrategy):
     name = "ifca"
     Params = IFCAParams
     State = IFCAState
+    PAPER = {"init": "random", "restarts": 1}  # the paper's random initialisations, no restart inside a run
     params: IFCAParams
     state: IFCAState
     one_cluster_reasons = {

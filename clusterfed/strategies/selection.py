@@ -31,6 +31,8 @@ cluster trains, which cuts the transmissions.
    last trained in different rounds, and their cuts stopped matching the groups.
    ``guard = "none"`` is the paper's rule: p starts at the number of clients and may fall
    to 1; the cut into p groups is made anew every round.
+5. ``ClientSelection.paper()`` (run config ``preset = "paper"``): ``guard = "none"`` and
+   ``cluster-on = "weights"`` (``PAPER``): the paper's scheme with none of the extensions above.
 
 Partial participation (``fraction-train`` < 1): the paper's selection *is* its client
 sampling, so ``fraction-train`` is read as availability — each round only a random
@@ -101,6 +103,9 @@ class ClientSelection(ClusteredStrategy):
     name = "selection"
     Params = SelectionParams
     State = SelectionState
+    # the paper's rule: p from the number of clients, free to fall to 1, cut anew every round
+    # over the clients' latest final-layer weights
+    PAPER = {"guard": "none", "cluster_on": "weights"}
     params: SelectionParams
     state: SelectionState
     figures = ("p_history",)
