@@ -22,7 +22,7 @@ from clusterfed.strategies import strategy_class
 from clusterfed.strategies.aggregation import check_aggregator
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.params import StrategyParams
-from clusterfed.strategy_config import ConfigError, own_values, split_strategy_params, validate_params
+from clusterfed.strategy_config import ConfigError, own_values, paper_keys, split_strategy_params, validate_params
 
 __all__ = ["ConfigError", "RunConfig", "coerce_value", "config_defaults", "config_keys", "load_config_file",
            "parse_config", "parse_overrides"]
@@ -34,6 +34,9 @@ class RunConfig(BaseModel):
 
     # what to run
     strategy: str = Field("fedavg", description="strategy name, or 'package.module:Class' of a strategy defined elsewhere")
+    preset: Literal["none", "paper"] = Field(
+        "none", description="paper: the strategy's parameters as its paper runs them (its PAPER preset, no extension "
+                            "beyond the paper); a strategy key given beside it still wins")
     rounds: int = Field(30, ge=1, le=100_000)
     seed: int = Field(0, ge=0)
     out_dir: str = Field("results/run", alias="out-dir")
@@ -171,7 +174,12 @@ class RunConfig(BaseModel):
         cls = strategy_class(self.strategy)
         if issubclass(cls, ClusteredStrategy):
             given = (info.context or {}).get("strategy_params", {})
+            if self.preset == "paper":
+                given = {**paper_keys(cls), **given}
             self._params = validate_params(cls, self.shared_params(), given)
+        elif self.preset != "none":
+            raise ConfigError(f"preset = {self.preset!r}: strategy {self.strategy!r} is no clustered strategy and has "
+                              f"no presets")
         return self
 
     @model_validator(mode="after")

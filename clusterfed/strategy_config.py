@@ -41,6 +41,15 @@ def key_of(name: str, field: FieldInfo) -> str:
     return field.alias or name
 
 
+def paper_keys(cls: type[ClusteredStrategy]) -> dict[str, Any]:
+    """The strategy's paper preset (``PAPER``, by field name) by run-config key (``preset = "paper"``);
+    ConfigError for a strategy with no paper preset."""
+    if cls.PAPER is None:
+        raise ConfigError(f'preset = "paper": strategy {cls.name!r} has no paper preset')
+    fields = cls.Params.model_fields
+    return {key_of(name, fields[name]): value for name, value in cls.PAPER.items()}
+
+
 def legacy_key(name: str, field: FieldInfo) -> str:
     """The flat run-config key this parameter had before namespacing."""
     extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}

@@ -42,7 +42,7 @@ from clusterfed.runner.scoring import eval_rows, record_round, score_reports, we
 from clusterfed.runner.transport import is_simulation, wait_for_nodes
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
 from clusterfed.strategies.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError, ending_sentence
-from clusterfed.strategies.exchange import Ask, Diagnostics, Replies, diagnostics_of
+from clusterfed.strategies.exchange import Ask, Diagnostics, Replies, RoundResult, Steps
 from clusterfed.strategy_protocol import RoundStrategy
 
 # rejection kinds that say the server's model and the client's differ
@@ -67,6 +67,15 @@ class RunOptions:
     seed: int = 0
     # the flat run config a checkpoint is checked against on resume
     run_config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OpenRound:
+    """A round the driver opened (``open_round``): the strategy's round, and the assignment it
+    started from (what its reports are scored against)."""
+
+    steps: Steps
+    assignment_before: dict[str, int]
 
 
 class RoundDriver:
@@ -163,21 +172,43 @@ class RoundDriver:
         self.train_config, self.evaluate_config = train_config, evaluate_config
         self.members.probe_config = {**evaluate_config, **train_config}
 
+    # ------------------------------------------------------------ the round's envelope
+    # (the same for ``start``'s rounds and Flower's single-phase hooks: clusterfed.runner.single_phase)
+    def open_round(self, server_round: int, *, check_capabilities: bool, resumed: bool = False) -> OpenRound:
+        """A round begins: the round's counters reset, simulated newcomers released, the nodes
+        discovered (profiles; the population is checked against the dp_* settings before any
+        probe is sent), on a resumed run's first round its unseen clients absent, the
+        capabilities checked; returns the strategy's round over the active clients (not
+        started yet) with the assignment it starts from."""
+        self.new_round()
+        self.newcomers.release(server_round)
+        self.members.discover(server_round)
+        if resumed:
+            self.members.absent_until_seen(server_round)
+        if check_capabilities:
+            self.members.check_capabilities()
+        assignment_before = dict(self.strategy.assignment)
+        steps = self.strategy.round_steps(server_round, self.members.active_keys(), self.train_config,
+                                          self.members.table())
+        return OpenRound(steps, assignment_before)
+
+    def close_round(self, opened: OpenRound, result: RoundResult) -> Diagnostics:
+        """A round is over: its reports scored against the true groups; returns its diagnostics."""
+        score_reports(result.reports, self.members.clients, opened.assignment_before)
+        return result.diagnostics
+
+    def plan(self, asks: list[Ask]) -> dict[str, tuple[Any, dict[str, Any]]]:
+        """What each asked client is sent: the model its ask names, the train config under the ask's own."""
+        return {ask.key: (ask.model, {**self.train_config, **ask.config}) for ask in asks}
+
     def play_round(self, server_round: int, first_round: int, num_rounds: int, result: ClusteredResult,
                    evaluate_fn: Any) -> None:
         """One round: membership, the strategy's steps, evaluation, the record, the checkpoint."""
         started = time.perf_counter()
-        self.new_round()
-        self.newcomers.release(server_round)
-        self.members.discover(server_round)
-        if server_round == first_round:
-            if self.options.resume_from or self.options.resume_state is not None:
-                self.members.absent_until_seen(server_round)
-            self.members.check_capabilities()
-        assignment_before = dict(self.strategy.assignment)
-        steps = self.strategy.round_steps(server_round, self.members.active_keys(), self.train_config)
-        diagnostics = self.drive(server_round, steps)
-        score_reports(self.strategy.reports, self.members.clients, assignment_before)
+        resuming = bool(self.options.resume_from or self.options.resume_state is not None)
+        opened = self.open_round(server_round, check_capabilities=server_round == first_round,
+                                 resumed=server_round == first_round and resuming)
+        diagnostics = self.close_round(opened, self.drive(server_round, opened.steps))
         evals = self.evaluate(server_round)
         self.members.update_absence(server_round)
         traffic = self.link.traffic
@@ -292,10 +323,10 @@ class RoundDriver:
                                       f"within {self.link.timeout:g} s")
 
     # ------------------------------------------------------------ exchange
-    def drive(self, server_round: int, steps) -> Diagnostics:
+    def drive(self, server_round: int, steps: Steps) -> RoundResult:
         """Run one round of the strategy: each list of asks it yields is sent, and the
-        validated replies are sent back into it, until the round is done; returns the
-        diagnostics the round returned. The time spent inside the strategy's steps (not
+        validated replies are sent back into it, until the round is done; returns what the
+        round returned (its ``RoundResult``). The time spent inside the strategy's steps (not
         waiting for clients) is the round's ``strategy_seconds``."""
         started = time.perf_counter()
         try:
@@ -307,12 +338,11 @@ class RoundDriver:
                 asks = steps.send(replies)
         except StopIteration as done:
             self.strategy_seconds += time.perf_counter() - started
-            return diagnostics_of(done.value)
+            return done.value
 
     def train(self, server_round: int, asks: list[Ask]) -> Replies:
         """Send the asks; the validated replies in send order (rejections recorded)."""
-        plan = {ask.key: (ask.model, {**self.train_config, **ask.config}) for ask in asks}
-        received, bytes_up = self.link.send(server_round, plan, MessageType.TRAIN)
+        received, bytes_up = self.link.send(server_round, self.plan(asks), MessageType.TRAIN)
         return self.accept(server_round, asks, received, bytes_up)
 
     def accept(self, server_round: int, asks: list[Ask], received: dict[str, Any], bytes_up: int = 0) -> Replies:
@@ -351,13 +381,17 @@ class RoundDriver:
                 f"differ so, none matched); give start() the arrays of the model the ClientApp trains")
         return replies
 
+    def evaluate_plan(self, server_round: int, models: dict[str, tuple[int, Any]],
+                      config: dict[str, Any]) -> dict[str, tuple[Any, dict[str, Any]]]:
+        """What each evaluated client is sent: its model, ``config`` with the round, phase and its cluster."""
+        return {key: (model, {**config, "server-round": server_round, "phase": "evaluate", "cluster-id": cluster})
+                for key, (cluster, model) in models.items()}
+
     def evaluate(self, server_round: int) -> list[EvalRow]:
         models = self.strategy.evaluation_models(server_round)
         self.evaluate_sent = len(models)
-        plan = {key: (model, {**self.evaluate_config, "server-round": server_round, "phase": "evaluate",
-                              "cluster-id": cluster})
-                for key, (cluster, model) in models.items()}
-        received, _ = self.link.send(server_round, plan, MessageType.EVALUATE)
+        received, _ = self.link.send(server_round, self.evaluate_plan(server_round, models, self.evaluate_config),
+                                     MessageType.EVALUATE)
         metric = self.recorder.metric.name if self.recorder is not None else "accuracy"
         rows, averaged = eval_rows(server_round, received, models, self.members.clients, metric, self.link.reject)
         self.round_eval_metrics.extend(averaged)

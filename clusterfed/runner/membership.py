@@ -16,6 +16,8 @@ the next round. Every client the run has met stays in ``result.assignment``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from flwr.app import ArrayRecord, Message, MessageType, RecordDict
@@ -58,7 +60,9 @@ class Membership:
         self.newcomers = newcomers
         self.absent_after = absent_after
         self.deployment = False  # set by the driver: nodes may join late and go absent
-        self.clients: dict[str, ClientInfo] = strategy.clients
+        # the run's client table (key -> profile): the membership's own; the strategy reads it
+        # through the read-only view each round hands it (``table``)
+        self.clients: dict[str, ClientInfo] = {}
         self.stock: set[str] = set()  # keys of stock Flower ClientApps (no profile)
         self.node_of_key: dict[str, int] = {}
         self.key_of_node: dict[int, str] = {}
@@ -82,6 +86,10 @@ class Membership:
         self.probe_config: dict[str, Any] = {}  # what the probe carries besides phase and round
 
     # ------------------------------------------------------------ who is in
+    def table(self) -> Mapping[str, ClientInfo]:
+        """The client table as a strategy reads it: a read-only view that follows the table."""
+        return MappingProxyType(self.clients)
+
     def active_keys(self) -> list[str]:
         return sorted((k for k in self.clients if k not in self.newcomers.held_back and k not in self.absent
                        and k not in self.duplicates), key=natural)
@@ -200,8 +208,11 @@ class Membership:
     def discover(self, server_round: int) -> None:
         """Profile the nodes seen for the first time, and the listed nodes of absent clients
         (they may be back). Deployment: nodes that join after the first round are profiled
-        here and then placed by the algorithm's ``admit``."""
+        here and then placed by the algorithm's ``admit``. Before any probe is sent, the
+        population (the clients known, or the nodes listed if more) is checked against the
+        strategy's dp_* settings."""
         live = list(self.link.grid.get_node_ids())
+        self.strategy.check_population(max(len(live), len(self.clients)))
         self.resolve_duplicates(server_round, live)
         for node in [n for n, key in self.benched.items() if key is None and n not in live]:
             del self.benched[node]  # a device that never said its key and whose node is gone: forgotten

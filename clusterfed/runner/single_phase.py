@@ -25,24 +25,23 @@ from typing import TYPE_CHECKING, Any
 from flwr.app import ArrayRecord, Message, MessageType, MetricRecord
 from flwr.supercore import log
 
-from clusterfed.runner.scoring import score_reports, weighted_metrics
+from clusterfed.runner.scoring import weighted_metrics
 from clusterfed.strategies.contract import StrategyParamsError
-from clusterfed.strategies.exchange import TRAINING_PHASES, Ask, Steps, diagnostics_of, natural
+from clusterfed.strategies.exchange import TRAINING_PHASES, Ask, natural
 
 if TYPE_CHECKING:
-    from clusterfed.runner.driver import RoundDriver
+    from clusterfed.runner.driver import OpenRound, RoundDriver
 
 START_INSTEAD = "call strategy.start(grid=..., initial_arrays=..., num_rounds=...) instead"
 
 
 @dataclass
 class PendingRound:
-    """A round between ``configure_train`` and ``aggregate_train``: its generator paused at its
-    first exchange, that exchange's asks by client key, the assignment it started from."""
+    """A round between ``configure_train`` and ``aggregate_train``: the round the driver opened,
+    paused at its first exchange, and that exchange's asks by client key."""
 
-    steps: Steps
-    asks: dict[str, Ask]
-    assignment_before: dict[str, int] = field(default_factory=dict)
+    opened: OpenRound
+    asks: dict[str, Ask] = field(default_factory=dict)
 
 
 def train_messages(driver: RoundDriver, server_round: int, config: dict[str, Any]) -> list[Message]:
@@ -50,31 +49,26 @@ def train_messages(driver: RoundDriver, server_round: int, config: dict[str, Any
     placed trainer its cluster's model; StrategyParamsError, before anything is sent, when
     that exchange is not training."""
     strategy = driver.strategy
-    driver.new_round()
     driver.set_configs(config, driver.evaluate_config)
-    driver.members.discover(server_round)
-    driver.members.check_capabilities()
-    started = time.perf_counter()
-    assignment_before = dict(strategy.assignment)
-    steps = strategy.round_steps(server_round, driver.members.active_keys(), dict(config))
+    opened = driver.open_round(server_round, check_capabilities=True)
     driver.pending = None
+    started = time.perf_counter()
     try:
-        asks = next(steps)
+        asks = next(opened.steps)
     except StopIteration as done:  # a round that asks nothing: it is over already
-        log(logging.DEBUG, "round %s diagnostics: %s", server_round, diagnostics_of(done.value))
+        log(logging.DEBUG, "round %s diagnostics: %s", server_round, driver.close_round(opened, done.value))
         return []
     finally:
         driver.strategy_seconds += time.perf_counter() - started
     phases = sorted({str(ask.config.get("phase", "train")) for ask in asks} - set(TRAINING_PHASES))
     if phases:
-        steps.close()
+        opened.steps.close()
         raise StrategyParamsError(
             f"{strategy.name}: round {server_round} first asks {len(asks)} client(s) for {' and '.join(phases)} work "
             f"before training (a clustering or placement step), which Flower's single-phase configure_train/"
             f"aggregate_train cannot run (nothing was sent); {START_INSTEAD}")
-    driver.pending = PendingRound(steps, {ask.key: ask for ask in asks}, assignment_before)
-    plan = {ask.key: (ask.model, {**config, **ask.config}) for ask in asks}
-    return driver.link.messages(server_round, plan, MessageType.TRAIN)[0]
+    driver.pending = PendingRound(opened, {ask.key: ask for ask in asks})
+    return driver.link.messages(server_round, driver.plan(asks), MessageType.TRAIN)[0]
 
 
 def aggregate_train_messages(driver: RoundDriver | None, server_round: int,
@@ -85,23 +79,22 @@ def aggregate_train_messages(driver: RoundDriver | None, server_round: int,
     if pending is None:
         raise StrategyParamsError("aggregate_train before configure_train: call configure_train first, or use start()")
     driver.pending = None
-    strategy, asks = driver.strategy, pending.asks
+    strategy, asks, steps = driver.strategy, pending.asks, pending.opened.steps
     good = driver.accept(server_round, list(asks.values()), received_contents(driver, server_round, asks, replies))
     started = time.perf_counter()
     try:
-        more = pending.steps.send(good)
+        more = steps.send(good)
     except StopIteration as done:
-        diagnostics = diagnostics_of(done.value)
+        result = done.value
     else:
-        pending.steps.close()
+        steps.close()
         raise StrategyParamsError(
             f"{strategy.name}: round {server_round} asks {len(more)} client(s) for a second exchange after its first "
             f"(a round that tries several starts, say), which Flower's single-phase configure_train/aggregate_train "
             f"cannot run; {START_INSTEAD}")
     finally:
         driver.strategy_seconds += time.perf_counter() - started
-    score_reports(strategy.reports, driver.members.clients, pending.assignment_before)
-    log(logging.DEBUG, "round %s diagnostics: %s", server_round, diagnostics)
+    log(logging.DEBUG, "round %s diagnostics: %s", server_round, driver.close_round(pending.opened, result))
     return driver.largest_cluster_record(), weighted_metrics([(r.key, r.num_examples, r.metrics) for r in good])
 
 
@@ -128,6 +121,5 @@ def received_contents(driver: RoundDriver, server_round: int, asks: dict[str, As
 def evaluate_messages(driver: RoundDriver, server_round: int, config: dict[str, Any]) -> list[Message]:
     """The evaluate messages of ``Strategy.configure_evaluate``: each sampled placed client its cluster's model."""
     models = driver.strategy.evaluation_models(server_round)
-    plan = {key: (model, {**config, "server-round": server_round, "phase": "evaluate", "cluster-id": cluster})
-            for key, (cluster, model) in models.items()}
-    return driver.link.messages(server_round, plan, MessageType.EVALUATE)[0]
+    return driver.link.messages(server_round, driver.evaluate_plan(server_round, models, config),
+                                MessageType.EVALUATE)[0]

@@ -28,9 +28,15 @@ validation, byte and fault counting, evaluation, checkpoints) and hands the roun
 active clients and train config (``round_steps``). Flower's single-phase hooks run the
 same generator, one exchange per Flower round.
 
+The round is written once (``round``, the skeleton every strategy runs: the dp_* population
+check, sampling, newcomers, clustering steps, trainers, training, per-cluster aggregation,
+the steps after training, the train loss); a strategy varies its steps, never the skeleton.
 Hooks a subclass overrides, reading like its paper's algorithm box: ``admit`` (clients
 not placed yet), ``before_train`` (clustering steps before this round's training),
-``after_train`` (steps that use this round's training replies) and ``train_instructions``.
+``after_train`` (steps that use this round's training replies) and ``train_instructions``;
+and where its paper trains otherwise, ``select_trainers`` (who trains: selection's
+representatives), ``train`` (the exchange: IFCA offers all K models, restarts) and
+``aggregate`` (how the replies become the cluster models: selection's group weights).
 ``admit`` and ``before_train`` may ask clients for work: written as generators, they
 ``yield`` a list of asks and receive the replies; written as plain methods, they ask
 nothing. Each returns its ``Diagnostics`` (column -> JSON value, or None); ``round`` returns
@@ -52,6 +58,7 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from functools import cache
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -69,7 +76,8 @@ from clusterfed.strategies.aggregation import ClusterAggregator, template_of
 from clusterfed.strategies.flower_hooks import FlowerHooks
 from clusterfed.strategies.params import StrategyParams, describe_errors, document_params  # noqa: F401
 from clusterfed.strategies.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
-    RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, Steps, TrainReply, diagnostics_of,
+    RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, RoundResult, Steps, TrainReply, Trainers,
+    diagnostics_of,
     by_key, natural, steps, weighted_average)
 
 
@@ -107,10 +115,27 @@ class ClusteredStrategy(FlowerHooks):
     one_cluster_reasons: ClassVar[dict[str, str]] = {}
     # clusters.json keys this strategy's figures read (clusterfed.plots draws what is there)
     figures: ClassVar[tuple[str, ...]] = ()
+    # the paper preset: parameter values by field name that run the published algorithm with
+    # no extension beyond the paper (``paper()``, the run config's ``preset = "paper"``); {}: the
+    # defaults are the paper's; None: no paper to run (a baseline such as Local, or a strategy
+    # that has not declared its preset)
+    PAPER: ClassVar[dict[str, Any] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        unknown = sorted(set(cls.PAPER or ()) - set(cls.Params.model_fields))
+        if unknown:
+            raise TypeError(f"{cls.__name__}.PAPER names {unknown}, not fields of {cls.Params.__name__}")
         document_params(cls)
+
+    @classmethod
+    def paper(cls, **overrides: Any) -> ClusteredStrategy:
+        """The strategy as its paper runs it (``PAPER``'s values, by field name), ``overrides``
+        on top (``IFCA.paper(num_clusters=2)``); StrategyParamsError for one without a paper."""
+        if cls.PAPER is None:
+            raise StrategyParamsError(f"{cls.name}: no paper preset: {cls.__name__} is not a published algorithm "
+                                      f"or does not declare its paper's parameter values (PAPER)")
+        return cls(**{**cls.PAPER, **overrides})
 
     def __init__(self, params: StrategyParams | None = None, /, **keywords: Any) -> None:
         given = params if params is not None and not keywords else {**dict(params or {}), **keywords}
@@ -124,7 +149,9 @@ class ClusteredStrategy(FlowerHooks):
             self.dp_accountant = privacy.Accountant(self.dp) if self.dp and self.dp.noise_multiplier > 0 else None
         except ValueError as error:  # the accountant's backend is not installed
             raise StrategyParamsError(f"{self.name}: {error}") from None
-        self.clients: dict[str, ClientInfo] = {}
+        # the run's clients as the driver knows them (profiles): the driver hands its table in with
+        # each round (``round_steps``, read-only); a strategy driven by hand fills its own dict
+        self.clients: Mapping[str, ClientInfo] = {}
         self.active: list[str] = []
         self.reports: list[Any] = []  # this round's splits and placements, for the driver's scoring
         self.train_config: dict[str, Any] = {}
@@ -219,33 +246,66 @@ class ClusteredStrategy(FlowerHooks):
         self.state.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
         self.init_clusters()
 
-    def round_steps(self, server_round: int, active: list[str], train_config: dict[str, Any]) -> Steps:
+    def round_steps(self, server_round: int, active: list[str], train_config: dict[str, Any],
+                    clients: Mapping[str, ClientInfo]) -> Steps:
         """The round the driver runs (in ``start`` and behind Flower's single-phase hooks):
-        ``round(server_round)`` over the ``active`` client keys with ``train_config``."""
-        self.active, self.train_config = list(active), dict(train_config)
-        return self.round(server_round)
+        ``round(server_round)`` over the ``active`` client keys with ``train_config``, reading
+        ``clients`` (the driver's client table, read-only: the membership owns it). What the
+        generator returns is the round's ``RoundResult``: its diagnostics and its reports, which
+        the driver scores."""
+        self.active, self.train_config, self.clients = list(active), dict(train_config), clients
+        return self.with_reports(self.round(server_round))
 
-    def round(self, server_round: int) -> Steps:
-        """One round: place newcomers, clustering steps, train, aggregate per cluster; returns its diagnostics."""
-        self.reports = []
+    def with_reports(self, round_steps: Steps) -> Steps:
+        """``round_steps`` run to its end; returns its diagnostics with this round's reports."""
+        diagnostics = yield from round_steps
+        return RoundResult(diagnostics_of(diagnostics), list(self.reports))
+
+    def check_population(self, clients: int) -> None:
+        """StrategyParamsError, before anything is sent, when the dp_* settings cannot protect
+        a population of ``clients`` (δ ≥ 1/n: ``privacy.check_population``)."""
         try:
-            privacy.check_population(self.dp, max(len(self.clients), len(self.active)))
+            privacy.check_population(self.dp, clients)
         except ValueError as error:
             raise StrategyParamsError(f"{self.name}: {error}") from None
+
+    def round(self, server_round: int) -> Steps:
+        """The one round skeleton of every strategy: check the population against the dp_*
+        settings, draw the round's sample, place newcomers (``admit``), clustering steps
+        (``before_train``), choose the trainers (``select_trainers``), train them (``train``:
+        one exchange by default), average per cluster (``aggregate``), the steps that use the
+        training replies (``after_train``) and the mean train loss; returns the diagnostics,
+        merged in that order. A strategy varies the steps, never the skeleton."""
+        self.reports = []
+        self.check_population(max(len(self.clients), len(self.active)))
         self.sampled = self.draw_sample(server_round)
         unplaced = [k for k in self.active if k not in self.state.assignment]
         diagnostics = (yield from steps(self.admit(server_round, unplaced))) if unplaced else {}
         diagnostics.update((yield from steps(self.before_train(server_round))))
-        replies = yield self.train_asks(server_round, self.select_trainers(server_round))
-        return {**diagnostics, **self.finish_round(server_round, replies)}
-
-    def finish_round(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
-        """The round's tail, after training: average per cluster, the steps that use the
-        training replies, the mean train loss; returns their diagnostics."""
-        diagnostics = self.aggregate_clusters(replies)
+        trainers = self.select_trainers(server_round)
+        if isinstance(trainers, Trainers):  # what choosing them found
+            diagnostics.update(trainers.diagnostics)
+        replies, trained = yield from self.train(server_round, trainers)
+        diagnostics.update(trained)
+        diagnostics.update(self.aggregate(server_round, replies))
         diagnostics.update(diagnostics_of(self.after_train(server_round, replies)))
         diagnostics["train_loss"] = mean_train_loss(replies)
         return diagnostics
+
+    def train(self, server_round: int, trainers: list[str]) -> Steps:
+        """The round's training: asks ``trainers`` to train (each its cluster's model, one
+        exchange); returns (the replies, its diagnostics). IFCA offers every model and restarts here."""
+        replies = yield self.train_asks(server_round, trainers)
+        return replies, {}
+
+    def aggregate(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+        """Each cluster's new model from the training ``replies``, each weighing what ``weigh``
+        says (``aggregate_clusters``); returns the diagnostics."""
+        return self.aggregate_clusters(self.weigh(replies))
+
+    def weigh(self, replies: list[TrainReply]) -> list[TrainReply]:
+        """The replies as the average weighs them: by default each by its own num-examples."""
+        return replies
 
     # ------------------------------------------------------------------ hooks
     def init_clusters(self) -> None:

@@ -154,6 +154,25 @@ class Replies(list):
         self.bytes_up = bytes_up
 
 
+class Trainers(list):
+    """The client keys that train this round (``select_trainers``), with what choosing them
+    found (``diagnostics``: selection's p and representatives), which the round records."""
+
+    def __init__(self, keys=(), diagnostics: Diagnostics | None = None):
+        super().__init__(keys)
+        self.diagnostics = dict(diagnostics or {})
+
+
+@dataclass
+class RoundResult:
+    """What a round hands the driver when it is over (``round_steps``' return value): its
+    diagnostics (rounds.jsonl's columns) and its reports (``SplitCompared``,
+    ``NewcomersPlaced``), which the driver scores against the true groups."""
+
+    diagnostics: Diagnostics
+    reports: list[Any] = field(default_factory=list)
+
+
 # a hook that asks clients for work: it yields lists of asks, is sent their replies, and
 # returns its diagnostics (a helper written as one returns what its hook needs)
 Steps = Generator[list[Ask], Replies, Any]

@@ -13,3 +13,4 @@ class FedAvg(ClusteredStrategy):
     """FedAvg on the clustered base: sample-weighted averaging of the clients' weights."""
 
     name = "fedavg"
+    PAPER = {}  # the defaults are the paper's algorithm (fraction-train is its C)

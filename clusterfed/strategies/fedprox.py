@@ -22,6 +22,7 @@ class FedProx(ClusteredStrategy):
 
     name = "fedprox"
     Params = FedProxParams
+    PAPER = {}  # the defaults are the paper's algorithm (μ is tuned per task there: proximal_mu)
 
     def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
         return {"proximal-mu": self.params.proximal_mu}

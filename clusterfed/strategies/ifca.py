@@ -15,6 +15,8 @@ it and returns it with the chosen index; FedAvg per cluster over the clients tha
   rounds of traffic, all counted) and the one whose clients' mean training loss is lowest
   is kept; with ``kmeans++``, R seedings and the lowest k-means potential. (choice: the
   paper restarts whole runs; restarting the first round keeps it inside one run)
+- ``IFCA.paper()`` (run config ``preset = "paper"``): random initialisations, no restart
+  (``PAPER``), the paper's Algorithm 1 as this module runs it.
 - A client is evaluated with the model it chose last; a client that has not trained yet
   (a newcomer) is not evaluated until it has chosen, which it does by loss like everyone.
 
@@ -67,6 +69,7 @@ class IFCA(ClusteredStrategy):
     name = "ifca"
     Params = IFCAParams
     State = IFCAState
+    PAPER = {"init": "random", "restarts": 1}  # the paper's random initialisations, no restart inside a run
     params: IFCAParams
     state: IFCAState
     one_cluster_reasons = {
@@ -106,45 +109,46 @@ class IFCA(ClusteredStrategy):
             asks.append(Ask(key, packed, config))
         return asks
 
-    def round(self, server_round: int) -> Steps:
-        self.reports = []
-        trainers = self.select_trainers(server_round)
+    def train(self, server_round: int, trainers: list[str]) -> Steps:
+        """The paper's round: each trainer is offered all K models, trains the one of lowest
+        loss on its training data and belongs to the cluster it chose. First round with
+        ``restarts`` > 1 (random): once per initialisation, keeping the best; kmeans++'s
+        warm-up: the trainers train θ0 (``aggregate`` seeds the K models from them)."""
         if self.state.warming_up:
             replies = yield self.train_asks(server_round, trainers, models={k: self.state.theta0 for k in trainers},
                                             extra={"cluster-id": 0}, phase="warmup")
-            diagnostics = self.seed_from(replies)
+            return replies, {}
+        restarts = self.state.candidates or []
+        if len(restarts) > 1:
+            replies, diagnostics = yield from self.restart(server_round, trainers, restarts)
         else:
-            restarts = self.state.candidates or []
-            if len(restarts) > 1:
-                replies, diagnostics = yield from self.restart(server_round, trainers, restarts)
-            else:
-                replies = yield self.ifca_asks(server_round, trainers, self.state.models)
-                diagnostics = self.take(replies)
-            self.state.candidates = []
-        diagnostics["train_loss"] = mean_train_loss(replies)
-        diagnostics["ifca_choices"] = {str(c): sum(1 for r in replies if r.cluster == c) for c in range(self.state.k)}
-        return diagnostics
-
-    def take(self, replies: list[TrainReply]) -> Diagnostics:
-        """Each replying client belongs to the cluster it chose; FedAvg per cluster (its diagnostics returned)."""
-        for reply in replies:
+            replies, diagnostics = (yield self.ifca_asks(server_round, trainers, self.state.models)), {}
+        self.state.candidates = []
+        for reply in replies:  # each replying client belongs to the cluster it chose
             self.state.assignment[reply.key] = reply.cluster
-        return self.aggregate_clusters(replies)
+        return replies, diagnostics
 
-    def restart(self, server_round: int, trainers: list[str], restarts: list[list[dict]]) -> Steps:
-        """Round 1 from each initialisation; keep the one of lowest mean training loss.
-        Returns (its replies, the diagnostics)."""
+    def aggregate(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+        """FedAvg per cluster over the clients that chose it; after kmeans++'s warm-up, the
+        K models are seeded from the warm-up models instead."""
+        return self.seed_from(replies) if self.state.warming_up else self.aggregate_clusters(replies)
+
+    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+        return {"ifca_choices": {str(c): sum(1 for r in replies if r.cluster == c) for c in range(self.state.k)}}
+
+    def restart(self, server_round: int, trainers: list[str], restarts: list[list[Arrays]]) -> Steps:
+        """Round 1 from each initialisation; the one of lowest mean training loss becomes the
+        cluster models. Returns (its replies, the diagnostics)."""
         best = None
         for index, models in enumerate(restarts):
-            candidate = dict(enumerate(models))
-            replies = yield self.ifca_asks(server_round, trainers, candidate)
+            replies = yield self.ifca_asks(server_round, trainers, dict(enumerate(models)))
             loss = mean_train_loss(replies)
             loss = float("inf") if loss is None else loss
             if best is None or loss < best[0]:
                 best = (loss, index, replies)
         loss, index, replies = best
         self.state.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(restarts[index])}
-        return replies, {**self.take(replies), "ifca_restart_kept": index, "ifca_restart_loss": loss}
+        return replies, {"ifca_restart_kept": index, "ifca_restart_loss": loss}
 
     def seed_from(self, replies: list[TrainReply]) -> Diagnostics:
         """k-means++ seeds among the warm-up models become the K cluster models; returns the diagnostics."""

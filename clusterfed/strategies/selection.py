@@ -31,6 +31,8 @@ cluster trains, which cuts the transmissions.
    last trained in different rounds, and their cuts stopped matching the groups.
    ``guard = "none"`` is the paper's rule: p starts at the number of clients and may fall
    to 1; the cut into p groups is made anew every round.
+5. ``ClientSelection.paper()`` (run config ``preset = "paper"``): ``guard = "none"`` and
+   ``cluster-on = "weights"`` (``PAPER``): the paper's scheme with none of the extensions above.
 
 Partial participation (``fraction-train`` < 1): the paper's selection *is* its client
 sampling, so ``fraction-train`` is read as availability — each round only a random
@@ -57,8 +59,8 @@ from pydantic import Field
 
 from clusterfed.clustering import (ClusterCountController, cluster_auto, cluster_into_k, cluster_references,
                                    loss_reduction_ratio, nearest_cluster)
-from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams, mean_train_loss
-from clusterfed.strategies.exchange import Diagnostics, TrainReply, natural
+from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, StrategyParams, mean_train_loss
+from clusterfed.strategies.exchange import Diagnostics, Trainers, TrainReply, natural
 
 
 class SelectionParams(StrategyParams):
@@ -101,6 +103,9 @@ class ClientSelection(ClusteredStrategy):
     name = "selection"
     Params = SelectionParams
     State = SelectionState
+    # the paper's rule: p from the number of clients, free to fall to 1, cut anew every round
+    # over the clients' latest final-layer weights
+    PAPER = {"guard": "none", "cluster_on": "weights"}
     params: SelectionParams
     state: SelectionState
     figures = ("p_history",)
@@ -115,33 +120,47 @@ class ClientSelection(ClusteredStrategy):
         self.state.floor, self.state.groups, self.state.group_refs = 1, {}, {}
         self.state.examples, self.state.stands_for = {}, {}
 
-    def round(self, server_round: int) -> Steps:
-        self.reports = []
-        self.sampled = self.draw_sample(server_round)  # the clients reachable this round
-        unplaced = [k for k in self.active if k not in self.state.assignment]
-        self.admit(server_round, unplaced)
-        warmup = server_round <= self.params.warmup_rounds or self.state.controller is None and not self.state.latest
+    def warming_up(self, server_round: int) -> bool:
+        """Whether every reachable client trains this round: the warm-up rounds, and any round
+        before a client's latest model is known. Read before the round's replies are remembered."""
+        return server_round <= self.params.warmup_rounds or self.state.controller is None and not self.state.latest
+
+    def select_trainers(self, server_round: int) -> Trainers:
+        """Warm-up: every reachable client; afterwards one representative per group
+        (``representatives``). What the choice found (p, the representatives, the models
+        exchanged) is the round's record."""
+        warmup = self.warming_up(server_round)
         if warmup:
             trainers, p, diagnostics = self.reachable(self.placed()), None, {}
         else:
             trainers, p, diagnostics = self.representatives()
-        replies = yield self.train_asks(server_round, trainers)
-        diagnostics.update(self.aggregate_clusters(replies if warmup else self.group_weighted(replies)))
+        self.state.transmissions += 2 * len(trainers)
+        return Trainers(trainers, {**diagnostics, "p": p, "representatives": [] if warmup else trainers,
+                                   "warmup": warmup, "trained_clients": len(trainers),
+                                   "models_exchanged": 2 * len(trainers),
+                                   "cum_models_exchanged": self.state.transmissions})
+
+    def aggregate(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+        """The global model: the representatives' models weighed as ``group_weighted`` says
+        (the warm-up: every client by its own samples)."""
+        return self.aggregate_clusters(replies if self.warming_up(server_round) else self.group_weighted(replies))
+
+    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+        """The trainers' latest models replace theirs (the warm-up's groups are learnt from
+        them); p follows the rule on the mean training loss's reduction ratio."""
+        warmup = self.warming_up(server_round)  # before ``remember``: as the round found the state
         self.remember(replies)
         if warmup:
             self.learn_groups()
         loss = mean_train_loss(replies)
-        diagnostics["train_loss"] = loss
         ratio = loss_reduction_ratio(self.state.previous_loss, loss)
+        diagnostics: Diagnostics = {}
         if not warmup:
             p_next = self.count_controller().update(ratio, server_round)
-            diagnostics.update({"p_next": p_next, "p_action": self.state.controller.history[-1].action})
+            diagnostics = {"p_next": p_next, "p_action": self.state.controller.history[-1].action}
         if loss is not None:
             self.state.previous_loss = loss
-        self.state.transmissions += 2 * len(trainers)
-        return {**diagnostics, "p": p, "representatives": trainers if not warmup else [], "warmup": warmup,
-                "loss_reduction_ratio": ratio, "trained_clients": len(trainers),
-                "models_exchanged": 2 * len(trainers), "cum_models_exchanged": self.state.transmissions}
+        return {**diagnostics, "loss_reduction_ratio": ratio}
 
     def draw_sample(self, server_round: int) -> list[str] | None:
         """``fraction-train`` is availability: the clients reachable this round."""
