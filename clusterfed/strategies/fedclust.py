@@ -52,8 +52,6 @@ from clusterfed.strategies.base import ClusteredStrategy, Steps
 from clusterfed.strategies.exchange import Arrays, Diagnostics, natural
 from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState
 
-__all__ = ["FedClust", "FedClustParams", "FedClustState", "recut_max_clusters"]
-
 PAPER_LAYERS = "final"  # the paper's compared layer
 
 
