@@ -9,8 +9,8 @@ updates show the most structure is compared (``clustering.layer_evidence``). New
 then upload only that layer. The papers' rule (``final``) or any rule or layer names stay
 selectable: they are compared as given, less the arrays no client changed.
 
-``LayerChoice`` is plain data (checkpointed in the strategy's state); ``choose`` is the
-one step, and ``sentence`` / ``no_structure_advice`` what the round line says.
+``LayerChoice`` is plain data (checkpointed in the strategy's state); ``start_choice`` and
+``choose`` are the steps; what the round line says of them is ``clusterfed/explain/oneshot.py``'s.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering import stack_partials
-from clusterfed.clustering.layer_evidence import LayerScore, most_structured, score_layers
-from clusterfed.models.layers import matrix_layers
+from clusterfed.clustering.layer_evidence import most_structured, score_layers
+from clusterfed.models.layers import matrix_layers, select_layers
 from clusterfed.models.parameters import silent_names
 
 EVIDENCE = "auto"
@@ -52,12 +52,16 @@ class LayerChoice:
         return {k: v for k, v in asdict(self).items() if k != "candidates"}
 
 
-def start_choice(theta0: dict[str, np.ndarray], rule: str, compare: Any, rule_keys, paper_rule: str,
+def start_choice(theta0: dict[str, np.ndarray], rule: str, compare: Any, compare_arrays: Any, paper_rule: str,
                  max_candidates: int = MAX_CANDIDATE_LAYERS) -> LayerChoice:
     """The choice before any reply: under ``auto`` the keys of every candidate layer (the
-    last ``max_candidates``) are uploaded (a model with one candidate needs no scoring);
-    under a rule, ``rule_keys(rule)`` (``paper_rule``: the strategy's paper's, for a model
-    with no candidate layer)."""
+    last ``max_candidates``) among ``compare`` (the compared arrays) are uploaded (a model
+    with one candidate needs no scoring); under a rule, the arrays it selects among
+    ``compare_arrays`` (``paper_rule``: the strategy's paper's, for a model with no
+    candidate layer). ValueError when a rule selects nothing."""
+    def rule_keys(rule: str) -> list[str]:
+        return select_layers(theta0, rule, compare_arrays)
+
     if rule != EVIDENCE:
         return LayerChoice(rule=rule, keys=list(rule_keys(rule)))
     candidates = matrix_layers(theta0, compare)
@@ -96,45 +100,3 @@ def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict
         choice.candidates = {}
     kept = [k for k in choice.keys if k not in silent] or list(choice.keys)
     return stack_partials([[u[k] for k in kept] for u in updates])
-
-
-def chosen_score(choice: LayerChoice) -> LayerScore | None:
-    for score in choice.scores:
-        if score["layer"] == choice.chosen:
-            return LayerScore(**score)
-    return None
-
-
-def sentence(choice: LayerChoice, strategy: str) -> str:
-    """What the clustering round's line says about the compared arrays."""
-    shown = ", ".join(choice.keys) if len(choice.keys) <= 3 else f"{choice.keys[0]} … ({len(choice.keys)} arrays)"
-    text = f"{strategy} compared {shown}"
-    if choice.scores:
-        others = ", ".join(f"{s['layer']} {_silhouette(s['silhouette'])}" for s in choice.scores if s["layer"] != choice.chosen)
-        best = chosen_score(choice)
-        text += (f" (chosen by evidence: best-cut silhouette {_silhouette(best.silhouette)} against "
-                 f"{best.required:.2f} needed; other layers {others})")
-    elif choice.rule != EVIDENCE:
-        text += f" (cluster-layers = {choice.rule})"
-    if choice.silent:
-        names = ", ".join(choice.silent[:4]) + (f" and {len(choice.silent) - 4} more" if len(choice.silent) > 4 else "")
-        text += f"; left out, no client changed them: {names}"
-    return text
-
-
-def no_structure_advice(choice: LayerChoice, strategy: str, silhouette: float | None, required: float | None,
-                        paper_rule: str) -> str:
-    """The one-cluster sentence of the clustering round: on which arrays, the score against
-    the bar, and the setting most likely to change it."""
-    layer = choice.chosen or (choice.keys[0].rsplit(".", 1)[0] if choice.keys else "?")
-    bar = "" if required is None else f" < {required:.2f}"
-    if choice.scores:  # every candidate was scored and none showed groups
-        hint = "the clients may share one task; if they should not, try HiCFL or CFL (they compare every round)"
-    else:
-        other = next(r for r in (paper_rule, "all") if r != choice.rule)
-        hint = f"try cluster_layers={EVIDENCE!r} (each layer scored) or {other!r}, or HiCFL"
-    return f"{strategy}: one cluster, no structure on {layer} (best silhouette {_silhouette(silhouette)}{bar}); {hint}"
-
-
-def _silhouette(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"

@@ -1,38 +1,49 @@
-"""What the one-shot clustered strategies (FedClust, AdaCFL) share as declarations: the
-clustering step's parameters, the state fields their parts read and write, and what a
-part needs from the strategy that builds it.
+"""What the one-shot clustered strategies (FedClust, AdaCFL) share: the clustering step's
+parameters, the state fields it reads and writes, and its steps as functions of that state
+and those parameters (no object of its own, no call back into the strategy).
 
-The strategies hold their papers' steps (``fedclust.py``, ``adacfl.py``); the machinery
-both call is in parts they build (composition, not a base class):
+- ``start``: before the clustering step, the layer choice (``layer_choice.py``).
+- ``cluster_extra``, ``collect``: the clustering phase's upload. Clients train a common
+  start model and send only the compared layer(s); the server turns the replies into one
+  row per client: the partial weights minus the start model's (what training changed; for
+  L2 exactly the papers' distance between weights, for ``cosine`` it compares directions
+  of training rather than weight vectors dominated by the shared start). A stock ClientApp
+  (no profile query) trains its own run config's ``local-epochs`` and ignores the
+  message's: unless its reply confirms the epochs asked (a ``local-epochs`` metric), it is
+  sent its own reply back until it has trained ``cluster-epochs`` (``chain-until =
+  epochs``) or until the clustering of the replies stops changing (``chain-until =
+  stable``). Clients whose reply is lost or rejected stay unplaced, admitted again later.
+- ``cut``: the dendrogram cut at ``lambda`` (``clustering/oneshot.py``); ``form``: one
+  cluster per label (the strategy makes the clusters and hands their ids in), the cluster
+  references (the mean of the members' clustering-round partial weights: the papers leave
+  the reference open) and what clusters.json records; ``placed``: the newcomer log.
 
-- ``partial_weights.PartialWeights``: the clustering phase's upload of the compared
-  layer(s), stock ClientApps sent their reply back, the rows to cluster, and the layer
-  chosen by evidence (``layer_choice.py``);
-- ``oneshot_clusters.OneShotClusters``: the dendrogram cut, the clusters and their
-  references, newcomers placed at the nearest reference, and what the run says about its
-  number of clusters.
-
-A part (``OneShotPart``, a ``parts.Part``) keeps a reference to the strategy (``OneShotHost``) and reads and
-writes the strategy's ``state`` through it, never a copy: ``init`` and ``set_state`` (a resumed
-checkpoint) replace the state object, and a part must follow. The fields the parts use are
-declared once in ``OneShotState``, which each strategy's ``State`` extends, so a
-checkpoint holds the same fields under the same names as before the parts existed.
+The strategy asks (``train_asks``), samples (``reachable``) and makes clusters
+(``new_cluster``) itself and hands the results in. What the run says is
+``clusterfed/explain/oneshot.py``'s. The fields are declared once in ``OneShotState``,
+which each strategy's ``State`` extends, so a checkpoint holds them under the same names.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import Field
+from sklearn.metrics import adjusted_rand_score
 
-from clusterfed.clustering import DEFAULT_MAX_CLUSTERS
+from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
+from clusterfed.clustering.oneshot import silhouette_or_none, threshold_cut
+from clusterfed.explain import oneshot as explain
 from clusterfed.strategies.base import ClusteredState, StrategyParams
-from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo
-from clusterfed.strategies.layer_choice import MAX_CANDIDATE_LAYERS, LayerChoice
-from clusterfed.strategies.parts import Part
+from clusterfed.strategies.contract import StrategyParamsError
+from clusterfed.strategies.exchange import (
+    UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, NewcomersPlaced, Steps, TrainReply, natural)
+from clusterfed.strategies.layer_choice import MAX_CANDIDATE_LAYERS, LayerChoice, choose, start_choice
 
 # the default of ``matrix-max-clients``: the square distance matrix (for the heat-map) of
 # this many clients is a few megabytes of JSON
@@ -93,7 +104,7 @@ class OneShotParams(StrategyParams):
 
 @dataclass
 class OneShotState(ClusteredState):
-    """The base's state and the fields the one-shot parts read and write."""
+    """The base's state and the fields the one-shot steps read and write."""
 
     clustered: bool = False
     # the model every clustering-phase client trains; newcomers train it too, so that
@@ -104,33 +115,176 @@ class OneShotState(ClusteredState):
     clustering_state: dict[str, Any] = field(default_factory=dict)
 
 
-class OneShotHost(Protocol):
-    """What the one-shot parts use of the strategy that builds them."""
-
-    state: OneShotState
-    params: OneShotParams
-    clients: dict[str, ClientInfo]
-    train_config: dict[str, Any]
-    reports: list[Any]
-
-    def train_asks(self, server_round: int, keys: list[str], *, models: dict[str, Arrays] | None = None,
-                   extra: dict[str, Any] | None = None, phase: str = "train") -> list[Ask]: ...
-
-    def reachable(self, keys: list[str]) -> list[str]: ...
-
-    def new_cluster(self, model: Arrays, inherit: int | None = None) -> int: ...
-
-    def compared_names(self) -> list[str]: ...
-
-    def select_compared_layers(self, rule: str, compare: Any = None) -> list[str]: ...
+def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str) -> None:
+    """Before the clustering step: not clustered, the start model θ0, the layer choice among
+    the ``compare`` arrays (``paper_rule``: the layer rule of the strategy's paper, what
+    ``cluster-layers = auto`` falls back to on a model with no candidate layer; a rule that
+    selects nothing: StrategyParamsError, named for strategy ``name``)."""
+    state.clustered = False
+    state.cluster_start = state.theta0
+    state.references = {}
+    try:
+        state.layer_choice = start_choice(state.theta0, params.cluster_layers, compare, params.compare_arrays,
+                                          paper_rule, max_candidates=params.max_candidate_layers)
+    except ValueError as error:
+        raise StrategyParamsError(f"{name}: {error}") from None
+    state.clustering_state = {}
 
 
-class OneShotPart(Part[OneShotState]):
-    """A part of a one-shot strategy (``parts.Part``: the strategy's current ``state``, never
-    a copy) that also reads its ``params``."""
+def cut(X: np.ndarray, params: OneShotParams, max_clusters: int | None = None,
+        sample: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+    """The cut of the rows of X at ``lambda`` into at most ``max_clusters`` (default
+    ``max-clusters``); ``sample`` > 0: a cut of a sample, the rest placed at the nearest reference."""
+    return threshold_cut(X, params.number_or_none(params.lambda_), metric=params.distance, linkage=params.linkage,
+                         min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws,
+                         seed=params.seed, max_clusters=params.max_clusters if max_clusters is None else max_clusters,
+                         sample=sample)
 
-    host: OneShotHost
 
-    @property
-    def params(self) -> OneShotParams:
-        return self.host.params
+# ---------------------------------------------------------- the clustering phase's upload
+def cluster_extra(state: OneShotState, params: OneShotParams) -> dict[str, Any]:
+    """What a clustering-phase ask says beyond a train ask: its epochs and the arrays to upload."""
+    return {"local-epochs": params.cluster_epochs, "upload": ",".join(state.layer_choice.keys)}
+
+
+def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShotParams, *, stock: set[str],
+            local_epochs: Any, strategy: str, sample: int = 0) -> Steps:
+    """Ask ``asks`` (``start`` trained for ``cluster-epochs``, the compared arrays uploaded:
+    ``cluster_extra``) and return (keys that replied, their partial weights as rows or None,
+    the uplink bytes of this phase, its diagnostics).
+
+    A stock ClientApp (its key in ``stock``) trains its run config's ``local-epochs`` (the
+    server's train config's, ``local_epochs``) whatever the message asks, and returns its
+    whole model: unless its reply confirms the epochs asked, it is sent its own reply back,
+    ``stock_requests`` in all; with ``chain-until = stable`` the chain ends once the cut of
+    the rows (``sample`` as the strategy's own cut) settles. ``strategy`` names it in the
+    round line."""
+    epochs = params.cluster_epochs
+    for ask in asks:
+        if ask.key in stock:  # it sends its whole model anyway; the next request needs it
+            ask.config["upload"] = UPLOAD_FULL
+    first = {ask.key: ask for ask in asks}
+    received = yield asks
+    bytes_up = received.bytes_up
+    done, replies = [], []  # trained the epochs asked / to be sent their own reply back
+    for reply in received:
+        (done if reply.key not in stock or reply.metrics.get("local-epochs") == epochs else replies).append(reply)
+    chained, requests, partitions = 0, 1, []
+    for _ in range(stock_requests(epochs, local_epochs) - 1):
+        if not replies or (params.chain_until == "stable" and settled(done + replies, start, state, params, sample,
+                                                                       partitions)):
+            break
+        # the same request again (a stock client's asks upload its full model), on its own reply
+        received = yield [Ask(reply.key, reply.weights, dict(first[reply.key].config)) for reply in replies]
+        bytes_up += received.bytes_up
+        chained += len(replies)
+        requests += 1
+        replies = list(received)  # a client that fails on the way stays unplaced
+    diagnostics = {"stock_chained_requests": chained, "stock_trainings": requests} if chained else {}
+    replies = sorted(done + replies, key=lambda reply: natural(reply.key))
+    if not replies:
+        return [], None, bytes_up, diagnostics
+    # rows in layer order, so every client's vector lines up (measured on digits IID:
+    # cosine on weights split 2 of 4 seeds, on changes none)
+    first_choice = not state.layer_choice.decided
+    X = rows(replies, start, state.layer_choice, params)
+    if first_choice:
+        diagnostics["decision"] = explain.compared(state.layer_choice, strategy)
+        diagnostics["compared_arrays"] = list(state.layer_choice.keys)
+    return [reply.key for reply in replies], X, bytes_up, diagnostics
+
+
+def rows(replies: list[TrainReply], start: Arrays, choice: LayerChoice, params: OneShotParams) -> np.ndarray:
+    """The replies' compared arrays minus ``start``'s, one row per reply; the first time,
+    this settles which layer ``choice`` compares (``layer_choice.choose``)."""
+    return choose(choice, [reply.arrays for reply in replies], start, metric=params.distance, linkage=params.linkage,
+                  min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws,
+                  seed=params.seed)
+
+
+def settled(replies: list[TrainReply], start: Arrays, state: OneShotState, params: OneShotParams, sample: int,
+            partitions: list[np.ndarray]) -> bool:
+    """Whether the clustering of ``replies`` (cut on a copy of the layer choice) is the same
+    as after the two requests before, with more than one cluster and a silhouette at
+    ``auto-min-silhouette``: a stock client's further epochs would not change it."""
+    labels, info = cut(rows(replies, start, copy.deepcopy(state.layer_choice), params), params, sample=sample)
+    partitions.append(np.asarray(labels))
+    if len(partitions) < 3 or len(np.unique(labels)) < 2:
+        return False
+    # a cut that only beats group-free data (the lowered bar) may still move: only clear
+    # structure, at the fixed bar, ends the chain early
+    if params.lambda_ == "auto" and (info.get("auto_best_silhouette") or -1.0) < params.auto_min_silhouette:
+        return False
+    return all(adjusted_rand_score(partitions[-1], earlier) == 1.0 for earlier in partitions[-3:-1])
+
+
+def stock(clients: dict[str, ClientInfo]) -> set[str]:
+    """The keys of stock ClientApps among ``clients``."""
+    return {key for key, client in clients.items() if client.stock}
+
+
+def stock_requests(cluster_epochs: int, local_epochs: Any) -> int:
+    """Requests that give a stock ClientApp the clustering step's epochs: it trains its run
+    config's ``local-epochs`` per request (Flower's quickstart default, 1, when absent)."""
+    return math.ceil(cluster_epochs / max(int(local_epochs or 1), 1))
+
+
+# ------------------------------------------------------------------------- the clusters
+def form(state: OneShotState, params: OneShotParams, server_round: int, keys: list[str], X: np.ndarray,
+         labels: np.ndarray, clusters: dict[int, int], start: Arrays, bytes_up: int,
+         info: dict[str, Any]) -> Diagnostics:
+    """Assign each of ``keys`` to the cluster of its label (``clusters``: label -> the
+    cluster the strategy made for it); store the references and the state for the figures
+    (``start``: the model the rows of X were trained from and newcomers will train).
+    Returns the clustering's diagnostics."""
+    for key, label in zip(keys, labels):
+        state.assignment[key] = clusters[int(label)]
+    # reference = mean of the members' clustering-round partial weights (our choice: the papers leave it open)
+    state.references = {clusters[int(label)]: X[labels == label].mean(axis=0) for label in np.unique(labels)}
+    small = len(keys) <= params.matrix_max_clients
+    D = distance_matrix(X, params.distance) if small else None
+    silhouette = silhouette_or_none(D, labels) if small else None
+    # the dendrogram is for figures; with a sampled clustering it would cost O(m²) memory
+    Z = (linkage_matrix(X, metric=params.distance, linkage=params.linkage)
+         if 1 < len(keys) and (small or "cluster_sample" not in info) else None)
+    state.clustered = True
+    state.cluster_start = start
+    state.clustering_state = {
+        "clustering_round": server_round,
+        "final_clustering_round": server_round,  # one-shot: the same; the grid's column for every strategy
+        "layers": list(state.layer_choice.keys),
+        "layer_choice": state.layer_choice.record(),
+        "distance": params.distance,
+        "vectors": "partial weights minus the start model's (L2 distances equal the weights')",
+        "linkage_method": params.linkage,
+        "lambda": info["lambda"],
+        "silhouette": silhouette,
+        "client_order": list(keys),
+        "labels": [state.assignment[key] for key in keys],
+        "distance_matrix": None if D is None else D.round(6).tolist(),
+        "linkage": None if Z is None else Z.tolist(),
+        **{k: v for k, v in info.items() if k != "lambda"},
+    }
+    return {
+        "clustering_bytes_up": bytes_up,
+        "lambda_used": info["lambda"],
+        "silhouette": silhouette,
+        **({"auto_best_silhouette": info["auto_best_silhouette"]} if "auto_best_silhouette" in info else {}),
+    }
+
+
+def say_cut(diagnostics: Diagnostics, labels: np.ndarray, info: dict[str, Any], state: OneShotState,
+            params: OneShotParams, strategy: str, paper_rule: str) -> None:
+    """A cut that left one cluster: the clustering round's ``decision`` says so, on which
+    arrays, the score against the bar and what to try (``explain.cut_decision``)."""
+    if len(np.unique(labels)) == 1:
+        diagnostics["decision"] = explain.cut_decision(diagnostics.get("decision"), state, params, info, strategy,
+                                                       paper_rule)
+
+
+def placed(state: OneShotState, server_round: int, placements: list[tuple[str, int, float, bool]]) -> NewcomersPlaced:
+    """Log newcomers placed this round, each (key, cluster, distance, whether it founded the cluster)."""
+    entries = [{"round": server_round, "client": key, "cluster": cluster, "distance": float(distance),
+                "new_cluster": founded} for key, cluster, distance, founded in placements]
+    state.newcomer_log.extend(entries)
+    return NewcomersPlaced(entries)

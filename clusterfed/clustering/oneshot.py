@@ -1,0 +1,116 @@
+"""The cuts of the one-shot clusterings (FedClust, AdaCFL), as pure functions: rows of
+partial weights in, labels and what the cut used out.
+
+- ``threshold_cut``: the dendrogram cut at λ, a number or ``None`` (= auto, the
+  best-silhouette cut kept when it reaches ``min_silhouette`` or beats group-free data of
+  the same size and shape); optionally a cut of a sample with the rest placed at the
+  nearest reference (``cluster_sampled``).
+- ``recut_max_clusters``: the most clusters a cut of many small clients may form.
+- ``tolerant_threshold``: AdaCFL's auto λ, the fewest clusters within a tolerance of the
+  best silhouette.
+- ``silhouette_or_none``, ``precluster_records``: what the clustering records for figures.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from sklearn.metrics import silhouette_score
+
+from .agglomerative import DEFAULT_MAX_CLUSTERS, cluster_auto, cluster_by_threshold, linkage_matrix
+from .sampled import cluster_sampled
+
+
+def threshold_cut(X: np.ndarray, threshold: float | None, *, metric: str, linkage: str, min_silhouette: float,
+                  reference_draws: int, seed: int, max_clusters: int,
+                  sample: int = 0) -> tuple[np.ndarray, dict[str, Any]]:
+    """Cluster labels of the rows of X at λ = ``threshold`` (None: auto), and what the cut
+    used; ``max_clusters`` bounds the auto cut's candidates; ``sample`` > 0 (and below the
+    number of rows) clusters that many rows and places the rest at the nearest reference."""
+    if 0 < sample < len(X):
+        result = cluster_sampled(X, sample, seed=seed, metric=metric, linkage=linkage,
+                                 threshold="auto" if threshold is None else threshold,
+                                 min_silhouette=min_silhouette, max_clusters=max_clusters)
+        return result.labels, {"lambda": result.threshold, "auto_best_silhouette": result.silhouette,
+                               "cluster_sample": int(sample)}
+    if threshold is None:
+        auto = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
+                            reference_draws=reference_draws, seed=seed, max_clusters=max_clusters)
+        # auto_best_silhouette: on the one-cluster fallback, the best score that fell short
+        return auto.labels, {"lambda": auto.threshold, "auto_best_silhouette": auto.silhouette,
+                             "auto_reference_silhouette": auto.reference, "auto_required_silhouette": auto.required}
+    return cluster_by_threshold(X, threshold, metric=metric, linkage=linkage), {"lambda": threshold}
+
+
+def recut_max_clusters(clients: int, ceiling: int = DEFAULT_MAX_CLUSTERS) -> int:
+    """The most clusters a cut of ``clients`` rows of small clients may form: sqrt(clients / 2),
+    the rule of thumb for the number of clusters in Mardia, Kent and Bibby, "Multivariate
+    Analysis" (1979), at least 2 and at most ``ceiling``. Why: clients holding a few images
+    train alike when their labels are alike, so their rows hold tight groups of a few
+    clients below the true groups; the group-free reference has no such fine structure, so
+    an unbounded best-silhouette cut can pass it with many clusters of two or three clients."""
+    return max(2, min(ceiling, int(math.sqrt(clients / 2))))
+
+
+def tolerant_threshold(X: np.ndarray, *, metric: str, linkage: str, min_silhouette: float, reference_draws: int,
+                       seed: int, max_clusters: int, tolerance: float) -> tuple[float, dict[str, Any]]:
+    """An auto λ for the rows of X: the fewest clusters whose silhouette is within
+    ``tolerance`` (a fraction) of the best cut's; the best cut when it falls short of what
+    group-free data reaches (then one cluster). A best cut that beats only the group-free
+    reference, not ``min_silhouette``, is bounded at ``recut_max_clusters``. Returns λ and
+    what the cut used (``auto_*``)."""
+    def auto_cut(bound: int):
+        return cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
+                            reference_draws=reference_draws, seed=seed, max_clusters=bound)
+
+    small_bound = recut_max_clusters(len(X), max_clusters)
+    auto, bound = auto_cut(max_clusters), None
+    if auto.num_clusters > small_bound and auto.silhouette < min_silhouette:
+        # structure that only beats the group-free reference: a sample of small clients,
+        # whose tight groups of two or three alike clients the reference lacks
+        bound = small_bound
+        auto = auto_cut(bound)
+    info = {"auto_best_silhouette": auto.silhouette, "auto_reference_silhouette": auto.reference,
+            "auto_required_silhouette": auto.required, "auto_best_clusters": auto.num_clusters,
+            "auto_clusters": auto.num_clusters, "auto_silhouette": auto.silhouette,
+            "auto_tolerance": tolerance, "auto_max_clusters": bound}
+    if auto.num_clusters < 2:
+        return auto.threshold, info
+    # Clients of one group spread along their label balance (a digit pair's clients, from
+    # mostly one digit to mostly the other) form elongated groups, and the silhouette
+    # gains a few hundredths by halving them: a cut that much worse but with fewer
+    # clusters describes the clients as well.
+    floor = max(auto.silhouette - tolerance * abs(auto.silhouette), auto.required)
+    k = min(k for k, score in auto.scores.items() if score >= floor)
+    if k == auto.num_clusters:
+        return auto.threshold, info
+    heights = linkage_matrix(X, metric=metric, linkage=linkage)[:, 2]
+    merges = len(X) - k  # merges applied in the cut into k clusters (a threshold-reachable cut)
+    info.update(auto_clusters=k, auto_silhouette=float(auto.scores[k]))
+    return 0.5 * (float(heights[merges - 1]) + float(heights[merges])), info
+
+
+def silhouette_or_none(D: np.ndarray, labels: np.ndarray) -> float | None:
+    """Silhouette of a partition on precomputed distances; None where undefined (K < 2 or K = m)."""
+    k = len(np.unique(labels))
+    if not 2 <= k <= len(labels) - 1:
+        return None
+    return float(silhouette_score(D, labels, metric="precomputed"))
+
+
+def precluster_records(keys: list[str], X: np.ndarray, pre: np.ndarray, cuts: dict, *, metric: str,
+                       linkage: str) -> list[dict[str, Any]]:
+    """Each pre-cluster's clients, λ, silhouette and (for the dendrograms) own linkage."""
+    records = []
+    for pid in sorted(cuts):
+        rows = np.flatnonzero(pre == pid)
+        records.append({
+            "precluster": int(pid),
+            "clients": [keys[i] for i in rows],
+            "lambda": float(cuts[pid].threshold),
+            "silhouette": cuts[pid].silhouette,
+            "linkage": linkage_matrix(X[rows], metric=metric, linkage=linkage).tolist() if len(rows) > 1 else None,
+        })
+    return records

@@ -1,0 +1,185 @@
+"""What the one-shot clusterings (FedClust, AdaCFL) say about their run: the compared
+arrays and a cut that left one cluster (the clustering round's line), why a run ended with
+one cluster and what to try, and the evidence for its number of clusters.
+
+Functions of a strategy's ``state`` (``OneShotState`` fields: ``clustered``,
+``clustering_state``, ``layer_choice``, ``assignment``, ``newcomer_log``, FedClust's
+``recuts``) and ``params`` (``OneShotParams``); they decide nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+EVIDENCE = "auto"  # cluster-layers chosen by evidence (``strategies/layer_choice.py``)
+
+
+# ------------------------------------------------------------- the clustering round's line
+def compared(choice: Any, strategy: str) -> str:
+    """What the clustering round's line says about the compared arrays (a ``LayerChoice``)."""
+    shown = ", ".join(choice.keys) if len(choice.keys) <= 3 else f"{choice.keys[0]} … ({len(choice.keys)} arrays)"
+    text = f"{strategy} compared {shown}"
+    if choice.scores:
+        others = ", ".join(f"{s['layer']} {_score(s['silhouette'])}" for s in choice.scores if s["layer"] != choice.chosen)
+        best = next(s for s in choice.scores if s["layer"] == choice.chosen)
+        text += (f" (chosen by evidence: best-cut silhouette {_score(best['silhouette'])} against "
+                 f"{best['required']:.2f} needed; other layers {others})")
+    elif choice.rule != EVIDENCE:
+        text += f" (cluster-layers = {choice.rule})"
+    if choice.silent:
+        names = ", ".join(choice.silent[:4]) + (f" and {len(choice.silent) - 4} more" if len(choice.silent) > 4 else "")
+        text += f"; left out, no client changed them: {names}"
+    return text
+
+
+def no_structure_advice(choice: Any, strategy: str, silhouette: float | None, required: float | None,
+                        paper_rule: str) -> str:
+    """The one-cluster sentence of the clustering round: on which arrays, the score against
+    the bar, and the setting most likely to change it."""
+    layer = choice.chosen or (choice.keys[0].rsplit(".", 1)[0] if choice.keys else "?")
+    bar = "" if required is None else f" < {required:.2f}"
+    if choice.scores:  # every candidate was scored and none showed groups
+        hint = "the clients may share one task; if they should not, try HiCFL or CFL (they compare every round)"
+    else:
+        other = next(r for r in (paper_rule, "all") if r != choice.rule)
+        hint = f"try cluster_layers={EVIDENCE!r} (each layer scored) or {other!r}, or HiCFL"
+    return f"{strategy}: one cluster, no structure on {layer} (best silhouette {_score(silhouette)}{bar}); {hint}"
+
+
+def cut_decision(decision: str | None, state: Any, params: Any, info: dict[str, Any], strategy: str,
+                 paper_rule: str) -> str:
+    """The clustering round's ``decision`` after a cut that left one cluster: ``decision``
+    (the compared arrays, when said) and which arrays, the score against the bar, the
+    setting most likely to change it."""
+    required = info.get("auto_required_silhouette", params.auto_min_silhouette if params.lambda_ == "auto" else None)
+    said = no_structure_advice(state.layer_choice, strategy, info.get("auto_best_silhouette"), required, paper_rule)
+    return "; ".join(text for text in (decision, said) if text)
+
+
+# ------------------------------------------------------------- one cluster at the end
+def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | None:
+    """Why the run ended with one cluster (None when it has more); ``reasons``: the
+    strategy's reason code -> sentence."""
+    if len(set(state.assignment.values())) > 1:
+        return None
+    if not state.clustered:
+        return reasons["not_clustered"]
+    best = state.clustering_state.get("auto_best_silhouette")
+    if params.lambda_ == "auto":
+        shown = "none (fewer than 3 clients)" if best is None else f"{best:.3f}"
+        reference = state.clustering_state.get("auto_reference_silhouette")
+        noise = "" if reference is None else f", group-free data of this size reaches {reference:.3f}"
+        return (f"{reasons['silhouette']} (best silhouette {shown}, "
+                f"auto-min-silhouette {params.auto_min_silhouette}{noise}; compared "
+                f"{', '.join(state.layer_choice.keys)})")
+    return f"{reasons['threshold']} (lambda {params.lambda_})"
+
+
+def fedclust_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | None:
+    """The one-cluster reason, with the clients the last re-cut saw."""
+    reason = one_cluster_reason(state, params, reasons)
+    if reason and state.recuts:
+        reason += f" (cut again on a grown sample: last on {state.recuts[-1]['clients']} clients)"
+    return reason
+
+
+def adacfl_reason(state: Any, params: Any, reasons: dict[str, str], sizes: dict[str, int]) -> str | None:
+    """The one-cluster reason, with the clients the clustering step saw (a sample under
+    partial participation) and their median size (``sizes``: client key -> examples): a
+    small sample of small clients is where the silhouette cannot beat group-free data."""
+    reason = one_cluster_reason(state, params, reasons)
+    if reason is None or not state.clustered:
+        return reason
+    keys = state.clustering_state.get("client_order", [])
+    known = [sizes[key] for key in keys if key in sizes]
+    median = f", median {float(np.median(known)):g} examples each" if known else ""
+    joined = len(state.newcomer_log)
+    later = (f"; the paper clusters once, and the {joined} clients placed later joined its one cluster "
+             f"(epsilon auto is infinite with one reference)" if joined else "")
+    clustering_round = state.clustering_state.get("clustering_round")
+    return f"{reason}; the clustering step in round {clustering_round} saw {len(keys)} clients{median}{later}"
+
+
+def one_cluster_advice(state: Any) -> str:
+    """The one setting most likely to change a one-cluster ending."""
+    if not state.clustered:
+        return "a longer round timeout or more clients (nobody replied to the clustering step)"
+    if state.layer_choice.scores:
+        return "HiCFL or CFL (they compare every round), or a lower auto-min-silhouette if the groups are close"
+    return "cluster_layers='auto' (each layer scored) or HiCFL"
+
+
+# ------------------------------------------------------------- the number of clusters
+def fedclust_count_basis(state: Any, params: Any) -> str | None:
+    """The clustering step's own evidence for the number of clusters: λ and how it was
+    chosen, the cut's silhouette, the arrays compared (None before the step ran)."""
+    if not state.clustered:
+        return None
+    cs, k = state.clustering_state, len(set(state.assignment.values()))
+    silhouette = cs.get("silhouette")
+    cut = (f"lambda {float(cs['lambda']):.3g} as given" if params.lambda_ != "auto" else
+           f"lambda auto {float(cs['lambda']):.3g}, the best-silhouette cut")
+    shown = "" if silhouette is None else f" at silhouette {silhouette:.3f}"
+    return (f"{k} clusters: {cut}{shown} of {len(cs.get('client_order', []))} clients on "
+            f"{', '.join(state.layer_choice.keys)}")
+
+
+def adacfl_count_basis(state: Any, params: Any) -> str | None:
+    """Why the run ended with this many clusters, from the cut's own evidence (λ and how it
+    was chosen, silhouettes, pre-clusters, merges, clusters that newcomers founded); None
+    before the clustering step."""
+    if not state.clustered:
+        return None
+    cut = state.clustering_state  # what the clustering step recorded
+    final = len(set(state.assignment.values()))
+    how = _adacfl_lambda(cut, params)
+    pre = len(cut.get("precluster_cuts", [])) or 1
+    at_clustering = len(set(cut["labels"]))
+    within = cut.get("clusters_within_preclusters", at_clustering)
+    if pre > 1:
+        if not params.precluster_merge:
+            merged = ", their union kept (precluster-merge = false)"
+        elif cut.get("auto_clusters") == 1:
+            merged = ", kept apart: the weights show no structure to merge them by"
+        elif within != at_clustering:
+            merged = f", merged across pre-clusters at lambda to {at_clustering}"
+        else:
+            merged = ", none of them within lambda of another"
+        steps = f"; cut inside {pre} entropy pre-clusters into {within} clusters{merged}"
+    else:
+        steps = f"; one pre-cluster, cut into {at_clustering} clusters"
+    founded = sum(1 for entry in state.newcomer_log if entry.get("new_cluster"))
+    later = f"; {founded} more founded by newcomers farther than epsilon" if founded else ""
+    gone = at_clustering + founded - final
+    emptied = f"; {gone} left without members" if gone > 0 else ""
+    return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{emptied}."
+
+
+def _adacfl_lambda(cut: dict[str, Any], params: Any) -> str:
+    """How AdaCFL's λ was chosen, from what its cut recorded."""
+    lam = float(cut["lambda"])
+    if "auto_clusters" not in cut:
+        how = f"lambda {lam:.3g} as given"
+    elif cut["auto_clusters"] < 2:
+        best = cut.get("auto_best_silhouette")
+        how = (f"lambda auto {lam:.3g}: one cluster, the best cut's silhouette "
+               f"{'none' if best is None else f'{best:.3f}'} below the required "
+               f"{cut.get('auto_required_silhouette') or params.auto_min_silhouette:.3f}")
+    elif cut["auto_clusters"] == cut["auto_best_clusters"]:
+        how = (f"lambda auto {lam:.3g}: the best-silhouette cut of all {len(cut['client_order'])} clients, "
+               f"{cut['auto_clusters']} clusters at silhouette {cut['auto_silhouette']:.3f}")
+    else:
+        how = (f"lambda auto {lam:.3g}: {cut['auto_clusters']} clusters at silhouette "
+               f"{cut['auto_silhouette']:.3f}, the fewest within auto-tolerance {cut['auto_tolerance']:g} of "
+               f"the best cut ({cut['auto_best_clusters']} clusters at {cut['auto_best_silhouette']:.3f})")
+    if cut.get("auto_max_clusters"):
+        how += (f" (at most {cut['auto_max_clusters']} clusters: the best cut beat only the group-free "
+                f"reference {cut['auto_reference_silhouette']:.3f}, not auto-min-silhouette "
+                f"{params.auto_min_silhouette})")
+    return how
+
+
+def _score(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
