@@ -4,7 +4,8 @@ Syntax and ranges are checked by the config schema; here: the partition is feasi
 the chosen data set (when the server has the data: in simulation, or a deployment whose
 server holds it too), the output folder can be written, the model fits the data set, a
 checkpoint to resume from is usable. (Keys the chosen strategy does not read are named
-when the config is parsed.)
+when the config is parsed.) A run that passes is turned here, once, into what the runner
+takes (``Checked``), which the application hands down as it is.
 """
 
 from __future__ import annotations
