@@ -5,19 +5,19 @@ Construct one in your own ServerApp where ``FedAvg(...)`` stood::
     from clusterfed import FedClust
     result = FedClust(fraction_train=1.0).start(grid=grid, initial_arrays=arrays, num_rounds=20)
 
-The strategies are imported on first use, so ``import clusterfed`` stays light. Every
-strategy registered in ``clusterfed.strategies.REGISTRY`` from that package is a public name
-under its class name (``FedClust``, ``CFL``, …), read from the registry: adding one adds
-no line here. ``clusterfed.__version__`` is the installed package's version. ``dir(clusterfed)`` lists every public name; type checkers read the
-generated stub ``__init__.pyi`` (``python -m clusterfed.reference --write``).
+The strategies are imported on first use (``clusterfed.lazy``), so ``import clusterfed`` stays
+light. Every strategy registered in ``clusterfed.strategies.REGISTRY`` from that package is a
+public name under its class name (``FedClust``, ``CFL``, …), read from the registry: adding one
+adds no line here. ``clusterfed.__version__`` is the installed package's version.
+``dir(clusterfed)`` lists every public name; type checkers read the generated stub
+``__init__.pyi`` (``python -m clusterfed.reference --write``).
 """
 
 from __future__ import annotations
 
-from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
-from clusterfed import strategy_protocol
+from clusterfed import lazy
 from clusterfed.strategies import public_strategies
 
 try:
@@ -25,55 +25,40 @@ try:
 except PackageNotFoundError:  # imported from a source tree that was never installed
     __version__ = "0+unknown"
 
-
-
-def _load_runner() -> strategy_protocol.StrategyRunner:
-    """The runner behind every strategy's ``start`` and single-phase hooks. The package root is
-    the one module that knows both ``strategies/`` and ``runner/``, so it wires them: a strategy
-    reaches the runner through ``strategy_protocol.runner()`` without importing it, and it is
-    loaded on a strategy's first ``start`` (it loads scikit-learn, through the run recorder)."""
-    from clusterfed.runner import strategy_runner
-
-    return strategy_runner
-
-
-strategy_protocol.install_runner(_load_runner)
-
-# the public names that are not strategies: name -> the module that defines it
-_SUPPORT = {
-    "ClusteredStrategy": "clusterfed.strategies.base",
-    "ClusteredResult": "clusterfed.strategies.base",
-    "StrategyParams": "clusterfed.strategies.base",
-    "ClusteredState": "clusterfed.strategies.base",
-    "StrategyParamsError": "clusterfed.strategies.base",
-    "CapabilityError": "clusterfed.strategies.base",
-    "ClientFailureError": "clusterfed.strategies.base",
-    "ModelMismatchError": "clusterfed.strategies.base",
-    "Ask": "clusterfed.strategies.exchange",
-    "TrainReply": "clusterfed.strategies.exchange",
-    "ClientInfo": "clusterfed.strategies.exchange",
-    "inprocess_grid": "clusterfed.simulation",
-    "compared_names": "clusterfed.models.parameters",
-    "trainable_names": "clusterfed.models.parameters",
-    "select_layers": "clusterfed.models.layers",
+# the public names that are not strategies: name -> its import path (``clusterfed.lazy``)
+PUBLIC_SUPPORT = {
+    "ClusteredStrategy": "clusterfed.strategies.base:ClusteredStrategy",
+    "ClusteredResult": "clusterfed.strategies.base:ClusteredResult",
+    "StrategyParams": "clusterfed.strategies.base:StrategyParams",
+    "ClusteredState": "clusterfed.strategies.base:ClusteredState",
+    "StrategyParamsError": "clusterfed.strategies.base:StrategyParamsError",
+    "CapabilityError": "clusterfed.strategies.base:CapabilityError",
+    "ClientFailureError": "clusterfed.strategies.base:ClientFailureError",
+    "ModelMismatchError": "clusterfed.strategies.base:ModelMismatchError",
+    "Ask": "clusterfed.strategies.exchange:Ask",
+    "TrainReply": "clusterfed.strategies.exchange:TrainReply",
+    "ClientInfo": "clusterfed.strategies.exchange:ClientInfo",
+    "inprocess_grid": "clusterfed.simulation:inprocess_grid",
+    "compared_names": "clusterfed.models.parameters:compared_names",
+    "trainable_names": "clusterfed.models.parameters:trainable_names",
+    "select_layers": "clusterfed.models.layers:select_layers",
 }
 
 
+def _paths() -> dict[str, str]:
+    """Every public name -> its import path: the registered strategies, then ``PUBLIC_SUPPORT``."""
+    return {**{name: f"{module}:{name}" for name, module in public_strategies().items()}, **PUBLIC_SUPPORT}
+
+
 def _public() -> dict[str, str]:
-    """Every public name -> its module: the registered strategies, then ``_SUPPORT``."""
-    return {**public_strategies(), **_SUPPORT}
+    """Every public name -> the module that defines it (what the generated stub imports)."""
+    return {name: path.partition(":")[0] for name, path in _paths().items()}
 
 
-def __getattr__(name: str):
-    public = _public()
-    if name == "__all__":  # from the registry as it is now
-        return list(public)
-    if name in public:
-        return getattr(import_module(public[name]), name)
-    raise AttributeError(f"module 'clusterfed' has no attribute {name!r}")
+__getattr__ = lazy.attributes(__name__, _paths)  # ``__all__`` too: from the registry as it is now
 
 
 def __dir__() -> list[str]:
-    own = set(globals()) - {"import_module", "annotations", "public_strategies", "_SUPPORT", "_public", "version",
-                            "PackageNotFoundError", "strategy_protocol", "_load_runner"}
-    return sorted(own | set(_public()) | {"__all__"})
+    own = set(globals()) - {"annotations", "lazy", "public_strategies", "PUBLIC_SUPPORT", "_paths", "_public",
+                            "version", "PackageNotFoundError"}
+    return sorted(own | set(_paths()) | {"__all__"})

@@ -137,6 +137,8 @@ class RunConfig(BaseModel):
 
     # the chosen strategy's Params, validated once when the config is (``_strategy_params``)
     _params: StrategyParams | None = PrivateAttr(None)
+    # the class ``strategy`` names, resolved once with the config (``_strategy_params``)
+    _strategy_cls: type | None = PrivateAttr(None)
 
     @field_validator("dataset")
     @classmethod
@@ -171,7 +173,7 @@ class RunConfig(BaseModel):
         """The chosen strategy's ``Params`` from the shared run keys and its own values (handed
         in by ``parse_config`` as the validation context ``strategy_params``): validated here,
         once, by the strategy's own schema."""
-        cls = strategy_class(self.strategy)
+        cls = self._strategy_cls = strategy_class(self.strategy)
         if issubclass(cls, ClusteredStrategy):
             given = (info.context or {}).get("strategy_params", {})
             if self.preset == "paper":
@@ -222,9 +224,16 @@ class RunConfig(BaseModel):
         return own_values(self._params) if self._params is not None else {}
 
     @property
+    def strategy_cls(self) -> type:
+        """The class that implements ``strategy`` (resolved when the config was validated)."""
+        if self._strategy_cls is None:  # a config made without validation (model_construct)
+            self._strategy_cls = strategy_class(self.strategy)
+        return self._strategy_cls
+
+    @property
     def namespace(self) -> str:
         """The prefix of the chosen strategy's parameters in a run config (its ``name``)."""
-        return getattr(strategy_class(self.strategy), "name", self.strategy)
+        return getattr(self.strategy_cls, "name", self.strategy)
 
     def to_flower(self) -> dict[str, bool | int | float | str]:
         """Kebab-case scalar dict, the shape of a Flower run config: the run keys and the
@@ -240,7 +249,7 @@ class RunConfig(BaseModel):
         ``Params`` validated with this config (not validated again), or Flower's own FedAvg
         (``flwr-fedavg``) reading this config and recording into ``recorder`` (a ``RunRecorder``;
         a clustered strategy's driver records)."""
-        cls = strategy_class(self.strategy)
+        cls = self.strategy_cls
         return cls(self._params) if issubclass(cls, ClusteredStrategy) else cls(self, recorder)
 
 

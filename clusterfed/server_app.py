@@ -9,21 +9,20 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from flwr.app import ConfigRecord, Context
+from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from clusterfed import protocol
 from clusterfed.config import ConfigError, RunConfig, parse_config
 from clusterfed.report.watchers import make_watchers, parse_log_to
 from clusterfed.results import RunRecorder
 from clusterfed.runner import CheckpointError
 from clusterfed.runner import strategy_runner
-from clusterfed.runner.driver import RunOptions
 from clusterfed.runner.preflight import Checked, check_model, preflight
 from clusterfed.runner.transport import wait_for_nodes
 from clusterfed.strategies.base import (
@@ -105,39 +104,29 @@ def run_server(grid: Grid, config: RunConfig | Checked, *, stream: TextIO | None
     are profiled and placed by the algorithm, unreachable ones are marked absent."""
     started = time.perf_counter()
     checked = config if isinstance(config, Checked) else preflight(config, announce=True)
-    # the checked config is read here, once, and handed down as what each part takes: the
-    # strategy its Params, the driver its RunOptions, the recorder and the clients the flat keys
-    config, initial = checked.config, checked.initial
+    # the checked run is handed down as preflight made it: the strategy its Params, the driver
+    # its RunOptions (with this app's recorder and deployment), start its arguments, the
+    # clients (in the train and evaluate configs) the task spec
+    config = checked.config
     if deployment:
         online = wait_for_min_clients(grid, config.min_clients or config.num_clients, config.wait_timeout)
         log(logging.INFO, "clusterfed: %d SuperNodes up, starting", online)
     else:
         wait_for_federation(grid, config.num_clients, node_wait_seconds)
     out = Path(config.out_dir).resolve()
-    flat = config.to_flower()
-    recorder = RunRecorder(out, flat, stream=stream, watchers=make_watchers(parse_log_to(config.log_to)))
+    recorder = RunRecorder(out, checked.flat, stream=stream, watchers=make_watchers(parse_log_to(config.log_to)))
     strategy = config.build_strategy(recorder)
     start, driver = strategy.start, None
     if isinstance(strategy, ClusteredStrategy):  # the app hands its options to the driver, not to the strategy
-        driver = strategy_runner.new_driver(strategy, RunOptions(
-            recorder=recorder, deployment=deployment, checkpoint=config.checkpoint, resume_from=config.resume_from,
-            resume_state=checked.checkpoint, absent_after=config.absent_after, probe_timeout=config.probe_timeout,
-            newcomer_fraction=config.newcomer_fraction, newcomer_round=config.newcomer_round, seed=config.seed,
-            run_config=flat))
+        driver = strategy_runner.new_driver(strategy, replace(checked.options, recorder=recorder, deployment=deployment))
         start = driver.start
-    # the built-in task's configs: the data/model spec every client rebuilds its partition and
-    # model from (simulation via the Python API gives clients an empty run config, so the spec
-    # travels in the messages), plus local epochs and lr
-    spec = protocol.client_spec(flat)
-    train_config = ConfigRecord({**spec, "local-epochs": config.local_epochs, "lr": config.lr})
     if status is not None:
         recorder.on_round = status.heartbeat
         status.rounds = config.rounds
         status.devices = lambda: driver.members.device_report() if driver is not None else {}
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
-    start(grid, initial, num_rounds=config.rounds, timeout=config.timeout, train_config=train_config,
-          evaluate_config=ConfigRecord(spec))
+    start(grid, checked.initial, **checked.start_args())
     summary = recorder.finish(time.perf_counter() - started, strategy.final_clusters())
     if hasattr(strategy, "cluster_models"):
         export_models(out, strategy.cluster_models())

@@ -72,8 +72,10 @@ def make_server_app(checked: Checked, stream: TextIO | None, result: dict[str, A
 def simulate(config: RunConfig | Checked, *, engine: str = "flower", stream: TextIO | None = sys.stdout,
              client_app=None) -> dict[str, Any]:
     """Run one experiment; returns the summary (also written to ``out-dir``). ``config``: the
-    run config, checked before any node starts, or ``preflight``'s ``Checked`` when the caller
-    checked it already (an experiment's grid: not checked twice)."""
+    run config, checked here once (``preflight``) before any node starts, or ``preflight``'s
+    ``Checked`` when the caller checked it already (an experiment's grid: not checked twice).
+    What is checked is handed down as it is: the grid, the ServerApp and the driver take their
+    parts of it."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} is not one of {ENGINES}")
     if client_app is None:
@@ -83,13 +85,12 @@ def simulate(config: RunConfig | Checked, *, engine: str = "flower", stream: Tex
     # reported here, once, before any node starts (DatasetNotFoundError names the layout),
     # and so is every other problem the server can see (one ConfigError listing them all)
     load_source(run.dataset, run.data_dir or None)
-    if engine == "inprocess":  # run_server checks the run before it contacts a client
+    checked = config if isinstance(config, Checked) else preflight(config, announce=True)  # before a node starts
+    if engine == "inprocess":
         from clusterfed.server_app import run_server
 
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
-        grid = InProcessGrid(client_app, run.num_clients, timeout=run.timeout, client_batching=run.client_batching)
-        return run_server(grid, config, stream=stream, node_wait_seconds=0)
-    checked = config if isinstance(config, Checked) else preflight(config, announce=True)  # before Ray starts
+        return run_server(InProcessGrid.for_run(client_app, checked), checked, stream=stream, node_wait_seconds=0)
     return _simulate_flower(checked, stream, client_app)
 
 

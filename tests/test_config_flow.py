@@ -99,10 +99,12 @@ def test_a_runs_config_passes_each_module_once(tmp_path):
     config = tiny_run(tmp_path)
     stays = trace_config(lambda: simulate(config, engine="inprocess", stream=None))
     # before options were owned once: 26 stays in 15 modules, 8 returns up; then 8 stays in 7
-    # modules, 1 return up (the server app took the config back after preflight); now the
-    # server app reads the checked config once and hands each part what it takes
-    assert [module for module, _, _ in stays][:3] == ["clusterfed/simulation", "clusterfed/server_app",
+    # modules, 1 return up (the server app took the config back after preflight); then the
+    # server app read the checked config once and handed each part what it takes; now simulate
+    # checks it at the top (both engines) and hands the checked run down
+    assert [module for module, _, _ in stays][:2] == ["clusterfed/simulation",
                                                       "clusterfed/runner/preflight"], describe(stays)
+    assert "clusterfed/server_app" in [module for module, _, _ in stays], describe(stays)
     assert all(count == 1 for count in Counter(module for module, _, _ in stays).values()), describe(stays)
     assert not [module for module, _, up in stays if up], describe(stays)
     assert (tmp_path / "summary.json").is_file()
@@ -156,7 +158,8 @@ def test_an_experiments_grid_checks_each_run_once_and_hands_the_checked_config_t
     assert len(starts) == 2, describe(stays)
     for start in starts:  # a run, from simulate until the grid takes over again: no check, each module once
         run = modules[start:modules.index("clusterfed/experiments/grids", start)]
-        assert run[:2] == ["clusterfed/simulation", "clusterfed/server_app"], describe(stays)
+        assert run[:3] == ["clusterfed/simulation", "clusterfed/runner/inprocess", "clusterfed/server_app"], \
+            describe(stays)
         assert "clusterfed/runner/preflight" not in run and "clusterfed/config" not in run, describe(stays)
         assert len(set(run)) == len(run), describe(stays)
     assert (tmp_path / "out" / "grid" / "comparison.csv").is_file()
@@ -193,3 +196,70 @@ def test_a_strategy_takes_validated_params_as_they_are_and_only_its_own():
     assert FedClust(params, seed=5).params.seed == 5 and FedClust(params, seed=5).params.lambda_ == 0.7
     with pytest.raises(StrategyParamsError, match="fedclust"):
         FedClust(parse_config({"strategy": "cfl"}).params)
+
+
+# the modules of the built-in app above the runner: the run config comes down through them
+APP_MODULES = ("clusterfed/cli", "clusterfed/simulation", "clusterfed/server_app", "clusterfed/client_app")
+WATCHED = ("parse_config", "preflight", "RunConfig.to_flower", "RunOptions.__init__")
+
+
+def cli_run_calls(argv) -> tuple[Counter, list[tuple[str, str]]]:
+    """(how often each of ``WATCHED`` ran, each call from ``APP_MODULES`` into ``clusterfed.runner``
+    as (caller, callee)) while ``clusterfed <argv>`` runs."""
+    from clusterfed.cli import main
+
+    counts: Counter = Counter()
+    into_runner: list[tuple[str, str]] = []
+
+    def module_of(code) -> str | None:
+        if not code.co_filename.startswith(str(PACKAGE)):
+            return None
+        return Path(code.co_filename).relative_to(PACKAGE.parent).with_suffix("").as_posix()
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        if code.co_qualname in WATCHED:
+            counts[code.co_qualname] += 1
+        elif code.co_name == "__init__" and type(frame.f_locals.get("self")).__name__ == "RunOptions":
+            counts["RunOptions.__init__"] += 1  # a dataclass's __init__, compiled from a string
+        callee = module_of(code)
+        if (callee is not None and callee.startswith("clusterfed/runner/") and frame.f_back is not None
+                and not code.co_qualname.startswith("Checked.")):  # the handed-down run's own accessors
+            caller = module_of(frame.f_back.f_code)
+            if caller in APP_MODULES:
+                into_runner.append((f"{caller}:{frame.f_back.f_code.co_qualname}", f"{callee}:{code.co_qualname}"))
+
+    sys.setprofile(profile)
+    try:
+        assert main(argv) == 0
+    finally:
+        sys.setprofile(None)
+    return counts, into_runner
+
+
+@pytest.mark.end_to_end
+def test_clusterfed_run_builds_the_run_once_and_hands_it_down(tmp_path):
+    """``clusterfed run``: the config is parsed once (``config.py``, its owner), checked and turned
+    into the runner's terms once (``preflight``: the flat config, the driver's ``RunOptions``, the
+    clients' train and evaluate configs), and handed down as it is. The app's modules enter the
+    runner once per part it takes, never with the config's fields one by one (before: the grid,
+    the driver's options and start were given 13 fields read off the config in simulate and
+    run_server, the config was preflighted inside run_server, and made flat twice)."""
+    values = tiny_run(tmp_path).to_flower()
+    argv = ["run", "--engine", "inprocess", "--out", str(tmp_path)]
+    for key in ("strategy", "dataset", "num-clients", "num-groups", "label-groups", "rounds", "log-to"):
+        argv += ["--set", f"{key}={values[key]!r}" if isinstance(values[key], str) else f"{key}={values[key]}"]
+    counts, into_runner = cli_run_calls(argv)
+    # the RunOptions copy run_server adds its recorder to is dataclasses.replace's, the second __init__
+    assert counts == Counter({"parse_config": 1, "preflight": 1, "RunConfig.to_flower": 1,
+                              "RunOptions.__init__": 2}), counts
+    assert into_runner == [
+        ("clusterfed/simulation:simulate", "clusterfed/runner/preflight:preflight"),  # the config, once
+        ("clusterfed/simulation:simulate", "clusterfed/runner/inprocess:InProcessGrid.for_run"),  # the checked run
+        ("clusterfed/server_app:wait_for_federation", "clusterfed/runner/transport:wait_for_nodes"),
+        ("clusterfed/server_app:run_server", "clusterfed/runner/strategy_runner:new_driver"),  # checked.options
+        ("clusterfed/server_app:run_server", "clusterfed/runner/driver:RoundDriver.start"),  # checked.start_args()
+    ], into_runner
+    assert (tmp_path / "summary.json").is_file() and (tmp_path / "rounds.jsonl").is_file()

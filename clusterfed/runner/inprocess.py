@@ -28,6 +28,7 @@ import time
 import types
 import uuid
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Error, Message, Metadata, MetricRecord, RecordDict
 from flwr.common.constant import ErrorCode
@@ -35,6 +36,9 @@ from flwr.serverapp import Grid
 
 from clusterfed import faults
 from clusterfed.runner.batched_clients import BatchedClients, Prepared
+
+if TYPE_CHECKING:
+    from clusterfed.runner.preflight import Checked
 
 
 # Flower's message classes: plain objects whose state is their ``__dict__`` (no pickle hooks)
@@ -99,6 +103,13 @@ class InProcessGrid(Grid):
             for i, node in enumerate(self.node_ids)
         }
         self.pending: dict[str, Message] = {}
+
+    @classmethod
+    def for_run(cls, client_app, checked: Checked) -> InProcessGrid:
+        """The federation a checked run asks for: ``num-clients`` nodes calling ``client_app``,
+        replies late past the round ``timeout``, the run's ``client-batching``."""
+        config = checked.config
+        return cls(client_app, config.num_clients, timeout=config.timeout, client_batching=config.client_batching)
 
     @property
     def run(self):  # pragma: no cover - not used by clusterfed

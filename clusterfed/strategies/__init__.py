@@ -12,15 +12,15 @@ run config, or by name once its package declares an entry point in the
 mystrategy = "package.module:Class"``). Either must subclass ``ClusteredStrategy``.
 
 What a strategy module needs is importable from here (``from clusterfed.strategies import
-ClusteredStrategy, Steps, steps, select_layers, upload_names``), loaded on first use; see
-``AUTHOR_KIT`` and docs/library.md, "Writing a strategy".
+ClusteredStrategy, Steps, steps, select_layers, upload_names``), loaded on first use
+(``clusterfed.lazy``); see ``AUTHOR_KIT`` and docs/library.md, "Writing a strategy".
 """
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING
 
+from clusterfed import lazy
 from clusterfed.strategies.registry import (
     ENTRY_POINT_GROUP,
     REGISTRY,
@@ -31,35 +31,35 @@ from clusterfed.strategies.registry import (
     strategy_names,
 )
 
-# what a strategy module is written with: name -> the module that defines it
+# what a strategy module is written with: name -> its import path (``clusterfed.lazy``)
 AUTHOR_KIT = {
     # the base and its declarations
-    "ClusteredStrategy": "clusterfed.strategies.base",
-    "StrategyParams": "clusterfed.strategies.base",
-    "ClusteredState": "clusterfed.strategies.base",
-    "StrategyParamsError": "clusterfed.strategies.base",
-    "MULTI_MODEL": "clusterfed.strategies.base",
-    "LABEL_STATS": "clusterfed.strategies.base",
+    "ClusteredStrategy": "clusterfed.strategies.base:ClusteredStrategy",
+    "StrategyParams": "clusterfed.strategies.base:StrategyParams",
+    "ClusteredState": "clusterfed.strategies.base:ClusteredState",
+    "StrategyParamsError": "clusterfed.strategies.base:StrategyParamsError",
+    "MULTI_MODEL": "clusterfed.strategies.base:MULTI_MODEL",
+    "LABEL_STATS": "clusterfed.strategies.base:LABEL_STATS",
     # hooks that ask clients for work
-    "Steps": "clusterfed.strategies.base",
-    "steps": "clusterfed.strategies.base",
-    "Ask": "clusterfed.strategies.exchange",
-    "Replies": "clusterfed.strategies.exchange",
-    "TrainReply": "clusterfed.strategies.exchange",
-    "ClientInfo": "clusterfed.strategies.exchange",
-    "Arrays": "clusterfed.strategies.exchange",
-    "weighted_average": "clusterfed.strategies.exchange",
-    "natural": "clusterfed.strategies.exchange",
+    "Steps": "clusterfed.strategies.base:Steps",
+    "steps": "clusterfed.strategies.base:steps",
+    "Ask": "clusterfed.strategies.exchange:Ask",
+    "Replies": "clusterfed.strategies.exchange:Replies",
+    "TrainReply": "clusterfed.strategies.exchange:TrainReply",
+    "ClientInfo": "clusterfed.strategies.exchange:ClientInfo",
+    "Arrays": "clusterfed.strategies.exchange:Arrays",
+    "weighted_average": "clusterfed.strategies.exchange:weighted_average",
+    "natural": "clusterfed.strategies.exchange:natural",
     # partial upload: which arrays, asked how, stacked how
-    "select_layers": "clusterfed.models.layers",
-    "LAYER_RULES": "clusterfed.models.layers",
-    "compared_names": "clusterfed.models.parameters",
-    "upload_names": "clusterfed.protocol",
-    "parse_upload": "clusterfed.protocol",
-    "UPLOAD_FULL": "clusterfed.protocol",
-    "RETURN_WEIGHTS": "clusterfed.protocol",
-    "RETURN_UPDATE": "clusterfed.protocol",
-    "stack_partials": "clusterfed.clustering.distances",
+    "select_layers": "clusterfed.models.layers:select_layers",
+    "LAYER_RULES": "clusterfed.models.layers:LAYER_RULES",
+    "compared_names": "clusterfed.models.parameters:compared_names",
+    "upload_names": "clusterfed.protocol:upload_names",
+    "parse_upload": "clusterfed.protocol:parse_upload",
+    "UPLOAD_FULL": "clusterfed.protocol:UPLOAD_FULL",
+    "RETURN_WEIGHTS": "clusterfed.protocol:RETURN_WEIGHTS",
+    "RETURN_UPDATE": "clusterfed.protocol:RETURN_UPDATE",
+    "stack_partials": "clusterfed.clustering.distances:stack_partials",
 }
 
 if TYPE_CHECKING:  # what IDEs and type checkers read; at run time each is imported on first use
@@ -80,10 +80,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers read; at run time each is impor
     from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo, Replies, TrainReply, natural, weighted_average
 
 
-def __getattr__(name: str):
-    if name in AUTHOR_KIT:
-        return getattr(import_module(AUTHOR_KIT[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy.attributes(__name__, AUTHOR_KIT)
 
 
 __all__ = ["AUTHOR_KIT", "ENTRY_POINT_GROUP", "REGISTRY", "UnknownStrategyError", "clustered_classes",

@@ -1,15 +1,16 @@
 """The strategy registry: run-config name -> the class that implements it, as import paths
-resolved when a run starts (a strategy's module, and what it imports, is loaded only when it
-is used), plus the strategies installed packages declare as entry points. Every entry but
-``flwr-fedavg`` is a ``ClusteredStrategy``; ``flwr-fedavg`` is Flower's own FedAvg, unchanged,
+resolved when a run starts by ``clusterfed.lazy.load`` (a strategy's module, and what it
+imports, is loaded only when it is used), plus the strategies installed packages declare as
+entry points. Every entry but ``flwr-fedavg`` is a ``ClusteredStrategy``; ``flwr-fedavg`` is Flower's own FedAvg, unchanged,
 kept as the reference our measurements are checked against. Re-exported by
 ``clusterfed.strategies``; imports no strategy code, so the base's parameter errors can name the
 strategies that have a parameter without a cycle."""
 
 from __future__ import annotations
 
-from importlib import import_module
 from importlib.metadata import entry_points
+
+from clusterfed import lazy
 
 REGISTRY = {
     "fedavg": "clusterfed.strategies.fedavg:FedAvg",
@@ -48,14 +49,11 @@ def _load(path: str, origin: str) -> type:
     if not module_name or not attribute:
         raise UnknownStrategyError(f"{origin} {path!r} is not of the form 'package.module:Class'")
     try:
-        module = import_module(module_name)
+        return lazy.load(path)
     except ImportError as error:
         raise UnknownStrategyError(f"{origin} {path!r}: module {module_name!r} cannot be imported ({error})") from None
-    try:
-        cls = getattr(module, attribute)
-    except AttributeError:
+    except lazy.MissingName:
         raise UnknownStrategyError(f"{origin} {path!r}: module {module_name!r} has no {attribute!r}") from None
-    return cls
 
 
 def is_clustered(cls: object) -> bool:
