@@ -1,8 +1,10 @@
 """LayerCFL (layer-wise clustered federated learning; "LayerCFL: efficient clustered federated
 learning with layer-wised clustering", the paper's Algorithm 2).
 
-Sattler's CFL procedure (``cfl.py``: same criteria, timing, complete-linkage
-bi-partition, acceptance test and merging) with two changes:
+Sattler's CFL procedure (Algorithm 2 is Algorithm 1 with lines 2 and 3 changed): the shared
+tree (``bipartitioning.py``: criteria, timing, merging) with CFL's split decision
+(``cfl.decide``: complete-linkage bi-partition and acceptance test), composed, not inherited,
+with two changes:
 
 1. the cosine similarity is computed on the updates of the selected layers only:
    ``skew = feature`` → ``conv`` (last conv layer), ``label`` → ``fc`` (first fully
@@ -39,7 +41,7 @@ Uplink: the protocol aggregates full updates every round, so every member upload
 whole update anyway and the split decision reads the selected layers out of that same
 upload — LayerCFL saves no uplink here. It would only save uplink in a protocol with
 rounds that do not aggregate. (Newcomers placed after a split do upload only the
-selected layers: ``tree_descent.py``.)
+selected layers: ``bipartitioning.py``.)
 
 Partial participation (``fraction-train`` < 1): as CFL (``cfl.py``) — criteria and split
 on this round's repliers; a member that did not reply follows its latest update of the
@@ -50,14 +52,26 @@ by the newcomer descent from that split when next sampled.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from functools import cached_property, partial
+from typing import Any, ClassVar, Literal
 
-import numpy as np
 from pydantic import Field
 
-from clusterfed.clustering.layercfl import CheckResult, correct_clustering_check
+from clusterfed.clustering.layercfl import correct_clustering_check
+from clusterfed.explain import bipartition as explain
 from clusterfed.models.layers import select_layers
-from clusterfed.strategies.cfl import CFL, CFLParams, CFLState
+from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategies.bipartitioning import BiPartitionTree, placements
+from clusterfed.strategies.cfl import (
+    PAPER_CFL,
+    CFLParams,
+    CFLState,
+    decide,
+    keep_vectors,
+    pooled_vectors,
+    similarity_decay,
+)
+from clusterfed.strategies.exchange import RETURN_UPDATE, Diagnostics, TrainReply
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
 
@@ -68,6 +82,11 @@ def _has_layer(arrays, rule: str, compare) -> bool:
     except ValueError:
         return False
     return True
+
+
+def selected_layers(state: LayerCFLState) -> list[str]:
+    """LayerCFL's decision arrays: the selected layers."""
+    return state.selected_names
 
 
 class LayerCFLParams(CFLParams):
@@ -85,14 +104,18 @@ class LayerCFLState(CFLState):
     selected_names: list[str] = field(default_factory=list)
 
 
-class LayerCFL(CFL):
-    """LayerCFL: CFL's splits decided on selected layers."""
+class LayerCFL(ClusteredStrategy):
+    """LayerCFL: CFL's splits decided on selected layers, with the correct-clustering check."""
 
     name = "layercfl"
     Params = LayerCFLParams
     State = LayerCFLState
     state: LayerCFLState
     params: LayerCFLParams
+    figures = ("tree", "splits")
+    # Algorithm 2 with no extension: CFL's paper rules, all layers when the skew is unknown
+    # (with a known skew, pass cluster_layers="auto" and skew) and the check enforced
+    PAPER: ClassVar[dict[str, Any]] = {**PAPER_CFL, "cluster_layers": "all", "correct_clustering_check": True}
     one_cluster_reasons = {
         "criteria": "split criteria never met (as CFL)",
         "silhouette": "every proposed split refused by the structure test on the selected layers",
@@ -101,8 +124,19 @@ class LayerCFL(CFL):
         "size": "too few members or replies to split, or the run ended before min-split-round",
     }
 
+    @cached_property
+    def bipartition(self) -> BiPartitionTree:
+        """The shared tree, with CFL's decision on the selected layers and the check (Theorem 1)."""
+        c = self.params
+        return BiPartitionTree(c, partial(decide, params=c, names=selected_layers, check=correct_clustering_check,
+                                          enforce=c.correct_clustering_check),
+                               merge_names=selected_layers, merge_vectors=partial(pooled_vectors, c))
+
+    def decision_names(self) -> list[str]:
+        return self.state.selected_names
+
     def init_clusters(self) -> None:
-        super().init_clusters()
+        self.bipartition.init(self.state, self.compared_names())
         self.pick_layers(self.params.compare_arrays)
 
     def pick_layers(self, compare) -> None:
@@ -127,16 +161,45 @@ class LayerCFL(CFL):
         else:
             state.selected_names = [n for n in state.selected_names if n in set(state.compared)] or state.selected_names
 
-    def decision_names(self) -> list[str]:
-        return self.state.selected_names
+    def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
+        return {"return": RETURN_UPDATE}
 
-    def check_split(self, U: np.ndarray, side_a: np.ndarray, side_b: np.ndarray, S: np.ndarray) -> CheckResult:
-        return correct_clustering_check(U, side_a, side_b, similarity=S)
+    def draw_sample(self, server_round: int) -> list[str] | None:
+        """Placing a provisional member asks it for work: sample before placement."""
+        return self.sample_active()
 
-    def check_enforced(self) -> bool:
-        return self.params.correct_clustering_check
+    def admit(self, server_round: int, keys: list[str]) -> Any:
+        """Newcomers descend the tree (``bipartitioning.py``)."""
+        return placements(self.train_asks, server_round, self.bipartition.admit(self.state, server_round, keys))
 
-    def cluster_state(self) -> dict:
-        state = super().cluster_state()
+    def before_train(self, server_round: int) -> Any:
+        """Sampled members placed provisionally at a split they sat out descend from it now."""
+        return placements(self.train_asks, server_round,
+                          self.bipartition.place_provisional(self.state, self.reachable(self.placed())))
+
+    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+        """As CFL's round, on the selected layers; a silent array makes the layer rule pick again."""
+        state, c, tree = self.state, self.params, self.bipartition
+        keep_vectors(state, replies, self.decision_names(), similarity_decay(c, self.clients),
+                     tree.compact(state, self.clients), c.sketch_dim, c.seed)
+        silent = tree.leave_out_silent(state, replies, type(self).__name__)
+        if silent:
+            self.compared_changed()
+        return {"refused_splits": [], **tree.after_train(state, server_round, replies, self.clients, self.reports,
+                                                         silent)}
+
+    # ------------------------------------------------------------ what a run says (clusterfed.explain)
+    def one_cluster_reason(self) -> str | None:
+        return explain.one_cluster_reason(self.state, self.params, self.one_cluster_reasons)
+
+    def one_cluster_advice(self) -> str | None:
+        return explain.one_cluster_advice(self.state)
+
+    def cluster_count_basis(self) -> str | None:
+        return explain.cluster_count_basis(self.state, self.params)
+
+    def cluster_state(self) -> dict[str, Any]:
+        state = self.bipartition.cluster_state(self.state, self.bipartition.thresholds(), self.one_cluster_reason())
+        state["refused_splits"] = self.state.refused
         state["layers"] = {"rule": self.state.layer_rule, "names": self.state.selected_names}
         return state

@@ -1,16 +1,18 @@
-"""Update vectors and the records the bi-partitioning strategies (CFL, LayerCFL, HiCFL) write:
-named arrays flattened into one vector, stacked into a float64 matrix, cosines, and the
-criteria / check / similarity entries of clusters.json."""
+"""Update vectors of the bi-partitioning strategies (CFL, LayerCFL, HiCFL), pure NumPy: named
+arrays flattened into one vector, stacked into a float64 matrix, cosines, the side of a split an
+update belongs to (a newcomer's descent), and the criteria / check / similarity records of
+clusters.json."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from clusterfed.clustering.bipartition import SplitDecision
 from clusterfed.clustering.layercfl import CheckResult
-from clusterfed.strategies.exchange import Arrays
+from clusterfed.clustering.sketch import in_sketch_space
 
 SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
 # a split's similarity matrix is recorded for at most this many of its clients (evenly
@@ -18,7 +20,7 @@ SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
 MAX_SIMILARITY_CLIENTS = 200
 
 
-def flatten(arrays: Arrays, names: list[str], dtype: Any = np.float64) -> np.ndarray:
+def flatten(arrays: Mapping[str, np.ndarray], names: list[str], dtype: Any = np.float64) -> np.ndarray:
     """The named arrays as one float64 vector, in ``names`` order; ``dtype=None``: in the
     arrays' own (common) dtype, for vectors kept between rounds (the float32 a client sent is
     half the memory of its float64 copy, and casting it when used gives the same numbers)."""
@@ -37,6 +39,20 @@ def stack_float64(vectors: list[np.ndarray]) -> np.ndarray:
 def cosine(u: np.ndarray, v: np.ndarray) -> float:
     nu, nv = float(np.linalg.norm(u)), float(np.linalg.norm(v))
     return 0.0 if nu == 0.0 or nv == 0.0 else float(np.dot(u, v) / (nu * nv))
+
+
+def side_of(vector: np.ndarray, route: dict[str, Any]) -> int:
+    """0 or 1: the side of a split that an update on ``route["names"]`` belongs to: mapped by
+    the split's sketch if it was decided on sketches, minus the split round's mean update if
+    the split was centred (HiCFL), then the side whose mean it is nearest to by cosine or,
+    for the reference rule, the reference's side iff their cosine is positive."""
+    vector = in_sketch_space(vector, route.get("sketch"))
+    if route.get("centre") is not None:
+        vector = vector - route["centre"]
+    sims = [cosine(vector, d) for d in route["directions"]]
+    if route["rule"] == "reference":
+        return 0 if sims[0] > 0 else 1
+    return int(np.argmax(sims))  # nearest side mean; ties -> side 0
 
 
 def decision_record(decision: SplitDecision) -> dict[str, Any]:
