@@ -5,14 +5,19 @@ clusters.json."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Hashable, Mapping
+from itertools import combinations
 from typing import Any
 
 import numpy as np
 
-from clusterfed.clustering.bipartition import SplitDecision
+from clusterfed.clustering.bipartition import SplitDecision, bipartition
 from clusterfed.clustering.layercfl import CheckResult
-from clusterfed.clustering.sketch import in_sketch_space
+from clusterfed.clustering.null_reference import reference_score, structure_threshold
+from clusterfed.clustering.principal_scores import principal_scores
+from clusterfed.clustering.sketch import Sketch, count_sketch, in_sketch_space
+from clusterfed.clustering.split_rules import sides_silhouette
+from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix, split_silhouette
 
 SIMILARITY_DECIMALS = 4  # similarity matrices in clusters.json are for figures
 # a split's similarity matrix is recorded for at most this many of its clients (evenly
@@ -79,3 +84,75 @@ def similarity_record(keys: list[str], S: np.ndarray) -> dict[str, Any]:
         return {"keys": [keys[i] for i in shown], "matrix": np.round(S[np.ix_(shown, shown)], SIMILARITY_DECIMALS).tolist(),
                 "clients": len(keys)}
     return {"keys": list(keys), "matrix": np.round(S, SIMILARITY_DECIMALS).tolist()}
+
+
+def closest_unmerged(server_round: int, updates: dict[int, np.ndarray], min_cosine: float,
+                     drift: Callable[[int, int], float]) -> dict[str, Any] | None:
+    """The pair of clusters (rows: their clients' vectors) whose mean vectors have the largest
+    cosine, with the numbers of the merge tests: the silhouette of their members only when the
+    cosine reached ``min_cosine`` (it costs a cosine matrix), and ``drift(a, b)`` (NaN: None)."""
+    if len(updates) < 2:
+        return None
+    means = {c: u.mean(axis=0) for c, u in updates.items()}
+    a, b = max(combinations(sorted(means), 2), key=lambda p: cosine(means[p[0]], means[p[1]]))
+    record: dict[str, Any] = {"round": server_round, "clusters": [a, b], "cosine": cosine(means[a], means[b])}
+    if record["cosine"] >= min_cosine and min(len(updates[a]), len(updates[b])) >= 2:
+        size_a, size_b = len(updates[a]), len(updates[b])
+        record["silhouette"] = sides_silhouette(np.vstack([updates[a], updates[b]]), np.arange(size_a),
+                                                np.arange(size_a, size_a + size_b))
+    found = drift(a, b)
+    record["drift_cosine"] = None if np.isnan(found) else found
+    return record
+
+
+def required_structure(U: np.ndarray, structure: float, *, fixed: float, max_k: int, rank: int, draws: int,
+                       seed: int) -> tuple[float, float | None]:
+    """The best-cut silhouette a split of the rows of ``U`` needs (CFL's acceptance test): the
+    ``fixed`` threshold, lowered to what group-free updates of this size and shape reach when the
+    cut's ``structure`` falls short of it (``null_reference``, ``draws`` sets), and that reference
+    score (None when not drawn). On ``rank`` > 0 principal components the reference is always
+    drawn and is the threshold: the fixed one was set on raw cosines."""
+    if (structure >= fixed and not rank) or draws <= 0:
+        return fixed, None
+
+    def score(R: np.ndarray) -> float:
+        S = cosine_similarity_matrix(principal_scores(R, rank) if rank else R)
+        return best_cut_silhouette(S, max_k)[0] if max_k > 2 else split_silhouette(S, *bipartition(S))
+
+    reference = reference_score(U, score, draws=draws, seed=seed)
+    if rank:
+        return (fixed if reference is None else reference), reference
+    return structure_threshold(fixed, reference), reference
+
+
+def kept_vectors(last: Mapping[Hashable, np.ndarray], updates: Mapping[Hashable, Mapping[str, np.ndarray]],
+                 names: list[str], decay: float, *, compact: bool, sketch: dict[str, Any] | None, sketch_dim: int,
+                 seed: int) -> tuple[dict[Hashable, np.ndarray], dict[str, Any] | None]:
+    """CFL's per-client vectors after a round: each updated client's update of ``names`` as sent
+    (decay 0), or ``decay`` × its ``last`` vector + its update (a client's persistent pull grows
+    with every round, its batch noise as the square root); ``compact``: in a float32 count sketch
+    of ``sketch_dim`` numbers (whole, in float32, when not longer), whose spec ``sketch`` is made
+    on first use (the map is linear: the sketch of the sum is the sum of sketches). Returns the
+    new vectors and the sketch's spec."""
+    out: dict[Hashable, np.ndarray] = {}
+    if not compact:
+        for key, update in updates.items():
+            previous = last.get(key)
+            if previous is None or decay == 0:
+                out[key] = flatten(update, names, dtype=None)  # as sent (float32)
+            else:
+                out[key] = decay * previous + flatten(update, names)
+        return out, sketch
+    if not updates:
+        return out, sketch
+    if sketch is None:
+        first = next(iter(updates.values()))
+        made = count_sketch(int(sum(np.size(first[n]) for n in names)), sketch_dim, seed)
+        sketch = None if made is None else made.spec
+    mapped = Sketch.from_spec(sketch) if sketch is not None else None
+    for key, update in updates.items():
+        vector = flatten(update, names, dtype=np.float32)
+        vector = mapped(vector) if mapped is not None else vector
+        previous = last.get(key)
+        out[key] = vector if previous is None or decay == 0 else (np.float32(decay) * previous + vector).astype(np.float32)
+    return out, sketch

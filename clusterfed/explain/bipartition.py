@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import numpy as np
+
 from clusterfed.clustering.split_rules import one_cluster_reason as reason_of, refusal_counts
 
 SHOWN_SPLITS = 2  # the splits a basis names: those closest to their threshold
@@ -225,3 +227,24 @@ def cluster_count_basis(state: Any, params: Any) -> str | None:
     return (f"{splits}, {len(state.merges)} merges; no further merge: {merge_refusal(state, params)}; "
             f"no further split: {split_refusal(state, params)}")
 
+
+
+def stability_record(state: Any, placed: list[str]) -> dict[str, Any]:
+    """The round's stability diagnostics: ε, the ``placed`` clients' windowed stability per
+    layer and the share of each layer's weights the ξ-selection keeps."""
+    tracker = state.tracker
+    diagnostics: dict[str, Any] = {"stability_eps": state.epsilon}
+    if state.epsilon is None:
+        diagnostics["stability_eps_rel"] = state.eps_rel
+        diagnostics["stability_scales"] = {str(c): dict(v) for c, v in state.scales.items()}
+    diagnostics["stability"] = {k: {layer: tracker.windowed(k, layer) for layer in state.layers} for k in placed}
+    kept_by_layer, kept_total, size_total = {}, 0.0, 0
+    for layer in state.layers:
+        fractions = [f for k in placed if (f := tracker.kept_fraction(k, layer)) is not None]
+        kept_by_layer[layer] = float(np.mean(fractions)) if fractions else None
+        if fractions:
+            kept_total += float(np.sum(fractions)) * state.layer_sizes[layer]
+            size_total += len(fractions) * state.layer_sizes[layer]
+    diagnostics["weights_kept"] = kept_by_layer
+    diagnostics["weights_kept_total"] = kept_total / size_total if size_total else None
+    return diagnostics

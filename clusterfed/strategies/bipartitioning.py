@@ -1,36 +1,20 @@
 """The bi-partition tree CFL, LayerCFL and HiCFL share: an object, not a base class. It keeps
-the cluster tree (client keys, never matrix positions) and the split log written to
-clusters.json in the strategy's ``State``, judges every leaf that replied by Sattler's criteria
-(CFL's Algorithm 1, lines on ``‖mean Δ‖ < ε1`` and ``max ‖Δ‖ > ε2``) under the size and timing
-rules, and hands the split itself to the algorithm's DECISION, a function it is built with:
+the cluster tree and the split log in the strategy's ``State``, judges every leaf that replied
+by Sattler's criteria (CFL's Algorithm 1: ``‖mean Δ‖ < ε1`` and ``max ‖Δ‖ > ε2``) under the
+size and timing rules, and hands the split to the algorithm's decision, a function it is built
+with — ``decide(tree, state, server_round, cluster, replies, criteria, clients, reports)`` —
+which proposes, tests and, to split, calls ``tree.apply_split``. It also merges leaves (beyond
+the papers, ``merge``), leaves out the arrays no client changed, and places clients by replaying
+splits. It never calls its strategy: every method gets the ``state`` (and the clients, the
+reports list) as arguments; what differs is given at construction as functions of the state.
 
-    decide(tree, state, server_round, cluster, replies, criteria, clients, reports) -> diagnostics
-
-which proposes, tests and, if it splits, calls ``tree.apply_split``. The tree also merges
-leaves (beyond the papers, ``merge``: two leaves whose updates became indistinguishable, by
-``split_rules.merge_pairs``, become one new leaf whose model is theirs averaged by size; a
-merged cluster never splits again), leaves out of every comparison the arrays no client
-changed, and places clients by replaying splits.
-
-It never calls its strategy: every method gets the strategy's ``state`` (and, where needed, its
-clients and its reports list) as arguments; what differs between the algorithms is given at
-construction as plain functions of the state (the merge's arrays and vectors, what restarts for
-clients that enter a cluster).
-
-Placement by descent. Newcomers, and members that sat out their cluster's split round, find
-their leaf by replaying the splits: at each split they train once on the model the parent's
-members had trained from in the split round, upload only the arrays the split was decided on,
-and follow the side whose split-round direction their update resembles (``vectors.side_of``).
-A member that did not reply in its cluster's split round is put at once on the side its latest
-update points to, or the larger side without one (``provisional``: client → the split it
-missed, recorded under the split's ``absent``); when next sampled it descends from that split
-before training. A split's *route* (``routes[node]``) is what the descent replays: ``rule``,
-``names``, ``directions``, ``model``, optionally ``sketch`` and ``centre`` (HiCFL).
-
-Storage (``update-storage``; beyond the papers): the vectors kept per client between rounds are
-the exact ones (``exact``, the papers') or compact ones (``sketch``: float32, ``sketch-dim``
-numbers by a seeded linear map, ``clustering/sketch.py``); ``auto`` keeps them exact for
-federations of up to ``sketch-above`` clients, decided once, when the first vector is kept.
+Descent: newcomers, and members that sat out their cluster's split round (placed at once on
+the side their latest update points to, ``provisional``), train once at each split on its
+split-round model, upload the split's arrays and follow the side their update resembles. A
+split's ``routes[node]`` is what the descent replays (``rule``, ``names``, ``directions``,
+``model``, optionally ``sketch`` and HiCFL's ``centre``). Storage (``update-storage``): the
+vectors kept per client are exact (the papers') or compact (``sketch``, ``clustering/sketch.py``);
+``auto`` is exact up to ``sketch-above`` clients, decided once, when the first vector is kept.
 """
 
 from __future__ import annotations
@@ -39,27 +23,18 @@ import copy
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import combinations
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
-from clusterfed.clustering.split_rules import merge_pairs, sides_silhouette
-from clusterfed.clustering.vectors import cosine, decision_record, flatten, side_of, stack_float64
+from clusterfed.clustering.split_rules import merge_pairs
+from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
-from clusterfed.strategies.exchange import (
-    RETURN_UPDATE,
-    Arrays,
-    ClientInfo,
-    Diagnostics,
-    SplitCompared,
-    TrainReply,
-    natural,
-    weighted_average,
-)
+from clusterfed.strategies.exchange import (RETURN_UPDATE, Arrays, ClientInfo, Diagnostics, SplitCompared, TrainReply,
+    natural, weighted_average)
 
 class BiPartitioningParams(StrategyParams):
     """Split criteria, size/timing rules and merging, shared by CFL, LayerCFL and HiCFL."""
@@ -116,9 +91,6 @@ class BiPartitioningState(ClusteredState):
     merge_refused: dict[str, Any] | None = None  # the last round's closest pair of leaves not merged, for the basis
 
 
-# The algorithm's split decision (module docstring) and the strategy's choices, as functions of its state
-Decide = Callable[..., "Diagnostics | None"]
-
 
 def compared_arrays(state: BiPartitioningState) -> list[str]:
     """The arrays whose updates decide a merge by default: every compared array."""
@@ -132,8 +104,7 @@ def replier_vectors(state: BiPartitioningState, groups: dict[int, list[TrainRepl
 
 
 def add_cluster(state: ClusteredState, model: Arrays, inherit: int | None = None) -> int:
-    """A new cluster starting from ``model`` (the base's ``new_cluster`` on the state it is given);
-    with ``inherit``, its aggregator's optimiser state is a copy of that cluster's."""
+    """The base's ``new_cluster`` on ``state``: a cluster from ``model`` (``inherit``: its optimiser state)."""
     cluster = state.next_cluster_id
     state.next_cluster_id += 1
     state.models[cluster] = {k: v.copy() for k, v in model.items()}
@@ -143,8 +114,7 @@ def add_cluster(state: ClusteredState, model: Arrays, inherit: int | None = None
 
 
 def placements(train_asks: Callable[..., list], server_round: int, descent: Any) -> Any:
-    """Run a descent's requests ``(keys, model, extra)`` as ``train_asks`` placement asks (the
-    strategy's own, given by the strategy); returns what the descent returns."""
+    """A descent's requests ``(keys, model, extra)`` run as the strategy's own placement asks."""
     replies = None
     while True:
         try:
@@ -156,12 +126,11 @@ def placements(train_asks: Callable[..., list], server_round: int, descent: Any)
 
 
 class BiPartitionTree:
-    """The shared tree (module docstring). ``decide``: the algorithm's split decision;
-    ``merge_names(state)``: the arrays a merge compares; ``merge_vectors(state, groups, names)``:
-    the vectors it compares per cluster; ``restart(state, cluster, keys)``: what restarts for
-    clients that entered ``cluster`` by a merge or a provisional member's descent."""
+    """The shared tree (module docstring): ``decide``, the split decision; ``merge_names(state)``,
+    ``merge_vectors(state, groups, names)``: what a merge compares; ``restart(state, cluster, keys)``:
+    what restarts for clients that entered ``cluster`` by a merge or a descent."""
 
-    def __init__(self, params: BiPartitioningParams, decide: Decide, *,
+    def __init__(self, params: BiPartitioningParams, decide: Callable[..., Diagnostics | None], *,
                  merge_names: Callable[[Any], list[str]] = compared_arrays,
                  merge_vectors: Callable[..., dict[int, np.ndarray]] = replier_vectors,
                  restart: Callable[[Any, int, list[str]], None] | None = None) -> None:
@@ -213,10 +182,8 @@ class BiPartitionTree:
         return {"replaced": moved}
 
     def descend(self, state: BiPartitioningState, start: dict[str, int]) -> Any:
-        """From node ``start[key]`` down to a leaf per key: at each split node ask (a request
-        ``(keys, split-round model, extra)``) one training and follow the side the update
-        points to. Returns (leaf per key, the split nodes passed, the keys whose placement
-        reply was lost at some node: those took the larger side there)."""
+        """From node ``start[key]`` down to a leaf: at each split a request ``(keys, split-round model,
+        extra)``, then the side the update points to. Returns (leaf, nodes passed, keys whose reply was lost)."""
         tree = state.tree
         at = dict(start)
         path: dict[str, list[int]] = {key: [] for key in start}
@@ -248,9 +215,8 @@ class BiPartitionTree:
 
     def place_absent(self, state: BiPartitioningState, cluster: int, absent: list[str], route: dict[str, Any],
                      last: dict[str, np.ndarray], sizes: tuple[int, int]) -> tuple[list[str], list[str]]:
-        """Members of ``cluster`` that did not reply in its split round: provisionally the side
-        their latest update points to, the larger side without one. One already provisional
-        keeps the earlier split it missed, whose descent passes this one."""
+        """Members absent from the split round: provisionally the side their ``last`` update points to
+        (the larger side without one); one already provisional keeps the earlier split it missed."""
         extra: tuple[list[str], list[str]] = ([], [])
         for key in absent:
             side = (side_of(np.asarray(last[key], dtype=np.float64), route) if key in last
@@ -261,8 +227,7 @@ class BiPartitionTree:
 
     # ------------------------------------------------------------ storage
     def compact(self, state: BiPartitioningState, clients: dict[str, ClientInfo]) -> bool:
-        """Whether per-client vectors are kept compact (``update-storage``): decided once, the
-        first time one is kept, from the clients known then."""
+        """Whether per-client vectors are kept compact (``update-storage``), decided once, when first asked."""
         if state.sketched is None:
             mode = self.params.update_storage
             state.sketched = mode == "sketch" or (mode == "auto" and len(clients) > self.params.sketch_above)
@@ -274,8 +239,7 @@ class BiPartitionTree:
 
     # ------------------------------------------------------------ criteria
     def criteria(self, state: BiPartitioningState, cluster: int, replies: list[TrainReply]) -> SplitDecision:
-        """Sattler's criteria on the full updates of the compared arrays (buffers excluded);
-        keeps the cluster's largest mean-norm."""
+        """Sattler's criteria on the full updates of the compared arrays; keeps the largest mean-norm."""
         U = stack_float64([flatten(r.update, state.compared, dtype=None) for r in replies])
         c = self.params
         decision = split_criteria(U, [r.num_examples for r in replies], mode=c.split_criteria, eps1=c.eps1,
@@ -284,24 +248,20 @@ class BiPartitionTree:
         state.max_mean_norm[cluster] = decision.reference_mean_norm
         return decision
 
-    def may_split(self, state: BiPartitioningState, server_round: int, cluster: int,
-                  replies: list[TrainReply]) -> bool:
-        """Size and timing rules: at least ``min-split-size`` members and as many updates this
-        round, not before ``min-split-round``; a cluster made by a merge never splits again."""
+    def may_split(self, state: BiPartitioningState, server_round: int, cluster: int, replies: list[TrainReply]) -> bool:
+        """At least ``min-split-size`` members and replies, not before ``min-split-round``, not a merged leaf."""
         size = self.params.min_split_size
         return (server_round >= self.params.min_split_round and len(state.tree.members(cluster)) >= size
                 and len(replies) >= size and cluster not in state.merged)
 
     def thresholds(self) -> dict[str, Any]:
         c = self.params
-        return {"mode": c.split_criteria, "eps1": c.eps1, "eps2": c.eps2, "rel_eps1": c.rel_eps1,
-                "rel_eps2": c.rel_eps2}
+        return {"mode": c.split_criteria, "eps1": c.eps1, "eps2": c.eps2, "rel_eps1": c.rel_eps1, "rel_eps2": c.rel_eps2}
 
     # ------------------------------------------------------------ silent arrays
     def leave_out_silent(self, state: BiPartitioningState, replies: list[TrainReply], name: str) -> str | None:
-        """On the first replies: the compared arrays whose update is zero for every client leave
-        ``compared`` for good. Returns the sentence naming them, once (the strategy then chooses
-        again what it chose from ``compared``)."""
+        """On the first replies: the compared arrays no client changed leave ``compared`` for good;
+        the sentence naming them, once (the strategy then chooses again what it chose from them)."""
         if state.silent is not None or not replies:
             return None
         silent = silent_names([r.update for r in replies], state.compared, state.theta0)
@@ -342,18 +302,14 @@ class BiPartitionTree:
     def apply_split(self, state: BiPartitioningState, server_round: int, cluster: int, keys_a: list[str],
                     keys_b: list[str], record: dict[str, Any], route: dict[str, Any], compared: SplitCompared,
                     reports: list[Any]) -> dict[str, Any]:
-        """Replace leaf ``cluster`` by two children that start from its model; ``route`` is how
-        a newcomer replays the split; ``compared`` (what the split decided on) goes to
-        ``reports`` with the split's records, for scoring. Returns its summary."""
+        """Leaf ``cluster`` becomes two children starting from its model; ``route``: how a newcomer
+        replays the split; ``compared`` goes to ``reports`` with the split's records, for scoring."""
         a, b = state.tree.split_by_keys(cluster, keys_a, keys_b, round=server_round)
         model = state.models.pop(cluster)
         made = (add_cluster(state, model, inherit=cluster), add_cluster(state, model, inherit=cluster))
         if made != (a, b):  # the tree and the models number clusters alike
             raise RuntimeError(f"split of {cluster}: tree children {(a, b)} but new clusters {made}")
-        for key in keys_a:
-            state.assignment[key] = a
-        for key in keys_b:
-            state.assignment[key] = b
+        state.assignment.update({key: a for key in keys_a} | {key: b for key in keys_b})
         state.max_mean_norm.pop(cluster, None)
         state.routes[cluster] = route
         state.split_models[cluster] = model
@@ -368,9 +324,8 @@ class BiPartitionTree:
     # ------------------------------------------------------------ merging (beyond the papers)
     def merge_leaves(self, state: BiPartitioningState, server_round: int, groups: dict[int, list[TrainReply]],
                      clients: dict[str, ClientInfo]) -> list[dict[str, Any]]:
-        """Merge the leaf pairs ``split_rules.merge_pairs`` finds among the clusters that replied
-        this round (cosine of the mean updates, silhouette of the members, cosine of the model
-        drifts since their common split); returns each merge's summary."""
+        """Merge the leaf pairs ``split_rules.merge_pairs`` finds among the clusters that replied (cosine
+        of the mean updates, silhouette of the members, cosine of the drifts since their common split)."""
         if len(groups) < 2:
             return []
         names = self.merge_names(state)
@@ -385,31 +340,13 @@ class BiPartitionTree:
             summaries.append(self.apply_merge(state, server_round, pair.a, pair.b, clients,
                                               {"cosine": pair.cosine, "silhouette": silhouette, "drift_cosine": drift}))
         merged = {c for pair in pairs for c in (pair.a, pair.b)}
-        state.merge_refused = self.closest_unmerged(
-            state, server_round, {c: u for c, u in updates.items() if c not in merged}, names)
+        state.merge_refused = closest_unmerged(server_round, {c: u for c, u in updates.items() if c not in merged},
+                                               self.params.merge_min_cosine,
+                                               lambda a, b: self.drift_cosine(state, a, b, names))
         return summaries
 
-    def closest_unmerged(self, state: BiPartitioningState, server_round: int, updates: dict[int, np.ndarray],
-                         names: list[str]) -> dict | None:
-        """The pair of leaves not merged whose mean updates have the largest cosine, with the
-        numbers of the merge tests (silhouette only when the cosine passed), for the basis."""
-        if len(updates) < 2:
-            return None
-        means = {c: u.mean(axis=0) for c, u in updates.items()}
-        a, b = max(combinations(sorted(means), 2), key=lambda p: cosine(means[p[0]], means[p[1]]))
-        record: dict[str, Any] = {"round": server_round, "clusters": [a, b], "cosine": cosine(means[a], means[b])}
-        if record["cosine"] >= self.params.merge_min_cosine and min(len(updates[a]), len(updates[b])) >= 2:
-            size_a, size_b = len(updates[a]), len(updates[b])
-            record["silhouette"] = sides_silhouette(np.vstack([updates[a], updates[b]]), np.arange(size_a),
-                                                    np.arange(size_a, size_a + size_b))
-        drift = self.drift_cosine(state, a, b, names)
-        record["drift_cosine"] = None if np.isnan(drift) else drift
-        return record
-
     def drift_cosine(self, state: BiPartitioningState, a: int, b: int, names: list[str]) -> float:
-        """Cosine of the two clusters' model drifts since the split that separated them (their
-        models minus the model that split's children started from). NaN when they share no
-        split (a merged cluster has no parent)."""
+        """Cosine of the clusters' model drifts since the split that separated them (NaN: none)."""
         node = state.tree.common_ancestor(a, b)
         if node is None or node not in state.split_models:
             return float("nan")

@@ -2,34 +2,25 @@
 Federated Learning: Model-Agnostic Distributed Multitask Optimization Under Privacy
 Constraints", IEEE TNNLS 2020), Algorithm 1, read top to bottom:
 
-- every round each cluster's members train its model and send their update Δ_c
-  (``return = update``); the round skeleton averages per cluster (Algorithm 1's aggregation);
-- for every cluster that replied, Algorithm 1's split condition on the members' full updates:
-  ``‖Σ n_c/N Δ_c‖ < ε1`` (near-stationary) and ``max_c ‖Δ_c‖ > ε2`` (heterogeneous), with at
-  least ``min-split-size`` members, not before ``min-split-round`` — the shared tree's
-  criteria (``bipartitioning.py``, ``split-criteria = absolute`` is the paper's;
-  ``relative`` scales ε1, ε2 to the cluster's own norms);
-- ``decide`` below: the cosine similarity ``α_{i,j}`` of the clients' updates, the
-  bi-partition ``c1, c2 = argmin max α`` by complete linkage, and both children starting
-  from the cluster's model (Algorithm 1's ``Δθ`` split and model copy).
+- every round each cluster's members send their update Δ_c (``return = update``) and the round
+  skeleton averages per cluster;
+- for every cluster that replied, Algorithm 1's split condition on the members' full updates,
+  ``‖Σ n_c/N Δ_c‖ < ε1`` and ``max_c ‖Δ_c‖ > ε2``, at least ``min-split-size`` members, not
+  before ``min-split-round``: the shared tree's criteria (``bipartitioning.py``;
+  ``split-criteria = absolute`` is the paper's, ``relative`` scales ε1, ε2 to the cluster);
+- ``decide``: the cosine similarity α of the clients' updates, the bi-partition
+  ``argmin max α`` by complete linkage, both children starting from the cluster's model.
 
-Beyond the paper, each a ``Params`` field, listed with the paper's rule, our default and the
-``PAPER`` preset in docs/algorithms/cfl.md: the acceptance test (a split is kept only if the
-best-cut silhouette on ``1 − α`` reaches ``split-min-silhouette`` or beats group-free updates,
-``split-reference-draws``; refused splits are logged in ``refused_splits``), updates summed over
-rounds for small clients (``similarity-decay``), principal-component cosines
-(``similarity-rank``), the pool a split is judged on (``similarity-pool``), merging of leaves
-(``merge``, the tree's) and compact per-client vectors (``update-storage``). The side-based
-separation Gap is recorded for every split, never a veto.
-
-Partial participation (``fraction-train`` < 1): criteria, similarity and acceptance use this
-round's repliers; a member that did not reply follows its latest vector to the nearer side
-and is placed for real by descent when next sampled (``bipartitioning.py``).
-
-The per-client vectors (``last_vector``): each client's latest update of the decision arrays
-as sent, or with ``similarity-decay`` > 0 its updates summed over its rounds with that decay;
-with ``update-storage = sketch`` a float32 count sketch (a linear map: the sketch of the sum is
-the sum of sketches). LayerCFL (``layercfl.py``) composes ``decide`` with its layers and check.
+Beyond the paper, each a ``Params`` field listed with the paper's rule, our default and the
+``PAPER`` preset in docs/algorithms/cfl.md: the acceptance test (best-cut silhouette on
+``1 − α`` against ``split-min-silhouette`` or group-free updates; refusals in
+``refused_splits``), summed updates (``similarity-decay``), principal components
+(``similarity-rank``), the pool a split is judged on (``similarity-pool``), merging and compact
+vectors (the tree's). The side-based Gap is recorded, never a veto. Partial participation:
+criteria and split on the round's repliers; the others follow their latest vector and descend
+when next sampled. The per-client vectors (``last_vector``) are each client's latest update of
+the decision arrays, or its decayed sum, exact or count-sketched. LayerCFL (``layercfl.py``)
+passes ``decide`` its layers and its check.
 """
 
 from __future__ import annotations
@@ -43,40 +34,23 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import SplitDecision, bipartition
-from clusterfed.clustering.null_reference import DEFAULT_DRAWS, reference_score, structure_threshold
+from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.principal_scores import principal_scores
-from clusterfed.clustering.sketch import Sketch, count_sketch
-from clusterfed.clustering.split_scores import (
-    best_cut_silhouette,
-    cosine_similarity_matrix,
-    separation_gap,
-    split_silhouette,
-)
-from clusterfed.clustering.vectors import check_record, decision_record, flatten, similarity_record, stack_float64
+from clusterfed.clustering.split_scores import (best_cut_silhouette, cosine_similarity_matrix, separation_gap,
+    split_silhouette)
+from clusterfed.clustering.vectors import (check_record, decision_record, kept_vectors, required_structure,
+    similarity_record, stack_float64)
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.bipartitioning import (
-    BiPartitioningParams,
-    BiPartitioningState,
-    BiPartitionTree,
-    placements,
-    replier_vectors,
-)
+from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree,
+    placements, replier_vectors)
 from clusterfed.strategies.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, SplitCompared, TrainReply, natural
 
-# similarity-decay = auto: summed updates only for clients this small, where one round's
-# update is mostly batch noise; for larger clients summing delayed the first pure split
-# (benchmarks/results/small_client_defaults/README.md).
+# similarity-decay = auto: summed updates only for clients this small (one round's update is
+# mostly batch noise); similarity-rank = auto: principal components for clusters of at least
+# PRINCIPAL_MIN_REPLIES repliers (measured: docs/algorithms/cfl.md, "Many small clients")
 SMALL_CLIENT_EXAMPLES = 50
 SMALL_CLIENT_DECAY = 0.8
-
-# similarity-rank = auto (opt-in; default 0 = the paper's raw cosines): cosines of the updates'
-# leading principal components, and a split must beat group-free updates, for clusters of at
-# least this many repliers (below: raw cosines and the fixed threshold, set on tens of
-# clients). With hundreds of small clients raw cosines of noisy updates show little
-# structure, while a few components estimated from many rows hold the groups' differences
-# (principal_scores.py) -- and any other structure of the updates: measured at 400 clients it
-# recovered digit-pair groups better and over-split rotation groups (docs/algorithms/cfl.md)
 PRINCIPAL_MIN_REPLIES = 40
 PRINCIPAL_RANK = 5
 
@@ -131,30 +105,10 @@ PAPER_CFL: dict[str, Any] = {
 # ------------------------------------------------------------ the per-client vectors
 def keep_vectors(state: CFLState, replies: list[TrainReply], names: list[str], decay: float, compact: bool,
                  sketch_dim: int, seed: int) -> None:
-    """Each replier's vector of ``names`` (``last_vector``): its update as sent (decay 0), or
-    ``decay`` × its previous vector + its update; ``compact``: in a float32 count sketch of
-    ``sketch_dim`` numbers (whole, in float32, when not longer)."""
-    last = state.last_vector
-    if not compact:
-        for reply in replies:
-            previous = last.get(reply.key)
-            if previous is None or decay == 0:
-                last[reply.key] = flatten(reply.update, names, dtype=None)  # as sent (float32)
-            else:  # a client's persistent pull grows with every round, its batch noise as the square root
-                last[reply.key] = decay * previous + flatten(reply.update, names)
-        return
-    if not replies:
-        return
-    if state.sketch is None:
-        made = count_sketch(int(sum(np.size(replies[0].update[n]) for n in names)), sketch_dim, seed)
-        state.sketch = None if made is None else made.spec
-    mapped = Sketch.from_spec(state.sketch) if state.sketch is not None else None
-    for reply in replies:
-        vector = flatten(reply.update, names, dtype=np.float32)
-        vector = mapped(vector) if mapped is not None else vector
-        previous = last.get(reply.key)
-        last[reply.key] = (vector if previous is None or decay == 0
-                           else (np.float32(decay) * previous + vector).astype(np.float32))
+    """Each replier's vector of ``names`` in ``last_vector`` (``clustering/vectors.kept_vectors``)."""
+    kept, state.sketch = kept_vectors(state.last_vector, {r.key: r.update for r in replies}, names, decay,
+                                      compact=compact, sketch=state.sketch, sketch_dim=sketch_dim, seed=seed)
+    state.last_vector.update(kept)
 
 
 def similarity_decay(params: CFLParams, clients: dict[str, ClientInfo]) -> float:
@@ -194,26 +148,6 @@ def similarity_rank(params: CFLParams, replies: int) -> int:
     return int(rank)
 
 
-def required_structure(params: CFLParams, U: np.ndarray, structure: float, max_k: int,
-                       rank: int = 0) -> tuple[float, float | None]:
-    """The best-cut silhouette a split needs: ``split-min-silhouette``, lowered to what group-free
-    updates of this size and shape reach when the cut falls short of it (``null_reference``),
-    and that reference score (None when not drawn). On principal components (``rank`` > 0) the
-    reference is always drawn and is the threshold."""
-    fixed = params.split_min_silhouette
-    if (structure >= fixed and not rank) or params.split_reference_draws <= 0:
-        return fixed, None
-
-    def score(R: np.ndarray) -> float:
-        S = cosine_similarity_matrix(principal_scores(R, rank) if rank else R)
-        return best_cut_silhouette(S, max_k)[0] if max_k > 2 else split_silhouette(S, *bipartition(S))
-
-    reference = reference_score(U, score, draws=params.split_reference_draws, seed=params.seed)
-    if rank:
-        return (fixed if reference is None else reference), reference
-    return structure_threshold(fixed, reference), reference
-
-
 # ------------------------------------------------------------ the split decision (Algorithm 1)
 def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, replies: list[TrainReply],
            decision: SplitDecision, clients: dict[str, ClientInfo], reports: list[Any], *, params: CFLParams,
@@ -236,7 +170,8 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
     max_k = params.split_silhouette_max_k
     structure, structure_k = best_cut_silhouette(S, max_k) if max_k > 2 else (silhouette, 2)
     checked = check(U, side_a, side_b, similarity=S) if check is not None else None
-    required, reference = required_structure(params, U, structure, max_k, rank)
+    required, reference = required_structure(U, structure, fixed=params.split_min_silhouette, max_k=max_k,
+                                             rank=rank, draws=params.split_reference_draws, seed=params.seed)
     compared = SplitCompared(keys, S)
     layers = names(state)
     record: dict[str, Any] = {

@@ -1,68 +1,38 @@
 """HiCFL (Gong, Xing, Liu, Xi, Chen, "Towards Hierarchical Clustered Federated Learning With
-Model Stability on Mobile Devices", IEEE Transactions on Mobile Computing 2023).
-
-The paper's steps, in the order ``after_train`` and ``decide`` run them (the shared tree,
+Model Stability on Mobile Devices", IEEE Transactions on Mobile Computing 2023). The paper's
+steps, in the order ``after_train`` and ``decide`` run them (the shared tree,
 ``bipartitioning.py``, keeps the cluster tree and calls ``decide`` for every cluster that replied):
 
-1. All clients start in one cluster; every round each member trains its cluster's model and
-   sends its full update (``return = update``); the server aggregates per cluster.
-2. **Model stability** per client and layer: ``S_t = |(T_t + T_{t−1})/2 − T_{t−2~t}|`` from
-   the last three updates of that layer, averaged over a sliding window of ``window`` (W)
-   rounds (``hicfl_stability.py``; a window counts only once full).
-   A *layer* is a named layer of the state dict, its weight and bias flattened together
-   (``conv1``, ``fc1``, …): the paper's "layer l", keeping the bias with the weights it
-   shifts. ``cluster-layers`` restricts the layers watched (``auto``: every layer of compared
-   arrays; buffers such as BatchNorm statistics are never watched).
-3. **Weight selection**: when a client enters a cluster (the start, or after a split) only
-   the indexes with ``|Δ_new − Δ_old| > ξ`` of each layer are kept for its stability (``xi``,
-   the paper's ``0.05·η``); the first update after entering is compared with the previous
-   one, so stability starts one round later. The share of weights kept is reported.
-4. **Split timing**: a cluster is ready to split when, on one layer, the windowed stability
-   of every member is below ε (``stability-eps``, the paper's ``0.5·η``).
+1. All clients start in one cluster; every round each member sends its full update
+   (``return = update``); the server aggregates per cluster.
+2. **Model stability** per client and layer: ``S_t = |(T_t + T_{t−1})/2 − T_{t−2~t}|`` from the
+   last three updates of that layer, averaged over a window of W rounds (``window``; counted
+   once full; ``hicfl_stability.py``). A layer is a named layer of the state dict, weight and
+   bias together; ``cluster-layers`` restricts the layers watched (buffers never are).
+3. **Weight selection**: when a client enters a cluster only the indexes with
+   ``|Δ_new − Δ_old| > ξ`` of each layer are kept for its stability (``xi``, the paper's
+   ``0.05·η``); stability starts one round later. The share of weights kept is reported.
+4. **Split timing**: a cluster is ready when, on one layer, the windowed stability of every
+   member is below ε (``stability-eps``; the paper's ``0.5·η`` is ``lr``).
 5. **The split**: reference ``c_r = argmin S`` on the ready layer; members whose update has
-   ``cos > 0`` with the reference's join its side (``split = reference``;
-   ``hicfl_stability.propose``). If every member points the reference's way
-   there is no split (never an empty side). Children start from the parent's model; their
-   members' windows and weight selections restart, so children split again later.
-6. **Stop rule**: a cluster whose updates agree stops splitting — the heterogeneity half of
-   CFL's criteria (``split-criteria``) must hold in the split round. Stationarity is not
-   required: stability replaces it as the timing signal (split before the model converged).
+   ``cos > 0`` with the reference's join its side (``split = reference``); never an empty
+   side. Children start from the parent's model; their members' windows restart.
+6. **Stop rule**: a cluster whose updates agree (the heterogeneity half of CFL's criteria,
+   ``split-criteria``, fails in the split round) stops splitting.
 
-Beyond the paper, each switchable and listed with its default in docs/algorithms/hicfl.md:
-ε relative to each layer's scale (``stability-eps = auto``, ``stability-eps-rel``: the layers'
-stability scales differ); the median member's stability (``timing = median``; ``all`` = the
-paper); the weight selection's fallback to the whole layer when it keeps fewer than
-``min-kept-fraction`` of it (on one or two weights every cosine is ±1 and S is 0 by
-construction); complete linkage of the members' cosine similarities (``split = linkage``,
-CFL's rule; the sign rule with one reference is rarely pure when a cluster holds several
-groups); the reference rule on updates centred on the members' sample-weighted mean
-(``centre-updates``: raw cosines are almost all positive while the cluster's common progress
-dominates); the structure test and layer choice (``min-silhouette``: every ready layer
-proposes, the best-scored proposal is taken if its silhouette on 1 − cos reaches the
-threshold; with it on, the stop rule of step 6 is skipped and ``-1`` restores the stop rule
-and the paper's layer, the first ready one); a minimum side (``min-side``); the group-free
-rotation test of splits into small sides (``small-side-reference-draws``); merging
-(``merge``, the shared tree's, ``bipartitioning.py``).
+Beyond the paper, each a ``Params`` field listed with the paper's rule, our default and the
+``PAPER`` preset in docs/algorithms/hicfl.md: ε relative to each layer's scale, the median
+member's timing, the weight selection's fallback (``min-kept-fraction``), complete linkage
+(``split = linkage``), centred updates, the structure test and layer choice instead of the stop
+rule (``min-silhouette``), ``min-side``, the small-side rotation test, merging.
 
-Partial participation (``fraction-train`` < 1): stability is tracked per client over its
-own participations — a client's last three updates and its window of W scores come from the
-rounds it trained in, a round it sat out adds nothing (gaps are skipped, never filled in).
-The split timing, the proposals, the structure test and the recorded similarities use the
-members that replied this round. With full participation every one of them needs a full
-window (the paper's every member); with ``fraction-train`` < 1 windows fill at random times
-(a member needs W + 2 participations after entering its cluster), so the repliers whose
-windows are full vote, propose and set the ε scale, at least ``min-split-size`` of them; a
-replier whose window is not full yet joins the side its update of this round points to
-(recorded under ``unwindowed``). A member that did not reply is put at once on the side its
-last update of the chosen layer points to (by the split's own rule), or on the larger side if
-it has none; it is recorded under ``absent`` and keeps a model (its side's). When next
-sampled it is placed for real by the newcomer descent from that split (``bipartitioning.py``);
-if that moves it, its windows restart. All members' windows restart after the split.
-
-Also as in CFL: at least ``min-split-size`` members (and as many updates this round) and
-not before ``min-split-round``. Each split records the rule, the layer, the ready layers and
-their scores, the reference (``reference`` rule), the members' stabilities, the criteria,
-the side-based Gap and the cosine matrix of the layer's updates (for figures).
+Partial participation (``fraction-train`` < 1): stability runs over each client's own
+participations; the repliers with full windows (at least ``min-split-size``) vote and propose;
+a replier whose window is not full joins the side its update points to (``unwindowed``); a
+member that did not reply is placed at once by its last update (``absent``) and by descent
+when next sampled (docs/algorithms/hicfl.md). As in CFL: ``min-split-size`` and
+``min-split-round``. Each split records the rule, layer, ready layers and scores, reference,
+stabilities, criteria, Gap and the layer's cosine matrix.
 """
 
 from __future__ import annotations
@@ -82,12 +52,7 @@ from clusterfed.clustering.vectors import decision_record, side_of, similarity_r
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies import hicfl_stability as windows
 from clusterfed.strategies.base import ClusteredStrategy, StrategyParamsError
-from clusterfed.strategies.bipartitioning import (
-    BiPartitioningParams,
-    BiPartitioningState,
-    BiPartitionTree,
-    placements,
-)
+from clusterfed.strategies.bipartitioning import BiPartitioningParams, BiPartitioningState, BiPartitionTree, placements
 from clusterfed.strategies.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, SplitCompared, TrainReply
 
 # Draws of the small-side rotation test: the test is repeated every round while a cluster
@@ -204,7 +169,7 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
         return no_split(state, server_round, cluster, max(choice.silhouettes, key=choice.silhouettes.get),
                         "silhouette", decision, silhouettes=choice.silhouettes)
     chosen = proposals[choice.layer]
-    reference = windows.small_side_reference(state, params, chosen, present)
+    reference = windows.small_side_test(state, params, chosen, present)
     if reference is not None and choice.silhouette <= reference:  # a few members of one group: noise
         return no_split(state, server_round, cluster, choice.layer, "reference", decision,
                         silhouettes=choice.silhouettes, reference_silhouette=reference)
@@ -353,7 +318,7 @@ class HiCFL(ClusteredStrategy):
             self.compared_changed()
         windows.track(state, replies, tree.compact(state, self.clients), c.sketch_dim, c.seed)
         # stability before a split restarts the windows, so figures show the trigger; no_split: [] when none
-        diagnostics = {**windows.record(state, self.placed()), "no_split": [],
+        diagnostics = {**explain.stability_record(state, self.placed()), "no_split": [],
                        **tree.after_train(state, server_round, replies, self.clients, self.reports)}
         return {**diagnostics, "decision": silent} if silent else diagnostics
 

@@ -1,52 +1,21 @@
-"""LayerCFL (layer-wise clustered federated learning; "LayerCFL: efficient clustered federated
-learning with layer-wised clustering", the paper's Algorithm 2).
+"""LayerCFL ("LayerCFL: efficient clustered federated learning with layer-wised clustering",
+the paper's Algorithm 2): Sattler's CFL (Algorithm 1) with its similarity and its split test
+changed, composed, not inherited — the shared tree (``bipartitioning.py``: criteria, timing,
+merging, descent) built with CFL's split decision (``cfl.decide``) given:
 
-Sattler's CFL procedure (Algorithm 2 is Algorithm 1 with lines 2 and 3 changed): the shared
-tree (``bipartitioning.py``: criteria, timing, merging) with CFL's split decision
-(``cfl.decide``: complete-linkage bi-partition and acceptance test), composed, not inherited,
-with two changes:
+1. the layers the cosine similarity is computed on (Algorithm 2's layer-wise ``α``):
+   ``skew = feature`` → ``conv`` (last conv layer), ``label`` → ``fc`` (first fully connected
+   layer), ``unknown`` → ``conv`` (our choice; the paper: all layers); a model without a conv
+   layer falls back to ``fc``, without a fully connected one to ``final``; an explicit
+   ``cluster-layers`` overrides the skew;
+2. the correct-clustering check (Theorem 1, eq. 20: ``sqrt((1 − α_cross_max)/2) > γ_max``,
+   γ from each client's nearest peer on its own side, ``clustering/layercfl.py``), computed
+   for every proposed split after CFL's acceptance test and recorded in its ``check`` entry;
+   ``correct-clustering-check = true`` (the paper) refuses a failing split (``refused_splits``).
 
-1. the cosine similarity is computed on the updates of the selected layers only:
-   ``skew = feature`` → ``conv`` (last conv layer), ``label`` → ``fc`` (first fully
-   connected layer), ``unknown`` → ``conv`` (**default choice**, see below); a model
-   without a conv layer (an MLP, a GRU, a Transformer) falls back to ``fc``, and without
-   a fully connected one to ``final``; an explicit ``cluster-layers`` (``fc``, ``all``, a
-   rule or layer names) overrides the skew;
-2. the correct-clustering check (Theorem 1, eq. 20: ``sqrt((1 − α_cross_max)/2) > γ_max``)
-   with γ estimated from each client's nearest peer on its own side
-   (``clustering/layercfl.estimate_gammas``: the side-mean estimator would veto every
-   correct top-level split of a 4-group hierarchy) is computed for every proposed split
-   and **recorded** in its ``check`` entry (passed, α_cross_max, γ_max, bound).
-   ``correct-clustering-check = true`` enforces it as the paper does: a failing split is
-   refused, logged in ``refused_splits`` and proposed again later while the criteria hold.
-   CFL's silhouette acceptance test (``split-min-silhouette``, on the selected layers'
-   updates) is inherited and applied first: a proposal it refuses never reaches the check
-   (reason ``silhouette``).
-
-**Why the check is recorded, not enforced, by default.** Evaluated on the *true*
-partition of small clients, the bound is below the estimated γ_max: two same-group clients'
-SGD updates are far from parallel, so the theorem cannot certify even the correct
-clustering, and enforced it leaves LayerCFL equal to FedAvg. iid clients are kept whole by
-the silhouette test instead.
-
-**Why ``unknown`` → the last conv layer.** Measured end to end, conv separated rotation and
-label-swap best; choosing conv or fc per proposal by the better best-cut silhouette
-(``split_rules.best_separated_layers``) did worse; all layers is CFL itself. The
-measurements behind both choices: docs/algorithms/layercfl.md.
-
-The split criteria (stationarity / heterogeneity) stay on the full updates, as in
-Algorithm 1/2 of the paper: they describe the cluster's training state, not its structure.
-
-Uplink: the protocol aggregates full updates every round, so every member uploads its
-whole update anyway and the split decision reads the selected layers out of that same
-upload — LayerCFL saves no uplink here. It would only save uplink in a protocol with
-rounds that do not aggregate. (Newcomers placed after a split do upload only the
-selected layers: ``bipartitioning.py``.)
-
-Partial participation (``fraction-train`` < 1): as CFL (``cfl.py``) — criteria and split
-on this round's repliers; a member that did not reply follows its latest update of the
-selected layers to the nearer side (the larger side when it has none) until it is placed
-by the newcomer descent from that split when next sampled.
+The split criteria stay on the full updates, as in Algorithm 1/2. Why the check is recorded,
+not enforced, by default, why ``unknown`` → conv, and why no uplink is saved: measured in
+docs/algorithms/layercfl.md. Partial participation: as CFL (``cfl.py``), on the selected layers.
 """
 
 from __future__ import annotations
@@ -62,15 +31,8 @@ from clusterfed.explain import bipartition as explain
 from clusterfed.models.layers import select_layers
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import BiPartitionTree, placements
-from clusterfed.strategies.cfl import (
-    PAPER_CFL,
-    CFLParams,
-    CFLState,
-    decide,
-    keep_vectors,
-    pooled_vectors,
-    similarity_decay,
-)
+from clusterfed.strategies.cfl import (PAPER_CFL, CFLParams, CFLState, decide, keep_vectors, pooled_vectors,
+    similarity_decay)
 from clusterfed.strategies.exchange import RETURN_UPDATE, Diagnostics, TrainReply
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
@@ -144,9 +106,7 @@ class LayerCFL(ClusteredStrategy):
         rule = self.params.cluster_layers
         if rule == "auto":
             rule = LAYER_RULE_OF_SKEW[self.params.skew]
-            # a model without conv layers (an MLP, a GRU, a Transformer) or whose conv layers
-            # no client changes (a frozen backbone): its first fully connected layer; without
-            # one either, the final layer
+            # no conv layer (an MLP, a GRU) or only frozen ones: the first fc layer, else the final one
             fallbacks = {"conv": ("conv", "fc", "final"), "fc": ("fc", "final")}[rule]
             rule = next((r for r in fallbacks if _has_layer(self.state.theta0, r, compare)), "final")
         self.state.layer_rule = rule
