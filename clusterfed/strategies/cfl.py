@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import partial
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
@@ -240,7 +240,7 @@ class CFL(ClusteredStrategy):
     }
 
 
-    @cached_property
+    @property
     def bipartition(self) -> BiPartitionTree:
         """The shared tree, with CFL's decision on every compared array."""
         c = self.params

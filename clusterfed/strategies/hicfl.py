@@ -38,7 +38,7 @@ stabilities, criteria, Gap and the layer's cosine matrix.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import partial
 from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
@@ -251,7 +251,7 @@ class HiCFL(ClusteredStrategy):
     }
 
 
-    @cached_property
+    @property
     def bipartition(self) -> BiPartitionTree:
         """The shared tree, with HiCFL's decision; a merge restarts its members' windows."""
         return BiPartitionTree(self.params, partial(decide, params=self.params), restart=windows.restart)

@@ -21,7 +21,7 @@ docs/algorithms/layercfl.md. Partial participation: as CFL (``cfl.py``), on the 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property, partial
+from functools import partial
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -86,7 +86,7 @@ class LayerCFL(ClusteredStrategy):
         "size": "too few members or replies to split, or the run ended before min-split-round",
     }
 
-    @cached_property
+    @property
     def bipartition(self) -> BiPartitionTree:
         """The shared tree, with CFL's decision on the selected layers and the check (Theorem 1)."""
         c = self.params
