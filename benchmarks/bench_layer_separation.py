@@ -42,7 +42,8 @@ from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_simil
 from clusterfed.config import parse_config  # noqa: E402
 from clusterfed.models import select_layers  # noqa: E402
 from clusterfed.simulation import simulate  # noqa: E402
-from clusterfed.strategies.cfl import CFL, flatten  # noqa: E402
+from clusterfed.clustering.vectors import flatten  # noqa: E402
+from clusterfed.strategies import cfl  # noqa: E402
 
 LAYER_SETS = ("conv", "fc", "final", "all")
 MAX_CUT = 6
@@ -50,12 +51,12 @@ RECORDS: list[dict] = []
 
 
 def instrumented(original):
-    def consider_split(self, server_round, cluster, replies, decision):
+    def decide(tree, state, server_round, cluster, replies, decision, clients, reports, **given):
         if server_round >= 2 and len(replies) >= 3:
             keys = [r.key for r in replies]
-            groups = np.array([self.clients[k].true_group for k in keys])
+            groups = np.array([clients[k].true_group for k in keys])
             for layer_set in LAYER_SETS:
-                names = select_layers(self.theta0, layer_set)
+                names = select_layers(state.theta0, layer_set)
                 S = cosine_similarity_matrix(np.stack([flatten(r.update, names) for r in replies]))
                 a, b = bipartition(S)
                 D = np.clip(1.0 - S, 0.0, 2.0)
@@ -70,16 +71,16 @@ def instrumented(original):
                     "best_cut_ari": float(adjusted_rand_score(groups, labels)),
                     "true_silhouette": float(silhouette_score(D, groups, metric="precomputed")),
                 })
-        return original(self, server_round, cluster, replies, decision)
+        return original(tree, state, server_round, cluster, replies, decision, clients, reports, **given)
 
-    return consider_split
+    return decide
 
 
 def one_run(job: tuple[str, int, int]) -> list[dict]:
     setting, seed, rounds = job
-    if not getattr(CFL.consider_split, "instrumented", False):  # once per worker process
-        CFL.consider_split = instrumented(CFL.consider_split)
-        CFL.consider_split.instrumented = True
+    if not getattr(cfl.decide, "instrumented", False):  # once per worker process (CFL builds its tree with it)
+        cfl.decide = instrumented(cfl.decide)
+        cfl.decide.instrumented = True
     RECORDS.clear()
     values = {"strategy": "cfl", "num-clients": 20, "rounds": rounds, "seed": seed,
               "out-dir": tempfile.mkdtemp(prefix="layer-separation-"), "min-split-round": rounds + 1,

@@ -283,7 +283,7 @@ class HiCFL(_HiCFL):
         sketch_above: int = 1000,
         cluster_layers: str = 'auto',
         window: int = 5,
-        stability_eps: typing.Union[float, typing.Literal['auto']] = 'auto',
+        stability_eps: typing.Union[float, typing.Literal['auto', 'lr']] = 'auto',
         stability_eps_rel: float = 1.5,
         xi: typing.Union[float, typing.Literal['auto']] = 'auto',
         timing: typing.Literal['all', 'median'] = 'median',

@@ -308,26 +308,18 @@ def test_a_checkpoints_algorithm_entry_keeps_its_fields(name, tmp_path):
     assert resumed.final_clusters() == strategy.final_clusters()
 
 
-def test_every_part_declares_fields_its_strategys_state_has():
-    """A part reads and writes only the ``State`` fields its Protocol declares; each strategy
-    that composes it has them all, so a checkpoint holds everything the part remembers."""
-    import dataclasses
-    import typing
+def test_the_tree_never_calls_its_strategy():
+    """The bi-partition tree is a part, not a base: no strategy of the family inherits from
+    another algorithm, and the tree's module never names its strategy (``host``); what differs
+    is given as functions of the state."""
+    import inspect
 
-    from clusterfed.strategies.client_vectors import VectorState
-    from clusterfed.strategies.count_evidence import EvidenceState
+    from clusterfed.strategies import bipartitioning
+    from clusterfed.strategies.base import ClusteredStrategy
     from clusterfed.strategies.hicfl import HiCFL
-    from clusterfed.strategies.hicfl_proposals import ProposalState
-    from clusterfed.strategies.hicfl_stability import WindowState
     from clusterfed.strategies.layercfl import LayerCFL
-    from clusterfed.strategies.leaf_merging import MergeState
-    from clusterfed.strategies.tree_descent import DescentState
 
-    shared = (DescentState, MergeState, EvidenceState)
-    parts = {CFL: shared + (VectorState,), LayerCFL: shared + (VectorState,),
-             HiCFL: shared + (WindowState, ProposalState)}
-    for strategy, protocols in parts.items():
-        fields = {f.name: f.type for f in dataclasses.fields(strategy.State)}
-        for protocol in protocols:
-            declared = typing.get_type_hints(protocol)
-            assert declared and set(declared) <= set(fields), (strategy.name, protocol.__name__)
+    for cls in (CFL, LayerCFL, HiCFL):
+        assert cls.__bases__ == (ClusteredStrategy,), cls
+    source = inspect.getsource(bipartitioning)
+    assert "host" not in source and "Protocol" not in source

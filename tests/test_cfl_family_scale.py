@@ -19,6 +19,8 @@ from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_simil
 from clusterfed.cluster_misses import cluster_miss_reason
 from clusterfed.results import RunRecorder
 from clusterfed.strategies.hicfl import HiCFL
+from clusterfed.strategies.cfl import pooled_vectors, similarity_pool
+from clusterfed.explain import bipartition as explain
 import pytest
 
 
@@ -168,7 +170,7 @@ def test_the_basis_says_why_no_further_split_came():
     wide_round(strategy, 1, U)
     wide_round(strategy, 2, U)  # both sides try to split again on noise and are refused
     tail = strategy.cluster_count_basis().split("; no further split: ")[1]
-    assert strategy.refusal_codes() == ["silhouette", "silhouette"]
+    assert explain.refusal_codes(strategy.state) == ["silhouette", "silhouette"]
     assert tail.startswith("2 split attempts refused: silhouette ×2; closest refusal: round 2, cluster ")
     assert "best-cut silhouette" in tail and "< required" in tail
 
@@ -215,7 +217,7 @@ def test_similarity_pool_members_judges_a_split_on_every_member_where_a_sample_i
 def test_similarity_pool_is_the_papers_repliers_by_default():
     strategy = wide_cfl(np.arange(4) % 2)
     assert strategy.params.similarity_pool == "repliers"
-    assert strategy.similarity_pool(0, ["1", "0"]) == ["1", "0"]
+    assert similarity_pool(strategy.params, strategy.state, 0, ["1", "0"]) == ["1", "0"]
 
 
 @pytest.mark.end_to_end
@@ -234,7 +236,7 @@ def test_similarity_pool_members_lets_a_merge_compare_every_members_stored_updat
         groups = {c: [TrainReply(key=k, cluster=c, arrays=wide_arrays(U[int(k)]), sent=strategy.models[c],
                                  num_examples=50, train_loss=0.0, metrics={}, is_update=True) for k in keys]
                   for c, keys in sample.items()}
-        compared = strategy.merge_vectors(groups, strategy.merge_names())
+        compared = pooled_vectors(strategy.params, strategy.state, groups, strategy.decision_names())
         sizes = {c: len(compared[c]) for c in leaves}
         members = {c: sum(1 for v in strategy.assignment.values() if v == c) for c in leaves}
         assert sizes == ({c: 2 for c in leaves} if pool == "repliers" else members)

@@ -9,9 +9,9 @@ from test_cfl import DIM, arrays_of, make_strategy, run_round
 from clusterfed.clustering.stability import StabilityTracker, select_unstable_weights
 from clusterfed.plots.splits import plot_split_figures
 from clusterfed.simulation import simulate
-from clusterfed.strategies.update_vectors import flatten
+from clusterfed.clustering.vectors import flatten
 from clusterfed.strategies.hicfl import HiCFL
-from clusterfed.strategies.tree_descent import side_of
+from clusterfed.clustering.vectors import side_of
 
 # the paper's rule: absolute ε, every member below it, sign of the cosine with the reference,
 # heterogeneity stop rule (no structure test), no merging

@@ -20,7 +20,7 @@ from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.exchange import ClientInfo, Replies, TrainReply
 from clusterfed.strategies.hicfl import HiCFL
 from clusterfed.strategies.layercfl import LayerCFL
-from clusterfed.strategies.update_vectors import similarity_record
+from clusterfed.clustering.vectors import similarity_record
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_memory", ROOT / "benchmarks" / "bench_memory.py")

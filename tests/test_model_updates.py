@@ -348,7 +348,7 @@ def cfl_after_one_round(theta0, updates, **params):
     assert list(strategy.admit(1, list(GROUP))) == []  # before any split, placement asks nothing
     replies = [TrainReply(key=k, cluster=0, arrays=u, sent=strategy.models[0], num_examples=50, train_loss=0.0,
                           metrics={}, is_update=True) for k, u in updates.items()]
-    decision = strategy.criteria(0, replies)
+    decision = strategy.bipartition.criteria(strategy.state, 0, replies)
     strategy.after_train(1, replies)
     sides = {frozenset(members) for members in strategy.state.splits[0]["members"]} if strategy.state.splits else set()
     return decision, sides

@@ -1,3 +1,3 @@
-"""What a run says about its decisions: functions that read a strategy's State and Params
-(one module per family of strategies) and return the sentences the round lines and
-clusters.json carry."""
+"""What a run says about its decisions, outside the strategies' cores: functions that read a
+strategy's ``State`` and ``Params`` and return sentences (why a run ended with one cluster,
+what to try, the evidence for its cluster count). One module per family."""

@@ -1,41 +1,40 @@
-"""The recursive bi-partitioning base, what CFL, LayerCFL and HiCFL share: the cluster
-tree (client keys, never matrix positions), the split log written to clusters.json, the criteria
-bookkeeping and newcomer placement (merging of leaves: ``leaf_merging.py``; update vectors
-and records: ``update_vectors.py``). Newcomers, and members that sat out their cluster's split round, find their leaf by replaying
-the splits (``tree_descent.py``). What a run says about its cluster count is
-``count_evidence.py``'s, merging ``leaf_merging.py``'s: parts each strategy builds once
-(``descent``, ``evidence``, ``merging``) over its own state.
+"""The bi-partition tree CFL, LayerCFL and HiCFL share: an object, not a base class. It keeps
+the cluster tree and the split log in the strategy's ``State``, judges every leaf that replied
+by Sattler's criteria (CFL's Algorithm 1: ``‖mean Δ‖ < ε1`` and ``max ‖Δ‖ > ε2``) under the
+size and timing rules, and hands the split to the algorithm's decision, a function it is built
+with — ``decide(tree, state, server_round, cluster, replies, criteria, clients, reports)`` —
+which proposes, tests and, to split, calls ``tree.apply_split``. It also merges leaves (beyond
+the papers, ``merge``), leaves out the arrays no client changed, and places clients by replaying
+splits. It never calls its strategy: every method gets the ``state`` (and the clients, the
+reports list) as arguments; what differs is given at construction as functions of the state.
 
-Storage (``update-storage``; choice beyond the papers): the vectors kept per client between
-rounds (CFL's and LayerCFL's latest or summed update, HiCFL's stability history) are the
-exact ones (``exact``, the papers') or compact ones (``sketch``): float32, shortened to
-``sketch-dim`` numbers by a seeded linear map (``clustering/sketch.py``; CFL: a count
-sketch, which keeps cosines; HiCFL: a sample of each layer's weights, since its weight
-selection reads coordinates). ``auto`` keeps them exact for federations of up to
-``sketch-above`` clients and compact above, decided once, when the first vector is kept (a
-federation that grows past the threshold later stays exact). A split made on sketches
-records the map in its route, and a newcomer's upload is mapped the same way before it is
-compared.
+Descent: newcomers, and members that sat out their cluster's split round (placed at once on
+the side their latest update points to, ``provisional``), train once at each split on its
+split-round model, upload the split's arrays and follow the side their update resembles. A
+split's ``routes[node]`` is what the descent replays (``rule``, ``names``, ``directions``,
+``model``, optionally ``sketch`` and HiCFL's ``centre``). Storage (``update-storage``): the
+vectors kept per client are exact (the papers') or compact (``sketch``, ``clustering/sketch.py``);
+``auto`` is exact up to ``sketch-above`` clients, decided once, when the first vector is kept.
 """
 
 from __future__ import annotations
 
+import copy
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
+from clusterfed.clustering.split_rules import merge_pairs
+from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
-from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Steps, StrategyParams
-from clusterfed.strategies.count_evidence import CountEvidence
-from clusterfed.strategies.exchange import RETURN_UPDATE, Arrays, Diagnostics, SplitCompared, TrainReply, natural
-from clusterfed.strategies.leaf_merging import LeafMerging, replier_vectors
-from clusterfed.strategies.tree_descent import TreeDescent
-from clusterfed.strategies.update_vectors import decision_record, flatten, stack_float64
+from clusterfed.strategies.base import ClusteredState, StrategyParams
+from clusterfed.strategies.exchange import (RETURN_UPDATE, Arrays, ClientInfo, Diagnostics, SplitCompared, TrainReply,
+    natural, weighted_average)
 
 class BiPartitioningParams(StrategyParams):
     """Split criteria, size/timing rules and merging, shared by CFL, LayerCFL and HiCFL."""
@@ -92,74 +91,81 @@ class BiPartitioningState(ClusteredState):
     merge_refused: dict[str, Any] | None = None  # the last round's closest pair of leaves not merged, for the basis
 
 
-class BiPartitioning(ClusteredStrategy):
-    """Clusters grown by bi-partitions: tree, criteria, split log; newcomers placed by descent
-    (``descent``), leaves merged (``merging``), the cluster count explained (``evidence``).
 
-    Subclasses implement ``consider_split(round, cluster, replies, decision)``. Cluster ids
-    of the tree and of the base's models coincide (root 0, children numbered in order).
-    """
+def compared_arrays(state: BiPartitioningState) -> list[str]:
+    """The arrays whose updates decide a merge by default: every compared array."""
+    return state.compared
 
-    name = "bipartitioning"
-    Params = BiPartitioningParams
-    State = BiPartitioningState
-    state: BiPartitioningState
-    params: BiPartitioningParams
-    timing_code = "criteria"  # the reason code when the timing rule never held
-    figures = ("tree", "splits")
 
-    # ------------------------------------------------------------ parts
-    # built once, on first use; they hold no state of their own (all of it is ``self.state``'s)
-    @cached_property
-    def descent(self) -> TreeDescent:
-        return TreeDescent(self)
+def replier_vectors(state: BiPartitioningState, groups: dict[int, list[TrainReply]],
+                    names: list[str]) -> dict[int, np.ndarray]:
+    """Per cluster that replied, its repliers' updates of ``names`` (the default merge vectors)."""
+    return {c: np.stack([flatten(r.update, names) for r in g]) for c, g in sorted(groups.items())}
 
-    @cached_property
-    def merging(self) -> LeafMerging:
-        c = self.params
-        return LeafMerging(self, min_cosine=c.merge_min_cosine, max_silhouette=c.merge_max_silhouette,
-                           min_drift_members=c.min_split_size, names=self.merge_names, vectors=self.merge_vectors,
-                           restart=self.entered)
 
-    @cached_property
-    def evidence(self) -> CountEvidence:
-        return CountEvidence(self, self.params, self.one_cluster_reasons, self.timing_code)
+def add_cluster(state: ClusteredState, model: Arrays, inherit: int | None = None) -> int:
+    """The base's ``new_cluster`` on ``state``: a cluster from ``model`` (``inherit``: its optimiser state)."""
+    cluster = state.next_cluster_id
+    state.next_cluster_id += 1
+    state.models[cluster] = {k: v.copy() for k, v in model.items()}
+    if inherit is not None and inherit in state.aggregator_state:
+        state.aggregator_state[cluster] = copy.deepcopy(state.aggregator_state[inherit])
+    return cluster
+
+
+def placements(train_asks: Callable[..., list], server_round: int, descent: Any) -> Any:
+    """A descent's requests ``(keys, model, extra)`` run as the strategy's own placement asks."""
+    replies = None
+    while True:
+        try:
+            keys, model, extra = descent.send(replies)
+        except StopIteration as done:
+            return done.value
+        replies = yield train_asks(server_round, keys, models={k: model for k in keys}, extra=extra,
+                                   phase="placement")
+
+
+class BiPartitionTree:
+    """The shared tree (module docstring): ``decide``, the split decision; ``merge_names(state)``,
+    ``merge_vectors(state, groups, names)``: what a merge compares; ``restart(state, cluster, keys)``:
+    what restarts for clients that entered ``cluster`` by a merge or a descent."""
+
+    def __init__(self, params: BiPartitioningParams, decide: Callable[..., Diagnostics | None], *,
+                 merge_names: Callable[[Any], list[str]] = compared_arrays,
+                 merge_vectors: Callable[..., dict[int, np.ndarray]] = replier_vectors,
+                 restart: Callable[[Any, int, list[str]], None] | None = None) -> None:
+        self.params = params
+        self.decide = decide
+        self.merge_names = merge_names
+        self.merge_vectors = merge_vectors
+        self.restart = restart
 
     # ------------------------------------------------------------ set-up
-    def init_clusters(self) -> None:
-        self.state.tree = ClusterTree([], round=0)
-        root = self.new_cluster(self.state.theta0)
-        if root != self.state.tree.root_id:
-            raise RuntimeError(f"the tree's root {self.state.tree.root_id} and the first cluster {root} must coincide")
-        self.state.compared = self.compared_names()
-
-    def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
-        return {"return": RETURN_UPDATE}
-
-    def draw_sample(self, server_round: int) -> list[str] | None:
-        """Placing a provisional member asks it for work: sample before placement."""
-        return self.sample_active()
+    def init(self, state: BiPartitioningState, compared: list[str]) -> None:
+        """One cluster, the root, holding every client; ``compared``: the arrays compared."""
+        state.tree = ClusterTree([], round=0)
+        root = add_cluster(state, state.theta0)
+        if root != state.tree.root_id:
+            raise RuntimeError(f"the tree's root {state.tree.root_id} and the first cluster {root} must coincide")
+        state.compared = compared
 
     # ------------------------------------------------------------ newcomers
-    def admit(self, server_round: int, keys: list[str]) -> Steps:
-        """Descend the tree: at each split node train once on the split-round model and
-        follow the side the update points to (``tree_descent.py``)."""
-        at, path, _ = yield from self.descent.descend(server_round, {key: self.state.tree.root_id for key in keys})
+    def admit(self, state: BiPartitioningState, server_round: int, keys: list[str]) -> Any:
+        """Descend the tree from the root (requests: ``placements``)."""
+        at, path, _ = yield from self.descend(state, {key: state.tree.root_id for key in keys})
         for key, leaf in at.items():
-            self.state.tree.add_member(leaf, key)
-            self.state.assignment[key] = leaf
+            state.tree.add_member(leaf, key)
+            state.assignment[key] = leaf
             if server_round > 1:
-                self.state.newcomer_log.append({"round": server_round, "client": key, "cluster": leaf,
-                                                "path": path[key]})
+                state.newcomer_log.append({"round": server_round, "client": key, "cluster": leaf, "path": path[key]})
 
-    def before_train(self, server_round: int) -> Steps:
-        """Partial participation: the sampled members placed provisionally at a split they
-        sat out descend from that split now, as newcomers do (``tree_descent.py``)."""
-        state = self.state
-        due = {k: state.provisional[k] for k in self.reachable(self.placed()) if k in state.provisional}
+    def place_provisional(self, state: BiPartitioningState, sampled: list[str]) -> Any:
+        """The ``sampled`` members placed provisionally at a split they sat out descend from that
+        split now, as newcomers do; returns the moves (None when none was due)."""
+        due = {k: state.provisional[k] for k in sampled if k in state.provisional}
         if not due:
-            return
-        at, path, failed = yield from self.descent.descend(server_round, due)
+            return None
+        at, path, failed = yield from self.descend(state, due)
         moved = []
         for key, leaf in at.items():
             if key in failed:
@@ -170,58 +176,92 @@ class BiPartitioning(ClusteredStrategy):
                 state.tree.remove_member(old, key)
                 state.tree.add_member(leaf, key)
                 state.assignment[key] = leaf
-                self.entered(leaf, [key])
+                if self.restart is not None:
+                    self.restart(state, leaf, [key])
             moved.append({"client": key, "from": old, "cluster": leaf, "path": path[key]})
         return {"replaced": moved}
 
-    def entered(self, cluster: int, keys: list[str]) -> None:
-        """Strategy state to restart for clients that moved into ``cluster`` by a merge or a
-        provisional member's descent (HiCFL: their stability windows)."""
+    def descend(self, state: BiPartitioningState, start: dict[str, int]) -> Any:
+        """From node ``start[key]`` down to a leaf: at each split a request ``(keys, split-round model,
+        extra)``, then the side the update points to. Returns (leaf, nodes passed, keys whose reply was lost)."""
+        tree = state.tree
+        at = dict(start)
+        path: dict[str, list[int]] = {key: [] for key in start}
+        failed: set[str] = set()
+        while True:
+            waiting: dict[int, list[str]] = defaultdict(list)
+            for key, node in at.items():
+                while (into := tree.node(node).merged_into) is not None:  # merged leaf: no choice to make
+                    node = at[key] = into
+                if not tree.node(node).is_leaf:
+                    waiting[node].append(key)
+            if not waiting:
+                break
+            for node, group in waiting.items():
+                route = state.routes[node]
+                children = tree.node(node).children
+                sizes = tuple(len(tree.node(ch).members) for ch in children)
+                replies = yield group, route["model"], {"upload": ",".join(route["names"]), "return": RETURN_UPDATE}
+                got = {r.key: flatten(r.update, route["names"]) for r in replies}
+                for key in group:
+                    if key in got:
+                        side = side_of(got[key], route)
+                    else:  # the placement round failed for this client
+                        side = 0 if sizes[0] >= sizes[1] else 1
+                        failed.add(key)
+                    path[key].append(node)
+                    at[key] = children[side]
+        return at, path, failed
+
+    def place_absent(self, state: BiPartitioningState, cluster: int, absent: list[str], route: dict[str, Any],
+                     last: dict[str, np.ndarray], sizes: tuple[int, int]) -> tuple[list[str], list[str]]:
+        """Members absent from the split round: provisionally the side their ``last`` update points to
+        (the larger side without one); one already provisional keeps the earlier split it missed."""
+        extra: tuple[list[str], list[str]] = ([], [])
+        for key in absent:
+            side = (side_of(np.asarray(last[key], dtype=np.float64), route) if key in last
+                    else (0 if sizes[0] >= sizes[1] else 1))
+            extra[side].append(key)
+            state.provisional.setdefault(key, cluster)
+        return extra
 
     # ------------------------------------------------------------ storage
-    def compact_storage(self) -> bool:
-        """Whether per-client vectors are kept compact (``update-storage``): decided once,
-        the first time one is kept, from the clients known then."""
-        if self.state.sketched is None:
+    def compact(self, state: BiPartitioningState, clients: dict[str, ClientInfo]) -> bool:
+        """Whether per-client vectors are kept compact (``update-storage``), decided once, when first asked."""
+        if state.sketched is None:
             mode = self.params.update_storage
-            self.state.sketched = mode == "sketch" or (mode == "auto" and len(self.clients) > self.params.sketch_above)
-        return self.state.sketched
+            state.sketched = mode == "sketch" or (mode == "auto" and len(clients) > self.params.sketch_above)
+        return state.sketched
 
-    def storage_record(self) -> dict[str, Any]:
-        return {"mode": self.params.update_storage, "sketched": self.state.sketched,
-                **({"sketch_dim": self.params.sketch_dim} if self.state.sketched else {})}
+    def storage_record(self, state: BiPartitioningState) -> dict[str, Any]:
+        return {"mode": self.params.update_storage, "sketched": state.sketched,
+                **({"sketch_dim": self.params.sketch_dim} if state.sketched else {})}
 
     # ------------------------------------------------------------ criteria
-    def criteria(self, cluster: int, replies: list[TrainReply]) -> SplitDecision:
-        """Sattler's criteria on the full updates of the compared arrays (buffers such as
-        BatchNorm's counters excluded); keeps the cluster's largest mean-norm."""
-        U = stack_float64([flatten(r.update, self.state.compared, dtype=None) for r in replies])
+    def criteria(self, state: BiPartitioningState, cluster: int, replies: list[TrainReply]) -> SplitDecision:
+        """Sattler's criteria on the full updates of the compared arrays; keeps the largest mean-norm."""
+        U = stack_float64([flatten(r.update, state.compared, dtype=None) for r in replies])
         c = self.params
         decision = split_criteria(U, [r.num_examples for r in replies], mode=c.split_criteria, eps1=c.eps1,
                                   eps2=c.eps2, rel_eps1=c.rel_eps1, rel_eps2=c.rel_eps2,
-                                  max_mean_norm_seen=self.state.max_mean_norm.get(cluster))
-        self.state.max_mean_norm[cluster] = decision.reference_mean_norm
+                                  max_mean_norm_seen=state.max_mean_norm.get(cluster))
+        state.max_mean_norm[cluster] = decision.reference_mean_norm
         return decision
 
-    def may_split(self, server_round: int, cluster: int, replies: list[TrainReply]) -> bool:
-        """Size and timing rules: at least ``min-split-size`` members and as many updates
-        this round, not before ``min-split-round``; a cluster made by a merge never splits
-        again (``leaf_merging.py``)."""
+    def may_split(self, state: BiPartitioningState, server_round: int, cluster: int, replies: list[TrainReply]) -> bool:
+        """At least ``min-split-size`` members and replies, not before ``min-split-round``, not a merged leaf."""
         size = self.params.min_split_size
-        return (server_round >= self.params.min_split_round and len(self.state.tree.members(cluster)) >= size
-                and len(replies) >= size and cluster not in self.state.merged)
+        return (server_round >= self.params.min_split_round and len(state.tree.members(cluster)) >= size
+                and len(replies) >= size and cluster not in state.merged)
 
     def thresholds(self) -> dict[str, Any]:
         c = self.params
-        return {"mode": c.split_criteria, "eps1": c.eps1, "eps2": c.eps2, "rel_eps1": c.rel_eps1,
-                "rel_eps2": c.rel_eps2}
+        return {"mode": c.split_criteria, "eps1": c.eps1, "eps2": c.eps2, "rel_eps1": c.rel_eps1, "rel_eps2": c.rel_eps2}
 
     # ------------------------------------------------------------ silent arrays
-    def leave_out_silent(self, replies: list[TrainReply]) -> str | None:
-        """On the first replies: the compared arrays whose update is zero for every client
-        (``parameters.silent_names``) leave ``compared`` for good, and the layer rules pick
-        again without them (``compared_changed``). Returns the sentence naming them, once."""
-        state = self.state
+    def leave_out_silent(self, state: BiPartitioningState, replies: list[TrainReply], name: str) -> str | None:
+        """On the first replies: the compared arrays no client changed leave ``compared`` for good;
+        the sentence naming them, once (the strategy then chooses again what it chose from them)."""
         if state.silent is not None or not replies:
             return None
         silent = silent_names([r.update for r in replies], state.compared, state.theta0)
@@ -230,18 +270,13 @@ class BiPartitioning(ClusteredStrategy):
         if not state.silent:
             return None
         state.compared = kept
-        self.compared_changed()
         shown = ", ".join(silent[:4]) + (f" and {len(silent) - 4} more" if len(silent) > 4 else "")
-        return f"{type(self).__name__}: left out of every comparison, no client changed them: {shown}"
-
-    def compared_changed(self) -> None:
-        """``compared`` lost arrays no client changed: what was chosen from it is chosen again."""
+        return f"{name}: left out of every comparison, no client changed them: {shown}"
 
     # ------------------------------------------------------------ the round
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
-        """Per leaf that replied: the criteria, then ``consider_split``; then merging."""
-        state = self.state
-        silent = self.leave_out_silent(replies)
+    def after_train(self, state: BiPartitioningState, server_round: int, replies: list[TrainReply],
+                    clients: dict[str, ClientInfo], reports: list[Any], silent: str | None = None) -> Diagnostics:
+        """Per leaf that replied: the criteria, then the algorithm's decision; then merging."""
         by_cluster: dict[int, list[TrainReply]] = defaultdict(list)
         for reply in sorted(replies, key=lambda r: natural(r.key)):  # positions follow key order
             if reply.cluster in state.models and state.tree.node(reply.cluster).is_leaf:
@@ -250,39 +285,31 @@ class BiPartitioning(ClusteredStrategy):
         diagnostics: Diagnostics = {"splits": [], "merges": []}
         for cluster in sorted(by_cluster):
             group = by_cluster[cluster]
-            state.split_allowed = state.split_allowed or self.may_split(server_round, cluster, group)
-            decision = self.criteria(cluster, group)
+            state.split_allowed = state.split_allowed or self.may_split(state, server_round, cluster, group)
+            decision = self.criteria(state, cluster, group)
             report[str(cluster)] = {**decision_record(decision), "replies": len(group)}
             state.last_criteria = {"round": server_round, "cluster": cluster, **decision_record(decision)}
-            for key, records in (self.consider_split(server_round, cluster, group, decision) or {}).items():
+            found = self.decide(self, state, server_round, cluster, group, decision, clients, reports) or {}
+            for key, records in found.items():
                 diagnostics.setdefault(key, []).extend(records)
         if self.params.merge:
-            diagnostics["merges"] = self.merging.merge_leaves(
-                server_round, {c: g for c, g in by_cluster.items() if state.tree.node(c).is_leaf})
+            diagnostics["merges"] = self.merge_leaves(
+                state, server_round, {c: g for c, g in by_cluster.items() if state.tree.node(c).is_leaf}, clients)
         if silent:
             diagnostics["decision"] = silent
         return {**diagnostics, "split_criteria": report, "last_split_round": state.final_clustering_round}
 
-    def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
-                       decision: SplitDecision) -> Diagnostics | None:
-        """Decide whether ``cluster`` splits this round (CFL, LayerCFL, HiCFL); here: never.
-        Returns its diagnostics, each a list of records (concatenated over the clusters)."""
-
-    def apply_split(self, server_round: int, cluster: int, keys_a: list[str], keys_b: list[str],
-                    record: dict[str, Any], route: dict[str, Any], compared: SplitCompared) -> dict[str, Any]:
-        """Replace leaf ``cluster`` by two children that start from its model; ``route`` is how
-        a newcomer replays the split (``tree_descent.py``); ``compared`` (what the split decided
-        on) is reported with the split's records for scoring. Returns its summary."""
-        state = self.state
+    def apply_split(self, state: BiPartitioningState, server_round: int, cluster: int, keys_a: list[str],
+                    keys_b: list[str], record: dict[str, Any], route: dict[str, Any], compared: SplitCompared,
+                    reports: list[Any]) -> dict[str, Any]:
+        """Leaf ``cluster`` becomes two children starting from its model; ``route``: how a newcomer
+        replays the split; ``compared`` goes to ``reports`` with the split's records, for scoring."""
         a, b = state.tree.split_by_keys(cluster, keys_a, keys_b, round=server_round)
         model = state.models.pop(cluster)
-        made = (self.new_cluster(model, inherit=cluster), self.new_cluster(model, inherit=cluster))
+        made = (add_cluster(state, model, inherit=cluster), add_cluster(state, model, inherit=cluster))
         if made != (a, b):  # the tree and the models number clusters alike
             raise RuntimeError(f"split of {cluster}: tree children {(a, b)} but new clusters {made}")
-        for key in keys_a:
-            state.assignment[key] = a
-        for key in keys_b:
-            state.assignment[key] = b
+        state.assignment.update({key: a for key in keys_a} | {key: b for key in keys_b})
         state.max_mean_norm.pop(cluster, None)
         state.routes[cluster] = route
         state.split_models[cluster] = model
@@ -291,52 +318,72 @@ class BiPartitioning(ClusteredStrategy):
         state.final_clustering_round = server_round
         summary = {k: record[k] for k in ("parent", "children", "gap") if k in record}
         compared.records += [record, summary]
-        self.reports.append(compared)
+        reports.append(compared)
         return summary
 
-    # ------------------------------------------------------------ merging
-    def merge_names(self) -> list[str]:
-        """The arrays whose updates decide a merge: every compared array (CFL: its decision arrays)."""
-        return self.state.compared
+    # ------------------------------------------------------------ merging (beyond the papers)
+    def merge_leaves(self, state: BiPartitioningState, server_round: int, groups: dict[int, list[TrainReply]],
+                     clients: dict[str, ClientInfo]) -> list[dict[str, Any]]:
+        """Merge the leaf pairs ``split_rules.merge_pairs`` finds among the clusters that replied (cosine
+        of the mean updates, silhouette of the members, cosine of the drifts since their common split)."""
+        if len(groups) < 2:
+            return []
+        names = self.merge_names(state)
+        updates = self.merge_vectors(state, groups, names)
+        c = self.params
+        pairs = merge_pairs(updates, min_cosine=c.merge_min_cosine, max_silhouette=c.merge_max_silhouette,
+                            drift=lambda a, b: self.drift_cosine(state, a, b, names), min_drift_members=c.min_split_size)
+        summaries = []
+        for pair in pairs:
+            silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
+            drift = None if np.isnan(pair.drift_cosine) else pair.drift_cosine
+            summaries.append(self.apply_merge(state, server_round, pair.a, pair.b, clients,
+                                              {"cosine": pair.cosine, "silhouette": silhouette, "drift_cosine": drift}))
+        merged = {c for pair in pairs for c in (pair.a, pair.b)}
+        state.merge_refused = closest_unmerged(server_round, {c: u for c, u in updates.items() if c not in merged},
+                                               self.params.merge_min_cosine,
+                                               lambda a, b: self.drift_cosine(state, a, b, names))
+        return summaries
 
-    def merge_vectors(self, groups: dict[int, list[TrainReply]], names: list[str]) -> dict[int, np.ndarray]:
-        """Per cluster that replied, the vectors a merge compares: its repliers' updates."""
-        return replier_vectors(groups, names)
+    def drift_cosine(self, state: BiPartitioningState, a: int, b: int, names: list[str]) -> float:
+        """Cosine of the clusters' model drifts since the split that separated them (NaN: none)."""
+        node = state.tree.common_ancestor(a, b)
+        if node is None or node not in state.split_models:
+            return float("nan")
+        start = flatten(state.split_models[node], names)
+        return cosine(flatten(state.models[a], names) - start, flatten(state.models[b], names) - start)
+
+    def apply_merge(self, state: BiPartitioningState, server_round: int, a: int, b: int,
+                    clients: dict[str, ClientInfo], record: dict[str, Any]) -> dict[str, Any]:
+        """Replace leaves ``a`` and ``b`` by one new leaf whose model is theirs averaged by size."""
+        keys_a, keys_b = state.tree.members(a), state.tree.members(b)
+        merged = state.tree.merge(a, b, round=server_round)
+        size_a, size_b = (sum(clients[k].num_examples if k in clients else 1 for k in keys) or 1
+                          for keys in (keys_a, keys_b))
+        made = add_cluster(state, weighted_average([state.models.pop(a), state.models.pop(b)], [size_a, size_b]))
+        if made != merged:  # the tree and the models number clusters alike
+            raise RuntimeError(f"merge of {a} and {b}: tree node {merged} but new cluster {made}")
+        for key in keys_a + keys_b:
+            state.assignment[key] = merged
+        state.merged.add(merged)
+        for cluster in (a, b):
+            state.max_mean_norm.pop(cluster, None)
+        record = {"round": server_round, "merged": [a, b], "into": merged, "members": [keys_a, keys_b], **record}
+        state.merges.append(record)
+        state.final_clustering_round = server_round
+        if self.restart is not None:
+            self.restart(state, merged, keys_a + keys_b)
+        return {k: record[k] for k in ("merged", "into", "cosine", "silhouette", "drift_cosine") if k in record}
 
     # ------------------------------------------------------------ outputs
-    def refusal_codes(self) -> list[str]:
-        """The reason code of every refused split attempt (``one_cluster_reasons``)."""
-        return []
-
-    def refusal_numbers(self) -> str | None:
-        """The closest refused split against its threshold (CFL, HiCFL say it)."""
-        return None
-
-    def timing_numbers(self) -> str | None:
-        """The timing rule's numbers in its last round: the split criteria of the last cluster judged."""
-        return self.evidence.criteria_numbers()
-
-    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
-        """A split's structure score, what it had to reach, and the score's name (subclasses)."""
-        return None
-
-    def one_cluster_reason(self) -> str | None:
-        return self.evidence.one_cluster_reason()
-
-    def one_cluster_advice(self) -> str | None:
-        return self.evidence.one_cluster_advice()
-
-    def cluster_count_basis(self) -> str | None:
-        return self.evidence.cluster_count_basis()
-
-    def cluster_state(self) -> dict[str, Any]:
-        state = self.state
+    def cluster_state(self, state: BiPartitioningState, thresholds: dict[str, Any],
+                      one_cluster_reason: str | None) -> dict[str, Any]:
         return {
             "tree": state.tree.to_dict(),
             "splits": state.splits,
             "final_clustering_round": state.final_clustering_round,
-            "criteria": self.thresholds(),
+            "criteria": thresholds,
             "merges": state.merges,
-            "one_cluster_reason": self.one_cluster_reason(),
-            "update_storage": self.storage_record(),
+            "one_cluster_reason": one_cluster_reason,
+            "update_storage": self.storage_record(state),
         }

@@ -1,114 +1,56 @@
-"""Clustered FL by recursive bi-partitioning (Sattler, Müller and Samek, "Clustered
+"""CFL: clustered FL by recursive bi-partitioning (Sattler, Müller and Samek, "Clustered
 Federated Learning: Model-Agnostic Distributed Multitask Optimization Under Privacy
-Constraints", IEEE TNNLS 2020).
+Constraints", IEEE TNNLS 2020), Algorithm 1, read top to bottom:
 
-Every round each cluster's members train its model and send their update Δ_c
-(``return = update``); the base averages per cluster. Then, for every cluster that
-replied (``after_train``):
+- every round each cluster's members send their update Δ_c (``return = update``) and the round
+  skeleton averages per cluster;
+- for every cluster that replied, Algorithm 1's split condition on the members' full updates,
+  ``‖Σ n_c/N Δ_c‖ < ε1`` and ``max_c ‖Δ_c‖ > ε2``, at least ``min-split-size`` members, not
+  before ``min-split-round``: the shared tree's criteria (``bipartitioning.py``;
+  ``split-criteria = absolute`` is the paper's, ``relative`` scales ε1, ε2 to the cluster);
+- ``decide``: the cosine similarity α of the clients' updates, the bi-partition
+  ``argmin max α`` by complete linkage, both children starting from the cluster's model.
 
-1. criteria on the members' full updates of this round (every compared array: trainable
-   floating-point arrays, not buffers such as BatchNorm's counters; ``compare-arrays``):
-   ``mean-norm = ||Σ n_c/N Δ_c||``
-   and ``max-norm = max_c ||Δ_c||`` (``split-criteria``: ``relative`` by default,
-   ``absolute`` = Sattler's ``eps1``/``eps2``);
-2. if the cluster is near-stationary and heterogeneous, has at least ``min-split-size``
-   members (and as many replies) and the round is ≥ ``min-split-round``: cosine
-   similarity of the repliers' updates, two sides by complete linkage. **Choice, beyond
-   the paper (``similarity-decay``; ``auto`` = 0.8 for clients of fewer than 50 examples, else
-   0 = the paper's this-round update):**
-   each client's vector is its updates summed over its rounds with that decay. A client
-   of a few dozen examples sends an update dominated by the noise of its batches; its
-   group's pull repeats every round while that noise does not, so the sum separates the
-   groups where one round's update cannot;
-3. **noise-aware acceptance (choice, beyond the paper)**: the proposed split is kept only if
-   the cluster shows structure on the cosine distances ``1 − S``: the best silhouette over
-   the complete-linkage cuts into 2..``split-silhouette-max-k`` clusters
-   (``bipartition.best_cut_silhouette``) reaches ``split-min-silhouette`` — or, when it
-   falls short, beats the best silhouette of ``split-reference-draws`` group-free Gaussian
-   sets shaped like the updates (``clustering/null_reference.py``: the threshold that fits
-   tens of clients is too high for hundreds of small ones, whose real groups score lower
-   and whose noise scores lower still); otherwise the
-   cluster stays whole and the refusal is logged in ``refused_splits`` (reason
-   ``silhouette``) — it is proposed again in a later round while the criteria hold;
-4. both children start from the cluster's (just aggregated) model and can split again;
-5. **merging (choice, beyond the paper; ``merge = true``)**: two leaf clusters whose
-   members' updates have become indistinguishable are merged (``leaf_merging.py``);
-   it repairs over-split pure groups.
-
-The side-based separation Gap is recorded for every split, never used as a veto (it is
-negative for a pure split while a side still holds two groups).
-
-Partial participation (``fraction-train`` < 1): the criteria (mean and max update
-norm), the similarity matrix, the bi-partition and the acceptance test use the members
-that replied this round (``min-split-size`` of them at least); the aggregate is theirs; a
-client's summed updates (``similarity-decay``) run over the rounds it trained in. A member
-of a splitting cluster that did not reply is put at once on the side whose mean its own
-summed update on the decision layers is nearest to by cosine, or on the larger side if it
-never replied (recorded under the split's ``absent``), so it keeps a model; when next
-sampled it is placed for real by the newcomer descent from that split
-(``tree_descent.py``). Merging, too, compares the clusters' repliers. With full
-participation this is the paper's procedure. **Choice, beyond the paper (``similarity-pool =
-members``, opt-in):** the similarity, the bi-partition, the acceptance test and the merge
-tests use every member with a stored vector (the repliers' new ones, the others' last), the
-criteria still the round's repliers: a tenth of a cluster's members can be too few to show
-its groups, or to show that two leaves hold one.
-
-The defaults of ``rel-eps1``, ``rel-eps2``, ``split-min-silhouette`` and
-``split-silhouette-max-k`` were chosen from measured norm ratios and silhouettes of real SGD
-updates: Sattler's absolute ``eps1``/``eps2`` never fire on small clients' updates, the
-relative criteria fire on structured and, late in training, on iid clients alike, and the
-best-cut silhouette separates the two (the measurements: docs/algorithms/cfl.md).
-``split-min-silhouette = -1`` switches the test off. Every extension beyond the paper is a
-``Params`` field, listed with the paper's rule and our default in docs/algorithms/cfl.md. The
-shared tree, criteria and split log are in ``bipartitioning.py``; the parts CFL composes:
-the per-client vectors (``client_vectors.py``), the newcomer descent (``tree_descent.py``),
-merging (``leaf_merging.py``) and what a run says of its cluster count (``count_evidence.py``).
+Beyond the paper, each a ``Params`` field listed with the paper's rule, our default and the
+``PAPER`` preset in docs/algorithms/cfl.md: the acceptance test (best-cut silhouette on
+``1 − α`` against ``split-min-silhouette`` or group-free updates; refusals in
+``refused_splits``), summed updates (``similarity-decay``), principal components
+(``similarity-rank``), the pool a split is judged on (``similarity-pool``), merging and compact
+vectors (the tree's). The side-based Gap is recorded, never a veto. Partial participation:
+criteria and split on the round's repliers; the others follow their latest vector and descend
+when next sampled. The per-client vectors (``last_vector``) are each client's latest update of
+the decision arrays, or its decayed sum, exact or count-sketched. LayerCFL (``layercfl.py``)
+passes ``decide`` its layers and its check.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Annotated, Any, Literal
+from functools import partial
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import SplitDecision, bipartition
-from clusterfed.clustering.split_scores import (
-    best_cut_silhouette,
-    cosine_similarity_matrix,
-    separation_gap,
-    split_silhouette,
-)
-from clusterfed.clustering.layercfl import CheckResult
-from clusterfed.clustering.null_reference import DEFAULT_DRAWS, reference_score, structure_threshold
+from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.principal_scores import principal_scores
-from clusterfed.strategies.bipartitioning import BiPartitioning, BiPartitioningParams, BiPartitioningState
-from clusterfed.strategies.client_vectors import ClientVectors
-from clusterfed.strategies.exchange import Diagnostics, SplitCompared, TrainReply, natural
-from clusterfed.strategies.update_vectors import (
-    check_record,
-    decision_record,
-    flatten,
-    similarity_record,
-    stack_float64,
-)
+from clusterfed.clustering.split_scores import (best_cut_silhouette, cosine_similarity_matrix, separation_gap,
+    split_silhouette)
+from clusterfed.clustering.vectors import (check_record, decision_record, kept_vectors, required_structure,
+    similarity_record, stack_float64)
+from clusterfed.explain import bipartition as explain
+from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree,
+    placements, replier_vectors)
+from clusterfed.strategies.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, SplitCompared, TrainReply, natural
 
-
-# similarity-decay = auto: summed updates only for clients this small, where one round's
-# update is mostly batch noise; for larger clients summing delayed the first pure split
-# (benchmarks/results/small_client_defaults/README.md).
+# similarity-decay = auto: summed updates only for clients this small (one round's update is
+# mostly batch noise); similarity-rank = auto: principal components for clusters of at least
+# PRINCIPAL_MIN_REPLIES repliers (measured: docs/algorithms/cfl.md, "Many small clients")
 SMALL_CLIENT_EXAMPLES = 50
 SMALL_CLIENT_DECAY = 0.8
-
-# similarity-rank = auto (opt-in; default 0 = the paper's raw cosines): cosines of the updates'
-# leading principal components, and a split must beat group-free updates, for clusters of at
-# least this many repliers (below: raw cosines and the fixed threshold, set on tens of
-# clients). With hundreds of small clients raw cosines of noisy updates show little
-# structure, while a few components estimated from many rows hold the groups' differences
-# (principal_scores.py) -- and any other structure of the updates: measured at 400 clients it
-# recovered digit-pair groups better and over-split rotation groups (docs/algorithms/cfl.md)
 PRINCIPAL_MIN_REPLIES = 40
 PRINCIPAL_RANK = 5
 
@@ -149,7 +91,137 @@ class CFLState(BiPartitioningState):
     refused: list[dict[str, Any]] = field(default_factory=list)
 
 
-class CFL(BiPartitioning):
+
+
+# the paper's Algorithm 1 with no extension (docs/algorithms/cfl.md, "Differences from the paper")
+PAPER_CFL: dict[str, Any] = {
+    "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 20, "min_split_size": 3,
+    "split_min_silhouette": -1.0, "split_silhouette_max_k": 2, "split_reference_draws": 0,
+    "similarity_decay": 0.0, "similarity_rank": 0, "similarity_pool": "repliers", "merge": False,
+    "update_storage": "exact",
+}
+
+
+# ------------------------------------------------------------ the per-client vectors
+def keep_vectors(state: CFLState, replies: list[TrainReply], names: list[str], decay: float, compact: bool,
+                 sketch_dim: int, seed: int) -> None:
+    """Each replier's vector of ``names`` in ``last_vector`` (``clustering/vectors.kept_vectors``)."""
+    kept, state.sketch = kept_vectors(state.last_vector, {r.key: r.update for r in replies}, names, decay,
+                                      compact=compact, sketch=state.sketch, sketch_dim=sketch_dim, seed=seed)
+    state.last_vector.update(kept)
+
+
+def similarity_decay(params: CFLParams, clients: dict[str, ClientInfo]) -> float:
+    """``similarity-decay``; ``auto``: 0.8 for small clients (the median client of those known
+    holds fewer than ``SMALL_CLIENT_EXAMPLES`` examples), 0 (the paper) otherwise."""
+    decay = params.similarity_decay
+    if decay != "auto":
+        return float(decay)
+    sizes = [info.num_examples for info in clients.values()]
+    return SMALL_CLIENT_DECAY if sizes and float(np.median(sizes)) < SMALL_CLIENT_EXAMPLES else 0.0
+
+
+def similarity_pool(params: CFLParams, state: CFLState, cluster: int, repliers: list[str]) -> list[str]:
+    """The clients a split of ``cluster``, or a merge, is judged on (``similarity-pool``): its
+    repliers, then, with ``members``, every other member with a stored vector in key order."""
+    if params.similarity_pool == "repliers":
+        return repliers
+    replied, last = set(repliers), state.last_vector
+    return repliers + sorted((k for k in state.tree.members(cluster) if k not in replied and k in last), key=natural)
+
+
+def pooled_vectors(params: CFLParams, state: CFLState, groups: dict[int, list[TrainReply]],
+                   names: list[str]) -> dict[int, np.ndarray]:
+    """What a merge compares: the repliers' updates, or with ``similarity-pool = members`` each
+    replying cluster's pool of stored vectors."""
+    if params.similarity_pool == "repliers":
+        return replier_vectors(state, groups, names)
+    return {c: stack_float64([state.last_vector[k] for k in similarity_pool(params, state, c, [r.key for r in g])])
+            for c, g in sorted(groups.items())}
+
+
+def similarity_rank(params: CFLParams, replies: int) -> int:
+    """``similarity-rank`` for a cluster of ``replies`` repliers (0: raw cosines)."""
+    rank = params.similarity_rank
+    if rank == "auto":
+        return PRINCIPAL_RANK if replies >= PRINCIPAL_MIN_REPLIES else 0
+    return int(rank)
+
+
+# ------------------------------------------------------------ the split decision (Algorithm 1)
+def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, replies: list[TrainReply],
+           decision: SplitDecision, clients: dict[str, ClientInfo], reports: list[Any], *, params: CFLParams,
+           names: Callable[[Any], list[str]], check: Callable[..., Any] | None = None,
+           enforce: bool = False) -> Diagnostics | None:
+    """A near-stationary, heterogeneous cluster of enough members is cut in two by complete
+    linkage of its clients' cosine similarities on the arrays ``names(state)``, if the cut
+    passes the acceptance test (and ``check``, LayerCFL's, when ``enforce``)."""
+    if not (decision.split and tree.may_split(state, server_round, cluster, replies)):
+        return None
+    # α: the similarity of the clients' vectors (similarity-pool, -decay, -rank), two sides
+    keys = similarity_pool(params, state, cluster, [r.key for r in replies])
+    U = stack_float64([state.last_vector[k] for k in keys])
+    rank = similarity_rank(params, len(keys))
+    S = cosine_similarity_matrix(principal_scores(U, rank) if rank else U)
+    side_a, side_b = bipartition(S)
+    gap = separation_gap(S, side_a, side_b)
+    silhouette = split_silhouette(S, side_a, side_b)
+    # the acceptance test (beyond the paper): structure on 1 - S beyond what noise shows
+    max_k = params.split_silhouette_max_k
+    structure, structure_k = best_cut_silhouette(S, max_k) if max_k > 2 else (silhouette, 2)
+    checked = check(U, side_a, side_b, similarity=S) if check is not None else None
+    required, reference = required_structure(U, structure, fixed=params.split_min_silhouette, max_k=max_k,
+                                             rank=rank, draws=params.split_reference_draws, seed=params.seed)
+    compared = SplitCompared(keys, S)
+    layers = names(state)
+    record: dict[str, Any] = {
+        "criterion": decision_record(decision), "gap": gap, "silhouette": silhouette,
+        "best_cut_silhouette": structure, "best_cut_k": structure_k, "required_silhouette": required,
+        "reference_silhouette": reference, "layers": layers, "similarity_rank": rank,
+    }
+    sides = [[keys[i] for i in side_a], [keys[i] for i in side_b]]
+    # a bi-partition of noise keeps the cluster whole; a cut must beat group-free data
+    # strictly (updates that are all zero score 0, and so does their reference)
+    if structure < required or (reference is not None and structure <= reference):
+        refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "silhouette", "members": sides,
+                                **record}, compared)
+        return {"refused_splits": [{"cluster": cluster, "reason": "silhouette", "gap": gap,
+                                    "silhouette": silhouette, "best_cut_silhouette": structure}]}
+    if checked is not None:
+        record["check"] = check_record(checked)
+        if not checked.passed and enforce:
+            refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "check", "members": sides,
+                                    **record}, compared)
+            return {"refused_splits": [{"cluster": cluster, "reason": "check", "gap": gap,
+                                        "silhouette": silhouette, **record["check"]}]}
+    # two children from the cluster's model; the model the members trained from this round
+    # is what a newcomer replays the split on
+    keys_a, keys_b = sides
+    route = {"rule": "nearest-mean", "names": layers, "model": replies[0].sent,
+             "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)],
+             **({"sketch": state.sketch} if state.sketched and state.sketch is not None else {})}
+    absent = [k for k in state.tree.members(cluster) if k not in set(keys)]
+    extra_a, extra_b = tree.place_absent(state, cluster, absent, route, state.last_vector, (len(keys_a), len(keys_b)))
+    record["absent"] = [extra_a, extra_b]
+    record["similarity"] = similarity_record(keys, S)
+    summary = tree.apply_split(state, server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route,
+                               compared, reports)
+    return {"splits": [summary]}
+
+
+def refuse(state: CFLState, reports: list[Any], record: dict[str, Any], compared: SplitCompared) -> None:
+    """Log a refused split; reported for scoring like a split."""
+    state.refused.append(record)
+    compared.records.append(record)
+    reports.append(compared)
+
+
+def compared_arrays(state: CFLState) -> list[str]:
+    """CFL's decision arrays: every compared array."""
+    return state.compared
+
+
+class CFL(ClusteredStrategy):
     """CFL (Sattler et al.): recursive bi-partitioning on the cosine similarity of full updates."""
 
     name = "cfl"
@@ -157,6 +229,8 @@ class CFL(BiPartitioning):
     State = CFLState
     state: CFLState
     params: CFLParams
+    figures = ("tree", "splits")
+    PAPER: ClassVar[dict[str, Any]] = PAPER_CFL
     one_cluster_reasons = {
         "criteria": "split criteria never met: the cluster was never both near-stationary "
                     "(mean-update norm < rel-eps1 × its peak) and heterogeneous (max norm > rel-eps2 × mean norm)",
@@ -165,193 +239,58 @@ class CFL(BiPartitioning):
         "size": "too few members or replies to split (min-split-size) or the run ended before min-split-round",
     }
 
-    @cached_property
-    def vectors(self) -> ClientVectors:
-        """The per-client vectors the similarity compares (``client_vectors.py``)."""
-        return ClientVectors(self, sketch_dim=self.params.sketch_dim, seed=self.params.seed)
+
+    @property
+    def bipartition(self) -> BiPartitionTree:
+        """The shared tree, with CFL's decision on every compared array."""
+        c = self.params
+        return BiPartitionTree(c, partial(decide, params=c, names=compared_arrays), merge_names=compared_arrays,
+                               merge_vectors=partial(pooled_vectors, c))
 
     def decision_names(self) -> list[str]:
         """The arrays whose updates the similarity is computed on: every compared array."""
         return self.state.compared
 
-    def check_split(self, U: np.ndarray, side_a: np.ndarray, side_b: np.ndarray, S: np.ndarray) -> CheckResult | None:
-        """CFL keeps every proposed split; LayerCFL adds its correct-clustering check."""
-        return None
+    def init_clusters(self) -> None:
+        self.bipartition.init(self.state, self.compared_names())
 
-    def check_enforced(self) -> bool:
-        """Whether a split failing ``check_split`` is refused (LayerCFL's ``correct-clustering-check``)."""
-        return False
+    def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
+        return {"return": RETURN_UPDATE}
 
-    # ------------------------------------------------------------ the round (module docstring)
+    def draw_sample(self, server_round: int) -> list[str] | None:
+        """Placing a provisional member asks it for work: sample before placement."""
+        return self.sample_active()
+
+    def admit(self, server_round: int, keys: list[str]) -> Any:
+        """Newcomers descend the tree (``bipartitioning.py``)."""
+        return placements(self.train_asks, server_round, self.bipartition.admit(self.state, server_round, keys))
+
+    def before_train(self, server_round: int) -> Any:
+        """Sampled members placed provisionally at a split they sat out descend from it now."""
+        return placements(self.train_asks, server_round,
+                          self.bipartition.place_provisional(self.state, self.reachable(self.placed())))
+
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
-        """Keep each replier's vector (step 2's input), then per cluster the criteria (step 1),
-        the split (steps 2–4) and merging (step 5) (``BiPartitioning.after_train``)."""
-        self.vectors.keep(replies, self.decision_names(), self.decay(), compact=self.compact_storage())
-        # refused_splits: a column every round, [] when ``consider_split`` refused none
-        return {"refused_splits": [], **super().after_train(server_round, replies)}
+        """Keep each replier's vector, then per cluster the criteria and ``decide``, then merging."""
+        state, c, tree = self.state, self.params, self.bipartition
+        keep_vectors(state, replies, self.decision_names(), similarity_decay(c, self.clients),
+                     tree.compact(state, self.clients), c.sketch_dim, c.seed)
+        silent = tree.leave_out_silent(state, replies, type(self).__name__)
+        # refused_splits: a column every round, [] when ``decide`` refused none
+        return {"refused_splits": [], **tree.after_train(state, server_round, replies, self.clients, self.reports,
+                                                         silent)}
 
-    def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
-                       decision: SplitDecision) -> Diagnostics | None:
-        """Steps 2–4: a near-stationary, heterogeneous cluster of enough members is cut in two
-        by complete linkage of its clients' cosine similarities, if the cut passes the
-        acceptance test (and LayerCFL's check, when enforced)."""
-        if not (decision.split and self.may_split(server_round, cluster, replies)):
-            return
-        # step 2: the similarity of the clients' vectors (similarity-pool, -decay, -rank) and two sides
-        keys = self.similarity_pool(cluster, [r.key for r in replies])
-        U = stack_float64([self.state.last_vector[k] for k in keys])
-        rank = self.rank(len(keys))
-        S = cosine_similarity_matrix(principal_scores(U, rank) if rank else U)
-        side_a, side_b = bipartition(S)
-        gap = separation_gap(S, side_a, side_b)
-        silhouette = split_silhouette(S, side_a, side_b)
-        # step 3: the acceptance test (beyond the paper): structure on 1 - S beyond what noise shows
-        max_k = self.params.split_silhouette_max_k
-        structure, structure_k = best_cut_silhouette(S, max_k) if max_k > 2 else (silhouette, 2)
-        check = self.check_split(U, side_a, side_b, S)
-        required, reference = self.required_structure(U, structure, max_k, rank)
-        compared = SplitCompared(keys, S)
-        record: dict[str, Any] = {
-            "criterion": decision_record(decision),
-            "gap": gap,
-            "silhouette": silhouette,
-            "best_cut_silhouette": structure,
-            "best_cut_k": structure_k,
-            "required_silhouette": required,
-            "reference_silhouette": reference,
-            "layers": self.decision_names(),
-            "similarity_rank": rank,
-        }
-        sides = [[keys[i] for i in side_a], [keys[i] for i in side_b]]
-        # a bi-partition of noise keeps the cluster whole; a cut must beat group-free data
-        # strictly (updates that are all zero score 0, and so does their reference)
-        if structure < required or (reference is not None and structure <= reference):
-            self.refuse({"round": server_round, "cluster": cluster, "reason": "silhouette", "members": sides,
-                         **record}, compared)
-            return {"refused_splits": [{"cluster": cluster, "reason": "silhouette", "gap": gap,
-                                        "silhouette": silhouette, "best_cut_silhouette": structure}]}
-        if check is not None:
-            record["check"] = check_record(check)
-            if not check.passed and self.check_enforced():
-                self.refuse({"round": server_round, "cluster": cluster, "reason": "check", "members": sides,
-                             **record}, compared)
-                return {"refused_splits": [{"cluster": cluster, "reason": "check", "gap": gap,
-                                            "silhouette": silhouette, **record["check"]}]}
-        # step 4: two children from the cluster's model; the model the members trained from this
-        # round is what a newcomer replays the split on
-        keys_a, keys_b = sides
-        route = {"rule": "nearest-mean", "names": self.decision_names(), "model": replies[0].sent,
-                 "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)],
-                 **({"sketch": self.state.sketch} if self.state.sketched and self.state.sketch is not None else {})}
-        absent = [k for k in self.state.tree.members(cluster) if k not in set(keys)]
-        extra_a, extra_b = self.descent.place_absent(cluster, absent, route, self.state.last_vector,
-                                                     (len(keys_a), len(keys_b)))
-        record["absent"] = [extra_a, extra_b]
-        record["similarity"] = similarity_record(keys, S)
-        summary = self.apply_split(server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route, compared)
-        return {"splits": [summary]}
+    # ------------------------------------------------------------ what a run says (clusterfed.explain)
+    def one_cluster_reason(self) -> str | None:
+        return explain.one_cluster_reason(self.state, self.params, self.one_cluster_reasons)
 
-    def refuse(self, record: dict[str, Any], compared: SplitCompared) -> None:
-        """Log a refused split; reported for scoring like a split."""
-        self.state.refused.append(record)
-        compared.records.append(record)
-        self.reports.append(compared)
+    def one_cluster_advice(self) -> str | None:
+        return explain.one_cluster_advice(self.state)
 
-    # ------------------------------------------------------------ extensions beyond the paper
-    def similarity_pool(self, cluster: int, repliers: list[str]) -> list[str]:
-        """The clients a split of ``cluster``, or a merge, is judged on (``similarity-pool``): its repliers, then,
-        with ``members``, every other member with a stored update in key order. Under partial
-        participation a round's sample of a cluster can be too small to show its groups
-        (a tenth of a cluster of 200 is 20 updates), while every member that trained since
-        the run began has left its summed update (``similarity-decay``)."""
-        if self.params.similarity_pool == "repliers":
-            return repliers
-        replied = set(repliers)
-        last = self.state.last_vector
-        return repliers + sorted((k for k in self.state.tree.members(cluster) if k not in replied and k in last),
-                                 key=natural)
-
-    def decay(self) -> float:
-        """``similarity-decay``; ``auto``: 0.8 for small clients (the median client of those
-        known holds fewer than ``SMALL_CLIENT_EXAMPLES`` examples), 0 (the paper) otherwise."""
-        decay = self.params.similarity_decay
-        if decay != "auto":
-            return float(decay)
-        sizes = [info.num_examples for info in self.clients.values()]
-        return SMALL_CLIENT_DECAY if sizes and float(np.median(sizes)) < SMALL_CLIENT_EXAMPLES else 0.0
-
-    def rank(self, replies: int) -> int:
-        """``similarity-rank`` for a cluster of ``replies`` repliers (0: raw cosines)."""
-        rank = self.params.similarity_rank
-        if rank == "auto":
-            return PRINCIPAL_RANK if replies >= PRINCIPAL_MIN_REPLIES else 0
-        return int(rank)
-
-    def required_structure(self, U: np.ndarray, structure: float, max_k: int,
-                           rank: int = 0) -> tuple[float, float | None]:
-        """The best-cut silhouette a split needs: ``split-min-silhouette``, lowered to what
-        group-free updates of this size and shape reach when the cut falls short of it
-        (``null_reference``), and that reference score (None when not drawn). On principal
-        components (``rank`` > 0) the reference is always drawn and is the threshold: the
-        fixed one was set on raw cosines, and a few components of noise cut well too."""
-        fixed = self.params.split_min_silhouette
-        if (structure >= fixed and not rank) or self.params.split_reference_draws <= 0:
-            return fixed, None
-
-        def score(R: np.ndarray) -> float:
-            S = cosine_similarity_matrix(principal_scores(R, rank) if rank else R)
-            return best_cut_silhouette(S, max_k)[0] if max_k > 2 else split_silhouette(S, *bipartition(S))
-
-        reference = reference_score(U, score, draws=self.params.split_reference_draws, seed=self.params.seed)
-        if rank:
-            return (fixed if reference is None else reference), reference
-        return structure_threshold(fixed, reference), reference
-
-    # ------------------------------------------------------------ merging (step 5)
-    def merge_names(self) -> list[str]:
-        return self.decision_names()
-
-    def merge_vectors(self, groups: dict[int, list[TrainReply]], names: list[str]) -> dict[int, np.ndarray]:
-        """With ``similarity-pool = members``, each replying cluster's pool (``similarity_pool``) of stored
-        vectors; else the repliers' updates."""
-        if self.params.similarity_pool == "repliers":
-            return super().merge_vectors(groups, names)
-        return {c: stack_float64([self.state.last_vector[k] for k in self.similarity_pool(c, [r.key for r in g])])
-                for c, g in sorted(groups.items())}
-
-    # ------------------------------------------------------------ what a run says of its count
-    def refusal_codes(self) -> list[str]:
-        return [r["reason"] for r in self.state.refused]
-
-    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
-        if split.get("best_cut_silhouette") is None or split.get("required_silhouette") is None:
-            return None
-        return "best-cut silhouette", split["best_cut_silhouette"], split["required_silhouette"]
-
-    def refusal_numbers(self) -> str | None:
-        """The refusal closest to passing, of the most frequent reason: the best-cut silhouette
-        against the one required, or (LayerCFL's check) γ_max against its bound."""
-        codes = self.refusal_codes()
-        if not codes:
-            return None
-        top = max(set(codes), key=codes.count)
-        refused = self.state.refused
-        if top == "check":
-            r = min((r for r in refused if r["reason"] == "check"),
-                    key=lambda r: r["check"]["gamma_max"] - r["check"]["bound"])
-            return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: estimated γ_max "
-                    f"{r['check']['gamma_max']:.3f} >= bound {r['check']['bound']:.3f}")
-        r = max((r for r in refused if r["reason"] == top),
-                key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
-        basis = (f"group-free reference {r['reference_silhouette']:.3f}" if r.get("reference_silhouette") is not None
-                 else f"split-min-silhouette {self.params.split_min_silhouette}")
-        compared = len(r["members"][0]) + len(r["members"][1])
-        who = "clients compared" if self.params.similarity_pool == "members" else "repliers"
-        return (f"closest refusal: round {r['round']}, cluster {r['cluster']} ({compared} {who}): "
-                f"best-cut silhouette {r['best_cut_silhouette']:.3f} < required "
-                f"{r['required_silhouette']:.3f} ({basis})")
+    def cluster_count_basis(self) -> str | None:
+        return explain.cluster_count_basis(self.state, self.params)
 
     def cluster_state(self) -> dict[str, Any]:
-        state = super().cluster_state()
+        state = self.bipartition.cluster_state(self.state, self.bipartition.thresholds(), self.one_cluster_reason())
         state["refused_splits"] = self.state.refused
         return state

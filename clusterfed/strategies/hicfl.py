@@ -1,74 +1,45 @@
 """HiCFL (Gong, Xing, Liu, Xi, Chen, "Towards Hierarchical Clustered Federated Learning With
-Model Stability on Mobile Devices", IEEE Transactions on Mobile Computing 2023).
+Model Stability on Mobile Devices", IEEE Transactions on Mobile Computing 2023). The paper's
+steps, in the order ``after_train`` and ``decide`` run them (the shared tree,
+``bipartitioning.py``, keeps the cluster tree and calls ``decide`` for every cluster that replied):
 
-The paper's steps, in the order ``after_train`` and ``consider_split`` run them:
-
-1. All clients start in one cluster; every round each member trains its cluster's model and
-   sends its full update (``return = update``); the server aggregates per cluster.
-2. **Model stability** per client and layer: ``S_t = |(T_t + T_{t−1})/2 − T_{t−2~t}|`` from
-   the last three updates of that layer, averaged over a sliding window of ``window`` (W)
-   rounds (``StabilityWindows``, ``hicfl_stability.py``; a window counts only once full).
-   A *layer* is a named layer of the state dict, its weight and bias flattened together
-   (``conv1``, ``fc1``, …): the paper's "layer l", keeping the bias with the weights it
-   shifts. ``cluster-layers`` restricts the layers watched (``auto``: every layer of compared
-   arrays; buffers such as BatchNorm statistics are never watched).
-3. **Weight selection**: when a client enters a cluster (the start, or after a split) only
-   the indexes with ``|Δ_new − Δ_old| > ξ`` of each layer are kept for its stability (``xi``,
-   the paper's ``0.05·η``); the first update after entering is compared with the previous
-   one, so stability starts one round later. The share of weights kept is reported.
-4. **Split timing**: a cluster is ready to split when, on one layer, the windowed stability
-   of every member is below ε (``stability-eps``, the paper's ``0.5·η``).
+1. All clients start in one cluster; every round each member sends its full update
+   (``return = update``); the server aggregates per cluster.
+2. **Model stability** per client and layer: ``S_t = |(T_t + T_{t−1})/2 − T_{t−2~t}|`` from the
+   last three updates of that layer, averaged over a window of W rounds (``window``; counted
+   once full; ``hicfl_stability.py``). A layer is a named layer of the state dict, weight and
+   bias together; ``cluster-layers`` restricts the layers watched (buffers never are).
+3. **Weight selection**: when a client enters a cluster only the indexes with
+   ``|Δ_new − Δ_old| > ξ`` of each layer are kept for its stability (``xi``, the paper's
+   ``0.05·η``); stability starts one round later. The share of weights kept is reported.
+4. **Split timing**: a cluster is ready when, on one layer, the windowed stability of every
+   member is below ε (``stability-eps``; the paper's ``0.5·η`` is ``lr``).
 5. **The split**: reference ``c_r = argmin S`` on the ready layer; members whose update has
-   ``cos > 0`` with the reference's join its side (``split = reference``;
-   ``LayerProposals``, ``hicfl_proposals.py``). If every member points the reference's way
-   there is no split (never an empty side). Children start from the parent's model; their
-   members' windows and weight selections restart, so children split again later.
-6. **Stop rule**: a cluster whose updates agree stops splitting — the heterogeneity half of
-   CFL's criteria (``split-criteria``) must hold in the split round. Stationarity is not
-   required: stability replaces it as the timing signal (split before the model converged).
+   ``cos > 0`` with the reference's join its side (``split = reference``); never an empty
+   side. Children start from the parent's model; their members' windows restart.
+6. **Stop rule**: a cluster whose updates agree (the heterogeneity half of CFL's criteria,
+   ``split-criteria``, fails in the split round) stops splitting.
 
-Beyond the paper, each switchable and listed with its default in docs/algorithms/hicfl.md:
-ε relative to each layer's scale (``stability-eps = auto``, ``stability-eps-rel``: the layers'
-stability scales differ); the median member's stability (``timing = median``; ``all`` = the
-paper); the weight selection's fallback to the whole layer when it keeps fewer than
-``min-kept-fraction`` of it (on one or two weights every cosine is ±1 and S is 0 by
-construction); complete linkage of the members' cosine similarities (``split = linkage``,
-CFL's rule; the sign rule with one reference is rarely pure when a cluster holds several
-groups); the reference rule on updates centred on the members' sample-weighted mean
-(``centre-updates``: raw cosines are almost all positive while the cluster's common progress
-dominates); the structure test and layer choice (``min-silhouette``: every ready layer
-proposes, the best-scored proposal is taken if its silhouette on 1 − cos reaches the
-threshold; with it on, the stop rule of step 6 is skipped and ``-1`` restores the stop rule
-and the paper's layer, the first ready one); a minimum side (``min-side``); the group-free
-rotation test of splits into small sides (``small-side-reference-draws``); merging
-(``merge``, ``leaf_merging.py``).
+Beyond the paper, each a ``Params`` field listed with the paper's rule, our default and the
+``PAPER`` preset in docs/algorithms/hicfl.md: ε relative to each layer's scale, the median
+member's timing, the weight selection's fallback (``min-kept-fraction``), complete linkage
+(``split = linkage``), centred updates, the structure test and layer choice instead of the stop
+rule (``min-silhouette``), ``min-side``, the small-side rotation test, merging.
 
-Partial participation (``fraction-train`` < 1): stability is tracked per client over its
-own participations — a client's last three updates and its window of W scores come from the
-rounds it trained in, a round it sat out adds nothing (gaps are skipped, never filled in).
-The split timing, the proposals, the structure test and the recorded similarities use the
-members that replied this round. With full participation every one of them needs a full
-window (the paper's every member); with ``fraction-train`` < 1 windows fill at random times
-(a member needs W + 2 participations after entering its cluster), so the repliers whose
-windows are full vote, propose and set the ε scale, at least ``min-split-size`` of them; a
-replier whose window is not full yet joins the side its update of this round points to
-(recorded under ``unwindowed``). A member that did not reply is put at once on the side its
-last update of the chosen layer points to (by the split's own rule), or on the larger side if
-it has none; it is recorded under ``absent`` and keeps a model (its side's). When next
-sampled it is placed for real by the newcomer descent from that split (``tree_descent.py``);
-if that moves it, its windows restart. All members' windows restart after the split.
-
-Also as in CFL: at least ``min-split-size`` members (and as many updates this round) and
-not before ``min-split-round``. Each split records the rule, the layer, the ready layers and
-their scores, the reference (``reference`` rule), the members' stabilities, the criteria,
-the side-based Gap and the cosine matrix of the layer's updates (for figures).
+Partial participation (``fraction-train`` < 1): stability runs over each client's own
+participations; the repliers with full windows (at least ``min-split-size``) vote and propose;
+a replier whose window is not full joins the side its update points to (``unwindowed``); a
+member that did not reply is placed at once by its last update (``absent``) and by descent
+when next sampled (docs/algorithms/hicfl.md). As in CFL: ``min-split-size`` and
+``min-split-round``. Each split records the rule, layer, ready layers and scores, reference,
+stabilities, criteria, Gap and the layer's cosine matrix.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Annotated, Any, Literal
+from functools import partial
+from typing import Annotated, Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -77,13 +48,12 @@ from clusterfed.clustering.bipartition import SplitDecision
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.clustering.split_scores import separation_gap
 from clusterfed.clustering.stability import StabilityTracker
-from clusterfed.strategies.base import StrategyParamsError
-from clusterfed.strategies.bipartitioning import BiPartitioning, BiPartitioningParams, BiPartitioningState
-from clusterfed.strategies.exchange import Diagnostics, SplitCompared, TrainReply
-from clusterfed.strategies.hicfl_proposals import LayerProposals
-from clusterfed.strategies.hicfl_stability import StabilityWindows
-from clusterfed.strategies.tree_descent import side_of
-from clusterfed.strategies.update_vectors import decision_record, similarity_record
+from clusterfed.clustering.vectors import decision_record, side_of, similarity_record
+from clusterfed.explain import bipartition as explain
+from clusterfed.strategies import hicfl_stability as windows
+from clusterfed.strategies.base import ClusteredStrategy, StrategyParamsError
+from clusterfed.strategies.bipartitioning import BiPartitioningParams, BiPartitioningState, BiPartitionTree, placements
+from clusterfed.strategies.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, SplitCompared, TrainReply
 
 # Draws of the small-side rotation test: the test is repeated every round while a cluster
 # stays whole, so a 5 % test (19 draws) is passed by noise within a few rounds (measured:
@@ -97,9 +67,10 @@ class HiCFLParams(BiPartitioningParams):
     cluster_layers: str = Field("auto", alias="cluster-layers",
                                 description="layers whose stability is watched: a rule or names; auto = every layer of compared arrays")
     window: int = Field(5, ge=1, description="W: rounds the windowed stability averages over")
-    stability_eps: PositiveNumber | Literal["auto"] = Field(
+    stability_eps: PositiveNumber | Literal["auto", "lr"] = Field(
         "auto", alias="stability-eps",
-        description='absolute ε (the paper\'s mode), or "auto" = relative to each layer\'s scale (stability-eps-rel)')
+        description='absolute ε (the paper\'s mode), "lr" = the paper\'s 0.5 × the train config\'s lr, or "auto" = '
+                    'relative to each layer\'s scale (stability-eps-rel)')
     stability_eps_rel: float = Field(
         1.5, alias="stability-eps-rel", gt=0,
         description="ε as a multiple of each layer's median windowed stability at the cluster's first full window")
@@ -147,7 +118,116 @@ class HiCFLState(BiPartitioningState):
     last_timing: dict[str, Any] | None = None  # the last judged cluster's layer nearest ε, for the reason
 
 
-class HiCFL(BiPartitioning):
+# the paper's algorithm with no extension (docs/algorithms/hicfl.md, "Differences from the paper"):
+# ε absolute, 0.5·η (``stability-eps = lr``), every member below it, the reference sign rule on
+# raw updates, the stop rule on Sattler's absolute criteria, no fallback, side or merge rule
+PAPER_HICFL: dict[str, Any] = {
+    "stability_eps": "lr", "xi": "auto", "timing": "all", "split": "reference", "centre_updates": False,
+    "min_silhouette": -1.0, "min_kept_fraction": 0.0, "min_side": 1, "small_side_reference_draws": 0,
+    "merge": False, "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 1,
+    "min_split_size": 2, "update_storage": "exact",
+}
+
+
+# ------------------------------------------------------------ steps 4–6: timing, split, stop rule
+def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster: int, replies: list[TrainReply],
+           decision: SplitDecision, clients: dict[str, ClientInfo], reports: list[Any], *,
+           params: HiCFLParams) -> Diagnostics | None:
+    """Step 4 (the layers whose members' stability is below ε), step 6 (the stop rule, or the
+    structure test beyond the paper) and step 5 (the proposal, the split)."""
+    tracker, layers = state.tracker, state.layers
+    members = state.tree.members(cluster)
+    replied = {r.key for r in replies}
+    # timing and split on the members that replied this round (every member with full
+    # participation); under partial participation only those with full windows vote
+    # and propose, the others follow their update after the split (module docstring)
+    present = [k for k in members if k in replied]
+    if params.fraction_train < 1:
+        present = [k for k in present if all(tracker.windowed(k, layer) is not None for layer in layers)]
+        if len(present) < params.min_split_size:
+            return None
+    # step 4: the layers whose members' windowed stability is below ε
+    values, threshold = windows.against_eps(state, cluster, present)
+    if not tree.may_split(state, server_round, cluster, replies):
+        return None
+    windows.note_timing(state, params, server_round, cluster, values, threshold)
+    ready = ready_layers(values, threshold, params.timing)
+    if not ready:
+        return None
+    structure_test = params.min_silhouette > -1
+    if not structure_test:
+        ready = ready[:1]  # the paper: the first layer that is ready
+        if not decision.heterogeneous:  # step 6, the stop rule: the members' updates agree
+            return no_split(state, server_round, cluster, ready[0], "agree", decision)
+    # step 5: a proposal per ready layer; with the structure test, the best-scored one
+    proposals = {layer: p for layer in ready if (p := windows.propose(state, params, clients, layer, present)) is not None}
+    if not proposals:
+        return no_split(state, server_round, cluster, ready[0], "one_side", decision)
+    choice = pick_best({layer: p["score"] for layer, p in proposals.items()},
+                       params.min_silhouette if structure_test else -np.inf)
+    if choice.layer is None:  # structure test: no ready layer shows two groups
+        return no_split(state, server_round, cluster, max(choice.silhouettes, key=choice.silhouettes.get),
+                        "silhouette", decision, silhouettes=choice.silhouettes)
+    chosen = proposals[choice.layer]
+    reference = windows.small_side_test(state, params, chosen, present)
+    if reference is not None and choice.silhouette <= reference:  # a few members of one group: noise
+        return no_split(state, server_round, cluster, choice.layer, "reference", decision,
+                        silhouettes=choice.silhouettes, reference_silhouette=reference)
+    return split(tree, state, reports, server_round, cluster, replies, decision, choice, chosen, ready, reference,
+                 present)
+
+
+def split(tree: BiPartitionTree, state: HiCFLState, reports: list[Any], server_round: int, cluster: int,
+          replies: list[TrainReply], decision: SplitDecision, choice: Any, chosen: dict[str, Any], ready: list[str],
+          reference: float | None, present: list[str]) -> Diagnostics:
+    """Step 5's split of ``cluster`` by the ``chosen`` proposal; every member's windows restart."""
+    tracker = state.tracker
+    members = state.tree.members(cluster)
+    replied = {r.key for r in replies}
+    keys_a, keys_b = chosen["keys"]
+    S = chosen["S"]
+    position = {k: i for i, k in enumerate(present)}
+    record = {
+        "layer": choice.layer,
+        **chosen["record"],
+        "ready_layers": ready,
+        "silhouettes": choice.silhouettes,
+        "reference_silhouette": reference,
+        "stability": chosen["stability"],
+        "relative": state.epsilon is None,
+        "criterion": decision_record(decision),
+        "gap": separation_gap(S, [position[k] for k in keys_a], [position[k] for k in keys_b]),
+        "layers": state.layer_keys[choice.layer],
+        "similarity": similarity_record(present, S),
+    }
+    route = {**chosen["route"], "model": replies[0].sent}
+    # repliers whose windows were not full: the side this round's update points to (as
+    # the descent would place them: final); members that did not reply: provisionally
+    fresh: tuple[list[str], list[str]] = ([], [])
+    for key in (k for k in members if k in replied and k not in position):
+        fresh[side_of(tracker.last_update(key, choice.layer), route)].append(key)
+    absent = [k for k in members if k not in replied]
+    last = {k: v for k in absent if (v := tracker.last_update(k, choice.layer)) is not None}
+    extra_a, extra_b = tree.place_absent(state, cluster, absent, route, last, (len(keys_a), len(keys_b)))
+    record["absent"] = [extra_a, extra_b]
+    if fresh[0] or fresh[1]:
+        record["unwindowed"] = [fresh[0], fresh[1]]
+    summary = tree.apply_split(state, server_round, cluster, list(keys_a) + fresh[0] + extra_a,
+                               list(keys_b) + fresh[1] + extra_b, record, route, SplitCompared(present, S), reports)
+    windows.restart(state, cluster, members)  # children: windows and weight selection restart
+    return {"splits": [summary]}
+
+
+def no_split(state: HiCFLState, server_round: int, cluster: int, layer: str, code: str, decision: SplitDecision,
+             **extra: Any) -> Diagnostics:
+    """A ready cluster that did not split, and why (``no_split``)."""
+    entry = {"round": server_round, "cluster": cluster, "layer": layer, "code": code,
+             "reason": explain.NO_SPLIT_TEXT[code], "criterion": decision_record(decision), **extra}
+    state.no_split.append(entry)
+    return {"no_split": [{"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra}]}
+
+
+class HiCFL(ClusteredStrategy):
     """HiCFL: splits timed by per-layer model stability (the paper's steps: the module docstring)."""
 
     name = "hicfl"
@@ -155,7 +235,8 @@ class HiCFL(BiPartitioning):
     State = HiCFLState
     state: HiCFLState
     params: HiCFLParams
-    timing_code = "stability"
+    figures = ("tree", "splits")
+    PAPER: ClassVar[dict[str, Any]] = PAPER_HICFL
     one_cluster_reasons = {
         "stability": "split timing never met: on every layer the windowed stability (of every member or of the "
                      "median member, hicfl.timing) stayed at or above ε",
@@ -169,32 +250,34 @@ class HiCFL(BiPartitioning):
         "size": "too few members or replies to split, or the run ended before min-split-round",
     }
 
-    @cached_property
-    def windows(self) -> StabilityWindows:
-        """Steps 2–4's stability windows (``hicfl_stability.py``)."""
-        return StabilityWindows(self, sketch_dim=self.params.sketch_dim, seed=self.params.seed)
 
-    @cached_property
-    def proposals(self) -> LayerProposals:
-        """Step 5's proposals, one per ready layer (``hicfl_proposals.py``)."""
-        return LayerProposals(self, self.params, self.windows.sample_of)
+    @property
+    def bipartition(self) -> BiPartitionTree:
+        """The shared tree, with HiCFL's decision; a merge restarts its members' windows."""
+        return BiPartitionTree(self.params, partial(decide, params=self.params), restart=windows.restart)
 
     def check_train_config(self, train_config: dict[str, Any]) -> None:
-        if self.params.xi == "auto" and not isinstance(train_config.get("lr"), (int, float)):
+        if isinstance(train_config.get("lr"), (int, float)):
+            return
+        if self.params.xi == "auto":
             raise StrategyParamsError('hicfl.xi = "auto" is 0.05 × the clients\' learning rate, but the train config '
                                       'has no number "lr": set xi, or pass train_config={"lr": ...}')
+        if self.params.stability_eps == "lr":
+            raise StrategyParamsError('hicfl.stability-eps = "lr" is 0.5 × the clients\' learning rate, but the train '
+                                      'config has no number "lr": set stability-eps, or pass train_config={"lr": ...}')
 
     # ------------------------------------------------------------ step 1: one cluster
     def init_clusters(self) -> None:
-        super().init_clusters()
         state, c = self.state, self.params
-        state.epsilon = c.number_or_none(c.stability_eps)
+        self.bipartition.init(state, self.compared_names())
         state.eps_rel = c.stability_eps_rel
         state.scales = {}
         xi, lr = c.number_or_none(c.xi), self.train_config.get("lr")  # lr None in a loop of one's own: its first configure_train gives it
-        state.xi = xi if xi is not None else 0.05 * float(lr) if isinstance(lr, (int, float)) else None
+        lr = float(lr) if isinstance(lr, (int, float)) else None
+        state.epsilon = (0.5 * lr if lr is not None else None) if c.stability_eps == "lr" else c.number_or_none(c.stability_eps)
+        state.xi = xi if xi is not None else 0.05 * lr if lr is not None else None
         state.tracker = StabilityTracker(c.window, state.xi, min_kept_fraction=c.min_kept_fraction)
-        self.windows.watch(state.compared if c.cluster_layers == "auto" else self.select_compared_layers(c.cluster_layers))
+        windows.watch(state, state.compared if c.cluster_layers == "auto" else self.select_compared_layers(c.cluster_layers))
         state.no_split = []
         state.windows_filled = False
         state.samples = {}
@@ -202,182 +285,61 @@ class HiCFL(BiPartitioning):
     def compared_changed(self) -> None:
         """Arrays no client changed are never watched (a frozen layer is perfectly stable)."""
         kept, watched = set(self.state.compared), [n for keys in self.state.layer_keys.values() for n in keys]
-        self.windows.watch([n for n in watched if n in kept] or watched)
+        windows.watch(self.state, [n for n in watched if n in kept] or watched)
 
-    @property
-    def structure_test(self) -> bool:
-        return self.params.min_silhouette > -1
+    def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
+        return {"return": RETURN_UPDATE}
 
-    # ------------------------------------------------------------ steps 2–3: stability, weight selection
+    def draw_sample(self, server_round: int) -> list[str] | None:
+        """Placing a provisional member asks it for work: sample before placement."""
+        return self.sample_active()
+
+    def admit(self, server_round: int, keys: list[str]) -> Any:
+        """Newcomers descend the tree (``bipartitioning.py``)."""
+        return placements(self.train_asks, server_round, self.bipartition.admit(self.state, server_round, keys))
+
+    def before_train(self, server_round: int) -> Any:
+        """Sampled members placed provisionally at a split they sat out descend from it now."""
+        return placements(self.train_asks, server_round,
+                          self.bipartition.place_provisional(self.state, self.reachable(self.placed())))
+
+    # ------------------------------------------------------------ steps 2–3, then the tree's round
     def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
-        state = self.state
-        if state.xi is None:  # xi = auto, the train config's lr known only now
+        state, c, tree = self.state, self.params, self.bipartition
+        if state.xi is None or (c.stability_eps == "lr" and state.epsilon is None):  # lr known only now
             self.check_train_config(self.train_config)
-            state.xi = state.tracker.xi = 0.05 * float(self.train_config["lr"])
-        silent = self.leave_out_silent(replies)  # before the windows see a frozen layer
-        self.windows.track(replies, compact=self.compact_storage())
+            lr = float(self.train_config["lr"])
+            if state.xi is None:
+                state.xi = state.tracker.xi = 0.05 * lr
+            if c.stability_eps == "lr" and state.epsilon is None:
+                state.epsilon = 0.5 * lr
+        silent = tree.leave_out_silent(state, replies, type(self).__name__)  # before the windows see a frozen layer
+        if silent:
+            self.compared_changed()
+        windows.track(state, replies, tree.compact(state, self.clients), c.sketch_dim, c.seed)
         # stability before a split restarts the windows, so figures show the trigger; no_split: [] when none
-        diagnostics = {**self.windows.record(self.placed()), "no_split": [],
-                       **super().after_train(server_round, replies)}
+        diagnostics = {**explain.stability_record(state, self.placed()), "no_split": [],
+                       **tree.after_train(state, server_round, replies, self.clients, self.reports)}
         return {**diagnostics, "decision": silent} if silent else diagnostics
 
-    # ------------------------------------------------------------ steps 4–6: timing, split, stop rule
-    def consider_split(self, server_round: int, cluster: int, replies: list[TrainReply],
-                       decision: SplitDecision) -> Diagnostics | None:
-        tracker, layers = self.state.tracker, self.state.layers
-        members = self.state.tree.members(cluster)
-        replied = {r.key for r in replies}
-        # timing and split on the members that replied this round (every member with full
-        # participation); under partial participation only those with full windows vote
-        # and propose, the others follow their update after the split (module docstring)
-        present = [k for k in members if k in replied]
-        if self.params.fraction_train < 1:
-            present = [k for k in present if all(tracker.windowed(k, layer) is not None for layer in layers)]
-            if len(present) < self.params.min_split_size:
-                return
-        # step 4: the layers whose members' windowed stability is below ε
-        values, threshold = self.windows.against_eps(cluster, present)
-        if not self.may_split(server_round, cluster, replies):
-            return
-        self.note_timing(server_round, cluster, values, threshold)
-        ready = ready_layers(values, threshold, self.params.timing)
-        if not ready:
-            return
-        if not self.structure_test:
-            ready = ready[:1]  # the paper: the first layer that is ready
-            if not decision.heterogeneous:  # step 6, the stop rule: the members' updates agree
-                return self.note_no_split(server_round, cluster, ready[0], "agree", decision)
-        # step 5: a proposal per ready layer; with the structure test, the best-scored one
-        proposals = {layer: p for layer in ready if (p := self.proposals.propose(layer, present)) is not None}
-        if not proposals:
-            return self.note_no_split(server_round, cluster, ready[0], "one_side", decision)
-        choice = pick_best({layer: p["score"] for layer, p in proposals.items()},
-                           self.params.min_silhouette if self.structure_test else -np.inf)
-        if choice.layer is None:  # structure test: no ready layer shows two groups
-            return self.note_no_split(server_round, cluster, max(choice.silhouettes, key=choice.silhouettes.get),
-                                      "silhouette", decision, silhouettes=choice.silhouettes)
-        chosen = proposals[choice.layer]
-        reference = self.proposals.small_side_reference(chosen, present)
-        if reference is not None and choice.silhouette <= reference:  # a few members of one group: noise
-            return self.note_no_split(server_round, cluster, choice.layer, "reference", decision,
-                                      silhouettes=choice.silhouettes, reference_silhouette=reference)
-        return self.split(server_round, cluster, replies, decision, choice, chosen, ready, reference, present)
-
-    def split(self, server_round: int, cluster: int, replies: list[TrainReply], decision: SplitDecision, choice: Any,
-              chosen: dict[str, Any], ready: list[str], reference: float | None, present: list[str]) -> Diagnostics:
-        """Step 5's split of ``cluster`` by the ``chosen`` proposal; every member's windows restart."""
-        tracker = self.state.tracker
-        members = self.state.tree.members(cluster)
-        replied = {r.key for r in replies}
-        keys_a, keys_b = chosen["keys"]
-        S = chosen["S"]
-        position = {k: i for i, k in enumerate(present)}
-        record = {
-            "layer": choice.layer,
-            **chosen["record"],
-            "ready_layers": ready,
-            "silhouettes": choice.silhouettes,
-            "reference_silhouette": reference,
-            "stability": chosen["stability"],
-            "relative": self.state.epsilon is None,
-            "criterion": decision_record(decision),
-            "gap": separation_gap(S, [position[k] for k in keys_a], [position[k] for k in keys_b]),
-            "layers": self.state.layer_keys[choice.layer],
-            "similarity": similarity_record(present, S),
-        }
-        route = {**chosen["route"], "model": replies[0].sent}
-        # repliers whose windows were not full: the side this round's update points to (as
-        # the descent would place them: final); members that did not reply: provisionally
-        fresh: tuple[list[str], list[str]] = ([], [])
-        for key in (k for k in members if k in replied and k not in position):
-            fresh[side_of(tracker.last_update(key, choice.layer), route)].append(key)
-        absent = [k for k in members if k not in replied]
-        last = {k: v for k in absent if (v := tracker.last_update(k, choice.layer)) is not None}
-        extra_a, extra_b = self.descent.place_absent(cluster, absent, route, last, (len(keys_a), len(keys_b)))
-        record["absent"] = [extra_a, extra_b]
-        if fresh[0] or fresh[1]:
-            record["unwindowed"] = [fresh[0], fresh[1]]
-        summary = self.apply_split(server_round, cluster, list(keys_a) + fresh[0] + extra_a,
-                                   list(keys_b) + fresh[1] + extra_b, record, route, SplitCompared(present, S))
-        self.windows.restart(members)  # children: windows and weight selection restart
-        return {"splits": [summary]}
-
-    def entered(self, cluster: int, keys: list[str]) -> None:
-        self.windows.restart(keys)  # a merge, or a provisional member placed elsewhere: its windows restart
-
-    # ------------------------------------------------------------ what a run says of its count
-    NO_SPLIT_TEXT = {"agree": "updates agree (not heterogeneous)",
-                     "one_side": "a side with fewer than hicfl-min-side members, or everyone on the reference's side",
-                     "silhouette": "no ready layer's split passed the structure test",
-                     "reference": "a split leaving a side of fewer than min-split-size members scored no better than "
-                                  "group-free rotations of the members' updates"}
-
-    def note_no_split(self, server_round: int, cluster: int, layer: str, code: str, decision: SplitDecision,
-                      **extra: Any) -> Diagnostics:
-        entry = {"round": server_round, "cluster": cluster, "layer": layer, "code": code,
-                 "reason": self.NO_SPLIT_TEXT[code], "criterion": decision_record(decision), **extra}
-        self.state.no_split.append(entry)
-        return {"no_split": [{"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra}]}
-
-    def refusal_codes(self) -> list[str]:
-        return [n["code"] for n in self.state.no_split]
-
+    # ------------------------------------------------------------ what a run says (clusterfed.explain)
     def one_cluster_reason(self) -> str | None:
-        reason = super().one_cluster_reason()
-        state = self.state
-        if reason is not None and state.split_allowed and not state.splits and not state.no_split \
-                and not state.windows_filled:
-            return f"{self.one_cluster_reasons['window']}; window {self.params.window}"
-        return reason
+        return explain.one_cluster_reason(self.state, self.params, self.one_cluster_reasons)
 
-    def note_timing(self, server_round: int, cluster: int, values: dict[str, dict | None], eps: float) -> None:
-        """Keep the layer whose stability (every member's largest or the median, ``timing``) came nearest ε."""
-        statistic = np.max if self.params.timing == "all" else np.median
-        judged = {layer: float(statistic(list(v.values()))) for layer, v in values.items() if v}
-        if judged:
-            layer = min(judged, key=judged.get)
-            self.state.last_timing = {"round": server_round, "cluster": cluster, "layer": layer,
-                                      "value": judged[layer], "eps": eps}
+    def one_cluster_advice(self) -> str | None:
+        return explain.one_cluster_advice(self.state)
 
-    def timing_numbers(self) -> str | None:
-        t = self.state.last_timing
-        if not t:
-            return None
-        unit = "" if self.state.epsilon is not None else " (relative to the layer's scale)"
-        sign = ">=" if t["value"] >= t["eps"] else "<"  # the last judged round may have fired (then a split)
-        return (f"round {t['round']}: nearest layer {t['layer']}, {self.params.timing} member's stability "
-                f"{t['value']:.3f} {sign} ε {t['eps']:.3f}{unit}")
-
-    def split_score(self, split: dict[str, Any]) -> tuple[str, float, float] | None:
-        score = (split.get("silhouettes") or {}).get(split.get("layer"))
-        return None if score is None else (f"{split['layer']} silhouette", score, self.params.min_silhouette)
-
-    def refusal_numbers(self) -> str | None:
-        """The refusal of the most frequent reason closest to passing, with its numbers."""
-        codes = self.refusal_codes()
-        if not codes:
-            return None
-        top = max(set(codes), key=codes.count)
-        entries = [n for n in self.state.no_split if n["code"] == top]
-        if top == "silhouette":
-            n = max(entries, key=lambda n: max(n["silhouettes"].values()))
-            return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: best layer silhouette "
-                    f"{max(n['silhouettes'].values()):.3f} < min-silhouette {self.params.min_silhouette}")
-        if top == "reference":
-            n = max(entries, key=lambda n: max(n["silhouettes"].values()) - n["reference_silhouette"])
-            return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: silhouette "
-                    f"{max(n['silhouettes'].values()):.3f} <= group-free rotations {n['reference_silhouette']:.3f}")
-        n = entries[-1]
-        return f"last refusal: round {n['round']}, cluster {n['cluster']}, layer {n['layer']}"
+    def cluster_count_basis(self) -> str | None:
+        return explain.cluster_count_basis(self.state, self.params)
 
     def thresholds(self) -> dict[str, Any]:
         c, state = self.params, self.state
-        return {**super().thresholds(), "stability_eps": state.epsilon, "stability_eps_rel": state.eps_rel,
+        return {**self.bipartition.thresholds(), "stability_eps": state.epsilon, "stability_eps_rel": state.eps_rel,
                 "xi": state.xi, "window": c.window, "timing": c.timing, "split": c.split,
                 "min_silhouette": c.min_silhouette}
 
     def cluster_state(self) -> dict[str, Any]:
-        cluster_state = super().cluster_state()
+        cluster_state = self.bipartition.cluster_state(self.state, self.thresholds(), self.one_cluster_reason())
         cluster_state["layers"] = self.state.layers
         cluster_state["no_split"] = self.state.no_split
         return cluster_state

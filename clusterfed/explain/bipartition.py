@@ -1,0 +1,250 @@
+"""What the bi-partitioning strategies (CFL, LayerCFL, HiCFL) say about their final number of
+clusters, without true groups, read from their ``State`` and ``Params``: ``one_cluster_reason``
+(why a run ended as FedAvg, with the numbers behind it: the closest refused split against its
+threshold, or the timing rule against its own), ``one_cluster_advice`` (what to try) and
+``cluster_count_basis`` (the splits accepted with their scores against the thresholds, the
+merges made and the closest pair of leaves a merge refused). The CFL-family functions take the
+family's refusals from ``state.refused`` (CFL, LayerCFL) or ``state.no_split`` (HiCFL)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+
+from clusterfed.clustering.split_rules import one_cluster_reason as reason_of, refusal_counts
+
+SHOWN_SPLITS = 2  # the splits a basis names: those closest to their threshold
+
+# reason code (the strategies' ``one_cluster_reasons``) -> the setting most likely to change it
+ONE_CLUSTER_ADVICE = {
+    "criteria": "more rounds, split-criteria = relative (rel-eps1, rel-eps2: the criteria scaled to the updates), "
+                "or FedClust, which clusters once from the first round",
+    "stability": "more rounds, a larger hicfl.stability-eps-rel, or FedClust",
+    "window": "more rounds or a smaller hicfl.window",
+    "silhouette": "a lower split-min-silhouette if the groups are real but close, or compare-arrays naming the "
+                  "layers that differ between groups",
+    "check": "correct-clustering-check = false (the check recorded, not enforced)",
+    "size": "a smaller min-split-size or min-split-round, or more clients per round (fraction-train)",
+    "agree": "compare-arrays naming the layers that differ between groups, or FedClust",
+    "one_side": "a smaller hicfl.min-side",
+    "reference": "more clients per round (fraction-train) or a smaller min-split-size",
+}
+
+# HiCFL: why a ready cluster did not split (the ``reason`` of its ``no_split`` entries)
+NO_SPLIT_TEXT = {"agree": "updates agree (not heterogeneous)",
+                 "one_side": "a side with fewer than hicfl-min-side members, or everyone on the reference's side",
+                 "silhouette": "no ready layer's split passed the structure test",
+                 "reference": "a split leaving a side of fewer than min-split-size members scored no better than "
+                              "group-free rotations of the members' updates"}
+
+
+def is_hicfl(state: Any) -> bool:
+    return hasattr(state, "no_split")
+
+
+def timing_code(state: Any) -> str:
+    """The reason code when the timing rule never held."""
+    return "stability" if is_hicfl(state) else "criteria"
+
+
+def refusal_codes(state: Any) -> list[str]:
+    """The reason code of every refused split attempt (``one_cluster_reasons``)."""
+    if is_hicfl(state):
+        return [n["code"] for n in state.no_split]
+    return [r["reason"] for r in state.refused]
+
+
+# ------------------------------------------------------------ the numbers behind a reason
+def criteria_numbers(state: Any, params: Any) -> str | None:
+    """The split criteria of the last cluster judged against their thresholds."""
+    last = state.last_criteria
+    if not last:
+        return None
+    c = params
+    if last["mode"] == "absolute":
+        return (f"round {last['round']}: mean-update norm {last['mean_norm']:.3g} vs eps1 {c.eps1}, "
+                f"max norm {last['max_norm']:.3g} vs eps2 {c.eps2}")
+    return (f"round {last['round']}: mean-update norm {last['mean_norm']:.3g} vs rel-eps1 × peak "
+            f"{c.rel_eps1 * last['reference_mean_norm']:.3g}, max norm {last['max_norm']:.3g} vs rel-eps2 × mean "
+            f"{c.rel_eps2 * last['mean_norm']:.3g}")
+
+
+def stability_numbers(state: Any, params: Any) -> str | None:
+    """HiCFL: the layer whose stability came nearest ε in the last judged round."""
+    t = state.last_timing
+    if not t:
+        return None
+    unit = "" if state.epsilon is not None else " (relative to the layer's scale)"
+    sign = ">=" if t["value"] >= t["eps"] else "<"  # the last judged round may have fired (then a split)
+    return (f"round {t['round']}: nearest layer {t['layer']}, {params.timing} member's stability "
+            f"{t['value']:.3f} {sign} ε {t['eps']:.3f}{unit}")
+
+
+def timing_numbers(state: Any, params: Any) -> str | None:
+    """The timing rule's numbers in its last round against its thresholds."""
+    return stability_numbers(state, params) if is_hicfl(state) else criteria_numbers(state, params)
+
+
+def cfl_refusal_numbers(state: Any, params: Any) -> str | None:
+    """The refusal closest to passing, of the most frequent reason: the best-cut silhouette
+    against the one required, or (LayerCFL's check) γ_max against its bound."""
+    codes = refusal_codes(state)
+    if not codes:
+        return None
+    top = max(set(codes), key=codes.count)
+    refused = state.refused
+    if top == "check":
+        r = min((r for r in refused if r["reason"] == "check"),
+                key=lambda r: r["check"]["gamma_max"] - r["check"]["bound"])
+        return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: estimated γ_max "
+                f"{r['check']['gamma_max']:.3f} >= bound {r['check']['bound']:.3f}")
+    r = max((r for r in refused if r["reason"] == top),
+            key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
+    basis = (f"group-free reference {r['reference_silhouette']:.3f}" if r.get("reference_silhouette") is not None
+             else f"split-min-silhouette {params.split_min_silhouette}")
+    compared = len(r["members"][0]) + len(r["members"][1])
+    who = "clients compared" if params.similarity_pool == "members" else "repliers"
+    return (f"closest refusal: round {r['round']}, cluster {r['cluster']} ({compared} {who}): "
+            f"best-cut silhouette {r['best_cut_silhouette']:.3f} < required "
+            f"{r['required_silhouette']:.3f} ({basis})")
+
+
+def hicfl_refusal_numbers(state: Any, params: Any) -> str | None:
+    """The refusal of the most frequent reason closest to passing, with its numbers."""
+    codes = refusal_codes(state)
+    if not codes:
+        return None
+    top = max(set(codes), key=codes.count)
+    entries = [n for n in state.no_split if n["code"] == top]
+    if top == "silhouette":
+        n = max(entries, key=lambda n: max(n["silhouettes"].values()))
+        return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: best layer silhouette "
+                f"{max(n['silhouettes'].values()):.3f} < min-silhouette {params.min_silhouette}")
+    if top == "reference":
+        n = max(entries, key=lambda n: max(n["silhouettes"].values()) - n["reference_silhouette"])
+        return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: silhouette "
+                f"{max(n['silhouettes'].values()):.3f} <= group-free rotations {n['reference_silhouette']:.3f}")
+    n = entries[-1]
+    return f"last refusal: round {n['round']}, cluster {n['cluster']}, layer {n['layer']}"
+
+
+def refusal_numbers(state: Any, params: Any) -> str | None:
+    """The closest refused split against its threshold."""
+    return hicfl_refusal_numbers(state, params) if is_hicfl(state) else cfl_refusal_numbers(state, params)
+
+
+def split_score(state: Any, params: Any, split: dict[str, Any]) -> tuple[str, float, float] | None:
+    """A split's structure score's name, the score and what it had to reach."""
+    if is_hicfl(state):
+        score = (split.get("silhouettes") or {}).get(split.get("layer"))
+        return None if score is None else (f"{split['layer']} silhouette", score, params.min_silhouette)
+    if split.get("best_cut_silhouette") is None or split.get("required_silhouette") is None:
+        return None
+    return "best-cut silhouette", split["best_cut_silhouette"], split["required_silhouette"]
+
+
+# ------------------------------------------------------------ what the driver asks
+def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | None:
+    """Why the run ended with one cluster, with the numbers behind it (None when it has more)."""
+    if len(set(state.assignment.values())) > 1:
+        return None
+    codes = refusal_codes(state)
+    reason = reason_of(reasons, codes, state.split_allowed, len(state.splits), timing=timing_code(state))
+    if is_hicfl(state) and state.split_allowed and not state.splits and not state.no_split \
+            and not state.windows_filled:
+        return f"{reasons['window']}; window {params.window}"
+    if state.splits and state.merges:  # merged back: name the last merge's evidence and thresholds
+        return reason + "; " + merge_evidence(params, state.merges[-1])
+    if not state.split_allowed:
+        numbers = (f"min-split-size {params.min_split_size}, min-split-round {params.min_split_round}, "
+                   f"{len(state.assignment)} clients")
+    else:
+        numbers = refusal_numbers(state, params) if codes else timing_numbers(state, params)
+    return f"{reason}; {numbers}" if numbers else reason
+
+
+def one_cluster_advice(state: Any) -> str | None:
+    """What to try, by the reason the splits never happened (``ONE_CLUSTER_ADVICE``)."""
+    codes = refusal_codes(state)
+    code = (Counter(codes).most_common(1)[0][0] if codes
+            else ("size" if not state.split_allowed else timing_code(state)))
+    return ONE_CLUSTER_ADVICE.get(code)
+
+
+def merge_evidence(params: Any, merge: dict[str, Any]) -> str:
+    """One merge's numbers against the thresholds that allowed it, for the reason."""
+    c = params
+    parts = [f"round cosine {merge['cosine']:.3f} >= merge-min-cosine {c.merge_min_cosine}"]
+    if merge.get("drift_cosine") is not None:
+        parts.append(f"drift cosine {merge['drift_cosine']:.3f} >= {c.merge_min_cosine}")
+    if merge.get("silhouette") is not None:
+        parts.append(f"silhouette {merge['silhouette']:.3f} <= merge-max-silhouette {c.merge_max_silhouette}")
+    return f"last merge (round {merge['round']}, clusters {merge['merged'][0]} and {merge['merged'][1]}): " \
+           + ", ".join(parts) + " (merge = false keeps the splits)"
+
+
+def merge_refusal(state: Any, params: Any) -> str:
+    """Why no further pair of leaves merged: ``merge = false``, or the closest pair of the last
+    round (by the cosine of the mean updates) and the test it failed."""
+    c = params
+    if not c.merge:
+        return "merge = false"
+    pair = state.merge_refused
+    if not pair:
+        return "no two leaves replied in one round to compare"
+    where = f"the closest pair of leaves (round {pair['round']}, clusters {pair['clusters'][0]} and {pair['clusters'][1]})"
+    if pair["cosine"] < c.merge_min_cosine:
+        return f"{where} had round cosine {pair['cosine']:.3f} < merge-min-cosine {c.merge_min_cosine}"
+    if pair.get("silhouette") is not None and pair["silhouette"] > c.merge_max_silhouette:
+        return f"{where} had silhouette {pair['silhouette']:.3f} > merge-max-silhouette {c.merge_max_silhouette}"
+    drift = pair.get("drift_cosine")
+    return f"{where} had drift cosine {drift:.3f} < {c.merge_min_cosine}" if drift is not None else where
+
+
+def split_refusal(state: Any, params: Any) -> str:
+    """Why the clusters split no further: the refused attempts by reason with the closest
+    refusal's numbers, or, with none refused, the timing rule's last numbers."""
+    codes = refusal_codes(state)
+    if codes:
+        numbers = refusal_numbers(state, params)
+        return f"{len(codes)} split attempts refused: {refusal_counts(codes)}" + (f"; {numbers}" if numbers else "")
+    numbers = timing_numbers(state, params)
+    return f"no split attempt refused; the timing rule's last {numbers}" if numbers else "no split attempt refused"
+
+
+def cluster_count_basis(state: Any, params: Any) -> str | None:
+    """The evidence for the final number of clusters (None with one cluster: see the reason)."""
+    leaves = len(set(state.assignment.values()))
+    if leaves <= 1:
+        return None
+    scored = [(s, score) for s in state.splits if (score := split_score(state, params, s)) is not None]
+    closest = sorted(scored, key=lambda item: item[1][1] - item[1][2])[:SHOWN_SPLITS]
+    shown = "; ".join(f"round {s['round']}, cluster {s['parent']}: {name} {value:.3f} vs {threshold:.3f}"
+                      for s, (name, value, threshold) in closest)
+    splits = f"{len(state.splits)} splits accepted" + (f" (closest to their threshold: {shown})" if shown else "")
+    return (f"{splits}, {len(state.merges)} merges; no further merge: {merge_refusal(state, params)}; "
+            f"no further split: {split_refusal(state, params)}")
+
+
+
+def stability_record(state: Any, placed: list[str]) -> dict[str, Any]:
+    """The round's stability diagnostics: ε, the ``placed`` clients' windowed stability per
+    layer and the share of each layer's weights the ξ-selection keeps."""
+    tracker = state.tracker
+    diagnostics: dict[str, Any] = {"stability_eps": state.epsilon}
+    if state.epsilon is None:
+        diagnostics["stability_eps_rel"] = state.eps_rel
+        diagnostics["stability_scales"] = {str(c): dict(v) for c, v in state.scales.items()}
+    diagnostics["stability"] = {k: {layer: tracker.windowed(k, layer) for layer in state.layers} for k in placed}
+    kept_by_layer, kept_total, size_total = {}, 0.0, 0
+    for layer in state.layers:
+        fractions = [f for k in placed if (f := tracker.kept_fraction(k, layer)) is not None]
+        kept_by_layer[layer] = float(np.mean(fractions)) if fractions else None
+        if fractions:
+            kept_total += float(np.sum(fractions)) * state.layer_sizes[layer]
+            size_total += len(fractions) * state.layer_sizes[layer]
+    diagnostics["weights_kept"] = kept_by_layer
+    diagnostics["weights_kept_total"] = kept_total / size_total if size_total else None
+    return diagnostics
