@@ -82,7 +82,7 @@ def build(strategy_name: str, clients: int, shapes: dict[str, tuple[int, ...]], 
     """The strategy with ``clients`` known clients (four true groups, 10 examples each),
     initialised on a zero model of ``shapes``; splits and merges held off."""
     from clusterfed.config import parse_config
-    from clusterfed.strategies.exchange import ClientInfo
+    from clusterfed.core.exchange import ClientInfo
 
     values = {"strategy": strategy_name, "num-clients": clients, "out-dir": "/tmp/unused"}
     if strategy_name in BIPARTITIONING:

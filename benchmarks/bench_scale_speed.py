@@ -214,7 +214,7 @@ def _answer(steps, rng) -> int:
     import numpy as np
 
     from clusterfed.strategies.base import steps as hook_steps
-    from clusterfed.strategies.exchange import CHOICE, Replies, TrainReply
+    from clusterfed.core.exchange import CHOICE, Replies, TrainReply
 
     largest = 0
     steps = iter(hook_steps(steps))
@@ -247,7 +247,7 @@ def measure_memory(strategy_name: str, clients: int, rounds: int, extra: dict | 
     import numpy as np
 
     from clusterfed.config import parse_config
-    from clusterfed.strategies.exchange import ClientInfo
+    from clusterfed.core.exchange import ClientInfo
 
     values = {"strategy": strategy_name, "num-clients": clients, "out-dir": "/tmp/unused", **(extra or {})}
     strategy = parse_config(values).build_strategy()

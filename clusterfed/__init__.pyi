@@ -23,9 +23,9 @@ from clusterfed.strategies.base import StrategyParamsError as StrategyParamsErro
 from clusterfed.strategies.base import CapabilityError as CapabilityError
 from clusterfed.strategies.base import ClientFailureError as ClientFailureError
 from clusterfed.strategies.base import ModelMismatchError as ModelMismatchError
-from clusterfed.strategies.exchange import Ask as Ask
-from clusterfed.strategies.exchange import TrainReply as TrainReply
-from clusterfed.strategies.exchange import ClientInfo as ClientInfo
+from clusterfed.core.exchange import Ask as Ask
+from clusterfed.core.exchange import TrainReply as TrainReply
+from clusterfed.core.exchange import ClientInfo as ClientInfo
 from clusterfed.simulation import inprocess_grid as inprocess_grid
 from clusterfed.models.parameters import compared_names as compared_names
 from clusterfed.models.parameters import trainable_names as trainable_names

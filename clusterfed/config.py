@@ -19,9 +19,9 @@ from clusterfed.datasets.sources import is_known_dataset
 from clusterfed.models import MODELS
 from clusterfed.report.watchers import parse_log_to
 from clusterfed.strategies import strategy_class
-from clusterfed.strategies.aggregation import check_aggregator
+from clusterfed.core.aggregation import check_aggregator
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.params import StrategyParams
+from clusterfed.core.params import StrategyParams
 from clusterfed.strategy_config import ConfigError, own_values, paper_keys, split_strategy_params, validate_params
 
 __all__ = ["ConfigError", "RunConfig", "coerce_value", "config_defaults", "config_keys", "load_config_file",

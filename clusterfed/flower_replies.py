@@ -1,5 +1,5 @@
 """Train replies as Flower's own strategies read them, for calling their ``aggregate_train``
-from a cluster's aggregator (``clusterfed.strategies.aggregation``): the strategy modules
+from a cluster's aggregator (``clusterfed.core.aggregation``): the strategy modules
 themselves never build a Message, and this module is neither a strategy's nor the
 runner's (``strategies/`` never imports ``runner/``)."""
 

@@ -55,7 +55,7 @@ from flwr.supercore.privacy_accounting import (
 )
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
-from clusterfed.strategies.exchange import Arrays, TrainReply, difference
+from clusterfed.core.exchange import Arrays, TrainReply, difference
 
 # the train config key Flower's fixedclipping_mod reads the clipping norm from
 CLIPPING_NORM_KEY = KEY_CLIPPING_NORM

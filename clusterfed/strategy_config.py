@@ -21,7 +21,7 @@ from pydantic.fields import FieldInfo
 
 from clusterfed.strategies import UnknownStrategyError, clustered_classes, strategy_class
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.params import SHARED_PARAMS, StrategyParams, group_errors, settings_errors
+from clusterfed.core.params import SHARED_PARAMS, StrategyParams, group_errors, settings_errors
 
 
 class ConfigError(ValueError):

@@ -3,11 +3,12 @@ import: ``strategies/`` never imports ``runner/``.
 
 What the driver reads and calls on a strategy (``DRIVER_CALLS``; every public strategy has
 each, a test checks): ``name``, ``params`` (its validated Params: seed, fraction and node
-counts), ``clients`` (what the driver learnt of each client), ``assignment`` (client key ->
-cluster), ``reports`` (this round's splits and placements, which the driver scores),
-``theta0``, ``shapes``, ``stock_alternative``; ``requires()``, ``check_train_config(config)``,
-``init(theta0)``, ``round_steps(server_round, active, train_config)`` (the round's generator:
-it yields lists of asks, is sent their validated replies and returns its diagnostics),
+counts), ``assignment`` (client key -> cluster), ``theta0``, ``shapes``,
+``stock_alternative``; ``requires()``, ``check_train_config(config)``, ``init(theta0)``,
+``round_steps(server_round, active, train_config, clients)`` (the round's generator over the
+active clients, reading the membership's client table: it yields lists of asks, is sent their
+validated replies and returns a ``RoundResult``, its diagnostics and its reports — the splits
+and placements the driver scores),
 ``evaluation_models(server_round)``, ``cluster_models()``, ``final_clusters(training_failed)``,
 ``get_state()`` / ``set_state(state)``, ``one_cluster_reason()``, ``one_cluster_advice()``,
 ``cluster_count_basis()``. Whatever the driver hands the strategy travels as arguments, never
@@ -24,21 +25,15 @@ one way. This module imports nothing of clusterfed but ``clusterfed.lazy``.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
-
 from clusterfed import lazy
 
 RUNNER = "clusterfed.runner.strategy_runner"
 
 DRIVER_CALLS = frozenset({
-    "name", "params", "clients", "assignment", "reports", "theta0", "shapes", "stock_alternative",
+    "name", "params", "assignment", "theta0", "shapes", "stock_alternative",
     "requires", "check_train_config", "init", "round_steps", "evaluation_models", "cluster_models",
     "final_clusters", "get_state", "set_state", "one_cluster_reason", "one_cluster_advice", "cluster_count_basis",
 })
-
-# What the runner's annotations still name (runner/driver.py, strategy_runner.py, membership.py);
-# not a type: it goes when they annotate with ``ClusteredStrategy`` instead.
-RoundStrategy = Any
 
 
 def runner() -> ModuleType:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import numpy as np
 
 from clusterfed.config import parse_config
-from clusterfed.strategies.exchange import CHOICE, Arrays, Ask, ClientInfo, Replies, TrainReply, natural, unpack_model
+from clusterfed.core.exchange import CHOICE, Arrays, Ask, ClientInfo, Replies, TrainReply, natural, unpack_model
 
 # a tiny "model": conv, fc1 (the smallest fc) and a final fc2 layer
 SHAPES = {"conv1.weight": (2, 1, 3, 3), "conv1.bias": (2,), "fc1.weight": (3, 4), "fc1.bias": (3,),

@@ -16,7 +16,7 @@ from clusterfed.config import ConfigError, parse_config
 from clusterfed.runner.checkpoint import load_checkpoint
 from clusterfed.simulation import simulate
 from clusterfed.strategies import strategy_class
-from clusterfed.strategies.aggregation import AggregatorError, ClusterAggregator
+from clusterfed.core.aggregation import AggregatorError, ClusterAggregator
 from clusterfed.strategies.base import StrategyParamsError
 
 from harness import drive_round, make, theta0

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clusterfed.strategies.exchange import TrainReply, difference, weighted_average
+from clusterfed.core.exchange import TrainReply, difference, weighted_average
 
 import harness
 

@@ -9,7 +9,7 @@ from clusterfed.config import parse_config
 from clusterfed.plots.splits import plot_split_figures
 from clusterfed.simulation import simulate
 from clusterfed.strategies.base import steps
-from clusterfed.strategies.exchange import ClientInfo, TrainReply
+from clusterfed.core.exchange import ClientInfo, TrainReply
 from clusterfed.strategies.cfl import CFL
 
 # a tiny "model": one conv and one fc layer, 164 numbers in all

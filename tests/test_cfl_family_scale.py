@@ -13,7 +13,7 @@ from test_hicfl import UNIT, two_opposite_groups
 from clusterfed.clustering.bipartition import bipartition
 from clusterfed.config import parse_config
 from clusterfed.strategies.base import steps
-from clusterfed.strategies.exchange import ClientInfo, TrainReply
+from clusterfed.core.exchange import ClientInfo, TrainReply
 from clusterfed.clustering.principal_scores import principal_scores
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
 from clusterfed.cluster_misses import cluster_miss_reason

@@ -16,7 +16,7 @@ from clusterfed import protocol
 from clusterfed.runner.inprocess import InProcessGrid
 from clusterfed.strategies import public_strategies
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.exchange import ClientInfo
+from clusterfed.core.exchange import ClientInfo
 
 pytest.importorskip("dp_accounting", reason="noise needs the accountant's backend (clusterfed[privacy])")
 

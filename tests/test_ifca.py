@@ -11,7 +11,7 @@ from clusterfed import protocol
 from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
 from clusterfed.strategies import strategy_class
-from clusterfed.strategies.exchange import CHOICE, CHOICES, Ask, pack_models, unpack_model
+from clusterfed.core.exchange import CHOICE, CHOICES, Ask, pack_models, unpack_model
 
 FOUR = {str(i): i % 2 for i in range(4)}
 

@@ -17,7 +17,7 @@ from test_state_codec import assert_same, round_trip
 from clusterfed.clustering.sketch import Sketch, count_sketch, in_sketch_space, split_budget
 from clusterfed.strategies.base import steps
 from clusterfed.strategies.cfl import CFL
-from clusterfed.strategies.exchange import ClientInfo, Replies, TrainReply
+from clusterfed.core.exchange import ClientInfo, Replies, TrainReply
 from clusterfed.strategies.hicfl import HiCFL
 from clusterfed.strategies.layercfl import LayerCFL
 from clusterfed.clustering.vectors import similarity_record

@@ -15,7 +15,7 @@ from clusterfed.models import compared_names, select_layers, trainable_names
 from clusterfed.runner.validation import parse_train_reply
 from clusterfed.strategies.base import StrategyParamsError
 from clusterfed.strategies.cfl import CFL
-from clusterfed.strategies.exchange import Ask, ClientInfo, TrainReply, weighted_average
+from clusterfed.core.exchange import Ask, ClientInfo, TrainReply, weighted_average
 from clusterfed.training import state_to_numpy
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from harness import drive_round, theta0, trained
 
 from clusterfed.strategies.adacfl import AdaCFL
-from clusterfed.strategies.exchange import ClientInfo
+from clusterfed.core.exchange import ClientInfo
 from clusterfed.strategies.fedclust import FedClust
 
 

@@ -11,8 +11,8 @@ from harness import SHAPES, drive_round, theta0, trained
 import clusterfed
 from clusterfed.config import ConfigError, parse_config
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.exchange import CHOICE, ClientInfo, unpack_model
-from clusterfed.strategies.params import StrategyParams
+from clusterfed.core.exchange import CHOICE, ClientInfo, unpack_model
+from clusterfed.core.params import StrategyParams
 
 KEYS = ["0", "1", "2", "3"]
 

@@ -7,7 +7,7 @@ from test_cfl import DIM, arrays_of
 
 from clusterfed.strategies.base import steps
 from clusterfed.strategies.cfl import CFL
-from clusterfed.strategies.exchange import ClientInfo, TrainReply
+from clusterfed.core.exchange import ClientInfo, TrainReply
 from clusterfed.strategies.hicfl import HiCFL
 from clusterfed.strategies.layercfl import LayerCFL
 

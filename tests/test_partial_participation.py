@@ -450,7 +450,7 @@ def test_provisional_members_round_trip_a_checkpoint_and_are_placed_after_resumi
     from test_state_codec import assert_same
 
     from clusterfed.runner.checkpoint import load_checkpoint, save_checkpoint
-    from clusterfed.strategies.exchange import TrainReply
+    from clusterfed.core.exchange import TrainReply
 
     code_of, vectors = hierarchical_updates(1)
     groups = {k: t for k, (t, _, _) in code_of.items()}

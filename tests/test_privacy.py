@@ -13,7 +13,7 @@ import clusterfed
 from clusterfed import privacy
 from clusterfed.config import ConfigError, parse_config
 from clusterfed.strategies.base import StrategyParamsError
-from clusterfed.strategies.exchange import TrainReply
+from clusterfed.core.exchange import TrainReply
 
 SIZE = 20_000  # elements per test array: a sample std within a few percent
 

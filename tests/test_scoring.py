@@ -5,7 +5,7 @@ import numpy as np
 
 from clusterfed.results import with_true_groups
 from clusterfed.runner.scoring import score_reports
-from clusterfed.strategies.exchange import ClientInfo, NewcomersPlaced, SplitCompared
+from clusterfed.core.exchange import ClientInfo, NewcomersPlaced, SplitCompared
 
 
 def clients(groups: dict[str, int]) -> dict[str, ClientInfo]:

@@ -15,7 +15,7 @@ from clusterfed.clustering.layer_evidence import most_structured, score_layers
 from clusterfed.models.layers import matrix_layers
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies import strategy_class
-from clusterfed.strategies.contract import ending_sentence
+from clusterfed.core.contract import ending_sentence
 import pytest
 
 GROUPS = {str(i): i % 2 for i in range(8)}  # two groups of four

@@ -28,7 +28,7 @@ from clusterfed.runner.checkpoint import CheckpointError, load_checkpoint, save_
 from clusterfed.runner.canonical_json import dumps_json
 from clusterfed.runner.state_codec import decode, encode
 from clusterfed.runner.state_rules import DecodeError
-from clusterfed.strategies.exchange import ClientInfo
+from clusterfed.core.exchange import ClientInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -217,7 +217,7 @@ class OwnBitGenerator(np.random.PCG64):
 
 @pytest.mark.parametrize("name", ["os:system", "builtins:eval", "subprocess:Popen", "clusterfedx.evil:Thing",
                                   "clusterfed.strategies.base:defaultdict", "clusterfed.nowhere:Thing",
-                                  "clusterfed.strategies.exchange:Replies", "clusterfed.runner.checkpoint:os"])
+                                  "clusterfed.core.exchange:Replies", "clusterfed.runner.checkpoint:os"])
 def test_a_file_naming_a_foreign_class_is_refused_unexecuted(name, tmp_path, monkeypatch):
     imported = []
     real_import = importlib.import_module
@@ -226,7 +226,7 @@ def test_a_file_naming_a_foreign_class_is_refused_unexecuted(name, tmp_path, mon
     monkeypatch.setattr("os.system", lambda *a: pytest.fail("os.system was called"))
     save_checkpoint(tmp_path, {"round": 1, "clients": {"c0": ClientInfo("c0", 1, 0)}})
     document = json.loads((tmp_path / "checkpoint.json").read_text())
-    text = json.dumps(document["state"]).replace("clusterfed.strategies.exchange:ClientInfo", name)
+    text = json.dumps(document["state"]).replace("clusterfed.core.exchange:ClientInfo", name)
     document["state"] = json.loads(text)
     document["sha256"] = checkpoint._document_digest(document)  # passes the checksum: only the codec stands
     (tmp_path / "checkpoint.json").write_bytes(dumps_json(document))

@@ -89,7 +89,7 @@ def test_the_author_kit_is_public():
     from clusterfed.models.layers import select_layers
     from clusterfed.protocol import UPLOAD_FULL, parse_upload, upload_names
     from clusterfed.strategies.base import Steps, steps
-    from clusterfed.strategies.exchange import Ask
+    from clusterfed.core.exchange import Ask
 
     assert package.select_layers is select_layers is clusterfed.select_layers
     assert package.Steps is Steps and package.steps is steps and package.upload_names is upload_names

@@ -1,6 +1,6 @@
 """Which of a model's arrays are *compared*: their updates enter distances, split criteria,
 layer rules and stability scores. Everything else (buffers: BatchNorm running statistics,
-counters, masks, scalars) is only aggregated per cluster (``strategies/exchange.py``).
+counters, masks, scalars) is only aggregated per cluster (``core/exchange.py``).
 
 Torch-free: the server holds state dicts of numpy arrays. ``trainable_names`` is the one
 torch helper, for a user who wants the exact set of a module's trainable parameters.

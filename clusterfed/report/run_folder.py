@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from clusterfed.strategies.exchange import natural
+from clusterfed.core.exchange import natural
 
 
 class RunFolderError(FileNotFoundError):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from clusterfed.report.watchers import RunWatcher, WatcherError, make_watchers, parse_log_to
-from clusterfed.strategies.contract import ClientFailureError
+from clusterfed.core.contract import ClientFailureError
 
 
 class watch:

@@ -20,7 +20,7 @@ from typing import Any
 from flwr.supercore import log
 
 from clusterfed.report.html import write_report
-from clusterfed.strategies.exchange import natural
+from clusterfed.core.exchange import natural
 
 LOG_TO = ("report", "tensorboard", "mlflow")
 # per destination: the module it needs and the pip extra that installs it

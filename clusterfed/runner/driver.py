@@ -41,9 +41,9 @@ from clusterfed.runner.replies import STOCK_KEY_METRICS
 from clusterfed.runner.scoring import eval_rows, record_round, score_reports, weighted_metrics
 from clusterfed.runner.transport import is_simulation, wait_for_nodes
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
-from clusterfed.strategies.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError, ending_sentence
-from clusterfed.strategies.exchange import Ask, Diagnostics, Replies, RoundResult, Steps
-from clusterfed.strategy_protocol import RoundStrategy
+from clusterfed.core.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError, ending_sentence
+from clusterfed.core.exchange import Ask, Diagnostics, Replies, RoundResult, Steps
+from clusterfed.strategies.base import ClusteredStrategy
 
 # rejection kinds that say the server's model and the client's differ
 MISMATCH_KINDS = ("names", "shape", "dtype")
@@ -79,9 +79,9 @@ class OpenRound:
 
 
 class RoundDriver:
-    """Drives one strategy (``RoundStrategy``) over a Flower Grid for ``num_rounds`` rounds."""
+    """Drives one strategy (``ClusteredStrategy``) over a Flower Grid for ``num_rounds`` rounds."""
 
-    def __init__(self, strategy: RoundStrategy, options: RunOptions | None = None):
+    def __init__(self, strategy: ClusteredStrategy, options: RunOptions | None = None):
         self.options = options or RunOptions(seed=strategy.params.seed)
         self.strategy = strategy
         self.recorder = self.options.recorder

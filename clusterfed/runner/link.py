@@ -16,7 +16,7 @@ from clusterfed.results import Traffic
 from clusterfed.runner.replies import full_text
 from clusterfed.runner.transport import push_and_collect
 from clusterfed.runner.validation import ReplyRejected
-from clusterfed.strategies.exchange import Arrays
+from clusterfed.core.exchange import Arrays
 
 
 class Link:

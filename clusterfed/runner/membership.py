@@ -36,9 +36,9 @@ from clusterfed.runner.replies import (
     stock_key,
 )
 from clusterfed.runner.validation import ReplyRejected, parse_profile_reply
-from clusterfed.strategies.contract import CAPABILITIES, LABEL_STATS, CapabilityError, ClientFailureError, ModelMismatchError
-from clusterfed.strategies.exchange import ClientInfo, natural
-from clusterfed.strategy_protocol import RoundStrategy
+from clusterfed.core.contract import CAPABILITIES, LABEL_STATS, CapabilityError, ClientFailureError, ModelMismatchError
+from clusterfed.core.exchange import ClientInfo, natural
+from clusterfed.strategies.base import ClusteredStrategy
 
 
 PROBE = "profile probe"  # the phase a failure of the probe is logged under
@@ -50,7 +50,7 @@ UNASSIGNED = -1
 class Membership:
     """The clients of one run and the nodes they are on."""
 
-    def __init__(self, strategy: RoundStrategy, newcomers: SimulatedNewcomers, absent_after: int = 2,
+    def __init__(self, strategy: ClusteredStrategy, newcomers: SimulatedNewcomers, absent_after: int = 2,
                  probe_timeout: float = 0.0):
         self.strategy = strategy
         # seconds the run's first profile probe waits (at least the round timeout): a node's

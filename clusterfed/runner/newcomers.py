@@ -9,7 +9,7 @@ import logging
 import numpy as np
 from flwr.supercore import log
 
-from clusterfed.strategies.exchange import natural
+from clusterfed.core.exchange import natural
 
 # the held-back newcomers are drawn with their own seed, apart from the algorithm's sampling
 NEWCOMER_SEED_OFFSET = 7919

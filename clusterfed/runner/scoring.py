@@ -16,7 +16,7 @@ from clusterfed.clustering.layercfl import true_group_gap
 from clusterfed.results import EvalRow, RunRecorder, Traffic
 from clusterfed.runner.replies import STOCK_KEY_METRICS
 from clusterfed.runner.validation import ReplyRejected, parse_eval_reply
-from clusterfed.strategies.exchange import Arrays, ClientInfo, NewcomersPlaced, SplitCompared, natural
+from clusterfed.core.exchange import Arrays, ClientInfo, NewcomersPlaced, SplitCompared, natural
 
 # names a stock Flower ClientApp (quickstart-pytorch) reports for the same quantities
 METRIC_ALIASES = {"accuracy": ("eval-accuracy", "eval_acc", "eval_accuracy", "accuracy"),

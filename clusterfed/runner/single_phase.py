@@ -26,8 +26,8 @@ from flwr.app import ArrayRecord, Message, MessageType, MetricRecord
 from flwr.supercore import log
 
 from clusterfed.runner.scoring import weighted_metrics
-from clusterfed.strategies.contract import StrategyParamsError
-from clusterfed.strategies.exchange import TRAINING_PHASES, Ask, natural
+from clusterfed.core.contract import StrategyParamsError
+from clusterfed.core.exchange import TRAINING_PHASES, Ask, natural
 
 if TYPE_CHECKING:
     from clusterfed.runner.driver import OpenRound, RoundDriver

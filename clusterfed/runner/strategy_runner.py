@@ -1,5 +1,5 @@
-"""The runner behind a clustered strategy's Flower methods (``clusterfed.strategy_protocol.
-StrategyRunner``, installed by the package root): ``start`` runs the rounds with a new
+"""The runner behind a clustered strategy's Flower methods (loaded by
+``clusterfed.strategy_protocol.runner()`` by its import path): ``start`` runs the rounds with a new
 ``RoundDriver``; Flower's single-phase hooks run the same round through Flower's loop
 (``single_phase``). ``new_driver`` is the one place a driver is built; the strategy keeps
 the driver it is handed and passes it back to each call."""
@@ -17,16 +17,16 @@ from clusterfed import protocol
 from clusterfed.runner import single_phase
 from clusterfed.runner.driver import RoundDriver, RunOptions
 from clusterfed.runner.scoring import average_metrics
-from clusterfed.strategies.contract import ClusteredResult, StrategyParamsError
-from clusterfed.strategy_protocol import RoundStrategy
+from clusterfed.core.contract import ClusteredResult, StrategyParamsError
+from clusterfed.strategies.base import ClusteredStrategy
 
 
-def new_driver(strategy: RoundStrategy, options: RunOptions | None = None) -> RoundDriver:
+def new_driver(strategy: ClusteredStrategy, options: RunOptions | None = None) -> RoundDriver:
     """A new driver for ``strategy`` with the application's ``options`` (none: a user's own ServerApp)."""
     return RoundDriver(strategy, options)
 
 
-def driver_on(strategy: RoundStrategy, grid: Grid, current: RoundDriver | None,
+def driver_on(strategy: ClusteredStrategy, grid: Grid, current: RoundDriver | None,
               options: RunOptions | None = None) -> RoundDriver:
     """The driver of Flower's single-phase hooks on ``grid``: ``current`` while it drives that
     grid, else a new one (the strategy must be initialised: the hooks get no initial arrays)."""

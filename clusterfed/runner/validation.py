@@ -9,7 +9,7 @@ import numpy as np
 from flwr.app import RecordDict
 
 from clusterfed import protocol
-from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo, TrainReply
+from clusterfed.core.exchange import Arrays, Ask, ClientInfo, TrainReply
 
 # what ``rejected`` faults are counted as, per round (rounds.jsonl "faults")
 REJECTION_KINDS = ("names", "shape", "dtype", "non_finite", "decode", "metrics", "identity")

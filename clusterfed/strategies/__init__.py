@@ -43,13 +43,13 @@ AUTHOR_KIT = {
     # hooks that ask clients for work
     "Steps": "clusterfed.strategies.base:Steps",
     "steps": "clusterfed.strategies.base:steps",
-    "Ask": "clusterfed.strategies.exchange:Ask",
-    "Replies": "clusterfed.strategies.exchange:Replies",
-    "TrainReply": "clusterfed.strategies.exchange:TrainReply",
-    "ClientInfo": "clusterfed.strategies.exchange:ClientInfo",
-    "Arrays": "clusterfed.strategies.exchange:Arrays",
-    "weighted_average": "clusterfed.strategies.exchange:weighted_average",
-    "natural": "clusterfed.strategies.exchange:natural",
+    "Ask": "clusterfed.core.exchange:Ask",
+    "Replies": "clusterfed.core.exchange:Replies",
+    "TrainReply": "clusterfed.core.exchange:TrainReply",
+    "ClientInfo": "clusterfed.core.exchange:ClientInfo",
+    "Arrays": "clusterfed.core.exchange:Arrays",
+    "weighted_average": "clusterfed.core.exchange:weighted_average",
+    "natural": "clusterfed.core.exchange:natural",
     # partial upload: which arrays, asked how, stacked how
     "select_layers": "clusterfed.models.layers:select_layers",
     "LAYER_RULES": "clusterfed.models.layers:LAYER_RULES",
@@ -77,7 +77,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers read; at run time each is impor
         StrategyParamsError,
         steps,
     )
-    from clusterfed.strategies.exchange import Arrays, Ask, ClientInfo, Replies, TrainReply, natural, weighted_average
+    from clusterfed.core.exchange import Arrays, Ask, ClientInfo, Replies, TrainReply, natural, weighted_average
 
 
 __getattr__ = lazy.attributes(__name__, AUTHOR_KIT)

@@ -66,7 +66,7 @@ from clusterfed.clustering.oneshot import precluster_records, tolerant_threshold
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies import oneshot
 from clusterfed.strategies.base import LABEL_STATS, ClusteredStrategy, Steps
-from clusterfed.strategies.exchange import Arrays, Diagnostics
+from clusterfed.core.exchange import Arrays, Diagnostics
 from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState, PositiveNumber
 
 _STATS = ("num-classes", "label-entropy")

@@ -69,13 +69,13 @@ from pydantic import ValidationError
 from clusterfed import privacy, protocol
 from clusterfed.models.layers import select_layers
 from clusterfed.models.parameters import compared_names
-from clusterfed.strategies.contract import (  # noqa: F401 (re-exported: the errors are part of base's API)
+from clusterfed.core.contract import (  # noqa: F401 (re-exported: the errors are part of base's API)
     CAPABILITIES, LABEL_STATS, MULTI_MODEL, CapabilityError, ClientFailureError, ClusteredResult,
     ModelMismatchError, StrategyParamsError, mean_train_loss)
-from clusterfed.strategies.aggregation import ClusterAggregator, template_of
-from clusterfed.strategies.flower_hooks import FlowerHooks
-from clusterfed.strategies.params import StrategyParams, describe_errors, document_params  # noqa: F401
-from clusterfed.strategies.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
+from clusterfed.core.aggregation import ClusterAggregator, template_of
+from clusterfed.core.flower_hooks import FlowerHooks
+from clusterfed.core.params import StrategyParams, describe_errors, document_params  # noqa: F401
+from clusterfed.core.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
     RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, RoundResult, Steps, TrainReply, Trainers,
     diagnostics_of,
     by_key, natural, steps, weighted_average)
@@ -94,7 +94,7 @@ class ClusteredState:
     next_cluster_id: int = 0
     rng: Any = None
     # cluster -> its aggregator's optimiser state (steps, Flower strategy attributes as plain
-    # data); empty with the default weighted mean (clusterfed.strategies.aggregation)
+    # data); empty with the default weighted mean (clusterfed.core.aggregation)
     aggregator_state: dict[int, dict[str, Any]] = field(default_factory=dict)
     dp_releases: dict[str, int] = field(default_factory=dict)  # client key -> noisy releases its update entered
 

@@ -33,7 +33,7 @@ from clusterfed.clustering.split_rules import merge_pairs
 from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
-from clusterfed.strategies.exchange import (RETURN_UPDATE, Arrays, ClientInfo, Diagnostics, SplitCompared, TrainReply,
+from clusterfed.core.exchange import (RETURN_UPDATE, Arrays, ClientInfo, Diagnostics, SplitCompared, TrainReply,
     natural, weighted_average)
 
 class BiPartitioningParams(StrategyParams):

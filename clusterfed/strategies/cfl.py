@@ -44,7 +44,7 @@ from clusterfed.explain import bipartition as explain
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree,
     placements, replier_vectors)
-from clusterfed.strategies.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, SplitCompared, TrainReply, natural
+from clusterfed.core.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, SplitCompared, TrainReply, natural
 
 # similarity-decay = auto: summed updates only for clients this small (one round's update is
 # mostly batch noise); similarity-rank = auto: principal components for clusters of at least

@@ -49,7 +49,7 @@ from clusterfed.clustering.oneshot import recut_max_clusters
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies import oneshot
 from clusterfed.strategies.base import ClusteredStrategy, Steps
-from clusterfed.strategies.exchange import Arrays, Diagnostics, natural
+from clusterfed.core.exchange import Arrays, Diagnostics, natural
 from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState
 
 PAPER_LAYERS = "final"  # the paper's compared layer

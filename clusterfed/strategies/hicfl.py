@@ -53,7 +53,7 @@ from clusterfed.explain import bipartition as explain
 from clusterfed.strategies import hicfl_stability as windows
 from clusterfed.strategies.base import ClusteredStrategy, StrategyParamsError
 from clusterfed.strategies.bipartitioning import BiPartitioningParams, BiPartitioningState, BiPartitionTree, placements
-from clusterfed.strategies.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, SplitCompared, TrainReply
+from clusterfed.core.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, SplitCompared, TrainReply
 
 # Draws of the small-side rotation test: the test is repeated every round while a cluster
 # stays whole, so a 5 % test (19 draws) is passed by noise within a few rounds (measured:

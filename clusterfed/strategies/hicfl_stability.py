@@ -16,7 +16,7 @@ from clusterfed.clustering.layer_split import propose_split, small_side_referenc
 from clusterfed.clustering.sketch import Sketch, split_budget
 from clusterfed.clustering.split_rules import layer_scale, relative_stability
 from clusterfed.clustering.vectors import flatten
-from clusterfed.strategies.exchange import ClientInfo, TrainReply
+from clusterfed.core.exchange import ClientInfo, TrainReply
 
 
 # ------------------------------------------------------------ steps 2–3: stability, weight selection

@@ -38,7 +38,7 @@ from pydantic import Field, model_validator
 from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
 from clusterfed.strategies.base import (MULTI_MODEL, ClusteredState, ClusteredStrategy, Steps, StrategyParams,
                                         mean_train_loss)
-from clusterfed.strategies.exchange import CHOICES, Arrays, Ask, Diagnostics, TrainReply, natural, pack_models
+from clusterfed.core.exchange import CHOICES, Arrays, Ask, Diagnostics, TrainReply, natural, pack_models
 
 
 class IFCAParams(StrategyParams):

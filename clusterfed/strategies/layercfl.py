@@ -33,7 +33,7 @@ from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import BiPartitionTree, placements
 from clusterfed.strategies.cfl import (PAPER_CFL, CFLParams, CFLState, decide, keep_vectors, pooled_vectors,
     similarity_decay)
-from clusterfed.strategies.exchange import RETURN_UPDATE, Diagnostics, TrainReply
+from clusterfed.core.exchange import RETURN_UPDATE, Diagnostics, TrainReply
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
 

@@ -40,8 +40,8 @@ from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import silhouette_or_none, threshold_cut
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies.base import ClusteredState, StrategyParams
-from clusterfed.strategies.contract import StrategyParamsError
-from clusterfed.strategies.exchange import (
+from clusterfed.core.contract import StrategyParamsError
+from clusterfed.core.exchange import (
     UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, NewcomersPlaced, Steps, TrainReply, natural)
 from clusterfed.strategies.layer_choice import MAX_CANDIDATE_LAYERS, LayerChoice, choose, start_choice
 

@@ -60,7 +60,7 @@ from pydantic import Field
 from clusterfed.clustering import (ClusterCountController, cluster_auto, cluster_into_k, cluster_references,
                                    loss_reduction_ratio, nearest_cluster)
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, StrategyParams, mean_train_loss
-from clusterfed.strategies.exchange import Diagnostics, Trainers, TrainReply, natural
+from clusterfed.core.exchange import Diagnostics, Trainers, TrainReply, natural
 
 
 class SelectionParams(StrategyParams):

@@ -16,7 +16,7 @@ from flwr.serverapp.strategy import Result, Strategy
 from flwr.supercore import log
 
 from clusterfed import privacy
-from clusterfed.strategies.contract import ClusteredResult, StrategyParamsError
+from clusterfed.core.contract import ClusteredResult, StrategyParamsError
 from clusterfed.strategy_protocol import runner
 
 

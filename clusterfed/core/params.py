@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from clusterfed import privacy
 from clusterfed.strategies.registry import clustered_classes
-from clusterfed.strategies.aggregation import check_aggregator, template_of
+from clusterfed.core.aggregation import check_aggregator, template_of
 
 
 class StrategyParams(BaseModel):

@@ -11,7 +11,7 @@ import numpy as np
 from flwr.app import ArrayRecord
 from flwr.serverapp.strategy import Result
 
-from clusterfed.strategies.exchange import TrainReply, by_key
+from clusterfed.core.exchange import TrainReply, by_key
 
 # capabilities a strategy may need from its clients beyond a stock Flower ClientApp
 # (train: load arrays, train, reply the full state + num-examples; evaluate: reply metrics)

@@ -42,7 +42,7 @@ from flwr.app import Array, ArrayRecord
 from flwr.serverapp import strategy as flower
 
 from clusterfed.flower_replies import train_reply
-from clusterfed.strategies.exchange import Arrays, weighted_average
+from clusterfed.core.exchange import Arrays, weighted_average
 
 DEFAULT = "fedavg"
 # Flower strategies that are no within-cluster aggregator, and why
