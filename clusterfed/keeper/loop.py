@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from clusterfed.keeper.decide import LAUNCH, OVER, STOP, Policy, Seen, State, decide, launch_failed, launched
 from clusterfed.keeper.flower import FLWR_TIMEOUT, LaunchError
@@ -19,14 +19,6 @@ from clusterfed.keeper.status import keeper_status, read_app_status, read_rounds
 ACTIVE = ("pending", "starting", "running")  # Flower's statuses of a run that is not over
 SERVERAPP_PROGRAMS = ("flwr-serverapp", "flwr-simulation")
 TERM_GRACE_SECONDS = 10.0
-
-
-class Flower(Protocol):
-    def launch(self) -> int: ...
-
-    def status(self, run_id: int) -> tuple[str, str] | None: ...
-
-    def stop(self, run_id: int) -> str: ...
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -75,9 +67,11 @@ def end_serverapp(app: dict[str, Any], wait: Callable[[float], None] = time.slee
 
 
 class Keeper:
-    """Looks after one run of ``flower`` whose out-dir is ``out``."""
+    """Looks after one run of ``flower`` whose out-dir is ``out``: ``flower`` launches, reads the
+    status of and stops runs (``launch() -> run id``, ``status(run_id) -> (status, sub-status) |
+    None``, ``stop(run_id) -> text``), as ``clusterfed.keeper.flower.FlwrCli`` does with the flwr CLI."""
 
-    def __init__(self, flower: Flower, out: Path, policy: Policy, *, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, flower: Any, out: Path, policy: Policy, *, clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time, log: Callable[[str], None] = print,
                  end_process: Callable[[dict[str, Any]], str] = end_serverapp):
         self.flower, self.out, self.policy = flower, Path(out), policy
