@@ -1,9 +1,11 @@
 """How the strategies are built, measured from the source: for every registered strategy, its
 classes between it and Flower's ``Strategy`` (the MRO), the lines of its own module, and the
-clusterfed modules its module reaches through imports inside ``strategies/``, ``clustering/``
-and ``models/`` (what a reader has to open to know the algorithm); for the package, the import
-cycles (``TYPE_CHECKING`` imports counted as edges) and the edges from ``strategies/`` to
-``runner/``.
+clusterfed modules its module reaches through imports inside ``strategies/``, ``core/`` (the
+vocabulary every strategy speaks and its Flower face), ``clustering/`` and ``models/`` (what a
+reader has to open to know the algorithm), and of those the ones inside ``strategies/`` and inside
+``core/``; for the package, the import cycles (``TYPE_CHECKING`` imports counted as edges), the
+edges from ``strategies/`` to ``runner/``, the ``typing.Protocol`` classes and the module
+``__getattr__`` hooks (lazy loading).
 
     python scripts/house_metrics.py > metrics.json
 """
@@ -17,7 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "clusterfed"
-KNOWLEDGE = ("clusterfed.strategies", "clusterfed.clustering", "clusterfed.models")
+KNOWLEDGE = ("clusterfed.strategies", "clusterfed.core", "clusterfed.clustering", "clusterfed.models")
 
 
 def modules() -> dict[str, Path]:
@@ -117,12 +119,25 @@ def main() -> None:
             "lines_spanned": sum(lines(m) for m in spans),
             "strategy_modules_spanned": sum(m.startswith("clusterfed.strategies.") for m in spans),
             "strategy_lines_spanned": sum(lines(m) for m in spans if m.startswith("clusterfed.strategies.")),
+            "core_modules_spanned": sum(m.startswith("clusterfed.core.") for m in spans),
+            "core_lines_spanned": sum(lines(m) for m in spans if m.startswith("clusterfed.core.")),
             "spans": spans,
         }
     to_runner = sorted(f"{m} -> {t}" for m in GRAPH if m.startswith("clusterfed.strategies")
                        for t in GRAPH[m] if t.startswith("clusterfed.runner"))
-    print(json.dumps({"strategies": strategies, "import_cycles": cycles(), "strategies_to_runner": to_runner},
-                     indent=1))
+    protocols, getattrs = [], []
+    for module, path in sorted(MODULES.items()):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                    (isinstance(b, ast.Name) and b.id == "Protocol") or
+                    (isinstance(b, ast.Attribute) and b.attr == "Protocol") or
+                    (isinstance(b, ast.Subscript) and getattr(b.value, "id", None) == "Protocol") for b in node.bases):
+                protocols.append(f"{module}.{node.name}")
+        getattrs += [module for node in ast.parse(path.read_text()).body
+                     if isinstance(node, ast.FunctionDef) and node.name == "__getattr__"
+                     or isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__getattr__" for t in node.targets)]
+    print(json.dumps({"strategies": strategies, "import_cycles": cycles(), "strategies_to_runner": to_runner,
+                      "typing_protocols": protocols, "module_getattr": getattrs}, indent=1))
 
 
 if __name__ == "__main__":
