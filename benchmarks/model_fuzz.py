@@ -19,7 +19,7 @@ they measure is finished: the script refuses them without ``--held-out``. A cell
 
 Writes to ``--out``: ``cells/<seed>.json`` (the cell and one row per strategy), ``summary.md``,
 ``summary.csv``, ``summary.json`` (per strategy), ``cells.md`` (every row), ``heatmap.png``,
-``README.md`` and ``manifest.json``.
+``README.md`` (with ``NOTES.md``, a person's reading, where the folder has one) and ``manifest.json``.
 """
 
 from __future__ import annotations
@@ -100,6 +100,8 @@ def readme(out: Path, records: list[dict], table_md: str, manifest: dict) -> str
     seeds = [rec["cell"]["seed"] for rec in records]
     rounds = sorted({rec["rounds"] for rec in records})
     seconds = [rec["seconds"] for rec in records]
+    notes = out / "NOTES.md"  # a person's reading of the numbers, kept across --report-only
+    reading = f"\n## What the table shows\n\n{notes.read_text().strip()}\n" if notes.exists() else ""
     git = manifest.get("git", {})
     commit = git.get("commit", git) if isinstance(git, dict) else git
     return f"""# Every strategy on models and data drawn at random
@@ -145,7 +147,7 @@ Every cell and strategy: `cells.md`; the raw rows (bytes up/down, trainings per 
 round line, the one-cluster reason): `cells/<seed>.json`.
 
 ![cells × strategies: ARI, ✓ passes, ✗ misses](heatmap.png)
-"""
+{reading}"""
 
 
 def report(out: Path, manifest: dict | None = None) -> list[dict]:

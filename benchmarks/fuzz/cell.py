@@ -12,8 +12,8 @@ NORMS = ("batch", "group", "none")  # ResNet-style only
 ACTIVATIONS = ("relu", "gelu", "tanh", "silu", "leaky_relu")
 HEAD_POSITIONS = ("last", "first", "not_last")  # the head's place among the state_dict's entries
 OPTIMIZERS = ("sgd", "sgd_momentum", "adam", "adamw")
-LEARNING_RATES = {"sgd": (0.05, 0.1, 0.2), "sgd_momentum": (0.02, 0.05), "adam": (2e-3, 5e-3),
-                  "adamw": (2e-3, 5e-3)}
+# per optimizer, learning rates that train every family within a few rounds of a few local steps
+LEARNING_RATES = {"sgd": (0.1, 0.3), "sgd_momentum": (0.02, 0.05), "adam": (2e-3, 5e-3), "adamw": (2e-3, 5e-3)}
 DATASETS = ("mnist", "digits")
 SHIFTS = ("label_swap", "rotation", "label_skew", "iid")
 SHIFT_WEIGHTS = (0.27, 0.27, 0.26, 0.2)  # the IID control in one cell of five
@@ -86,6 +86,6 @@ def draw_cell(seed: int) -> Cell:
         head_position=_pick(rng, HEAD_POSITIONS),
         extra_heads=int(rng.integers(1, 3)) if family == "multihead" else int(_pick(rng, (0, 0, 0, 1))),
         optimizer=optimizer, lr=float(_pick(rng, LEARNING_RATES[optimizer])),
-        local_epochs=int(rng.integers(1, 4)), batch_size=int(_pick(rng, (16, 32))),
+        local_epochs=int(rng.integers(1, 4)), batch_size=int(_pick(rng, (16, 16, 32))),
         dataset=_pick(rng, DATASETS), shift=shift, groups=groups, clients=clients,
         participation=float(_pick(rng, (1.0, 0.5))), train_examples=128, test_examples=64)

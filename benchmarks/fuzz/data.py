@@ -1,5 +1,6 @@
 """The cell's clients' data: MNIST (torchvision's files, read locally, never downloaded) or
-scikit-learn's digits (bundled with scikit-learn), as images ``(1, S, S)`` scaled to [0, 1].
+scikit-learn's digits (bundled with scikit-learn), as images ``(1, S, S)`` scaled to [0, 1]
+(the loaders normalise them).
 
 Client i belongs to true group ``true_groups(cell)[i]`` (balanced, shuffled by the cell's seed;
 all 0 in the IID control). Each client draws ``train_examples`` and ``test_examples`` from the
@@ -29,6 +30,7 @@ from fuzz.cell import Cell
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_CLASSES = 10
+NORMALISE = {"mnist": (0.1307, 0.3081), "digits": (0.3, 0.4)}  # (mean, std), as torchvision's MNIST examples do
 MNIST_POOL = 12000  # the leading training images drawn from (the test pool: all 10,000 test images)
 
 
@@ -104,8 +106,11 @@ def client_arrays(cell_json: str, partition: int) -> tuple[np.ndarray, np.ndarra
 
 
 def loaders(cell: Cell, partition: int) -> tuple[DataLoader, DataLoader]:
-    """This client's train (shuffled) and test loaders of ``(images, labels)`` batches."""
+    """This client's train (shuffled) and test loaders of ``(images, labels)`` batches, the
+    images normalised by the data set's mean and standard deviation."""
     x, y, xt, yt = client_arrays(cell.to_json(), int(partition))
+    mean, std = NORMALISE[cell.dataset]
+    x, xt = (x - mean) / std, (xt - mean) / std
     generator = torch.Generator().manual_seed(cell.seed * 1000 + int(partition))
     train = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=cell.batch_size,
                        shuffle=True, generator=generator)

@@ -9,7 +9,10 @@ from pathlib import Path
 
 from fuzz.run import MAX_LOSS_PP, STRATEGIES
 
-COLUMNS = ("strategy", "cells", "pass_share", "passes", "worst_loss_pp", "cells_over_1pp", "iid_controls",
+LEARNT = 0.2  # FedAvg below this (twice chance on 10 classes) did not learn the task in the cell's rounds
+
+COLUMNS = ("strategy", "cells", "pass_share", "passes", "learnt_cells", "learnt_passes", "learnt_pass_share",
+           "worst_loss_pp", "cells_over_1pp", "iid_controls",
            "iid_one_cluster_share", "misses", "misses_named_share", "mean_ari_grouped", "errors",
            "peak_trainings_max", "mean_bytes_up", "mean_seconds")
 
@@ -17,6 +20,12 @@ COLUMNS = ("strategy", "cells", "pass_share", "passes", "worst_loss_pp", "cells_
 def load_records(out: Path) -> list[dict]:
     return sorted((json.loads(p.read_text()) for p in (Path(out) / "cells").glob("*.json")),
                   key=lambda r: r["cell"]["seed"])
+
+
+def learnt_cell(record: dict) -> bool:
+    """Whether FedAvg learnt the cell's task (final accuracy >= LEARNT)."""
+    fedavg = next((r for r in record["rows"] if r["strategy"] == "fedavg"), None)
+    return fedavg is not None and fedavg["accuracy"] is not None and fedavg["accuracy"] >= LEARNT
 
 
 def _share(part: int, whole: int) -> float | None:
@@ -31,6 +40,7 @@ def summarise(records: list[dict]) -> list[dict]:
     for name in names:
         rows = [(rec, r) for rec in records for r in rec["rows"] if r["strategy"] == name]
         passes = sum(1 for _, r in rows if r["passes"])
+        learnt = [r for rec, r in rows if learnt_cell(rec)]
         losses = [r["loss_pp"] for _, r in rows if r["loss_pp"] is not None]
         iid = [r for rec, r in rows if rec["cell"]["shift"] == "iid"]
         misses = [r for _, r in rows if not r["passes"]]
@@ -38,6 +48,8 @@ def summarise(records: list[dict]) -> list[dict]:
         ups = [r["bytes_up"] for _, r in rows if r["bytes_up"] is not None]
         table.append({
             "strategy": name, "cells": len(rows), "pass_share": _share(passes, len(rows)), "passes": passes,
+            "learnt_cells": len(learnt), "learnt_passes": sum(1 for r in learnt if r["passes"]),
+            "learnt_pass_share": _share(sum(1 for r in learnt if r["passes"]), len(learnt)),
             "worst_loss_pp": max(losses) if losses else None,
             "cells_over_1pp": sum(1 for loss in losses if loss > MAX_LOSS_PP),
             "iid_controls": len(iid), "iid_one_cluster_share": _share(sum(1 for r in iid if r["clusters"] == 1), len(iid)),
@@ -60,16 +72,18 @@ def _fmt(value, digits: int = 2) -> str:
 
 
 def markdown(table: list[dict]) -> str:
-    head = ("| strategy | cells | pass share | worst loss vs FedAvg (pp) | cells > 1 pp below FedAvg | IID controls "
+    head = ("| strategy | cells | pass share | pass share where FedAvg learnt (≥ 0.2) | worst loss vs FedAvg (pp) | "
+            "cells > 1 pp below FedAvg | IID controls "
             "ending with one cluster | misses naming a reason in the last round line | mean ARI (grouped cells) | "
             "errors | most trainings of one client in one round | mean bytes up | mean seconds |")
-    lines = [head, "|---" * 12 + "|"]
+    lines = [head, "|---" * 13 + "|"]
     for row in table:
         iid = "-" if not row["iid_controls"] else \
             f"{round(row['iid_one_cluster_share'] * row['iid_controls'])} of {row['iid_controls']}"
         named = "-" if not row["misses"] else \
             f"{round(row['misses_named_share'] * row['misses'])} of {row['misses']}"
         lines.append(f"| {row['strategy']} | {row['cells']} | {row['passes']} of {row['cells']} ({_fmt(row['pass_share'])}) | "
+                     f"{row['learnt_passes']} of {row['learnt_cells']} ({_fmt(row['learnt_pass_share'])}) | "
                      f"{_fmt(row['worst_loss_pp'], 1)} | {row['cells_over_1pp']} | {iid} | {named} | "
                      f"{_fmt(row['mean_ari_grouped'])} | {row['errors']} | {row['peak_trainings_max']} | "
                      f"{_fmt(row['mean_bytes_up'])} | {_fmt(row['mean_seconds'], 1)} |")
