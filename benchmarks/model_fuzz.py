@@ -74,12 +74,34 @@ def check_held_out(seeds: list[int], held_out: bool) -> None:
         raise HeldOutRefused(f"model_fuzz: --held-out runs only seeds >= {HELD_OUT_START}")
 
 
+def seeds_text(seeds: list[int]) -> str:
+    """``[0, 1, 2, 4, 5]`` → ``"0-2,4-5"`` (``parse_seeds``'s inverse)."""
+    parts: list[str] = []
+    for seed in sorted(seeds):
+        if parts and seed == int(parts[-1].split("-")[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{seed}"
+        else:
+            parts.append(str(seed))
+    return ",".join(parts)
+
+
 def finished(out: Path, seed: int, rounds: int, strategies: list[str]) -> bool:
     path = out / "cells" / f"{seed}.json"
     if not path.exists():
         return False
     record = json.loads(path.read_text())
     return record["rounds"] == rounds and [r["strategy"] for r in record["rows"]] == strategies
+
+
+def earlier_runs(out: Path) -> list[dict]:
+    """The runs that wrote cells into ``out`` before this one (a resumed folder keeps them):
+    each one's commit, command, start, end and the cells it had done."""
+    path = out / "manifest.json"
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+    keep = ("git", "command", "started", "ended", "machine", "cells_done")
+    return [*old.get("earlier_runs", []), {k: old[k] for k in keep if k in old}]
 
 
 def progress(done: int, total: int, record: dict, elapsed: float) -> str:
@@ -106,7 +128,7 @@ def readme(out: Path, records: list[dict], table_md: str, manifest: dict) -> str
     commit = git.get("commit", git) if isinstance(git, dict) else git
     return f"""# Every strategy on models and data drawn at random
 
-What ran: `benchmarks/model_fuzz.py` on {len(records)} cells (seeds {', '.join(map(str, seeds))}), each drawn at
+What ran: `benchmarks/model_fuzz.py` on {len(records)} cells (seeds {seeds_text(seeds)}), each drawn at
 random by `benchmarks/fuzz/cell.py` from its seed alone: a model written as an outside user writes
 one (an MLP, a CNN, a ResNet-style net with BatchNorm / GroupNorm / no norm, a small vision
 transformer, a GRU or LSTM reading image rows, a multi-head net; width, depth, activation,
@@ -124,7 +146,7 @@ max {max(seconds):.0f}, on a shared 2-core machine.
 
 How to run it again (a cell already in the folder is skipped):
 
-    PYTHONPATH=$PWD:$PWD/tests:$PWD/benchmarks python benchmarks/model_fuzz.py --seeds {seeds[0]}-{seeds[-1]} --out {out.as_posix()}
+    PYTHONPATH=$PWD:$PWD/tests:$PWD/benchmarks python benchmarks/model_fuzz.py --seeds {seeds_text(seeds)} --out {out.as_posix()}
 
 ## How a cell is judged
 
@@ -189,6 +211,7 @@ def main(argv: list[str] | None = None) -> None:
     config = {"seeds": args.seeds, "rounds": args.rounds, "strategies": strategies, "held_out": args.held_out}
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = start_manifest(config, ["benchmarks/model_fuzz.py", *(argv if argv is not None else sys.argv[1:])])
+    earlier = earlier_runs(args.out)
     logging.getLogger("flwr").setLevel(logging.CRITICAL)
     one_thread()
     started, todo = time.perf_counter(), [s for s in seeds if not finished(args.out, s, args.rounds, strategies)]
@@ -196,9 +219,9 @@ def main(argv: list[str] | None = None) -> None:
     for done, seed in enumerate(todo, 1):
         record = run_cell(draw_cell(seed), strategies, args.rounds, args.out)
         print(progress(done, len(todo), record, time.perf_counter() - started), flush=True)
-        write_manifest(args.out, manifest, config=config, cells_done=sorted(
+        write_manifest(args.out, manifest, config=config, earlier_runs=earlier, cells_done=sorted(
             int(p.stem) for p in (args.out / "cells").glob("*.json")))
-    write_manifest(args.out, manifest, config=config,
+    write_manifest(args.out, manifest, config=config, earlier_runs=earlier,
                    cells_done=sorted(int(p.stem) for p in (args.out / "cells").glob("*.json")))
     report(args.out, json.loads((args.out / "manifest.json").read_text()))
     print(f"wrote {args.out}")

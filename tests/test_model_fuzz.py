@@ -132,6 +132,8 @@ def test_groups_and_shifts():
 
 def test_seeds_parse_and_held_out_refused():
     assert model_fuzz.parse_seeds("0-3,7,2") == [0, 1, 2, 3, 7]
+    assert model_fuzz.seeds_text([0, 1, 2, 4, 5, 9]) == "0-2,4-5,9"
+    assert model_fuzz.parse_seeds(model_fuzz.seeds_text([3, 4, 8])) == [3, 4, 8]
     model_fuzz.check_held_out([0, 999], held_out=False)
     with pytest.raises(SystemExit, match="held-out"):
         model_fuzz.check_held_out([998, 1000], held_out=False)
