@@ -1,0 +1,193 @@
+"""One fuzz cell against the strategies: each with its defaults (only the cell's participation
+as ``fraction_train``), stock ClientApps unless its ``requires()`` names a capability they
+lack, on clusterfed's in-process grid; scored against the true groups and judged."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import Counter
+from dataclasses import asdict
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from sklearn.metrics import adjusted_rand_score
+
+from clusterfed.simulation import inprocess_grid
+from clusterfed.strategies import strategy_class
+from fuzz.apps import helper_app, stock_app, test
+from fuzz.cell import Cell
+from fuzz.data import loaders, true_groups
+from fuzz.models import build_model
+from model_matrix.cells import CEILING, MIN_ARI, CountingApp, partition_of
+
+STRATEGIES = ("fedavg", "fedclust", "adacfl", "cfl", "layercfl", "hicfl", "ifca", "selection")
+MAX_LOSS_PP = 1.0  # the most a cell may lose against FedAvg, in percentage points
+STANDARD_PARTS = ("[ROUND ", "train loss ", "evaluate over ")
+
+
+class RoundLines(logging.Handler):
+    """Keeps the ``[ROUND n/N] ...`` lines Flower's logger gets."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith("[ROUND "):
+            self.lines.append(message)
+
+
+def quiet_flower() -> logging.Logger:
+    """Flower's logger at INFO with its console handlers silenced (the round lines are captured)."""
+    logger = logging.getLogger("flwr")
+    logger.setLevel(logging.INFO)
+    for handler in logger.handlers:
+        if not isinstance(handler, RoundLines):
+            handler.setLevel(logging.CRITICAL)
+    return logger
+
+
+def decision_text(line: str | None) -> str:
+    """What a round line says beyond the driver's counts (replies, clusters, loss, evaluation):
+    the strategy's own words: what it compared, decided, or why it ended as it did."""
+    if not line:
+        return ""
+    parts = [part for part in line.split("; ") if part and not part.startswith(STANDARD_PARTS)
+             and not re.fullmatch(r"\d+ clusters?", part)]
+    return "; ".join(parts)
+
+
+def cell_accuracy(cell: Cell, result) -> tuple[float, int]:
+    """The mean over clients of their own cluster model's test accuracy (a client the run never
+    placed is served the largest cluster's model), and how many clients were placed."""
+    by_partition = {partition_of(k): int(c) for k, c in result.assignment.items()}
+    models: dict[int | None, torch.nn.Module] = {}
+    accuracies = []
+    for partition in range(cell.clients):
+        cluster = by_partition.get(partition)
+        if cluster not in models:
+            record = result.cluster_arrays.get(cluster) if cluster is not None else None
+            model = build_model(cell)
+            model.load_state_dict((record or result.arrays).to_torch_state_dict())
+            models[cluster] = model
+        accuracies.append(test(models[cluster], loaders(cell, partition)[1])[1])
+    return sum(accuracies) / len(accuracies), len(by_partition)
+
+
+def ari(cell: Cell, assignment: dict[str, int]) -> float | None:
+    """ARI of the placed clients' clusters against their true groups (1.0 for one cluster in
+    the IID control, whose clients form one group)."""
+    groups = true_groups(cell)
+    placed = sorted((partition_of(k), int(c)) for k, c in assignment.items())
+    if not placed:
+        return None
+    return round(float(adjusted_rand_score([groups[p] for p, _ in placed], [c for _, c in placed])), 4)
+
+
+def trainings(app: CountingApp, clients: int) -> dict:
+    """Train messages per client: over the run (mean), and the most one client got in one round
+    (the round: where a chained clustering step asks a stock client more than once)."""
+    if not app.trainings:
+        return {"trainings_per_client": 0.0, "peak_trainings": 0, "peak_round": None}
+    (_, peak_round), peak = max(app.trainings.items(), key=lambda item: (item[1], -item[0][1]))
+    return {"trainings_per_client": round(sum(app.trainings.values()) / clients, 2), "peak_trainings": peak,
+            "peak_round": peak_round}
+
+
+def run_strategy(cell: Cell, name: str, rounds: int) -> dict:
+    """One strategy on the cell: its row (see ``run_cell``)."""
+    cls = strategy_class(name)
+    strategy = cls(fraction_train=cell.participation)
+    needs = sorted(strategy.requires())
+    client = "helper" if needs else "stock"
+    app = CountingApp(helper_app if needs else stock_app)
+    run_config = {"cell": cell.to_json(), "local-epochs": cell.local_epochs}
+    grid = inprocess_grid(app, cell.clients, run_config=run_config, client_batching="off",
+                          node_configs=[{"partition-id": i, "num-partitions": cell.clients} for i in range(cell.clients)])
+    torch.manual_seed(cell.seed)
+    model = build_model(cell)
+    lines = RoundLines()
+    logger = quiet_flower()
+    logger.addHandler(lines)
+    row = {"strategy": name, "client": client, "needs": needs, "rounds": rounds}
+    started = time.perf_counter()
+    try:
+        # as Flower's quickstart ServerApp: the model's arrays and the learning rate
+        result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds,
+                                train_config=ConfigRecord({"lr": cell.lr}))
+        error = None
+    except Exception as exc:  # a refusal or a failure is the outcome, with its message
+        result, error = None, f"{type(exc).__name__}: {exc}"[:2000]
+    finally:
+        logger.removeHandler(lines)
+    row["seconds"] = round(time.perf_counter() - started, 2)
+    row.update(trainings(app, cell.clients))
+    row["error"] = error
+    row["last_line"] = lines.lines[-1] if lines.lines else None
+    row["last_decision"] = decision_text(row["last_line"])
+    row["first_decision"] = decision_text(lines.lines[0]) if lines.lines else ""
+    if result is None:
+        row.update(accuracy=None, ari=None, clusters=None, singletons=None, placed=0, bytes_up=None, bytes_down=None,
+                   reported_accuracy=None, one_cluster_reason=None)
+        return row
+    accuracy, placed = cell_accuracy(cell, result)
+    sizes = Counter(result.assignment.values())
+    last = result.evaluate_metrics_clientapp.get(rounds, {})
+    reported = last.get("eval_acc", last.get("eval-accuracy"))
+    row.update(accuracy=round(accuracy, 4), ari=ari(cell, result.assignment), clusters=len(sizes),
+               singletons=sum(1 for size in sizes.values() if size == 1), placed=placed,
+               bytes_up=int(result.traffic["bytes_up"]),
+               bytes_down=int(result.traffic["bytes_down"] + result.traffic["eval_bytes_down"]
+                              + result.traffic["probe_bytes_down"]),
+               reported_accuracy=None if reported is None else round(float(reported), 4),
+               one_cluster_reason=(result.clustering or {}).get("one_cluster_reason"))
+    return row
+
+
+def verdict(row: dict, fedavg_accuracy: float | None, iid: bool) -> dict:
+    """A row's verdict: ``recovered`` (ARI ≥ 0.9; in the IID control: one cluster),
+    ``at_ceiling`` (FedAvg ≥ 0.95 and at most 1 pp lost), ``passes`` (either), ``loss_pp``
+    (FedAvg's accuracy minus the row's, in points; > 0 is a loss), ``within_1pp``,
+    ``one_cluster`` (IID controls only), and for a row that does not pass, ``reason_named``:
+    whether its last round line carries the strategy's own words (or the run's error)."""
+    accuracy, ari_value, clusters = row.get("accuracy"), row.get("ari"), row.get("clusters")
+    loss_pp = None if accuracy is None or fedavg_accuracy is None else round(100 * (fedavg_accuracy - accuracy), 2)
+    if iid:
+        recovered = clusters == 1
+    else:
+        recovered = ari_value is not None and ari_value >= MIN_ARI
+    at_ceiling = fedavg_accuracy is not None and fedavg_accuracy >= CEILING and loss_pp is not None \
+        and loss_pp <= MAX_LOSS_PP
+    passes = bool(accuracy is not None and (recovered or at_ceiling))
+    out = {"recovered": bool(recovered and accuracy is not None), "at_ceiling": bool(at_ceiling), "passes": passes,
+           "loss_pp": loss_pp, "within_1pp": None if loss_pp is None else loss_pp <= MAX_LOSS_PP,
+           "one_cluster": (clusters == 1) if iid else None}
+    out["reason_named"] = None if passes else bool(row.get("last_decision") or row.get("error"))
+    return out
+
+
+def run_cell(cell: Cell, strategies=STRATEGIES, rounds: int = 10, out=None) -> dict:
+    """Every strategy on ``cell`` (FedAvg first: the others are judged against it); the cell's
+    record: the cell, the rounds, one row per strategy with its verdict. Written to
+    ``out/cells/<seed>.json`` when ``out`` is given."""
+    strategies = ["fedavg", *[s for s in strategies if s != "fedavg"]]
+    rows, started = [], time.perf_counter()
+    for name in strategies:
+        rows.append(run_strategy(cell, name, rounds))
+    fedavg_accuracy = rows[0]["accuracy"]
+    for row in rows:
+        row["fedavg_accuracy"] = fedavg_accuracy
+        row.update(verdict(row, fedavg_accuracy, cell.shift == "iid"))
+    record = {"cell": asdict(cell), "label": cell.label(), "rounds": rounds, "true_groups": true_groups(cell),
+              "seconds": round(time.perf_counter() - started, 1), "rows": rows}
+    if out is not None:
+        import json
+        from pathlib import Path
+
+        folder = Path(out) / "cells"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{cell.seed}.json").write_text(json.dumps(record, indent=1) + "\n")
+    return record

@@ -1,0 +1,198 @@
+"""The random-model harness (benchmarks/model_fuzz.py, benchmarks/fuzz/): draws reproduce, every
+family builds and runs, freezing and head placement do what the cell says, the held-out seeds
+are refused, the verdict on hand-made numbers, and one tiny cell end to end."""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.append(str(ROOT / "benchmarks"))  # after tests/: tests/model_matrix is the package
+
+import model_fuzz  # noqa: E402
+from fuzz.apps import train  # noqa: E402
+from fuzz.cell import FAMILIES, HEAD_POSITIONS, Cell, draw_cell  # noqa: E402
+from fuzz.data import client_arrays, loaders, true_groups, world  # noqa: E402
+from fuzz.models import build_model, freeze_leading  # noqa: E402
+from fuzz.run import decision_text, verdict  # noqa: E402
+
+BASE = Cell(seed=5, family="mlp", width=16, depth=2, activation="relu", dropout=0.0, norm="none", recurrent="",
+            frozen_fraction=0.0, head_position="last", extra_heads=0, optimizer="sgd", lr=0.1, local_epochs=1,
+            batch_size=16, dataset="digits", shift="label_swap", groups=2, clients=6, participation=1.0,
+            train_examples=32, test_examples=16)
+
+
+def variants() -> list[Cell]:
+    """Every family (ResNet with each norm, both recurrent cells) with each head position."""
+    cells = []
+    for family in FAMILIES:
+        extras = {"resnet": [{"norm": n} for n in ("batch", "group", "none")],
+                  "recurrent": [{"recurrent": r} for r in ("gru", "lstm")],
+                  "multihead": [{"extra_heads": 2}]}.get(family, [{}])
+        for extra in extras:
+            for position in HEAD_POSITIONS:
+                cells.append(replace(BASE, family=family, head_position=position, depth=2, width=16, **extra))
+    return cells
+
+
+def test_same_seed_same_cell_and_json_round_trip():
+    for seed in (0, 1, 17, 999):
+        cell = draw_cell(seed)
+        assert cell == draw_cell(seed)
+        assert Cell.from_json(cell.to_json()) == cell
+        assert json.loads(cell.to_json())["seed"] == seed
+    assert len({draw_cell(seed).to_json() for seed in range(20)}) == 20
+
+
+def test_draws_stay_in_their_ranges():
+    for seed in range(200):
+        cell = draw_cell(seed)
+        assert 6 <= cell.clients <= 40 and cell.participation in (0.5, 1.0)
+        assert cell.groups == 1 if cell.shift == "iid" else 2 <= cell.groups <= 5
+        assert cell.clients >= 2 * cell.groups
+        assert (cell.family == "multihead") <= (cell.extra_heads >= 1)
+    assert {draw_cell(seed).family for seed in range(200)} == set(FAMILIES)
+    assert {draw_cell(seed).shift for seed in range(200)} == {"label_swap", "rotation", "label_skew", "iid"}
+
+
+@pytest.mark.parametrize("dataset", ["digits", "mnist"])
+def test_every_family_builds_and_runs_forward_and_backward(dataset):
+    if dataset == "mnist":
+        try:
+            from fuzz.data import mnist_root
+
+            mnist_root()
+        except FileNotFoundError:
+            pytest.skip("MNIST files not here")
+    for cell in variants():
+        cell = replace(cell, dataset=dataset)
+        model = build_model(cell)
+        x, y = next(iter(loaders(cell, 0)[0]))
+        model.train()
+        logits = model(x)
+        assert logits.shape == (len(y), 10), cell.label()
+        loss = torch.nn.functional.cross_entropy(logits, y) + model.extra_loss(y)
+        loss.backward()
+        assert torch.isfinite(loss)
+        model.load_state_dict(build_model(cell).state_dict())  # a fresh build has the same arrays
+
+
+def test_frozen_fraction_really_freezes():
+    for family in ("mlp", "cnn", "resnet", "attention", "recurrent"):
+        cell = replace(BASE, family=family, frozen_fraction=0.5, norm="group" if family == "resnet" else "none",
+                       recurrent="gru" if family == "recurrent" else "", optimizer="adam", lr=0.01)
+        model = build_model(cell)
+        frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+        assert frozen and all(n.startswith("trunk.") for n in frozen), family
+        trunk_total = sum(p.numel() for n, p in model.named_parameters() if n.startswith("trunk."))
+        assert sum(p.numel() for n, p in model.named_parameters() if n in frozen) < trunk_total
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        train(cell, model, loaders(cell, 0)[0], 1, cell.lr)
+        after = model.state_dict()
+        for name in frozen:
+            assert torch.equal(before[name], after[name]), name
+        assert not torch.equal(before["head.weight"], after["head.weight"])
+    assert freeze_leading(torch.nn.Linear(2, 2), 0.0) == []
+
+
+def test_head_sits_where_the_cell_says():
+    for cell in variants():
+        keys = list(build_model(cell).state_dict())
+        head = [i for i, k in enumerate(keys) if k.startswith("head.")]
+        assert head, cell.label()
+        if cell.head_position == "first":
+            assert head == [0, 1], cell.label()
+        elif cell.head_position == "last":
+            assert head == [len(keys) - 2, len(keys) - 1], cell.label()
+        else:
+            assert head[-1] < len(keys) - 1 and head[0] > 0, cell.label()
+            assert not any(k.startswith(("head.", "trunk.")) for k in keys[head[-1] + 1:]), cell.label()
+
+
+def test_groups_and_shifts():
+    cell = replace(BASE, clients=10, groups=3, shift="label_skew")
+    groups = true_groups(cell)
+    assert sorted(groups) == sorted(i % 3 for i in range(10))
+    shares = world(cell)["shares"]
+    for partition in range(cell.clients):
+        _, y, _, yt = client_arrays(cell.to_json(), partition)
+        assert set(y) | set(yt) <= set(shares[groups[partition]].tolist())
+    assert set(true_groups(replace(BASE, shift="iid", groups=1))) == {0}
+    swap = replace(BASE, shift="label_swap", groups=2)
+    permutation = world(swap)["permutations"][1]
+    assert sorted(permutation) == list(range(10))
+
+
+def test_seeds_parse_and_held_out_refused():
+    assert model_fuzz.parse_seeds("0-3,7,2") == [0, 1, 2, 3, 7]
+    assert model_fuzz.seeds_text([0, 1, 2, 4, 5, 9]) == "0-2,4-5,9"
+    assert model_fuzz.parse_seeds(model_fuzz.seeds_text([3, 4, 8])) == [3, 4, 8]
+    model_fuzz.check_held_out([0, 999], held_out=False)
+    with pytest.raises(SystemExit, match="held-out"):
+        model_fuzz.check_held_out([998, 1000], held_out=False)
+    with pytest.raises(SystemExit, match="held-out"):
+        model_fuzz.main(["--seeds", "1000-1059", "--out", "unused"])
+    with pytest.raises(SystemExit):
+        model_fuzz.check_held_out([5, 1001], held_out=True)
+    model_fuzz.check_held_out([1000, 1059], held_out=True)
+
+
+def test_verdict_on_hand_made_numbers():
+    row = {"accuracy": 0.80, "ari": 0.95, "clusters": 3, "last_decision": "", "error": None}
+    out = verdict(row, 0.70, iid=False)
+    assert out["recovered"] and out["passes"] and out["loss_pp"] == -10.0 and out["within_1pp"]
+    # recovers nothing, but FedAvg is at its ceiling and 0.5 pp are lost: passes
+    out = verdict({**row, "accuracy": 0.955, "ari": 0.0}, 0.96, iid=False)
+    assert not out["recovered"] and out["at_ceiling"] and out["passes"] and out["loss_pp"] == 0.5
+    # at the ceiling but 2 pp lost: a miss, with no words in its last line
+    out = verdict({**row, "accuracy": 0.94, "ari": 0.5}, 0.96, iid=False)
+    assert not out["passes"] and out["loss_pp"] == 2.0 and not out["within_1pp"] and out["reason_named"] is False
+    out = verdict({**row, "accuracy": 0.94, "ari": 0.5, "last_decision": "CFL ends with one cluster: ..."}, 0.96,
+                  iid=False)
+    assert out["reason_named"] is True
+    # IID control: one cluster is right, two is a miss whatever the ARI says
+    assert verdict({**row, "clusters": 1, "ari": 1.0}, 0.7, iid=True)["one_cluster"] is True
+    out = verdict({**row, "clusters": 2, "ari": 0.0}, 0.7, iid=True)
+    assert out["one_cluster"] is False and not out["passes"]
+    # a run that stopped: no accuracy, a miss that names its error
+    out = verdict({"accuracy": None, "ari": None, "clusters": None, "last_decision": "", "error": "CapabilityError: x"},
+                  0.7, iid=False)
+    assert not out["passes"] and out["loss_pp"] is None and out["reason_named"] is True
+
+
+def test_decision_text_keeps_only_the_strategys_words():
+    line = ("[ROUND 10/10] train: 9 of 9 replies accepted; 2 clusters; train loss 0.5; evaluate over 9 of 9 "
+            "clients: eval_acc 0.9; FedClust ends with 2 clusters: lambda auto 0.9")
+    assert decision_text(line) == "FedClust ends with 2 clusters: lambda auto 0.9"
+    assert decision_text("[ROUND 3/3] train: 6 of 6 replies accepted; 1 cluster; train loss 2.3") == ""
+    assert decision_text(None) == ""
+
+
+def test_a_tiny_cell_end_to_end(tmp_path):
+    from fuzz.report import load_records, write_tables
+    from fuzz.run import run_cell
+
+    torch.set_num_threads(1)
+    cell = replace(BASE, seed=3, clients=6, groups=2, shift="label_swap")
+    record = run_cell(cell, ["fedavg", "fedclust", "ifca"], rounds=2, out=tmp_path)
+    rows = {r["strategy"]: r for r in record["rows"]}
+    assert list(rows) == ["fedavg", "fedclust", "ifca"]
+    assert rows["fedavg"]["client"] == "stock" and rows["ifca"]["client"] == "helper"
+    for row in rows.values():
+        assert row["error"] is None, row["error"]
+        assert 0.0 <= row["accuracy"] <= 1.0 and row["clusters"] >= 1 and row["bytes_up"] > 0
+        assert row["fedavg_accuracy"] == rows["fedavg"]["accuracy"] and row["last_line"].startswith("[ROUND 2/2]")
+    assert rows["fedavg"]["clusters"] == 1 and rows["fedavg"]["loss_pp"] == 0.0
+    assert (tmp_path / "cells" / "3.json").exists()
+    assert model_fuzz.finished(tmp_path, 3, 2, ["fedavg", "fedclust", "ifca"])
+    assert not model_fuzz.finished(tmp_path, 3, 5, ["fedavg", "fedclust", "ifca"])
+    table = write_tables(tmp_path, load_records(tmp_path))
+    assert [row["strategy"] for row in table] == ["fedavg", "fedclust", "ifca"]
+    assert (tmp_path / "summary.csv").read_text().startswith("strategy,cells,pass_share")
