@@ -1,6 +1,6 @@
 """The client helper checks what the server's strategy needs when the ClientApp is built (IFCA's
 loss), tells the server in its profile what the task can give, flags a train_fn that trains other
-than the epochs asked. Hand-made messages, no server."""
+than the epochs asked, and turns on secure aggregation by one keyword. Hand-made messages, no server."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from torch import nn
 from clusterfed import IFCA, FedAvg, protocol
 from clusterfed.client import ClientTask, TaskCapabilityError, client_app
 from clusterfed.client.app import MISSING_KEY
+from clusterfed.secagg import GroupProtocol, SecAggSettings, secagg_mod, wire
 from tests.test_client_helper import TASK, initial, load_data
 
 MULTI_MODEL_ASK = {"ifca-k": 2, "cluster-id": -1}
@@ -172,3 +173,42 @@ def test_a_train_fn_that_reports_other_epochs_than_asked_is_flagged(flwr_warning
     assert any("trained 1 epoch(s)" in t and "local-epochs=7" in t and "cluster-epochs" in t for t in texts)
     ask(app, arrays=initial(), **{"local-epochs": 1})
     assert len(flwr_warnings) == len(texts)  # as asked: nothing said
+
+
+# ------------------------------------------------------------ secure aggregation, one keyword
+def test_secure_aggregation_adds_the_mod_exactly_when_asked():
+    def other_mod(msg, ctx, call_next):
+        return call_next(msg, ctx)
+
+    assert secagg_mod not in client_app(TASK)._mods
+    assert secagg_mod not in client_app(TASK, mods=[other_mod])._mods
+    secure = client_app(TASK, mods=[other_mod], secure_aggregation=True)
+    assert secure._mods == [secagg_mod, other_mod]  # outside the user's mods (a clipping mod clips first)
+    assert secure.clusterfed_parts.mods == (secagg_mod, other_mod)
+    with pytest.raises(TypeError, match="secure_aggregation"):
+        client_app(TASK, secure_aggregation="secaggplus")
+
+
+def test_a_plain_train_message_passes_through_the_mod_unchanged():
+    sent = initial()
+    plain = ask(client_app(TASK), arrays=sent, **{"local-epochs": 2})
+    secure = ask(client_app(TASK, secure_aggregation=True), arrays=sent, **{"local-epochs": 2})
+    assert set(secure) == set(plain)
+    assert dict(secure[protocol.METRICS]) == dict(plain[protocol.METRICS])
+    got, expected = (protocol.from_array_record(c[protocol.ARRAYS]) for c in (secure, plain))
+    assert set(got) == set(expected)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name])
+    evaluated = ask(client_app(TASK, secure_aggregation=True), arrays=sent, message_type=MessageType.EVALUATE)
+    assert "eval-accuracy" in evaluated[protocol.METRICS]
+
+
+def test_a_protocol_message_is_answered_by_the_mod():
+    protocol_ = GroupProtocol(["a", "b", "c"], SecAggSettings(), session="1/0", seed=0)
+    setup = protocol_.asks()["a"]
+    secure = client_app(TASK, secure_aggregation=True)
+    reply = secure(message(wire.ask_content(setup)), context()).content
+    answer = wire.reply_from_content(reply)
+    assert answer["stage"] == wire.SETUP and answer["pk1"] and answer["pk2"]
+    with pytest.raises(Exception):  # without the mod, the helper has no model to train
+        client_app(TASK)(message(wire.ask_content(setup)), context())

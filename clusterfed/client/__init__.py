@@ -28,7 +28,8 @@ Tell the helper which strategy the server runs and a task that cannot serve it i
 when the app is built, not in round 1: ``client_app(task, requires=IFCA().requires())`` (IFCA
 sends K models and the client keeps the one of lowest training loss: a task with its own
 ``train_fn`` must then give ``loss_fn`` or ``train_loss_fn``). Without it, the profile tells
-the server what the task can do.
+the server what the task can do. ``client_app(task, secure_aggregation=True)`` adds
+``clusterfed.secagg.secagg_mod`` (SecAgg+ within each cluster) and changes nothing else.
 
 On a device, where Flower starts one process per message, name the task by its import path in
 a ClientApp module that imports only ``clusterfed.client``::

@@ -7,7 +7,8 @@ profile probe, answered with the profile) and for the ``query.profile`` query of
 (``"package.module:name"``) instead of the task, the ClientApp imports nothing of the task
 in its own process when that is one of Flower's one-message ``flwr-clientapp`` processes:
 it hands each message to a warm worker (``clusterfed.client_worker``) that keeps the task,
-torch and the data loaded. This module imports only flwr and numpy.
+torch and the data loaded. This module imports only flwr, numpy and clusterfed.secagg (built
+on flwr's primitives), never torch.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from clusterfed.client.task import (
 from clusterfed.client.worker_link import DEFAULT_IDLE_SECONDS, request
 from clusterfed.label_stats import label_entropy, num_classes_present
 from clusterfed.protocol import CHOICE, CHOICES, unpack_model
+from clusterfed.secagg import secagg_mod
 
 # imported by Flower's `flwr-clientapp` process (one message, then exit), not by simulations
 _ONE_MESSAGE_PROCESS = "flwr.supernode.runtime.run_clientapp"
@@ -252,7 +254,8 @@ def needed_capabilities(requires: Any) -> tuple[str, ...]:
 
 
 def client_app(task: ClientTask | str, *, mods: Sequence | None = None,
-               check: Callable[[Context], None] | None = None, requires: Any = ()) -> ClientApp:
+               check: Callable[[Context], None] | None = None, requires: Any = (),
+               secure_aggregation: bool = False) -> ClientApp:
     """A Flower ClientApp answering clusterfed's full message contract with ``task``.
 
     ``task``: a ``ClientTask``, answered in this process; or its import path
@@ -272,6 +275,11 @@ def client_app(task: ClientTask | str, *, mods: Sequence | None = None,
     Without ``requires`` the client cannot know the strategy: its profile lists what the task
     gives (``ClientTask.capabilities``) and how to give the rest, for the server to check.
 
+    ``secure_aggregation=True``: ``clusterfed.secagg.secagg_mod`` is put around every message,
+    outside ``mods`` (a clipping mod among them clips before the mod masks): train messages of a
+    secure aggregation round run SecAgg+'s stages; any other message passes through unchanged.
+    Nothing else changes. For a client that never sends an unmasked update, pass
+    ``mods=[clusterfed.secagg.secagg_client_mod(require=True)]`` instead.
     """
     if isinstance(task, str):
         if task.count(":") != 1 or not all(task.split(":")):
@@ -281,7 +289,11 @@ def client_app(task: ClientTask | str, *, mods: Sequence | None = None,
     needed = needed_capabilities(requires)
     if isinstance(task, ClientTask):
         task.require(needed)
+    if not isinstance(secure_aggregation, bool):
+        raise TypeError(f"client_app(secure_aggregation=...) takes True or False, got {secure_aggregation!r}")
     all_mods = list(mods or [])
+    if secure_aggregation:
+        all_mods = [secagg_mod, *(mod for mod in all_mods if mod is not secagg_mod)]
 
     def answer(msg: Message, context: Context) -> Message:
         message_type = msg.metadata.message_type
