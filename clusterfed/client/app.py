@@ -50,7 +50,7 @@ KEY_TAG = "[client-key "  # how an error names its client: [client-key "pi-03"] 
 HELPER_CAPABILITIES = (LABEL_STATS, MULTI_MODEL)
 PROFILE = "profile"  # listed first in every helper profile: it answers the profile with a stable key
 # in the profile's client record: "<capability>: how to give it", for each one the task lacks
-MISSING_KEY = "capabilities-missing"
+MISSING_KEY = protocol.CAPABILITIES_MISSING_KEY
 
 
 def _key_or_none(task: ClientTask | str, context: Context) -> str | None:
