@@ -28,6 +28,8 @@ CLIENT = "client"  # ConfigRecord of the reply: client-key, true-group (metrics 
 # without an error (and without a traceback in Flower's log)
 PROFILE_PHASE = "profile"
 CAPABILITIES_KEY = "capabilities"  # in the profile's client record: what the client can do
+# beside it: "<capability>: how to give it", for each capability the client's task lacks
+CAPABILITIES_MISSING_KEY = "capabilities-missing"
 # the query servers before the probe sent; clusterfed clients still answer it
 PROFILE_QUERY = "query.profile"
 

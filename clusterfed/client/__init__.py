@@ -24,6 +24,13 @@ Flower's quickstart-pytorch)::
     )
     app = client_app(task)  # pyproject.toml: clientapp = "pytorchexample.client_app:app"
 
+Tell the helper which strategy the server runs and a task that cannot serve it is refused
+when the app is built, not in round 1: ``client_app(task, requires=IFCA().requires())`` (IFCA
+sends K models and the client keeps the one of lowest training loss: a task with its own
+``train_fn`` must then give ``loss_fn`` or ``train_loss_fn``). Without it, the profile tells
+the server what the task can do. ``client_app(task, secure_aggregation=True)`` adds
+``clusterfed.secagg.secagg_mod`` (SecAgg+ within each cluster) and changes nothing else.
+
 On a device, where Flower starts one process per message, name the task by its import path in
 a ClientApp module that imports only ``clusterfed.client``::
 
@@ -37,7 +44,7 @@ the data loaded (node config ``warm-worker``). The built-in image task is
 
 from clusterfed.client.app import CHOICE, CHOICES, client_app, reply, uses_warm_worker
 from clusterfed.client.identity import client_key
-from clusterfed.client.task import ClientTask, TaskData, load_task
+from clusterfed.client.task import ClientTask, TaskCapabilityError, TaskData, load_task
 
-__all__ = ["CHOICE", "CHOICES", "ClientTask", "TaskData", "client_app", "client_key", "load_task", "reply",
-           "uses_warm_worker"]
+__all__ = ["CHOICE", "CHOICES", "ClientTask", "TaskCapabilityError", "TaskData", "client_app", "client_key",
+           "load_task", "reply", "uses_warm_worker"]

@@ -7,7 +7,8 @@ profile probe, answered with the profile) and for the ``query.profile`` query of
 (``"package.module:name"``) instead of the task, the ClientApp imports nothing of the task
 in its own process when that is one of Flower's one-message ``flwr-clientapp`` processes:
 it hands each message to a warm worker (``clusterfed.client_worker``) that keeps the task,
-torch and the data loaded. This module imports only flwr and numpy.
+torch and the data loaded. This module imports only flwr, numpy and clusterfed.secagg (built
+on flwr's primitives), never torch.
 """
 
 from __future__ import annotations
@@ -24,10 +25,19 @@ from flwr.clientapp import ClientApp
 
 from clusterfed import protocol
 from clusterfed.client.identity import client_key
-from clusterfed.client.task import ClientTask, as_task_data, count_examples, load_task
+from clusterfed.client.task import (
+    HOW_TO_GIVE,
+    LABEL_STATS,
+    MULTI_MODEL,
+    ClientTask,
+    as_task_data,
+    count_examples,
+    load_task,
+)
 from clusterfed.client.worker_link import DEFAULT_IDLE_SECONDS, request
 from clusterfed.label_stats import label_entropy, num_classes_present
 from clusterfed.protocol import CHOICE, CHOICES, unpack_model
+from clusterfed.secagg import secagg_mod
 
 # imported by Flower's `flwr-clientapp` process (one message, then exit), not by simulations
 _ONE_MESSAGE_PROCESS = "flwr.supernode.runtime.run_clientapp"
@@ -35,8 +45,12 @@ _ONE_MESSAGE_PROCESS = "flwr.supernode.runtime.run_clientapp"
 
 KEY_TAG = "[client-key "  # how an error names its client: [client-key "pi-03"] <message>
 # what this helper's clients can do beyond a stock ClientApp (the names of
-# clusterfed.strategies.base.CAPABILITIES), told to the server in the profile
-HELPER_CAPABILITIES = ("label-stats", "multi-model")
+# clusterfed.strategies.base.CAPABILITIES); each task's profile lists those it gives
+# (``ClientTask.capabilities``) and, under MISSING_KEY, how to give the others
+HELPER_CAPABILITIES = (LABEL_STATS, MULTI_MODEL)
+PROFILE = "profile"  # listed first in every helper profile: it answers the profile with a stable key
+# in the profile's client record: "<capability>: how to give it", for each one the task lacks
+MISSING_KEY = protocol.CAPABILITIES_MISSING_KEY
 
 
 def _key_or_none(task: ClientTask | str, context: Context) -> str | None:
@@ -129,7 +143,13 @@ def profile_reply(task: ClientTask, content: RecordDict, context: Context) -> Re
     data = as_task_data(task.data_fn(context, config))
     metrics = _with_label_stats({"num-examples": count_examples(data, "train")}, config, data)
     identity = _identity(task, context, data)
-    identity[protocol.CAPABILITIES_KEY] = list(HELPER_CAPABILITIES)
+    given = task.capabilities(data)
+    # "profile" first, which every helper client gives (a stable key): the list is never
+    # empty (Flower's ConfigRecord cannot count the bytes of an empty list or string)
+    identity[protocol.CAPABILITIES_KEY] = [PROFILE, *given]
+    missing = [f"{name}: {HOW_TO_GIVE[name]}" for name in HELPER_CAPABILITIES if name not in given]
+    if missing:
+        identity[MISSING_KEY] = missing
     return RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.CLIENT: identity})
 
 
@@ -188,6 +208,7 @@ class HelperParts:
     task: ClientTask | str
     mods: tuple
     check: Callable[[Context], None] | None
+    requires: tuple[str, ...] = ()
 
 
 _REPLIES = {MessageType.TRAIN: train_reply, MessageType.EVALUATE: evaluate_reply,
@@ -217,8 +238,24 @@ def uses_warm_worker(node_config: Mapping) -> bool:
     return _ONE_MESSAGE_PROCESS in sys.modules
 
 
+def needed_capabilities(requires: Any) -> tuple[str, ...]:
+    """Capability names from ``requires``: names (one or several), or a strategy (anything
+    with a ``requires()`` method, e.g. ``clusterfed.IFCA()``)."""
+    if callable(getattr(requires, "requires", None)):
+        requires = requires.requires()
+    if isinstance(requires, str):
+        requires = (requires,)
+    names = tuple(sorted({str(name) for name in requires or ()}))
+    unknown = [name for name in names if name not in HELPER_CAPABILITIES]
+    if unknown:
+        raise ValueError(f"client_app(requires=...): unknown capabilities {unknown}; the helper's are "
+                         f"{list(HELPER_CAPABILITIES)} (a strategy's requires() names them)")
+    return names
+
+
 def client_app(task: ClientTask | str, *, mods: Sequence | None = None,
-               check: Callable[[Context], None] | None = None) -> ClientApp:
+               check: Callable[[Context], None] | None = None, requires: Any = (),
+               secure_aggregation: bool = False) -> ClientApp:
     """A Flower ClientApp answering clusterfed's full message contract with ``task``.
 
     ``task``: a ``ClientTask``, answered in this process; or its import path
@@ -228,12 +265,35 @@ def client_app(task: ClientTask | str, *, mods: Sequence | None = None,
     ``check(context)``: a cheap test of the node (its data file, say) run in this process
     before each message; what it raises is the error reply, and no warm worker is started.
     Every error names the client key at the start of its message (``[client-key "<key>"]``).
+
+    ``requires``: what the strategy the server runs needs from its clients — its
+    ``requires()`` (``requires=IFCA().requires()``), the strategy itself (``requires=IFCA()``)
+    or capability names (``"multi-model"``). A ``ClientTask`` that cannot give one is refused
+    here, before any message, with ``TaskCapabilityError`` saying what to pass (IFCA with an
+    own ``train_fn``: ``loss_fn`` or ``train_loss_fn``); an import path is checked when this
+    process first loads the task (a warm worker's task: by the server, from the profile).
+    Without ``requires`` the client cannot know the strategy: its profile lists what the task
+    gives (``ClientTask.capabilities``) and how to give the rest, for the server to check.
+
+    ``secure_aggregation=True``: ``clusterfed.secagg.secagg_mod`` is put around every message,
+    outside ``mods`` (a clipping mod among them clips before the mod masks): train messages of a
+    secure aggregation round run SecAgg+'s stages; any other message passes through unchanged.
+    Nothing else changes. For a client that never sends an unmasked update, pass
+    ``mods=[clusterfed.secagg.secagg_client_mod(require=True)]`` instead.
     """
     if isinstance(task, str):
         if task.count(":") != 1 or not all(task.split(":")):
             raise ValueError(f"client task {task!r}: write it as \"package.module:name\"")
     elif not isinstance(task, ClientTask):
         raise TypeError(f"client_app takes a ClientTask or its import path, got {type(task).__name__}")
+    needed = needed_capabilities(requires)
+    if isinstance(task, ClientTask):
+        task.require(needed)
+    if not isinstance(secure_aggregation, bool):
+        raise TypeError(f"client_app(secure_aggregation=...) takes True or False, got {secure_aggregation!r}")
+    all_mods = list(mods or [])
+    if secure_aggregation:
+        all_mods = [secagg_mod, *(mod for mod in all_mods if mod is not secagg_mod)]
 
     def answer(msg: Message, context: Context) -> Message:
         message_type = msg.metadata.message_type
@@ -244,15 +304,17 @@ def client_app(task: ClientTask | str, *, mods: Sequence | None = None,
                 idle = float(context.node_config.get("warm-worker-idle", DEFAULT_IDLE_SECONDS))
                 content = request(task, message_type, msg.content, context, idle_seconds=idle)
             else:
+                if isinstance(task, str) and needed:
+                    load_task(task).require(needed)
                 content = reply(task, message_type, msg.content, context)
         except Exception as error:
             name_client(task, context, error)
             raise
         return Message(content, reply_to=msg)
 
-    app = ClientApp(mods=list(mods or []))
+    app = ClientApp(mods=all_mods)
     # what the in-process engine's batched client executor reads to answer for this app
-    app.clusterfed_parts = HelperParts(task, tuple(mods or ()), check)
+    app.clusterfed_parts = HelperParts(task, tuple(all_mods), check, needed)
     app.query("profile")(answer)
     app.train()(answer)
     app.evaluate()(answer)

@@ -8,11 +8,14 @@ the task's functions and torch are loaded. The default training and evaluation l
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+from flwr.supercore import log
 
 from clusterfed.client.identity import client_key
 
@@ -22,6 +25,22 @@ if TYPE_CHECKING:  # pragma: no cover - types only
     from torch import nn
 
 Config = dict[str, Any]  # the message's ConfigRecord as a plain dict
+
+# what a task can give beyond a stock ClientApp (the names of clusterfed.core.contract's
+# CAPABILITIES, which a strategy's ``requires()`` returns)
+MULTI_MODEL = "multi-model"  # choose the lowest-training-loss model among K (IFCA)
+LABEL_STATS = "label-stats"  # label statistics in the profile (AdaCFL's pre-clustering)
+# how a task that cannot give a capability gets it
+HOW_TO_GIVE = {
+    MULTI_MODEL: ("a task with its own train_fn must give ClientTask the loss it trains (loss_fn=..., the "
+                  "criterion its train_fn minimises) or a train_loss_fn (the loss on the training data): "
+                  "the client keeps the model of lowest training loss among the K it is sent"),
+    LABEL_STATS: "return TaskData(train, test, labels=y_train) from data_fn",
+}
+
+
+class TaskCapabilityError(ValueError):
+    """A task built for a strategy cannot give what that strategy needs (``ClientTask.require``)."""
 
 
 @dataclass(frozen=True)
@@ -83,14 +102,22 @@ class ClientTask:
       place and returns the mean training loss, or metrics holding ``train-loss`` (and
       ``num-examples`` if it should not be counted from the data). Default:
       SGD with ``lr``, ``local-epochs``, ``momentum`` (default 0) from the config, plus
-      FedProx's proximal term when ``proximal-mu`` > 0, minimising ``loss_fn``.
+      FedProx's proximal term when ``proximal-mu`` > 0, minimising ``loss_fn``. Your own
+      must train ``config["local-epochs"]`` epochs: FedClust's and AdaCFL's clustering round
+      asks ``cluster-epochs`` (10 by default) through it, and a function that trains a fixed
+      count of its own compares clients after too little training (a weaker or wrong cut), with
+      nothing on the server to tell. Return ``{"train-loss": ..., "local-epochs": epochs_trained}``
+      to have it checked: a count other than the one asked is logged as a warning (once per
+      pair) and travels in the reply.
     - ``evaluate_fn(model, data, config, device) -> Mapping[str, float]``: the evaluation
       metrics on ``data.test`` (``num-examples`` as for ``train_fn``). Default: ``eval-loss`` (``loss_fn``) and ``eval-accuracy``
       (argmax of the outputs; classification).
     - ``train_loss_fn(model, data, config, device) -> float``: the loss on the *training*
       data, which decides IFCA's choice among the models it sends. Default: ``loss_fn``
       averaged over ``data.train``; a task with its own ``train_fn`` and non-batch data must
-      give one to take part in IFCA.
+      give one to take part in IFCA. A task with its own ``train_fn`` and neither ``loss_fn``
+      nor ``train_loss_fn`` cannot choose (``capabilities()`` leaves out ``multi-model``): its
+      profile tells the server so, and ``client_app(task, requires=...)`` refuses it at once.
     - ``key_fn(context) -> str``: the client's stable key. Default: node config
       ``client-key``, else derived from ``data-path`` (its contents' hash) or ``partition-id``.
     - ``loss_fn``: the criterion of the default loops (default ``nn.CrossEntropyLoss()``).
@@ -117,6 +144,37 @@ class ClientTask:
         if len(tuple(self.batch_keys)) != 2:
             raise TypeError(f"ClientTask.batch_keys must name (inputs, labels), got {self.batch_keys!r}")
 
+    def can_choose_model(self) -> bool:
+        """Whether this task can compute the training loss that decides IFCA's choice: the
+        default loop's ``loss_fn`` (given, or the default criterion when the default loop
+        trains), or a ``train_loss_fn``."""
+        return self.train_fn is None or self.loss_fn is not None or self.train_loss_fn is not None
+
+    def capabilities(self, data: Any = None) -> tuple[str, ...]:
+        """What this task gives beyond a stock ClientApp, by capability name: ``multi-model``
+        when it can choose among K models (``can_choose_model``); ``label-stats`` when ``data``
+        (this client's, as ``data_fn`` returned it) has labels, or, with no data, always (the
+        data decides)."""
+        given = []
+        if data is None or getattr(data, "labels", None) is not None:
+            given.append(LABEL_STATS)
+        if self.can_choose_model():
+            given.append(MULTI_MODEL)
+        return tuple(given)
+
+    def require(self, needed) -> None:
+        """Raise ``TaskCapabilityError`` (one message saying how to give each) when this task
+        cannot give a capability of ``needed`` (names, e.g. a strategy's ``requires()``).
+        ``label-stats`` depends on the data and is not checked here (the profile reports it)."""
+        unknown = sorted(set(needed) - set(HOW_TO_GIVE))
+        if unknown:
+            raise ValueError(f"unknown client capabilities {unknown}; the helper's are {sorted(HOW_TO_GIVE)}")
+        missing = [name for name in sorted(set(needed)) if name != LABEL_STATS and name not in self.capabilities()]
+        if missing:
+            raise TaskCapabilityError(
+                "this ClientTask cannot give what the strategy needs: "
+                + "; ".join(f"{name} ({HOW_TO_GIVE[name]})" for name in missing))
+
     def key(self, context: Context) -> str:
         if self.key_fn is not None:
             return str(self.key_fn(context))
@@ -131,6 +189,8 @@ class ClientTask:
             result = default_train(self, model, data, config, device)
         else:
             result = self.train_fn(model, data, config, device)
+            if isinstance(result, Mapping) and "local-epochs" in result:
+                _check_epochs(config, result["local-epochs"])
         if isinstance(result, Mapping):
             if "train-loss" not in result:
                 raise ValueError(f"train_fn returned metrics without 'train-loss': {sorted(result)}")
@@ -153,6 +213,22 @@ class ClientTask:
         from clusterfed.client.loops import default_train_loss
 
         return default_train_loss(self, model, data, config, device)
+
+
+_EPOCH_WARNINGS: set[tuple[Any, Any]] = set()
+
+
+def _check_epochs(config: Mapping, trained: Any) -> None:
+    """A train_fn that reports the epochs it trained (metric ``local-epochs``) and trained
+    other than the message's ``local-epochs``: a warning, once per (asked, trained) pair."""
+    asked = config.get("local-epochs")
+    if asked is None or trained == asked or (asked, trained) in _EPOCH_WARNINGS:
+        return
+    _EPOCH_WARNINGS.add((asked, trained))
+    log(logging.WARNING, "the task's train_fn trained %s epoch(s) where the message asked local-epochs=%s%s: "
+        "train config['local-epochs'] epochs (FedClust's and AdaCFL's clustering round asks cluster-epochs through "
+        "it, and compares clients after what they trained)", trained, asked,
+        f" (with upload={config['upload']!r}, a clustering round)" if config.get("upload", "full") != "full" else "")
 
 
 @lru_cache(maxsize=16)
