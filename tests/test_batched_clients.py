@@ -102,6 +102,10 @@ def test_a_run_is_bit_identical_when_its_replies_come_shuffled(small_config, tmp
 # "within 1e-5 relative": for every state entry, ||batched - sequential|| <= 1e-5 ||sequential||
 # (an element near zero has no meaningful relative error of its own)
 RELATIVE = 1e-5
+# per model, where the CPU's float32 kernels sum in an order further from the sequential one's:
+# selection-cnn's weights differed by 1.0e-4 relative after one epoch on an AMD EPYC (oneDNN picks
+# other convolution kernels there than on the Intel machine the 1e-5 bound was measured on)
+RELATIVE_AFTER_EPOCH = {"selection-cnn": 3e-4}
 
 
 def _close(got, want, relative=RELATIVE):
@@ -171,7 +175,7 @@ def test_one_local_epoch_trained_together_equals_one_after_another(name):
         assert got[i].keys() == want[i].keys()
         for key in want[i]:
             assert got[i][key].dtype == want[i][key].dtype and got[i][key].shape == want[i][key].shape
-            assert _close(got[i][key], want[i][key]), (name, i, key)
+            assert _close(got[i][key], want[i][key], RELATIVE_AFTER_EPOCH.get(name, RELATIVE)), (name, i, key)
             if key.endswith("weight"):  # trained, not handed back as received
                 assert not np.array_equal(got[i][key], states[i][key])
     if name == "batchnorm":  # each client's running statistics are its own batches'
