@@ -19,8 +19,9 @@ Each strategy module declares, and nothing else does:
 - ``requires``: what it needs from clients beyond a stock Flower ClientApp.
 
 The algorithm is written in the style of FedJAX's ``init``/``apply``: ``init(θ0)`` sets
-up the state; each round ``round(r)`` is a generator that yields lists of ``Ask`` (what
-each client is asked for) and is sent back the validated ``Replies``. A strategy's own
+up the state; each round ``round(rnd)`` (``rnd``: the round's ``Round``) is a generator
+that yields lists of ``Ask`` (what each client is asked for) and is sent back the validated
+``Replies``. A strategy's own
 logic never touches a Message or the Grid: ``start`` hands the generator to the round
 driver (``clusterfed.runner.driver.RoundDriver``, reached through
 ``clusterfed.strategy_protocol``), which alone speaks Flower (discovery, profiles, sending,
@@ -483,7 +484,8 @@ class ClusteredStrategy(FlowerHooks):
         round got them), each with (its cluster, the model to test)."""
         if self.params.fraction_evaluate <= 0:
             return {}
-        keys = self.sample([k for k in active if k in self.state.assignment], self.params.fraction_evaluate, self.params.min_evaluate_nodes)
+        placed = [k for k in active if k in self.state.assignment]
+        keys = self.sample(placed, self.params.fraction_evaluate, self.params.min_evaluate_nodes)
         return {k: (self.state.assignment[k], self.eval_model(k)) for k in keys}
 
     def eval_model(self, key: str) -> Arrays:
