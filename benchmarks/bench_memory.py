@@ -80,33 +80,39 @@ def array_bytes(obj: Any, seen: set[int] | None = None) -> int:
 
 def build(strategy_name: str, clients: int, shapes: dict[str, tuple[int, ...]], extra: dict[str, Any]):
     """The strategy with ``clients`` known clients (four true groups, 10 examples each),
-    initialised on a zero model of ``shapes``; splits and merges held off."""
+    initialised on a zero model of ``shapes``; splits and merges held off. Returns it, the
+    client keys and ``rounds(server_round)``: the ``Round`` a driver would hand it (every
+    client active, the client table, the train config)."""
+    from types import MappingProxyType
+
     from clusterfed.config import parse_config
-    from clusterfed.core.exchange import ClientInfo
+    from clusterfed.core.exchange import ClientInfo, Round
 
     values = {"strategy": strategy_name, "num-clients": clients, "out-dir": "/tmp/unused"}
     if strategy_name in BIPARTITIONING:
         values[f"{strategy_name}.min-split-round"] = 10_000
     values.update({f"{strategy_name}.{k}": v for k, v in extra.items()})
     strategy = parse_config(values).build_strategy()
-    strategy.train_config = {"lr": 0.05, "local-epochs": 1}
-    strategy.init({n: np.zeros(shape, np.float32) for n, shape in shapes.items()})
+    train_config = {"lr": 0.05, "local-epochs": 1}
+    strategy.init({n: np.zeros(shape, np.float32) for n, shape in shapes.items()}, train_config)
     keys = [str(i) for i in range(clients)]
-    for i, key in enumerate(keys):
-        strategy.clients[key] = ClientInfo(key, 10, i % 4)
-    strategy.active = keys
-    return strategy, keys
+    table = {key: ClientInfo(key, 10, i % 4) for i, key in enumerate(keys)}
+
+    def rounds(server_round: int) -> Round:
+        return Round(server_round, list(keys), dict(train_config), MappingProxyType(table))
+
+    return strategy, keys, rounds
 
 
-def drive(strategy, keys: list[str], rounds: int, seed: int = 0) -> int:
-    """Admit ``keys`` and run ``rounds`` rounds on synthetic replies; returns the bytes of
-    the largest batch of replies."""
+def drive(strategy, keys: list[str], rounds, count: int, seed: int = 0) -> int:
+    """Admit ``keys`` and run ``count`` rounds (``rounds(r)``: round r's ``Round``) on synthetic
+    replies; returns the bytes of the largest batch of replies."""
     from bench_scale_speed import _answer
 
     rng = np.random.default_rng(seed)
-    uploads = _answer(strategy.admit(1, keys), rng)
-    for server_round in range(1, rounds + 1):
-        uploads = max(uploads, _answer(strategy.round(server_round), rng))
+    uploads = _answer(strategy.admit(rounds(1), keys), rng)
+    for server_round in range(1, count + 1):
+        uploads = max(uploads, _answer(strategy.round(rounds(server_round)), rng))
     return uploads
 
 
@@ -117,11 +123,11 @@ def measure(setting: str, strategy_name: str, clients: int, rounds: int, extra: 
     model_bytes = int(sum(np.prod(s) for s in shapes.values()) * 4)
     gc.collect()
     tracemalloc.start()
-    strategy, keys = build(strategy_name, clients, shapes, extra)
+    strategy, keys, round_of = build(strategy_name, clients, shapes, extra)
     gc.collect()
     base, _ = tracemalloc.get_traced_memory()
     started = time.perf_counter()
-    drive(strategy, keys, rounds)
+    drive(strategy, keys, round_of, rounds)
     seconds = time.perf_counter() - started
     gc.collect()
     current, _ = tracemalloc.get_traced_memory()

@@ -246,30 +246,34 @@ def measure_memory(strategy_name: str, clients: int, rounds: int, extra: dict | 
 
     import numpy as np
 
+    from types import MappingProxyType
+
     from clusterfed.config import parse_config
-    from clusterfed.core.exchange import ClientInfo
+    from clusterfed.core.exchange import ClientInfo, Round
 
     values = {"strategy": strategy_name, "num-clients": clients, "out-dir": "/tmp/unused", **(extra or {})}
     strategy = parse_config(values).build_strategy()
-    strategy.train_config = {"lr": 0.05, "local-epochs": 1}
+    train_config = {"lr": 0.05, "local-epochs": 1}
     theta0 = {n: np.zeros(shape, np.float32) for n, shape in model_shapes(SETTING).items()}
     model_bytes = sum(a.nbytes for a in theta0.values())
     rng = np.random.default_rng(0)
     gc.collect()
     tracemalloc.start()
-    strategy.init(theta0)
+    strategy.init(theta0, train_config)
     keys = [str(i) for i in range(clients)]
-    for key in keys:
-        strategy.clients[key] = ClientInfo(key, 10, i % 4 if (i := int(key)) >= 0 else 0)
-    strategy.active = keys
+    table = {key: ClientInfo(key, 10, i % 4 if (i := int(key)) >= 0 else 0) for key in keys}
+
+    def round_of(server_round: int) -> Round:  # what a driver hands each round: every client active
+        return Round(server_round, list(keys), dict(train_config), MappingProxyType(table))
+
     gc.collect()
     # from before the admission: what a one-shot strategy keeps from its clustering round counts
     base, _ = tracemalloc.get_traced_memory()
     tracemalloc.reset_peak()
     started = time.perf_counter()
-    uploads = _answer(strategy.admit(1, keys), rng)
+    uploads = _answer(strategy.admit(round_of(1), keys), rng)
     for server_round in range(1, rounds + 1):
-        uploads = max(uploads, _answer(strategy.round(server_round), rng))
+        uploads = max(uploads, _answer(strategy.round(round_of(server_round)), rng))
     gc.collect()
     current, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()

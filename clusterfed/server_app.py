@@ -127,7 +127,8 @@ def run_server(grid: Grid, config: RunConfig | Checked, *, stream: TextIO | None
     log(logging.INFO, "clusterfed: %s on %s/%s, %d clients, %d rounds -> %s", config.strategy, config.dataset,
         config.partitioner, config.num_clients, config.rounds, out)
     start(grid, checked.initial, **checked.start_args())
-    summary = recorder.finish(time.perf_counter() - started, strategy.final_clusters())
+    clients = {"clients": driver.members.table()} if driver is not None else {}  # what a reason may quote
+    summary = recorder.finish(time.perf_counter() - started, strategy.final_clusters(**clients))
     if hasattr(strategy, "cluster_models"):
         export_models(out, strategy.cluster_models())
     from clusterfed.plots import plot_run  # matplotlib only when a run has finished

@@ -6,13 +6,16 @@ each, a test checks): ``name``, ``params`` (its validated Params: seed, fraction
 counts), ``assignment`` (client key -> cluster), ``theta0``, ``shapes``,
 ``stock_alternative``; ``requires()``, ``check_train_config(config)``, ``init(theta0)``,
 ``round_steps(server_round, active, train_config, clients)`` (the round's generator over the
-active clients, reading the membership's client table: it yields lists of asks, is sent their
-validated replies and returns a ``RoundResult``, its diagnostics and its reports — the splits
-and placements the driver scores),
-``evaluation_models(server_round)``, ``cluster_models()``, ``final_clusters(training_failed)``,
-``get_state()`` / ``set_state(state)``, ``one_cluster_reason()``, ``one_cluster_advice()``,
+active clients, reading the membership's client table, all held by the round's ``Round``,
+which every hook gets as its first argument: it yields lists of asks, is sent their validated
+replies and returns a ``RoundResult``, its diagnostics and its reports — the splits and
+placements the driver scores),
+``evaluation_models(server_round, active)`` (``active``: the keys the round was handed),
+``cluster_models()``, ``final_clusters(training_failed, clients)``, ``get_state()`` /
+``set_state(state)``, ``one_cluster_reason(clients)``, ``one_cluster_advice()``,
 ``cluster_count_basis()``. Whatever the driver hands the strategy travels as arguments, never
-as writes into the strategy's fields.
+as writes into the strategy's fields; nothing of a round (active clients, train config, client
+table, sample, reports) is kept on the strategy.
 
 What a strategy's Flower methods (``start`` and the single-phase hooks) call is the runner
 (``clusterfed.runner.strategy_runner``: ``new_driver``, ``driver_on``, ``start``,

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 import numpy as np
 
 from clusterfed.config import parse_config
-from clusterfed.core.exchange import CHOICE, Arrays, Ask, ClientInfo, Replies, TrainReply, natural, unpack_model
+from clusterfed.core.exchange import CHOICE, Arrays, Ask, ClientInfo, Replies, Round, TrainReply, natural, unpack_model
 
 # a tiny "model": conv, fc1 (the smallest fc) and a final fc2 layer
 SHAPES = {"conv1.weight": (2, 1, 3, 3), "conv1.bias": (2,), "fc1.weight": (3, 4), "fc1.bias": (3,),
@@ -18,6 +21,35 @@ def theta0(value: float = 0.0) -> Arrays:
     return {name: np.full(shape, value, dtype=np.float32) for name, shape in SHAPES.items()}
 
 
+@dataclass
+class Hand:
+    """What a driver hands a hand-driven strategy each round (``round_of``): the client table,
+    the active client keys and the train config. A test changes them between rounds."""
+
+    clients: dict[str, ClientInfo] = field(default_factory=dict)
+    active: list[str] = field(default_factory=list)
+    train_config: dict = field(default_factory=dict)
+
+
+_HANDS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def hand(algorithm) -> Hand:
+    """The ``Hand`` of ``algorithm`` (a new, empty one the first time)."""
+    if algorithm not in _HANDS:
+        _HANDS[algorithm] = Hand()
+    return _HANDS[algorithm]
+
+
+def round_of(algorithm, server_round: int, **changes) -> Round:
+    """The ``Round`` a driver would hand ``algorithm`` in ``server_round``: its hand's active keys,
+    train config and client table (read-only), ``changes`` (a Round's fields) on top."""
+    given = hand(algorithm)
+    values = {"active": list(given.active), "train_config": dict(given.train_config),
+              "clients": MappingProxyType(given.clients), **changes}
+    return Round(server_round, **values)
+
+
 def make(cls, groups: dict[str, int], *, examples: dict[str, int] | None = None, stats=None, lr: float = 0.05,
          **config):
     """An initialised algorithm knowing ``groups`` (key -> true group) as active clients.
@@ -26,11 +58,12 @@ def make(cls, groups: dict[str, int], *, examples: dict[str, int] | None = None,
     values.update({k.replace("_", "-"): v for k, v in config.items()})
     algorithm = parse_config(values).build_strategy()
     assert type(algorithm) is cls
-    algorithm.train_config = {"lr": lr, "local-epochs": 1}
-    algorithm.init(theta0())
+    given = hand(algorithm)
+    given.train_config = {"lr": lr, "local-epochs": 1}
+    algorithm.init(theta0(), given.train_config)
     for key, group in groups.items():
-        algorithm.clients[key] = ClientInfo(key, (examples or {}).get(key, 50), group, dict((stats or {}).get(key, {})))
-    algorithm.active = list(groups)
+        given.clients[key] = ClientInfo(key, (examples or {}).get(key, 50), group, dict((stats or {}).get(key, {})))
+    given.active = list(groups)
     return algorithm
 
 
@@ -55,16 +88,22 @@ Respond = Callable[[Ask], "Arrays | None"]
 
 
 class Batches(list):
-    """Every batch of asks a round made, in order, and the ``diagnostics`` the round returned."""
+    """Every batch of asks a round made, in order, the ``diagnostics`` the round returned and
+    the ``round`` (its ``Round``: the sample, the reports)."""
 
     diagnostics: dict = {}
+    round: Round | None = None
 
 
-def drive_round(algorithm, server_round: int, respond: Respond, examples: dict[str, int] | None = None) -> Batches:
-    """Run one round; ``respond(ask)`` gives the arrays a client returns (None: no reply).
-    Returns every batch of asks the algorithm made, in order, with the round's diagnostics."""
+def drive_round(algorithm, server_round: int | Round, respond: Respond,
+                examples: dict[str, int] | None = None) -> Batches:
+    """Run one round (``server_round``: its number, the Round built by ``round_of``, or a Round);
+    ``respond(ask)`` gives the arrays a client returns (None: no reply). Returns every batch of
+    asks the algorithm made, in order, with the round's diagnostics and its Round."""
     batches = Batches()
-    steps = algorithm.round(server_round)
+    rnd = server_round if isinstance(server_round, Round) else round_of(algorithm, server_round)
+    batches.round = rnd
+    steps = algorithm.round(rnd)
     try:
         asks = next(steps)
         while True:

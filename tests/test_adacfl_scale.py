@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import drive_round, make, trained
+from harness import drive_round, hand, make, trained
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.clustering import cluster_by_threshold, cluster_within_preclusters, merge_across_preclusters
@@ -131,7 +131,7 @@ def test_a_sample_without_groups_stays_one_cluster_and_says_what_the_step_saw():
     for server_round in range(1, 7):
         drive_round(algorithm, server_round, respond, examples={key: 10 for key in keys})
     assert len(set(algorithm.assignment.values())) == 1
-    reason = algorithm.one_cluster_reason()
+    reason = algorithm.one_cluster_reason(hand(algorithm).clients)  # the client table, as the driver hands it
     assert "the clustering step in round 2 saw 20 clients, median 10 examples each" in reason
     joined = len(algorithm.state.newcomer_log)
     assert joined > 0 and f"the {joined} clients placed later joined its one cluster" in reason

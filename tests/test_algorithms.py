@@ -7,7 +7,7 @@ import sys
 
 import numpy as np
 import pytest
-from harness import drive_round, make, theta0, trained
+from harness import drive_round, hand, make, theta0, trained
 
 from clusterfed.strategies import REGISTRY, clustered_classes, strategy_class
 
@@ -85,8 +85,8 @@ def test_fedclust_asks_for_the_final_layer_then_serves_each_cluster_its_model():
     assert all(same) and len(algorithm.models) == 2
     assert {a.config["cluster-id"] for a in train_asks} == set(algorithm.models)
     # a newcomer of group 1 trains θ0, uploads the final layer and joins group 1's cluster
-    algorithm.clients["9"] = type(algorithm.clients["0"])("9", 50, 1)
-    algorithm.active = [*TWO_GROUPS, "9"]
+    hand(algorithm).clients["9"] = type(hand(algorithm).clients["0"])("9", 50, 1)
+    hand(algorithm).active = [*TWO_GROUPS, "9"]
     placement, _ = drive_round(algorithm, 2, by_group({**TWO_GROUPS, "9": 1}, seed=1))
     assert [a.key for a in placement] == ["9"] and placement[0].upload == ["fc2.weight", "fc2.bias"]
     assert algorithm.assignment["9"] == algorithm.assignment["1"]
@@ -118,8 +118,8 @@ def test_cfl_newcomer_descends_the_tree_uploading_the_decision_layers():
     algorithm = make(strategy_class("cfl"), TWO_GROUPS, **always)
     drive_round(algorithm, 1, by_group(TWO_GROUPS, noise=0.2))
     assert len(algorithm.state.splits) == 1
-    algorithm.clients["9"] = type(algorithm.clients["0"])("9", 50, 0)
-    algorithm.active = [*TWO_GROUPS, "9"]
+    hand(algorithm).clients["9"] = type(hand(algorithm).clients["0"])("9", 50, 0)
+    hand(algorithm).active = [*TWO_GROUPS, "9"]
     placement, *_ = drive_round(algorithm, 2, by_group({**TWO_GROUPS, "9": 0}, noise=0.2, seed=3))
     assert [a.key for a in placement] == ["9"] and placement[0].config["phase"] == "placement"
     assert algorithm.assignment["9"] == algorithm.assignment["0"]

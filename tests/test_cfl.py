@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+from harness import hand, round_of
 
 from clusterfed.config import parse_config
 from clusterfed.plots.splits import plot_split_figures
@@ -33,12 +34,13 @@ def make_strategy(cls, groups, **config):
     values = {"num-clients": len(groups), "out-dir": "/tmp/unused", "strategy": cls.name, **ALWAYS_SPLIT}
     values.update({k.replace("_", "-"): v for k, v in config.items()})
     strategy = parse_config(values).build_strategy()
-    strategy.train_config = {"lr": 0.05, "local-epochs": 1}
-    strategy.init(arrays_of(np.zeros(DIM)))
+    given = hand(strategy)
+    given.train_config = {"lr": 0.05, "local-epochs": 1}
+    strategy.init(arrays_of(np.zeros(DIM)), given.train_config)
     for key, group in groups.items():
-        strategy.clients[key] = ClientInfo(key, 50, group)
-    strategy.active = list(groups)
-    asks = list(steps(strategy.admit(1, list(groups))))
+        given.clients[key] = ClientInfo(key, 50, group)
+    given.active = list(groups)
+    asks = list(steps(strategy.admit(round_of(strategy, 1), list(groups))))
     assert asks == []  # before any split, placement asks nothing
     return strategy
 
@@ -48,7 +50,7 @@ def run_round(strategy, server_round, vectors):
     replies = [TrainReply(key=k, cluster=strategy.assignment[k], arrays=arrays_of(v),
                           sent=strategy.models[strategy.assignment[k]], num_examples=50, train_loss=0.0,
                           metrics={}, is_update=True) for k, v in vectors.items()]
-    return strategy.after_train(server_round, replies)
+    return strategy.after_train(round_of(strategy, server_round), replies)
 
 
 def hierarchical_updates(seed, noise=0.02):

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 from sklearn.metrics import adjusted_rand_score
+from harness import hand, round_of
 from test_cfl import make_strategy, run_round
 from test_hicfl import UNIT, two_opposite_groups
 
@@ -70,12 +71,12 @@ def wide_cfl(labels, **config):
     values = {"num-clients": len(labels), "out-dir": "/tmp/unused", "strategy": "cfl", "split-criteria": "absolute",
               "eps1": 1e6, "eps2": 1e-6, "min-split-round": 1, **config}
     strategy = parse_config(values).build_strategy()
-    strategy.train_config = {"lr": 0.05}
-    strategy.init(wide_arrays(np.zeros(WIDE_DIM)))
+    hand(strategy).train_config = {"lr": 0.05}
+    strategy.init(wide_arrays(np.zeros(WIDE_DIM)), hand(strategy).train_config)
     for i, group in enumerate(labels):
-        strategy.clients[str(i)] = ClientInfo(str(i), 50, int(group))
-    strategy.active = [str(i) for i in range(len(labels))]
-    list(steps(strategy.admit(1, strategy.active)))
+        hand(strategy).clients[str(i)] = ClientInfo(str(i), 50, int(group))
+    hand(strategy).active = [str(i) for i in range(len(labels))]
+    list(steps(strategy.admit(round_of(strategy, 1), hand(strategy).active)))
     return strategy
 
 
@@ -83,7 +84,7 @@ def wide_round(strategy, server_round, U):
     replies = [TrainReply(key=str(i), cluster=strategy.assignment[str(i)], arrays=wide_arrays(u),
                           sent=strategy.models[strategy.assignment[str(i)]], num_examples=50, train_loss=0.0,
                           metrics={}, is_update=True) for i, u in enumerate(U)]
-    strategy.after_train(server_round, replies)
+    strategy.after_train(round_of(strategy, server_round), replies)
 
 
 @pytest.mark.end_to_end
@@ -191,7 +192,7 @@ def partial_round(strategy, server_round, U, keys):
     replies = [TrainReply(key=k, cluster=strategy.assignment[k], arrays=wide_arrays(U[int(k)]),
                           sent=strategy.models[strategy.assignment[k]], num_examples=50, train_loss=0.0,
                           metrics={}, is_update=True) for k in keys]
-    strategy.after_train(server_round, replies)
+    strategy.after_train(round_of(strategy, server_round), replies)
 
 
 @pytest.mark.end_to_end

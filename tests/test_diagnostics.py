@@ -16,12 +16,12 @@ import pytest
 
 from clusterfed.strategies import REGISTRY, Steps, steps, strategy_class
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.core.exchange import natural
+from clusterfed.core.exchange import Round, natural
 
 PACKAGE = Path(__file__).resolve().parents[1] / "clusterfed"
 IN_PLACE = {"update", "setdefault", "append", "extend", "insert", "pop", "clear", "add", "discard", "remove"}
-# the round's typed reports (splits, placements) the driver scores against the true groups
-NOT_STATE = {"reports"}
+# nothing of a round is written into the strategy: its reports go into its Round
+NOT_STATE: set[str] = set()
 
 
 class Noted(ClusteredStrategy):
@@ -30,16 +30,16 @@ class Noted(ClusteredStrategy):
 
     name = "noted"
 
-    def admit(self, server_round: int, keys: list[str]) -> dict:
-        super().admit(server_round, keys)
+    def admit(self, rnd: Round, keys: list[str]) -> dict:
+        super().admit(rnd, keys)
         return {"admitted": sorted(keys, key=natural)}
 
-    def before_train(self, server_round: int) -> Steps:
-        keys = self.placed() if server_round > 1 else []
-        replies = (yield self.train_asks(server_round, keys, phase="probe")) if keys else []
+    def before_train(self, rnd: Round) -> Steps:
+        keys = self.placed(rnd) if rnd.number > 1 else []
+        replies = (yield self.train_asks(rnd, keys, phase="probe")) if keys else []
         return {"probed": sorted((reply.key for reply in replies), key=natural)}
 
-    def after_train(self, server_round: int, replies) -> dict:
+    def after_train(self, rnd: Round, replies) -> dict:
         return {"trained": len(replies)}
 
 
@@ -214,7 +214,7 @@ def test_an_undeclared_attribute_after_init_and_a_parameter_read_as_an_attribute
     strategy.init({"w": np.zeros(3, dtype=np.float32)})
     with pytest.raises(AttributeError, match=r"FedAvg.rounds_done is not declared: add it to ClusteredState"):
         strategy.rounds_done = 1
-    strategy.active = ["a"]  # what the constructor made stays writable
+    strategy.run_options = None  # what the constructor made stays writable
     resumed = strategy_class("fedavg")()
     resumed.set_state(strategy.get_state())
     with pytest.raises(AttributeError, match="is not declared"):

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord
 from flwr.clientapp import ClientApp
+from harness import hand, round_of
 
 import clusterfed
 from clusterfed import protocol
@@ -78,10 +79,10 @@ def test_the_round_skeleton_refuses_it_before_its_first_ask(name):
     strategy = getattr(clusterfed, name)(**DP)
     strategy.init(protocol.from_array_record(arrays()))
     for key in map(str, range(CLIENTS)):
-        strategy.clients[key] = ClientInfo(key, 50, 0)
-    strategy.active, strategy.train_config = list(strategy.clients), dict(TRAIN)
+        hand(strategy).clients[key] = ClientInfo(key, 50, 0)
+    hand(strategy).active, hand(strategy).train_config = list(hand(strategy).clients), dict(TRAIN)
     with pytest.raises(clusterfed.StrategyParamsError, match=rf"^{strategy.name}: {REFUSAL}"):
-        next(strategy.round(1))
+        next(strategy.round(round_of(strategy, 1)))
 
 
 def test_no_public_strategy_writes_its_own_round():

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from harness import hand, round_of
 from test_cfl import DIM, make_strategy, run_round
 
 from clusterfed.clustering.split_rules import pick_best, ready_layers
@@ -118,9 +119,9 @@ def test_a_split_of_one_group_is_merged_back_with_models_averaged_by_size():
     want = (1.0 * size_a + 4.0 * size_b) / (size_a + size_b)
     assert all(np.allclose(v, want) for v in cfl.models[merged].values())
     # a newcomer descends through the split node and follows the merge without being asked
-    cfl.clients["new"] = cfl.clients["0"]
-    cfl.active = [*groups, "new"]
-    gen = cfl.admit(3, ["new"])
+    hand(cfl).clients["new"] = hand(cfl).clients["0"]
+    hand(cfl).active = [*groups, "new"]
+    gen = cfl.admit(round_of(cfl, 3), ["new"])
     asks = next(gen)  # the split node asks it to train once
     assert [a.key for a in asks] == ["new"]
 

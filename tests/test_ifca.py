@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from harness import SHAPES, drive_round, make, theta0, trained
+from harness import SHAPES, drive_round, hand, make, theta0, trained
 
 from clusterfed import protocol
 from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
@@ -150,12 +150,12 @@ def test_every_client_gets_all_k_models_and_joins_the_cluster_it_chose():
         np.testing.assert_allclose(algorithm.models[2][n], starts[2][n] + (1.0 * 10 + 2.0 * 30) / 40, rtol=1e-5)
         np.testing.assert_allclose(algorithm.models[0][n], starts[0][n] + 4.0, rtol=1e-5)
         np.testing.assert_array_equal(algorithm.models[1][n], starts[1][n])  # nobody chose it
-    evaluated = algorithm.evaluation_models(1)
+    evaluated = algorithm.evaluation_models(1, hand(algorithm).active)
     assert {k: c for k, (c, _) in evaluated.items()} == choice
     # a later round's choice moves the client
     choice["1"] = 1
     drive_round(algorithm, 2, respond)
-    assert algorithm.assignment["1"] == 1 and algorithm.evaluation_models(2)["1"][0] == 1
+    assert algorithm.assignment["1"] == 1 and algorithm.evaluation_models(2, hand(algorithm).active)["1"][0] == 1
 
 
 def test_restarts_keep_the_initialisation_with_the_lowest_mean_training_loss():
@@ -223,13 +223,13 @@ def test_ifca_recovers_rotation_groups_and_its_downlink_is_k_models_per_client(s
 def test_a_newcomer_gets_all_k_models_and_is_placed_by_its_own_choice():
     algorithm = make(strategy_class("ifca"), FOUR, num_clusters=2)
     drive_round(algorithm, 1, lambda ask: trained(ask, 0.0))
-    assert "9" not in algorithm.evaluation_models(1)
-    algorithm.clients["9"] = type(algorithm.clients["0"])("9", 50, 1)
-    algorithm.active = [*FOUR, "9"]
+    assert "9" not in algorithm.evaluation_models(1, hand(algorithm).active)
+    hand(algorithm).clients["9"] = type(hand(algorithm).clients["0"])("9", 50, 1)
+    hand(algorithm).active = [*FOUR, "9"]
     (asks,) = drive_round(algorithm, 2, lambda ask: (trained(ask, 0.0), {CHOICE: 0} if ask.key == "9" else {}))
     newcomer = next(a for a in asks if a.key == "9")
     assert newcomer.choices == 2 and algorithm.assignment["9"] == 0  # its choice (the harness default is 1)
-    assert algorithm.evaluation_models(2)["9"][0] == 0
+    assert algorithm.evaluation_models(2, hand(algorithm).active)["9"][0] == 0
 
 
 def test_ifca_ending_with_one_chosen_model_says_why():

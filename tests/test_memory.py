@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import reply_to
+from harness import hand, reply_to, round_of
 from sklearn.metrics import adjusted_rand_score
 from test_cfl import make_strategy as make_small
 from test_cfl import run_round as run_small_round
@@ -69,8 +69,8 @@ def test_coordinate_sample_and_budget_split():
 @pytest.mark.parametrize("name", ["cfl", "layercfl", "hicfl"])
 def test_default_storage_keeps_at_most_50_kb_per_client_above_sketch_above(name):
     clients = 1200  # above the default sketch-above = 1,000
-    strategy, keys = bench_memory.build(name, clients, SHAPES, {})
-    bench_memory.drive(strategy, keys, rounds=2)
+    strategy, keys, rounds = bench_memory.build(name, clients, SHAPES, {})
+    bench_memory.drive(strategy, keys, rounds, 2)
     kept = bench_memory.array_bytes(strategy.state)
     assert strategy.state.sketched is True
     assert kept <= clients * BUDGET
@@ -81,13 +81,13 @@ def test_default_storage_keeps_at_most_50_kb_per_client_above_sketch_above(name)
 
 
 def test_exact_storage_is_still_selectable_and_kept_below_sketch_above():
-    exact, keys = bench_memory.build("cfl", 1200, SHAPES, {"update-storage": "exact"})
-    bench_memory.drive(exact, keys, rounds=2)
+    exact, keys, rounds = bench_memory.build("cfl", 1200, SHAPES, {"update-storage": "exact"})
+    bench_memory.drive(exact, keys, rounds, 2)
     # 10 examples a client: similarity-decay auto sums the updates in float64, as the paper's storage
     assert exact.state.sketched is False
     assert bench_memory.array_bytes(exact.state) == 1200 * DIM * 8
-    small, keys = bench_memory.build("cfl", 300, SHAPES, {})  # auto, below sketch-above
-    bench_memory.drive(small, keys, rounds=2)
+    small, keys, rounds = bench_memory.build("cfl", 300, SHAPES, {})  # auto, below sketch-above
+    bench_memory.drive(small, keys, rounds, 2)
     assert small.state.sketched is False and bench_memory.array_bytes(small.state) == 300 * DIM * 8
 
 
@@ -106,8 +106,10 @@ def four_group_strategy(cls, **config):
     config = {"split-criteria": "absolute", "eps1": 1e6, "eps2": 1e-6, "min-split-round": 1, "merge": False,
               # the groups are clear: the fixed silhouette threshold suffices
               "split-reference-draws": 0, **{k.replace("_", "-"): v for k, v in config.items()}}
-    strategy, keys = bench_memory.build(cls.name, 24, SHAPES, config)
-    assert list(steps(strategy.admit(1, keys))) == []
+    strategy, keys, rounds = bench_memory.build(cls.name, 24, SHAPES, config)
+    given = hand(strategy)  # the harness hands the strategy what bench_memory's rounds hold
+    given.active, given.train_config, given.clients = keys, dict(rounds(1).train_config), dict(rounds(1).clients)
+    assert list(steps(strategy.admit(round_of(strategy, 1), keys))) == []
     return strategy, {key: int(key) % 4 for key in keys}
 
 
@@ -120,7 +122,7 @@ def group_updates(rng, group, noise=0.5):
 
 def run_round(strategy, server_round, vectors):
     """One round of replies: key -> its full update vector, from its current cluster."""
-    strategy.after_train(server_round, [update_reply(strategy, key, vector) for key, vector in vectors.items()])
+    strategy.after_train(round_of(strategy, server_round), [update_reply(strategy, key, vector) for key, vector in vectors.items()])
 
 
 def update_reply(strategy, key, vector):
@@ -154,8 +156,8 @@ def test_a_newcomer_descends_a_sketched_split_to_its_group():
     leaf_of_group = {g: strategy.assignment[k] for k, g in groups.items()}
     for group in range(4):
         key = f"new{group}"
-        strategy.clients[key] = ClientInfo(key, 50, group)
-        admission = iter(steps(strategy.admit(5, [key])))
+        hand(strategy).clients[key] = ClientInfo(key, 50, group)
+        admission = iter(steps(strategy.admit(round_of(strategy, 5), [key])))
         try:
             asks = next(admission)
             while True:  # one placement upload per split passed, a full update of the split's arrays
@@ -219,6 +221,6 @@ def test_a_split_records_the_similarity_of_at_most_200_of_its_clients():
 
 
 def test_selection_keeps_the_final_layer_as_sent():
-    strategy, keys = bench_memory.build("selection", 40, SHAPES, {})
-    bench_memory.drive(strategy, keys, rounds=2)
+    strategy, keys, rounds = bench_memory.build("selection", 40, SHAPES, {})
+    bench_memory.drive(strategy, keys, rounds, 2)
     assert strategy.state.latest and all(v.dtype == np.float32 for v in strategy.state.latest.values())

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from harness import hand, round_of
 from torch import nn
 
 from clusterfed import protocol
@@ -340,16 +341,16 @@ def bn_updates(seed, counters):
 def cfl_after_one_round(theta0, updates, **params):
     strategy = CFL(split_criteria="absolute", eps1=1e6, eps2=1e-6, min_split_round=1, split_min_silhouette=-1,
                    merge=False, **params)
-    strategy.train_config = {"lr": 0.05}
-    strategy.init(theta0)
+    hand(strategy).train_config = {"lr": 0.05}
+    strategy.init(theta0, hand(strategy).train_config)
     for key, group in GROUP.items():
-        strategy.clients[key] = ClientInfo(key, 50, group)
-    strategy.active = list(GROUP)
-    assert list(strategy.admit(1, list(GROUP))) == []  # before any split, placement asks nothing
+        hand(strategy).clients[key] = ClientInfo(key, 50, group)
+    hand(strategy).active = list(GROUP)
+    assert list(strategy.admit(round_of(strategy, 1), list(GROUP))) == []  # before any split, placement asks nothing
     replies = [TrainReply(key=k, cluster=0, arrays=u, sent=strategy.models[0], num_examples=50, train_loss=0.0,
                           metrics={}, is_update=True) for k, u in updates.items()]
     decision = strategy.bipartition.criteria(strategy.state, 0, replies)
-    strategy.after_train(1, replies)
+    strategy.after_train(round_of(strategy, 1), replies)
     sides = {frozenset(members) for members in strategy.state.splits[0]["members"]} if strategy.state.splits else set()
     return decision, sides
 

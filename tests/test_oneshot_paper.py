@@ -8,7 +8,7 @@ other coordinate unchanged), so the L2 distances between clients are plain plane
 from __future__ import annotations
 
 import numpy as np
-from harness import drive_round, theta0, trained
+from harness import drive_round, hand, theta0, trained
 
 from clusterfed.strategies.adacfl import AdaCFL
 from clusterfed.core.exchange import ClientInfo
@@ -18,11 +18,11 @@ from clusterfed.strategies.fedclust import FedClust
 def build(cls, params: dict, keys: list[str], *, stats=None, examples: int = 50, local_epochs: int = 1):
     """``cls(**params)`` started from the harness model, knowing ``keys`` (all active)."""
     algorithm = cls(**params)
-    algorithm.train_config = {"lr": 0.05, "local-epochs": local_epochs}
-    algorithm.init(theta0())
+    hand(algorithm).train_config = {"lr": 0.05, "local-epochs": local_epochs}
+    algorithm.init(theta0(), hand(algorithm).train_config)
     for key in keys:
-        algorithm.clients[key] = ClientInfo(key, examples, 0, dict((stats or {}).get(key, {})))
-    algorithm.active = list(keys)
+        hand(algorithm).clients[key] = ClientInfo(key, examples, 0, dict((stats or {}).get(key, {})))
+    hand(algorithm).active = list(keys)
     return algorithm
 
 
@@ -72,7 +72,7 @@ def test_fedclust_preset_cuts_the_final_layer_at_lambda_by_l2_and_places_newcome
     points = {"0": (1.0, 0.0), "1": (1.1, 0.0), "2": (3.0, 0.0), "3": (3.1, 0.0), "4": (2.8, 0.0), "5": (10.0, 0.0)}
     keys = list(points)
     algorithm = build(FedClust, {**FedClust.PAPER, "lambda_": 1.0}, keys)
-    algorithm.active = keys[:4]
+    hand(algorithm).active = keys[:4]
     respond = responder(points, "fc2")
     (cluster_asks, _) = drive_round(algorithm, 1, respond)
     assert all(ask.upload == ["fc2.weight", "fc2.bias"] for ask in cluster_asks)  # the final layer only
@@ -81,7 +81,7 @@ def test_fedclust_preset_cuts_the_final_layer_at_lambda_by_l2_and_places_newcome
     assert np.isclose(algorithm.state.clustering_state["distance_matrix"][0][2], 2.0)
     assert set(algorithm.models) == set(algorithm.assignment.values())
     assert all(all(np.all(m[name] == 0) for name in m) for m in algorithm.models.values())  # every model at θ0
-    algorithm.active = keys
+    hand(algorithm).active = keys
     drive_round(algorithm, 2, respond)
     assert clusters_of(algorithm, keys) == [{"0", "1"}, {"2", "3", "4", "5"}]
     assert [entry["new_cluster"] for entry in algorithm.state.newcomer_log] == [False, False]
@@ -99,7 +99,7 @@ def test_fedclust_preset_trains_a_stock_client_the_papers_epochs():
     the cut settles (``chain-until = epochs``)."""
     points = {"0": (1.0, 0.0), "1": (1.1, 0.0), "2": (3.0, 0.0), "3": (3.1, 0.0)}
     algorithm = build(FedClust, {**FedClust.PAPER, "lambda_": 1.0}, list(points), local_epochs=2)
-    algorithm.clients["0"].stock = True
+    hand(algorithm).clients["0"].stock = True
     respond = responder(points, "fc2")
 
     def stock_first(ask):  # client 0 moves 0.2 per request of 2 epochs, and returns its whole model
@@ -143,7 +143,7 @@ def test_adacfl_preset_preclusters_cuts_at_lambda_merges_and_places_newcomers_by
               "6": (0.3, 0.0), "7": (6.0, 0.0), "8": (6.5, 0.0)}
     keys = list(points)
     algorithm = build(AdaCFL, AdaCFL.PAPER, keys, stats=STATS, examples=4)
-    algorithm.active = keys[:6]
+    hand(algorithm).active = keys[:6]
     respond = responder(points, "fc1")
     (warmup,) = drive_round(algorithm, 1, respond)  # FedAvg warm-up, one cluster
     assert {ask.config["phase"] for ask in warmup} == {"train"} and len(set(algorithm.assignment.values())) == 1
@@ -153,7 +153,7 @@ def test_adacfl_preset_preclusters_cuts_at_lambda_merges_and_places_newcomers_by
     assert batches.diagnostics["preclustering"] is True and batches.diagnostics["num_preclusters"] == 2
     assert batches.diagnostics["clusters_within_preclusters"] == 3
     assert clusters_of(algorithm, keys[:6]) == [{"0", "1"}, {"2", "3", "4", "5"}]
-    algorithm.active = keys
+    hand(algorithm).active = keys
     drive_round(algorithm, 3, respond)
     assert clusters_of(algorithm, keys) == [{"0", "1", "6"}, {"2", "3", "4", "5"}, {"7", "8"}]
     assert [e["new_cluster"] for e in algorithm.state.newcomer_log] == [False, True, False]

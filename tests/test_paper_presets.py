@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from harness import SHAPES, drive_round, theta0, trained
+from harness import SHAPES, drive_round, hand, theta0, trained
 
 import clusterfed
 from clusterfed.config import ConfigError, parse_config
@@ -19,11 +19,11 @@ KEYS = ["0", "1", "2", "3"]
 
 def ready(algorithm, start: float = 0.0):
     """``algorithm`` initialised on the harness model (every array ``start``) with ``KEYS`` active."""
-    algorithm.train_config = {"lr": 0.05, "local-epochs": 1}
-    algorithm.init(theta0(start))
+    hand(algorithm).train_config = {"lr": 0.05, "local-epochs": 1}
+    algorithm.init(theta0(start), hand(algorithm).train_config)
     for key in KEYS:
-        algorithm.clients[key] = ClientInfo(key, 50, 0)
-    algorithm.active = list(KEYS)
+        hand(algorithm).clients[key] = ClientInfo(key, 50, 0)
+    hand(algorithm).active = list(KEYS)
     return algorithm
 
 

@@ -3,6 +3,7 @@ extension, checked on hand-made updates whose right answer is known from the pap
 
 import numpy as np
 import pytest
+from harness import hand, round_of
 from test_cfl import DIM, arrays_of
 
 from clusterfed.strategies.base import steps
@@ -16,12 +17,12 @@ E = np.eye(DIM)
 
 def paper(cls, keys, **overrides):
     strategy = cls(**{**cls.PAPER, **overrides})
-    strategy.train_config = {"lr": 0.05, "local-epochs": 1}
-    strategy.init(arrays_of(np.zeros(DIM)))
+    hand(strategy).train_config = {"lr": 0.05, "local-epochs": 1}
+    strategy.init(arrays_of(np.zeros(DIM)), hand(strategy).train_config)
     for key in keys:
-        strategy.clients[key] = ClientInfo(key, 50, None)
-    strategy.active = list(keys)
-    assert list(steps(strategy.admit(1, list(keys)))) == []
+        hand(strategy).clients[key] = ClientInfo(key, 50, None)
+    hand(strategy).active = list(keys)
+    assert list(steps(strategy.admit(round_of(strategy, 1), list(keys)))) == []
     return strategy
 
 
@@ -29,7 +30,7 @@ def run_round(strategy, server_round, vectors):
     replies = [TrainReply(key=k, cluster=strategy.assignment[k], arrays=arrays_of(v),
                           sent=strategy.models[strategy.assignment[k]], num_examples=50, train_loss=0.0,
                           metrics={}, is_update=True) for k, v in vectors.items()]
-    return strategy.after_train(server_round, replies)
+    return strategy.after_train(round_of(strategy, server_round), replies)
 
 
 def sides(strategy):

@@ -11,7 +11,7 @@ import json
 
 import numpy as np
 import pytest
-from harness import drive_round, make, trained
+from harness import drive_round, hand, make, round_of, trained
 from test_cfl import DIM, arrays_of, hierarchical_updates, make_strategy, run_round
 
 from clusterfed.config import parse_config
@@ -20,6 +20,7 @@ from clusterfed.runner.driver import RoundDriver
 from clusterfed.simulation import simulate
 from clusterfed.strategies import MULTI_MODEL, clustered_classes, strategy_class
 from clusterfed.strategies.adacfl import AdaCFL
+from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
 from clusterfed.strategies.oneshot import OneShotState
@@ -72,6 +73,12 @@ def run_logged(tmp_path, monkeypatch, name: str, **values):
     asks: list[tuple[int, str, list[str], list[str]]] = []
     after: dict[int, dict] = {}
     real_train, real_evaluate = RoundDriver.train, RoundDriver.evaluate
+    real_with_reports = ClusteredStrategy.with_reports
+    opened = {}  # round -> the Round the strategy ran (its active clients, its sample)
+
+    def with_reports(strategy, rnd, steps):
+        opened[rnd.number] = rnd
+        return real_with_reports(strategy, rnd, steps)
 
     def train(driver, server_round, batch):
         replies = real_train(driver, server_round, batch)
@@ -80,27 +87,30 @@ def run_logged(tmp_path, monkeypatch, name: str, **values):
                      [r.key for r in replies]))
         return replies
 
-    def evaluate(driver, server_round):
+    def evaluate(driver, server_round, active):
         strategy = driver.strategy
         models = strategy.evaluation_models  # the sample is drawn inside: record what it gave
         drawn = {}
 
-        def recording(r):
-            drawn.update(models(r))
+        def recording(r, keys):
+            drawn.update(models(r, keys))
             return drawn
 
         strategy.evaluation_models = recording
         try:
-            rows = real_evaluate(driver, server_round)
+            rows = real_evaluate(driver, server_round, active)
         finally:
             del strategy.evaluation_models
-        after[server_round] = {"active": list(strategy.active), "assignment": dict(strategy.assignment),
+        sampled = opened[server_round].sampled
+        assert opened[server_round].active == active
+        after[server_round] = {"active": list(active), "assignment": dict(strategy.assignment),
                                "models": set(strategy.cluster_models()), "evaluated": sorted(drawn),
-                               "sampled": list(strategy.sampled) if strategy.sampled is not None else None}
+                               "sampled": list(sampled) if sampled is not None else None}
         return rows
 
     monkeypatch.setattr(RoundDriver, "train", train)
     monkeypatch.setattr(RoundDriver, "evaluate", evaluate)
+    monkeypatch.setattr(ClusteredStrategy, "with_reports", with_reports)
     out = tmp_path / name
     config = parse_config({**BASE, "strategy": name, "out-dir": str(out), **values})
     summary = simulate(config, engine="inprocess", stream=None)
@@ -301,7 +311,7 @@ def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int, che
             return trained(ask, 0.0)
         if ask.key not in groups:  # the first sample is group 0, later clients as given
             groups[ask.key] = 0 if ask.config["server-round"] == 1 else groups_after_first[len(groups) % len(groups_after_first)]
-            algorithm.clients[ask.key].true_group = groups[ask.key]
+            hand(algorithm).clients[ask.key].true_group = groups[ask.key]
         noise = np.random.default_rng(int(ask.key)).normal(0, 0.05, size) * (groups[ask.key] == 1)
         change, offset = directions[groups[ask.key]] + noise, 0
         out = {}
@@ -320,7 +330,7 @@ def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int, che
             algorithm = build()
             algorithm.set_state(load_checkpoint(tmp_path)["algorithm"])
             for key, group in groups.items():
-                algorithm.clients[key].true_group = group
+                hand(algorithm).clients[key].true_group = group
     return algorithm, groups
 
 
@@ -413,9 +423,10 @@ def test_selection_reads_fraction_train_as_availability():
     algorithm = make(clustered_classes()["selection"], groups, fraction_train=0.5, warmup_rounds=1)
     respond = lambda ask: trained(ask, 1.0 if groups[ask.key] == 0 else -1.0)  # noqa: E731
     for server_round in range(1, 6):
-        (train,) = drive_round(algorithm, server_round, respond)
-        keys = {a.key for a in train}
-        assert len(algorithm.sampled) == 4 and keys <= set(algorithm.sampled)
+        batches = drive_round(algorithm, server_round, respond)
+        (train,) = batches
+        keys, sampled = {a.key for a in train}, batches.round.sampled
+        assert len(sampled) == 4 and keys <= set(sampled)
         if server_round == 1:
             assert len(keys) == 4  # warm-up: every reachable client
 
@@ -466,8 +477,7 @@ def test_provisional_members_round_trip_a_checkpoint_and_are_placed_after_resumi
     resumed.set_state(state)
 
     def place(algorithm):
-        algorithm.sampled = [absent]
-        steps = algorithm.before_train(3)
+        steps = algorithm.before_train(round_of(algorithm, 3, sampled=[absent]))
         (ask,) = next(steps)
         assert ask.key == absent and ask.config["phase"] == "placement"
         names = ask.upload

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord
+from harness import hand, round_of
 
 import clusterfed
 from clusterfed import privacy
@@ -32,7 +33,7 @@ def strategy_with(members: dict[int, list[str]], **dp):
         if cluster not in strategy.models:
             strategy.models[cluster] = {k: v.copy() for k, v in strategy.models[0].items()}
     strategy.state.assignment = {key: cluster for cluster, keys in members.items() for key in keys}
-    strategy.active = sorted(strategy.assignment)
+    hand(strategy).active = sorted(strategy.assignment)
     return strategy
 
 
@@ -95,11 +96,12 @@ def test_a_reply_sent_as_an_update_is_clipped_as_an_update():
 
 def test_train_asks_carry_the_clipping_norm_under_flowers_key(accounting):
     strategy = strategy_with({0: ["a"]}, dp_noise_multiplier=1.0, dp_clipping_norm=3.0, dp_delta=1e-3)
-    (ask,) = strategy.train_asks(1, ["a"])
+    (ask,) = strategy.train_asks(round_of(strategy, 1), ["a"])
     from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM
 
     assert ask.config[KEY_CLIPPING_NORM] == 3.0
-    (plain,) = strategy_with({0: ["a"]}).train_asks(1, ["a"])
+    plain_strategy = strategy_with({0: ["a"]})
+    (plain,) = plain_strategy.train_asks(round_of(plain_strategy, 1), ["a"])
     assert KEY_CLIPPING_NORM not in plain.config  # without DP a fixedclipping_mod client errs, as with Flower's FedAvg
 
 
@@ -156,7 +158,7 @@ def test_a_delta_of_one_over_the_clients_or_more_is_refused_before_any_client_is
     strategy = strategy_with({0: [f"c{i}" for i in range(20)]}, dp_noise_multiplier=1.0, dp_clipping_norm=1.0,
                              dp_delta=0.05)
     with pytest.raises(StrategyParamsError, match=r"not below 1/n = 0.05 for n = 20 clients"):
-        next(strategy.round(1))
+        next(strategy.round(round_of(strategy, 1)))
 
 
 @pytest.mark.parametrize("keys, says", [

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from harness import drive_round, make, trained
+from harness import drive_round, hand, make, trained
 
 from clusterfed.clustering import ClusterCountController, loss_reduction_ratio
 from clusterfed.strategies import strategy_class
@@ -172,7 +172,7 @@ def test_representatives_come_one_from_each_cluster_of_latest_models():
     algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1, w=0.1, hold_rounds=0)
     respond = _by_group_losses(1.0)
     drive_round(algorithm, 1, respond)
-    algorithm.count_controller().p = 4
+    algorithm.count_controller(len(hand(algorithm).active)).p = 4
     for r in range(2, 6):
         respond.loss = 1.0  # r = 0 <= w: p doubles back, so pin it again
         algorithm.state.controller.p = 4
@@ -183,7 +183,7 @@ def test_representatives_come_one_from_each_cluster_of_latest_models():
 def test_global_model_is_the_weighted_average_of_the_representatives():
     algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1, guard="none")
     drive_round(algorithm, 1, _by_group_losses(1.0))
-    algorithm.count_controller().p = 2
+    algorithm.count_controller(len(hand(algorithm).active)).p = 2
     shifts = {k: float(k) for k in FOUR_GROUPS}
     examples = {k: 10 * (int(k) + 1) for k in FOUR_GROUPS}
     before = {n: v.copy() for n, v in algorithm.models[0].items()}

@@ -9,7 +9,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from flwr.supercore.task_identity import TaskIdentity
-from harness import drive_round, make, trained
+from harness import drive_round, hand, make, trained
 from quickstartapp.client_app import app as quickstart_client_app
 from quickstartapp.task import Net, group_of
 from sklearn.metrics import adjusted_rand_score
@@ -88,9 +88,9 @@ def test_the_chain_sends_each_stock_client_its_own_reply_and_stops_for_one_that_
     groups = {str(i): i % 2 for i in range(4)}
     algorithm = make(strategy_class("fedclust"), groups, **{"fedclust.cluster_epochs": 5, "fedclust.chain-until": "epochs",
                                                             "fedclust.cluster-layers": "final"})
-    algorithm.train_config["local-epochs"] = 2  # what a stock client trains per request: 3 requests
+    hand(algorithm).train_config["local-epochs"] = 2  # what a stock client trains per request: 3 requests
     for key in ("0", "1", "2"):
-        algorithm.clients[key].stock = True
+        hand(algorithm).clients[key].stock = True
     sent = []
 
     def respond(ask):  # +1 per request on group 0, -1 on group 1; client 2 confirms the epochs

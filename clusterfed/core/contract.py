@@ -89,12 +89,13 @@ def mean_train_loss(replies: list[TrainReply]) -> float | None:
     return float(np.mean(losses)) if losses else None
 
 
-def ending_sentence(strategy: Any) -> str | None:
+def ending_sentence(strategy: Any, clients: Any = None) -> str | None:
     """The last round line's words on how many clusters ``strategy`` ends with and why: as
     FedAvg, its reason and what to try (``one_cluster_reason``, ``one_cluster_advice``), in
-    plain words; with several, its evidence for their number (``cluster_count_basis``)."""
+    plain words; with several, its evidence for their number (``cluster_count_basis``).
+    ``clients``: the run's client table (the driver's), which a reason may quote."""
     name = type(strategy).__name__
-    reason = strategy.one_cluster_reason()
+    reason = strategy.one_cluster_reason(clients)
     if reason is None:
         basis = strategy.cluster_count_basis()
         clusters = len(set(strategy.assignment.values()))

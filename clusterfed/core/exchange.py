@@ -7,7 +7,7 @@ algorithm a ``TrainReply``; an algorithm never sees a message, a node id or a ba
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,6 +161,41 @@ class Trainers(list):
     def __init__(self, keys=(), diagnostics: Diagnostics | None = None):
         super().__init__(keys)
         self.diagnostics = dict(diagnostics or {})
+
+
+@dataclass(eq=False)
+class Round:
+    """One round's values, handed to every hook as its first argument (``rnd``): the round's
+    ``number``; the ``active`` client keys and the ``train_config`` the driver hands it;
+    ``clients``, the driver's client table (read-only: the membership owns it); ``sampled``,
+    the round's sample drawn before placement (``draw_sample``; None: trainers are sampled
+    among the placed clients), set by the round skeleton; and ``reports``, the splits and
+    placements (``SplitCompared``, ``NewcomersPlaced``) the round appends for the driver's
+    scoring. Per round, never state: a round is never resumed midway."""
+
+    number: int
+    active: list[str]
+    train_config: dict[str, Any] = field(default_factory=dict)
+    clients: Mapping[str, ClientInfo] = field(default_factory=dict)
+    sampled: list[str] | None = None
+    reports: list[Any] = field(default_factory=list)
+
+    def placed(self, assignment: Mapping[str, int]) -> list[str]:
+        """The active clients that ``assignment`` places, in active order."""
+        return [k for k in self.active if k in assignment]
+
+    def members(self, assignment: Mapping[str, int], cluster: int) -> list[str]:
+        """The active clients ``assignment`` places in ``cluster``, by key."""
+        active = set(self.active)
+        return sorted((k for k, c in assignment.items() if c == cluster and k in active), key=natural)
+
+    def reachable(self, keys: list[str]) -> list[str]:
+        """``keys`` that may be asked for work this round: those in the round's sample
+        (``sampled``), or all of them when the round has none."""
+        if self.sampled is None:
+            return list(keys)
+        chosen = set(self.sampled)
+        return [k for k in keys if k in chosen]
 
 
 @dataclass

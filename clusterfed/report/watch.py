@@ -47,4 +47,7 @@ class watch:
     def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
         # a run that stopped because no client's training was accepted: that is why it ended so
         failed = str(error) if isinstance(error, ClientFailureError) else None
-        self.recorder.finish(time.perf_counter() - self.started, self.strategy.final_clusters(training_failed=failed))
+        driver = getattr(self.strategy, "driver", None)  # the run's, which holds the client table a reason may quote
+        clients = driver.members.table() if driver is not None else None
+        self.recorder.finish(time.perf_counter() - self.started,
+                             self.strategy.final_clusters(training_failed=failed, clients=clients))

@@ -71,11 +71,13 @@ class RunOptions:
 
 @dataclass
 class OpenRound:
-    """A round the driver opened (``open_round``): the strategy's round, and the assignment it
-    started from (what its reports are scored against)."""
+    """A round the driver opened (``open_round``): the strategy's round, the assignment it
+    started from (what its reports are scored against) and the active client keys it was
+    handed (whom evaluation samples from)."""
 
     steps: Steps
     assignment_before: dict[str, int]
+    active: list[str] = field(default_factory=list)
 
 
 class RoundDriver:
@@ -98,6 +100,9 @@ class RoundDriver:
         self.failing_rounds = 0  # rounds in a row in which train was asked and no reply accepted
         self.training_failed: str | None = None  # why the run stopped with no train reply accepted
         self.pending = None  # Flower's single-phase hooks: the round between configure_train and aggregate_train
+        # the active client keys the last opened round was handed: whom its evaluation samples from
+        # (Flower's configure_evaluate comes after the round is over)
+        self.round_active: list[str] = []
         self.new_round()
 
     def new_round(self) -> None:
@@ -129,7 +134,7 @@ class RoundDriver:
         for server_round in range(first_round, num_rounds + 1):
             self.play_round(server_round, first_round, num_rounds, result, evaluate_fn)
             if should_stop is not None and should_stop(server_round, result):
-                ending = ending_sentence(self.strategy)
+                ending = ending_sentence(self.strategy, self.members.table())
                 log(logging.INFO, "[ROUND %d/%d] should_stop returned True: the run stops here%s", server_round,
                     num_rounds, f"; {ending}" if ending else "")
                 break
@@ -137,7 +142,7 @@ class RoundDriver:
         result.cluster_arrays = {c: protocol.to_array_record(m) for c, m in sorted(models.items())}
         result.arrays = self.largest_cluster_record()
         result.assignment = self.members.final_assignment()
-        result.clustering = with_true_groups(self.strategy.final_clusters(),
+        result.clustering = with_true_groups(self.strategy.final_clusters(clients=self.members.table()),
                                              {k: c.true_group for k, c in self.members.clients.items()})
         result.traffic["probe_bytes_down"] = self.members.probe_bytes
         return result
@@ -188,9 +193,9 @@ class RoundDriver:
         if check_capabilities:
             self.members.check_capabilities()
         assignment_before = dict(self.strategy.assignment)
-        steps = self.strategy.round_steps(server_round, self.members.active_keys(), self.train_config,
-                                          self.members.table())
-        return OpenRound(steps, assignment_before)
+        self.round_active = self.members.active_keys()
+        steps = self.strategy.round_steps(server_round, self.round_active, self.train_config, self.members.table())
+        return OpenRound(steps, assignment_before, list(self.round_active))
 
     def close_round(self, opened: OpenRound, result: RoundResult) -> Diagnostics:
         """A round is over: its reports scored against the true groups; returns its diagnostics."""
@@ -209,7 +214,7 @@ class RoundDriver:
         opened = self.open_round(server_round, check_capabilities=server_round == first_round,
                                  resumed=server_round == first_round and resuming)
         diagnostics = self.close_round(opened, self.drive(server_round, opened.steps))
-        evals = self.evaluate(server_round)
+        evals = self.evaluate(server_round, opened.active)
         self.members.update_absence(server_round)
         traffic = self.link.traffic
         result.traffic["bytes_down"] += traffic.down
@@ -224,7 +229,7 @@ class RoundDriver:
         if self.recorder is not None:
             self.record(server_round, evals, time.perf_counter() - started, diagnostics)
         self.completed_rounds = server_round
-        ending = ending_sentence(self.strategy) if server_round == num_rounds else None
+        ending = ending_sentence(self.strategy, self.members.table()) if server_round == num_rounds else None
         self.log_round(server_round, num_rounds, result, diagnostics.get("train_loss"),
                        "; ".join(text for text in (diagnostics.get("decision"), ending) if text))
         self.check_failing(server_round, num_rounds)
@@ -387,8 +392,9 @@ class RoundDriver:
         return {key: (model, {**config, "server-round": server_round, "phase": "evaluate", "cluster-id": cluster})
                 for key, (cluster, model) in models.items()}
 
-    def evaluate(self, server_round: int) -> list[EvalRow]:
-        models = self.strategy.evaluation_models(server_round)
+    def evaluate(self, server_round: int, active: list[str]) -> list[EvalRow]:
+        """Evaluate a sample of the placed clients among ``active`` (the keys the round was handed)."""
+        models = self.strategy.evaluation_models(server_round, active)
         self.evaluate_sent = len(models)
         received, _ = self.link.send(server_round, self.evaluate_plan(server_round, models, self.evaluate_config),
                                      MessageType.EVALUATE)

@@ -130,6 +130,6 @@ class FlowerFedAvg(FedAvg):
             self.progress.evaluate_metrics_clientapp[server_round] = metrics
         return metrics
 
-    def final_clusters(self, training_failed: str | None = None) -> dict[str, Any]:
+    def final_clusters(self, training_failed: str | None = None, clients: Any = None) -> dict[str, Any]:
         return {"strategy": self.name, "assignment": {k: 0 for k in self.true_groups}, "true_groups": self.true_groups,
                 "sizes": {"0": len(self.true_groups)}, "newcomers": []}

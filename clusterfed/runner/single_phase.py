@@ -120,6 +120,6 @@ def received_contents(driver: RoundDriver, server_round: int, asks: dict[str, As
 
 def evaluate_messages(driver: RoundDriver, server_round: int, config: dict[str, Any]) -> list[Message]:
     """The evaluate messages of ``Strategy.configure_evaluate``: each sampled placed client its cluster's model."""
-    models = driver.strategy.evaluation_models(server_round)
+    models = driver.strategy.evaluation_models(server_round, driver.round_active)
     return driver.link.messages(server_round, driver.evaluate_plan(server_round, models, config),
                                 MessageType.EVALUATE)[0]

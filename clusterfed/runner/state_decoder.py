@@ -36,6 +36,12 @@ def _dtype(descr: Any, path: str) -> np.dtype:
     return dtype
 
 
+# modules whose classes moved since a checkpoint may have been written (it names each class
+# where it was defined then): the shared vocabulary went from strategies/ to core/
+MOVED_MODULES = {f"clusterfed.strategies.{name}": f"clusterfed.core.{name}"
+                 for name in ("exchange", "contract", "params", "aggregation", "flower_hooks")}
+
+
 def _resolve_class(name: Any, path: str) -> type:
     """The clusterfed class ``module:qualname``; the module is imported only when its name
     is a clusterfed module's."""
@@ -48,6 +54,7 @@ def _resolve_class(name: Any, path: str) -> type:
     parts = qualname.split(".")
     if not all(p.isidentifier() for p in module_name.split(".")) or not all(p.isidentifier() for p in parts):
         raise DecodeError(f"refusing class {name!r} at {where(path)}: not a module:qualname")
+    module_name = MOVED_MODULES.get(module_name, module_name)
     try:
         target: Any = importlib.import_module(module_name)
     except Exception as error:  # noqa: BLE001 - a missing module, or one failing to import

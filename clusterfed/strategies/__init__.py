@@ -40,6 +40,8 @@ AUTHOR_KIT = {
     "StrategyParamsError": "clusterfed.strategies.base:StrategyParamsError",
     "MULTI_MODEL": "clusterfed.strategies.base:MULTI_MODEL",
     "LABEL_STATS": "clusterfed.strategies.base:LABEL_STATS",
+    # the round every hook gets (its number, active clients, train config, client table, sample)
+    "Round": "clusterfed.core.exchange:Round",
     # hooks that ask clients for work
     "Steps": "clusterfed.strategies.base:Steps",
     "steps": "clusterfed.strategies.base:steps",
@@ -77,7 +79,7 @@ if TYPE_CHECKING:  # what IDEs and type checkers read; at run time each is impor
         StrategyParamsError,
         steps,
     )
-    from clusterfed.core.exchange import Arrays, Ask, ClientInfo, Replies, TrainReply, natural, weighted_average
+    from clusterfed.core.exchange import Arrays, Ask, ClientInfo, Replies, Round, TrainReply, natural, weighted_average
 
 
 __getattr__ = lazy.attributes(__name__, AUTHOR_KIT)

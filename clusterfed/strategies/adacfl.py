@@ -50,6 +50,7 @@ balanced among clients that hold the same labels evenly (docs/algorithms/adacfl.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -66,7 +67,7 @@ from clusterfed.clustering.oneshot import precluster_records, tolerant_threshold
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies import oneshot
 from clusterfed.strategies.base import LABEL_STATS, ClusteredStrategy, Steps
-from clusterfed.core.exchange import Arrays, Diagnostics
+from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round
 from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState, PositiveNumber
 
 _STATS = ("num-classes", "label-entropy")
@@ -132,34 +133,34 @@ class AdaCFL(ClusteredStrategy):
         """The arrays uploaded and compared now (``layer_choice.py``)."""
         return self.state.layer_choice.keys
 
-    def draw_sample(self, server_round: int) -> list[str] | None:
+    def draw_sample(self, rnd: Round) -> list[str] | None:
         """Placing asks clients for work: sample among all active clients first."""
-        return self.sample_active()
+        return self.sample_active(rnd)
 
     # ---------------------------------------------------------------- warm-up
-    def admit(self, server_round: int, keys: list[str]) -> Steps:
+    def admit(self, rnd: Round, keys: list[str]) -> Steps:
         """Clients not placed yet: the warm-up cluster before the clustering step, newcomers
         (Alg. 2) after it."""
         if self.state.clustered:
-            return (yield from self.place_newcomers(server_round, keys))
+            return (yield from self.place_newcomers(rnd, keys))
         if self.state.warmup_cluster is None:
             self.state.warmup_cluster = self.new_cluster(self.state.theta0)
         for key in keys:
             self.state.assignment[key] = self.state.warmup_cluster
 
     # ------------------------------------------------- Alg. 1: the clustering step
-    def before_train(self, server_round: int) -> Steps:
+    def before_train(self, rnd: Round) -> Steps:
         """At the start of round ``warmup-rounds + 1``: the sampled clients train the warm-up
         model and upload the smallest fc layer; pre-clusters by label entropy; the threshold
         cut inside each and the merge across them; every cluster model at the warm-up model."""
         warmup = self.state.warmup_cluster
-        if self.state.clustered or server_round <= self.params.warmup_rounds or warmup is None:
+        if self.state.clustered or rnd.number <= self.params.warmup_rounds or warmup is None:
             return
-        keys = self.reachable(self.members(warmup))  # partial participation: the sample
+        keys = rnd.reachable(self.members(rnd, warmup))  # partial participation: the sample
         if not keys:
             return
         start = self.state.models[warmup]
-        replied, X, bytes_up, diagnostics = yield from self.collect(server_round, keys, start)
+        replied, X, bytes_up, diagnostics = yield from self.collect(rnd, keys, start)
         if X is None:
             return diagnostics  # nobody replied: stay in warm-up, try again next round
         # clients whose reply was lost, that were not sampled or are absent leave the warm-up
@@ -168,7 +169,7 @@ class AdaCFL(ClusteredStrategy):
             del self.state.assignment[key]
         del self.state.models[warmup]
         p = self.params
-        pre, preclustering, skipped = self.preclusters(replied)  # lines 1-6
+        pre, preclustering, skipped = self.preclusters(replied, rnd.clients)  # lines 1-6
         lam, auto_info = self.threshold(X)
         labels, cuts = cluster_within_preclusters(X, pre, lam, metric=p.distance, linkage=p.linkage,  # lines 7-8
                                                   min_silhouette=p.auto_min_silhouette, return_cuts=True)
@@ -181,27 +182,27 @@ class AdaCFL(ClusteredStrategy):
                 "precluster_cuts": precluster_records(replied, X, pre, cuts, metric=p.distance, linkage=p.linkage),
                 "lambda": float(lam), **auto_info, "clusters_within_preclusters": within}
         clusters = {int(label): self.new_cluster(start) for label in np.unique(labels)}
-        diagnostics.update({**skipped, **oneshot.form(self.state, p, server_round, replied, X, labels, clusters, start,
+        diagnostics.update({**skipped, **oneshot.form(self.state, p, rnd.number, replied, X, labels, clusters, start,
                                                       bytes_up, info)})
         oneshot.say_cut(diagnostics, labels, info, self.state, p, type(self).__name__, PAPER_LAYERS)
         return {**diagnostics, "preclustering": preclustering, "num_preclusters": len(cuts),
                 "clusters_within_preclusters": within}
 
-    def collect(self, server_round: int, keys: list[str], start: Arrays) -> Steps:
+    def collect(self, rnd: Round, keys: list[str], start: Arrays) -> Steps:
         """``keys`` train ``start`` and upload the compared arrays (``oneshot.collect``)."""
-        asks = self.train_asks(server_round, keys, models=dict.fromkeys(keys, start),
+        asks = self.train_asks(rnd, keys, models=dict.fromkeys(keys, start),
                                extra=oneshot.cluster_extra(self.state, self.params), phase="cluster")
-        return (yield from oneshot.collect(asks, start, self.state, self.params, stock=oneshot.stock(self.clients),
-                                           local_epochs=self.train_config.get("local-epochs", 1),
+        return (yield from oneshot.collect(asks, start, self.state, self.params, stock=oneshot.stock(rnd.clients),
+                                           local_epochs=rnd.train_config.get("local-epochs", 1),
                                            strategy=type(self).__name__))
 
-    def preclusters(self, keys: list[str]) -> tuple[np.ndarray, bool, Diagnostics]:
+    def preclusters(self, keys: list[str], clients: Mapping[str, ClientInfo]) -> tuple[np.ndarray, bool, Diagnostics]:
         """Entropy pre-cluster per client (Alg. 1, lines 1-6), whether pre-clustering ran at
-        all, and the diagnostics (why it was skipped)."""
-        stats = [self.clients[key].label_stats for key in keys]
+        all, and the diagnostics (why it was skipped); ``clients``: the round's client table."""
+        stats = [clients[key].label_stats for key in keys]
         if not self.params.share_label_stats or any(any(s not in st for s in _STATS) for st in stats):
             return np.zeros(len(keys), dtype=np.int64), False, {}
-        per_class = float(np.median([self.clients[key].num_examples / max(int(st["num-classes"]), 1)
+        per_class = float(np.median([clients[key].num_examples / max(int(st["num-classes"]), 1)
                                      for key, st in zip(keys, stats)]))
         if per_class < self.params.entropy_min_per_class:
             # a 16-example client of 10 balanced classes shows 7–10 of them: pre-clusters by
@@ -226,15 +227,15 @@ class AdaCFL(ClusteredStrategy):
                                   tolerance=p.auto_tolerance)
 
     # -------------------------------------------------------- Alg. 2: newcomers
-    def place_newcomers(self, server_round: int, keys: list[str]) -> Steps:
+    def place_newcomers(self, rnd: Round, keys: list[str]) -> Steps:
         """Newcomers train the start model, upload the same layer and join the nearest
         cluster reference, or found a cluster when it is farther than ε (``epsilon``; auto:
         the largest distance between two references, ``place_newcomer``'s default)."""
-        keys = self.reachable(keys)  # only this round's sampled clients are asked
+        keys = rnd.reachable(keys)  # only this round's sampled clients are asked
         if not keys:
             return {}
         start = self.state.cluster_start
-        replied, X, bytes_up, diagnostics = yield from self.collect(server_round, keys, start)
+        replied, X, bytes_up, diagnostics = yield from self.collect(rnd, keys, start)
         diagnostics["newcomer_bytes_up"] = bytes_up
         if X is None:
             return diagnostics
@@ -248,7 +249,7 @@ class AdaCFL(ClusteredStrategy):
                 self.state.references[cluster] = x.copy()  # later newcomers may join it
             self.state.assignment[key] = cluster
             placements.append((key, cluster, distance, founded))
-        self.reports.append(oneshot.placed(self.state, server_round, placements))
+        rnd.reports.append(oneshot.placed(self.state, rnd.number, placements))
         diagnostics["newcomers_placed"] = len(replied)
         return diagnostics
 
@@ -256,8 +257,8 @@ class AdaCFL(ClusteredStrategy):
     def cluster_state(self) -> dict[str, Any]:
         return dict(self.state.clustering_state)
 
-    def one_cluster_reason(self) -> str | None:
-        sizes = {key: client.num_examples for key, client in self.clients.items()}
+    def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
+        sizes = {key: client.num_examples for key, client in (clients or {}).items()}
         return explain.adacfl_reason(self.state, self.params, self.one_cluster_reasons, sizes)
 
     def one_cluster_advice(self) -> str | None:

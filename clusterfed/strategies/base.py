@@ -19,8 +19,9 @@ Each strategy module declares, and nothing else does:
 - ``requires``: what it needs from clients beyond a stock Flower ClientApp.
 
 The algorithm is written in the style of FedJAX's ``init``/``apply``: ``init(θ0)`` sets
-up the state; each round ``round(r)`` is a generator that yields lists of ``Ask`` (what
-each client is asked for) and is sent back the validated ``Replies``. A strategy's own
+up the state; each round ``round(rnd)`` (``rnd``: the round's ``Round``) is a generator
+that yields lists of ``Ask`` (what each client is asked for) and is sent back the validated
+``Replies``. A strategy's own
 logic never touches a Message or the Grid: ``start`` hands the generator to the round
 driver (``clusterfed.runner.driver.RoundDriver``, reached through
 ``clusterfed.strategy_protocol``), which alone speaks Flower (discovery, profiles, sending,
@@ -48,7 +49,13 @@ placed at the start of a round (placing asks nothing) and the trainers are a
 for work (a clustering round, a newcomer's partial upload) overrides ``draw_sample``: the
 round's sample is then drawn among all active clients *before* placement, placement asks
 only sampled clients, and the trainers are the sampled clients that are placed
-(``self.sampled``). ``fraction-evaluate`` samples the placed clients for evaluation.
+(``rnd.sampled``).
+
+Every hook gets the round (``Round``, ``rnd``) as its first argument: its number
+(``rnd.number``), the active clients, the train config and the client table the driver hands
+it (``round_steps``), the sample and the reports the round appends (its splits and
+placements, which ``round_steps`` returns to the driver). Nothing of a round is kept on the
+strategy: per-round values live in the round. ``fraction-evaluate`` samples the placed clients for evaluation.
 """
 
 from __future__ import annotations
@@ -59,6 +66,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from functools import cache
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -76,7 +84,7 @@ from clusterfed.core.aggregation import ClusterAggregator, template_of
 from clusterfed.core.flower_hooks import FlowerHooks
 from clusterfed.core.params import StrategyParams, describe_errors, document_params  # noqa: F401
 from clusterfed.core.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
-    RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, RoundResult, Steps, TrainReply, Trainers,
+    RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, Round, RoundResult, Steps, TrainReply, Trainers,
     diagnostics_of,
     by_key, natural, steps, weighted_average)
 
@@ -149,17 +157,10 @@ class ClusteredStrategy(FlowerHooks):
             self.dp_accountant = privacy.Accountant(self.dp) if self.dp and self.dp.noise_multiplier > 0 else None
         except ValueError as error:  # the accountant's backend is not installed
             raise StrategyParamsError(f"{self.name}: {error}") from None
-        # the run's clients as the driver knows them (profiles): the driver hands its table in with
-        # each round (``round_steps``, read-only); a strategy driven by hand fills its own dict
-        self.clients: Mapping[str, ClientInfo] = {}
-        self.active: list[str] = []
-        self.reports: list[Any] = []  # this round's splits and placements, for the driver's scoring
-        self.train_config: dict[str, Any] = {}
+        # per-round values (the active clients, the train config, the client table, the sample,
+        # the reports) are not kept here: each round gets them in its ``Round`` (``round_steps``)
         self.run_options = None  # RunOptions: how a user's own ServerApp passes options (the app's go to the driver)
         self.driver = None  # the driver of the current run, as the runner built it for start / the hooks
-        # this round's sample drawn before placement (``draw_sample``); None: trainers are
-        # sampled among the placed clients. Per round, not state: a round is never resumed midway
-        self.sampled: list[str] | None = None
         # the within-cluster aggregator (``aggregator``); None: the sample-weighted mean
         template = template_of(self.params.aggregator)
         self.aggregator = ClusterAggregator(template) if template is not None else None
@@ -235,8 +236,10 @@ class ClusteredStrategy(FlowerHooks):
         """Raise StrategyParamsError when ``train_config`` lacks what this strategy needs (before round 1)."""
 
     # ------------------------------------------------------------- lifecycle
-    def init(self, theta0: Arrays | ArrayRecord) -> None:
-        """Start from ``theta0`` (NumPy arrays by name, or Flower's ArrayRecord): the first clusters."""
+    def init(self, theta0: Arrays | ArrayRecord, train_config: Mapping[str, Any] | None = None) -> None:
+        """Start from ``theta0`` (NumPy arrays by name, or Flower's ArrayRecord): the first
+        clusters. ``train_config``: the clients' train config where the caller knows it before
+        round 1 (a strategy whose start reads it, HiCFL's lr, may use it; the base does not)."""
         if isinstance(theta0, ArrayRecord):
             theta0 = protocol.from_array_record(theta0)
         self.state = self.State()
@@ -249,17 +252,17 @@ class ClusteredStrategy(FlowerHooks):
     def round_steps(self, server_round: int, active: list[str], train_config: dict[str, Any],
                     clients: Mapping[str, ClientInfo]) -> Steps:
         """The round the driver runs (in ``start`` and behind Flower's single-phase hooks):
-        ``round(server_round)`` over the ``active`` client keys with ``train_config``, reading
-        ``clients`` (the driver's client table, read-only: the membership owns it). What the
-        generator returns is the round's ``RoundResult``: its diagnostics and its reports, which
-        the driver scores."""
-        self.active, self.train_config, self.clients = list(active), dict(train_config), clients
-        return self.with_reports(self.round(server_round))
+        ``round(rnd)`` over the ``active`` client keys with ``train_config``, reading
+        ``clients`` (the driver's client table, read-only: the membership owns it), all held by
+        the round's ``Round``. What the generator returns is the round's ``RoundResult``: its
+        diagnostics and its reports, which the driver scores."""
+        rnd = Round(server_round, list(active), dict(train_config), MappingProxyType(clients))
+        return self.with_reports(rnd, self.round(rnd))
 
-    def with_reports(self, round_steps: Steps) -> Steps:
-        """``round_steps`` run to its end; returns its diagnostics with this round's reports."""
+    def with_reports(self, rnd: Round, round_steps: Steps) -> Steps:
+        """``round_steps`` run to its end; returns its diagnostics with ``rnd``'s reports."""
         diagnostics = yield from round_steps
-        return RoundResult(diagnostics_of(diagnostics), list(self.reports))
+        return RoundResult(diagnostics_of(diagnostics), list(rnd.reports))
 
     def check_population(self, clients: int) -> None:
         """StrategyParamsError, before anything is sent, when the dp_* settings cannot protect
@@ -269,36 +272,36 @@ class ClusteredStrategy(FlowerHooks):
         except ValueError as error:
             raise StrategyParamsError(f"{self.name}: {error}") from None
 
-    def round(self, server_round: int) -> Steps:
+    def round(self, rnd: Round) -> Steps:
         """The one round skeleton of every strategy: check the population against the dp_*
         settings, draw the round's sample, place newcomers (``admit``), clustering steps
         (``before_train``), choose the trainers (``select_trainers``), train them (``train``:
         one exchange by default), average per cluster (``aggregate``), the steps that use the
         training replies (``after_train``) and the mean train loss; returns the diagnostics,
         merged in that order. A strategy varies the steps, never the skeleton."""
-        self.reports = []
-        self.check_population(max(len(self.clients), len(self.active)))
-        self.sampled = self.draw_sample(server_round)
-        unplaced = [k for k in self.active if k not in self.state.assignment]
-        diagnostics = (yield from steps(self.admit(server_round, unplaced))) if unplaced else {}
-        diagnostics.update((yield from steps(self.before_train(server_round))))
-        trainers = self.select_trainers(server_round)
+        rnd.reports.clear()
+        self.check_population(max(len(rnd.clients), len(rnd.active)))
+        rnd.sampled = self.draw_sample(rnd)
+        unplaced = [k for k in rnd.active if k not in self.state.assignment]
+        diagnostics = (yield from steps(self.admit(rnd, unplaced))) if unplaced else {}
+        diagnostics.update((yield from steps(self.before_train(rnd))))
+        trainers = self.select_trainers(rnd)
         if isinstance(trainers, Trainers):  # what choosing them found
             diagnostics.update(trainers.diagnostics)
-        replies, trained = yield from self.train(server_round, trainers)
+        replies, trained = yield from self.train(rnd, trainers)
         diagnostics.update(trained)
-        diagnostics.update(self.aggregate(server_round, replies))
-        diagnostics.update(diagnostics_of(self.after_train(server_round, replies)))
+        diagnostics.update(self.aggregate(rnd, replies))
+        diagnostics.update(diagnostics_of(self.after_train(rnd, replies)))
         diagnostics["train_loss"] = mean_train_loss(replies)
         return diagnostics
 
-    def train(self, server_round: int, trainers: list[str]) -> Steps:
+    def train(self, rnd: Round, trainers: list[str]) -> Steps:
         """The round's training: asks ``trainers`` to train (each its cluster's model, one
         exchange); returns (the replies, its diagnostics). IFCA offers every model and restarts here."""
-        replies = yield self.train_asks(server_round, trainers)
+        replies = yield self.train_asks(rnd, trainers)
         return replies, {}
 
-    def aggregate(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+    def aggregate(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """Each cluster's new model from the training ``replies``, each weighing what ``weigh``
         says (``aggregate_clusters``); returns the diagnostics."""
         return self.aggregate_clusters(self.weigh(replies))
@@ -312,18 +315,18 @@ class ClusteredStrategy(FlowerHooks):
         """FedAvg: one cluster holding θ0."""
         self.new_cluster(self.state.theta0)
 
-    def admit(self, server_round: int, keys: list[str]) -> Steps | Diagnostics | None:
+    def admit(self, rnd: Round, keys: list[str]) -> Steps | Diagnostics | None:
         """Place clients the server has not assigned yet (returns its diagnostics). FedAvg: the one cluster."""
         for key in keys:
             self.state.assignment[key] = min(self.state.models)
 
-    def before_train(self, server_round: int) -> Steps | Diagnostics | None:
+    def before_train(self, rnd: Round) -> Steps | Diagnostics | None:
         """Clustering steps that happen before this round's training (returns their diagnostics)."""
 
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics | None:
+    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics | None:
         """Clustering steps that use this round's training replies (CFL splits); returns their diagnostics."""
 
-    def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
+    def train_instructions(self, rnd: Round, key: str) -> dict[str, Any]:
         """Extra config for one client's train message."""
         return {}
 
@@ -331,8 +334,9 @@ class ClusteredStrategy(FlowerHooks):
         """What clusters.json holds beyond assignment and sizes."""
         return {}
 
-    def one_cluster_reason(self) -> str | None:
-        """Why the run ended with one cluster; None when it has more or one cluster is the design."""
+    def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
+        """Why the run ended with one cluster; None when it has more or one cluster is the design.
+        ``clients``: the run's client table, as the driver hands it (a reason may quote sizes)."""
         return None
 
     def one_cluster_advice(self) -> str | None:
@@ -374,12 +378,13 @@ class ClusteredStrategy(FlowerHooks):
             self.state.aggregator_state[cluster] = copy.deepcopy(self.state.aggregator_state[inherit])
         return cluster
 
-    def members(self, cluster: int) -> list[str]:
-        active = set(self.active)
-        return sorted((k for k, c in self.state.assignment.items() if c == cluster and k in active), key=natural)
+    def members(self, rnd: Round, cluster: int) -> list[str]:
+        """``rnd``'s active clients in ``cluster``, by key."""
+        return rnd.members(self.state.assignment, cluster)
 
-    def placed(self) -> list[str]:
-        return [k for k in self.active if k in self.state.assignment]
+    def placed(self, rnd: Round) -> list[str]:
+        """``rnd``'s active clients that are placed, in active order."""
+        return rnd.placed(self.state.assignment)
 
     def sample(self, keys: list[str], fraction: float, minimum: int = 1) -> list[str]:
         if fraction >= 1.0 or not keys:
@@ -388,41 +393,33 @@ class ClusteredStrategy(FlowerHooks):
         chosen = self.state.rng.choice(len(keys), size=count, replace=False)
         return [keys[i] for i in sorted(chosen)]
 
-    def draw_sample(self, server_round: int) -> list[str] | None:
+    def draw_sample(self, rnd: Round) -> list[str] | None:
         """This round's ``fraction-train`` sample drawn among all active clients before
         placement, for a strategy whose placement asks clients for work (it then asks only
         these); None (the default): the trainers are sampled among the placed clients after
         placement, which asks nothing."""
         return None
 
-    def sample_active(self) -> list[str]:
-        """A ``fraction-train`` sample of every active client, placed or not."""
-        return self.sample(list(self.active), self.params.fraction_train, self.params.min_train_nodes)
+    def sample_active(self, rnd: Round) -> list[str]:
+        """A ``fraction-train`` sample of every client active in ``rnd``, placed or not."""
+        return self.sample(list(rnd.active), self.params.fraction_train, self.params.min_train_nodes)
 
-    def reachable(self, keys: list[str]) -> list[str]:
-        """``keys`` that may be asked for work this round: those in the round's sample
-        (``draw_sample``), or all of them when the round has none."""
-        if self.sampled is None:
-            return list(keys)
-        chosen = set(self.sampled)
-        return [k for k in keys if k in chosen]
-
-    def select_trainers(self, server_round: int) -> list[str]:
+    def select_trainers(self, rnd: Round) -> list[str]:
         """The keys that train this round: a ``fraction-train`` sample of placed clients,
         or the sampled clients that are placed when the sample was drawn before placement."""
-        if self.sampled is not None:
-            return [k for k in self.sampled if k in self.state.assignment]
-        return self.sample(self.placed(), self.params.fraction_train, self.params.min_train_nodes)
+        if rnd.sampled is not None:
+            return [k for k in rnd.sampled if k in self.state.assignment]
+        return self.sample(self.placed(rnd), self.params.fraction_train, self.params.min_train_nodes)
 
-    def train_asks(self, server_round: int, keys: list[str], *, models: dict[str, Arrays] | None = None,
+    def train_asks(self, rnd: Round, keys: list[str], *, models: dict[str, Arrays] | None = None,
                    extra: dict[str, Any] | None = None, phase: str = "train") -> list[Ask]:
         """Train ``keys``, each on its cluster's model (or on ``models[key]``)."""
         asks = []
         for key in keys:
             cluster = self.state.assignment.get(key, -1)
-            config = {"server-round": server_round, "phase": phase, "upload": UPLOAD_FULL, "return": RETURN_WEIGHTS,
+            config = {"server-round": rnd.number, "phase": phase, "upload": UPLOAD_FULL, "return": RETURN_WEIGHTS,
                       "cluster-id": cluster}
-            config.update(self.train_instructions(server_round, key))
+            config.update(self.train_instructions(rnd, key))
             config.update(extra or {})
             if self.dp is not None:  # what Flower's fixedclipping_mod reads
                 config[privacy.CLIPPING_NORM_KEY] = self.dp.clipping_norm
@@ -482,19 +479,23 @@ class ClusteredStrategy(FlowerHooks):
         return {"sampled": len(group), "noise_std": std}
 
     # ------------------------------------------------------------- evaluation
-    def evaluation_models(self, server_round: int) -> dict[str, tuple[int, Arrays]]:
-        """Who is evaluated this round, each with (its cluster, the model to test)."""
+    def evaluation_models(self, server_round: int, active: list[str]) -> dict[str, tuple[int, Arrays]]:
+        """Who is evaluated this round among the ``active`` client keys (the driver's, as the
+        round got them), each with (its cluster, the model to test)."""
         if self.params.fraction_evaluate <= 0:
             return {}
-        keys = self.sample(self.placed(), self.params.fraction_evaluate, self.params.min_evaluate_nodes)
+        placed = [k for k in active if k in self.state.assignment]
+        keys = self.sample(placed, self.params.fraction_evaluate, self.params.min_evaluate_nodes)
         return {k: (self.state.assignment[k], self.eval_model(k)) for k in keys}
 
     def eval_model(self, key: str) -> Arrays:
         return self.state.models[self.state.assignment[key]]
 
-    def final_clusters(self, training_failed: str | None = None) -> dict[str, Any]:
+    def final_clusters(self, training_failed: str | None = None,
+                       clients: Mapping[str, ClientInfo] | None = None) -> dict[str, Any]:
         """What clusters.json holds (the recorder adds the true groups: scoring is the driver's);
-        ``training_failed``: why no client's training was accepted, when a run stopped so."""
+        ``training_failed``: why no client's training was accepted, when a run stopped so;
+        ``clients``: the run's client table, as the driver hands it (``one_cluster_reason``)."""
         assignment = {k: self.state.assignment[k] for k in sorted(self.state.assignment, key=natural)}
         sizes: dict[str, int] = defaultdict(int)
         for cluster in assignment.values():
@@ -507,7 +508,7 @@ class ClusteredStrategy(FlowerHooks):
         }
         state.update(self.cluster_state())
         if "one_cluster_reason" not in state and self.one_cluster_reasons:
-            state["one_cluster_reason"] = self.one_cluster_reason()
+            state["one_cluster_reason"] = self.one_cluster_reason(clients)
         if (basis := self.cluster_count_basis()) is not None:
             state["cluster_count_basis"] = basis
         if self.dp_accountant is not None:

@@ -113,15 +113,15 @@ def add_cluster(state: ClusteredState, model: Arrays, inherit: int | None = None
     return cluster
 
 
-def placements(train_asks: Callable[..., list], server_round: int, descent: Any) -> Any:
-    """A descent's requests ``(keys, model, extra)`` run as the strategy's own placement asks."""
+def placements(train_asks: Callable[..., list], rnd: Any, descent: Any) -> Any:
+    """A descent's requests ``(keys, model, extra)`` run as the strategy's own placement asks in round ``rnd``."""
     replies = None
     while True:
         try:
             keys, model, extra = descent.send(replies)
         except StopIteration as done:
             return done.value
-        replies = yield train_asks(server_round, keys, models={k: model for k in keys}, extra=extra,
+        replies = yield train_asks(rnd, keys, models={k: model for k in keys}, extra=extra,
                                    phase="placement")
 
 

@@ -25,7 +25,7 @@ passes ``decide`` its layers and its check.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any, ClassVar, Literal
@@ -44,7 +44,7 @@ from clusterfed.explain import bipartition as explain
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree,
     placements, replier_vectors)
-from clusterfed.core.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, SplitCompared, TrainReply, natural
+from clusterfed.core.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, Round, SplitCompared, TrainReply, natural
 
 # similarity-decay = auto: summed updates only for clients this small (one round's update is
 # mostly batch noise); similarity-rank = auto: principal components for clusters of at least
@@ -254,34 +254,34 @@ class CFL(ClusteredStrategy):
     def init_clusters(self) -> None:
         self.bipartition.init(self.state, self.compared_names())
 
-    def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
+    def train_instructions(self, rnd: Round, key: str) -> dict[str, Any]:
         return {"return": RETURN_UPDATE}
 
-    def draw_sample(self, server_round: int) -> list[str] | None:
+    def draw_sample(self, rnd: Round) -> list[str] | None:
         """Placing a provisional member asks it for work: sample before placement."""
-        return self.sample_active()
+        return self.sample_active(rnd)
 
-    def admit(self, server_round: int, keys: list[str]) -> Any:
+    def admit(self, rnd: Round, keys: list[str]) -> Any:
         """Newcomers descend the tree (``bipartitioning.py``)."""
-        return placements(self.train_asks, server_round, self.bipartition.admit(self.state, server_round, keys))
+        return placements(self.train_asks, rnd, self.bipartition.admit(self.state, rnd.number, keys))
 
-    def before_train(self, server_round: int) -> Any:
+    def before_train(self, rnd: Round) -> Any:
         """Sampled members placed provisionally at a split they sat out descend from it now."""
-        return placements(self.train_asks, server_round,
-                          self.bipartition.place_provisional(self.state, self.reachable(self.placed())))
+        return placements(self.train_asks, rnd,
+                          self.bipartition.place_provisional(self.state, rnd.reachable(self.placed(rnd))))
 
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """Keep each replier's vector, then per cluster the criteria and ``decide``, then merging."""
         state, c, tree = self.state, self.params, self.bipartition
-        keep_vectors(state, replies, self.decision_names(), similarity_decay(c, self.clients),
-                     tree.compact(state, self.clients), c.sketch_dim, c.seed)
+        keep_vectors(state, replies, self.decision_names(), similarity_decay(c, rnd.clients),
+                     tree.compact(state, rnd.clients), c.sketch_dim, c.seed)
         silent = tree.leave_out_silent(state, replies, type(self).__name__)
         # refused_splits: a column every round, [] when ``decide`` refused none
-        return {"refused_splits": [], **tree.after_train(state, server_round, replies, self.clients, self.reports,
+        return {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports,
                                                          silent)}
 
     # ------------------------------------------------------------ what a run says (clusterfed.explain)
-    def one_cluster_reason(self) -> str | None:
+    def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
         return explain.one_cluster_reason(self.state, self.params, self.one_cluster_reasons)
 
     def one_cluster_advice(self) -> str | None:

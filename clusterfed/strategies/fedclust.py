@@ -38,6 +38,7 @@ first round there is nothing to add, and the run is the paper's.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -49,7 +50,7 @@ from clusterfed.clustering.oneshot import recut_max_clusters
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies import oneshot
 from clusterfed.strategies.base import ClusteredStrategy, Steps
-from clusterfed.core.exchange import Arrays, Diagnostics, natural
+from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round, natural
 from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState
 
 PAPER_LAYERS = "final"  # the paper's compared layer
@@ -97,30 +98,30 @@ class FedClust(ClusteredStrategy):
         """The arrays uploaded and compared now (``layer_choice.py``)."""
         return self.state.layer_choice.keys
 
-    def draw_sample(self, server_round: int) -> list[str] | None:
+    def draw_sample(self, rnd: Round) -> list[str] | None:
         """Placing asks clients for work: sample among all active clients first."""
-        return self.sample_active()
+        return self.sample_active(rnd)
 
-    def admit(self, server_round: int, keys: list[str]) -> Steps:
+    def admit(self, rnd: Round, keys: list[str]) -> Steps:
         """Clients not placed yet: the clustering round (Alg. 1) until it has run, then newcomers (Alg. 2)."""
         if self.state.clustered:
-            return (yield from self.place_newcomers(server_round, keys))
-        return (yield from self.clustering_round(server_round, keys))
+            return (yield from self.place_newcomers(rnd, keys))
+        return (yield from self.clustering_round(rnd, keys))
 
     # ------------------------------------------- Alg. 1, lines 2-5: the clustering round
-    def clustering_round(self, server_round: int, keys: list[str]) -> Steps:
+    def clustering_round(self, rnd: Round, keys: list[str]) -> Steps:
         """The sampled ``keys`` train θ0 and upload the compared layer; the proximity matrix
         of their partial weights is cut at λ and every cluster model starts at θ0."""
-        keys = self.reachable(keys)  # partial participation: the round's sample is clustered
+        keys = rnd.reachable(keys)  # partial participation: the round's sample is clustered
         if not keys:
             return
         theta0 = self.state.theta0
-        replied, X, bytes_up, diagnostics = yield from self.collect(server_round, keys, theta0)
+        replied, X, bytes_up, diagnostics = yield from self.collect(rnd, keys, theta0)
         if X is None:
             return diagnostics  # nobody replied: try again next round
         labels, info = self.cut(X)
         clusters = {int(label): self.new_cluster(theta0) for label in np.unique(labels)}
-        diagnostics.update(oneshot.form(self.state, self.params, server_round, replied, X, labels, clusters, theta0,
+        diagnostics.update(oneshot.form(self.state, self.params, rnd.number, replied, X, labels, clusters, theta0,
                                         bytes_up, info))
         oneshot.say_cut(diagnostics, labels, info, self.state, self.params, type(self).__name__, PAPER_LAYERS)
         if self.params.recut and self.params.lambda_ == "auto" and len(clusters) == 1:
@@ -129,12 +130,12 @@ class FedClust(ClusteredStrategy):
             self.state.recut_at = 2 * len(replied)
         return diagnostics
 
-    def collect(self, server_round: int, keys: list[str], start: Arrays) -> Steps:
+    def collect(self, rnd: Round, keys: list[str], start: Arrays) -> Steps:
         """``keys`` train ``start`` and upload the compared arrays (``oneshot.collect``)."""
-        asks = self.train_asks(server_round, keys, models=dict.fromkeys(keys, start),
+        asks = self.train_asks(rnd, keys, models=dict.fromkeys(keys, start),
                                extra=oneshot.cluster_extra(self.state, self.params), phase="cluster")
-        return (yield from oneshot.collect(asks, start, self.state, self.params, stock=oneshot.stock(self.clients),
-                                           local_epochs=self.train_config.get("local-epochs", 1),
+        return (yield from oneshot.collect(asks, start, self.state, self.params, stock=oneshot.stock(rnd.clients),
+                                           local_epochs=rnd.train_config.get("local-epochs", 1),
                                            strategy=type(self).__name__, sample=self.params.cluster_sample))
 
     def cut(self, X: np.ndarray, max_clusters: int | None = None) -> tuple[np.ndarray, dict[str, Any]]:
@@ -144,14 +145,14 @@ class FedClust(ClusteredStrategy):
         return oneshot.cut(X, self.params, max_clusters=max_clusters, sample=self.params.cluster_sample)
 
     # ---------------------------------------------------- Alg. 2: newcomers
-    def place_newcomers(self, server_round: int, keys: list[str]) -> Steps:
+    def place_newcomers(self, rnd: Round, keys: list[str]) -> Steps:
         """Newcomers train θ0, upload the same layer and join the nearest cluster reference
         (ε = inf: FedClust never founds a cluster); while the first cut left one cluster,
         their rows are kept for the re-cut."""
-        keys = self.reachable(keys)  # only this round's sampled clients are asked
+        keys = rnd.reachable(keys)  # only this round's sampled clients are asked
         if not keys:
             return {}
-        replied, X, bytes_up, diagnostics = yield from self.collect(server_round, keys, self.state.cluster_start)
+        replied, X, bytes_up, diagnostics = yield from self.collect(rnd, keys, self.state.cluster_start)
         diagnostics["newcomer_bytes_up"] = bytes_up
         if X is None:
             return diagnostics
@@ -160,18 +161,19 @@ class FedClust(ClusteredStrategy):
             cluster, distance = place_newcomer(x, self.state.references, epsilon=math.inf, metric=self.params.distance)
             self.state.assignment[key] = cluster
             placements.append((key, cluster, distance, False))
-        self.reports.append(oneshot.placed(self.state, server_round, placements))
+        rnd.reports.append(oneshot.placed(self.state, rnd.number, placements))
         diagnostics["newcomers_placed"] = len(replied)
         if self.state.recut_at:
             self.state.unclustered.update(zip(replied, X.astype(np.float32)))
             if len(self.state.unclustered) >= self.state.recut_at:
-                diagnostics.update(self.recut(server_round))
+                diagnostics.update(self.recut(rnd.number, len(rnd.clients)))
         return diagnostics
 
     # ------------------------------------------------- extension: the re-cut
-    def recut(self, server_round: int) -> Diagnostics:
+    def recut(self, server_round: int, known: int) -> Diagnostics:
         """Cut the kept partial weights of the one cluster's members again (a grown sample);
-        on clusters, form them from the one cluster's current model. Returns the diagnostics."""
+        on clusters, form them from the one cluster's current model; ``known``: how many clients
+        the run knows. Returns the diagnostics."""
         keys = sorted(self.state.unclustered, key=natural)
         X = np.stack([self.state.unclustered[key] for key in keys], dtype=np.float64)
         bound = recut_max_clusters(len(keys), self.params.max_clusters)
@@ -182,10 +184,10 @@ class FedClust(ClusteredStrategy):
                                   "required_silhouette": info.get("auto_required_silhouette")})
         diagnostics = {"recut_clients": len(keys)}
         if clusters == 1:
-            if len(keys) >= len(self.clients):  # every known client was cut: nothing left to grow
+            if len(keys) >= known:  # every known client was cut: nothing left to grow
                 self.state.unclustered, self.state.recut_at = {}, 0
             else:  # next when the sample has doubled or holds every known client
-                self.state.recut_at = min(2 * len(keys), len(self.clients))
+                self.state.recut_at = min(2 * len(keys), known)
             self.state.clustering_state.update({k: v for k, v in info.items() if k != "lambda"})
             return diagnostics
         (single,) = set(self.state.models)
@@ -203,7 +205,7 @@ class FedClust(ClusteredStrategy):
         recuts = self.state.recuts
         return {**self.state.clustering_state, **({"recuts": list(recuts)} if recuts else {})}
 
-    def one_cluster_reason(self) -> str | None:
+    def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
         return explain.fedclust_reason(self.state, self.params, self.one_cluster_reasons)
 
     def one_cluster_advice(self) -> str | None:

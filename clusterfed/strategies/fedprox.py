@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import Field
 
-from clusterfed.strategies.base import ClusteredStrategy, StrategyParams
+from clusterfed.strategies.base import ClusteredStrategy, Round, StrategyParams
 
 
 class FedProxParams(StrategyParams):
@@ -24,5 +24,5 @@ class FedProx(ClusteredStrategy):
     Params = FedProxParams
     PAPER = {}  # the defaults are the paper's algorithm (μ is tuned per task there: proximal_mu)
 
-    def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
+    def train_instructions(self, rnd: Round, key: str) -> dict[str, Any]:
         return {"proximal-mu": self.params.proximal_mu}

@@ -37,6 +37,7 @@ stabilities, criteria, Gap and the layer's cosine matrix.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any, ClassVar, Literal
@@ -53,7 +54,7 @@ from clusterfed.explain import bipartition as explain
 from clusterfed.strategies import hicfl_stability as windows
 from clusterfed.strategies.base import ClusteredStrategy, StrategyParamsError
 from clusterfed.strategies.bipartitioning import BiPartitioningParams, BiPartitioningState, BiPartitionTree, placements
-from clusterfed.core.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, SplitCompared, TrainReply
+from clusterfed.core.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, Round, SplitCompared, TrainReply
 
 # Draws of the small-side rotation test: the test is repeated every round while a cluster
 # stays whole, so a 5 % test (19 draws) is passed by noise within a few rounds (measured:
@@ -267,15 +268,30 @@ class HiCFL(ClusteredStrategy):
                                       'config has no number "lr": set stability-eps, or pass train_config={"lr": ...}')
 
     # ------------------------------------------------------------ step 1: one cluster
+    def init(self, theta0: Any, train_config: Mapping[str, Any] | None = None) -> None:
+        """The base's ``init``; with the clients' ``train_config`` known before round 1, ξ and ε
+        from its lr now (without one, as in a loop of one's own: from round 1's train config)."""
+        super().init(theta0)
+        lr = (train_config or {}).get("lr")
+        if isinstance(lr, (int, float)):
+            self.learn_lr(float(lr))
+
+    def learn_lr(self, lr: float) -> None:
+        """ξ = 0.05 × ``lr`` and ε = 0.5 × ``lr`` (``stability-eps = "lr"``) where not set yet."""
+        state, c = self.state, self.params
+        if state.xi is None:
+            state.xi = state.tracker.xi = 0.05 * lr
+        if c.stability_eps == "lr" and state.epsilon is None:
+            state.epsilon = 0.5 * lr
+
     def init_clusters(self) -> None:
         state, c = self.state, self.params
         self.bipartition.init(state, self.compared_names())
         state.eps_rel = c.stability_eps_rel
         state.scales = {}
-        xi, lr = c.number_or_none(c.xi), self.train_config.get("lr")  # lr None in a loop of one's own: its first configure_train gives it
-        lr = float(lr) if isinstance(lr, (int, float)) else None
-        state.epsilon = (0.5 * lr if lr is not None else None) if c.stability_eps == "lr" else c.number_or_none(c.stability_eps)
-        state.xi = xi if xi is not None else 0.05 * lr if lr is not None else None
+        # ξ and ε from the clients' lr are set by ``learn_lr`` (``init`` or round 1) where not given
+        state.epsilon = None if c.stability_eps == "lr" else c.number_or_none(c.stability_eps)
+        state.xi = c.number_or_none(c.xi)
         state.tracker = StabilityTracker(c.window, state.xi, min_kept_fraction=c.min_kept_fraction)
         windows.watch(state, state.compared if c.cluster_layers == "auto" else self.select_compared_layers(c.cluster_layers))
         state.no_split = []
@@ -287,43 +303,39 @@ class HiCFL(ClusteredStrategy):
         kept, watched = set(self.state.compared), [n for keys in self.state.layer_keys.values() for n in keys]
         windows.watch(self.state, [n for n in watched if n in kept] or watched)
 
-    def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
+    def train_instructions(self, rnd: Round, key: str) -> dict[str, Any]:
         return {"return": RETURN_UPDATE}
 
-    def draw_sample(self, server_round: int) -> list[str] | None:
+    def draw_sample(self, rnd: Round) -> list[str] | None:
         """Placing a provisional member asks it for work: sample before placement."""
-        return self.sample_active()
+        return self.sample_active(rnd)
 
-    def admit(self, server_round: int, keys: list[str]) -> Any:
+    def admit(self, rnd: Round, keys: list[str]) -> Any:
         """Newcomers descend the tree (``bipartitioning.py``)."""
-        return placements(self.train_asks, server_round, self.bipartition.admit(self.state, server_round, keys))
+        return placements(self.train_asks, rnd, self.bipartition.admit(self.state, rnd.number, keys))
 
-    def before_train(self, server_round: int) -> Any:
+    def before_train(self, rnd: Round) -> Any:
         """Sampled members placed provisionally at a split they sat out descend from it now."""
-        return placements(self.train_asks, server_round,
-                          self.bipartition.place_provisional(self.state, self.reachable(self.placed())))
+        return placements(self.train_asks, rnd,
+                          self.bipartition.place_provisional(self.state, rnd.reachable(self.placed(rnd))))
 
     # ------------------------------------------------------------ steps 2–3, then the tree's round
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         state, c, tree = self.state, self.params, self.bipartition
         if state.xi is None or (c.stability_eps == "lr" and state.epsilon is None):  # lr known only now
-            self.check_train_config(self.train_config)
-            lr = float(self.train_config["lr"])
-            if state.xi is None:
-                state.xi = state.tracker.xi = 0.05 * lr
-            if c.stability_eps == "lr" and state.epsilon is None:
-                state.epsilon = 0.5 * lr
+            self.check_train_config(rnd.train_config)
+            self.learn_lr(float(rnd.train_config["lr"]))
         silent = tree.leave_out_silent(state, replies, type(self).__name__)  # before the windows see a frozen layer
         if silent:
             self.compared_changed()
-        windows.track(state, replies, tree.compact(state, self.clients), c.sketch_dim, c.seed)
+        windows.track(state, replies, tree.compact(state, rnd.clients), c.sketch_dim, c.seed)
         # stability before a split restarts the windows, so figures show the trigger; no_split: [] when none
-        diagnostics = {**explain.stability_record(state, self.placed()), "no_split": [],
-                       **tree.after_train(state, server_round, replies, self.clients, self.reports)}
+        diagnostics = {**explain.stability_record(state, self.placed(rnd)), "no_split": [],
+                       **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports)}
         return {**diagnostics, "decision": silent} if silent else diagnostics
 
     # ------------------------------------------------------------ what a run says (clusterfed.explain)
-    def one_cluster_reason(self) -> str | None:
+    def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
         return explain.one_cluster_reason(self.state, self.params, self.one_cluster_reasons)
 
     def one_cluster_advice(self) -> str | None:

@@ -30,6 +30,7 @@ never sampled yet has no cluster and is not evaluated until its first choice.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Literal
 
 import numpy as np
@@ -38,7 +39,7 @@ from pydantic import Field, model_validator
 from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
 from clusterfed.strategies.base import (MULTI_MODEL, ClusteredState, ClusteredStrategy, Steps, StrategyParams,
                                         mean_train_loss)
-from clusterfed.core.exchange import CHOICES, Arrays, Ask, Diagnostics, TrainReply, natural, pack_models
+from clusterfed.core.exchange import CHOICES, Arrays, Ask, ClientInfo, Diagnostics, Round, TrainReply, natural, pack_models
 
 
 class IFCAParams(StrategyParams):
@@ -93,55 +94,55 @@ class IFCA(ClusteredStrategy):
         for model in self.state.candidates[0]:
             self.new_cluster(model)
 
-    def select_trainers(self, server_round: int) -> list[str]:
+    def select_trainers(self, rnd: Round) -> list[str]:
         # everyone active may be sampled: a client is placed by its own first choice
-        return self.sample(list(self.active), self.params.fraction_train, self.params.min_train_nodes)
+        return self.sample(list(rnd.active), self.params.fraction_train, self.params.min_train_nodes)
 
-    def admit(self, server_round: int, keys: list[str]) -> None:
+    def admit(self, rnd: Round, keys: list[str]) -> None:
         """Nothing to do: a newcomer chooses its cluster by loss when it first trains."""
 
-    def ifca_asks(self, server_round: int, keys: list[str], models: dict[int, dict]) -> list[Ask]:
+    def ifca_asks(self, rnd: Round, keys: list[str], models: dict[int, dict]) -> list[Ask]:
         packed = pack_models([models[c] for c in range(self.state.k)])
         asks = []
         for key in keys:
-            config = {"server-round": server_round, "phase": "train", "upload": "full", "return": "weights",
+            config = {"server-round": rnd.number, "phase": "train", "upload": "full", "return": "weights",
                       "cluster-id": -1, CHOICES: self.state.k}
             asks.append(Ask(key, packed, config))
         return asks
 
-    def train(self, server_round: int, trainers: list[str]) -> Steps:
+    def train(self, rnd: Round, trainers: list[str]) -> Steps:
         """The paper's round: each trainer is offered all K models, trains the one of lowest
         loss on its training data and belongs to the cluster it chose. First round with
         ``restarts`` > 1 (random): once per initialisation, keeping the best; kmeans++'s
         warm-up: the trainers train θ0 (``aggregate`` seeds the K models from them)."""
         if self.state.warming_up:
-            replies = yield self.train_asks(server_round, trainers, models={k: self.state.theta0 for k in trainers},
+            replies = yield self.train_asks(rnd, trainers, models={k: self.state.theta0 for k in trainers},
                                             extra={"cluster-id": 0}, phase="warmup")
             return replies, {}
         restarts = self.state.candidates or []
         if len(restarts) > 1:
-            replies, diagnostics = yield from self.restart(server_round, trainers, restarts)
+            replies, diagnostics = yield from self.restart(rnd, trainers, restarts)
         else:
-            replies, diagnostics = (yield self.ifca_asks(server_round, trainers, self.state.models)), {}
+            replies, diagnostics = (yield self.ifca_asks(rnd, trainers, self.state.models)), {}
         self.state.candidates = []
         for reply in replies:  # each replying client belongs to the cluster it chose
             self.state.assignment[reply.key] = reply.cluster
         return replies, diagnostics
 
-    def aggregate(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+    def aggregate(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """FedAvg per cluster over the clients that chose it; after kmeans++'s warm-up, the
         K models are seeded from the warm-up models instead."""
         return self.seed_from(replies) if self.state.warming_up else self.aggregate_clusters(replies)
 
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         return {"ifca_choices": {str(c): sum(1 for r in replies if r.cluster == c) for c in range(self.state.k)}}
 
-    def restart(self, server_round: int, trainers: list[str], restarts: list[list[Arrays]]) -> Steps:
+    def restart(self, rnd: Round, trainers: list[str], restarts: list[list[Arrays]]) -> Steps:
         """Round 1 from each initialisation; the one of lowest mean training loss becomes the
         cluster models. Returns (its replies, the diagnostics)."""
         best = None
         for index, models in enumerate(restarts):
-            replies = yield self.ifca_asks(server_round, trainers, dict(enumerate(models)))
+            replies = yield self.ifca_asks(rnd, trainers, dict(enumerate(models)))
             loss = mean_train_loss(replies)
             loss = float("inf") if loss is None else loss
             if best is None or loss < best[0]:
@@ -175,7 +176,7 @@ class IFCA(ClusteredStrategy):
         self.state.warming_up = False
         return {"ifca_seed_clients": [replies[i].key for i in seeds], "ifca_potential": best[1]}
 
-    def one_cluster_reason(self) -> str | None:
+    def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
         chosen = set(self.state.assignment.values())
         if len(chosen) != 1 or self.state.k == 1:
             return None

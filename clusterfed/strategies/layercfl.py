@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
@@ -33,7 +34,7 @@ from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import BiPartitionTree, placements
 from clusterfed.strategies.cfl import (PAPER_CFL, CFLParams, CFLState, decide, keep_vectors, pooled_vectors,
     similarity_decay)
-from clusterfed.core.exchange import RETURN_UPDATE, Diagnostics, TrainReply
+from clusterfed.core.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, Round, TrainReply
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
 
@@ -121,35 +122,35 @@ class LayerCFL(ClusteredStrategy):
         else:
             state.selected_names = [n for n in state.selected_names if n in set(state.compared)] or state.selected_names
 
-    def train_instructions(self, server_round: int, key: str) -> dict[str, Any]:
+    def train_instructions(self, rnd: Round, key: str) -> dict[str, Any]:
         return {"return": RETURN_UPDATE}
 
-    def draw_sample(self, server_round: int) -> list[str] | None:
+    def draw_sample(self, rnd: Round) -> list[str] | None:
         """Placing a provisional member asks it for work: sample before placement."""
-        return self.sample_active()
+        return self.sample_active(rnd)
 
-    def admit(self, server_round: int, keys: list[str]) -> Any:
+    def admit(self, rnd: Round, keys: list[str]) -> Any:
         """Newcomers descend the tree (``bipartitioning.py``)."""
-        return placements(self.train_asks, server_round, self.bipartition.admit(self.state, server_round, keys))
+        return placements(self.train_asks, rnd, self.bipartition.admit(self.state, rnd.number, keys))
 
-    def before_train(self, server_round: int) -> Any:
+    def before_train(self, rnd: Round) -> Any:
         """Sampled members placed provisionally at a split they sat out descend from it now."""
-        return placements(self.train_asks, server_round,
-                          self.bipartition.place_provisional(self.state, self.reachable(self.placed())))
+        return placements(self.train_asks, rnd,
+                          self.bipartition.place_provisional(self.state, rnd.reachable(self.placed(rnd))))
 
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """As CFL's round, on the selected layers; a silent array makes the layer rule pick again."""
         state, c, tree = self.state, self.params, self.bipartition
-        keep_vectors(state, replies, self.decision_names(), similarity_decay(c, self.clients),
-                     tree.compact(state, self.clients), c.sketch_dim, c.seed)
+        keep_vectors(state, replies, self.decision_names(), similarity_decay(c, rnd.clients),
+                     tree.compact(state, rnd.clients), c.sketch_dim, c.seed)
         silent = tree.leave_out_silent(state, replies, type(self).__name__)
         if silent:
             self.compared_changed()
-        return {"refused_splits": [], **tree.after_train(state, server_round, replies, self.clients, self.reports,
+        return {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports,
                                                          silent)}
 
     # ------------------------------------------------------------ what a run says (clusterfed.explain)
-    def one_cluster_reason(self) -> str | None:
+    def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
         return explain.one_cluster_reason(self.state, self.params, self.one_cluster_reasons)
 
     def one_cluster_advice(self) -> str | None:

@@ -7,7 +7,7 @@ Partial participation (``fraction-train`` < 1): every client has its own model f
 start; it changes only in the rounds its client is sampled.
 """
 
-from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategies.base import ClusteredStrategy, Round
 
 
 class Local(ClusteredStrategy):
@@ -18,6 +18,6 @@ class Local(ClusteredStrategy):
     def init_clusters(self) -> None:
         """No shared model: clusters are made per client as they arrive."""
 
-    def admit(self, server_round: int, keys: list[str]) -> None:
+    def admit(self, rnd: Round, keys: list[str]) -> None:
         for key in keys:
             self.state.assignment[key] = self.new_cluster(self.state.theta0)

@@ -18,7 +18,7 @@ and those parameters (no object of its own, no call back into the strategy).
   references (the mean of the members' clustering-round partial weights: the papers leave
   the reference open) and what clusters.json records; ``placed``: the newcomer log.
 
-The strategy asks (``train_asks``), samples (``reachable``) and makes clusters
+The strategy asks (``train_asks``), samples (``Round.reachable``) and makes clusters
 (``new_cluster``) itself and hands the results in. What the run says is
 ``clusterfed/explain/oneshot.py``'s. The fields are declared once in ``OneShotState``,
 which each strategy's ``State`` extends, so a checkpoint holds them under the same names.

@@ -7,7 +7,7 @@ model that round."""
 
 from dataclasses import dataclass, field
 
-from clusterfed.strategies.base import ClusteredState, ClusteredStrategy
+from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, Round
 
 
 @dataclass
@@ -25,9 +25,9 @@ class Oracle(ClusteredStrategy):
     def init_clusters(self) -> None:
         self.state.cluster_of_group = {}
 
-    def admit(self, server_round: int, keys: list[str]) -> None:
+    def admit(self, rnd: Round, keys: list[str]) -> None:
         for key in keys:
-            group = self.clients[key].true_group
+            group = rnd.clients[key].true_group
             if group not in self.state.cluster_of_group:
                 self.state.cluster_of_group[group] = self.new_cluster(self.state.theta0)
             self.state.assignment[key] = self.state.cluster_of_group[group]

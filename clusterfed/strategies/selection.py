@@ -60,7 +60,7 @@ from pydantic import Field
 from clusterfed.clustering import (ClusterCountController, cluster_auto, cluster_into_k, cluster_references,
                                    loss_reduction_ratio, nearest_cluster)
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, StrategyParams, mean_train_loss
-from clusterfed.core.exchange import Diagnostics, Trainers, TrainReply, natural
+from clusterfed.core.exchange import Diagnostics, Round, Trainers, TrainReply, natural
 
 
 class SelectionParams(StrategyParams):
@@ -125,30 +125,30 @@ class ClientSelection(ClusteredStrategy):
         before a client's latest model is known. Read before the round's replies are remembered."""
         return server_round <= self.params.warmup_rounds or self.state.controller is None and not self.state.latest
 
-    def select_trainers(self, server_round: int) -> Trainers:
+    def select_trainers(self, rnd: Round) -> Trainers:
         """Warm-up: every reachable client; afterwards one representative per group
         (``representatives``). What the choice found (p, the representatives, the models
         exchanged) is the round's record."""
-        warmup = self.warming_up(server_round)
+        warmup = self.warming_up(rnd.number)
         if warmup:
-            trainers, p, diagnostics = self.reachable(self.placed()), None, {}
+            trainers, p, diagnostics = rnd.reachable(self.placed(rnd)), None, {}
         else:
-            trainers, p, diagnostics = self.representatives()
+            trainers, p, diagnostics = self.representatives(rnd)
         self.state.transmissions += 2 * len(trainers)
         return Trainers(trainers, {**diagnostics, "p": p, "representatives": [] if warmup else trainers,
                                    "warmup": warmup, "trained_clients": len(trainers),
                                    "models_exchanged": 2 * len(trainers),
                                    "cum_models_exchanged": self.state.transmissions})
 
-    def aggregate(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+    def aggregate(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """The global model: the representatives' models weighed as ``group_weighted`` says
         (the warm-up: every client by its own samples)."""
-        return self.aggregate_clusters(replies if self.warming_up(server_round) else self.group_weighted(replies))
+        return self.aggregate_clusters(replies if self.warming_up(rnd.number) else self.group_weighted(replies))
 
-    def after_train(self, server_round: int, replies: list[TrainReply]) -> Diagnostics:
+    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """The trainers' latest models replace theirs (the warm-up's groups are learnt from
         them); p follows the rule on the mean training loss's reduction ratio."""
-        warmup = self.warming_up(server_round)  # before ``remember``: as the round found the state
+        warmup = self.warming_up(rnd.number)  # before ``remember``: as the round found the state
         self.remember(replies)
         if warmup:
             self.learn_groups()
@@ -156,21 +156,22 @@ class ClientSelection(ClusteredStrategy):
         ratio = loss_reduction_ratio(self.state.previous_loss, loss)
         diagnostics: Diagnostics = {}
         if not warmup:
-            p_next = self.count_controller().update(ratio, server_round)
+            p_next = self.count_controller(len(rnd.active)).update(ratio, rnd.number)
             diagnostics = {"p_next": p_next, "p_action": self.state.controller.history[-1].action}
         if loss is not None:
             self.state.previous_loss = loss
         return {**diagnostics, "loss_reduction_ratio": ratio}
 
-    def draw_sample(self, server_round: int) -> list[str] | None:
+    def draw_sample(self, rnd: Round) -> list[str] | None:
         """``fraction-train`` is availability: the clients reachable this round."""
-        return self.sample_active()
+        return self.sample_active(rnd)
 
-    def count_controller(self) -> ClusterCountController:
+    def count_controller(self, active: int) -> ClusterCountController:
+        """The rule's p controller, made on first use (``active``: the round's number of active clients)."""
         if self.state.controller is None:
             # guard = "floor": the rule's p lives in [1, floor] (starting at the floor) and the
             # cut never goes below the floor, so the cut is the groups the warm-up showed
-            top = max(len(self.active), 1) if self.params.guard == "none" else max(self.state.floor, 1)
+            top = max(active, 1) if self.params.guard == "none" else max(self.state.floor, 1)
             self.state.controller = ClusterCountController(
                 m=top, w=self.params.w, hold_rounds=self.params.hold_rounds,
                 stabilizer=self.params.stabilizer, rng=self.state.rng, anneal_tau=self.params.anneal_tau)
@@ -200,19 +201,19 @@ class ClientSelection(ClusteredStrategy):
             self.state.groups[key] = nearest_cluster(change, self.state.group_refs)[0]
         return self.state.groups[key]
 
-    def representatives(self) -> tuple[list[str], int, Diagnostics]:
+    def representatives(self, rnd: Round) -> tuple[list[str], int, Diagnostics]:
         """Cut the clients' latest final layers into exactly p groups (guard = "floor": the
         warm-up's groups); one random reachable client per group (a group with none reachable
         sits the round out). Reachable clients with no latest model yet (newcomers) train too.
         Returns them, p, and the diagnostics (the rule's p and the floor)."""
-        known = sorted((k for k in self.placed() if k in self.state.latest), key=natural)
-        reachable = set(self.reachable(known))
-        fresh = [k for k in self.reachable(self.placed()) if k not in self.state.latest]
+        known = sorted((k for k in self.placed(rnd) if k in self.state.latest), key=natural)
+        reachable = set(rnd.reachable(known))
+        fresh = [k for k in rnd.reachable(self.placed(rnd)) if k not in self.state.latest]
         chosen, p, diagnostics = [], 0, {}
         self.state.stands_for = {}
         if known:
             X = np.stack([self.state.latest[k] for k in known], dtype=np.float64)
-            controller = self.count_controller()
+            controller = self.count_controller(len(rnd.active))
             p = min(controller.set_floor(self.state.floor), len(known))
             diagnostics = {"p_rule": controller.p, "p_floor": controller.floor}
             if self.params.guard == "floor":  # the warm-up's groups: later changes mix stale and fresh

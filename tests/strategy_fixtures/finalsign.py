@@ -18,6 +18,7 @@ from clusterfed.strategies import (
     RETURN_UPDATE,
     ClusteredState,
     ClusteredStrategy,
+    Round,
     Steps,
     StrategyParams,
     select_layers,
@@ -47,19 +48,19 @@ class FinalSign(ClusteredStrategy):
         for _ in range(2):
             self.new_cluster(self.state.theta0)
 
-    def draw_sample(self, server_round: int) -> list[str] | None:
-        return self.sample_active()  # the probe asks only this round's sample
+    def draw_sample(self, rnd: Round) -> list[str] | None:
+        return self.sample_active(rnd)  # the probe asks only this round's sample
 
-    def before_train(self, server_round: int) -> Steps:
-        keys = self.reachable(self.placed())
+    def before_train(self, rnd: Round) -> Steps:
+        keys = rnd.reachable(self.placed(rnd))
         layer = select_layers(self.state.theta0, "final", self.params.compare_arrays)
         replies = yield self.train_asks(
-            server_round, keys, models={key: self.state.theta0 for key in keys}, phase="probe",
+            rnd, keys, models={key: self.state.theta0 for key in keys}, phase="probe",
             extra={"upload": upload_names(layer), "return": RETURN_UPDATE, "local-epochs": self.params.probe_epochs})
         for reply in replies:
             change = stack_partials([[reply.update[name] for name in layer]])[0]
             self.state.assignment[reply.key] = 0 if change.mean() >= 0 else 1
-            self.state.probed[reply.key] = server_round
+            self.state.probed[reply.key] = rnd.number
         return {"probe_replies": len(replies)}
 
     def cluster_state(self) -> dict:

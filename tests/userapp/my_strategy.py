@@ -28,7 +28,7 @@ class Halves(ClusteredStrategy):
         for _ in range(self.params.halves):
             self.new_cluster(self.state.theta0)
 
-    def admit(self, server_round, keys):
+    def admit(self, rnd, keys):
         for key in keys:
             self.state.seen.append(key)
             self.state.assignment[key] = len(self.state.seen) % self.params.halves
