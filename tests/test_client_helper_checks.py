@@ -212,3 +212,34 @@ def test_a_protocol_message_is_answered_by_the_mod():
     assert answer["stage"] == wire.SETUP and answer["pk1"] and answer["pk2"]
     with pytest.raises(Exception):  # without the mod, the helper has no model to train
         client_app(TASK)(message(wire.ask_content(setup)), context())
+
+
+def _counting_train_fn(calls: list):
+    def train_fn(model, data, config, device):
+        calls.append(1)
+        return 0.1
+    return train_fn
+
+
+@pytest.mark.parametrize("given", [{}, {"loss_fn": nn.CrossEntropyLoss()}])
+def test_the_server_refuses_ifca_before_round_1_when_the_clients_say_they_cannot_choose(given):
+    """The profile's capabilities-missing reaches the server's capability check: IFCA on helper
+    clients whose task has its own train_fn and no loss stops before any training, naming
+    loss_fn; with the loss the run goes ahead."""
+    from flwr.app import ArrayRecord
+
+    from clusterfed import CapabilityError
+    from clusterfed.runner.inprocess import InProcessGrid
+    from tests.test_client_helper import mlp
+
+    calls: list = []
+    app = client_app(ClientTask(model_fn=TASK.model_fn, data_fn=load_data, train_fn=_counting_train_fn(calls), **given))
+    grid = InProcessGrid(app, 4, node_configs=[{"partition-id": i} for i in range(4)])
+    strategy = IFCA(num_clusters=2)
+    if given:
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(mlp().state_dict()), num_rounds=1)
+        assert calls
+        return
+    with pytest.raises(CapabilityError, match="loss_fn") as error:
+        strategy.start(grid=grid, initial_arrays=ArrayRecord(mlp().state_dict()), num_rounds=2)
+    assert "4 client(s) say their task cannot" in str(error.value) and not calls

@@ -47,6 +47,18 @@ PROBE = "profile probe"  # the phase a failure of the probe is logged under
 UNASSIGNED = -1
 
 
+def told_capabilities(content: RecordDict) -> tuple[frozenset[str], tuple[str, ...]]:
+    """What a clusterfed client's profile lists as capabilities, and its notes on how to give
+    the others (``capabilities-missing``); a single string counts as a list of one."""
+    client = content[protocol.CLIENT]
+
+    def strings(value: Any) -> list[str]:
+        return [value] if isinstance(value, str) else [str(v) for v in (value or [])]
+
+    return (frozenset(strings(client.get(protocol.CAPABILITIES_KEY))),
+            tuple(strings(client.get(protocol.CAPABILITIES_MISSING_KEY))))
+
+
 class Membership:
     """The clients of one run and the nodes they are on."""
 
@@ -84,6 +96,9 @@ class Membership:
         self.probe_record = ArrayRecord()  # the initial model, sent with the profile probe
         self.probe_bytes = 0  # array bytes the profile probes carried
         self.probe_config: dict[str, Any] = {}  # what the probe carries besides phase and round
+        # what each clusterfed client's profile says its task gives, and how to give the rest
+        # (key -> (capabilities, notes)); stock clients are in ``stock``
+        self.told: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
 
     # ------------------------------------------------------------ who is in
     def table(self) -> Mapping[str, ClientInfo]:
@@ -174,6 +189,20 @@ class Membership:
         """Before round 1: a strategy that needs more than a stock ClientApp gives stops with
         one message naming the capability and the stock clients."""
         needed = self.strategy.requires()
+        # a client helper's profile names what its task cannot give, and how to give it; only
+        # what a client says it lacks refuses it (a profile that names nothing is taken as before)
+        lacking = {key: needed & {note.split(":")[0] for note in notes} for key, (_, notes) in self.told.items()
+                   if key in self.clients and key not in self.stock}
+        lacking = {key: missing for key, missing in lacking.items() if missing}
+        if lacking:
+            missing = set().union(*lacking.values())
+            what = "; ".join(CAPABILITIES[c] for c in sorted(missing))
+            keys = sorted(lacking, key=natural)
+            names = ", ".join(keys[:5]) + (" …" if len(keys) > 5 else "")
+            notes = sorted({note for key in keys for note in self.told[key][1] if note.split(":")[0] in missing})
+            raise CapabilityError(
+                f"strategy {self.strategy.name!r} needs clients capable of {what}, but {len(keys)} client(s) say "
+                f"their task cannot: {names}. " + " ".join(notes))
         if needed and self.stock:
             what = "; ".join(CAPABILITIES[c] for c in sorted(needed))
             nodes = ", ".join(sorted(self.stock, key=natural)[:5]) + (" …" if len(self.stock) > 5 else "")
@@ -272,6 +301,7 @@ class Membership:
                     reasons.append(str(error))
                     self.profile_failed(server_round, node, None)
                     continue
+                self.told[info.key] = told_capabilities(reply.content)
                 self.claim(server_round, node, info, live)
         for node in node_of_message.values():
             if node not in answered and node not in probes:
