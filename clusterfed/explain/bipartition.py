@@ -248,3 +248,17 @@ def stability_record(state: Any, placed: list[str]) -> dict[str, Any]:
     diagnostics["weights_kept"] = kept_by_layer
     diagnostics["weights_kept_total"] = kept_total / size_total if size_total else None
     return diagnostics
+
+
+# what a CFL-family strategy says of its final cluster count, bound as its methods
+# (``one_cluster_reason = explain.strategy_reason``): the functions above on its State and Params
+def strategy_reason(strategy: Any, clients: Any = None) -> str | None:
+    return one_cluster_reason(strategy.state, strategy.params, strategy.one_cluster_reasons)
+
+
+def strategy_advice(strategy: Any) -> str | None:
+    return one_cluster_advice(strategy.state)
+
+
+def strategy_basis(strategy: Any) -> str | None:
+    return cluster_count_basis(strategy.state, strategy.params)

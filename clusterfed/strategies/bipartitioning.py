@@ -125,6 +125,30 @@ def placements(train_asks: Callable[..., list], rnd: Any, descent: Any) -> Any:
                                    phase="placement")
 
 
+# The CFL family's hooks that only hand the round to the tree, written once: CFL, LayerCFL and
+# HiCFL bind them in their class bodies (``admit = tree_admit``), so each is the strategy's own
+# method, not one inherited from a base.
+def tree_train_instructions(strategy: Any, rnd: Any, key: str) -> dict[str, Any]:
+    """Every trainer returns its update (the splits compare updates)."""
+    return {"return": RETURN_UPDATE}
+
+
+def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
+    """Placing a provisional member asks it for work: sample before placement."""
+    return strategy.sample_active(rnd)
+
+
+def tree_admit(strategy: Any, rnd: Any, keys: list[str]) -> Any:
+    """Newcomers descend the tree."""
+    return placements(strategy.train_asks, rnd, strategy.bipartition.admit(strategy.state, rnd.number, keys))
+
+
+def tree_before_train(strategy: Any, rnd: Any) -> Any:
+    """Sampled members placed provisionally at a split they sat out descend from it now."""
+    return placements(strategy.train_asks, rnd, strategy.bipartition.place_provisional(
+        strategy.state, rnd.reachable(strategy.placed(rnd))))
+
+
 class BiPartitionTree:
     """The shared tree (module docstring): ``decide``, the split decision; ``merge_names(state)``,
     ``merge_vectors(state, groups, names)``: what a merge compares; ``restart(state, cluster, keys)``:

@@ -25,7 +25,7 @@ passes ``decide`` its layers and its check.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any, ClassVar, Literal
@@ -43,8 +43,9 @@ from clusterfed.clustering.vectors import (check_record, decision_record, kept_v
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree,
-    placements, replier_vectors)
-from clusterfed.core.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, Round, SplitCompared, TrainReply, natural
+    replier_vectors, tree_admit, tree_before_train, tree_draw_sample,
+    tree_train_instructions)
+from clusterfed.core.exchange import ClientInfo, Diagnostics, Round, SplitCompared, TrainReply, natural
 
 # similarity-decay = auto: summed updates only for clients this small (one round's update is
 # mostly batch noise); similarity-rank = auto: principal components for clusters of at least
@@ -221,6 +222,20 @@ def compared_arrays(state: CFLState) -> list[str]:
     return state.compared
 
 
+def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
+    """CFL's steps after training (CFL and LayerCFL bind it as their ``after_train``): keep each
+    replier's vector, leave out arrays no client changed (the strategy's ``compared_changed``
+    then picks its arrays again), then per cluster the criteria and ``decide``, then merging."""
+    state, c, tree = strategy.state, strategy.params, strategy.bipartition
+    keep_vectors(state, replies, strategy.decision_names(), similarity_decay(c, rnd.clients),
+                 tree.compact(state, rnd.clients), c.sketch_dim, c.seed)
+    silent = tree.leave_out_silent(state, replies, type(strategy).__name__)
+    if silent:
+        strategy.compared_changed()
+    # refused_splits: a column every round, [] when ``decide`` refused none
+    return {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports, silent)}
+
+
 class CFL(ClusteredStrategy):
     """CFL (Sattler et al.): recursive bi-partitioning on the cosine similarity of full updates."""
 
@@ -254,41 +269,18 @@ class CFL(ClusteredStrategy):
     def init_clusters(self) -> None:
         self.bipartition.init(self.state, self.compared_names())
 
-    def train_instructions(self, rnd: Round, key: str) -> dict[str, Any]:
-        return {"return": RETURN_UPDATE}
+    # newcomers and provisional members descend the tree; trainers return updates (bipartitioning.py)
+    train_instructions, draw_sample = tree_train_instructions, tree_draw_sample
+    admit, before_train = tree_admit, tree_before_train
 
-    def draw_sample(self, rnd: Round) -> list[str] | None:
-        """Placing a provisional member asks it for work: sample before placement."""
-        return self.sample_active(rnd)
+    def compared_changed(self) -> None:
+        """Arrays no client changed left the comparison: CFL compares every array left, nothing to pick again."""
 
-    def admit(self, rnd: Round, keys: list[str]) -> Any:
-        """Newcomers descend the tree (``bipartitioning.py``)."""
-        return placements(self.train_asks, rnd, self.bipartition.admit(self.state, rnd.number, keys))
-
-    def before_train(self, rnd: Round) -> Any:
-        """Sampled members placed provisionally at a split they sat out descend from it now."""
-        return placements(self.train_asks, rnd,
-                          self.bipartition.place_provisional(self.state, rnd.reachable(self.placed(rnd))))
-
-    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
-        """Keep each replier's vector, then per cluster the criteria and ``decide``, then merging."""
-        state, c, tree = self.state, self.params, self.bipartition
-        keep_vectors(state, replies, self.decision_names(), similarity_decay(c, rnd.clients),
-                     tree.compact(state, rnd.clients), c.sketch_dim, c.seed)
-        silent = tree.leave_out_silent(state, replies, type(self).__name__)
-        # refused_splits: a column every round, [] when ``decide`` refused none
-        return {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports,
-                                                         silent)}
+    after_train = split_after_training
 
     # ------------------------------------------------------------ what a run says (clusterfed.explain)
-    def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
-        return explain.one_cluster_reason(self.state, self.params, self.one_cluster_reasons)
-
-    def one_cluster_advice(self) -> str | None:
-        return explain.one_cluster_advice(self.state)
-
-    def cluster_count_basis(self) -> str | None:
-        return explain.cluster_count_basis(self.state, self.params)
+    one_cluster_reason, one_cluster_advice, cluster_count_basis = (explain.strategy_reason, explain.strategy_advice,
+                                                                     explain.strategy_basis)
 
     def cluster_state(self) -> dict[str, Any]:
         state = self.bipartition.cluster_state(self.state, self.bipartition.thresholds(), self.one_cluster_reason())

@@ -53,8 +53,10 @@ from clusterfed.clustering.vectors import decision_record, side_of, similarity_r
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies import hicfl_stability as windows
 from clusterfed.strategies.base import ClusteredStrategy, StrategyParamsError
-from clusterfed.strategies.bipartitioning import BiPartitioningParams, BiPartitioningState, BiPartitionTree, placements
-from clusterfed.core.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, Round, SplitCompared, TrainReply
+from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree,
+    tree_admit, tree_before_train, tree_draw_sample,
+    tree_train_instructions)
+from clusterfed.core.exchange import ClientInfo, Diagnostics, Round, SplitCompared, TrainReply
 
 # Draws of the small-side rotation test: the test is repeated every round while a cluster
 # stays whole, so a 5 % test (19 draws) is passed by noise within a few rounds (measured:
@@ -303,21 +305,9 @@ class HiCFL(ClusteredStrategy):
         kept, watched = set(self.state.compared), [n for keys in self.state.layer_keys.values() for n in keys]
         windows.watch(self.state, [n for n in watched if n in kept] or watched)
 
-    def train_instructions(self, rnd: Round, key: str) -> dict[str, Any]:
-        return {"return": RETURN_UPDATE}
-
-    def draw_sample(self, rnd: Round) -> list[str] | None:
-        """Placing a provisional member asks it for work: sample before placement."""
-        return self.sample_active(rnd)
-
-    def admit(self, rnd: Round, keys: list[str]) -> Any:
-        """Newcomers descend the tree (``bipartitioning.py``)."""
-        return placements(self.train_asks, rnd, self.bipartition.admit(self.state, rnd.number, keys))
-
-    def before_train(self, rnd: Round) -> Any:
-        """Sampled members placed provisionally at a split they sat out descend from it now."""
-        return placements(self.train_asks, rnd,
-                          self.bipartition.place_provisional(self.state, rnd.reachable(self.placed(rnd))))
+    # newcomers and provisional members descend the tree; trainers return updates (bipartitioning.py)
+    train_instructions, draw_sample = tree_train_instructions, tree_draw_sample
+    admit, before_train = tree_admit, tree_before_train
 
     # ------------------------------------------------------------ steps 2–3, then the tree's round
     def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
@@ -335,14 +325,8 @@ class HiCFL(ClusteredStrategy):
         return {**diagnostics, "decision": silent} if silent else diagnostics
 
     # ------------------------------------------------------------ what a run says (clusterfed.explain)
-    def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
-        return explain.one_cluster_reason(self.state, self.params, self.one_cluster_reasons)
-
-    def one_cluster_advice(self) -> str | None:
-        return explain.one_cluster_advice(self.state)
-
-    def cluster_count_basis(self) -> str | None:
-        return explain.cluster_count_basis(self.state, self.params)
+    one_cluster_reason, one_cluster_advice, cluster_count_basis = (explain.strategy_reason, explain.strategy_advice,
+                                                                     explain.strategy_basis)
 
     def thresholds(self) -> dict[str, Any]:
         c, state = self.params, self.state

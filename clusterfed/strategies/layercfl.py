@@ -22,19 +22,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import partial
-from collections.abc import Mapping
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from clusterfed.clustering.layercfl import correct_clustering_check
-from clusterfed.explain import bipartition as explain
 from clusterfed.models.layers import select_layers
+from clusterfed.explain import bipartition as explain
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.bipartitioning import BiPartitionTree, placements
-from clusterfed.strategies.cfl import (PAPER_CFL, CFLParams, CFLState, decide, keep_vectors, pooled_vectors,
-    similarity_decay)
-from clusterfed.core.exchange import RETURN_UPDATE, ClientInfo, Diagnostics, Round, TrainReply
+from clusterfed.strategies.bipartitioning import (BiPartitionTree, tree_admit, tree_before_train, tree_draw_sample,
+    tree_train_instructions)
+from clusterfed.strategies.cfl import PAPER_CFL, CFLParams, CFLState, decide, pooled_vectors, split_after_training
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
 
@@ -122,42 +120,16 @@ class LayerCFL(ClusteredStrategy):
         else:
             state.selected_names = [n for n in state.selected_names if n in set(state.compared)] or state.selected_names
 
-    def train_instructions(self, rnd: Round, key: str) -> dict[str, Any]:
-        return {"return": RETURN_UPDATE}
+    # newcomers and provisional members descend the tree; trainers return updates (bipartitioning.py)
+    train_instructions, draw_sample = tree_train_instructions, tree_draw_sample
+    admit, before_train = tree_admit, tree_before_train
 
-    def draw_sample(self, rnd: Round) -> list[str] | None:
-        """Placing a provisional member asks it for work: sample before placement."""
-        return self.sample_active(rnd)
-
-    def admit(self, rnd: Round, keys: list[str]) -> Any:
-        """Newcomers descend the tree (``bipartitioning.py``)."""
-        return placements(self.train_asks, rnd, self.bipartition.admit(self.state, rnd.number, keys))
-
-    def before_train(self, rnd: Round) -> Any:
-        """Sampled members placed provisionally at a split they sat out descend from it now."""
-        return placements(self.train_asks, rnd,
-                          self.bipartition.place_provisional(self.state, rnd.reachable(self.placed(rnd))))
-
-    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
-        """As CFL's round, on the selected layers; a silent array makes the layer rule pick again."""
-        state, c, tree = self.state, self.params, self.bipartition
-        keep_vectors(state, replies, self.decision_names(), similarity_decay(c, rnd.clients),
-                     tree.compact(state, rnd.clients), c.sketch_dim, c.seed)
-        silent = tree.leave_out_silent(state, replies, type(self).__name__)
-        if silent:
-            self.compared_changed()
-        return {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports,
-                                                         silent)}
+    # CFL's steps after training, on the selected layers (a silent array makes the layer rule pick again)
+    after_train = split_after_training
 
     # ------------------------------------------------------------ what a run says (clusterfed.explain)
-    def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
-        return explain.one_cluster_reason(self.state, self.params, self.one_cluster_reasons)
-
-    def one_cluster_advice(self) -> str | None:
-        return explain.one_cluster_advice(self.state)
-
-    def cluster_count_basis(self) -> str | None:
-        return explain.cluster_count_basis(self.state, self.params)
+    one_cluster_reason, one_cluster_advice, cluster_count_basis = (explain.strategy_reason, explain.strategy_advice,
+                                                                     explain.strategy_basis)
 
     def cluster_state(self) -> dict[str, Any]:
         state = self.bipartition.cluster_state(self.state, self.bipartition.thresholds(), self.one_cluster_reason())
