@@ -261,5 +261,7 @@ def test_clusterfed_run_builds_the_run_once_and_hands_it_down(tmp_path):
         ("clusterfed/server_app:wait_for_federation", "clusterfed/runner/transport:wait_for_nodes"),
         ("clusterfed/server_app:run_server", "clusterfed/runner/strategy_runner:new_driver"),  # checked.options
         ("clusterfed/server_app:run_server", "clusterfed/runner/driver:RoundDriver.start"),  # checked.start_args()
+        # after the run, no config: the client table the final clusters' reasons may quote
+        ("clusterfed/server_app:run_server", "clusterfed/runner/membership:Membership.table"),
     ], into_runner
     assert (tmp_path / "summary.json").is_file() and (tmp_path / "rounds.jsonl").is_file()

@@ -2,6 +2,9 @@
 Learning", NeurIPS 2020): ``num-clusters`` K cluster models; every round each sampled
 client receives all K, keeps the one with the lowest loss on its *training* data, trains
 it and returns it with the chosen index; FedAvg per cluster over the clients that chose it.
+That is the paper's Algorithm 1 in its model-averaging form: the cluster identity estimate
+(``train``: every model offered, the reply's choice kept), the local update (the client's own
+training) and the per-cluster average (``aggregate``).
 
 - The K models travel in one message (array ``name`` of model k as ``m{k}.{name}``, config
   ``ifca-k`` = K), so the downlink counted is K models per trained client. The reply holds

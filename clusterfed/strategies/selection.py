@@ -1,7 +1,8 @@
 """Adaptive cluster-count client selection (Chen and Chen, "An Adaptive Clustering Scheme
 for Client Selections in Communication-efficient Federated Learning"): one global model,
 trained FedAvg-style, but after a warm-up each round only one representative client per
-cluster trains, which cuts the transmissions.
+cluster trains, which cuts the transmissions. The paper gives its scheme as steps, not numbered
+pseudo-code; steps 1–3 below are its steps (our choices marked), step 4 an extension (``guard``).
 
 1. ``warmup-rounds`` rounds with every client; the server keeps each client's latest
    local model (its ``final`` layer) and loss. What is clustered is the final layer's
