@@ -191,7 +191,7 @@ def test_client_with_data_path_never_loads_the_shared_data_set(tmp_path, monkeyp
     reply = _profile({"data-path": str(path), "client-key": "pi-03"})
     assert reply.content[protocol.METRICS]["num-examples"] == 5
     assert dict(reply.content[protocol.CLIENT]) == {"client-key": "pi-03", "true-group": 4,
-                                                    protocol.CAPABILITIES_KEY: ["label-stats", "multi-model"]}
+                                                    protocol.CAPABILITIES_KEY: ["profile", "label-stats", "multi-model"]}
     keyless = _profile({"data-path": str(path)})
     assert keyless.content[protocol.CLIENT]["client-key"] == f"data-{file_sha256(path)[:16]}"
 
