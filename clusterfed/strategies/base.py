@@ -90,6 +90,18 @@ from clusterfed.core.exchange import (  # noqa: F401 (Steps, steps: the author k
     by_key, natural, steps, weighted_average)
 
 
+# ``secure_refusal`` sentences of the strategies whose training rounds read individual updates
+COMPARES_UPDATES_EVERY_ROUND = (
+    "the CFL family (CFL, LayerCFL, HiCFL) compares the individual updates of every round in which a split may "
+    "happen, which secure aggregation hides from the server (only each cluster's sum is revealed); run it without "
+    "secure_aggregation, or use FedClust, AdaCFL or IFCA, whose training rounds work from cluster sums")
+READS_EACH_CLIENTS_MODEL = (
+    "ClientSelection clusters every client's latest model each round and trains one representative per group, "
+    "whose update a sum of one would reveal: there is no group sum to secure; run it without secure_aggregation")
+EACH_CLIENT_ALONE = ("Local trains every client alone (a cluster of one), which secure aggregation cannot hide: "
+                     "there is no sum")
+
+
 @dataclass
 class ClusteredState:
     """The base's state: cluster models, the client → cluster assignment, the newcomer
