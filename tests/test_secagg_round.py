@@ -161,6 +161,19 @@ def test_fedclust_secure_ends_with_the_plain_assignment_and_each_round_within_th
     assert largest_difference(plain.models, secure.models) < 1e-3  # training amplifies the rounding a little
 
 
+def test_ifca_secure_chooses_in_the_clear_and_sums_each_choice(federation, monkeypatch):
+    """IFCA: a choice step (no training, no arrays uploaded), then SecAgg+ among each model's
+    choosers; the same choices as the plain run, each round's cluster means within the error."""
+    plain, _ = federation(clusterfed.IFCA(num_clusters=2), rounds=2)
+    pairs = capture_means(monkeypatch)
+    secure, _ = federation(clusterfed.IFCA(num_clusters=2, secure_aggregation=True), rounds=2)
+    assert secure.assignment == plain.assignment and len(set(plain.assignment.values())) == 2
+    assert len(pairs) == 4
+    for mean_plain, mean_secure in pairs:
+        assert largest_difference({0: mean_plain}, {0: mean_secure}) < STEP + 1e-6
+    assert largest_difference(plain.models, secure.models) < 1e-3
+
+
 def dropping_app(node: int, stage: str):
     """The built-in ClientApp, except that node ``node`` fails at ``stage`` (a SuperNode gone)."""
     from clusterfed.client_app import app as builtin_app
@@ -233,6 +246,7 @@ def test_strategies_that_read_individual_updates_refuse_before_any_message(name,
     ({"secure_aggregation": "secaggplus", "secagg_min_group_size": 2}, "greater than or equal to 3"),
     ({"secure_aggregation": "secaggplus", "aggregator": "fedmedian"}, "cannot work from"),
     ({"strategy": "flwr-fedavg", "secure_aggregation": "secaggplus"}, "does not take secure-aggregation"),
+    ({"strategy": "ifca", "ifca.init": "kmeans++", "secure_aggregation": "secaggplus"}, "use ifca.init = 'random'"),
 ])
 def test_bad_settings_stop_before_round_1(keys, words, small_config):
     from clusterfed.config import ConfigError
