@@ -254,3 +254,34 @@ def test_bad_settings_stop_before_round_1(keys, words, small_config):
     with pytest.raises(ConfigError) as error:
         small_config(**{"strategy": "fedavg", **keys})
     assert words in str(error.value)
+
+
+def test_distributed_dp_clips_on_the_client_and_noises_each_cluster_sum(federation):
+    """dp_* with secure aggregation: the mod clips each update on the client (the server cannot),
+    the cluster's mean is of equal weights, as the central path's: clipping only, the two runs
+    agree within the quantization error; with noise, the noise goes on the unmasked mean and ε
+    is accounted and reported as in the central path."""
+    clip = {"dp_clipping_norm": 0.05}
+    central, _ = federation(clusterfed.FedAvg(**clip), rounds=1)
+    distributed, _ = federation(clusterfed.FedAvg(secure_aggregation=True, **clip), rounds=1)
+    assert largest_difference(central.models, distributed.models) < STEP + 1e-6
+    update = np.sqrt(sum(float(np.sum((distributed.models[0][n].astype(np.float64) - distributed.theta0[n]) ** 2))
+                         for n in distributed.theta0 if distributed.theta0[n].dtype.kind == "f"))
+    assert update <= 0.05 + 1e-4  # the mean of clipped updates
+    noisy = {"dp_noise_multiplier": 1.0, "dp_clipping_norm": 0.05, "dp_delta": 1e-3}
+    strategy, result = federation(clusterfed.FedAvg(secure_aggregation=True, **noisy), rounds=2)
+    report = result.clustering["privacy"]
+    assert report["epsilon"] > 0 and all(count == 2 for count in strategy.state.dp_releases.values())
+    assert largest_difference(strategy.models, distributed.models) > 1e-3  # noise was added
+
+
+def test_distributed_dp_with_a_coarse_quantization_stops_before_round_1(federation, monkeypatch):
+    from clusterfed import StrategyParamsError
+    from clusterfed.runner import link
+
+    sent = []
+    monkeypatch.setattr(link.Link, "push", lambda self, messages, timeout=None: sent.append(messages) or ([], []))
+    with pytest.raises(StrategyParamsError, match="more than a tenth of the clipping norm"):
+        federation(clusterfed.FedAvg(secure_aggregation=True, dp_clipping_norm=0.05, secagg_quantization_range=2**12),
+                   rounds=1)
+    assert not sent
