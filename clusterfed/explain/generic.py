@@ -205,11 +205,11 @@ def ending_words(strategy: Any, clients: Any = None) -> str | None:
     reason = strategy.one_cluster_reason(clients)
     assignment = dict(strategy.assignment)
     single = singleton_words(assignment)
-    if reason is not None:
+    clusters = len(set(assignment.values()))
+    if reason is not None and clusters <= 1:  # a one-cluster reason beside several clusters would contradict the line
         advice = checked_advice(strategy, strategy.one_cluster_advice())
         return f"{name} ends with one cluster: {reason}" + (f"; try {advice}" if advice else "")
     basis = strategy.cluster_count_basis()
-    clusters = len(set(assignment.values()))
     text = None
     if basis is not None and clusters >= 2:
         said = basis.startswith(f"{clusters} clusters")  # the one-shot strategies' basis names the count itself
