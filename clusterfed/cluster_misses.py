@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from clusterfed.explain.generic import singleton_words
+from clusterfed.explain.generic import DESIGNED_SINGLE, singleton_words
 
 OVER_SPLIT_ARI = 0.9  # below this ARI, a clustered run's final clustering is a miss to account for
 
@@ -17,7 +17,6 @@ OVER_SPLIT_ARI = 0.9  # below this ARI, a clustered run's final clustering is a 
 MISS_LABELS = {"over_split_reason": "over-split", "under_split_reason": "under-split",
                "mixed_clusters_reason": "mixed clusters"}
 SINGLE_CLIENTS = "single_client_clusters"  # summary.json key: the clusters of one client, named
-DESIGNED_SINGLE = frozenset({"local"})  # strategies whose every cluster is one client by design
 
 
 def single_client_clusters(clusters: dict[str, Any]) -> str | None:

@@ -102,8 +102,11 @@ def test_the_final_summary_names_a_cluster_of_one_client_but_not_locals(tmp_path
     assert "single clients: cluster 3 is a single client (c)" in summary_table([summary])
 
 
-class Advised(SimpleNamespace):
+class Advised:
     """A strategy as the generic words see it: name, params, reason, advice, basis, assignment."""
+
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
 
     def one_cluster_reason(self, clients=None):
         return self.reason
@@ -147,6 +150,17 @@ def test_round_one_names_what_is_compared_unless_the_strategy_said_it():
     assert generic.round_words(cfl, 2, 5, None) == ""  # said once
     own = "CFL compared fc2 only"
     assert generic.round_words(cfl, 1, 5, own, first=True) == own
+
+
+def test_a_round_that_cuts_a_client_off_alone_names_it_once():
+    strategy = Advised(name="x", params=None, reason=None, basis=None, advice=None, assignment={"a": 0, "b": 0, "c": 0})
+    assert generic.round_words(strategy, 1, 5, None) == ""
+    strategy.assignment = {"a": 0, "b": 0, "c": 1}
+    assert generic.round_words(strategy, 2, 5, "X cut") == "X cut; cluster 1 is a single client (c)"
+    assert generic.round_words(strategy, 3, 5, None) == ""  # said once
+    assert generic.round_words(strategy, 5, 5, None) == "Advised ends with 2 clusters; cluster 1 is a single client (c)"
+    local = Advised(name="local", params=None, reason=None, basis=None, advice=None, assignment={"a": 0, "b": 1})
+    assert generic.round_words(local, 1, 5, None) == ""
 
 
 @pytest.mark.parametrize("name", CLUSTERED)

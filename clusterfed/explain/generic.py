@@ -20,6 +20,7 @@ this module decides nothing and reads nothing of the true groups.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,6 +29,9 @@ from typing import Any
 NOTHING_COMPARED = frozenset({"fedavg", "fedprox", "local", "oracle", "flwr-fedavg"})
 SAID = re.compile(r"\bcompar(?:e|es|ed|ing)\b", re.IGNORECASE)
 SHOWN_LAYERS = 8  # layers named in full; beyond, the first ones and a count
+DESIGNED_SINGLE = frozenset({"local"})  # strategies whose every cluster is one client by design
+# strategy -> the single-client clusters its round lines last named (said again only when they change)
+_NAMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 # ------------------------------------------------------------ round 1: what is compared
@@ -214,7 +218,7 @@ def ending_words(strategy: Any, clients: Any = None) -> str | None:
     if basis is not None and clusters >= 2:
         said = basis.startswith(f"{clusters} clusters")  # the one-shot strategies' basis names the count itself
         text = f"{name} ends with " + (basis if said else f"{clusters} clusters: {basis}")
-    if single and getattr(strategy, "name", "") != "local":  # Local: one client per cluster is its design
+    if single and getattr(strategy, "name", "") not in DESIGNED_SINGLE:  # Local: one client per cluster by design
         text = f"{text}; {single}" if text else f"{name} ends with {clusters} clusters; {single}"
     return text
 
@@ -223,11 +227,20 @@ def round_words(strategy: Any, server_round: int, num_rounds: int, decision: str
                 first: bool = False) -> str:
     """The strategy's words for the round line: on the run's first round (``first``: round 1
     of a run not resumed) what it compares unless its own ``decision`` says so, its
-    ``decision``, and on the last round its ending (``ending_words``)."""
+    ``decision``, the clusters of a single client in a round that made them (named again
+    when they change), and on the last round its ending (``ending_words``, which names them)."""
     parts = []
     if first and not (decision and SAID.search(decision)):
         parts.append(compares_words(strategy))
     parts.append(decision)
+    designed = getattr(strategy, "name", "") in DESIGNED_SINGLE
+    single = None if designed else singleton_words(dict(strategy.assignment))
+    try:
+        named, _NAMED[strategy] = _NAMED.get(strategy), single
+    except TypeError:  # a strategy that cannot be weakly referenced: named at the end only
+        named = single
     if server_round == num_rounds:
         parts.append(ending_words(strategy, clients))
+    elif single and single != named:
+        parts.append(single)
     return "; ".join(text for text in parts if text)
