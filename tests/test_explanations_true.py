@@ -215,6 +215,8 @@ def advice_by_code(name: str, strategy) -> dict[str, str | None]:
     state = strategy.state
     if name in CFL_FAMILY:
         for code in strategy.one_cluster_reasons:
+            if code == "check" and not getattr(strategy.params, "correct_clustering_check", False):
+                continue  # refused by the check only when the check is on
             if name == "hicfl":
                 state.no_split = [{"code": code}]
             else:
