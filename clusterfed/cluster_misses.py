@@ -8,12 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
+from clusterfed.explain.generic import DESIGNED_SINGLE, singleton_words
+
 OVER_SPLIT_ARI = 0.9  # below this ARI, a clustered run's final clustering is a miss to account for
 
 # summary.json key for each way a run with more than one cluster can miss its true groups,
 # and its label in the printed summary (one cluster has its own ``one_cluster_reason``)
 MISS_LABELS = {"over_split_reason": "over-split", "under_split_reason": "under-split",
                "mixed_clusters_reason": "mixed clusters"}
+SINGLE_CLIENTS = "single_client_clusters"  # summary.json key: the clusters of one client, named
+
+
+def single_client_clusters(clusters: dict[str, Any]) -> str | None:
+    """The final clusters of a single client, named (``cluster 3 is a single client (c7)``);
+    None when there are none or the strategy gives each client its own cluster by design."""
+    if clusters.get("strategy") in DESIGNED_SINGLE:
+        return None
+    return singleton_words(clusters.get("assignment") or {})
 
 
 def cluster_miss_reason(summary: dict[str, Any], clusters: dict[str, Any],

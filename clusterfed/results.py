@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
-from clusterfed.cluster_misses import MISS_LABELS, cluster_miss_reason
+from clusterfed.cluster_misses import MISS_LABELS, SINGLE_CLIENTS, cluster_miss_reason, single_client_clusters
 
 ROUND_FIELDS = (
     "round",
@@ -257,6 +257,8 @@ class RunRecorder:
             summary["one_cluster_reason"] = clusters["one_cluster_reason"]
         if clusters and (miss := cluster_miss_reason(summary, clusters, self.true_groups)):
             summary[miss[0]] = miss[1]
+        if clusters and (single := single_client_clusters(clusters)):  # a cluster of one client is named
+            summary[SINGLE_CLIENTS] = single
         if clusters and clusters.get("privacy"):  # differential privacy: the run's ε at δ (clusterfed.privacy)
             summary["epsilon"], summary["delta"] = clusters["privacy"]["epsilon"], clusters["privacy"]["delta"]
         (self.out / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -380,7 +382,7 @@ def summary_table(summaries: list[dict[str, Any]]) -> str:
         evaluated, known = s.get("final_clients_evaluated"), s.get("final_clients_known")
         if evaluated is not None and known and evaluated < known:
             lines.append(f"{'':<12} final {short} over {evaluated} of {known} clients")
-        for key, label in {"one_cluster_reason": "one cluster", **MISS_LABELS}.items():
+        for key, label in {"one_cluster_reason": "one cluster", **MISS_LABELS, SINGLE_CLIENTS: "single clients"}.items():
             if s.get(key):
                 lines.append(f"{'':<12} {label}: {s[key]}")
     return "\n".join(lines)

@@ -41,8 +41,9 @@ from clusterfed.runner.replies import STOCK_KEY_METRICS
 from clusterfed.runner.scoring import eval_rows, record_round, score_reports, weighted_metrics
 from clusterfed.runner.transport import is_simulation, wait_for_nodes
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
-from clusterfed.core.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError, ending_sentence
+from clusterfed.core.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError
 from clusterfed.core.exchange import Ask, Diagnostics, Replies, RoundResult, SecureTrain, Steps
+from clusterfed.explain.generic import ending_words, round_words
 from clusterfed.runner.secure import secure_exchange
 from clusterfed.strategies.base import ClusteredStrategy
 
@@ -135,7 +136,7 @@ class RoundDriver:
         for server_round in range(first_round, num_rounds + 1):
             self.play_round(server_round, first_round, num_rounds, result, evaluate_fn)
             if should_stop is not None and should_stop(server_round, result):
-                ending = ending_sentence(self.strategy, self.members.table())
+                ending = ending_words(self.strategy, self.members.table())
                 log(logging.INFO, "[ROUND %d/%d] should_stop returned True: the run stops here%s", server_round,
                     num_rounds, f"; {ending}" if ending else "")
                 break
@@ -230,9 +231,9 @@ class RoundDriver:
         if self.recorder is not None:
             self.record(server_round, evals, time.perf_counter() - started, diagnostics)
         self.completed_rounds = server_round
-        ending = ending_sentence(self.strategy, self.members.table()) if server_round == num_rounds else None
-        self.log_round(server_round, num_rounds, result, diagnostics.get("train_loss"),
-                       "; ".join(text for text in (diagnostics.get("decision"), ending) if text))
+        words = round_words(self.strategy, server_round, num_rounds, diagnostics.get("decision"), self.members.table(),
+                            first=server_round == 1 == first_round)  # clusterfed.explain.generic
+        self.log_round(server_round, num_rounds, result, diagnostics.get("train_loss"), words)
         self.check_failing(server_round, num_rounds)
         if self.options.checkpoint and self.recorder is not None:
             save_checkpoint(self.recorder.out, self.checkpoint_state(server_round))
