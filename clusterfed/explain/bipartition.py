@@ -220,6 +220,11 @@ def merge_refusal(state: Any, params: Any) -> str:
     if not pair:
         return "no two leaves replied in one round to compare"
     where = f"the closest pair of leaves (round {pair['round']}, clusters {pair['clusters'][0]} and {pair['clusters'][1]})"
+    kept = next((m for m in reversed(getattr(state, "merge_kept", [])) if m["round"] == pair["round"]
+                 and sorted(m["leaves"]) == sorted(pair["clusters"])), None)
+    if kept is not None:
+        return (f"{where} passed the merge rule but their split still reproduces (ARI {kept['agreement']:.2f} >= "
+                f"split-agreement {c.split_agreement})")
     if pair["cosine"] < c.merge_min_cosine:
         return f"{where} had round cosine {pair['cosine']:.3f} < merge-min-cosine {c.merge_min_cosine}"
     if pair.get("silhouette") is not None and pair["silhouette"] > c.merge_max_silhouette:

@@ -110,7 +110,10 @@ class BiPartitioningState(ClusteredState):
     # {"round", "best": {client: label}, "two": {client: side}}; a split's children inherit theirs
     proposals: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
     merge_kept: list[dict[str, Any]] = field(default_factory=list)  # merges refused: the split still reproduces
-    said_compared: bool = False  # round 1's line named what the strategy compares
+    # the timing this run started with (``init``: split-timing); a checkpoint written before the
+    # field existed resumes with the timing it ran with, the criteria
+    split_timing: str = "criteria"
+    said_compared: bool = True  # round 1's line named what the strategy compares (``init``: False)
 
 
 
@@ -198,6 +201,8 @@ class BiPartitionTree:
         if root != state.tree.root_id:
             raise RuntimeError(f"the tree's root {state.tree.root_id} and the first cluster {root} must coincide")
         state.compared = compared
+        state.split_timing = self.params.split_timing
+        state.said_compared = False
 
     # ------------------------------------------------------------ newcomers
     def admit(self, state: BiPartitioningState, server_round: int, keys: list[str]) -> Any:
@@ -305,9 +310,9 @@ class BiPartitionTree:
                 and len(replies) >= size and cluster not in state.merged)
 
     # ------------------------------------------------------------ evidence (split-timing = evidence)
-    @property
-    def on_evidence(self) -> bool:
-        return self.params.split_timing == "evidence"
+    def evidence(self, state: BiPartitioningState) -> bool:
+        """Whether this run splits on evidence (``split-timing``, as the run started)."""
+        return state.split_timing == "evidence"
 
     def reproduce(self, state: BiPartitioningState, server_round: int, cluster: int, keys: list[str],
                   U: np.ndarray) -> Reproduction | str:
@@ -440,7 +445,7 @@ class BiPartitionTree:
         c = self.params
         pairs = merge_pairs(updates, min_cosine=c.merge_min_cosine, max_silhouette=c.merge_max_silhouette,
                             drift=lambda a, b: self.drift_cosine(state, a, b, names), min_drift_members=c.min_split_size)
-        if self.on_evidence:
+        if self.evidence(state):
             pairs = [p for p in pairs if not self.still_split(state, server_round, p.a, p.b, updates)]
         summaries = []
         for pair in pairs:
@@ -493,7 +498,7 @@ class BiPartitionTree:
             raise RuntimeError(f"merge of {a} and {b}: tree node {merged} but new cluster {made}")
         for key in keys_a + keys_b:
             state.assignment[key] = merged
-        if not self.on_evidence:  # the paper's timing: a merged leaf is final; on evidence it may split again
+        if not self.evidence(state):  # the paper's timing: a merged leaf is final; on evidence it may split again
             state.merged.add(merged)
         for cluster in (a, b):
             state.max_mean_norm.pop(cluster, None)

@@ -163,7 +163,7 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
     passes the acceptance test (and ``check``, LayerCFL's, when ``enforce``)."""
     layers = names(state)
     # split-timing = evidence: this round's partition, kept every round, compared with the last
-    evidence = tree.on_evidence
+    evidence = tree.evidence(state)
     reproduction = (tree.reproduce(state, server_round, cluster, [r.key for r in replies],
                                    stack_float64([flatten(r.update, layers) for r in replies]))
                     if evidence and len(replies) >= 2 and cluster not in state.merged else None)

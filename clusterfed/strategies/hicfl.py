@@ -146,7 +146,7 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
     # participation); under partial participation only those with full windows vote
     # and propose, the others follow their update after the split (module docstring)
     present = [k for k in members if k in replied]
-    evidence = tree.on_evidence
+    evidence = tree.evidence(state)
     # split-timing = evidence: this round's partition of the repliers, kept every round and
     # compared with the last (the stability windows do not time the split)
     reproduction = None
