@@ -41,6 +41,7 @@ from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.principal_scores import principal_scores
 from clusterfed.clustering.split_scores import (best_cut_silhouette, cosine_similarity_matrix, separation_gap,
     split_silhouette)
+from clusterfed.clustering.layer_split import small_side_reference
 from clusterfed.clustering.reproducible import Reproduction
 from clusterfed.clustering.vectors import (check_record, decision_record, flatten, kept_vectors, required_structure,
     similarity_record, stack_float64)
@@ -58,6 +59,7 @@ SMALL_CLIENT_EXAMPLES = 50
 SMALL_CLIENT_DECAY = 0.8
 PRINCIPAL_MIN_REPLIES = 40
 PRINCIPAL_RANK = 5
+SMALL_SIDE_DRAWS = 99  # split-timing = evidence: rotation draws a split leaving a small side must beat (as HiCFL's)
 
 
 class CFLParams(BiPartitioningParams):
@@ -200,6 +202,19 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
         return {"refused_splits": [{"cluster": cluster, "reason": "silhouette", "gap": gap,
                                     "silhouette": silhouette, "best_cut_silhouette": structure}],
                 "words": [f"cluster {cluster} not split: no structure (best-cut silhouette {structure:.2f} {short})"]}
+    if evidence:
+        # a small side (2 to min-split-size - 1 members) must also beat group-free rotations of the
+        # updates: successive rounds share each client's own data, so a 2 | 2 cut of one group can
+        # reproduce (HiCFL's small-side test, measured on the model matrix's GRU cell)
+        small = small_side_reference(U, min(len(side_a), len(side_b)), rule="linkage", draws=SMALL_SIDE_DRAWS,
+                                     min_split_size=params.min_split_size, max_k=max_k, seed=params.seed)
+        if small is not None and structure <= small:
+            refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "reference", "members": sides,
+                                    **record, "required_silhouette": small}, compared)
+            return {"refused_splits": [{"cluster": cluster, "reason": "reference", "best_cut_silhouette": structure,
+                                        "reference_silhouette": small}],
+                    "words": [f"cluster {cluster} not split: a side of {min(len(side_a), len(side_b))} clients scored "
+                              f"no better than group-free rotations (best-cut silhouette {structure:.2f} <= {small:.2f})"]}
     if checked is not None:
         record["check"] = check_record(checked)
         if not checked.passed and enforce:
@@ -303,6 +318,8 @@ class CFL(ClusteredStrategy):
         "size": "too few members or replies to split (min-split-size) or the run ended before min-split-round",
         "deferred": "every proposed split deferred: two successive rounds never gave the same partition of the "
                     "cluster's clients (split-agreement)",
+        "reference": "every split leaving a side of fewer than min-split-size clients scored no better than "
+                     "group-free rotations of the updates",
     }
 
 

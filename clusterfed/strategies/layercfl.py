@@ -106,6 +106,8 @@ class LayerCFL(ClusteredStrategy):
         "size": "too few members or replies to split, or the run ended before min-split-round",
         "deferred": "every proposed split deferred: two successive rounds never gave the same partition of the "
                     "cluster's clients (split-agreement)",
+        "reference": "every split leaving a side of fewer than min-split-size clients scored no better than "
+                     "group-free rotations of the selected layers' updates",
     }
 
     @property
