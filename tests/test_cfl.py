@@ -16,7 +16,8 @@ from clusterfed.strategies.cfl import CFL
 # a tiny "model": one conv and one fc layer, 164 numbers in all
 SHAPES = {"conv1.weight": (8, 1, 3, 3), "conv1.bias": (8,), "fc1.weight": (4, 20), "fc1.bias": (4,)}
 DIM = sum(int(np.prod(s)) for s in SHAPES.values())
-ALWAYS_SPLIT = {"split-criteria": "absolute", "eps1": 1e6, "eps2": 1e-6, "min-split-round": 1}
+# the tree's mechanics under the paper's timing (split-timing = criteria): a split whenever a cut passes
+ALWAYS_SPLIT = {"split-timing": "criteria", "split-criteria": "absolute", "eps1": 1e6, "eps2": 1e-6, "min-split-round": 1}
 
 
 def arrays_of(vector):
@@ -230,7 +231,10 @@ def test_cfl_equals_fedavg_until_its_first_split_then_recovers_the_groups(small_
     split = clusters["splits"][0]
     assert set(split) >= {"round", "parent", "children", "members", "criterion", "gap", "true_group_gap",
                           "similarity"}
-    assert split["criterion"]["stationary"] and split["criterion"]["heterogeneous"]
+    # split-timing = evidence (the default): taken when two successive rounds' partitions agree;
+    # Sattler's criteria are recorded, no longer required (the paper's timing: split-timing = criteria)
+    assert split["reproduction"]["agreement"] >= 0.8 and split["reproduction"]["source"] == f"rounds {first - 1} and {first}"
+    assert set(split["criterion"]) >= {"stationary", "heterogeneous"}
     assert split["true_group_gap"] > 0 and split["gap"] > 0
     written = plot_split_figures(cfl.out_dir)
     assert sorted(p.name for p in written) == ["similarity_splits.png", "split_timeline.png", "update_norms.png"]
@@ -278,10 +282,11 @@ BIPARTITIONING_FIELDS = {
     "aggregator_state", "assignment", "compared", "dp_releases", "final_clustering_round", "last_criteria",
     "max_mean_norm", "merge_refused", "merged", "merges", "models", "newcomer_log", "next_cluster_id",
     "provisional", "rng", "routes", "shapes", "silent", "sketched", "split_allowed", "split_models", "splits",
-    "theta0", "tree"}
+    "theta0", "tree", "proposals", "merge_kept", "said_compared", "split_timing"}
 CHECKPOINT_FIELDS = {
     "cfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch"},
-    "layercfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "layer_rule", "selected_names"},
+    "layercfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "layer_rule", "selected_names",
+                                         "candidates", "candidate_partitions", "layer_settled", "layer_evidence"},
     "hicfl": BIPARTITIONING_FIELDS | {"eps_rel", "epsilon", "last_timing", "layer_keys", "layer_sizes", "layers",
                                       "no_split", "samples", "scales", "tracker", "windows_filled", "xi"},
 }

@@ -15,7 +15,9 @@ from clusterfed.clustering.vectors import side_of
 
 # the paper's rule: absolute ε, every member below it, sign of the cosine with the reference,
 # heterogeneity stop rule (no structure test), no merging
-PAPER = {"hicfl_timing": "all", "hicfl_split": "reference", "hicfl_min_silhouette": -1, "merge": False}
+# the paper's rules, its stability timing included (split-timing = criteria; the default splits on evidence)
+PAPER = {"split_timing": "criteria", "hicfl_timing": "all", "hicfl_split": "reference", "hicfl_min_silhouette": -1,
+         "merge": False}
 UNIT = {"split_criteria": "relative", "window": 3, "stability_eps": 0.5, "xi": 1e-9, "min_split_round": 1, **PAPER}
 
 
@@ -165,7 +167,7 @@ def test_hicfl_run_recovers_two_groups(small_config, tmp_path):
 @pytest.mark.end_to_end
 def test_hicfl_never_splits_with_a_tiny_epsilon(small_config, tmp_path):
     config = small_config(strategy="hicfl", partitioner="label-groups", label_groups="0-4;5-9", num_clients=8,
-                          rounds=10, stability_eps=1e-9)
+                          rounds=10, stability_eps=1e-9, split_timing="criteria")  # the stability timing
     simulate(config, engine="inprocess", stream=None)
     clusters = json.load(open(f"{config.out_dir}/clusters.json"))
     assert clusters["splits"] == [] and clusters["final_clustering_round"] is None

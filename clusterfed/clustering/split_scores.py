@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.cluster.hierarchy import cut_tree, fcluster, linkage
 from scipy.spatial.distance import squareform
 from sklearn.metrics import silhouette_score
 
@@ -165,3 +165,28 @@ def best_cut_silhouette(S: np.ndarray, max_clusters: int) -> tuple[float, int]:
         if 2 <= found <= m - 1:  # ties in the dendrogram can make a k unreachable
             scored.append((float(silhouette_score(D, labels, metric="precomputed")), int(found)))
     return max(scored) if scored else best
+
+
+def best_cut_labels(S: np.ndarray, max_clusters: int) -> np.ndarray:
+    """The labels of ``best_cut_silhouette``'s cut (complete linkage on ``1 - S``, the cut into
+    2..``max_clusters`` clusters with the best silhouette); the bi-partition when no cut can be
+    scored (m < 3 or ties everywhere), all zeros for fewer than two rows."""
+    S = as_similarity(S)
+    m = S.shape[0]
+    if m < 2:
+        return np.zeros(m, dtype=int)
+    if m < 3:
+        return np.arange(m)
+    D = cosine_distances(S)
+    Z = linkage(squareform(D, checks=False), method="complete")
+    best: tuple[float, np.ndarray] | None = None
+    for k in range(2, min(int(max_clusters), m - 1) + 1):
+        labels = fcluster(Z, t=k, criterion="maxclust")
+        if 2 <= np.unique(labels).size <= m - 1:
+            score = float(silhouette_score(D, labels, metric="precomputed"))
+            if best is None or score > best[0]:
+                best = (score, labels)
+    if best is None:
+        labels = fcluster(Z, t=2, criterion="maxclust")
+        return np.asarray(labels if np.unique(labels).size == 2 else cut_tree(Z, n_clusters=2).ravel(), dtype=int)
+    return np.asarray(best[1], dtype=int)

@@ -30,6 +30,7 @@ ONE_CLUSTER_ADVICE = {
     "agree": "compare-arrays naming the layers that differ between groups, or FedClust",
     "one_side": "a smaller hicfl.min-side",
     "reference": "more clients per round (fraction-train) or a smaller min-split-size",
+    "deferred": "more rounds if the groups are real but their partition still moves, or a lower split-agreement",
 }
 
 # HiCFL: why a ready cluster did not split (the ``reason`` of its ``no_split`` entries)
@@ -37,7 +38,8 @@ NO_SPLIT_TEXT = {"agree": "updates agree (not heterogeneous)",
                  "one_side": "a side with fewer than hicfl-min-side members, or everyone on the reference's side",
                  "silhouette": "no ready layer's split passed the structure test",
                  "reference": "a split leaving a side of fewer than min-split-size members scored no better than "
-                              "group-free rotations of the members' updates"}
+                              "group-free rotations of the members' updates",
+                 "deferred": "successive rounds' partitions of the members disagreed (split-agreement)"}
 
 
 def is_hicfl(state: Any) -> bool:
@@ -100,6 +102,10 @@ def cfl_refusal_numbers(state: Any, params: Any) -> str | None:
                 key=lambda r: r["check"]["gamma_max"] - r["check"]["bound"])
         return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: estimated γ_max "
                 f"{r['check']['gamma_max']:.3f} >= bound {r['check']['bound']:.3f}")
+    if top == "deferred":
+        r = max((r for r in refused if r["reason"] == "deferred"), key=lambda r: r.get("agreement") or -2.0)
+        return (f"closest deferral: round {r['round']}, cluster {r['cluster']}: {r['evidence']} "
+                f"(best-cut silhouette {r['best_cut_silhouette']:.3f})")
     r = max((r for r in refused if r["reason"] == top),
             key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
     basis = (f"group-free reference {r['reference_silhouette']:.3f}" if r.get("reference_silhouette") is not None
@@ -122,6 +128,9 @@ def hicfl_refusal_numbers(state: Any, params: Any) -> str | None:
         n = max(entries, key=lambda n: max(n["silhouettes"].values()))
         return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: best layer silhouette "
                 f"{max(n['silhouettes'].values()):.3f} < min-silhouette {params.min_silhouette}")
+    if top == "deferred":
+        n = max(entries, key=lambda n: n.get("agreement") if n.get("agreement") is not None else -2.0)
+        return f"closest deferral: round {n['round']}, cluster {n['cluster']}: {n['evidence']}"
     if top == "reference":
         n = max(entries, key=lambda n: max(n["silhouettes"].values()) - n["reference_silhouette"])
         return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: silhouette "
@@ -165,12 +174,28 @@ def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str 
     return f"{reason}; {numbers}" if numbers else reason
 
 
-def one_cluster_advice(state: Any) -> str | None:
-    """What to try, by the reason the splits never happened (``ONE_CLUSTER_ADVICE``)."""
+def one_cluster_advice(state: Any, params: Any = None) -> str | None:
+    """What to try, by the reason the splits never happened (``ONE_CLUSTER_ADVICE``), never a
+    value already in force (``params``: the run's settings)."""
     codes = refusal_codes(state)
     code = (Counter(codes).most_common(1)[0][0] if codes
             else ("size" if not state.split_allowed else timing_code(state)))
-    return ONE_CLUSTER_ADVICE.get(code)
+    advice = ONE_CLUSTER_ADVICE.get(code)
+    if advice is None or params is None:
+        return advice
+    if code == "criteria":
+        options = ["more rounds"]
+        if getattr(params, "split_criteria", None) != "relative":
+            options.append("split-criteria = relative (rel-eps1, rel-eps2: the criteria scaled to the updates)")
+        if getattr(params, "split_timing", None) == "criteria":
+            options.append("split-timing = evidence (split when two successive rounds agree)")
+        options.append("or FedClust, which clusters once from the first round")
+        return ", ".join(options)
+    if code == "stability" and getattr(params, "split_timing", None) == "criteria":
+        return advice + ", or split-timing = evidence"
+    if code == "check" and not getattr(params, "correct_clustering_check", True):
+        return None
+    return advice
 
 
 def merge_evidence(params: Any, merge: dict[str, Any]) -> str:
@@ -195,6 +220,11 @@ def merge_refusal(state: Any, params: Any) -> str:
     if not pair:
         return "no two leaves replied in one round to compare"
     where = f"the closest pair of leaves (round {pair['round']}, clusters {pair['clusters'][0]} and {pair['clusters'][1]})"
+    kept = next((m for m in reversed(getattr(state, "merge_kept", [])) if m["round"] == pair["round"]
+                 and sorted(m["leaves"]) == sorted(pair["clusters"])), None)
+    if kept is not None:
+        return (f"{where} passed the merge rule but their split still reproduces (ARI {kept['agreement']:.2f} >= "
+                f"split-agreement {c.split_agreement})")
     if pair["cosine"] < c.merge_min_cosine:
         return f"{where} had round cosine {pair['cosine']:.3f} < merge-min-cosine {c.merge_min_cosine}"
     if pair.get("silhouette") is not None and pair["silhouette"] > c.merge_max_silhouette:
@@ -224,8 +254,18 @@ def cluster_count_basis(state: Any, params: Any) -> str | None:
     shown = "; ".join(f"round {s['round']}, cluster {s['parent']}: {name} {value:.3f} vs {threshold:.3f}"
                       for s, (name, value, threshold) in closest)
     splits = f"{len(state.splits)} splits accepted" + (f" (closest to their threshold: {shown})" if shown else "")
-    return (f"{splits}, {len(state.merges)} merges; no further merge: {merge_refusal(state, params)}; "
+    alone = sorted((c, keys[0]) for c, keys in members_of(state).items() if len(keys) == 1)
+    single = ("; " + ", ".join(f"cluster {c} is a single client ({key})" for c, key in alone)) if alone else ""
+    return (f"{splits}, {len(state.merges)} merges{single}; no further merge: {merge_refusal(state, params)}; "
             f"no further split: {split_refusal(state, params)}")
+
+
+def members_of(state: Any) -> dict[int, list[str]]:
+    """cluster -> its members (``state.assignment``)."""
+    out: dict[int, list[str]] = {}
+    for key, cluster in state.assignment.items():
+        out.setdefault(cluster, []).append(key)
+    return out
 
 
 
@@ -257,7 +297,7 @@ def strategy_reason(strategy: Any, clients: Any = None) -> str | None:
 
 
 def strategy_advice(strategy: Any) -> str | None:
-    return one_cluster_advice(strategy.state)
+    return one_cluster_advice(strategy.state, strategy.params)
 
 
 def strategy_basis(strategy: Any) -> str | None:

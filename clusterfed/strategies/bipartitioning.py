@@ -5,7 +5,11 @@ size and timing rules, and hands the split to the algorithm's decision, a functi
 with — ``decide(tree, state, server_round, cluster, replies, criteria, clients, reports)`` —
 which proposes, tests and, to split, calls ``tree.apply_split``. It also merges leaves (beyond
 the papers, ``merge``), leaves out the arrays no client changed, and places clients by replaying
-splits. It never calls its strategy: every method gets the ``state`` (and the clients, the
+splits. With ``split-timing = evidence`` (the default) the criteria are recorded, not waited for:
+a split is taken when this round's partition of the cluster's repliers reproduces an earlier
+round's (``reproduce``, ``clustering/reproducible.py``), a split's children inherit that
+partition, and a merge never undoes a split that still reproduces (``still_split``). It never
+calls its strategy: every method gets the ``state`` (and the clients, the
 reports list) as arguments; what differs is given at construction as functions of the state.
 
 Descent: newcomers, and members that sat out their cluster's split round (placed at once on
@@ -28,7 +32,9 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, split_criteria
+from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, bipartition, split_criteria
+from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare
+from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
 from clusterfed.clustering.split_rules import merge_pairs
 from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
@@ -38,6 +44,17 @@ from clusterfed.core.exchange import (RETURN_UPDATE, Arrays, ClientInfo, Diagnos
 
 class BiPartitioningParams(StrategyParams):
     """Split criteria, size/timing rules and merging, shared by CFL, LayerCFL and HiCFL."""
+
+    split_timing: Literal["evidence", "criteria"] = Field(
+        "evidence", alias="split-timing",
+        description="evidence: every round from min-split-round a cluster's split is proposed and taken only when "
+                    "two successive rounds' updates give the same partition of its clients (ARI >= split-agreement) "
+                    "and merges only when they still do not separate the two leaves; criteria: the paper's timing "
+                    "rule (CFL: Sattler's criteria, HiCFL: model stability) decides when, the paper's presets")
+    split_agreement: float = Field(
+        DEFAULT_AGREEMENT, alias="split-agreement", ge=-1, le=1,
+        description="split-timing = evidence: the agreement (adjusted Rand index) two successive rounds' partitions "
+                    "must reach for a split, and that keeps two leaves from merging")
 
     split_criteria: Literal["relative", "absolute"] = Field(
         "relative", alias="split-criteria",
@@ -89,7 +106,19 @@ class BiPartitioningState(ClusteredState):
     sketched: bool | None = None  # update-storage: compact vectors (decided when the first is kept)
     last_criteria: dict[str, Any] | None = None  # the last cluster's split criteria (round included), for the reason
     merge_refused: dict[str, Any] | None = None  # the last round's closest pair of leaves not merged, for the basis
+    # split-timing = evidence: cluster -> its last partitions (newest last, PROPOSALS_KEPT), each
+    # {"round", "best": {client: label}, "two": {client: side}}; a split's children inherit theirs
+    proposals: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    merge_kept: list[dict[str, Any]] = field(default_factory=list)  # merges refused: the split still reproduces
+    # the timing this run started with (``init``: split-timing); a checkpoint written before the
+    # field existed resumes with the timing it ran with, the criteria
+    split_timing: str = "criteria"
+    said_compared: bool = True  # round 1's line named what the strategy compares (``init``: False)
 
+
+
+PROPOSALS_KEPT = 6  # partitions kept per cluster: partial participation compares with the latest sharing enough clients
+MIN_COMMON = 4  # clients two rounds' partitions must share to be compared
 
 
 def compared_arrays(state: BiPartitioningState) -> list[str]:
@@ -172,6 +201,8 @@ class BiPartitionTree:
         if root != state.tree.root_id:
             raise RuntimeError(f"the tree's root {state.tree.root_id} and the first cluster {root} must coincide")
         state.compared = compared
+        state.split_timing = self.params.split_timing
+        state.said_compared = False
 
     # ------------------------------------------------------------ newcomers
     def admit(self, state: BiPartitioningState, server_round: int, keys: list[str]) -> Any:
@@ -278,6 +309,52 @@ class BiPartitionTree:
         return (server_round >= self.params.min_split_round and len(state.tree.members(cluster)) >= size
                 and len(replies) >= size and cluster not in state.merged)
 
+    # ------------------------------------------------------------ evidence (split-timing = evidence)
+    def evidence(self, state: BiPartitioningState) -> bool:
+        """Whether this run splits on evidence (``split-timing``, as the run started)."""
+        return state.split_timing == "evidence"
+
+    def reproduce(self, state: BiPartitioningState, server_round: int, cluster: int, keys: list[str],
+                  U: np.ndarray) -> Reproduction | str:
+        """This round's partition of ``keys`` (rows of ``U``, this round's own updates: independent
+        SGD draws from the earlier rounds') kept for ``cluster``, and compared with its latest earlier
+        partition sharing at least ``MIN_COMMON`` clients: the best-silhouette cut (2..split-silhouette-max-k)
+        and the bi-partition, the better agreement of the two. A string when nothing can be compared."""
+        S = cosine_similarity_matrix(np.asarray(U, dtype=np.float64))
+        best = best_cut_labels(S, self.params.split_silhouette_max_k)
+        side_a, _ = bipartition(S) if len(keys) >= 2 else (np.arange(len(keys)), None)
+        two = np.ones(len(keys), dtype=int)
+        two[side_a] = 0
+        now = {"round": server_round, "best": {k: int(v) for k, v in zip(keys, best)},
+               "two": {k: int(v) for k, v in zip(keys, two)}}
+        history = [p for p in state.proposals.get(cluster, []) if p["round"] < server_round]
+        state.proposals[cluster] = (history + [now])[-PROPOSALS_KEPT:]
+        if not history:
+            return "no earlier round to compare"
+        need = max(MIN_COMMON, min(self.params.min_split_size, len(keys)))
+        for earlier in reversed(history):
+            common = [k for k in keys if k in earlier["best"]]
+            if len(common) >= need:
+                source = f"rounds {earlier['round']} and {server_round}"
+                found = [compare([earlier[kind][k] for k in common], [now[kind][k] for k in common], source)
+                         for kind in ("best", "two")]
+                return max(found, key=lambda r: r.agreement)
+        return f"rounds {history[-1]['round']} and {server_round} share fewer than {need} clients"
+
+    def inherit(self, state: BiPartitioningState, cluster: int, children: tuple[int, int],
+                sides: tuple[list[str], list[str]]) -> None:
+        """A split's children start with this round's partition of their own members (the evidence
+        a child's next round is compared with)."""
+        latest = state.proposals.pop(cluster, [])
+        if not latest:
+            return
+        last = latest[-1]
+        for child, keys in zip(children, sides):
+            kept = [k for k in keys if k in last["best"]]
+            if kept:
+                state.proposals[child] = [{"round": last["round"], "best": {k: last["best"][k] for k in kept},
+                                           "two": {k: last["two"][k] for k in kept}}]
+
     def thresholds(self) -> dict[str, Any]:
         c = self.params
         return {"mode": c.split_criteria, "eps1": c.eps1, "eps2": c.eps2, "rel_eps1": c.rel_eps1, "rel_eps2": c.rel_eps2}
@@ -299,8 +376,10 @@ class BiPartitionTree:
 
     # ------------------------------------------------------------ the round
     def after_train(self, state: BiPartitioningState, server_round: int, replies: list[TrainReply],
-                    clients: dict[str, ClientInfo], reports: list[Any], silent: str | None = None) -> Diagnostics:
-        """Per leaf that replied: the criteria, then the algorithm's decision; then merging."""
+                    clients: dict[str, ClientInfo], reports: list[Any], silent: str | None = None, *,
+                    name: str = "", intro: str | None = None) -> Diagnostics:
+        """Per leaf that replied: the criteria, then the algorithm's decision; then merging. The
+        round's words (``decision``): ``silent``, then ``name: intro; what each decision said``."""
         by_cluster: dict[int, list[TrainReply]] = defaultdict(list)
         for reply in sorted(replies, key=lambda r: natural(r.key)):  # positions follow key order
             if reply.cluster in state.models and state.tree.node(reply.cluster).is_leaf:
@@ -316,11 +395,19 @@ class BiPartitionTree:
             found = self.decide(self, state, server_round, cluster, group, decision, clients, reports) or {}
             for key, records in found.items():
                 diagnostics.setdefault(key, []).extend(records)
+        words = diagnostics.pop("words", [])
         if self.params.merge:
+            kept = len(state.merge_kept)
             diagnostics["merges"] = self.merge_leaves(
                 state, server_round, {c: g for c, g in by_cluster.items() if state.tree.node(c).is_leaf}, clients)
-        if silent:
-            diagnostics["decision"] = silent
+            words += [f"clusters {m['leaves'][0]} and {m['leaves'][1]} not merged: their split still reproduces "
+                      f"(ARI {m['agreement']:.2f} >= {self.params.split_agreement:.2f})" for m in state.merge_kept[kept:]]
+            words += [f"clusters {m['merged'][0]} and {m['merged'][1]} merged into {m['into']} (round cosine "
+                      f"{m['cosine']:.2f})" for m in diagnostics["merges"]]
+        words = ([intro] if intro else []) + words
+        said = "; ".join(([silent] if silent else []) + ([f"{name}: " + "; ".join(words)] if words else []))
+        if said:
+            diagnostics["decision"] = said
         return {**diagnostics, "split_criteria": report, "last_split_round": state.final_clustering_round}
 
     def apply_split(self, state: BiPartitioningState, server_round: int, cluster: int, keys_a: list[str],
@@ -337,6 +424,7 @@ class BiPartitionTree:
         state.max_mean_norm.pop(cluster, None)
         state.routes[cluster] = route
         state.split_models[cluster] = model
+        self.inherit(state, cluster, (a, b), (keys_a, keys_b))
         record = {"round": server_round, "parent": cluster, "children": [a, b], "members": [keys_a, keys_b], **record}
         state.splits.append(record)
         state.final_clustering_round = server_round
@@ -357,6 +445,8 @@ class BiPartitionTree:
         c = self.params
         pairs = merge_pairs(updates, min_cosine=c.merge_min_cosine, max_silhouette=c.merge_max_silhouette,
                             drift=lambda a, b: self.drift_cosine(state, a, b, names), min_drift_members=c.min_split_size)
+        if self.evidence(state):
+            pairs = [p for p in pairs if not self.still_split(state, server_round, p.a, p.b, updates)]
         summaries = []
         for pair in pairs:
             silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
@@ -368,6 +458,25 @@ class BiPartitionTree:
                                                self.params.merge_min_cosine,
                                                lambda a, b: self.drift_cosine(state, a, b, names))
         return summaries
+
+    def still_split(self, state: BiPartitioningState, server_round: int, a: int, b: int,
+                    updates: dict[int, np.ndarray]) -> bool:
+        """Whether the split between leaves ``a`` and ``b`` still reproduces this round: the
+        bi-partition of their members' updates agrees with their membership (ARI >= split-agreement).
+        A merge never undoes such a split; a refused merge is kept (``merge_kept``)."""
+        Ua, Ub = np.atleast_2d(updates[a]), np.atleast_2d(updates[b])
+        if Ua.shape[0] + Ub.shape[0] < 3:
+            return False
+        S = cosine_similarity_matrix(np.vstack([Ua, Ub]).astype(np.float64))
+        side_a, _ = bipartition(S)
+        found = np.ones(S.shape[0], dtype=int)
+        found[side_a] = 0
+        membership = np.r_[np.zeros(Ua.shape[0], dtype=int), np.ones(Ub.shape[0], dtype=int)]
+        check = compare(membership, found, f"clusters {a} and {b}")
+        if not check.reproduces(self.params.split_agreement):
+            return False
+        state.merge_kept.append({"round": server_round, **check.as_record(), "leaves": [a, b]})
+        return True
 
     def drift_cosine(self, state: BiPartitioningState, a: int, b: int, names: list[str]) -> float:
         """Cosine of the clusters' model drifts since the split that separated them (NaN: none)."""
@@ -389,7 +498,8 @@ class BiPartitionTree:
             raise RuntimeError(f"merge of {a} and {b}: tree node {merged} but new cluster {made}")
         for key in keys_a + keys_b:
             state.assignment[key] = merged
-        state.merged.add(merged)
+        if not self.evidence(state):  # the paper's timing: a merged leaf is final; on evidence it may split again
+            state.merged.add(merged)
         for cluster in (a, b):
             state.max_mean_norm.pop(cluster, None)
         record = {"round": server_round, "merged": [a, b], "into": merged, "members": [keys_a, keys_b], **record}

@@ -12,7 +12,10 @@ Constraints", IEEE TNNLS 2020), Algorithm 1, read top to bottom:
   ``argmin max α`` by complete linkage, both children starting from the cluster's model.
 
 Beyond the paper, each a ``Params`` field listed with the paper's rule, our default and the
-``PAPER`` preset in docs/algorithms/cfl.md: the acceptance test (best-cut silhouette on
+``PAPER`` preset in docs/algorithms/cfl.md: the split timing (``split-timing = evidence``: the
+criteria are recorded, and a split that passes the acceptance test is taken only when two
+successive rounds' partitions of the repliers agree, ``BiPartitionTree.reproduce``; the paper's
+``criteria`` is the preset's), the acceptance test (best-cut silhouette on
 ``1 − α`` against ``split-min-silhouette`` or group-free updates; refusals in
 ``refused_splits``), summed updates (``similarity-decay``), principal components
 (``similarity-rank``), the pool a split is judged on (``similarity-pool``), merging and compact
@@ -39,7 +42,9 @@ from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.principal_scores import principal_scores
 from clusterfed.clustering.split_scores import (best_cut_silhouette, cosine_similarity_matrix, separation_gap,
     split_silhouette)
-from clusterfed.clustering.vectors import (check_record, decision_record, kept_vectors, required_structure,
+from clusterfed.clustering.layer_split import small_side_reference
+from clusterfed.clustering.reproducible import Reproduction
+from clusterfed.clustering.vectors import (check_record, decision_record, flatten, kept_vectors, required_structure,
     similarity_record, stack_float64)
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies.base import ClusteredStrategy
@@ -55,6 +60,7 @@ SMALL_CLIENT_EXAMPLES = 50
 SMALL_CLIENT_DECAY = 0.8
 PRINCIPAL_MIN_REPLIES = 40
 PRINCIPAL_RANK = 5
+SMALL_SIDE_DRAWS = 99  # split-timing = evidence: rotation draws a split leaving a small side must beat (as HiCFL's)
 
 
 class CFLParams(BiPartitioningParams):
@@ -97,7 +103,7 @@ class CFLState(BiPartitioningState):
 
 # the paper's Algorithm 1 with no extension (docs/algorithms/cfl.md, "Differences from the paper")
 PAPER_CFL: dict[str, Any] = {
-    "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 20, "min_split_size": 3,
+    "split_timing": "criteria", "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 20, "min_split_size": 3,
     "split_min_silhouette": -1.0, "split_silhouette_max_k": 2, "split_reference_draws": 0,
     "similarity_decay": 0.0, "similarity_rank": 0, "similarity_pool": "repliers", "merge": False,
     "update_storage": "exact",
@@ -154,11 +160,17 @@ def similarity_rank(params: CFLParams, replies: int) -> int:
 def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, replies: list[TrainReply],
            decision: SplitDecision, clients: dict[str, ClientInfo], reports: list[Any], *, params: CFLParams,
            names: Callable[[Any], list[str]], check: Callable[..., Any] | None = None,
-           enforce: bool = False) -> Diagnostics | None:
+           enforce: bool = False, wait: Callable[[Any], str | None] | None = None) -> Diagnostics | None:
     """A near-stationary, heterogeneous cluster of enough members is cut in two by complete
     linkage of its clients' cosine similarities on the arrays ``names(state)``, if the cut
     passes the acceptance test (and ``check``, LayerCFL's, when ``enforce``)."""
-    if not (decision.split and tree.may_split(state, server_round, cluster, replies)):
+    layers = names(state)
+    # split-timing = evidence: this round's partition, kept every round, compared with the last
+    evidence = tree.evidence(state)
+    reproduction = (tree.reproduce(state, server_round, cluster, [r.key for r in replies],
+                                   stack_float64([flatten(r.update, layers) for r in replies]))
+                    if evidence and len(replies) >= 2 and cluster not in state.merged else None)
+    if not (tree.may_split(state, server_round, cluster, replies) and (evidence or decision.split)):
         return None
     # α: the similarity of the clients' vectors (similarity-pool, -decay, -rank), two sides
     keys = similarity_pool(params, state, cluster, [r.key for r in replies])
@@ -175,7 +187,6 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
     required, reference = required_structure(U, structure, fixed=params.split_min_silhouette, max_k=max_k,
                                              rank=rank, draws=params.split_reference_draws, seed=params.seed)
     compared = SplitCompared(keys, S)
-    layers = names(state)
     record: dict[str, Any] = {
         "criterion": decision_record(decision), "gap": gap, "silhouette": silhouette,
         "best_cut_silhouette": structure, "best_cut_k": structure_k, "required_silhouette": required,
@@ -187,15 +198,44 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
     if structure < required or (reference is not None and structure <= reference):
         refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "silhouette", "members": sides,
                                 **record}, compared)
+        short = (f"< required {required:.2f}" if structure < required
+                 else f"<= group-free updates' {reference:.2f}")
         return {"refused_splits": [{"cluster": cluster, "reason": "silhouette", "gap": gap,
-                                    "silhouette": silhouette, "best_cut_silhouette": structure}]}
+                                    "silhouette": silhouette, "best_cut_silhouette": structure}],
+                "words": [f"cluster {cluster} not split: no structure (best-cut silhouette {structure:.2f} {short})"]}
+    if evidence:
+        # a small side (2 to min-split-size - 1 members) must also beat group-free rotations of the
+        # updates: successive rounds share each client's own data, so a 2 | 2 cut of one group can
+        # reproduce (HiCFL's small-side test, measured on the model matrix's GRU cell)
+        small = small_side_reference(U, min(len(side_a), len(side_b)), rule="linkage", draws=SMALL_SIDE_DRAWS,
+                                     min_split_size=params.min_split_size, max_k=max_k, seed=params.seed)
+        if small is not None and structure <= small:
+            refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "reference", "members": sides,
+                                    **record, "required_silhouette": small}, compared)
+            return {"refused_splits": [{"cluster": cluster, "reason": "reference", "best_cut_silhouette": structure,
+                                        "reference_silhouette": small}],
+                    "words": [f"cluster {cluster} not split: a side of {min(len(side_a), len(side_b))} clients scored "
+                              f"no better than group-free rotations (best-cut silhouette {structure:.2f} <= {small:.2f})"]}
     if checked is not None:
         record["check"] = check_record(checked)
         if not checked.passed and enforce:
             refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "check", "members": sides,
                                     **record}, compared)
             return {"refused_splits": [{"cluster": cluster, "reason": "check", "gap": gap,
-                                        "silhouette": silhouette, **record["check"]}]}
+                                        "silhouette": silhouette, **record["check"]}],
+                    "words": [f"cluster {cluster} not split: the correct-clustering check failed"]}
+    if evidence:  # the split is taken only when two rounds' partitions agree (and LayerCFL's layers reproduced)
+        bound = params.split_agreement
+        waiting = wait(state) if wait is not None else None
+        if waiting or not isinstance(reproduction, Reproduction) or not reproduction.reproduces(bound):
+            said = waiting or (reproduction if isinstance(reproduction, str) else reproduction.words(bound))
+            agreement = reproduction.agreement if isinstance(reproduction, Reproduction) else None
+            refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "deferred", "members": sides,
+                                    "agreement": agreement, "evidence": said, **record}, compared)
+            return {"refused_splits": [{"cluster": cluster, "reason": "deferred", "agreement": agreement,
+                                        "best_cut_silhouette": structure}],
+                    "words": [f"split of cluster {cluster} deferred: {said}"]}
+        record["reproduction"] = reproduction.as_record()
     # two children from the cluster's model; the model the members trained from this round
     # is what a newcomer replays the split on
     keys_a, keys_b = sides
@@ -208,7 +248,12 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
     record["similarity"] = similarity_record(keys, S)
     summary = tree.apply_split(state, server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route,
                                compared, reports)
-    return {"splits": [summary]}
+    a, b = summary["children"]
+    why = (reproduction.words(params.split_agreement) if isinstance(reproduction, Reproduction)
+           else f"Sattler's criteria held (mean-update norm {decision.mean_norm:.3g}, max {decision.max_norm:.3g})")
+    sizes = f"{len(keys_a) + len(extra_a)} | {len(keys_b) + len(extra_b)} clients"
+    return {"splits": [summary], "words": [f"cluster {cluster} split into {a} and {b} ({sizes}): {why}, "
+                                           f"best-cut silhouette {structure:.2f}"]}
 
 
 def refuse(state: CFLState, reports: list[Any], record: dict[str, Any], compared: SplitCompared) -> None:
@@ -230,11 +275,30 @@ def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply]) -
     state, c, tree = strategy.state, strategy.params, strategy.bipartition
     keep_vectors(state, replies, strategy.decision_names(), similarity_decay(c, rnd.clients),
                  tree.compact(state, rnd.clients), c.sketch_dim, c.seed)
-    silent = tree.leave_out_silent(state, replies, type(strategy).__name__)
+    name = type(strategy).__name__
+    silent = tree.leave_out_silent(state, replies, name)
     if silent:
         strategy.compared_changed()
+    intro = None
+    if silent or not state.said_compared:  # round 1 (and a changed comparison) names what is compared
+        intro = strategy.compared_words()
+        state.said_compared = True
     # refused_splits: a column every round, [] when ``decide`` refused none
-    return {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports, silent)}
+    return {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports, silent,
+                                                     name=name, intro=intro)}
+
+
+def shown_names(names: list[str], most: int = 4) -> str:
+    """``a, b, c, d and 3 more``."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def timing_words(params: Any) -> str:
+    """How a split is timed, in words, for round 1's line."""
+    if params.split_timing == "evidence":
+        return (f"a split is taken when two successive rounds give the same partition "
+                f"(ARI >= {params.split_agreement:.2f}), from round {params.min_split_round}")
+    return f"a split is timed by the paper's rule, from round {params.min_split_round}"
 
 
 class CFL(ClusteredStrategy):
@@ -254,6 +318,10 @@ class CFL(ClusteredStrategy):
         "silhouette": "every proposed split refused by the structure test: best-cut silhouette below split-min-silhouette "
                       "and below what group-free updates of the same size reach",
         "size": "too few members or replies to split (min-split-size) or the run ended before min-split-round",
+        "deferred": "every proposed split deferred: two successive rounds never gave the same partition of the "
+                    "cluster's clients (split-agreement)",
+        "reference": "every split leaving a side of fewer than min-split-size clients scored no better than "
+                     "group-free rotations of the updates",
     }
 
 
@@ -277,6 +345,12 @@ class CFL(ClusteredStrategy):
 
     def compared_changed(self) -> None:
         """Arrays no client changed left the comparison: CFL compares every array left, nothing to pick again."""
+
+    def compared_words(self) -> str:
+        """What CFL compares, for round 1's line."""
+        names = self.state.compared
+        return (f"compares the cosine similarity of the clients' updates of every trained array ({len(names)}: "
+                f"{shown_names(names)}); {timing_words(self.params)}")
 
     after_train = split_after_training
 

@@ -50,7 +50,8 @@ from clusterfed.clustering.bipartition import SplitDecision
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.clustering.split_scores import separation_gap
 from clusterfed.clustering.stability import StabilityTracker
-from clusterfed.clustering.vectors import decision_record, side_of, similarity_record
+from clusterfed.clustering.reproducible import Reproduction
+from clusterfed.clustering.vectors import decision_record, flatten, side_of, similarity_record, stack_float64
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies import hicfl_stability as windows
 from clusterfed.strategies.base import ClusteredStrategy, StrategyParamsError
@@ -126,7 +127,7 @@ class HiCFLState(BiPartitioningState):
 # ε absolute, 0.5·η (``stability-eps = lr``), every member below it, the reference sign rule on
 # raw updates, the stop rule on Sattler's absolute criteria, no fallback, side or merge rule
 PAPER_HICFL: dict[str, Any] = {
-    "stability_eps": "lr", "xi": "auto", "timing": "all", "split": "reference", "centre_updates": False,
+    "split_timing": "criteria", "stability_eps": "lr", "xi": "auto", "timing": "all", "split": "reference", "centre_updates": False,
     "min_silhouette": -1.0, "min_kept_fraction": 0.0, "min_side": 1, "small_side_reference_draws": 0,
     "merge": False, "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 1,
     "min_split_size": 2, "update_storage": "exact",
@@ -146,7 +147,19 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
     # participation); under partial participation only those with full windows vote
     # and propose, the others follow their update after the split (module docstring)
     present = [k for k in members if k in replied]
-    if params.fraction_train < 1:
+    evidence = tree.evidence(state)
+    # split-timing = evidence: this round's partition of the repliers, kept every round and
+    # compared with the last (the stability windows do not time the split)
+    reproduction = None
+    if evidence and len(replies) >= 2 and cluster not in state.merged:
+        names = [n for layer in layers for n in state.layer_keys[layer]]
+        reproduction = tree.reproduce(state, server_round, cluster, [r.key for r in replies],
+                                      stack_float64([flatten(r.update, names) for r in replies]))
+    if evidence:
+        present = [k for k in present if all(tracker.last_update(k, layer) is not None for layer in layers)]
+        if len(present) < params.min_split_size:
+            return None
+    elif params.fraction_train < 1:
         present = [k for k in present if all(tracker.windowed(k, layer) is not None for layer in layers)]
         if len(present) < params.min_split_size:
             return None
@@ -155,7 +168,7 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
     if not tree.may_split(state, server_round, cluster, replies):
         return None
     windows.note_timing(state, params, server_round, cluster, values, threshold)
-    ready = ready_layers(values, threshold, params.timing)
+    ready = list(layers) if evidence else ready_layers(values, threshold, params.timing)
     if not ready:
         return None
     structure_test = params.min_silhouette > -1
@@ -177,8 +190,20 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
     if reference is not None and choice.silhouette <= reference:  # a few members of one group: noise
         return no_split(state, server_round, cluster, choice.layer, "reference", decision,
                         silhouettes=choice.silhouettes, reference_silhouette=reference)
-    return split(tree, state, reports, server_round, cluster, replies, decision, choice, chosen, ready, reference,
-                 present)
+    if evidence:  # the split is taken only when two rounds' partitions agree
+        bound = params.split_agreement
+        if not isinstance(reproduction, Reproduction) or not reproduction.reproduces(bound):
+            said = reproduction if isinstance(reproduction, str) else reproduction.words(bound)
+            agreement = reproduction.agreement if isinstance(reproduction, Reproduction) else None
+            return no_split(state, server_round, cluster, choice.layer, "deferred", decision,
+                            silhouettes=choice.silhouettes, agreement=agreement, evidence=said)
+        chosen = {**chosen, "record": {**chosen["record"], "reproduction": reproduction.as_record()}}
+    found = split(tree, state, reports, server_round, cluster, replies, decision, choice, chosen, ready, reference,
+                  present)
+    a, b = found["splits"][0]["children"]
+    why = reproduction.words(params.split_agreement) if isinstance(reproduction, Reproduction) else "stability fired"
+    return {**found, "words": [f"cluster {cluster} split into {a} and {b} on {choice.layer} (silhouette "
+                               f"{choice.silhouette:.2f}): {why}"]}
 
 
 def split(tree: BiPartitionTree, state: HiCFLState, reports: list[Any], server_round: int, cluster: int,
@@ -228,7 +253,11 @@ def no_split(state: HiCFLState, server_round: int, cluster: int, layer: str, cod
     entry = {"round": server_round, "cluster": cluster, "layer": layer, "code": code,
              "reason": explain.NO_SPLIT_TEXT[code], "criterion": decision_record(decision), **extra}
     state.no_split.append(entry)
-    return {"no_split": [{"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra}]}
+    said = extra.get("evidence") if code == "deferred" else entry["reason"]
+    verb = "deferred" if code == "deferred" else "not split"
+    return {"no_split": [{"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra}],
+            "words": [f"split of cluster {cluster} {verb}: {said}" if code == "deferred"
+                      else f"cluster {cluster} {verb}: {said}"]}
 
 
 class HiCFL(ClusteredStrategy):
@@ -253,6 +282,8 @@ class HiCFL(ClusteredStrategy):
         "reference": "stability fired but every split leaving a side of fewer than min-split-size members scored no "
                      "better than group-free rotations of the members' updates (hicfl.small-side-reference-draws)",
         "size": "too few members or replies to split, or the run ended before min-split-round",
+        "deferred": "every proposed split deferred: two successive rounds never gave the same partition of the "
+                    "cluster's clients (split-agreement)",
     }
 
 
@@ -322,9 +353,24 @@ class HiCFL(ClusteredStrategy):
             self.compared_changed()
         windows.track(state, replies, tree.compact(state, rnd.clients), c.sketch_dim, c.seed)
         # stability before a split restarts the windows, so figures show the trigger; no_split: [] when none
-        diagnostics = {**explain.stability_record(state, self.placed(rnd)), "no_split": [],
-                       **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports)}
-        return {**diagnostics, "decision": silent} if silent else diagnostics
+        intro = None
+        if silent or not state.said_compared:  # round 1 (and a changed comparison) names what is compared
+            intro = self.compared_words()
+            state.said_compared = True
+        return {**explain.stability_record(state, self.placed(rnd)), "no_split": [],
+                **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports, silent,
+                                   name=type(self).__name__, intro=intro)}
+
+    def compared_words(self) -> str:
+        """What HiCFL compares, for round 1's line."""
+        c, layers = self.params, self.state.layers
+        shown = ", ".join(layers[:4]) + (f" and {len(layers) - 4} more" if len(layers) > 4 else "")
+        if c.split_timing == "evidence":
+            when = (f"a split is proposed on the best-separated of these layers and taken when two successive "
+                    f"rounds give the same partition (ARI >= {c.split_agreement:.2f}), from round {c.min_split_round}")
+        else:
+            when = f"a split is timed by each layer's model stability over {c.window} rounds"
+        return f"compares the clients' updates layer by layer ({len(layers)} layers: {shown}); {when}"
 
     # ------------------------------------------------------------ what a run says (clusterfed.explain)
     one_cluster_reason, one_cluster_advice, cluster_count_basis = (explain.strategy_reason, explain.strategy_advice,

@@ -91,7 +91,8 @@ def propose(state: Any, params: Any, clients: dict[str, ClientInfo], layer: str,
     """The bi-partition of ``members`` on ``layer`` by the configured rule (``split``) and its
     structure score (``clustering/layer_split.py``), or None."""
     tracker = state.tracker
-    stability = {k: float(tracker.windowed(k, layer)) for k in members}
+    # split-timing = evidence proposes before the windows fill: an unknown stability ranks last
+    stability = {k: float("inf") if (v := tracker.windowed(k, layer)) is None else float(v) for k in members}
     weights = {k: clients[k].num_examples for k in members} if params.split != "linkage" else None
     found = propose_split(members, {k: tracker.last_update(k, layer) for k in members}, stability, weights,
                           rule=params.split, min_side=params.min_side, max_k=params.split_silhouette_max_k,

@@ -24,16 +24,23 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, ClassVar, Literal
 
+import numpy as np
 from pydantic import Field
 
 from clusterfed.strategies import base
+from clusterfed.clustering.bipartition import bipartition
 from clusterfed.clustering.layercfl import correct_clustering_check
+from clusterfed.clustering.reproducible import Reproduction, compare
+from clusterfed.clustering.split_scores import best_cut_labels, best_cut_silhouette, cosine_similarity_matrix
+from clusterfed.clustering.vectors import flatten, stack_float64
+from clusterfed.core.exchange import Diagnostics, Round, TrainReply, natural
 from clusterfed.models.layers import select_layers
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.bipartitioning import (BiPartitionTree, tree_admit, tree_before_train, tree_draw_sample,
+from clusterfed.strategies.bipartitioning import (MIN_COMMON, PROPOSALS_KEPT, BiPartitionTree, tree_admit, tree_before_train, tree_draw_sample,
     tree_train_instructions)
-from clusterfed.strategies.cfl import PAPER_CFL, CFLParams, CFLState, decide, pooled_vectors, split_after_training
+from clusterfed.strategies.cfl import (PAPER_CFL, CFLParams, CFLState, decide, pooled_vectors, shown_names,
+    split_after_training, timing_words)
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
 
@@ -64,6 +71,20 @@ class LayerCFLParams(CFLParams):
 class LayerCFLState(CFLState):
     layer_rule: str = ""
     selected_names: list[str] = field(default_factory=list)
+    # split-timing = evidence, cluster-layers = auto: the candidate layers (rule -> names), each
+    # one's latest partition of the repliers, and whether a choice reproduced (``choose_layers``)
+    candidates: dict[str, list[str]] = field(default_factory=dict)
+    candidate_partitions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    layer_settled: bool = True
+    layer_evidence: dict[str, Any] | None = None
+
+
+CANDIDATE_RULES = ("conv", "fc", "final")  # the layers LayerCFL may compare, its skew's rule first
+
+
+def layer_deferral(state: LayerCFLState) -> str | None:
+    """Why a split must wait for the layer choice (None: the choice reproduced, or is fixed)."""
+    return None if state.layer_settled else "the layer choice has not reproduced yet"
 
 
 class LayerCFL(ClusteredStrategy):
@@ -85,6 +106,10 @@ class LayerCFL(ClusteredStrategy):
         "check": "every proposed split refused by the correct-clustering check: estimated γ_max above "
                  "sqrt((1 − α_cross_max)/2)",
         "size": "too few members or replies to split, or the run ended before min-split-round",
+        "deferred": "every proposed split deferred: two successive rounds never gave the same partition of the "
+                    "cluster's clients (split-agreement)",
+        "reference": "every split leaving a side of fewer than min-split-size clients scored no better than "
+                     "group-free rotations of the selected layers' updates",
     }
 
     @property
@@ -92,7 +117,7 @@ class LayerCFL(ClusteredStrategy):
         """The shared tree, with CFL's decision on the selected layers and the check (Theorem 1)."""
         c = self.params
         return BiPartitionTree(c, partial(decide, params=c, names=selected_layers, check=correct_clustering_check,
-                                          enforce=c.correct_clustering_check),
+                                          enforce=c.correct_clustering_check, wait=layer_deferral),
                                merge_names=selected_layers, merge_vectors=partial(pooled_vectors, c))
 
     def decision_names(self) -> list[str]:
@@ -112,6 +137,17 @@ class LayerCFL(ClusteredStrategy):
             rule = next((r for r in fallbacks if _has_layer(self.state.theta0, r, compare)), "final")
         self.state.layer_rule = rule
         self.state.selected_names = self.select_compared_layers(rule, compare)
+        # on evidence, the skew's rule is a candidate among the others until one reproduces
+        candidates: dict[str, list[str]] = {}
+        if self.params.cluster_layers == "auto" and self.params.split_timing == "evidence":
+            for candidate in (rule, *CANDIDATE_RULES):
+                if _has_layer(self.state.theta0, candidate, compare):
+                    names = self.select_compared_layers(candidate, compare)
+                    if names not in candidates.values():
+                        candidates[candidate] = names
+        self.state.candidates = candidates if len(candidates) > 1 else {}
+        self.state.candidate_partitions = {}
+        self.state.layer_settled = not self.state.candidates
 
     def compared_changed(self) -> None:
         """Arrays no client changed left ``compared``: the rule picks again among the rest
@@ -122,12 +158,87 @@ class LayerCFL(ClusteredStrategy):
         else:
             state.selected_names = [n for n in state.selected_names if n in set(state.compared)] or state.selected_names
 
+    def compared_words(self) -> str:
+        """LayerCFL's layer choice, for round 1's line (and again when the choice changes)."""
+        state, c = self.state, self.params
+        names = state.selected_names
+        if state.candidates and not state.layer_settled:
+            shown = "; ".join(f"{rule}: {shown_names(n)}" for rule, n in state.candidates.items())
+            return (f"compares candidate layers ({shown}) and keeps the first whose partition of the clients "
+                    f"reproduces in successive rounds; {timing_words(c)}")
+        why = (f"skew {c.skew}" if c.cluster_layers == "auto" else f"cluster-layers = {c.cluster_layers}")
+        return (f"compares the clients' updates of the {state.layer_rule} layer ({why}): {shown_names(names)}; "
+                f"{timing_words(c)}")
+
     # newcomers and provisional members descend the tree; trainers return updates (bipartitioning.py)
     train_instructions, draw_sample = tree_train_instructions, tree_draw_sample
     admit, before_train = tree_admit, tree_before_train
 
-    # CFL's steps after training, on the selected layers (a silent array makes the layer rule pick again)
-    after_train = split_after_training
+    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
+        """CFL's steps after training, on the selected layers (a silent array makes the layer rule
+        pick again); on evidence, first the layer choice among the candidates (``choose_layers``)."""
+        said = self.choose_layers(rnd.number, replies) if not self.state.layer_settled else None
+        diagnostics = split_after_training(self, rnd, replies)
+        if said:
+            diagnostics["decision"] = "; ".join(t for t in (f"LayerCFL: {said}", diagnostics.get("decision")) if t)
+        return diagnostics
+
+    def choose_layers(self, server_round: int, replies: list[TrainReply]) -> str | None:
+        """Each candidate layer's partition of this round's repliers (best-silhouette cut of their
+        updates' cosines) against its last one: the choice goes to the candidate whose partition
+        reproduces (ARI >= split-agreement) with the best cut's silhouette highest, and is kept;
+        until one reproduces, splits wait. Returns the round's words."""
+        state, c = self.state, self.params
+        ordered = sorted(replies, key=lambda r: natural(r.key))
+        keys = [r.key for r in ordered]
+        if len(keys) < 3:
+            return None
+        found: dict[str, tuple[Reproduction | None, float]] = {}
+        kept_earlier: dict[str, dict[str, Any]] = {}
+        for rule, names in state.candidates.items():
+            S = cosine_similarity_matrix(stack_float64([flatten(r.update, names) for r in ordered]))
+            labels = best_cut_labels(S, c.split_silhouette_max_k)
+            score = best_cut_silhouette(S, c.split_silhouette_max_k)[0]
+            two = np.ones(len(keys), dtype=int)
+            two[bipartition(S)[0]] = 0
+            now = {"round": server_round, "labels": dict(zip(keys, map(int, labels))),
+                   "two": dict(zip(keys, map(int, two)))}
+            history = [p for p in state.candidate_partitions.get(rule, []) if p["round"] < server_round]
+            state.candidate_partitions[rule] = (history + [now])[-PROPOSALS_KEPT:]
+            # the latest earlier partition sharing enough clients (partial participation)
+            earlier = next((p for p in reversed(history) if sum(k in p["labels"] for k in keys) >= MIN_COMMON), None)
+            reproduction = None
+            if earlier is not None:
+                kept_earlier[rule] = earlier
+                common = [k for k in keys if k in earlier["labels"]]
+                reproduction = max((compare([earlier[kind][k] for k in common], [now[kind][k] for k in common],
+                                            f"rounds {earlier['round']} and {server_round}")
+                                    for kind in ("labels", "two")), key=lambda r: r.agreement)
+            found[rule] = (reproduction, score)
+        passing = {rule: score for rule, (rep, score) in found.items()
+                   if rep is not None and rep.reproduces(c.split_agreement)}
+        bound = c.split_agreement
+        others = "; ".join(f"{rule}: {rep.words(bound)}, silhouette {score:.2f}" for rule, (rep, score) in found.items()
+                           if rep is not None)
+        if not passing:
+            return f"layer choice deferred ({others})" if others else None
+        rule = max(passing, key=passing.get)
+        changed = state.candidates[rule] != state.selected_names
+        state.layer_rule, state.selected_names, state.layer_settled = rule, state.candidates[rule], True
+        state.layer_evidence = {"round": server_round, "rule": rule, "silhouette": passing[rule],
+                                **found[rule][0].as_record()}
+        if changed:  # the vectors and partitions kept were of the other layers: the candidate's own instead
+            state.last_vector.clear()
+            state.sketch = None
+            earlier = kept_earlier[rule]
+            state.proposals = {}
+            for cluster in set(state.assignment.values()):
+                kept = [k for k in state.tree.members(cluster) if k in earlier["labels"]]
+                state.proposals[cluster] = [{"round": earlier["round"],
+                                             "best": {k: earlier["labels"][k] for k in kept},
+                                             "two": {k: earlier["two"][k] for k in kept}}]
+        return (f"layer choice: {rule} ({shown_names(state.selected_names)}), whose partition reproduces with the "
+                f"best silhouette ({others})")
 
     # ------------------------------------------------------------ what a run says (clusterfed.explain)
     one_cluster_reason, one_cluster_advice, cluster_count_basis = (explain.strategy_reason, explain.strategy_advice,

@@ -1,0 +1,197 @@
+"""The CFL family splits on evidence (``split-timing = evidence``, the default): a split is taken
+only when two successive rounds' updates give the same partition of the cluster's clients, a
+merge never undoes a split that still reproduces, a merged cluster may split again, and round 1's
+line says what is compared. Hand-made updates through the strategies' own ``after_train``."""
+
+import numpy as np
+from test_cfl import DIM, arrays_of, make_strategy, run_round
+
+from clusterfed.strategies.cfl import CFL
+from clusterfed.strategies.hicfl import HiCFL
+from clusterfed.strategies.layercfl import LayerCFL
+
+E = np.eye(DIM)
+KEYS = [str(i) for i in range(12)]
+GROUPS = {k: int(k) // 6 for k in KEYS}  # the partition P1: clients 0-5 | 6-11
+P1 = [KEYS[:6], KEYS[6:]]
+P2 = [KEYS[:3] + KEYS[6:9], KEYS[3:6] + KEYS[9:]]  # another clean partition, independent of P1
+# the default timing (test_cfl's helper starts from the paper's, to test the tree's mechanics)
+EVIDENCE = {"split-timing": "evidence", "min-split-round": 2}
+
+
+def two_sides(sides, rng, noise=0.05, base=None):
+    """Updates pointing one way for ``sides[0]`` and another for ``sides[1]`` (a clean cut)."""
+    out = {}
+    for i, side in enumerate(sides):
+        for key in side:
+            v = E[i] + noise * rng.standard_normal(DIM)
+            out[key] = v if base is None else base + v
+    return {k: out[k] for k in KEYS}
+
+
+def one_direction(rng, noise=0.05):
+    """Every client's update the same way: no structure."""
+    return {k: E[5] + noise * rng.standard_normal(DIM) for k in KEYS}
+
+
+def leaves(strategy):
+    found = {}
+    for key, cluster in strategy.assignment.items():
+        found.setdefault(cluster, set()).add(key)
+    return sorted(found.values(), key=lambda s: min(int(k) for k in s))
+
+
+def test_a_split_is_deferred_while_rounds_disagree_and_taken_once_they_agree():
+    rng = np.random.default_rng(0)
+    strategy = make_strategy(CFL, GROUPS, **EVIDENCE)
+    said = {}
+    for server_round in (1, 2, 3, 4):  # each round a clean cut, but a different one each time
+        said[server_round] = run_round(strategy, server_round, two_sides(P1 if server_round % 2 else P2, rng))
+        assert strategy.state.splits == [] and len(set(strategy.assignment.values())) == 1
+    for server_round in (2, 3, 4):
+        text = said[server_round]["decision"]
+        assert f"split of cluster 0 deferred: rounds {server_round - 1} and {server_round} disagree (ARI" in text
+        assert said[server_round]["refused_splits"][0]["reason"] == "deferred"
+    # round 5 cuts as round 4 did: the rounds agree, the split is taken, as both cut
+    said[5] = run_round(strategy, 5, two_sides(P2, rng))
+    assert [sorted(side, key=int) for side in strategy.state.splits[0]["members"]] == [sorted(s, key=int) for s in P2]
+    assert strategy.state.splits[0]["reproduction"] == {"source": "rounds 4 and 5", "agreement": 1.0,
+                                                        "clusters": [2, 2]}
+    assert "cluster 0 split into 1 and 2 (6 | 6 clients): rounds 4 and 5 agree (ARI 1.00)" in said[5]["decision"]
+
+
+def test_the_paper_timing_splits_on_the_first_clean_cut():
+    """``split-timing = criteria`` (the PAPER preset's): no agreement asked for."""
+    rng = np.random.default_rng(0)
+    strategy = make_strategy(CFL, GROUPS, split_timing="criteria", split_criteria="absolute", eps1=1e6, eps2=1e-6,
+                             min_split_round=2)
+    run_round(strategy, 1, two_sides(P1, rng))
+    run_round(strategy, 2, two_sides(P2, rng))
+    assert len(strategy.state.splits) == 1 and strategy.state.splits[0]["round"] == 2
+    assert CFL.paper().params.split_timing == "criteria" and HiCFL.paper().params.split_timing == "criteria"
+    assert LayerCFL.paper().params.split_timing == "criteria"
+
+
+def test_noise_never_splits_on_evidence():
+    """No structure: every round's cut is refused or deferred, the cluster stays whole."""
+    rng = np.random.default_rng(1)
+    strategy = make_strategy(CFL, GROUPS, **EVIDENCE)
+    for server_round in range(1, 9):
+        run_round(strategy, server_round, one_direction(rng, noise=0.3))
+    assert strategy.state.splits == []
+    assert {r["reason"] for r in strategy.state.refused} <= {"silhouette", "deferred"}
+
+
+def close_sides(rng, sides):
+    """The two sides still cut apart exactly by complete linkage (every cross-side distance above
+    every within-side one), but weakly (silhouette below merge-max-silhouette) and moving the same
+    way (mean cosine above merge-min-cosine): what the merge rule alone would merge."""
+    out = {}
+    for i, side in enumerate(sides):
+        for j, key in enumerate(side):
+            out[key] = E[5] + 0.25 * E[i] + 0.3 * E[20 + int(key)]
+    return {k: out[k] for k in KEYS}
+
+
+def drift_alike(strategy):
+    """Both leaves' models drifted the same way since their split (the drift test passes)."""
+    for cluster in set(strategy.assignment.values()):
+        model = strategy.state.models[cluster]
+        moved = arrays_of(E[5])
+        strategy.state.models[cluster] = {k: model[k] + moved[k] for k in model}
+
+
+def split_on(strategy, sides, rng, first=1):
+    for server_round in (first, first + 1):
+        run_round(strategy, server_round, two_sides(sides, rng))
+    assert leaves(strategy) == [set(s) for s in sides]
+
+
+def test_a_merge_never_undoes_a_split_that_still_reproduces():
+    rng = np.random.default_rng(2)
+    strategy = make_strategy(CFL, GROUPS, split_timing="evidence", min_split_round=1)
+    split_on(strategy, P1, rng)
+    drift_alike(strategy)
+    said = run_round(strategy, 3, close_sides(rng, P1))
+    assert said["merges"] == [] and leaves(strategy) == [set(s) for s in P1]
+    assert "clusters 1 and 2 not merged: their split still reproduces (ARI 1.00 >= 0.80)" in said["decision"]
+    # the paper's timing keeps the merge rule as it was: the same updates merge the two leaves
+    paper = make_strategy(CFL, GROUPS, split_timing="criteria", split_criteria="absolute", eps1=1e6, eps2=1e-6,
+                          min_split_round=1)
+    split_on(paper, P1, rng)
+    drift_alike(paper)
+    assert run_round(paper, 3, close_sides(rng, P1))["merges"] != []
+    assert len(set(paper.assignment.values())) == 1
+
+
+def test_a_split_undone_by_a_merge_is_redone_when_the_rounds_agree_again():
+    rng = np.random.default_rng(3)
+    strategy = make_strategy(CFL, GROUPS, split_timing="evidence", min_split_round=1)
+    split_on(strategy, P1, rng)
+    drift_alike(strategy)
+    # the two leaves' updates became indistinguishable: merged (the split no longer reproduces)
+    said = run_round(strategy, 3, one_direction(rng, noise=0.01))
+    assert len(said["merges"]) == 1 and len(set(strategy.assignment.values())) == 1
+    assert "merged into 3" in said["decision"]
+    # the groups show again, in two rounds that agree: the merged cluster splits again
+    run_round(strategy, 4, two_sides(P1, rng))
+    assert len(strategy.state.splits) == 1
+    run_round(strategy, 5, two_sides(P1, rng))
+    assert len(strategy.state.splits) == 2 and strategy.state.splits[1]["parent"] == 3
+    assert leaves(strategy) == [set(s) for s in P1]
+
+
+def test_round_one_says_what_each_strategy_compares():
+    rng = np.random.default_rng(4)
+    vectors = two_sides(P1, rng)
+    cfl = run_round(make_strategy(CFL, GROUPS, **EVIDENCE), 1, vectors)["decision"]
+    assert cfl.startswith("CFL: compares the cosine similarity of the clients' updates of every trained array "
+                          "(4: conv1.weight, conv1.bias, fc1.weight, fc1.bias)")
+    assert "two successive rounds give the same partition (ARI >= 0.80), from round 2" in cfl
+    layercfl = make_strategy(LayerCFL, GROUPS, **EVIDENCE)
+    said = run_round(layercfl, 1, vectors)["decision"]
+    assert said.startswith("LayerCFL: compares candidate layers (conv: conv1.weight, conv1.bias; fc: fc1.weight, "
+                           "fc1.bias)")
+    said = run_round(layercfl, 2, two_sides(P1, rng))["decision"]
+    assert said.startswith("LayerCFL: layer choice: ") and "rounds 1 and 2 agree (ARI 1.00)" in said
+    assert layercfl.state.layer_settled and layercfl.state.layer_evidence["agreement"] == 1.0
+    # an explicit layer: said as such, no candidates
+    fixed = run_round(make_strategy(LayerCFL, GROUPS, cluster_layers="fc1", **EVIDENCE), 1, vectors)["decision"]
+    assert fixed.startswith("LayerCFL: compares the clients' updates of the fc1 layer (cluster-layers = fc1): "
+                            "fc1.weight, fc1.bias")
+    hicfl = run_round(make_strategy(HiCFL, GROUPS, **EVIDENCE), 1, vectors)["decision"]
+    assert hicfl.startswith("HiCFL: compares the clients' updates layer by layer (2 layers: conv1, fc1)")
+    # round 2 says nothing more about what is compared
+    quiet = make_strategy(CFL, GROUPS, split_timing="evidence", min_split_round=9)
+    run_round(quiet, 1, vectors)
+    assert "compares" not in (run_round(quiet, 2, vectors).get("decision") or "")
+
+
+def test_a_singleton_cluster_is_named_and_advice_skips_values_in_force():
+    from clusterfed.explain.bipartition import cluster_count_basis, one_cluster_advice
+    rng = np.random.default_rng(5)
+    strategy = make_strategy(CFL, GROUPS, split_timing="evidence", min_split_round=1)
+    split_on(strategy, [KEYS[:11], KEYS[11:]], rng)
+    basis = cluster_count_basis(strategy.state, strategy.params)
+    assert "cluster 2 is a single client (11)" in basis
+    never = make_strategy(CFL, GROUPS, split_timing="criteria", split_criteria="relative", min_split_round=1)
+    for server_round in (1, 2):
+        run_round(never, server_round, one_direction(rng, noise=0.0))
+    advice = one_cluster_advice(never.state, never.params)
+    assert "split-criteria = relative" not in advice  # relative is the default, already in force
+    assert "split-timing = evidence" in advice
+
+
+def test_hicfl_splits_on_evidence_before_its_stability_windows_fill():
+    """HiCFL (window 5: no window full before round 7) splits once two rounds agree."""
+    rng = np.random.default_rng(6)
+    strategy = make_strategy(HiCFL, GROUPS, **EVIDENCE)
+    said = {}
+    for server_round in (1, 2, 3):
+        said[server_round] = run_round(strategy, server_round, two_sides(P1 if server_round % 2 else P2, rng))
+    assert strategy.state.splits == []
+    assert "split of cluster 0 deferred: rounds 2 and 3 disagree (ARI" in said[3]["decision"]
+    said[4] = run_round(strategy, 4, two_sides(P1, rng))
+    assert leaves(strategy) == [set(s) for s in P1]
+    assert "cluster 0 split into 1 and 2 on conv1" in said[4]["decision"] and "rounds 3 and 4 agree" in said[4]["decision"]
+    assert not strategy.state.windows_filled
