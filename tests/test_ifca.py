@@ -181,8 +181,13 @@ def test_restarts_keep_the_initialisation_with_the_lowest_mean_training_loss():
 def test_kmeanspp_init_warms_up_on_theta0_then_seeds_from_the_clients_models():
     algorithm = make(strategy_class("ifca"), {str(i): i % 2 for i in range(6)}, num_clusters=2,
                      ifca_init="kmeans++", seed=2)
-    (warmup,) = drive_round(algorithm, 1, lambda ask: trained(ask, 1.0 if int(ask.key) % 2 else -1.0))
+    batches = drive_round(algorithm, 1, lambda ask: trained(ask, 1.0 if int(ask.key) % 2 else -1.0))
+    (warmup,) = batches
     assert all(a.choices == 0 and a.config["phase"] == "warmup" for a in warmup)
+    assert batches.diagnostics["decision"].startswith("IFCA warm-up: the clients trained θ0; its 2 models are "
+                                                      "k-means++ seeds")
+    assert "compares the training losses of its 2 models" in batches.diagnostics["decision"]
+    assert algorithm.state.idle == {} and algorithm.state.last_won == {}  # nobody chose in the warm-up
     assert sorted(float(m["fc2.bias"][0]) for m in algorithm.models.values()) == [-1.0, 1.0]
     # provisional membership: the nearest seed, which here is the own group's
     assert len({algorithm.assignment[k] for k in ("0", "2", "4")}) == 1

@@ -84,6 +84,7 @@ class IFCAState(ClusteredState):
     # the last round's cluster and update row (compared arrays) per trained client: ``reseed``'s evidence
     previous_cluster: dict[str, int] = field(default_factory=dict)
     previous_update: dict[str, np.ndarray] = field(default_factory=dict)
+    seeded_round: int = 0  # init = kmeans++: the warm-up round whose models seeded the K
 
 
 class IFCA(ClusteredStrategy):
@@ -157,7 +158,10 @@ class IFCA(ClusteredStrategy):
     def aggregate(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """FedAvg per cluster over the clients that chose it; after kmeans++'s warm-up, the
         K models are seeded from the warm-up models instead."""
-        return self.seed_from(replies) if self.state.warming_up else self.aggregate_clusters(replies)
+        if self.state.warming_up:
+            self.state.seeded_round = rnd.number
+            return self.seed_from(replies)
+        return self.aggregate_clusters(replies)
 
     def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """The round's choices; the models idle for ``reseed-after`` rounds re-seeded
@@ -166,6 +170,11 @@ class IFCA(ClusteredStrategy):
         diagnostics: Diagnostics = {"ifca_choices": {str(c): n for c, n in choices.items()}}
         words = []
         if self.state.warming_up or not replies:
+            return diagnostics
+        if self.state.seeded_round == rnd.number:  # kmeans++'s warm-up: nobody chose yet
+            diagnostics["decision"] = (f"IFCA warm-up: the clients trained θ0; its {self.state.k} models are k-means++ "
+                                       f"seeds among their trained models (L2); from the next round "
+                                       + compares_words(self.state.k).removeprefix("IFCA "))
             return diagnostics
         if not self.state.last_won and not self.state.idle:
             words.append(compares_words(self.state.k))
