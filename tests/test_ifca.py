@@ -359,3 +359,21 @@ def test_a_single_client_cluster_is_named_in_the_ending():
     assert "IFCA ends with 2 clusters: 2 of the 3 models were each some client's lowest-training-loss model" in ending
     assert "cluster 1 is a single client (4)" in ending
     assert "model(s) 2 won no client at the end" in ending
+
+
+def test_a_weak_split_of_like_clients_is_no_evidence_even_when_it_repeats():
+    """Each client's own data repeats every round, so like clients' cuts can agree from one
+    round to the next; a cut whose cosine silhouette is below the bound counts as no split."""
+    from clusterfed.clustering.ifca import split_evidence
+
+    rng = np.random.default_rng(0)
+    common = rng.normal(0, 1, 50)
+    own = {str(k): rng.normal(0, 0.3, 50) for k in range(6)}  # each client's lasting idiosyncrasy
+    rows = lambda: {k: (0, common + own[k] + rng.normal(0, 0.01, 50), None) for k in own}  # noqa: E731
+    now, before = rows(), rows()
+    cluster, evidence, keys = split_evidence(now, {k: (c, x) for k, (c, x, _) in before.items()}, 2)
+    assert evidence.agreement == 0.0  # the cut repeats (same labels) but counts for nothing
+    assert list(evidence.labels_a) == list(evidence.labels_b)
+    groups = {k: (0, (1 if int(k) % 2 else -1) * common + own[k], None) for k in own}  # two real groups
+    _, evidence, _ = split_evidence(groups, {k: (c, x) for k, (c, x, _) in groups.items()}, 2)
+    assert evidence.agreement == 1.0
