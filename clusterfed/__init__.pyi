@@ -380,6 +380,7 @@ class IFCA(_IFCA):
         num_clusters: int = 4,
         init: typing.Literal['random', 'kmeans++'] = 'random',
         restarts: int = 1,
+        reseed_after: int = 2,
     ) -> None: ...
 
 
@@ -411,5 +412,6 @@ class ClientSelection(_ClientSelection):
         anneal_tau: float = 50.0,
         linkage: typing.Literal['average', 'single', 'complete', 'ward'] = 'average',
         cluster_on: typing.Literal['changes', 'weights'] = 'changes',
+        warmup_max: int = 10,
         guard: typing.Literal['none', 'floor'] = 'floor',
     ) -> None: ...

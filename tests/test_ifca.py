@@ -181,8 +181,13 @@ def test_restarts_keep_the_initialisation_with_the_lowest_mean_training_loss():
 def test_kmeanspp_init_warms_up_on_theta0_then_seeds_from_the_clients_models():
     algorithm = make(strategy_class("ifca"), {str(i): i % 2 for i in range(6)}, num_clusters=2,
                      ifca_init="kmeans++", seed=2)
-    (warmup,) = drive_round(algorithm, 1, lambda ask: trained(ask, 1.0 if int(ask.key) % 2 else -1.0))
+    batches = drive_round(algorithm, 1, lambda ask: trained(ask, 1.0 if int(ask.key) % 2 else -1.0))
+    (warmup,) = batches
     assert all(a.choices == 0 and a.config["phase"] == "warmup" for a in warmup)
+    assert batches.diagnostics["decision"].startswith("IFCA warm-up: the clients trained θ0; its 2 models are "
+                                                      "k-means++ seeds")
+    assert "compares the training losses of its 2 models" in batches.diagnostics["decision"]
+    assert algorithm.state.idle == {} and algorithm.state.last_won == {}  # nobody chose in the warm-up
     assert sorted(float(m["fc2.bias"][0]) for m in algorithm.models.values()) == [-1.0, 1.0]
     # provisional membership: the nearest seed, which here is the own group's
     assert len({algorithm.assignment[k] for k in ("0", "2", "4")}) == 1
@@ -241,3 +246,134 @@ def test_ifca_ending_with_one_chosen_model_says_why():
     drive_round(algorithm, 1, lambda ask: (trained(ask, 0.1), {"ifca-choice": 2}))
     assert set(algorithm.assignment.values()) == {2}
     assert "cluster 2 of 3" in algorithm.final_clusters()["one_cluster_reason"]
+
+
+# ------------------------------------------- re-seeding a model that wins no client
+TWO_GROUPS = {str(i): i % 2 for i in range(6)}
+
+
+def _everyone_picks_model_0(groups=TWO_GROUPS, noise=0.01, seed=0, shuffled=False):
+    """Every client chooses model 0 and moves it along its group's own direction (plus noise);
+    ``shuffled``: the groups are redrawn every call of ``respond.next_round`` (no structure that
+    holds from one round to the next). Group 1 fits worse (train loss 0.9 against 0.3)."""
+    rng = np.random.default_rng(seed)
+    directions = {g: rng.normal(0, 1, 64) for g in (0, 1)}
+
+    def respond(ask):
+        model = unpack_model(ask.model, 0)
+        group = respond.groups[ask.key]
+        out = {}
+        for i, (name, value) in enumerate(sorted(model.items())):
+            pattern = np.resize(directions[group], value.size).reshape(value.shape) + rng.normal(0, noise, value.shape)
+            out[name] = (value + 0.1 * pattern).astype(value.dtype)
+        return out, {CHOICE: 0}, 0.9 if group else 0.3
+
+    def next_round():
+        if shuffled:
+            keys = sorted(groups)
+            respond.groups = dict(zip(keys, rng.permutation([groups[k] for k in keys]).tolist()))
+
+    respond.groups, respond.next_round = dict(groups), next_round
+    return respond
+
+
+def _drive(algorithm, rounds, respond):
+    said = []
+    for r in range(1, rounds + 1):
+        respond.next_round()
+        batches = drive_round(algorithm, r, respond)
+        said.append(batches.diagnostics)
+    return said
+
+
+def test_a_model_that_wins_no_client_for_reseed_after_rounds_is_reseeded_from_the_worse_fitting_side():
+    """Both groups choose model 0 for two rounds; their updates split the same way in rounds 1
+    and 2, so model 1 (idle for reseed-after = 2 rounds) becomes the mean trained model of the
+    worse-fitting group, and the round line says so; the group then chooses it."""
+    algorithm = make(strategy_class("ifca"), TWO_GROUPS, num_clusters=2, reseed_after=2)
+    respond = _everyone_picks_model_0()
+    said = _drive(algorithm, 2, respond)
+    assert said[0]["decision"].startswith("IFCA compares the training losses of its 2 models on each client's own data")
+    assert "ifca_reseed" not in said[0]
+    record = said[1]["ifca_reseed"]
+    assert record["reseeded"] and record["model"] == 1 and record["cluster"] == 0 and record["agreement"] == 1.0
+    assert record["clients"] == ["1", "3", "5"]  # group 1: train loss 0.9 against 0.3
+    assert ("model 1 won no client for 2 rounds; re-seeded from cluster 0's 3 worse-fitting clients (mean train "
+            "loss 0.9 against 0.3)") in said[1]["decision"]
+    assert "rounds 1 and 2 agree (ARI 1.00)" in said[1]["decision"]
+    assert algorithm.state.reseeds == [record]
+    # the new model 1 is the group-1 clients' mean trained model: it fits them, not group 0
+    model1 = algorithm.models[1]
+    assert all(np.all(np.isfinite(v)) for v in model1.values())
+    assert not all(np.array_equal(model1[n], algorithm.models[0][n]) for n in model1)
+
+
+def test_the_paper_preset_never_reseeds():
+    algorithm = make(strategy_class("ifca"), TWO_GROUPS, num_clusters=2, preset="paper")
+    assert algorithm.params.reseed_after == 0
+    before = {n: v.copy() for n, v in algorithm.models[1].items()}
+    said = _drive(algorithm, 4, _everyone_picks_model_0())
+    assert not any("ifca_reseed" in d for d in said)
+    assert all(np.array_equal(before[n], algorithm.models[1][n]) for n in before)
+    assert algorithm.state.reseeds == []
+    reason = algorithm.one_cluster_reason()
+    assert "the other models never won a client" in reason and "cluster 0 of 2" in reason
+    assert "re-seeding off: reseed-after = 0" in reason
+
+
+def test_no_reseed_without_a_split_that_holds_from_one_round_to_the_next_and_the_line_says_why():
+    """The clients' groups are redrawn every round: no cut of cluster 0 reproduces, model 1
+    stays as it was, and the words say why; the last line quotes the same."""
+    algorithm = make(strategy_class("ifca"), TWO_GROUPS, num_clusters=2, reseed_after=2)
+    before = {n: v.copy() for n, v in algorithm.models[1].items()}
+    said = _drive(algorithm, 4, _everyone_picks_model_0(shuffled=True, seed=3))
+    checks = [d for d in said if "ifca_reseed" in d]
+    assert [d["ifca_reseed"]["reseeded"] for d in checks] == [False, False]  # rounds 2 and 4
+    assert "model 1 won no client for 2 rounds; not re-seeded: no cluster's updates split in two the same way" \
+        in checks[0]["decision"]
+    assert all(np.array_equal(before[n], algorithm.models[1][n]) for n in before)
+    reason = algorithm.one_cluster_reason()
+    assert "never won a client" in reason and "none did" in reason
+
+
+def test_the_last_line_does_not_say_never_won_after_a_model_won_clients_earlier():
+    """Round 1: clients split over models 0 and 1; from round 2 on all choose model 0. The
+    ending names the round model 1 last won a client, not 'never'."""
+    from clusterfed.core.contract import ending_sentence
+
+    algorithm = make(strategy_class("ifca"), TWO_GROUPS, num_clusters=2, reseed_after=0)
+    drive_round(algorithm, 1, lambda ask: (trained(ask, 0.1), {CHOICE: int(ask.key) % 2}))
+    drive_round(algorithm, 2, lambda ask: (trained(ask, 0.1), {CHOICE: 0}))
+    ending = ending_sentence(algorithm)
+    assert "never" not in ending
+    assert "the other models last won a client in round 1" in ending
+    assert "re-seeding off: reseed-after = 0" in ending
+
+
+def test_a_single_client_cluster_is_named_in_the_ending():
+    from clusterfed.core.contract import ending_sentence
+
+    algorithm = make(strategy_class("ifca"), TWO_GROUPS, num_clusters=3, reseed_after=0)
+    drive_round(algorithm, 1, lambda ask: (trained(ask, 0.1), {CHOICE: 1 if ask.key == "4" else 0}))
+    ending = ending_sentence(algorithm)
+    assert "IFCA ends with 2 clusters: 2 of the 3 models were each some client's lowest-training-loss model" in ending
+    assert "cluster 1 is a single client (4)" in ending
+    assert "model(s) 2 won no client at the end" in ending
+
+
+def test_a_weak_split_of_like_clients_is_no_evidence_even_when_it_repeats():
+    """Each client's own data repeats every round, so like clients' cuts can agree from one
+    round to the next; a cut whose cosine silhouette is below the bound counts as no split."""
+    from clusterfed.clustering.ifca import split_evidence
+
+    rng = np.random.default_rng(0)
+    common = rng.normal(0, 1, 50)
+    own = {str(k): rng.normal(0, 0.3, 50) for k in range(6)}  # each client's lasting idiosyncrasy
+    rows = lambda: {k: (0, common + own[k] + rng.normal(0, 0.01, 50), None) for k in own}  # noqa: E731
+    now, before = rows(), rows()
+    cluster, evidence, keys = split_evidence(now, {k: (c, x) for k, (c, x, _) in before.items()}, 2)
+    assert evidence.agreement == 0.0  # the cut repeats (same labels) but counts for nothing
+    assert list(evidence.labels_a) == list(evidence.labels_b)
+    groups = {k: (0, (1 if int(k) % 2 else -1) * common + own[k], None) for k in own}  # two real groups
+    _, evidence, _ = split_evidence(groups, {k: (c, x) for k, (c, x, _) in groups.items()}, 2)
+    assert evidence.agreement == 1.0

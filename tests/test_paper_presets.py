@@ -129,7 +129,11 @@ def test_selection_default_draws_one_representative_per_warm_up_group_where_the_
     algorithm = ready(clusterfed.ClientSelection(), start=0.5)
     drive_round(algorithm, 1, moved, EXAMPLES)
     assert np.allclose(algorithm.state.latest["0"], final_layer(algorithm, SHIFT["0"], 0.0))  # changes
-    after = drive_round(algorithm, 2, moved, EXAMPLES).diagnostics
+    # the default's warm-up goes on until two successive rounds' cuts agree (rounds 1 and 2 here)
+    second = drive_round(algorithm, 2, moved, EXAMPLES).diagnostics
+    assert second["warmup"] is True and second["trained_clients"] == 4
+    assert "2 groups, one representative each from now on" in second["decision"]
+    after = drive_round(algorithm, 3, moved, EXAMPLES).diagnostics
     assert (after["p"], after["p_floor"], after["trained_clients"]) == (2, 2, 2)
     first, second = after["representatives"]
     assert first in ("0", "1") and second in ("2", "3")

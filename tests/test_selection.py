@@ -123,7 +123,8 @@ def test_floor_holds_the_cut_at_the_groups_through_good_and_bad_rounds(guard, cu
 def test_floor_draws_from_the_warmup_groups_when_later_changes_lose_them():
     algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1, w=0.1, hold_rounds=0)
     respond = _by_group_losses(1.0)
-    drive_round(algorithm, 1, respond)  # the warm-up's changes show the 4 groups
+    for r in (1, 2):  # the warm-up's changes show the 4 groups in two rounds in a row: settled
+        drive_round(algorithm, r, respond)
     rng = np.random.default_rng(3)
 
     def blurred(ask):  # later changes pair groups 0 with 3 and 1 with 2: a re-cut would mix them
@@ -132,10 +133,58 @@ def test_floor_draws_from_the_warmup_groups_when_later_changes_lose_them():
             0, 0.01, 4).astype(np.float32)
         return out, {}, 1.0
 
-    for r in range(2, 8):
+    for r in range(3, 9):
         (asks,) = drive_round(algorithm, r, blurred)
         assert sorted(FOUR_GROUPS[a.key] for a in asks) == [0, 1, 2, 3]
     assert algorithm.state.floor == 4 and algorithm.state.groups == FOUR_GROUPS
+
+
+def _two_then_four(ask):
+    """Round 1 (by the algorithm's round counter in ``respond.round``) shows 2 groups, later rounds the 4."""
+    out = trained(ask, 0.0)
+    group = FOUR_GROUPS[ask.key]
+    shown = group // 2 if _two_then_four.round == 1 else group
+    out["fc2.bias"] = out["fc2.bias"] + np.float32(10.0 * shown) + _two_then_four.rng.normal(0, 0.01, 4).astype(
+        np.float32)
+    return out, {}, 1.0
+
+
+def test_floor_warmup_goes_on_until_two_successive_cuts_agree_and_says_so():
+    """A one-round warm-up whose cut (2 groups) the next round does not reproduce (4 groups)
+    goes on: every client trains again, and the round line quotes the disagreement; once two
+    rounds agree, one representative of each of the 4 groups trains."""
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1, w=0.1, hold_rounds=0)
+    _two_then_four.rng = np.random.default_rng(0)
+    said = []
+    for r in (1, 2, 3, 4):
+        _two_then_four.round = r
+        batches = drive_round(algorithm, r, _two_then_four)
+        said.append(batches.diagnostics.get("decision") or "")
+        (asks,) = batches
+        assert len(asks) == (8 if r <= 3 else 4)
+    assert said[0].startswith("ClientSelection compares the clients' latest final-layer change")
+    assert "warm-up goes on" in said[1] and "rounds 1 and 2 disagree" in said[1]
+    assert "4 groups, one representative each from now on" in said[2] and "rounds 2 and 3 agree (ARI 1.00)" in said[2]
+    assert algorithm.state.floor == 4 and [a["agreement"] for a in algorithm.state.warmup_agreement][1] == 1.0
+
+
+def test_floor_warmup_that_never_reproduces_ends_at_warmup_max_and_says_so():
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1, warmup_max=3, w=0.1, hold_rounds=0)
+    rng = np.random.default_rng(1)
+
+    def shuffled(ask):  # a new random grouping every round: no cut reproduces
+        out = trained(ask, 0.0)
+        out["fc2.bias"] = out["fc2.bias"] + np.float32(10.0 * shuffled.groups[int(ask.key)])
+        return out, {}, 1.0
+
+    said = []
+    for r in range(1, 6):
+        shuffled.groups = rng.permutation([0, 0, 1, 1, 2, 2, 3, 3])
+        batches = drive_round(algorithm, r, shuffled)
+        said.append(batches.diagnostics.get("decision") or "")
+        (asks,) = batches
+        assert len(asks) == (8 if r <= 3 else algorithm.state.floor)
+    assert "warm-up ends at warmup-max = 3 rounds" in said[2] and "not reproduced" in said[2]
 
 
 def test_floor_keeps_every_client_when_too_few_to_cut():
@@ -199,10 +248,11 @@ def test_floor_weighs_each_representative_by_its_groups_samples():
     examples = {k: 10 * (int(k) + 1) for k in FOUR_GROUPS}
     algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1)
     respond = _by_group_losses(1.0)
-    drive_round(algorithm, 1, respond, examples)
+    for r in (1, 2):  # two warm-up rounds agree on the groups
+        drive_round(algorithm, r, respond, examples)
     shifts = {k: float(k) for k in FOUR_GROUPS}
     group_samples = {g: sum(n for k, n in examples.items() if FOUR_GROUPS[k] == g) for g in range(4)}
-    for r in (2, 3):
+    for r in (3, 4):
         before = {n: v.copy() for n, v in algorithm.models[0].items()}
 
         def moved(ask):
@@ -229,14 +279,19 @@ def test_selection_run_records_p_trains_p_clients_and_ignores_evaluation(small_c
     from clusterfed.simulation import simulate
 
     values = dict(strategy="selection", partitioner="label-groups", label_groups="0,1;2,3;4,5;6,7", num_clients=8,
-                  rounds=6, warmup_rounds=2, w=0.05, hold_rounds=0, seed=3)
+                  rounds=6, warmup_rounds=2, warmup_max=3, w=0.05, hold_rounds=0, seed=3)
     quiet = small_config(**values, fraction_evaluate=0.0, out_dir=str(tmp_path / "quiet"))
     loud = small_config(**values, fraction_evaluate=1.0, out_dir=str(tmp_path / "loud"))
     for config in (quiet, loud):
         simulate(config, engine="inprocess", stream=None)
     rounds = _rounds(loud.out_dir)
     assert [r["trained_clients"] for r in rounds[:2]] == [8, 8]
+    # the warm-up goes on until two rounds' cuts agree, round 3 at the most (warmup-max)
+    assert all(r["warmup"] and r["trained_clients"] == 8 and r["p"] is None for r in rounds if r["round"] <= 2)
     for r in rounds[2:]:
+        if r["warmup"]:
+            assert r["round"] <= 3 and r["trained_clients"] == 8 and r["p"] is None
+            continue
         assert r["trained_clients"] == r["p"] == r["transmissions"] == len(r["representatives"])
     # the evaluation (test data) never reaches p nor the representatives
     pick = lambda rs: [(r["p"], r["representatives"], r["p_next"] if "p_next" in r else None) for r in rs]  # noqa: E731

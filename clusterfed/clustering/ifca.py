@@ -68,3 +68,52 @@ def nearest_seed(X: np.ndarray, seeds: list[int]) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
     d = ((X[:, None, :] - X[seeds][None, :, :]) ** 2).sum(axis=2)
     return d.argmin(axis=1)
+
+
+def flat(arrays: Arrays, names: list[str]) -> np.ndarray:
+    """The named arrays of one model (or update), flattened into one float64 row."""
+    return np.concatenate([np.asarray(arrays[n], dtype=np.float64).ravel() for n in sorted(names)])
+
+
+def compares_words(k: int) -> str:
+    """Round 1's words on what IFCA compares."""
+    return (f"IFCA compares the training losses of its {k} models on each client's own data; each client trains "
+            f"the model of lowest loss and belongs to its cluster")
+
+
+def split_evidence(updates: dict, previous: dict, round_number: int, min_side: int = 2,
+                   min_silhouette: float = 0.25):
+    """The cluster whose members' updates split in two most reproducibly across two successive
+    rounds: ``updates`` / ``previous`` map a client to (its cluster, its update row) this round
+    and the last. Each cluster's members that trained in it both rounds (at least 2 * ``min_side``)
+    are cut in two (average linkage, cosine) on each round's updates, and the cuts compared
+    (``reproducible.compare``, "rounds t-1 and t"); a cut with a side smaller than ``min_side``
+    counts as agreement 0, and so does one whose cosine silhouette is below ``min_silhouette`` in
+    either round (each client's data is the same every round, so its own direction repeats: a
+    weak cut of like clients can reproduce). Returns (cluster, Reproduction, the clients in order) of the best
+    agreement, or None when no cluster had enough such members."""
+    from sklearn.metrics import silhouette_score
+
+    from clusterfed.clustering.agglomerative import cluster_into_k
+    from clusterfed.clustering.reproducible import Reproduction, compare
+
+    best = None
+    for cluster in sorted({c for c, _, _ in updates.values()}):
+        keys = sorted((k for k, (c, _, _) in updates.items() if c == cluster and k in previous and previous[k][0] == cluster),
+                      key=lambda k: (len(k), k))
+        if len(keys) < 2 * min_side:
+            continue
+        now = cluster_into_k(np.stack([updates[k][1] for k in keys]), 2, metric="cosine")
+        before = cluster_into_k(np.stack([previous[k][1] for k in keys]), 2, metric="cosine")
+        evidence = compare(now, before, f"rounds {round_number - 1} and {round_number}")
+        if min(np.bincount(now, minlength=2).min(), np.bincount(before, minlength=2).min()) < min_side:
+            evidence = Reproduction(evidence.labels_a, evidence.labels_b, 0.0, evidence.source)
+        else:  # a client's own data repeats every round: a weak cut of like clients can reproduce too
+            separation = min(silhouette_score(np.stack([updates[k][1] for k in keys]), now, metric="cosine"),
+                             silhouette_score(np.stack([previous[k][1] for k in keys]), before, metric="cosine"))
+            if separation < min_silhouette:
+                evidence = Reproduction(evidence.labels_a, evidence.labels_b, 0.0,
+                                        f"{evidence.source} (silhouette {separation:.2f} < {min_silhouette:.2f})")
+        if best is None or evidence.agreement > best[1].agreement:
+            best = (cluster, evidence, keys)
+    return best

@@ -18,8 +18,14 @@ training) and the per-cluster average (``aggregate``).
   rounds of traffic, all counted) and the one whose clients' mean training loss is lowest
   is kept; with ``kmeans++``, R seedings and the lowest k-means potential. (choice: the
   paper restarts whole runs; restarting the first round keeps it inside one run)
-- ``IFCA.paper()`` (run config ``preset = "paper"``): random initialisations, no restart
-  (``PAPER``), the paper's Algorithm 1 as this module runs it.
+- ``reseed-after = R`` (default 2; choice, beyond the paper): a model that wins no client for
+  R rounds in a row is re-seeded from a cluster that holds two groups: each cluster's members
+  that trained in it this round and the last are cut in two by their updates, once per round
+  (``clustering.ifca.split_evidence``); when the cuts agree (``clustering.reproducible``), the
+  idle model becomes the mean trained model of the side with the higher mean training loss.
+  No such cluster: the model stays. The round line says which (``reseed``). ``0``: never.
+- ``IFCA.paper()`` (run config ``preset = "paper"``): random initialisations, no restart, no
+  re-seeding (``PAPER``), the paper's Algorithm 1 as this module runs it.
 - A client is evaluated with the model it chose last; a client that has not trained yet
   (a newcomer) is not evaluated until it has chosen, which it does by loss like everyone.
 
@@ -39,7 +45,9 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
+from clusterfed.clustering.ifca import (compares_words, flat, kmeanspp_seeds, nearest_seed, random_initialisations,
+                                       split_evidence)
+from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT
 from clusterfed.strategies.base import (MULTI_MODEL, ClusteredState, ClusteredStrategy, Steps, StrategyParams,
                                         mean_train_loss)
 from clusterfed.protocol import CHOOSE_PHASE
@@ -51,6 +59,11 @@ class IFCAParams(StrategyParams):
     init: Literal["random", "kmeans++"] = Field(
         "random", json_schema_extra={"legacy": "ifca-init"}, description="K seeded random models, or k-means++ seeds among the clients' models after a warm-up round")
     restarts: int = Field(1, json_schema_extra={"legacy": "ifca-restarts"}, ge=1, le=20, description="initialisations tried in the first round (random) or seedings (kmeans++)")
+    reseed_after: int = Field(
+        2, alias="reseed-after", ge=0,
+        description="a cluster model that wins no client for this many rounds in a row is re-seeded from the "
+                    "worse-fitting side of a cluster whose members' updates split the same way in two successive "
+                    "rounds (0: never, the paper's)")
 
     @model_validator(mode="after")
     def _no_individual_seeds_under_secure_aggregation(self) -> "IFCAParams":
@@ -74,6 +87,13 @@ class IFCAState(ClusteredState):
     warming_up: bool = False
     choice_counts: dict[int, int] = field(default_factory=dict)
     candidates: list[list[Arrays]] = field(default_factory=list)
+    idle: dict[int, int] = field(default_factory=dict)  # model -> rounds in a row it won no client
+    last_won: dict[int, int] = field(default_factory=dict)  # model -> the last round it won a client
+    reseeds: list[dict] = field(default_factory=list)  # every re-seed: round, model, from cluster, clients, ARI
+    # the last round's cluster and update row (compared arrays) per trained client: ``reseed``'s evidence
+    previous_cluster: dict[str, int] = field(default_factory=dict)
+    previous_update: dict[str, np.ndarray] = field(default_factory=dict)
+    seeded_round: int = 0  # init = kmeans++: the warm-up round whose models seeded the K
 
 
 class IFCA(ClusteredStrategy):
@@ -82,7 +102,8 @@ class IFCA(ClusteredStrategy):
     name = "ifca"
     Params = IFCAParams
     State = IFCAState
-    PAPER = {"init": "random", "restarts": 1}  # the paper's random initialisations, no restart inside a run
+    # the paper's random initialisations, no restart inside a run, no re-seeding
+    PAPER = {"init": "random", "restarts": 1, "reseed_after": 0}
     params: IFCAParams
     state: IFCAState
     one_cluster_reasons = {
@@ -97,6 +118,8 @@ class IFCA(ClusteredStrategy):
         self.state.k = self.params.num_clusters
         self.state.warming_up = self.params.init == "kmeans++"
         self.state.choice_counts = {}
+        self.state.idle, self.state.last_won, self.state.reseeds = {}, {}, []
+        self.state.previous_cluster, self.state.previous_update = {}, {}
         if self.state.warming_up:
             self.new_cluster(self.state.theta0)  # the warm-up model, replaced by the seeds
             return
@@ -180,10 +203,87 @@ class IFCA(ClusteredStrategy):
     def aggregate(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """FedAvg per cluster over the clients that chose it; after kmeans++'s warm-up, the
         K models are seeded from the warm-up models instead."""
-        return self.seed_from(replies) if self.state.warming_up else self.aggregate_clusters(replies)
+        if self.state.warming_up:
+            self.state.seeded_round = rnd.number
+            return self.seed_from(replies)
+        return self.aggregate_clusters(replies)
 
     def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
-        return {"ifca_choices": {str(c): sum(1 for r in replies if r.cluster == c) for c in range(self.state.k)}}
+        """The round's choices; the models idle for ``reseed-after`` rounds re-seeded
+        (``reseed``); round 1's line names what IFCA compares."""
+        choices = {c: sum(1 for r in replies if r.cluster == c) for c in range(self.state.k)}
+        diagnostics: Diagnostics = {"ifca_choices": {str(c): n for c, n in choices.items()}}
+        words = []
+        if self.state.warming_up or not replies:
+            return diagnostics
+        if self.state.seeded_round == rnd.number:  # kmeans++'s warm-up: nobody chose yet
+            diagnostics["decision"] = (f"IFCA warm-up: the clients trained θ0; its {self.state.k} models are k-means++ "
+                                       f"seeds among their trained models (L2); from the next round "
+                                       + compares_words(self.state.k).removeprefix("IFCA "))
+            return diagnostics
+        if not self.state.last_won and not self.state.idle:
+            words.append(compares_words(self.state.k))
+        for c, n in choices.items():
+            if n:
+                self.state.last_won[c], self.state.idle[c] = rnd.number, 0
+            else:
+                self.state.idle[c] = self.state.idle.get(c, 0) + 1
+        names = self.compared_names()
+        updates = ({r.key: (r.cluster, flat(r.update, names), r) for r in replies if set(names) <= set(r.arrays)}
+                   if self.params.reseed_after else {})
+        if self.params.reseed_after:
+            idle = [c for c in range(self.state.k) if self.state.idle.get(c, 0) >= self.params.reseed_after]
+            if idle:
+                said, record = self.reseed(rnd, idle, updates)
+                words.append(said)
+                diagnostics["ifca_reseed"] = record
+        if self.params.reseed_after:
+            self.state.previous_cluster = {k: c for k, (c, _, _) in updates.items()}
+            self.state.previous_update = {k: x.astype(np.float32) for k, (_, x, _) in updates.items()}
+        if words:
+            diagnostics["decision"] = "; ".join(words)
+        return diagnostics
+
+    def reseed(self, rnd: Round, idle: list[int], updates: dict) -> tuple[str, dict]:
+        """Re-seed the first of the ``idle`` models (each won no client for ``reseed-after``
+        rounds) from a cluster that holds two groups: the members' updates, cut in two
+        (average linkage, cosine), give the same partition in this round and the last
+        (``clustering.reproducible``, ARI at least ``DEFAULT_AGREEMENT``, each side at least 2
+        clients); the model becomes the mean trained model of the side with the higher mean
+        training loss (the worse-fitting clients). No such cluster: the model stays, and the
+        words say so. Returns (the round line's words, the record)."""
+        model = idle[0]
+        idle_for = self.state.idle[model]
+        previous = {k: (c, self.state.previous_update[k]) for k, c in self.state.previous_cluster.items()
+                    if k in self.state.previous_update}
+        best = split_evidence(updates, previous, rnd.number)
+        head = f"model {model} won no client for {idle_for} rounds"
+        for c in idle:
+            self.state.idle[c] = 0  # look again after another reseed-after rounds
+        if self.params.dp is not None:
+            return f"{head}; not re-seeded: under the dp_* parameters a re-seed would release clients' models " \
+                   f"without noise", {"model": model, "reseeded": False}
+        if best is None or not best[1].reproduces(DEFAULT_AGREEMENT):
+            why = ("no cluster had 4 clients training in it two rounds in a row" if best is None else
+                   f"no cluster's updates split in two the same way in two rounds (best: cluster {best[0]}, "
+                   f"{best[1].words(DEFAULT_AGREEMENT)})")
+            return f"{head}; not re-seeded: {why}", {"model": model, "reseeded": False,
+                                                     **({} if best is None else {"cluster": best[0], **best[1].as_record()})}
+        cluster, evidence, keys = best
+        sides = [[k for k, lab in zip(keys, evidence.labels_a) if lab == side] for side in (0, 1)]
+        loss = [float(np.mean([updates[k][2].train_loss or 0.0 for k in side])) for side in sides]
+        worse = sides[int(np.argmax(loss))]
+        weights = [updates[k][2].weights for k in worse]
+        examples = np.array([max(updates[k][2].num_examples, 1) for k in worse], dtype=np.float64)
+        self.state.models[model] = {n: (np.tensordot(examples / examples.sum(), np.stack([w[n] for w in weights]), 1)
+                                        .astype(weights[0][n].dtype) if np.issubdtype(weights[0][n].dtype, np.floating)
+                                        else weights[0][n].copy()) for n in weights[0]}
+        record = {"round": rnd.number, "model": model, "cluster": cluster, "clients": sorted(worse, key=natural),
+                  "reseeded": True, **evidence.as_record()}
+        self.state.reseeds.append(record)
+        return (f"{head}; re-seeded from cluster {cluster}'s {len(worse)} worse-fitting clients (mean train loss "
+                f"{max(loss):.3g} against {min(loss):.3g}): its members' updates split in two the same way, "
+                f"{evidence.words(DEFAULT_AGREEMENT)}"), record
 
     def restart(self, rnd: Round, trainers: list[str], restarts: list[list[Arrays]]) -> Steps:
         """Round 1 from each initialisation; the one of lowest mean training loss becomes the
@@ -228,7 +328,41 @@ class IFCA(ClusteredStrategy):
         chosen = set(self.state.assignment.values())
         if len(chosen) != 1 or self.state.k == 1:
             return None
-        return f"{self.one_cluster_reasons['one_choice']} (cluster {chosen.pop()} of {self.state.k})"
+        cluster = chosen.pop()
+        others = [c for c in range(self.state.k) if c != cluster]
+        won = [self.state.last_won[c] for c in others if c in self.state.last_won]
+        if not won:  # no other model ever won a client: the paper's words are true
+            return f"{self.one_cluster_reasons['one_choice']} (cluster {cluster} of {self.state.k}){self.reseed_words()}"
+        return (f"every client's lowest-training-loss model was model {cluster} of {self.state.k} at the end; the "
+                f"other models last won a client in round {max(won)}{self.reseed_words()}")
+
+    def reseed_words(self) -> str:
+        """What re-seeding did in the run, for the last round line."""
+        if not self.params.reseed_after:
+            return " (re-seeding off: reseed-after = 0)"
+        done = self.state.reseeds
+        if not done:
+            return (f" (a model idle for {self.params.reseed_after} rounds is re-seeded only from a cluster whose "
+                    f"updates split the same way in two successive rounds; none did)")
+        return f" ({len(done)} re-seed(s), the last in round {done[-1]['round']})"
+
+    def cluster_count_basis(self) -> str | None:
+        """The final clusters: how many of the K models clients chose, the singletons named, the re-seeds."""
+        sizes: dict[int, list[str]] = {}
+        for key, cluster in self.state.assignment.items():
+            sizes.setdefault(cluster, []).append(key)
+        if len(sizes) < 2:
+            return None
+        parts = [f"{len(sizes)} of the {self.state.k} models were each some client's lowest-training-loss model"]
+        singles = [f"cluster {c} is a single client ({keys[0]})" for c, keys in sorted(sizes.items()) if len(keys) == 1]
+        parts += singles
+        unused = [c for c in range(self.state.k) if c not in sizes]
+        if unused:
+            parts.append(f"model(s) {', '.join(map(str, unused))} won no client at the end{self.reseed_words()}")
+        elif self.state.reseeds:
+            parts.append(self.reseed_words().strip(" ()"))
+        return "; ".join(parts)
 
     def cluster_state(self) -> dict:
-        return {"num_clusters": self.state.k, "init": self.params.init}
+        return {"num_clusters": self.state.k, "init": self.params.init, "reseed_after": self.params.reseed_after,
+                "reseeds": list(self.state.reseeds)}

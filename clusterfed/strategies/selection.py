@@ -17,10 +17,12 @@ pseudo-code; steps 1–3 below are its steps (our choices marked), step 4 an ext
 3. ``p`` starts at the number of clients and follows the TCP-like rule of
    ``clustering.cluster_count`` on the loss-reduction ratio of the mean participant
    training loss (``w``, doubling step ``d``, ``hold-rounds``, ``stabilizer``).
-4. ``guard = "floor"`` (the default; choice, beyond the paper): at the end of the warm-up
+4. ``guard = "floor"`` (the default; choice, beyond the paper): after each warm-up round
    the clients' final-layer changes (every client trained from the same global model) are
    cut where the silhouette is best (``cluster_auto``; one group when no cut shows
-   structure, every client its own group with fewer than 3). Every later round draws one
+   structure, every client its own group with fewer than 3); the warm-up goes on past
+   ``warmup-rounds`` until two successive rounds' cuts agree (``clustering.reproducible``),
+   ``warmup-max`` rounds at most (then the last cut stands). Every later round draws one
    representative from each of these groups (a client that joins later goes to the group
    whose mean warm-up change is nearest its latest change), weighted by its group's
    samples instead of its own, so each round gives every group the weight FedAvg gives it.
@@ -61,6 +63,7 @@ from pydantic import Field
 from clusterfed.strategies import base
 from clusterfed.clustering import (ClusterCountController, cluster_auto, cluster_into_k, cluster_references,
                                    loss_reduction_ratio, nearest_cluster)
+from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, StrategyParams, mean_train_loss
 from clusterfed.core.exchange import Diagnostics, Round, Trainers, TrainReply, natural
 
@@ -78,6 +81,10 @@ class SelectionParams(StrategyParams):
         "changes", alias="cluster-on",
         description="what is clustered of each client's final layer: its latest change (local model minus the "
                     "global model it started from) or its latest weights (the paper's)")
+    warmup_max: int = Field(
+        10, alias="warmup-max", ge=0,
+        description="guard = floor: the warm-up goes on past warmup-rounds until the cut of two successive "
+                    "warm-up rounds agrees, for at most this many rounds in all")
     guard: Literal["none", "floor"] = Field(
         "floor", description="none: the paper's rule (p starts at the number of clients and may fall to 1: one "
                              "client then trains the global model); floor: one representative, weighted by its "
@@ -97,6 +104,9 @@ class SelectionState(ClusteredState):
     group_refs: dict[int, np.ndarray] = field(default_factory=dict)  # warm-up group -> mean change (newcomers)
     examples: dict[str, int] = field(default_factory=dict)  # client -> samples of its latest reply
     stands_for: dict[str, int] = field(default_factory=dict)  # this round's representative -> its group's samples
+    settled: bool = False  # guard = "floor": the warm-up's cut reproduced in two successive rounds (or ran out)
+    warmup_cut: dict[str, int] = field(default_factory=dict)  # the last warm-up round's cut (client -> group)
+    warmup_agreement: list[dict] = field(default_factory=list)  # per warm-up round: the rounds compared, ARI
 
 
 class ClientSelection(ClusteredStrategy):
@@ -122,11 +132,15 @@ class ClientSelection(ClusteredStrategy):
         self.state.transmissions = 0
         self.state.floor, self.state.groups, self.state.group_refs = 1, {}, {}
         self.state.examples, self.state.stands_for = {}, {}
+        self.state.settled, self.state.warmup_cut, self.state.warmup_agreement = self.params.guard != "floor", {}, []
 
     def warming_up(self, server_round: int) -> bool:
         """Whether every reachable client trains this round: the warm-up rounds, and any round
         before a client's latest model is known. Read before the round's replies are remembered."""
-        return server_round <= self.params.warmup_rounds or self.state.controller is None and not self.state.latest
+        if server_round <= self.params.warmup_rounds or self.state.controller is None and not self.state.latest:
+            return True
+        # guard = "floor": until the warm-up's cut reproduces (or warmup-max rounds ran)
+        return not self.state.settled and self.state.controller is None and server_round <= self.params.warmup_max
 
     def select_trainers(self, rnd: Round) -> Trainers:
         """Warm-up: every reachable client; afterwards one representative per group
@@ -152,12 +166,15 @@ class ClientSelection(ClusteredStrategy):
         """The trainers' latest models replace theirs (the warm-up's groups are learnt from
         them); p follows the rule on the mean training loss's reduction ratio."""
         warmup = self.warming_up(rnd.number)  # before ``remember``: as the round found the state
+        first = not self.state.examples
         self.remember(replies)
+        diagnostics: Diagnostics = {}
         if warmup:
-            self.learn_groups()
+            diagnostics = self.learn_groups(rnd.number)
+        if first and replies:
+            diagnostics["decision"] = "; ".join(w for w in (self.compares_words(), diagnostics.get("decision")) if w)
         loss = mean_train_loss(replies)
         ratio = loss_reduction_ratio(self.state.previous_loss, loss)
-        diagnostics: Diagnostics = {}
         if not warmup:
             p_next = self.count_controller(len(rnd.active)).update(ratio, rnd.number)
             diagnostics = {"p_next": p_next, "p_action": self.state.controller.history[-1].action}
@@ -168,6 +185,15 @@ class ClientSelection(ClusteredStrategy):
     def draw_sample(self, rnd: Round) -> list[str] | None:
         """``fraction-train`` is availability: the clients reachable this round."""
         return self.sample_active(rnd)
+
+    def compares_words(self) -> str:
+        """Round 1's words on what ClientSelection compares."""
+        what = "change (local model minus the global model)" if self.params.cluster_on == "changes" else "weights"
+        then = ("the warm-up's groups (the silhouette-best cut, once two successive warm-up rounds agree) give one "
+                "representative each per round" if self.params.guard == "floor" else
+                "they are cut into p groups every round, one representative each")
+        return (f"ClientSelection compares the clients' latest final-layer {what} ({', '.join(self.state.layer_keys)}) "
+                f"by L2, {self.params.linkage} linkage; {then}")
 
     def count_controller(self, active: int) -> ClusterCountController:
         """The rule's p controller, made on first use (``active``: the round's number of active clients)."""
@@ -181,20 +207,52 @@ class ClientSelection(ClusteredStrategy):
             self.state.controller.set_floor(self.state.floor)
         return self.state.controller
 
-    def learn_groups(self) -> None:
+    def learn_groups(self, server_round: int) -> Diagnostics:
         """guard = "floor": the groups of the silhouette-best cut of the clients' latest
         final-layer changes (every client its own group with fewer than 3: no cut to score);
-        ``floor`` is their number (1 with guard = "none")."""
+        ``floor`` is their number (1 with guard = "none"). The warm-up is settled once this
+        round's cut and the last warm-up round's agree on the clients both cut (ARI at least
+        ``DEFAULT_AGREEMENT``, ``clustering.reproducible``; successive rounds are independent
+        draws of the clients' training), or at ``warmup-max`` rounds, when the last cut stands.
+        Returns the diagnostics (the agreement, and the round line's words)."""
         keys = sorted(self.state.latest, key=natural)
         if self.params.guard != "floor" or not keys:
             self.state.floor = 1
-            return
+            return {}
         X = np.stack([self.state.latest[k] for k in keys], dtype=np.float64)
         labels = (np.arange(len(keys)) if len(keys) < 3 else
                   cluster_auto(X, metric="l2", linkage=self.params.linkage).labels)
-        self.state.groups = {k: int(label) for k, label in zip(keys, labels)}
+        cut = {k: int(label) for k, label in zip(keys, labels)}
+        self.state.groups = dict(cut)
         self.state.group_refs = cluster_references(X, labels)
         self.state.floor = len(self.state.group_refs)
+        common = [k for k in keys if k in self.state.warmup_cut]
+        words, record = None, {}
+        if len(common) >= 2:
+            evidence = compare([cut[k] for k in common], [self.state.warmup_cut[k] for k in common],
+                               f"the warm-up's cuts of rounds {server_round - 1} and {server_round}")
+            record = {"round": server_round, **evidence.as_record()}
+            self.state.warmup_agreement.append(record)
+            if evidence.reproduces(DEFAULT_AGREEMENT):
+                self.state.settled = True
+                words = (f"ClientSelection: {self.state.floor} groups, one representative each from now on: "
+                         f"{evidence.words(DEFAULT_AGREEMENT)}")
+            elif server_round >= max(self.params.warmup_max, self.params.warmup_rounds):
+                self.state.settled = True
+                words = (f"ClientSelection: warm-up ends at warmup-max = {self.params.warmup_max} rounds with "
+                         f"{self.state.floor} groups, not reproduced: {evidence.words(DEFAULT_AGREEMENT)}")
+            else:
+                words = (f"ClientSelection: warm-up goes on (every client trains): "
+                         f"{evidence.words(DEFAULT_AGREEMENT)}")
+        elif server_round >= max(self.params.warmup_max, self.params.warmup_rounds):
+            self.state.settled = True
+        self.state.warmup_cut = cut
+        out: Diagnostics = {"p_floor": self.state.floor}
+        if record:
+            out["warmup_agreement"] = record
+        if words:
+            out["decision"] = words
+        return out
 
     def group_of(self, key: str) -> int:
         """A client's warm-up group; one that joined later goes to the group whose mean
