@@ -68,10 +68,13 @@ def partition(folder: Path, nodes: int, seed: int) -> tuple[dict, dict[str, int]
     return data, {f"dev-{i}": c["true-group"] for i, c in enumerate(manifest["clients"])}
 
 
-def run_config(data: dict, rounds: int, out: Path, timeout: float, nodes: int) -> dict:
-    return {**data, "strategy": "fedclust", "rounds": rounds, "batch-size": 32, "device": "cpu",
-            "checkpoint": False, "timeout": timeout, "out-dir": str(out), "secure-aggregation": "secaggplus",
-            "fedclust.cluster-epochs": 2, "min-clients": nodes - 1, "wait-timeout": 300.0}
+def run_config(data: dict, rounds: int, out: Path, timeout: float, nodes: int, secure: str = "secaggplus") -> dict:
+    config = {**data, "strategy": "fedclust", "rounds": rounds, "batch-size": 32, "device": "cpu",
+              "checkpoint": False, "timeout": timeout, "out-dir": str(out), "fedclust.cluster-epochs": 2,
+              "min-clients": nodes - 1, "wait-timeout": 300.0}
+    if secure != "off":  # "off": a dry run of the machinery (no protocol, so nothing is held)
+        config["secure-aggregation"] = secure
+    return config
 
 
 def hold_app(folder: Path) -> Path:
@@ -85,8 +88,10 @@ def hold_app(folder: Path) -> Path:
     text, included = re.subn(r"(?m)^fab-include = .*$", 'fab-include = ["/*.py"]', text)
     assert swapped == 1 and included == 1, "pyproject.toml: no clientapp / fab-include line to swap"
     (folder / "pyproject.toml").write_text(text)
+    # an assignment, not an import: ``flwr run`` finds the attribute by reading the module's source
     (folder / f"{HOLD_MODULE}.py").write_text('"""The deployed check\'s ClientApp."""\n'
-                                              "from benchmarks.secagg_hold_app import app  # noqa: F401\n")
+                                              "from benchmarks.secagg_hold_app import app as _hold_app\n\n"
+                                              "app = _hold_app\n")
     return folder
 
 
@@ -243,6 +248,8 @@ def main() -> None:
     parser.add_argument("--stage", default="collect", help="the protocol stage whose ask the victim holds")
     parser.add_argument("--victim", default=None, help="client key (default: the last device)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--secure-aggregation", default="secaggplus",
+                        help='"off": a dry run of the federation and the app folder, with nothing to hold')
     parser.add_argument("--timeout", type=float, default=120.0, help="run config timeout: seconds per exchange")
     parser.add_argument("--max-minutes", type=float, default=25.0)
     parser.add_argument("--tmp", default=None)
@@ -258,14 +265,15 @@ def main() -> None:
     data, groups = partition(tmp / "parts", args.nodes, args.seed)
     clean_out, deployed_out = tmp / "clean", tmp / "out"
     started = time.monotonic()
-    clean_run(tmp / "parts", run_config(data, args.rounds, clean_out, args.timeout, args.nodes), args.nodes)
+    clean_run(tmp / "parts", run_config(data, args.rounds, clean_out, args.timeout, args.nodes,
+                                        args.secure_aggregation), args.nodes)
     clean_seconds = round(time.monotonic() - started, 1)
-    config = run_config(data, args.rounds, deployed_out, args.timeout, args.nodes)
+    config = run_config(data, args.rounds, deployed_out, args.timeout, args.nodes, args.secure_aggregation)
     run = deployed_run(tmp, tmp / "parts", config, args.nodes, victim, args.stage, args.kill_round,
                        time.monotonic() + 60 * args.max_minutes)
     result = compare(clean_out, deployed_out, args.rounds, victim, run)
     summary = {"nodes": args.nodes, "rounds": args.rounds, "seed": args.seed, "data": DATA, "true_groups": groups,
-               "tls": True, "supernode_auth": True, "strategy": "fedclust", "secure_aggregation": "secaggplus",
+               "tls": True, "supernode_auth": True, "strategy": "fedclust", "secure_aggregation": args.secure_aggregation,
                "victim": victim, "hold_stage": args.stage, "hold_from_round": args.kill_round,
                "how_killed": "the victim's ClientApp holds the stage's ask (benchmarks/secagg_hold_app.py) and "
                              "writes a marker; the check SIGKILLs the victim's SuperNode process group and the "
