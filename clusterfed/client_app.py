@@ -208,7 +208,9 @@ TASK = ClientTask(
     key_fn=builtin_key,
 )
 
-app = client_app(TASK, mods=[faults.inject_faults], check=check_node_data)
+# secure_aggregation: the SecAgg+ mod is in place; it passes every message outside a secure
+# aggregation round through unchanged (``clusterfed.secagg``)
+app = client_app(TASK, mods=[faults.inject_faults], check=check_node_data, secure_aggregation=True)
 
 
 # The message handlers of ``app``, for apps that wrap the real client (tests).

@@ -126,6 +126,15 @@ def clip_replies(replies: list[TrainReply], clipping_norm: float) -> list[TrainR
     return out
 
 
+def secure_sensitivity(clipping_norm: float, settings: Any, model: Arrays) -> float:
+    """The L2 sensitivity of a cluster's secure sum to one client's clipped update: the
+    clipping norm plus the protocol's worst-case stochastic rounding of that client's values
+    (each off by less than 2 r / steps: ``clusterfed.secagg``), over the model's floating values."""
+    values = sum(int(np.size(a)) for a in model.values() if _floating(a))
+    step = 2.0 * float(settings.clipping_range) / float(settings.quantization_range)
+    return float(clipping_norm) + float(np.sqrt(values)) * step
+
+
 def add_noise(model: Arrays, std: float, rng: np.random.Generator) -> Arrays:
     """``model`` with N(0, std²) noise on each floating-point array (in float64, cast back)."""
     if std <= 0:

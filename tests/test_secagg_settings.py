@@ -4,7 +4,8 @@ Flower's secaggplus_mod does not serve a Message-API ClientApp (checked on the i
 from __future__ import annotations
 
 import pytest
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from secagg_harness import Federation, model, over_the_wire
 
 from clusterfed.secagg import (
@@ -91,8 +92,16 @@ def test_plain_train_messages_pass_through_unless_the_client_requires_secure_agg
     assert app(plain, context).content["metrics"]["plain"] is True
     strict = ClientApp(mods=[secagg_client_mod(require=True)])
     strict.train()(train)
-    with pytest.raises(ProtocolViolation, match="only trains under secure aggregation"):
-        strict(plain, context)
+    # a reply without arrays (IFCA's choice step under secure aggregation) passes; one with arrays does not
+    assert strict(plain, context).content["metrics"]["plain"] is True
+    uploading = ClientApp(mods=[secagg_client_mod(require=True)])
+
+    @uploading.train()
+    def train_and_upload(msg, context):
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(np.ones(3))})}), reply_to=msg)
+
+    with pytest.raises(ProtocolViolation, match="sends arrays only under secure aggregation"):
+        uploading(plain, context)
 
 
 def test_flowers_secaggplus_mod_cannot_read_a_message_api_reply():

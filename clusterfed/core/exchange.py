@@ -208,9 +208,49 @@ class RoundResult:
     reports: list[Any] = field(default_factory=list)
 
 
-# a hook that asks clients for work: it yields lists of asks, is sent their replies, and
+@dataclass
+class SecureTrain:
+    """Train ``asks`` under secure aggregation: one SecAgg+ instance per group (``groups``:
+    cluster -> member keys, each member's train ask in ``asks``), run by the driver over its
+    exchanges (``clusterfed.secagg``). What comes back is ``SecureSums``: each group's unmasked
+    weighted mean, never one member's arrays. ``settings``: the protocol's
+    (``clusterfed.secagg.SecAggSettings``)."""
+
+    asks: list[Ask]
+    groups: dict[int, list[str]]
+    settings: Any
+    session: str = ""
+
+
+@dataclass
+class GroupSum:
+    """One group's unmasked result: the weighted ``mean`` of its ``members``' returned arrays
+    (each array in the model's dtype), the model they were ``sent``, the total weight, how
+    many values the protocol clipped, who dropped out (key -> stage and why), the members'
+    train losses (reported in the clear, as Flower's SecAgg+ leaves metrics) and the
+    protocol's bytes each way."""
+
+    cluster: int
+    members: list[str]
+    mean: Arrays
+    sent: Arrays
+    total_weight: int
+    clipped: int = 0
+    dropped: dict[str, str] = field(default_factory=dict)
+    losses: dict[str, float] = field(default_factory=dict)
+    bytes_down: int = 0
+    bytes_up: int = 0
+
+
+class SecureSums(dict):
+    """The driver's answer to a ``SecureTrain``: cluster -> ``GroupSum``, or the sentence why
+    the group's protocol failed (too many dropped: no sum, nothing revealed)."""
+
+
+# a hook that asks clients for work: it yields lists of asks (or, for a securely aggregated
+# training step, a ``SecureTrain``), is sent their replies (``Replies``; ``SecureSums``), and
 # returns its diagnostics (a helper written as one returns what its hook needs)
-Steps = Generator[list[Ask], Replies, Any]
+Steps = Generator[Any, Any, Any]
 
 
 def weighted_average(arrays: list[Arrays], weights: list[float], sent: list[Arrays] | None = None) -> Arrays:

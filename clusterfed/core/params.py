@@ -73,8 +73,76 @@ class StrategyParams(BaseModel):
                             description="differential privacy: the δ at which ε is reported per round and cluster "
                                         "(below 1/number of clients; 0 = no accounting, without noise)")
 
+    # secure aggregation inside each cluster (clusterfed.secagg: SecAgg+, one instance per cluster)
+    secure_aggregation: str | bool = Field(
+        "off", alias="secure-aggregation",
+        description="secure aggregation of each cluster's training replies: 'secaggplus' (or True) = SecAgg+ "
+                    "(Bell et al., CCS 2020) among the cluster's trainers, the server learns each cluster's sum, "
+                    "never one client's update (clients need clusterfed.secagg.secagg_mod); 'off' (or False) = "
+                    "plain replies. Clustering rounds that read individual evidence (FedClust's, AdaCFL's first "
+                    "round) stay in the clear; strategies that compare individual updates every round refuse it")
+    secagg_shares: int = Field(
+        0, alias="secagg-shares", ge=0,
+        description="secure aggregation: members holding shares of each member's secrets, itself included (odd, "
+                    ">= 3; SecAgg+'s neighbourhood); 0 = every member of the cluster")
+    secagg_threshold: int | float = Field(
+        2 / 3, alias="secagg-threshold",
+        description="secure aggregation: shares needed to rebuild a secret, a fraction in [0.5, 1] of the shares or "
+                    "a count >= 2; up to shares - threshold members may drop after the key exchange")
+    secagg_clipping_range: float = Field(
+        8.0, alias="secagg-clipping-range", gt=0,
+        description="secure aggregation: every returned value is clipped to [-r, r] before quantization (choose r "
+                    "above the largest model weight; the cluster's count of clipped values is reported)")
+    secagg_quantization_range: int = Field(
+        2**24, alias="secagg-quantization-range", ge=16, le=2**40,
+        description="secure aggregation: quantization steps over [-r, r]; a cluster's mean is off by less than "
+                    "2 r / steps per value (9.5e-7 with the defaults)")
+    secagg_min_group_size: int = Field(
+        3, alias="secagg-min-group-size", ge=3,
+        description="secure aggregation: a cluster with fewer trainers this round is held back (not asked to train, "
+                    "its model kept, said in the round line), never summed in the clear")
+
     # the dp_* settings as one object (privacy.ClusterDP), None when DP is off; set by ``_dp_settings``
     _dp: privacy.ClusterDP | None = PrivateAttr(None)
+    # the secure-aggregation settings (clusterfed.secagg.SecAggSettings), None when it is off
+    _secagg: Any = PrivateAttr(None)
+
+    @field_validator("secure_aggregation", mode="before")
+    @classmethod
+    def _secure_mode(cls, value: Any) -> Any:
+        if value is True or value is False:
+            return "secaggplus" if value else "off"
+        if value not in ("off", "secaggplus"):
+            raise ValueError(f"secure_aggregation must be 'off' or 'secaggplus' (or True / False), got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _secagg_settings(self) -> "StrategyParams":
+        """The secure-aggregation settings checked together (``clusterfed.secagg.SecAggSettings``)
+        when it is on; it needs the default weighted mean (the server sees only the sum)."""
+        if self.secure_aggregation == "off":
+            return self
+        from clusterfed.secagg import SecAggSettings, SecAggSettingsError
+
+        try:
+            self._secagg = SecAggSettings(
+                shares=self.secagg_shares or None, threshold=self.secagg_threshold,
+                clipping_range=self.secagg_clipping_range, quantization_range=self.secagg_quantization_range,
+                min_group_size=self.secagg_min_group_size)
+        except SecAggSettingsError as error:
+            raise ValueError(str(error).replace("secure aggregation settings: ", "secure_aggregation: ")) from None
+        template = template_of(self.aggregator)
+        if template is not None:
+            raise ValueError(
+                f"secure_aggregation with aggregator = {type(template).__name__!r}: under secure aggregation the "
+                f"server learns only each cluster's sum, which a robust or adaptive aggregator cannot work from; "
+                f"use the default weighted mean")
+        return self
+
+    @property
+    def secagg(self) -> Any:
+        """The validated secure-aggregation settings (``SecAggSettings``), None when it is off."""
+        return self._secagg
 
     @model_validator(mode="after")
     def _dp_settings(self) -> "StrategyParams":

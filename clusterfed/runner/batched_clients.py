@@ -37,10 +37,13 @@ from flwr.common.logger import log
 from clusterfed import faults, protocol
 from clusterfed.client.app import evaluated_content, name_client, receive, trained_content, uses_warm_worker
 from clusterfed.client.task import ClientTask, load_task
+from clusterfed.secagg import secagg_mod
 
 # ClientApp mods that only look at and change the reply, so that the reply computed together
-# can be handed through them: the built-in fault injection
-KNOWN_MODS = (faults.inject_faults,)
+# can be handed through them: the built-in fault injection, and the SecAgg+ mod (it hands the
+# train function the message without its protocol record, which the batched training does
+# not read, and masks the reply computed together)
+KNOWN_MODS = (faults.inject_faults, secagg_mod)
 FREE_MEMORY_SHARE = 0.5  # of the device's free memory, for one chunk
 MAX_CHUNK: int | None = None  # an upper bound on a chunk's clients (tests set one); None: memory decides
 

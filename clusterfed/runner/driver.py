@@ -42,7 +42,8 @@ from clusterfed.runner.scoring import eval_rows, record_round, score_reports, we
 from clusterfed.runner.transport import is_simulation, wait_for_nodes
 from clusterfed.runner.validation import ReplyRejected, parse_train_reply
 from clusterfed.core.contract import ClientFailureError, ClusteredResult, ModelMismatchError, StrategyParamsError, ending_sentence
-from clusterfed.core.exchange import Ask, Diagnostics, Replies, RoundResult, Steps
+from clusterfed.core.exchange import Ask, Diagnostics, Replies, RoundResult, SecureTrain, Steps
+from clusterfed.runner.secure import secure_exchange
 from clusterfed.strategies.base import ClusteredStrategy
 
 # rejection kinds that say the server's model and the client's differ
@@ -338,7 +339,8 @@ class RoundDriver:
             asks = next(steps)
             while True:
                 self.strategy_seconds += time.perf_counter() - started
-                replies = self.train(server_round, asks)
+                replies = (secure_exchange(self, server_round, asks) if isinstance(asks, SecureTrain)
+                           else self.train(server_round, asks))
                 started = time.perf_counter()
                 asks = steps.send(replies)
         except StopIteration as done:

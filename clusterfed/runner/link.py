@@ -79,6 +79,23 @@ class Link:
         message_ids, replies = self.push(messages)
         return self.collect(server_round, message_type, message_ids, keys, replies)
 
+    def send_contents(self, server_round: int, contents: dict[str, RecordDict], message_type: str,
+                      phase: str = "train") -> dict[str, RecordDict]:
+        """Send each client its message ``content`` as it is (a secure-aggregation stage's);
+        the replies that arrived, by key. Array bytes counted each way, failures recorded
+        under ``phase``."""
+        messages, keys = [], []
+        for key, content in contents.items():
+            self.traffic.down += protocol.message_array_bytes(content)
+            messages.append(Message(content, dst_node_id=self.node_of_key[key], message_type=message_type,
+                                    group_id=str(server_round)))
+            keys.append(key)
+            self.messaged.add(key)
+        if not messages:
+            return {}
+        message_ids, replies = self.push(messages)
+        return self.collect(server_round, message_type, message_ids, keys, replies, phase=phase)[0]
+
     def messages(self, server_round: int, plan: dict[str, tuple[Arrays | None, dict[str, Any]]],
                  message_type: str) -> tuple[list[Message], list[str]]:
         """Each client's message of ``plan`` (its arrays and config), with the array bytes down
@@ -110,11 +127,11 @@ class Link:
         return messages, keys
 
     def collect(self, server_round: int, message_type: str, message_ids: list[str], keys: list[str],
-                replies: list[Message]) -> tuple[dict[str, RecordDict], int]:
+                replies: list[Message], phase: str | None = None) -> tuple[dict[str, RecordDict], int]:
         """The replies by key and the array bytes up; errors, undelivered messages and
         missing replies recorded as failures of their client."""
         key_of_message = dict(zip(message_ids, keys))
-        phase = "evaluate" if message_type == MessageType.EVALUATE else "train"
+        phase = phase or ("evaluate" if message_type == MessageType.EVALUATE else "train")
         out: dict[str, RecordDict] = {}
         bytes_up = 0
         for reply in replies:

@@ -27,7 +27,7 @@ from flwr.supercore import log
 
 from clusterfed.runner.scoring import weighted_metrics
 from clusterfed.core.contract import StrategyParamsError
-from clusterfed.core.exchange import TRAINING_PHASES, Ask, natural
+from clusterfed.core.exchange import TRAINING_PHASES, Ask, natural, SecureTrain
 
 if TYPE_CHECKING:
     from clusterfed.runner.driver import OpenRound, RoundDriver
@@ -60,6 +60,12 @@ def train_messages(driver: RoundDriver, server_round: int, config: dict[str, Any
         return []
     finally:
         driver.strategy_seconds += time.perf_counter() - started
+    if isinstance(asks, SecureTrain):
+        opened.steps.close()
+        raise StrategyParamsError(
+            f"{strategy.name}: secure_aggregation runs four exchanges per training step (SecAgg+'s setup, "
+            f"share-keys, collect, unmask), which Flower's single-phase configure_train/aggregate_train cannot "
+            f"run (nothing was sent); {START_INSTEAD}")
     phases = sorted({str(ask.config.get("phase", "train")) for ask in asks} - set(TRAINING_PHASES))
     if phases:
         opened.steps.close()

@@ -39,6 +39,7 @@ from flwr.common.secure_aggregation.secaggplus_utils import (
     share_keys_plaintext_concat,
     share_keys_plaintext_separate,
 )
+from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, compute_clip_model_update, get_norm
 from flwr.supercore.primitives.asymmetric import (
     bytes_to_private_key,
     bytes_to_public_key,
@@ -101,10 +102,12 @@ def secagg_client_mod(*, require: bool = False) -> Mod:
         if msg.metadata.message_type.split(".")[0] != MessageType.TRAIN:
             return call_next(msg, context)
         if wire.RECORD not in msg.content:
-            if require:
-                raise ProtocolViolation("this client only trains under secure aggregation "
+            reply = call_next(msg, context)
+            if require and reply.has_content() and any(
+                    isinstance(record, ArrayRecord) and len(record) for record in reply.content.values()):
+                raise ProtocolViolation("this client sends arrays only under secure aggregation "
                                         "(secagg_client_mod(require=True)) and the train message carries no protocol")
-            return call_next(msg, context)
+            return reply
         ask = dict(msg.content[wire.RECORD])
         state = ClientState.load(context)
         stage = ask.get("stage")
@@ -222,11 +225,19 @@ def _collect(state: ClientState, ask: dict, msg: Message, context: Context,
              call_next: Callable[[Message, Context], Message]) -> RecordDict | Message:
     partners = _open_shares(state, ask)
     del msg.content[wire.RECORD]  # the user's train function sees a plain train message
+    norm = _clipping_norm(msg)
+    sent = ({key: array.numpy().copy() for key, array in msg.content[_ARRAYS].items()}
+            if norm is not None and _ARRAYS in msg.content else None)
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
     records = {name: {key: array.numpy() for key, array in record.items()}
                for name, record in reply.content.items() if isinstance(record, ArrayRecord)}
+    if norm is not None:  # distributed DP: the update is clipped here, before anything leaves
+        if sent is None or _ARRAYS not in records:
+            raise ProtocolViolation("secure aggregation with a clipping norm: the train message and its reply "
+                                    f"must carry the model under {_ARRAYS!r}")
+        records[_ARRAYS] = clip_update(records[_ARRAYS], sent, norm)
     metrics = {name: record for name, record in reply.content.items() if isinstance(record, MetricRecord)}
     weight = _weight(state, metrics)
     layout = vectors.layout_of(records)
@@ -244,6 +255,32 @@ def _collect(state: ClientState, ask: dict, msg: Message, context: Context,
     content[wire.MASKED] = wire.masked_record(vector)
     state.stage = wire.COLLECT
     return content
+
+
+_ARRAYS = "arrays"  # the model's record in a train message and its reply (Flower's FedAvg names it so)
+
+
+def _clipping_norm(msg: Message) -> float | None:
+    """Flower's ``clipping_norm`` (what ``fixedclipping_mod`` reads) from the train config, if any."""
+    for record in msg.content.config_records.values():
+        value = record.get(KEY_CLIPPING_NORM)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+    return None
+
+
+def clip_update(trained: dict[str, np.ndarray], sent: dict[str, np.ndarray], norm: float) -> dict[str, np.ndarray]:
+    """``trained`` with its update against ``sent`` clipped to L2 ``norm`` over the
+    floating-point arrays (Flower's ``compute_clip_model_update``); other arrays take the values
+    sent (they would be released without noise). As ``clusterfed.privacy.clip_replies`` on the server."""
+    names = [n for n in trained if n in sent and np.issubdtype(np.asarray(sent[n]).dtype, np.floating)]
+    updated = [np.array(trained[n], copy=True) for n in names]
+    base = [np.asarray(sent[n]) for n in names]
+    if get_norm([np.subtract(t, b, dtype=np.float64) for t, b in zip(updated, base)]) > norm:
+        compute_clip_model_update(param1=updated, param2=base, clipping_norm=norm)
+    out = {n: np.asarray(sent[n]).copy() if n in sent else trained[n] for n in trained}
+    out.update({n: np.asarray(a, dtype=np.asarray(sent[n]).dtype) for n, a in zip(names, updated)})
+    return out
 
 
 def _weight(state: ClientState, metrics: dict[str, MetricRecord]) -> int:

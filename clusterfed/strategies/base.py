@@ -84,7 +84,8 @@ from clusterfed.core.aggregation import ClusterAggregator, template_of
 from clusterfed.core.flower_hooks import FlowerHooks
 from clusterfed.core.params import StrategyParams, describe_errors, document_params  # noqa: F401
 from clusterfed.core.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
-    RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, Round, RoundResult, Steps, TrainReply, Trainers,
+    RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, GroupSum, Round, RoundResult, SecureSums,
+    SecureTrain, Steps, TrainReply, Trainers,
     diagnostics_of,
     by_key, natural, steps, weighted_average)
 
@@ -105,6 +106,12 @@ class ClusteredState:
     # data); empty with the default weighted mean (clusterfed.core.aggregation)
     aggregator_state: dict[int, dict[str, Any]] = field(default_factory=dict)
     dp_releases: dict[str, int] = field(default_factory=dict)  # client key -> noisy releases its update entered
+
+
+def sums_train_loss(sums: SecureSums) -> float | None:
+    """The mean train loss the clients of the summed clusters reported in the clear."""
+    losses = [loss for s in sums.values() if isinstance(s, GroupSum) for loss in s.losses.values()]
+    return float(np.mean(losses)) if losses else None
 
 
 @cache
@@ -128,6 +135,9 @@ class ClusteredStrategy(FlowerHooks):
     # defaults are the paper's; None: no paper to run (a baseline such as Local, or a strategy
     # that has not declared its preset)
     PAPER: ClassVar[dict[str, Any] | None] = None
+    # why this strategy cannot run with ``secure_aggregation`` (its steps read individual
+    # updates in rounds that train); None: its training steps work from each cluster's sum
+    secure_refusal: ClassVar[str | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -153,6 +163,10 @@ class ClusteredStrategy(FlowerHooks):
         except ValidationError as error:
             raise StrategyParamsError(describe_errors(self.name, error, self.Params)) from None
         self.dp = self.params.dp  # checked with the Params (StrategyParams._dp_settings), not again here
+        self.secagg = self.params.secagg  # SecAggSettings, None when secure aggregation is off
+        if self.secagg is not None and self.secure_refusal:
+            raise StrategyParamsError(f"{self.name}: secure_aggregation = {self.params.secure_aggregation!r} "
+                                      f"refused: {self.secure_refusal}")
         try:
             self.dp_accountant = privacy.Accountant(self.dp) if self.dp and self.dp.noise_multiplier > 0 else None
         except ValueError as error:  # the accountant's backend is not installed
@@ -288,6 +302,16 @@ class ClusteredStrategy(FlowerHooks):
         trainers = self.select_trainers(rnd)
         if isinstance(trainers, Trainers):  # what choosing them found
             diagnostics.update(trainers.diagnostics)
+        if self.secagg is not None:  # each cluster's sum, never one client's update
+            sums, trained = yield from self.secure_train(rnd, trainers)
+            diagnostics.update(trained)
+            secure = self.aggregate_sums(rnd, sums)
+            if diagnostics.get("decision"):  # the clustering step's words first
+                secure["decision"] = f"{diagnostics['decision']}; {secure['decision']}"
+            diagnostics.update(secure)
+            diagnostics.update(diagnostics_of(self.after_secure_train(rnd, sums)))
+            diagnostics["train_loss"] = sums_train_loss(sums)
+            return diagnostics
         replies, trained = yield from self.train(rnd, trainers)
         diagnostics.update(trained)
         diagnostics.update(self.aggregate(rnd, replies))
@@ -305,6 +329,95 @@ class ClusteredStrategy(FlowerHooks):
         """Each cluster's new model from the training ``replies``, each weighing what ``weigh``
         says (``aggregate_clusters``); returns the diagnostics."""
         return self.aggregate_clusters(self.weigh(replies))
+
+    # ------------------------------------------------------- secure aggregation
+    def secagg_settings(self) -> Any:
+        """The protocol's settings this run uses: ``params.secagg``, with equal weights under
+        dp_* (the noise is calibrated to an equally weighted mean of clipped updates)."""
+        if self.dp is not None and self.secagg.weight_key is not None:
+            return self.secagg.model_copy(update={"weight_key": None})
+        return self.secagg
+
+    def secure_train(self, rnd: Round, trainers: list[str]) -> Steps:
+        """The round's training under secure aggregation: the trainers, grouped by cluster, each
+        group one SecAgg+ instance (``SecureTrain``); a group below the minimum is held back (not
+        asked, its model kept: ``clusterfed.secagg.split_groups``). Returns (``SecureSums``, the
+        diagnostics)."""
+        groups: dict[int, list[str]] = defaultdict(list)
+        for key in trainers:
+            groups[self.state.assignment[key]].append(key)
+        return (yield from self.secure_groups(rnd, dict(groups), lambda keys: self.train_asks(rnd, keys)))
+
+    def secure_groups(self, rnd: Round, groups: dict[int, list[str]], asks_of: Any) -> Steps:
+        """Run ``groups`` (cluster -> trainer keys) under secure aggregation, each trainer asked
+        what ``asks_of(keys)`` asks; the small-group rule applied first. Returns (``SecureSums``
+        with ``held`` set, the diagnostics)."""
+        from clusterfed.secagg import split_groups
+
+        settings = self.secagg_settings()
+        secure, held = split_groups(groups, settings)
+        keys = [key for cluster in sorted(secure) for key in secure[cluster]]
+        sums = (yield SecureTrain(asks_of(keys), {c: secure[c] for c in sorted(secure)}, settings,
+                                  session=f"round-{rnd.number}")) if keys else SecureSums()
+        sums.held = {cluster: (len(groups[cluster]), why) for cluster, why in held.items()}
+        return sums, {}
+
+    def aggregate_sums(self, rnd: Round, sums: SecureSums) -> Diagnostics:
+        """Each cluster's new model from its unmasked mean (``GroupSum``): the aggregation never
+        sees one client's update. Under dp_* the clients clipped their updates (the mod) and the
+        mean is of equal weights; Gaussian noise goes on each cluster's mean here. Clusters held
+        back or whose protocol failed keep their models. Returns the diagnostics: ``secure_aggregation``
+        (per cluster), ``privacy``, and the round line's words (``decision``)."""
+        self.state.aggregator_state = {c: s for c, s in self.state.aggregator_state.items() if c in self.state.models}
+        released: dict[int, dict[str, Any]] = {}
+        record: dict[str, Any] = {}
+        words = []
+        for cluster, outcome in sorted(sums.items()):
+            if not isinstance(outcome, GroupSum):
+                record[str(cluster)] = {"failed": outcome}
+                words.append(f"cluster {cluster} failed ({outcome}), its model kept")
+                continue
+            if cluster not in self.state.models:
+                continue
+            self.state.models[cluster] = outcome.mean
+            if self.dp is not None:
+                released[cluster] = self.add_secure_dp_noise(cluster, outcome)
+            record[str(cluster)] = {"members": len(outcome.members), "dropped": outcome.dropped,
+                                    "clipped": outcome.clipped, "bytes_down": outcome.bytes_down,
+                                    "bytes_up": outcome.bytes_up}
+        held = getattr(sums, "held", {})
+        for cluster, (size, why) in sorted(held.items()):
+            record[str(cluster)] = {"held_back": why}
+            words.append(f"cluster {cluster} held back ({size} trainer{'s' if size != 1 else ''}, below the minimum "
+                         f"of {self.secagg_settings().minimum_group_size()}: not asked to train, model kept, never "
+                         f"summed in the clear)")
+        summed = [s for s in sums.values() if isinstance(s, GroupSum)]
+        dropped = sum(len(s.dropped) for s in summed)
+        sentence = (f"secure aggregation: {len(summed)} cluster sum{'s' if len(summed) != 1 else ''} of "
+                    f"{sum(len(s.members) for s in summed)} clients"
+                    + (f" ({dropped} dropped out, tolerated)" if dropped else "")
+                    + "".join(f"; {w}" for w in words))
+        diagnostics: Diagnostics = {"secure_aggregation": record, "decision": sentence}
+        if self.dp_accountant is not None:
+            diagnostics["privacy"] = self.dp_accountant.report(self.state.dp_releases, self.state.assignment, released)
+        return diagnostics
+
+    def add_secure_dp_noise(self, cluster: int, outcome: GroupSum) -> dict[str, Any]:
+        """Distributed DP: noise on ``cluster``'s unmasked mean of ``m`` client-clipped updates,
+        of std ``z * C' / m`` where C' = the clipping norm plus the protocol's worst-case rounding
+        of one update (``privacy.secure_sensitivity``); each member's update went into one more release."""
+        m = len(outcome.members)
+        sensitivity = privacy.secure_sensitivity(self.dp.clipping_norm, self.secagg_settings(), outcome.mean)
+        std = self.dp.noise_multiplier * sensitivity / m if m else 0.0
+        self.state.models[cluster] = privacy.add_noise(self.state.models[cluster], std, self.state.rng)
+        if std > 0:
+            for key in outcome.members:
+                self.state.dp_releases[key] = self.state.dp_releases.get(key, 0) + 1
+        return {"sampled": m, "noise_std": std}
+
+    def after_secure_train(self, rnd: Round, sums: SecureSums) -> Diagnostics | None:
+        """Steps after a securely aggregated training step (they see each cluster's sum, never
+        an update; ``after_train`` is not called then). Default: none."""
 
     def weigh(self, replies: list[TrainReply]) -> list[TrainReply]:
         """The replies as the average weighs them: by default each by its own num-examples."""
