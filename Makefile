@@ -106,10 +106,10 @@ bench-chaos: $(VENV)/.installed
 # ask to upload its masked vector in round SECAGG_KILL_ROUND (after the key exchange) and is
 # SIGKILLed there; the round must finish from the survivors and the run must end with the
 # clusters and accuracy of a clean in-process run: benchmarks/results/secure-aggregation/deployed/
-# (summary.json, the ServerApp's log, manifest; ~10-15 min on two busy cores). Fails unless
+# (summary.json, the ServerApp's log, manifest; ~15-25 min on two busy cores). Fails unless
 # every check passes.
 SECAGG_NODES ?= 8
-SECAGG_ROUNDS ?= 6
+SECAGG_ROUNDS ?= 5
 SECAGG_KILL_ROUND ?= 3
 test-secagg-deployed: $(VENV)/.installed
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests PATH=$(abspath $(VENV))/bin:$$PATH nice -n 10 $(PY) benchmarks/bench_secagg_deployed.py \

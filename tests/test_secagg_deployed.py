@@ -2,8 +2,8 @@
 holds a device mid-protocol (benchmarks/secagg_hold_app.py) and the app folder `flwr run` gets,
 and the committed result of `make test-secagg-deployed`, when there is one.
 
-The deployed run itself (TLS, SuperNode authentication, 8 SuperNodes, a SuperNode killed between
-the key exchange and the masked upload) is `make test-secagg-deployed`: ~10-15 min, outside
+The deployed run itself (TLS, SuperNode authentication, 8 SuperNodes, 5 rounds, a SuperNode killed between
+the key exchange and the masked upload) is `make test-secagg-deployed`: ~15-25 min, outside
 `make test`.
 """
 
