@@ -237,7 +237,12 @@ def compare(clean_out: Path, deployed_out: Path, rounds: int, victim: str, run: 
             "events": run["events"], "deployed_wall_seconds": run["wall_seconds"]}
 
 
+def _stop(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")  # the federation is closed on the way out
+
+
 def main() -> None:
+    signal.signal(signal.SIGTERM, _stop)  # SIGTERM stops the check and its federation
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=8, help="SuperNodes (two groups: at least 4 per cluster, so "
                         "that a cluster tolerates one dropout at the default threshold)")
