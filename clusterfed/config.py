@@ -109,24 +109,21 @@ class RunConfig(BaseModel):
     dp_delta: float = Field(0.0, alias="dp-delta", ge=0, lt=1,
                             description="report ε at this δ (below 1/num-clients); 0 = no accounting")
 
-    # secure aggregation inside each cluster (clusterfed.secagg; docs/privacy.md): the strategy's
-    # StrategyParams check them together
-    secure_aggregation: Literal["off", "secaggplus"] = Field(
-        "off", alias="secure-aggregation",
-        description="'secaggplus': SecAgg+ among each cluster's trainers, the server learns each cluster's sum, never "
-                    "one client's update (clients need clusterfed.secagg.secagg_mod); 'off': plain replies")
+    # secure aggregation inside each cluster (clusterfed.secagg; docs/privacy.md): the strategies' Params check them
+    secure_aggregation: str = Field("off", alias="secure-aggregation",
+                                    description="'secaggplus': SecAgg+ per cluster, the server sees each cluster's sum, "
+                                                "never one client's update; 'off': plain replies")
     secagg_shares: int = Field(0, alias="secagg-shares", ge=0,
-                               description="members holding shares of each member's secrets (odd, >= 3); 0 = every member")
-    secagg_threshold: float = Field(2 / 3, alias="secagg-threshold",
-                                    description="shares needed to rebuild a secret: a fraction in [0.5, 1] of the shares, "
-                                                "or a count >= 2")
+                               description="secure aggregation: share holders per member (odd, >= 3); 0 = every member")
+    secagg_threshold: int | float = Field(2 / 3, alias="secagg-threshold",
+                                          description="secure aggregation: shares needed to rebuild a secret (a "
+                                                      "fraction in [0.5, 1] of the shares, or a count >= 2)")
     secagg_clipping_range: float = Field(8.0, alias="secagg-clipping-range", gt=0,
-                                         description="every returned value is clipped to [-r, r] before quantization")
+                                         description="secure aggregation: values clipped to [-r, r] before quantization")
     secagg_quantization_range: int = Field(2**24, alias="secagg-quantization-range", ge=16, le=2**40,
-                                           description="quantization steps over [-r, r]")
+                                           description="secure aggregation: quantization steps over [-r, r]")
     secagg_min_group_size: int = Field(3, alias="secagg-min-group-size", ge=3,
-                                       description="a cluster with fewer trainers in a round is held back, never summed "
-                                                   "in the clear")
+                                       description="secure aggregation: smaller clusters are held back that round")
 
     # fault injection on the clients, for tests and benchmarks (clusterfed/faults.py)
     fault_rate: float = Field(0.0, alias="fault-rate", ge=0, le=1, description="share of train messages whose client raises")
@@ -215,9 +212,9 @@ class RunConfig(BaseModel):
         elif self.dp_noise_multiplier or self.dp_clipping_norm or self.dp_delta:
             raise ConfigError(f"strategy {self.strategy!r} does not take the dp-* keys: use a clustered strategy "
                               f"(fedavg is FedAvg with differential privacy per cluster)")
-        elif self.secure_aggregation != "off":
+        if self._params is None and self.secure_aggregation != "off":
             raise ConfigError(f"strategy {self.strategy!r} does not take secure-aggregation: use a clustered strategy "
-                              f"(fedavg is FedAvg with secure aggregation)")
+                              f"(fedavg is FedAvg with SecAgg+ per cluster)")
         return self
 
     @model_validator(mode="after")
@@ -233,16 +230,8 @@ class RunConfig(BaseModel):
         return {"fraction-train": self.fraction_train, "fraction-evaluate": self.fraction_evaluate, "seed": self.seed,
                 "compare-arrays": self.compare_arrays, "aggregator": self.aggregator,
                 "dp-noise-multiplier": self.dp_noise_multiplier, "dp-clipping-norm": self.dp_clipping_norm,
-                "dp-delta": self.dp_delta, **self.secure_params()}
-
-    def secure_params(self) -> dict[str, Any]:
-        """The secure-aggregation run keys, as the strategy's Params take them (a threshold
-        written as a whole number is a count of shares)."""
-        if self.secure_aggregation == "off":
-            return {}
-        threshold = self.secagg_threshold
-        return {"secure-aggregation": self.secure_aggregation, "secagg-shares": self.secagg_shares,
-                "secagg-threshold": int(threshold) if float(threshold).is_integer() and threshold >= 2 else threshold,
+                "dp-delta": self.dp_delta, "secure-aggregation": self.secure_aggregation,
+                "secagg-shares": self.secagg_shares, "secagg-threshold": self.secagg_threshold,
                 "secagg-clipping-range": self.secagg_clipping_range,
                 "secagg-quantization-range": self.secagg_quantization_range,
                 "secagg-min-group-size": self.secagg_min_group_size}

@@ -38,6 +38,10 @@ PROFILE_QUERY = "query.profile"
 # loss, returns it under the plain names and reports its index as the metric ``CHOICE``
 CHOICES = "ifca-k"
 CHOICE = "ifca-choice"
+# a multi-model train message whose config has phase = CHOOSE_PHASE asks only for the choice:
+# the client trains nothing and returns no arrays, only CHOICE and the chosen model's
+# train-loss (IFCA's choice step under secure aggregation, which then sums each choice's trainers)
+CHOOSE_PHASE = "choose"
 
 
 def pack_models(models: list[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:

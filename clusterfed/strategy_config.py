@@ -143,9 +143,14 @@ def validate_params(cls: type[ClusteredStrategy], shared: dict[str, Any], given:
     in a run (the strategy is built from this object, ``ClusteredStrategy.from_params``).
     ConfigError names each wrong key as the run config spells it."""
     try:
-        return cls.Params.model_validate({**shared, **given})
+        params = cls.Params.model_validate({**shared, **given})
     except ValidationError as error:
         raise ConfigError(problems(error, cls, lambda key: key if key in shared else f"{cls.name}.{key}")) from None
+    refusal = getattr(cls, "secure_refusal", None)
+    if params.secagg is not None and refusal:  # before round 1, before any message
+        raise ConfigError(f"config key 'secure-aggregation' = {params.secure_aggregation!r}: {cls.name} refuses it: "
+                          f"{refusal}")
+    return params
 
 
 def own_values(params: StrategyParams) -> dict[str, Any]:

@@ -159,6 +159,10 @@ def train_reply(task: ClientTask, content: RecordDict, context: Context) -> Reco
     from clusterfed.training import state_to_numpy
 
     config, data, model, device, received, choice = receive(task, content, context)
+    if config.get("phase") == protocol.CHOOSE_PHASE and choice is not None:  # the choice only: no training, no arrays
+        metrics = {"num-examples": count_examples(data, "train"), CHOICE: choice,
+                   "train-loss": float(task.train_loss(model, data, config, device))}
+        return RecordDict({protocol.METRICS: MetricRecord(metrics), protocol.CLIENT: _identity(task, context, data)})
     trained_metrics = task.train(model, data, config, device)
     trained = state_to_numpy(model, copy=False)  # copied once, into the reply's bytes
     return trained_content(task, context, config, data, received, choice, trained, trained_metrics)

@@ -111,7 +111,7 @@ class BatchedClients:
         kind = message.metadata.message_type
         if kind not in (MessageType.TRAIN, MessageType.EVALUATE) or protocol.CONFIG not in message.content:
             return None
-        if message.content[protocol.CONFIG].get("phase") == protocol.PROFILE_PHASE:
+        if message.content[protocol.CONFIG].get("phase") in (protocol.PROFILE_PHASE, protocol.CHOOSE_PHASE):
             return None
         if isinstance(parts.task, str) and uses_warm_worker(context.node_config):
             self.why_not("a warm worker answers the task's messages")

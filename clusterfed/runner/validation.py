@@ -64,6 +64,8 @@ def parse_train_reply(content: RecordDict, ask: Ask, shapes: dict[str, tuple[tup
     ``stock``: the client is a stock Flower ClientApp, which returns its full weights
     whatever was asked: the arrays asked for are taken from them (the reply must hold the
     whole model), and they are weights, never an update."""
+    if ask.config.get("phase") == protocol.CHOOSE_PHASE:
+        return parse_choice_reply(content, ask)
     record = _record(content, protocol.ARRAYS, "names")
     metrics = _record(content, protocol.METRICS, "metrics")
     names = ask.upload or list(shapes)
@@ -100,6 +102,29 @@ def parse_train_reply(content: RecordDict, ask: Ask, shapes: dict[str, tuple[tup
         metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
         is_update=not stock and ask.config.get("return") == protocol.RETURN_UPDATE,
     )
+
+
+CHOICE_METRIC = protocol.CHOICE
+
+
+def parse_choice_reply(content: RecordDict, ask: Ask) -> TrainReply:
+    """The reply to a choice-only ask (IFCA's choice step under secure aggregation): the
+    model index the client chose and that model's train loss, no arrays (a reply that carries
+    arrays is refused unread: the step must not reveal a model)."""
+    if any(hasattr(record, "to_numpy_ndarrays") and len(record) for record in content.values()):
+        raise ReplyRejected("a choice-only reply carried arrays: the choice step uploads none", "names")
+    metrics = _record(content, protocol.METRICS, "metrics")
+    num_examples = _positive_int(metrics, "num-examples")
+    loss = metrics.get("train-loss")
+    if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not math.isfinite(loss):
+        raise ReplyRejected(f"train-loss must be a finite number, got {loss!r}", "metrics")
+    _check_key(content, ask.key)
+    try:
+        cluster, _ = ask.chosen(metrics)
+    except ValueError as error:
+        raise ReplyRejected(str(error), "metrics") from None
+    return TrainReply(key=ask.key, cluster=cluster, arrays={}, sent={}, num_examples=num_examples,
+                      train_loss=float(loss), metrics={CHOICE_METRIC: float(cluster)})
 
 
 def parse_eval_reply(content: RecordDict, key: str) -> tuple[dict[str, float], int]:

@@ -90,6 +90,18 @@ from clusterfed.core.exchange import (  # noqa: F401 (Steps, steps: the author k
     by_key, natural, steps, weighted_average)
 
 
+# ``secure_refusal`` sentences of the strategies whose training rounds read individual updates
+COMPARES_UPDATES_EVERY_ROUND = (
+    "the CFL family (CFL, LayerCFL, HiCFL) compares the individual updates of every round in which a split may "
+    "happen, which secure aggregation hides from the server (only each cluster's sum is revealed); run it without "
+    "secure_aggregation, or use FedClust, AdaCFL or IFCA, whose training rounds work from cluster sums")
+READS_EACH_CLIENTS_MODEL = (
+    "ClientSelection clusters every client's latest model each round and trains one representative per group, "
+    "whose update a sum of one would reveal: there is no group sum to secure; run it without secure_aggregation")
+EACH_CLIENT_ALONE = ("Local trains every client alone (a cluster of one), which secure aggregation cannot hide: "
+                     "there is no sum")
+
+
 @dataclass
 class ClusteredState:
     """The base's state: cluster models, the client → cluster assignment, the newcomer
@@ -261,6 +273,7 @@ class ClusteredStrategy(FlowerHooks):
         self.state.rng = np.random.default_rng(self.params.seed)
         self.state.theta0 = {k: v.copy() for k, v in theta0.items()}
         self.state.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
+        self.check_secure_dp(theta0)
         self.init_clusters()
 
     def round_steps(self, server_round: int, active: list[str], train_config: dict[str, Any],
@@ -414,6 +427,21 @@ class ClusteredStrategy(FlowerHooks):
             for key in outcome.members:
                 self.state.dp_releases[key] = self.state.dp_releases.get(key, 0) + 1
         return {"sampled": m, "noise_std": std}
+
+    def check_secure_dp(self, theta0: Arrays) -> None:
+        """Distributed DP (dp_* with secure_aggregation): StrategyParamsError, before round 1, when
+        the protocol's rounding of one update (sqrt(values) * 2 r / steps, which the noise must
+        also cover) exceeds a tenth of dp_clipping_norm: the stated clipping norm would not be
+        the update's bound; raise secagg-quantization-range or lower secagg-clipping-range."""
+        if self.dp is None or self.secagg is None or self.dp.clipping_norm <= 0:
+            return
+        rounding = privacy.secure_sensitivity(0.0, self.secagg, theta0)
+        if rounding > 0.1 * self.dp.clipping_norm:
+            raise StrategyParamsError(
+                f"{self.name}: dp_clipping_norm = {self.dp.clipping_norm:g} with secure_aggregation: the protocol's "
+                f"rounding can move one update by up to {rounding:.3g} (sqrt(values) * 2 * secagg_clipping_range / "
+                f"secagg_quantization_range), more than a tenth of the clipping norm, so the noise would not give "
+                f"the stated guarantee at that norm; raise secagg_quantization_range or lower secagg_clipping_range")
 
     def after_secure_train(self, rnd: Round, sums: SecureSums) -> Diagnostics | None:
         """Steps after a securely aggregated training step (they see each cluster's sum, never

@@ -33,6 +33,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from clusterfed.strategies import base
 from clusterfed.clustering.bipartition import SplitDecision, bipartition
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.principal_scores import principal_scores
@@ -238,6 +239,7 @@ def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply]) -
 
 class CFL(ClusteredStrategy):
     """CFL (Sattler et al.): recursive bi-partitioning on the cosine similarity of full updates."""
+    secure_refusal = base.COMPARES_UPDATES_EVERY_ROUND  # secure aggregation refused before any message
 
     name = "cfl"
     Params = CFLParams

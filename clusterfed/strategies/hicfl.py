@@ -45,6 +45,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from clusterfed.strategies import base
 from clusterfed.clustering.bipartition import SplitDecision
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.clustering.split_scores import separation_gap
@@ -232,6 +233,7 @@ def no_split(state: HiCFLState, server_round: int, cluster: int, layer: str, cod
 
 class HiCFL(ClusteredStrategy):
     """HiCFL: splits timed by per-layer model stability (the paper's steps: the module docstring)."""
+    secure_refusal = base.COMPARES_UPDATES_EVERY_ROUND  # secure aggregation refused before any message
 
     name = "hicfl"
     Params = HiCFLParams

@@ -42,6 +42,7 @@ from pydantic import Field, model_validator
 from clusterfed.clustering.ifca import kmeanspp_seeds, nearest_seed, random_initialisations
 from clusterfed.strategies.base import (MULTI_MODEL, ClusteredState, ClusteredStrategy, Steps, StrategyParams,
                                         mean_train_loss)
+from clusterfed.protocol import CHOOSE_PHASE
 from clusterfed.core.exchange import CHOICES, Arrays, Ask, ClientInfo, Diagnostics, Round, TrainReply, natural, pack_models
 
 
@@ -50,6 +51,14 @@ class IFCAParams(StrategyParams):
     init: Literal["random", "kmeans++"] = Field(
         "random", json_schema_extra={"legacy": "ifca-init"}, description="K seeded random models, or k-means++ seeds among the clients' models after a warm-up round")
     restarts: int = Field(1, json_schema_extra={"legacy": "ifca-restarts"}, ge=1, le=20, description="initialisations tried in the first round (random) or seedings (kmeans++)")
+
+    @model_validator(mode="after")
+    def _no_individual_seeds_under_secure_aggregation(self) -> "IFCAParams":
+        if self.init == "kmeans++" and self.secagg is not None:
+            raise ValueError("init = 'kmeans++' makes cluster models of individual clients' trained models (the "
+                             "warm-up uploads them in the clear and serves them to everyone); with "
+                             "secure_aggregation use init = 'random'")
+        return self
 
     @model_validator(mode="after")
     def _no_unnoised_seeds_under_dp(self) -> "IFCAParams":
@@ -131,6 +140,42 @@ class IFCA(ClusteredStrategy):
         for reply in replies:  # each replying client belongs to the cluster it chose
             self.state.assignment[reply.key] = reply.cluster
         return replies, diagnostics
+
+    def secure_train(self, rnd: Round, trainers: list[str]) -> Steps:
+        """The round under secure aggregation: a choice step (each trainer is offered the K
+        models and says which has the lowest loss on its training data, training nothing and
+        uploading no arrays: ``protocol.CHOOSE_PHASE``), then one SecAgg+ instance per chosen
+        model among the clients that chose it, each training its choice; the server learns the
+        choices (as in the paper's round) and each cluster's sum. First round with ``restarts`` > 1:
+        the initialisation whose choices have the lowest mean loss is kept (the plain round
+        compares the losses after training instead). Returns (``SecureSums``, the diagnostics)."""
+        restarts = self.state.candidates or []
+        diagnostics: Diagnostics = {}
+        if len(restarts) > 1:
+            best = None
+            for index, models in enumerate(restarts):
+                chosen = yield self.choice_asks(rnd, trainers, dict(enumerate(models)))
+                loss = mean_train_loss(chosen)
+                loss = float("inf") if loss is None else loss
+                if best is None or loss < best[0]:
+                    best = (loss, index, chosen)
+            loss, index, chosen = best
+            self.state.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(restarts[index])}
+            diagnostics = {"ifca_restart_kept": index, "ifca_restart_loss": loss}
+        else:
+            chosen = yield self.choice_asks(rnd, trainers, self.state.models)
+        self.state.candidates = []
+        groups: dict[int, list[str]] = {}
+        for reply in chosen:  # each replying client belongs to the cluster it chose
+            self.state.assignment[reply.key] = reply.cluster
+            groups.setdefault(reply.cluster, []).append(reply.key)
+        sums, more = yield from self.secure_groups(rnd, groups, lambda keys: self.train_asks(rnd, keys))
+        diagnostics["ifca_choices"] = {str(c): len(groups.get(c, [])) for c in range(self.state.k)}
+        return sums, {**diagnostics, **more}
+
+    def choice_asks(self, rnd: Round, keys: list[str], models: dict[int, dict]) -> list[Ask]:
+        """The choice step's asks: the K models offered, the choice asked for, no training."""
+        return [Ask(a.key, a.model, {**a.config, "phase": CHOOSE_PHASE}) for a in self.ifca_asks(rnd, keys, models)]
 
     def aggregate(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """FedAvg per cluster over the clients that chose it; after kmeans++'s warm-up, the

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
+from clusterfed.strategies import base
 from clusterfed.clustering.layercfl import correct_clustering_check
 from clusterfed.models.layers import select_layers
 from clusterfed.explain import bipartition as explain
@@ -67,6 +68,7 @@ class LayerCFLState(CFLState):
 
 class LayerCFL(ClusteredStrategy):
     """LayerCFL: CFL's splits decided on selected layers, with the correct-clustering check."""
+    secure_refusal = base.COMPARES_UPDATES_EVERY_ROUND  # secure aggregation refused before any message
 
     name = "layercfl"
     Params = LayerCFLParams

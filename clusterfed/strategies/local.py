@@ -7,11 +7,13 @@ Partial participation (``fraction-train`` < 1): every client has its own model f
 start; it changes only in the rounds its client is sampled.
 """
 
+from clusterfed.strategies import base
 from clusterfed.strategies.base import ClusteredStrategy, Round
 
 
 class Local(ClusteredStrategy):
     """Each client its own model: the lower bound without collaboration."""
+    secure_refusal = base.EACH_CLIENT_ALONE  # secure aggregation refused before any message
 
     name = "local"
 

@@ -58,6 +58,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from clusterfed.strategies import base
 from clusterfed.clustering import (ClusterCountController, cluster_auto, cluster_into_k, cluster_references,
                                    loss_reduction_ratio, nearest_cluster)
 from clusterfed.strategies.base import ClusteredState, ClusteredStrategy, StrategyParams, mean_train_loss
@@ -100,6 +101,7 @@ class SelectionState(ClusteredState):
 
 class ClientSelection(ClusteredStrategy):
     """Adaptive cluster-count client selection: one representative per cluster trains."""
+    secure_refusal = base.READS_EACH_CLIENTS_MODEL  # secure aggregation refused before any message
 
     name = "selection"
     Params = SelectionParams
