@@ -5,7 +5,7 @@ The federation is ``bench_chaos_soak``'s (``test_deployment.Federation``): a TLS
 ``--enable-supernode-auth``, ``--nodes`` SuperNodes each with its own registered EC key,
 ``client-key`` and ``data-path`` (``clusterfed partition``: digits, two groups of two digits),
 ``flwr run`` with ``secure-aggregation = "secaggplus"``. The ClientApp is the built-in task with
-``secagg_mod`` (``benchmarks/secagg_hold_app.py``: ``client_app(..., secure_aggregation=True)``)
+``secagg_mod`` (``clusterfed.client_entry:app``, the app a device runs, wrapped by ``benchmarks/secagg_hold_app.py``)
 and one test-only hook: the victim's node config names a stage and a round, and at the first
 ask of that stage from that round on (default: the collect stage, the ask to upload the masked
 vector, which comes after the device has sent its public keys and encrypted shares) the device

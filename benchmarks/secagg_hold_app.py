@@ -1,6 +1,6 @@
-"""The ClientApp of the deployed secure-aggregation check: the built-in task with ``secagg_mod``
-(``clusterfed.client.client_app(..., secure_aggregation=True)``, as a user turns it on), plus one
-test-only hook that lets the check kill a SuperNode at an exact point of the protocol.
+"""The ClientApp of the deployed secure-aggregation check: the app a device runs
+(``clusterfed.client_entry:app``, the built-in task with ``secagg_mod``), plus one test-only hook
+that lets the check kill a SuperNode at an exact point of the protocol.
 
 The hook is off unless the SuperNode's node config names it:
 ``hold-at-stage="collect" hold-from-round=3 hold-marker="/tmp/.../dev-5.held"``. The first
@@ -25,12 +25,8 @@ from pathlib import Path
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
-from clusterfed import faults
-from clusterfed.client import client_app
-from clusterfed.client_entry import BUILTIN_TASK, check_node_data
+from clusterfed.client_entry import app as STOCK  # what pyproject.toml's clientapp names
 from clusterfed.secagg import wire
-
-STOCK = client_app(BUILTIN_TASK, mods=[faults.inject_faults], check=check_node_data, secure_aggregation=True)
 
 
 def _round_of(msg: Message) -> int | None:
