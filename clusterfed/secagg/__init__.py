@@ -13,6 +13,15 @@ side. Two pieces, wired into a round by a driver:
   (``clusterfed.secagg.group``; ``run_groups`` runs several groups, ``split_groups`` applies the
   small-group rule, ``wire`` converts asks and replies to and from Flower records).
 
+In a round: a strategy with ``secure_aggregation`` yields a ``SecureTrain`` (core/exchange.py)
+from its training step (``ClusteredStrategy.secure_train``: its trainers grouped by cluster,
+``split_groups`` first); the driver runs it (``clusterfed.runner.secure``: one exchange of train
+messages per stage over its Link, the collect stage carrying each member's model and train
+config) and hands back ``SecureSums`` (each cluster's unmasked mean), which
+``ClusteredStrategy.aggregate_sums`` makes the cluster models, with DP noise under ``dp_*``.
+Which strategies take it, and why the others refuse it: docs/privacy.md, "Secure aggregation in
+the round".
+
 Decisions, and why:
 
 **A mod of our own, not Flower's ``secaggplus_mod``.** In Flower 1.41 (tested here; the test
