@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test test-fast bench bench-quick bench-models bench-user-models bench-fuzz bench-chaos clean test-containers test-arm64 test-compat constraints check-report
+.PHONY: run test test-fast bench bench-quick bench-models bench-user-models bench-fuzz bench-chaos test-secagg-deployed bench-secure-aggregation clean test-containers test-arm64 test-compat constraints check-report
 
 # pyproject.toml holds ranges; constraints.txt the exact versions make test and CI install.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -100,6 +100,29 @@ CHAOS_KILL_EVERY ?= 1
 bench-chaos: $(VENV)/.installed
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests PATH=$(abspath $(VENV))/bin:$$PATH nice -n 10 $(PY) benchmarks/bench_chaos_soak.py \
 		--nodes $(CHAOS_NODES) --rounds $(CHAOS_ROUNDS) --kill-every $(CHAOS_KILL_EVERY) --out benchmarks/results/chaos-soak
+
+# Secure aggregation deployed (127.0.0.1, TLS, SuperNode authentication): SECAGG_NODES SuperNodes,
+# FedClust with SecAgg+ inside each cluster for SECAGG_ROUNDS rounds; one SuperNode holds the
+# ask to upload its masked vector in round SECAGG_KILL_ROUND (after the key exchange) and is
+# SIGKILLed there; the round must finish from the survivors and the run must end with the
+# clusters and accuracy of a clean in-process run: benchmarks/results/secure-aggregation/deployed/
+# (summary.json, the ServerApp's log, manifest; ~15-25 min on two busy cores). Fails unless
+# every check passes.
+SECAGG_NODES ?= 8
+SECAGG_ROUNDS ?= 5
+SECAGG_KILL_ROUND ?= 3
+test-secagg-deployed: $(VENV)/.installed
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests PATH=$(abspath $(VENV))/bin:$$PATH nice -n 10 $(PY) benchmarks/bench_secagg_deployed.py \
+		--nodes $(SECAGG_NODES) --rounds $(SECAGG_ROUNDS) --kill-round $(SECAGG_KILL_ROUND) \
+		--out benchmarks/results/secure-aggregation/deployed
+
+# What secure aggregation costs a run, plain vs SecAgg+ as ratios measured back to back: bytes
+# each way and seconds per round, FedAvg (one global group) and FedClust (a group per cluster),
+# 12 and 100 clients, with final accuracy and ARI: benchmarks/results/secure-aggregation/
+# (summary.json, runs.json, manifest; in-process engine).
+bench-secure-aggregation: $(VENV)/.installed
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests nice -n 10 $(PY) benchmarks/bench_secure_aggregation.py \
+		--out benchmarks/results/secure-aggregation
 
 # Real checks outside `make test` (root on Debian 12 x86_64; each installs what it needs with
 # apt and pip and caches under /var/cache/clusterfed). test-containers: docker/preflight.sh first,

@@ -60,6 +60,8 @@ def check_node_data(context) -> None:
                          "need the same, non-zero number of examples")
 
 
-app = client_app(BUILTIN_TASK, mods=[faults.inject_faults], check=check_node_data)
+# secure_aggregation: the SecAgg+ mod (clusterfed.secagg) answers a secure round's stages on the
+# device and passes every other message through unchanged, as in the in-process app
+app = client_app(BUILTIN_TASK, mods=[faults.inject_faults], check=check_node_data, secure_aggregation=True)
 
 __all__ = ["BUILTIN_TASK", "app", "check_node_data", "uses_warm_worker"]
