@@ -10,7 +10,7 @@ a reply that carries arrays in the clear is rejected unread.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from flwr.app import MessageType, RecordDict
@@ -20,11 +20,10 @@ from clusterfed.core.exchange import Arrays, GroupSum, SecureSums, SecureTrain
 from clusterfed.runner.validation import ReplyRejected
 from clusterfed.secagg import GroupProtocol, GroupResult, SecAggError, run_groups, wire
 
-if TYPE_CHECKING:
-    from clusterfed.runner.driver import RoundDriver
 
-
-def secure_exchange(driver: RoundDriver, server_round: int, request: SecureTrain) -> SecureSums:
+# ``driver`` below is the run's ``clusterfed.runner.driver.RoundDriver`` (its link, counters and
+# reply validation); typed Any because the driver imports this module
+def secure_exchange(driver: Any, server_round: int, request: SecureTrain) -> SecureSums:
     """Run ``request``'s groups to their sums (or failures)."""
     link = driver.link
     ask_of = {ask.key: ask for ask in request.asks}
@@ -80,7 +79,7 @@ def secure_exchange(driver: RoundDriver, server_round: int, request: SecureTrain
     return sums
 
 
-def _protocol_reply(driver: RoundDriver, server_round: int, key: str, stage: str, content: RecordDict,
+def _protocol_reply(driver: Any, server_round: int, key: str, stage: str, content: RecordDict,
                     losses: dict[str, float]) -> dict[str, object] | None:
     """The protocol's part of a reply (None: rejected, the member drops). A reply that
     carries arrays in the clear is rejected without reading them."""
