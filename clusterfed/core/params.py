@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from clusterfed import privacy
+from clusterfed.secagg import SecAggSettings, SecAggSettingsError
 from clusterfed.strategies.registry import clustered_classes
 from clusterfed.core.aggregation import check_aggregator, template_of
 
@@ -122,8 +123,6 @@ class StrategyParams(BaseModel):
         when it is on; it needs the default weighted mean (the server sees only the sum)."""
         if self.secure_aggregation == "off":
             return self
-        from clusterfed.secagg import SecAggSettings, SecAggSettingsError
-
         try:
             self._secagg = SecAggSettings(
                 shares=self.secagg_shares or None, threshold=self.secagg_threshold,

@@ -82,6 +82,7 @@ from clusterfed.core.contract import (  # noqa: F401 (re-exported: the errors ar
     ModelMismatchError, StrategyParamsError, mean_train_loss)
 from clusterfed.core.aggregation import ClusterAggregator, template_of
 from clusterfed.core.flower_hooks import FlowerHooks
+from clusterfed.secagg import split_groups
 from clusterfed.core.params import StrategyParams, describe_errors, document_params  # noqa: F401
 from clusterfed.core.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
     RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, GroupSum, Round, RoundResult, SecureSums,
@@ -365,8 +366,6 @@ class ClusteredStrategy(FlowerHooks):
         """Run ``groups`` (cluster -> trainer keys) under secure aggregation, each trainer asked
         what ``asks_of(keys)`` asks; the small-group rule applied first. Returns (``SecureSums``
         with ``held`` set, the diagnostics)."""
-        from clusterfed.secagg import split_groups
-
         settings = self.secagg_settings()
         secure, held = split_groups(groups, settings)
         keys = [key for cluster in sorted(secure) for key in secure[cluster]]
