@@ -243,9 +243,10 @@ def config_record(values: Mapping[str, object]) -> ConfigRecord:
 # ------------------------------------------------------------- evidence without the bytes
 # A clustering ask may say "project these arrays' updates": ``config[EVIDENCE_SKETCH]`` =
 # "name:size,name:size" and ``config[EVIDENCE_SEED]`` = the map's seed. The client returns, for
-# each named array, its update (trained - received) flattened and projected to ``size`` float32
-# numbers by the shared seeded CountSketch (``clustering.evidence_sketch.project``; the whole
-# update, flattened, when it has no more numbers than that), under the array's own name.
+# each named array, its update (trained - received) flattened, projected to ``size`` numbers by
+# the shared seeded CountSketch (the whole update when it has no more numbers than that) and
+# encoded as 4-bit numbers behind a float32 scale (uint8; ``clustering.evidence_sketch.project``),
+# under the array's own name.
 EVIDENCE_SKETCH = "evidence-sketch"
 EVIDENCE_SEED = "evidence-seed"
 
@@ -292,13 +293,15 @@ def project_evidence(trained: Mapping[str, np.ndarray], received: Mapping[str, n
 
 def evidence_shapes(config: Mapping[str, object], shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]]
                     ) -> dict[str, tuple[tuple[int, ...], np.dtype]] | None:
-    """The (shape, dtype) of each array a reply to an evidence ask carries (float32 vectors of
-    ``min(size, numbers)``), or None when ``config`` asks for no projection."""
+    """The (shape, dtype) of each array a reply to an evidence ask carries (the uint8 bytes of
+    ``min(size, numbers)`` encoded numbers), or None when ``config`` asks for no projection."""
+    from clusterfed.clustering.evidence_sketch import SKETCH_DTYPE, encoded_bytes
+
     parsed = parse_evidence(config)
     if parsed is None:
         return None
     sizes, _ = parsed
-    return {name: ((min(size, math.prod(shapes[name][0])),), np.dtype(np.float32))
+    return {name: ((encoded_bytes(min(size, math.prod(shapes[name][0]))),), np.dtype(SKETCH_DTYPE))
             for name, size in sizes.items() if name in shapes}
 
 
@@ -309,5 +312,6 @@ def is_projected(arrays: Mapping[str, np.ndarray], projected: Mapping[str, tuple
     names, every array of its projected shape, and one at least of a shape the model's differs
     from (an ask projects at least one array, or it asks for none)."""
     return (set(arrays) == set(projected)
-            and all(tuple(np.shape(arrays[n])) == tuple(projected[n][0]) for n in projected)
-            and any(tuple(projected[n][0]) != tuple(shapes[n][0]) for n in projected))
+            and all(tuple(np.shape(arrays[n])) == tuple(projected[n][0]) and np.asarray(arrays[n]).dtype == projected[n][1]
+                    for n in projected)
+            and any(projected[n] != tuple(shapes[n]) for n in projected))

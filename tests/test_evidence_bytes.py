@@ -14,7 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, M
 
 from clusterfed import protocol
 from clusterfed.clustering.evidence_sketch import (
-    cosine_error_bound, in_space, plan, plan_bytes, project, updates_in_space)
+    cosine_error_bound, decode, encode, encoded_bytes, in_space, plan, plan_bytes, project, sketch)
 from clusterfed.strategies import evidence_upload
 
 
@@ -28,6 +28,7 @@ def test_the_plan_keeps_the_upload_within_the_paper_layers_bytes():
     p = plan(shapes, layers, budget, seed=3)
     assert plan_bytes(p) <= budget and set(p["sizes"]) == set(shapes)
     assert p["sizes"]["fc2.bias"] == 10 and p["sizes"]["conv.bias"] == 32  # small arrays travel whole
+    assert sum(p["sizes"].values()) > 2 * (budget // 4)  # 4-bit numbers: more than 2x float32's
     # a budget the arrays fit in: no projection
     assert plan(shapes, {"fc2": ["fc2.weight", "fc2.bias"]}, budget, seed=3) == {}
     # more arrays than numbers: one number each at most the budget allows
@@ -39,15 +40,22 @@ def test_client_and_server_build_the_same_map():
     rng = np.random.default_rng(0)
     update = rng.normal(size=(64, 40)).astype(np.float32)
     sent = project(update, "fc.weight", 100, seed=7)
-    assert sent.dtype == np.float32 and sent.shape == (100,)
-    p = {"seed": 7, "sizes": {"fc.weight": 100}, "budget_bytes": 400}
-    # the server projects a whole update the same way, and takes a projected one as it is
-    assert np.array_equal(in_space(update, "fc.weight", update.size, p), sent.astype(np.float64))
-    assert np.array_equal(in_space(sent, "fc.weight", update.size, p), sent.astype(np.float64))
+    assert sent.dtype == np.uint8 and sent.shape == (encoded_bytes(100),) == (54,)
+    p = {"seed": 7, "sizes": {"fc.weight": 100}, "dims": {"fc.weight": update.size}, "budget_bytes": 54}
+    # the server projects a whole update the same way, and decodes a projected one
+    assert np.array_equal(in_space(update, "fc.weight", update.size, p), decode(sent, 100))
+    assert np.array_equal(in_space(sent, "fc.weight", update.size, p), decode(sent, 100))
     # another array name, another map
     assert not np.array_equal(project(update, "fc2.weight", 100, seed=7), sent)
     with pytest.raises(ValueError, match="neither"):
         in_space(sent[:50], "fc.weight", update.size, p)
+
+
+def test_the_4_bit_encoding_keeps_each_number_within_half_a_level():
+    values = np.random.default_rng(3).normal(size=101)
+    back = decode(encode(values), 101)
+    assert np.max(np.abs(back - values)) <= np.max(np.abs(values)) / 7 / 2 + 1e-6
+    assert not decode(encode(np.zeros(4)), 4).any()
 
 
 def test_cosines_of_projected_updates_stay_within_the_stated_error():
@@ -58,7 +66,8 @@ def test_cosines_of_projected_updates_stay_within_the_stated_error():
     d, k = 20_000, 650
     groups = rng.normal(size=(4, d))
     X = np.stack([groups[i // 3] + 0.8 * rng.normal(size=d) for i in range(12)])
-    P = np.stack([project(x, "layer.weight", k, seed=5) for x in X]).astype(np.float64)
+    P = np.stack([sketch(x, "layer.weight", k, seed=5) for x in X])
+    Q = np.stack([decode(project(x, "layer.weight", 4 * k, seed=5), 4 * k) for x in X])  # the same bytes, 4-bit
 
     def cosines(A):
         A = A / np.linalg.norm(A, axis=1, keepdims=True)
@@ -68,6 +77,9 @@ def test_cosines_of_projected_updates_stay_within_the_stated_error():
     bound = cosine_error_bound(k)
     assert errors.max() <= 3 * bound
     assert float(np.sqrt(np.mean(errors ** 2))) <= bound
+    # 4-bit numbers: 4k of them in about the bytes of k float32 ones (2k + 4 bytes), within half the error
+    quantized = np.abs(cosines(Q) - cosines(X))
+    assert float(np.sqrt(np.mean(quantized ** 2))) <= bound / 2
 
 
 def test_rows_input_puts_whole_and_projected_replies_in_one_space():
@@ -76,14 +88,14 @@ def test_rows_input_puts_whole_and_projected_replies_in_one_space():
     rng = np.random.default_rng(2)
     start = {"w": rng.normal(size=(30, 20)).astype(np.float32), "b": np.zeros(5, np.float32)}
     trained = {n: (v + rng.normal(size=v.shape)).astype(np.float32) for n, v in start.items()}
-    p = {"seed": 1, "sizes": {"w": 50, "b": 5}, "budget_bytes": 220}
+    p = {"seed": 1, "sizes": {"w": 50, "b": 5}, "dims": {"w": 600, "b": 5}, "budget_bytes": 40}
     config = protocol.evidence_config(p["sizes"], p["seed"])
     projected = protocol.project_evidence(trained, start, config)
     as_client = TrainReply("0", 0, projected, {n: start[n] for n in projected}, 10, 0.1, {}, is_update=True)
     as_stock = TrainReply("1", 0, trained, start, 10, None, {})
     rows, origin = evidence_upload.rows_input([as_client, as_stock], start, ["w", "b"], p)
     for name in ("w", "b"):
-        assert np.allclose(rows[0][name], rows[1][name], atol=1e-5)
+        assert np.array_equal(rows[0][name], rows[1][name])
         assert origin[name].shape == rows[0][name].shape and not origin[name].any()
     assert evidence_upload.projected_on_server([as_client, as_stock], p) == ["1"]
 
@@ -98,11 +110,11 @@ def test_evidence_config_round_trips_and_validation_expects_the_projected_shapes
     assert protocol.parse_evidence({}) is None
     shapes = {"fc.weight": ((10, 6), np.dtype(np.float32)), "fc.bias": ((4,), np.dtype(np.float32)),
               "other": ((3,), np.dtype(np.float32))}
-    assert protocol.evidence_shapes(config, shapes) == {"fc.weight": ((8,), np.dtype(np.float32)),
-                                                        "fc.bias": ((4,), np.dtype(np.float32))}
+    assert protocol.evidence_shapes(config, shapes) == {"fc.weight": ((8,), np.dtype(np.uint8)),
+                                                        "fc.bias": ((6,), np.dtype(np.uint8))}
     start = {n: np.zeros(s, np.float32) for n, (s, _) in shapes.items()}
     ask = Ask("0", start, {"cluster-id": 0, "upload": "fc.weight,fc.bias", "return": "weights", **config})
-    good = {"fc.weight": np.ones(8, np.float32), "fc.bias": np.ones(4, np.float32)}
+    good = {"fc.weight": np.ones(8, np.uint8), "fc.bias": np.ones(6, np.uint8)}
 
     def content(arrays, loss=True):
         metrics = {"num-examples": 5, **({"train-loss": 0.5} if loss else {"train_loss": 0.5})}
@@ -111,7 +123,7 @@ def test_evidence_config_round_trips_and_validation_expects_the_projected_shapes
     reply = parse_train_reply(content(good), ask, shapes)
     assert reply.is_update and reply.update["fc.weight"].shape == (8,)
     with pytest.raises(ReplyRejected):
-        parse_train_reply(content({**good, "fc.weight": np.ones((10, 6), np.float32)}), ask, shapes)
+        parse_train_reply(content({**good, "fc.weight": np.ones(8, np.float32)}), ask, shapes)
     # a stock client: its whole model (then weights), or the projected arrays (the evidence mod)
     whole = parse_train_reply(content(start, loss=False), ask, shapes, stock=True)
     assert not whole.is_update and whole.arrays["fc.weight"].shape == (10, 6)
@@ -129,9 +141,9 @@ def test_the_helper_client_replies_with_the_projected_updates():
     config = {"upload": "w,b", **protocol.evidence_config({"w": 20, "b": 10}, 9)}
     out = trained_content(task, None, config, TaskData([0] * 3, num_train=3), received, None, trained, {"train-loss": 1.0})
     arrays = protocol.from_array_record(out[protocol.ARRAYS])
-    assert {n: a.shape for n, a in arrays.items()} == {"w": (20,), "b": (10,)}
+    assert {n: a.shape for n, a in arrays.items()} == {"w": (14,), "b": (9,)}
     assert np.array_equal(arrays["w"], project(trained["w"] - received["w"], "w", 20, 9))
-    assert protocol.array_bytes(out[protocol.ARRAYS]) == 4 * 30
+    assert protocol.array_bytes(out[protocol.ARRAYS]) == encoded_bytes(20) + encoded_bytes(10)
 
 
 # ------------------------------------------------------------------------ the client mod
@@ -171,7 +183,7 @@ def test_the_evidence_mod_trains_the_epochs_asked_and_sends_the_projection():
     assert len(seen) == 3  # three calls of one epoch each, chained on the model returned
     arrays = protocol.from_array_record(reply.content["arrays"])
     assert np.array_equal(arrays["w"], project(np.full((30, 8), 3.0), "w", 16, 2))
-    assert np.array_equal(arrays["b"], np.full(4, 3.0, np.float32))
+    assert np.array_equal(decode(arrays["b"], 4), np.full(4, 3.0))
     assert reply.content["metrics"]["local-epochs"] == 3 and reply.content["metrics"]["num-examples"] == 7
     # a message that asks for no evidence passes through: the whole model, one call
     seen.clear()
@@ -194,7 +206,8 @@ def test_fedclusts_clustering_upload_is_the_projected_sizes(small_config):
     model = protocol.from_array_record(initial_arrays(config))
     paper = model["fc2.weight"].nbytes + model["fc2.bias"].nbytes
     state = json.load(open(f"{config.out_dir}/clusters.json"))
-    assert record["clustering_bytes_up"] == 6 * paper  # the budget spent to the byte: 650 float32 numbers
+    per_client = record["clustering_bytes_up"] / 6
+    assert paper - 4 * 8 <= per_client <= paper  # the budget spent, but for the half bytes of odd counts
     assert record["clustering_bytes_up"] <= 6 * sum(a.nbytes for a in model.values()) / 4
     assert "projected (seeded CountSketch" in record["evidence_upload"]
     assert state is not None
@@ -261,3 +274,60 @@ def test_client_app_refuses_a_task_that_cannot_give_ifcas_loss_when_built():
     client_app(ClientTask(model_fn=own.model_fn, data_fn=own.data_fn, train_fn=own.train_fn,
                           loss_fn=lambda out, y: 0), requires=IFCA())
     assert math.isfinite(0.0)
+
+
+# ------------------------------------------------------ a stock ClientApp, with and without the mod
+def _quickstart(mods, strategy):
+    import torch
+    from flwr.clientapp import ClientApp
+    from quickstartapp import client_app as quickstart
+    from quickstartapp.task import Net
+
+    from clusterfed.runner.inprocess import InProcessGrid
+    from flwr.supercore.task_identity import TaskIdentity
+
+    app = ClientApp(mods=mods)
+    app.train()(quickstart.train_fn)
+    app.evaluate()(quickstart.evaluate_fn)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 1, 1
+    grid = InProcessGrid(app, 9, node_configs=[{"partition-id": i} for i in range(9)],
+                         run_config={"local-epochs": 1, "batch-size": 32})
+    torch.manual_seed(0)
+    model = Net().state_dict()
+    result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model), num_rounds=1,
+                            train_config=ConfigRecord({"lr": 0.03, "local-epochs": 1}))
+    return result, sum(t.numel() * t.element_size() for t in model.values())
+
+
+def _ari(result):
+    from quickstartapp.task import group_of
+    from sklearn.metrics import adjusted_rand_score
+
+    keys = sorted(result.assignment)
+    return adjusted_rand_score([group_of(int(k.removeprefix("node-")) - 1000) for k in keys],
+                               [result.assignment[k] for k in keys])
+
+
+@pytest.mark.end_to_end
+def test_a_stock_client_app_with_the_evidence_mod_uploads_only_the_projection():
+    """Flower quickstart-style clients (run config local-epochs = 1) with ``evidence_mod``: one
+    request each trains the 10 cluster-epochs and returns the projection (at most the final
+    layer's bytes); then round 1's training returns the whole model."""
+    import clusterfed
+    from clusterfed.client import evidence_mod
+
+    result, model = _quickstart([evidence_mod], clusterfed.FedClust(cluster_epochs=10, chain_until="epochs"))
+    assert _ari(result) >= 0.9, result.clustering.get("one_cluster_reason")
+    paper = (32 * 10 + 10) * 4  # fc2: the paper layer
+    projected = result.traffic["bytes_up"] - 9 * model  # the projection, then one training round
+    assert projected % 9 == 0 and projected // 9 <= paper
+
+
+@pytest.mark.end_to_end
+def test_a_stock_client_app_without_the_mod_is_projected_on_the_server_and_said_so():
+    import clusterfed
+
+    result, model = _quickstart([], clusterfed.FedClust(cluster_epochs=10, chain_until="epochs"))
+    assert _ari(result) >= 0.9, result.clustering.get("one_cluster_reason")
+    assert result.traffic["bytes_up"] == 9 * 10 * model + 9 * model  # whole models: no bytes saved
+    assert result.clustering["layer_choice"]["rule"] == "auto"

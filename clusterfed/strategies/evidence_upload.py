@@ -85,7 +85,8 @@ def words(evidence_plan: Mapping[str, Any], keys: Sequence[str], whole: Sequence
     if not evidence_plan:
         return ""
     sent = plan_bytes(evidence_plan, keys)
-    text = (f"each candidate layer's update projected (seeded CountSketch, {sent // 4} numbers, {sent:,} B per "
+    numbers = sum(min(evidence_plan["sizes"][k], evidence_plan["dims"][k]) for k in keys if k in evidence_plan["sizes"])
+    text = (f"each candidate layer's update projected (seeded CountSketch, {numbers:,} 4-bit numbers, {sent:,} B per "
             f"client; paper layer {evidence_plan['budget_bytes']:,} B)")
     if whole:
         shown = ", ".join(list(whole)[:3]) + (" …" if len(whole) > 3 else "")
