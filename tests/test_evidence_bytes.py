@@ -54,7 +54,9 @@ def test_client_and_server_build_the_same_map():
 def test_the_4_bit_encoding_keeps_each_number_within_half_a_level():
     values = np.random.default_rng(3).normal(size=101)
     back = decode(encode(values), 101)
-    assert np.max(np.abs(back - values)) <= np.max(np.abs(values)) / 7 / 2 + 1e-6
+    scale = min(np.max(np.abs(values)), 3 * np.sqrt(np.mean(values ** 2)))
+    inside = np.abs(values) <= scale
+    assert np.max(np.abs(back - values)[inside]) <= scale / 7 / 2 + 1e-6
     assert not decode(encode(np.zeros(4)), 4).any()
 
 
