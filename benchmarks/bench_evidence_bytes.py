@@ -25,6 +25,7 @@ import argparse
 import copy
 import json
 import logging
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -75,11 +76,8 @@ def digits(out: Path) -> list[dict]:
                      "paper_layer_bytes": model["fc2.weight"].nbytes + model["fc2.bias"].nbytes,
                      "ari": record.get("ari"), "clusters": record.get("num_clusters"),
                      "decision": record.get("decision"), "seconds": round(time.perf_counter() - started, 1)})
-        for name in list((run_dir).iterdir()):  # the run's own files are not part of the results
-            if name.is_file():
-                name.unlink()
-        run_dir.rmdir()
-    (out / "runs").rmdir()
+        shutil.rmtree(run_dir)  # the run's own files are not part of the results
+    shutil.rmtree(out / "runs")
     return rows
 
 
@@ -93,7 +91,7 @@ def draws(seed_list: list[int]) -> list[dict]:
         cell = draw_cell(seed)
         theta0 = {k: v.detach().cpu().numpy() for k, v in build_model(cell).state_dict().items()}
         for name in ("fedclust", "adacfl"):
-            strategy = strategy_class(name)()
+            strategy = strategy_class(name)(evidence_sketch=True)
             strategy.init(theta0)
             choice, plan = strategy.state.layer_choice, strategy.state.evidence_plan
             whole = int(sum(theta0[k].nbytes for k in choice.keys))

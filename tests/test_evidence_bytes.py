@@ -202,7 +202,7 @@ def test_fedclusts_clustering_upload_is_the_projected_sizes(small_config):
     from clusterfed.server_app import initial_arrays
     from clusterfed.simulation import simulate
 
-    config = small_config(strategy="fedclust", rounds=1, num_clients=6)
+    config = small_config(strategy="fedclust", rounds=1, num_clients=6, **{"fedclust.evidence-sketch": True})
     simulate(config, engine="inprocess", stream=None)
     record = json.loads(open(f"{config.out_dir}/rounds.jsonl").readline())
     model = protocol.from_array_record(initial_arrays(config))
@@ -318,7 +318,8 @@ def test_a_stock_client_app_with_the_evidence_mod_uploads_only_the_projection():
     import clusterfed
     from clusterfed.client import evidence_mod
 
-    result, model = _quickstart([evidence_mod], clusterfed.FedClust(cluster_epochs=10, chain_until="epochs"))
+    result, model = _quickstart([evidence_mod], clusterfed.FedClust(cluster_epochs=10, chain_until="epochs",
+                                                                    evidence_sketch=True))
     assert _ari(result) >= 0.9, result.clustering.get("one_cluster_reason")
     paper = (32 * 10 + 10) * 4  # fc2: the paper layer
     projected = result.traffic["bytes_up"] - 9 * model  # the projection, then one training round
@@ -329,7 +330,7 @@ def test_a_stock_client_app_with_the_evidence_mod_uploads_only_the_projection():
 def test_a_stock_client_app_without_the_mod_is_projected_on_the_server_and_said_so():
     import clusterfed
 
-    result, model = _quickstart([], clusterfed.FedClust(cluster_epochs=10, chain_until="epochs"))
+    result, model = _quickstart([], clusterfed.FedClust(cluster_epochs=10, chain_until="epochs", evidence_sketch=True))
     assert _ari(result) >= 0.9, result.clustering.get("one_cluster_reason")
     assert result.traffic["bytes_up"] == 9 * 10 * model + 9 * model  # whole models: no bytes saved
     assert result.clustering["layer_choice"]["rule"] == "auto"

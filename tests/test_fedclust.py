@@ -61,33 +61,20 @@ def candidate_bytes(config) -> int:
     return sum(theta0[k].nbytes for keys in matrix_layers(theta0).values() for k in keys)
 
 
-def projected_bytes(config, keys=None) -> int:
-    """Bytes per client of the clustering upload with every candidate layer's update projected
-    (evidence-sketch, the default): at most the final (paper) layer's."""
-    from clusterfed.clustering.evidence_sketch import plan_bytes
-    from clusterfed.strategies.fedclust import FedClust
-
-    strategy = FedClust()
-    strategy.init(initial_arrays(config))
-    return plan_bytes(strategy.state.evidence_plan, keys)
-
-
 def test_clustering_uplink_is_every_candidate_layer_once_then_the_chosen_one(fedclust_with_newcomers):
     config, _, rounds, clusters = fedclust_with_newcomers
     _, layer_bytes = model_and_layer_bytes(config, "final")
     replying = len(clusters["client_order"])
     assert replying == 10  # 12 clients, 2 held back
-    # cluster-layers = auto: each candidate layer's update uploaded projected in the clustering
-    # phase (at most the final layer's bytes), scored
-    assert rounds[0]["clustering_bytes_up"] == projected_bytes(config) * replying
-    assert projected_bytes(config) <= layer_bytes < candidate_bytes(config)
+    # cluster-layers = auto: each candidate layer uploaded in the clustering phase, scored
+    assert rounds[0]["clustering_bytes_up"] == candidate_bytes(config) * replying
     choice = clusters["layer_choice"]
     assert [s["layer"] for s in choice["scores"]] == list(matrix_layers(protocol.from_array_record(initial_arrays(config))))
     # digit pairs: the classifier head separates the groups best
     assert choice["chosen"] == "fc2" and clusters["layers"] == ["fc2.weight", "fc2.bias"]
     assert rounds[0]["decision"].startswith("FedClust compared fc2.weight, fc2.bias (chosen by evidence")
-    # newcomers upload only the chosen layer, projected the same way (their rows line up)
-    assert rounds[2]["newcomer_bytes_up"] == projected_bytes(config, ["fc2.weight", "fc2.bias"]) * 2
+    # newcomers upload only the chosen layer
+    assert rounds[2]["newcomer_bytes_up"] == layer_bytes * 2
 
 
 def test_the_papers_rule_uploads_only_the_final_layer(tmp_path):
@@ -108,7 +95,7 @@ def test_downlink_is_one_model_per_client(fedclust_with_newcomers):
     assert rounds[1]["bytes_up"] == model_bytes * 10
     # round 1: θ0 to each clustering client, then its cluster model to train
     assert rounds[0]["bytes_down"] == model_bytes * 10 * 2
-    assert rounds[0]["bytes_up"] == projected_bytes(config) * 10 + model_bytes * 10
+    assert rounds[0]["bytes_up"] == candidate_bytes(config) * 10 + model_bytes * 10
 
 
 def test_newcomers_are_placed_and_recorded(fedclust_with_newcomers):

@@ -80,10 +80,11 @@ class OneShotParams(StrategyParams):
         description="clusters.json keeps the clients' distance matrix, and the round its cut's silhouette, up to "
                     "this many clustered clients (beyond: O(m²) memory and megabytes of JSON)")
     evidence_sketch: bool = Field(
-        True, alias="evidence-sketch",
+        False, alias="evidence-sketch",
         description="cluster-layers = auto: each candidate layer's update travels projected by a seeded CountSketch "
                     "shared with the server, so that the clustering upload is at most the paper layer's bytes "
-                    "(false: every candidate layer uploaded whole)")
+                    "(off by default until an IID control's spurious cut on projected evidence is fixed; false: every "
+                    "candidate layer uploaded whole)")
     chain_until: Literal["stable", "epochs"] = Field(
         "stable", alias="chain-until",
         description="a stock ClientApp (it trains its own local-epochs per request) is sent its reply back until "
