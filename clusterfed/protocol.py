@@ -242,3 +242,80 @@ def upload_names(names: Iterable[str]) -> str:
 
 def config_record(values: Mapping[str, object]) -> ConfigRecord:
     return ConfigRecord({k: v for k, v in values.items() if v is not None})
+
+
+# ------------------------------------------------------------- evidence without the bytes
+# A clustering ask may say "project these arrays' updates": ``config[EVIDENCE_SKETCH]`` =
+# "name:size,name:size" and ``config[EVIDENCE_SEED]`` = the map's seed. The client returns, for
+# each named array, its update (trained - received) flattened, projected to ``size`` numbers by
+# the shared seeded CountSketch (the whole update when it has no more numbers than that) and
+# encoded as 4-bit numbers behind a float32 scale (uint8; ``clustering.evidence_sketch.project``),
+# under the array's own name.
+EVIDENCE_SKETCH = "evidence-sketch"
+EVIDENCE_SEED = "evidence-seed"
+
+
+def evidence_config(sizes: Mapping[str, int], seed: int) -> dict[str, object]:
+    """The config keys that ask for ``sizes`` (array -> numbers kept) projected with ``seed``
+    (``{}`` for none)."""
+    if not sizes:
+        return {}
+    bad = [name for name in sizes if not name or "," in name]
+    if bad:
+        raise ValueError(f"evidence-sketch cannot name arrays {bad!r}")
+    return {EVIDENCE_SKETCH: ",".join(f"{name}:{int(size)}" for name, size in sizes.items()),
+            EVIDENCE_SEED: int(seed)}
+
+
+def parse_evidence(config: Mapping[str, object]) -> tuple[dict[str, int], int] | None:
+    """(array -> numbers kept, seed) of an ask that asks for projected updates, else None."""
+    value = config.get(EVIDENCE_SKETCH)
+    if not value:
+        return None
+    sizes = {}
+    for item in str(value).split(","):
+        name, sep, size = item.rpartition(":")
+        if not sep or not name or not size.isdigit() or int(size) < 1:
+            raise ValueError(f"{EVIDENCE_SKETCH}={value!r}: write it as name:size,name:size")
+        sizes[name] = int(size)
+    return sizes, int(config.get(EVIDENCE_SEED, 0))
+
+
+def project_evidence(trained: Mapping[str, np.ndarray], received: Mapping[str, np.ndarray],
+                     config: Mapping[str, object]) -> dict[str, np.ndarray]:
+    """What a client returns for an ask with ``EVIDENCE_SKETCH``: each named array's update,
+    projected (``clustering.evidence_sketch.project``)."""
+    from clusterfed.clustering.evidence_sketch import project  # scipy: only where it is asked
+
+    sizes, seed = parse_evidence(config)  # type: ignore[misc]
+    unknown = [name for name in sizes if name not in trained or name not in received]
+    if unknown:
+        raise ValueError(f"{EVIDENCE_SKETCH} asks for arrays this model does not have: {unknown}")
+    return {name: project(difference(trained[name], received[name]), name, size, seed)
+            for name, size in sizes.items()}
+
+
+def evidence_shapes(config: Mapping[str, object], shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]]
+                    ) -> dict[str, tuple[tuple[int, ...], np.dtype]] | None:
+    """The (shape, dtype) of each array a reply to an evidence ask carries (the uint8 bytes of
+    ``min(size, numbers)`` encoded numbers), or None when ``config`` asks for no projection."""
+    from clusterfed.clustering.evidence_sketch import SKETCH_DTYPE, encoded_bytes
+
+    parsed = parse_evidence(config)
+    if parsed is None:
+        return None
+    sizes, _ = parsed
+    return {name: ((encoded_bytes(min(size, math.prod(shapes[name][0]))),), np.dtype(SKETCH_DTYPE))
+            for name, size in sizes.items() if name in shapes}
+
+
+def is_projected(arrays: Mapping[str, np.ndarray], projected: Mapping[str, tuple[tuple[int, ...], np.dtype]],
+                 shapes: Mapping[str, tuple[tuple[int, ...], np.dtype]]) -> bool:
+    """Whether a reply's ``arrays`` are the projection an evidence ask asked for (``projected``,
+    from ``evidence_shapes``) rather than whole arrays of the model (``shapes``): the same
+    names, every array of its projected shape, and one at least of a shape the model's differs
+    from (an ask projects at least one array, or it asks for none)."""
+    return (set(arrays) == set(projected)
+            and all(tuple(np.shape(arrays[n])) == tuple(projected[n][0]) and np.asarray(arrays[n]).dtype == projected[n][1]
+                    for n in projected)
+            and any(projected[n] != tuple(shapes[n]) for n in projected))

@@ -31,6 +31,10 @@ sends K models and the client keeps the one of lowest training loss: a task with
 the server what the task can do. ``client_app(task, secure_aggregation=True)`` adds
 ``clusterfed.secagg.secagg_mod`` (SecAgg+ within each cluster) and changes nothing else.
 
+A stock Flower ClientApp (not built with this helper) keeps FedClust's and AdaCFL's clustering
+upload small with one mod, ``ClientApp(mods=[clusterfed.client.evidence_mod])``: it projects
+the clustering round's reply as the server asks (``clusterfed.client.mods``).
+
 On a device, where Flower starts one process per message, name the task by its import path in
 a ClientApp module that imports only ``clusterfed.client``::
 
@@ -44,7 +48,8 @@ the data loaded (node config ``warm-worker``). The built-in image task is
 
 from clusterfed.client.app import CHOICE, CHOICES, client_app, reply, uses_warm_worker
 from clusterfed.client.identity import client_key
+from clusterfed.client.mods import evidence_mod
 from clusterfed.client.task import ClientTask, TaskCapabilityError, TaskData, load_task
 
 __all__ = ["CHOICE", "CHOICES", "ClientTask", "TaskCapabilityError", "TaskData", "client_app", "client_key",
-           "load_task", "reply", "uses_warm_worker"]
+           "evidence_mod", "load_task", "reply", "uses_warm_worker"]

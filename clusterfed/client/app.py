@@ -155,7 +155,8 @@ def profile_reply(task: ClientTask, content: RecordDict, context: Context) -> Re
 
 def train_reply(task: ClientTask, content: RecordDict, context: Context) -> RecordDict:
     """Train the model sent on this client's data; return exactly the arrays the config asks
-    for (``upload``), as weights or as the update trained - received (``return``)."""
+    for (``upload``), as weights or as the update trained - received (``return``); an evidence
+    ask (``protocol.EVIDENCE_SKETCH``): the named arrays' updates, projected."""
     from clusterfed.training import state_to_numpy
 
     config, data, model, device, received, choice = receive(task, content, context)
@@ -178,7 +179,9 @@ def trained_content(task: ClientTask, context: Context, config: Mapping, data, r
     unknown = [name for name in names if name not in trained]
     if unknown:
         raise ValueError(f"upload asks for arrays this model does not have: {unknown}; it has {list(trained)}")
-    if config.get("return", protocol.RETURN_WEIGHTS) == protocol.RETURN_UPDATE:
+    if protocol.parse_evidence(config) is not None:  # a clustering ask: the updates, projected
+        out = protocol.project_evidence(trained, received, config)
+    elif config.get("return", protocol.RETURN_WEIGHTS) == protocol.RETURN_UPDATE:
         out = {name: protocol.difference(trained[name], received[name]) for name in names}
     else:
         out = {name: trained[name] for name in names}

@@ -188,9 +188,12 @@ class ClientTask:
 
             result = default_train(self, model, data, config, device)
         else:
-            result = self.train_fn(model, data, config, device)
+            watched = _ReadWatch(config)
+            result = self.train_fn(model, data, watched, device)
             if isinstance(result, Mapping) and "local-epochs" in result:
                 _check_epochs(config, result["local-epochs"])
+            elif "local-epochs" in config and not watched.read_epochs:
+                _epochs_unread(config)
         if isinstance(result, Mapping):
             if "train-loss" not in result:
                 raise ValueError(f"train_fn returned metrics without 'train-loss': {sorted(result)}")
@@ -229,6 +232,68 @@ def _check_epochs(config: Mapping, trained: Any) -> None:
         "train config['local-epochs'] epochs (FedClust's and AdaCFL's clustering round asks cluster-epochs through "
         "it, and compares clients after what they trained)", trained, asked,
         f" (with upload={config['upload']!r}, a clustering round)" if config.get("upload", "full") != "full" else "")
+
+
+class _ReadWatch(dict):
+    """The message config handed to a task's own ``train_fn``, noting whether it read
+    ``local-epochs`` (by key, ``get``, or by copying or iterating the whole config)."""
+
+    read_epochs = False
+
+    def _note(self, key: Any) -> None:
+        if key == "local-epochs":
+            self.read_epochs = True
+
+    def __getitem__(self, key):
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self._note(key)
+        return super().get(key, default)
+
+    def __contains__(self, key):
+        self._note(key)
+        return super().__contains__(key)
+
+    def __iter__(self):  # dict(config), {**config}, for key in config: every key may be read
+        self.read_epochs = True
+        return super().__iter__()
+
+    def keys(self):
+        self.read_epochs = True
+        return super().keys()
+
+    def items(self):
+        self.read_epochs = True
+        return super().items()
+
+    def values(self):
+        self.read_epochs = True
+        return super().values()
+
+    def copy(self):
+        self.read_epochs = True
+        return dict(super().items())
+
+
+_UNREAD_WARNED: set[str] = set()
+
+
+def _epochs_unread(config: Mapping) -> None:
+    """A task's own train_fn that never read the message's ``local-epochs`` trains a count of
+    its own: in a clustering round (FedClust's, AdaCFL's ``cluster-epochs``) the clients are
+    then compared after too little training. A warning, once per process and round kind."""
+    clustering = config.get("upload", "full") != "full" or config.get("phase") in ("cluster", "placement")
+    kind = "cluster" if clustering else "train"
+    if kind in _UNREAD_WARNED:
+        return
+    _UNREAD_WARNED.add(kind)
+    where = (f" This is a clustering round (FedClust's / AdaCFL's cluster-epochs = {config['local-epochs']}): the "
+             "clients are compared after what they trained." if clustering else "")
+    log(logging.WARNING, "the task's train_fn did not read config['local-epochs'] (= %s): if it trains a fixed "
+        "count of its own, read config['local-epochs'] instead, or return {'train-loss': ..., 'local-epochs': n} "
+        "to have the count checked.%s", config["local-epochs"], where)
 
 
 @lru_cache(maxsize=16)

@@ -76,7 +76,14 @@ def parse_train_reply(content: RecordDict, ask: Ask, shapes: dict[str, tuple[tup
         arrays = protocol.from_array_record(record)
     except Exception as error:  # a corrupt Array cannot be decoded
         raise ReplyRejected(f"arrays could not be decoded: {type(error).__name__}: {error}", "decode") from None
-    if stock:
+    # an evidence ask: the named arrays' updates, projected (a stock ClientApp with
+    # ``clusterfed.client.evidence_mod`` sends them too; one without sends its whole model)
+    projected = protocol.evidence_shapes(ask.config, shapes)
+    if projected is not None and stock and not protocol.is_projected(arrays, projected, shapes):
+        projected = None  # a stock app without the mod: its whole model, projected on the server
+    if projected is not None:
+        validate_arrays(arrays, projected)
+    elif stock:
         validate_arrays(arrays, shapes)
         arrays = {n: arrays[n] for n in names}
     else:
@@ -100,7 +107,7 @@ def parse_train_reply(content: RecordDict, ask: Ask, shapes: dict[str, tuple[tup
         num_examples=num_examples,
         train_loss=None if loss is None else float(loss),
         metrics={k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
-        is_update=not stock and ask.config.get("return") == protocol.RETURN_UPDATE,
+        is_update=projected is not None or (not stock and ask.config.get("return") == protocol.RETURN_UPDATE),
     )
 
 

@@ -43,6 +43,7 @@ from clusterfed.strategies.base import ClusteredState, StrategyParams
 from clusterfed.core.contract import StrategyParamsError
 from clusterfed.core.exchange import (
     UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, NewcomersPlaced, Steps, TrainReply, natural)
+from clusterfed.strategies import evidence_upload
 from clusterfed.strategies.layer_choice import MAX_CANDIDATE_LAYERS, LayerChoice, choose, start_choice
 
 # the default of ``matrix-max-clients``: the square distance matrix (for the heat-map) of
@@ -78,6 +79,12 @@ class OneShotParams(StrategyParams):
         MAX_MATRIX_CLIENTS, alias="matrix-max-clients", ge=0,
         description="clusters.json keeps the clients' distance matrix, and the round its cut's silhouette, up to "
                     "this many clustered clients (beyond: O(m²) memory and megabytes of JSON)")
+    evidence_sketch: bool = Field(
+        False, alias="evidence-sketch",
+        description="cluster-layers = auto: each candidate layer's update travels projected by a seeded CountSketch "
+                    "shared with the server, so that the clustering upload is at most the paper layer's bytes "
+                    "(off by default until an IID control's spurious cut on projected evidence is fixed; false: every "
+                    "candidate layer uploaded whole)")
     chain_until: Literal["stable", "epochs"] = Field(
         "stable", alias="chain-until",
         description="a stock ClientApp (it trains its own local-epochs per request) is sent its reply back until "
@@ -113,6 +120,8 @@ class OneShotState(ClusteredState):
     references: dict[int, np.ndarray] = field(default_factory=dict)
     layer_choice: LayerChoice = field(default_factory=LayerChoice)
     clustering_state: dict[str, Any] = field(default_factory=dict)
+    # cluster-layers = auto: the projection of the clustering upload ({}: none; evidence_upload.py)
+    evidence_plan: dict[str, Any] = field(default_factory=dict)
 
 
 def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str) -> None:
@@ -129,6 +138,9 @@ def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_
     except ValueError as error:
         raise StrategyParamsError(f"{name}: {error}") from None
     state.clustering_state = {}
+    state.evidence_plan = evidence_upload.start_plan(state.theta0, state.layer_choice, paper_rule,
+                                                     params.compare_arrays, enabled=params.evidence_sketch,
+                                                     seed=params.seed)
 
 
 def cut(X: np.ndarray, params: OneShotParams, max_clusters: int | None = None,
@@ -144,7 +156,8 @@ def cut(X: np.ndarray, params: OneShotParams, max_clusters: int | None = None,
 # ---------------------------------------------------------- the clustering phase's upload
 def cluster_extra(state: OneShotState, params: OneShotParams) -> dict[str, Any]:
     """What a clustering-phase ask says beyond a train ask: its epochs and the arrays to upload."""
-    return {"local-epochs": params.cluster_epochs, "upload": ",".join(state.layer_choice.keys)}
+    return {"local-epochs": params.cluster_epochs, "upload": ",".join(state.layer_choice.keys),
+            **evidence_upload.ask_config(state.evidence_plan, state.layer_choice.keys)}
 
 
 def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShotParams, *, stock: set[str],
@@ -168,7 +181,9 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
     bytes_up = received.bytes_up
     done, replies = [], []  # trained the epochs asked / to be sent their own reply back
     for reply in received:
-        (done if reply.key not in stock or reply.metrics.get("local-epochs") == epochs else replies).append(reply)
+        # a projected reply (a stock client with the evidence mod trained the epochs itself) ends its chain
+        (done if reply.key not in stock or reply.is_update or reply.metrics.get("local-epochs") == epochs
+         else replies).append(reply)
     chained, requests, partitions = 0, 1, []
     for _ in range(stock_requests(epochs, local_epochs) - 1):
         if not replies or (params.chain_until == "stable" and settled(done + replies, start, state, params, sample,
@@ -187,17 +202,26 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
     # rows in layer order, so every client's vector lines up (measured on digits IID:
     # cosine on weights split 2 of 4 seeds, on changes none)
     first_choice = not state.layer_choice.decided
-    X = rows(replies, start, state.layer_choice, params)
+    sent_keys = list(state.layer_choice.keys)
+    X = rows(replies, start, state.layer_choice, params, state.evidence_plan)
     if first_choice:
         diagnostics["decision"] = explain.compared(state.layer_choice, strategy)
         diagnostics["compared_arrays"] = list(state.layer_choice.keys)
+    if state.evidence_plan:
+        whole = evidence_upload.projected_on_server(replies, state.evidence_plan)
+        diagnostics["evidence_upload"] = evidence_upload.words(state.evidence_plan, sent_keys, whole)
+        if first_choice:
+            diagnostics["decision"] += "; " + diagnostics["evidence_upload"]
     return [reply.key for reply in replies], X, bytes_up, diagnostics
 
 
-def rows(replies: list[TrainReply], start: Arrays, choice: LayerChoice, params: OneShotParams) -> np.ndarray:
+def rows(replies: list[TrainReply], start: Arrays, choice: LayerChoice, params: OneShotParams,
+         evidence_plan: dict[str, Any] | None = None) -> np.ndarray:
     """The replies' compared arrays minus ``start``'s, one row per reply; the first time,
-    this settles which layer ``choice`` compares (``layer_choice.choose``)."""
-    return choose(choice, [reply.arrays for reply in replies], start, metric=params.distance, linkage=params.linkage,
+    this settles which layer ``choice`` compares (``layer_choice.choose``). With an
+    ``evidence_plan``: the updates projected (``evidence_upload.rows_input``)."""
+    arrays, start = evidence_upload.rows_input(replies, start, choice.keys, evidence_plan or {})
+    return choose(choice, arrays, start, metric=params.distance, linkage=params.linkage,
                   min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws,
                   seed=params.seed)
 
@@ -207,7 +231,8 @@ def settled(replies: list[TrainReply], start: Arrays, state: OneShotState, param
     """Whether the clustering of ``replies`` (cut on a copy of the layer choice) is the same
     as after the two requests before, with more than one cluster and a silhouette at
     ``auto-min-silhouette``: a stock client's further epochs would not change it."""
-    labels, info = cut(rows(replies, start, copy.deepcopy(state.layer_choice), params), params, sample=sample)
+    labels, info = cut(rows(replies, start, copy.deepcopy(state.layer_choice), params, state.evidence_plan), params,
+                       sample=sample)
     partitions.append(np.asarray(labels))
     if len(partitions) < 3 or len(np.unique(labels)) < 2:
         return False
