@@ -124,7 +124,7 @@ class FedClust(ClusteredStrategy):
         labels, reproduction, said = oneshot.gate(X, labels, halves, self.params, type(self).__name__)
         if reproduction is not None:
             info = {**info, "reproduction": reproduction.as_record(), **({"deferred": said} if
-                                                                         len(np.unique(labels)) == 1 else {})}
+                                                                         "deferred" in said else {})}
         clusters = {int(label): self.new_cluster(theta0) for label in np.unique(labels)}
         diagnostics.update(oneshot.form(self.state, self.params, rnd.number, replied, X, labels, clusters, theta0,
                                         bytes_up, info))

@@ -280,14 +280,16 @@ def chain_settled(halves: Halves | None, params: OneShotParams, sample: int) -> 
 
 
 def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneShotParams,
-         strategy: str) -> tuple[np.ndarray, Reproduction | None, str | None]:
+         strategy: str, fallback: np.ndarray | None = None) -> tuple[np.ndarray, Reproduction | None, str | None]:
     """The cut that is taken: ``labels`` when they are one cluster (nothing to reproduce),
     when ``reproduce`` is off, or when two independent halves of the evidence (``halves``: a
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
-    give the same partition; else one cluster, the cut deferred. Returns (labels, the
-    reproduction, what the round line says)."""
+    give the same partition; else ``fallback`` (what is known without the weights: AdaCFL's
+    label-statistics pre-clusters; default one cluster), the cut deferred. Returns (labels,
+    the reproduction, what the round line says)."""
     k = len(np.unique(labels))
-    if not params.reproduce or k < 2:
+    fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
+    if not params.reproduce or k < 2 or compare(labels, fallback, "").agreement == 1.0:
         return labels, None, None
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
@@ -298,9 +300,10 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     bound = params.reproduce_agreement
     if _reproduced(reproduction, params):
         return labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}"
-    then = ("one cluster until its members' training updates show a partition that reproduces (revisit)"
-            if params.revisit else "one cluster (revisit = false)")
-    return (np.zeros(len(labels), dtype=np.int64), reproduction,
+    kept = "one cluster" if len(np.unique(fallback)) == 1 else f"the {len(np.unique(fallback))} label-statistics pre-clusters"
+    then = (f"{kept} until the members' training updates show a partition that reproduces (revisit)"
+            if params.revisit else f"{kept} (revisit = false)")
+    return (fallback, reproduction,
             f"{strategy}: cut deferred: {explain.disagreement(reproduction, bound)}; {then}")
 
 
