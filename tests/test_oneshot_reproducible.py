@@ -125,7 +125,7 @@ def test_a_split_is_taken_once_two_rounds_cut_alike_undone_when_its_parts_become
     two = [0, 0, 0, 0, 1, 1, 1, 1]
     assert run.round(1, two) == {}  # one round's cut: not yet evidence
     said = run.round(2, two)["decision"]
-    assert said.startswith("FedClust: cluster 0 (8 clients) split into clusters 1, 2: its members' training "
+    assert said.startswith("FedClust: cluster 0 (8 clients) split into clusters 1 (4 clients), 2 (4 clients): its members' training "
                            "updates cut alike in rounds 1 and 2 agree (ARI 1.00)")
     assert run.clusters() == [KEYS[:4], KEYS[4:]]
     alike = [0] * 8
@@ -172,3 +172,17 @@ def test_pure_pieces():
     assert child_of({"a": 0, "b": 0, "c": 1}, {"a": 5, "b": 5, "c": 6}) == {0: 5, 1: 6}
     assert mean_cosine(np.array([[1.0, 0.0]]), np.array([[2.0, 0.0]])) == 1.0
     assert mean_cosine(np.zeros((1, 2)), np.ones((1, 2))) == 0.0
+
+
+def test_a_singleton_is_named_advice_is_never_in_force_and_round_1_names_what_is_compared():
+    run = Revisits({**dict.fromkeys(KEYS[:7], 0), "7": 1})
+    basis = explain.fedclust_count_basis(run.state, run.strategy.params)
+    assert basis.endswith("; cluster 1 holds a single client (7)")
+    run.state.layer_choice = LayerChoice(rule="auto", keys=["w"], chosen=None, decided=True)  # one candidate
+    assert "cluster_layers='auto'" not in explain.one_cluster_advice(run.state, run.strategy.params)
+    run.state.clustering_state["deferred"] = "FedClust: cut deferred: requests 1–5 and 6–10 disagree (ARI 0.31 < 0.80)"
+    assert "revisit = true" not in explain.one_cluster_advice(run.state, run.strategy.params)
+    choice = LayerChoice(rule="auto", keys=["a.weight", "b.weight"], candidates={"a": ["a.weight"], "b": ["b.weight"]})
+    assert explain.warmup_said(choice, "AdaCFL", 1, 2) == (
+        "AdaCFL: FedAvg warm-up for 1 round; the clustering step in round 2 compares each of 2 candidate layers "
+        "(a, b), the one whose clients' updates show the most structure")

@@ -135,13 +135,37 @@ def adacfl_reason(state: Any, params: Any, reasons: dict[str, str], sizes: dict[
     return f"{reason}; the clustering step in round {clustering_round} saw {len(keys)} clients{median}{later}"
 
 
-def one_cluster_advice(state: Any) -> str:
-    """The one setting most likely to change a one-cluster ending."""
+def one_cluster_advice(state: Any, params: Any = None) -> str:
+    """The one setting most likely to change a one-cluster ending; never a value already in force."""
     if not state.clustered:
         return "a longer round timeout or more clients (nobody replied to the clustering step)"
-    if state.layer_choice.scores:
+    if state.clustering_state.get("deferred"):
+        more = "more rounds (the revisits watch every round's updates)" if getattr(params, "revisit", True) else \
+            "revisit = true (the clusters revisited on every round's updates)"
+        return f"{more}, or HiCFL or CFL"
+    if state.layer_choice.scores or state.layer_choice.rule == EVIDENCE:
         return "HiCFL or CFL (they compare every round), or a lower auto-min-silhouette if the groups are close"
     return "cluster_layers='auto' (each layer scored) or HiCFL"
+
+
+def singletons(state: Any) -> str:
+    """"; cluster 3 holds a single client (7)" for each cluster of one client ("" when none)."""
+    sizes: dict[int, list[str]] = {}
+    for key, cluster in state.assignment.items():
+        sizes.setdefault(cluster, []).append(key)
+    alone = sorted((c, keys[0]) for c, keys in sizes.items() if len(keys) == 1)
+    return "".join(f"; cluster {c} holds a single client ({key})" for c, key in alone) if len(sizes) > 1 else ""
+
+
+def warmup_said(choice: Any, strategy: str, rounds: int, clustering_round: int) -> str:
+    """Round 1 of a warm-up: what the clustering step will compare, and when."""
+    if choice.candidates:
+        what = f"each of {len(choice.candidates)} candidate layers ({', '.join(choice.candidates)}), the one whose " \
+               f"clients' updates show the most structure"
+    else:
+        what = ", ".join(choice.keys) + (f" (cluster-layers = {choice.rule})" if choice.rule != EVIDENCE else "")
+    return (f"{strategy}: FedAvg warm-up for {rounds} round{'' if rounds == 1 else 's'}; the clustering step in "
+            f"round {clustering_round} compares {what}")
 
 
 # ------------------------------------------------------------- the number of clusters
@@ -157,8 +181,9 @@ def fedclust_count_basis(state: Any, params: Any) -> str | None:
     shown = "" if silhouette is None else f" at silhouette {silhouette:.3f}"
     on = f"{len(cs.get('client_order', []))} clients on {', '.join(state.layer_choice.keys)}"
     if cs.get("deferred"):
-        return f"{k} clusters: the clustering step's cut of {on} deferred (it did not reproduce){revisits_said(state)}"
-    return f"{k} clusters: {cut}{shown} of {on}{revisits_said(state)}"
+        return (f"{k} clusters: the clustering step's cut of {on} deferred (it did not reproduce)"
+                f"{revisits_said(state)}{singletons(state)}")
+    return f"{k} clusters: {cut}{shown} of {on}{revisits_said(state)}{singletons(state)}"
 
 
 def adacfl_count_basis(state: Any, params: Any) -> str | None:
@@ -193,7 +218,7 @@ def adacfl_count_basis(state: Any, params: Any) -> str | None:
     emptied = f"; {gone} left without members" if gone > 0 and not revisited else ""
     if cut.get("deferred"):
         how = f"the clustering step's cut deferred (it did not reproduce), {how}"
-    return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{revisited}{emptied}."
+    return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{revisited}{emptied}{singletons(state)}."
 
 
 def _adacfl_lambda(cut: dict[str, Any], params: Any) -> str:

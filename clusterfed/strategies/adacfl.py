@@ -147,10 +147,15 @@ class AdaCFL(ClusteredStrategy):
         (Alg. 2) after it."""
         if self.state.clustered:
             return (yield from self.place_newcomers(rnd, keys))
-        if self.state.warmup_cluster is None:
+        first = self.state.warmup_cluster is None
+        if first:
             self.state.warmup_cluster = self.new_cluster(self.state.theta0)
         for key in keys:
             self.state.assignment[key] = self.state.warmup_cluster
+        if first and self.params.warmup_rounds > 0:  # round 1 names what the clustering step will compare
+            return {"decision": explain.warmup_said(self.state.layer_choice, type(self).__name__,
+                                                    self.params.warmup_rounds, self.params.warmup_rounds + 1)}
+        return None
 
     # ------------------------------------------------- Alg. 1: the clustering step
     def before_train(self, rnd: Round) -> Steps:
@@ -290,7 +295,7 @@ class AdaCFL(ClusteredStrategy):
         return explain.adacfl_reason(self.state, self.params, self.one_cluster_reasons, sizes)
 
     def one_cluster_advice(self) -> str | None:
-        return explain.one_cluster_advice(self.state)
+        return explain.one_cluster_advice(self.state, self.params)
 
     def cluster_count_basis(self) -> str | None:
         return explain.adacfl_count_basis(self.state, self.params)

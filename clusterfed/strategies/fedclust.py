@@ -230,7 +230,7 @@ class FedClust(ClusteredStrategy):
         return explain.fedclust_reason(self.state, self.params, self.one_cluster_reasons)
 
     def one_cluster_advice(self) -> str | None:
-        return explain.one_cluster_advice(self.state)
+        return explain.one_cluster_advice(self.state, self.params)
 
     def cluster_count_basis(self) -> str | None:
         return explain.fedclust_count_basis(self.state, self.params)

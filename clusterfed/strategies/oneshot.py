@@ -477,10 +477,12 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     state.revisit_cuts.pop(cluster, None)
     state.aggregator_state.pop(cluster, None)
     made = sorted(children.values())
+    sizes = {c: sum(1 for k in members if state.assignment[k] == c) for c in made}
     state.revisits.append({"round": server_round, "action": "split", "cluster": cluster, "into": made,
                            "members": len(members), **reproduction.as_record()})
+    named = ", ".join(f"{c} (a single client)" if sizes[c] == 1 else f"{c} ({sizes[c]} clients)" for c in made)
     return (f"{strategy}: cluster {cluster} ({len(members)} clients) split into clusters "
-            f"{', '.join(map(str, made))}: its members' training updates cut alike in "
+            f"{named}: its members' training updates cut alike in "
             f"{reproduction.words(params.reproduce_agreement)}")
 
 
