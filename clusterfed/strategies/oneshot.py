@@ -83,8 +83,9 @@ class OneShotParams(StrategyParams):
     chain_until: Literal["stable", "epochs"] = Field(
         "stable", alias="chain-until",
         description="a stock ClientApp (it trains its own local-epochs per request) is sent its reply back until "
-                    "the clients' clustering is the same after two requests in a row (stable; at most "
-                    "cluster-epochs in all) or until it has trained cluster-epochs (epochs, the papers' phase)")
+                    "the chain's cut settles (stable: under reproduce, the cuts of requests 1..k/2 and k/2+1..k "
+                    "agree; at most cluster-epochs in all) or until it has trained cluster-epochs (epochs, the "
+                    "papers' phase)")
     lambda_: PositiveNumber | Literal["auto"] = Field(
         "auto", alias="lambda", description='distance threshold of the dendrogram cut, or "auto" = the best-silhouette cut')
     distance: Literal["l2", "cosine"] = Field(
