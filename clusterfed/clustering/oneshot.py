@@ -152,3 +152,18 @@ def cut_into(X: np.ndarray, k: int, *, metric: str, linkage: str) -> np.ndarray:
     if len(X) <= k or k < 2:
         return np.arange(len(X)) if len(X) <= k else np.zeros(len(X), dtype=np.int64)
     return fcluster(linkage_matrix(X, metric=metric, linkage=linkage), t=k, criterion="maxclust") - 1
+
+
+def most_alike(X: np.ndarray, labels: np.ndarray) -> tuple[float, int, int]:
+    """The largest cosine between two clusters' mean rows, and the two labels (-1.0, -1, -1
+    with fewer than two clusters). Why: clients of one task share its direction of training
+    and differ by their own data's idiosyncrasy, which repeats in every draw of their own data
+    (so it reproduces); clusters of them still point alike on average, true groups do not."""
+    found = sorted(np.unique(labels))
+    best = (-1.0, -1, -1)
+    for i, a in enumerate(found):
+        for b in found[i + 1:]:
+            cosine = mean_cosine(X[labels == a], X[labels == b])
+            if cosine > best[0]:
+                best = (cosine, int(a), int(b))
+    return best

@@ -38,7 +38,7 @@ from sklearn.metrics import adjusted_rand_score
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
-    chain_halves, child_of, cut_into, mean_cosine, silhouette_or_none, threshold_cut)
+    chain_halves, child_of, cut_into, mean_cosine, most_alike, silhouette_or_none, threshold_cut)
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies.base import ClusteredState, StrategyParams
@@ -299,13 +299,17 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
         halves = (X[:, first], X[:, second], "coordinate halves")
     reproduction = halves_agree(halves, k, params)
     bound = params.reproduce_agreement
-    if _reproduced(reproduction, params):
+    cosine, a, b = most_alike(X, labels)
+    if _reproduced(reproduction, params) and cosine < MERGE_MIN_COSINE:
         return labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}"
+    why = (explain.disagreement(reproduction, bound) if not _reproduced(reproduction, params) else
+           f"{reproduction.words(bound)}, but two of its clusters' mean changes point alike (cosine {cosine:.2f} "
+           f">= {MERGE_MIN_COSINE}): one task, each client's own data")
     kept = "one cluster" if len(np.unique(fallback)) == 1 else f"the {len(np.unique(fallback))} label-statistics pre-clusters"
     then = (f"{kept} until the members' training updates show a partition that reproduces (revisit)"
             if params.revisit else f"{kept} (revisit = false)")
     return (fallback, reproduction,
-            f"{strategy}: cut deferred: {explain.disagreement(reproduction, bound)}; {then}")
+            f"{strategy}: cut deferred: {why}; {then}")
 
 
 def rows(replies: list[TrainReply], start: Arrays, choice: LayerChoice, params: OneShotParams) -> np.ndarray:
@@ -463,6 +467,9 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     reproduction = compare([previous["labels"][k] for k in common], [current[k] for k in common],
                            f"rounds {previous['round']} and {server_round}")
     if not _reproduced(reproduction, params):
+        return None
+    cosine, _, _ = most_alike(X, np.array([current[reply.key] for reply in group]))
+    if cosine >= MERGE_MIN_COSINE:  # its parts point alike: the merge rule would undo the split
         return None
     members = sorted((k for k, c in state.assignment.items() if c == cluster), key=natural)
     mapped = child_of(previous["labels"], current)
