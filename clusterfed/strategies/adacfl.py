@@ -58,6 +58,7 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering import (
+    cluster_by_threshold,
     cluster_within_preclusters,
     entropy_preclusters,
     merge_across_preclusters,
@@ -212,7 +213,13 @@ class AdaCFL(ClusteredStrategy):
                                extra=oneshot.cluster_extra(self.state, self.params), phase="cluster")
         return (yield from oneshot.collect(asks, start, self.state, self.params, stock=oneshot.stock(rnd.clients),
                                            local_epochs=rnd.train_config.get("local-epochs", 1),
-                                           strategy=type(self).__name__))
+                                           strategy=type(self).__name__, cut_rule=self.weight_cut))
+
+    def weight_cut(self, X: np.ndarray) -> np.ndarray:
+        """The cut of the weights alone (no pre-clusters) at this strategy's λ: what a chain's
+        halves must both show for the chain to end."""
+        lam, _ = self.threshold(X)
+        return cluster_by_threshold(X, lam, metric=self.params.distance, linkage=self.params.linkage)
 
     def preclusters(self, keys: list[str], clients: Mapping[str, ClientInfo]) -> tuple[np.ndarray, bool, Diagnostics]:
         """Entropy pre-cluster per client (Alg. 1, lines 1-6), whether pre-clustering ran at

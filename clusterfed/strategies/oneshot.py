@@ -169,7 +169,7 @@ def cluster_extra(state: OneShotState, params: OneShotParams) -> dict[str, Any]:
 
 
 def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShotParams, *, stock: set[str],
-            local_epochs: Any, strategy: str, sample: int = 0) -> Steps:
+            local_epochs: Any, strategy: str, sample: int = 0, cut_rule: Any = None) -> Steps:
     """Ask ``asks`` (``start`` trained for ``cluster-epochs``, the compared arrays uploaded:
     ``cluster_extra``) and return (keys that replied, their partial weights as rows or None,
     the uplink bytes of this phase, its diagnostics, the chain's ``Halves`` or None).
@@ -181,7 +181,8 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
     cut settles: under ``reproduce``, once the cuts of what requests 1..h and h+1..2h changed
     (independent SGD draws) agree on clusters; else once three requests in a row cut alike.
     A chain that never settles reports its halves' disagreement, and the strategy defers
-    the cut (``gate``). ``strategy`` names it in the round line."""
+    the cut (``gate``). ``strategy`` names it in the round line; ``cut_rule`` (rows -> labels)
+    is the strategy's cut of the weights, when not ``cut``."""
     epochs = params.cluster_epochs
     for ask in asks:
         if ask.key in stock:  # it sends its whole model anyway; the next request needs it
@@ -199,7 +200,8 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
             break
         if params.chain_until == "stable":
             if params.reproduce:
-                if len(trail) % 2 == 0 and chain_settled(chain_rows(trail, start, state, params), params, sample):
+                if len(trail) % 2 == 0 and chain_settled(chain_rows(trail, start, state, params), params, sample,
+                                                                  cut_rule):
                     break
             elif settled(done + replies, start, state, params, sample, partitions):
                 break
@@ -270,14 +272,23 @@ def halves_agree(halves: Halves, k: int, params: OneShotParams) -> Reproduction:
     return compare(labels_a, labels_b, source)
 
 
-def chain_settled(halves: Halves | None, params: OneShotParams, sample: int) -> bool:
-    """Whether a chain's cut has settled: the whole chain's cut (the sum of the halves)
-    finds clusters, and both halves show that partition."""
+def chain_settled(halves: Halves | None, params: OneShotParams, sample: int, cut_rule: Any = None) -> bool:
+    """Whether a chain's cut has settled: the whole chain's cut (the sum of the halves; by
+    ``cut_rule``, rows -> labels, the strategy's own, default ``cut``) finds clusters at a
+    silhouette of at least ``auto-min-silhouette``, and both halves show that partition."""
     if halves is None:
         return False
-    labels, _ = cut(halves[0] + halves[1], params, sample=sample)
+    whole = halves[0] + halves[1]
+    labels = cut_rule(whole) if cut_rule is not None else cut(whole, params, sample=sample)[0]
     k = len(np.unique(labels))
-    return k > 1 and _reproduced(halves_agree(halves, k, params), params)
+    if k < 2:
+        return False
+    # a cut that only beats group-free data (the lowered bar) may still move with more epochs:
+    # only clear structure, at the fixed bar, ends the chain early
+    silhouette = silhouette_or_none(distance_matrix(whole, params.distance), labels)
+    if silhouette is None or silhouette < params.auto_min_silhouette:
+        return False
+    return _reproduced(halves_agree(halves, k, params), params)
 
 
 def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneShotParams,
