@@ -440,9 +440,9 @@ def test_a_name_filter_that_selects_nothing_is_a_parameter_error_of_the_strategy
         assert "train" not in grid.sent
 
 
-def test_adacfls_refusal_names_the_stock_client_alternative():
-    with pytest.raises(clusterfed.CapabilityError, match=r"AdaCFL\(share_label_stats=False\)"):
-        run_user_app(clusterfed.AdaCFL(), 2)
+def test_adacfl_takes_stock_clients_and_says_pre_clustering_was_skipped():
+    result = run_user_app(clusterfed.AdaCFL(), 2)
+    assert result.clustering.get("preclustering") is False
 
 
 def test_the_round_line_says_when_clients_were_asked_more_than_once(caplog):
