@@ -70,9 +70,16 @@ def test_many_small_clients_are_cut_into_their_groups_not_dozens():
 
 
 def test_the_papers_union_of_pre_cluster_cuts_stays_selectable_and_over_splits():
-    algorithm, ari = run_adacfl(**{"adacfl.precluster_merge": False})
+    # the union as taken (reproduce = false); by default its over-split does not reproduce
+    algorithm, ari = run_adacfl(**{"adacfl.precluster_merge": False, "adacfl.reproduce": False})
     assert len(set(algorithm.assignment.values())) > 2 * GROUPS and ari < 0.7
     assert algorithm.cluster_state()["clusters_within_preclusters"] == len(set(algorithm.assignment.values()))
+    # by default the union's cut does not reproduce: the clients keep their pre-clusters, and the line says so
+    deferred, _ = run_adacfl(**{"adacfl.precluster_merge": False})
+    pre = len(deferred.cluster_state()["precluster_cuts"])
+    assert len(set(deferred.assignment.values())) == pre < len(set(algorithm.assignment.values()))
+    said = deferred.cluster_state()["deferred"]
+    assert "cut deferred: coordinate halves disagree" in said and f"the {pre} label-statistics pre-clusters" in said
 
 
 def test_auto_tolerance_zero_takes_the_best_silhouette_which_halves_elongated_groups():

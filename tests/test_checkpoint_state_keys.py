@@ -16,9 +16,11 @@ from clusterfed.strategies.fedclust import FedClust
 from clusterfed.strategies.ifca import IFCA
 
 OWN_KEYS = {
+    # the revisits' three fields (defaults: an older checkpoint resumes without them)
     FedClust: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state",
-               "unclustered", "recut_at", "recuts"],
-    AdaCFL: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state", "warmup_cluster"],
+               "revisit_cuts", "revisit_alike", "revisits", "unclustered", "recut_at", "recuts"],
+    AdaCFL: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state",
+             "revisit_cuts", "revisit_alike", "revisits", "warmup_cluster"],
     IFCA: ["k", "warming_up", "choice_counts", "candidates"],
 }
 THETA0 = {"fc.weight": np.zeros((3, 4), np.float32), "fc.bias": np.zeros(3, np.float32)}

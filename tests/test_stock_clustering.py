@@ -56,12 +56,14 @@ def test_fedclust_chains_requests_until_a_quickstart_client_trained_cluster_epoc
 
 
 def test_the_chain_ends_once_the_clustering_is_stable():
-    # chain-until = stable (the default): the chain stops when three requests in a row cut
-    # the clients the same way, with clear structure; fewer trainings, the same groups
+    # chain-until = stable (the default): the chain stops when what requests 1..k/2 and
+    # k/2+1..k changed cut the clients the same way (k even, at least 2); fewer trainings,
+    # the same groups, and the cut taken says which halves agreed
     result = run_quickstart(clusterfed.FedClust(cluster_epochs=CLUSTER_EPOCHS))
     assert ari(result) >= 0.9, result.clustering.get("one_cluster_reason")
     trainings, rest = divmod(result.traffic["bytes_up"], NUM_CLIENTS * model_bytes())
-    assert rest == 0 and 3 + 1 <= trainings < CLUSTER_EPOCHS + 1
+    assert rest == 0 and 2 + 1 <= trainings < CLUSTER_EPOCHS + 1
+    assert result.clustering["reproduction"]["source"].startswith("requests 1–")
 
 
 def test_one_epoch_of_a_quickstart_client_does_not_show_the_groups_in_the_final_layer():

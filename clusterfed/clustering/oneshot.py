@@ -114,3 +114,56 @@ def precluster_records(keys: list[str], X: np.ndarray, pre: np.ndarray, cuts: di
             "linkage": linkage_matrix(X[rows], metric=metric, linkage=linkage).tolist() if len(rows) > 1 else None,
         })
     return records
+
+
+# ------------------------------------------------- reproducible decisions and revisits
+def chain_halves(first: np.ndarray, middle: np.ndarray, last: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two independent rows per client from a chain of requests: what requests 1..h changed
+    (``middle - first``) and what requests h+1..k changed (``last - middle``). Each half is
+    its own SGD draws from its own start: a partition both halves show is not one draw's luck."""
+    return np.asarray(middle, np.float64) - first, np.asarray(last, np.float64) - middle
+
+
+def child_of(previous: dict[str, int], current: dict[str, int]) -> dict[int, int]:
+    """Each label of ``previous`` (client -> label) mapped to the label of ``current`` most of
+    its clients carry now (clients in both); a label with no client in both maps to none."""
+    mapping: dict[int, int] = {}
+    for label in set(previous.values()):
+        now = [current[key] for key, old in previous.items() if old == label and key in current]
+        if now:
+            mapping[label] = max(set(now), key=now.count)
+    return mapping
+
+
+def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Cosine of the mean rows of ``a`` and ``b`` (two clusters' mean updates); 0 when either is zero."""
+    x, y = np.asarray(a, np.float64).mean(axis=0), np.asarray(b, np.float64).mean(axis=0)
+    norm = float(np.linalg.norm(x) * np.linalg.norm(y))
+    return 0.0 if norm == 0 else float(x @ y / norm)
+
+
+def cut_into(X: np.ndarray, k: int, *, metric: str, linkage: str) -> np.ndarray:
+    """The rows of X cut into ``k`` clusters on their dendrogram (the same linkage and
+    distance as the decision): a half of the evidence asked for the partition the decision
+    took, so that two halves agree when that partition is there in both, whatever finer
+    cut each half's silhouette would favour."""
+    from scipy.cluster.hierarchy import fcluster
+
+    if len(X) <= k or k < 2:
+        return np.arange(len(X)) if len(X) <= k else np.zeros(len(X), dtype=np.int64)
+    return fcluster(linkage_matrix(X, metric=metric, linkage=linkage), t=k, criterion="maxclust") - 1
+
+
+def most_alike(X: np.ndarray, labels: np.ndarray) -> tuple[float, int, int]:
+    """The largest cosine between two clusters' mean rows, and the two labels (-1.0, -1, -1
+    with fewer than two clusters). Why: clients of one task share its direction of training
+    and differ by their own data's idiosyncrasy, which repeats in every draw of their own data
+    (so it reproduces); clusters of them still point alike on average, true groups do not."""
+    found = sorted(np.unique(labels))
+    best = (-1.0, -1, -1)
+    for i, a in enumerate(found):
+        for b in found[i + 1:]:
+            cosine = mean_cosine(X[labels == a], X[labels == b])
+            if cosine > best[0]:
+                best = (cosine, int(a), int(b))
+    return best

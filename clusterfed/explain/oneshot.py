@@ -39,13 +39,14 @@ def no_structure_advice(choice: Any, strategy: str, silhouette: float | None, re
     """The one-cluster sentence of the clustering round: on which arrays, the score against
     the bar, and the setting most likely to change it."""
     layer = choice.chosen or (choice.keys[0].rsplit(".", 1)[0] if choice.keys else "?")
-    bar = "" if required is None else f" < {required:.2f}"
+    shown, bar_shown = _against(silhouette, required)
+    bar = "" if required is None else f" < {bar_shown}"
     if choice.scores:  # every candidate was scored and none showed groups
         hint = "the clients may share one task; if they should not, try HiCFL or CFL (they compare every round)"
     else:
         other = next(r for r in (paper_rule, "all") if r != choice.rule)
         hint = f"try cluster_layers={EVIDENCE!r} (each layer scored) or {other!r}, or HiCFL"
-    return f"{strategy}: one cluster, no structure on {layer} (best silhouette {_score(silhouette)}{bar}); {hint}"
+    return f"{strategy}: one cluster, no structure on {layer} (best silhouette {shown}{bar}); {hint}"
 
 
 def cut_decision(decision: str | None, state: Any, params: Any, info: dict[str, Any], strategy: str,
@@ -58,6 +59,33 @@ def cut_decision(decision: str | None, state: Any, params: Any, info: dict[str, 
     return "; ".join(text for text in (decision, said) if text)
 
 
+def disagreement(reproduction: Any, bound: float) -> str:
+    """Why two independent cuts (a ``Reproduction``) do not back a cut: they disagree, or
+    they agree that there is one cluster."""
+    if reproduction.agreement < bound:
+        return reproduction.words(bound)
+    a, b = reproduction.clusters()
+    if a == b == 1:
+        return f"{reproduction.source} each show one cluster"
+    return f"{reproduction.source} agree (ARI {reproduction.agreement:.2f}) but one of them shows one cluster"
+
+
+def preclustering_said(skipped: dict[str, Any], strategy: str) -> str:
+    """AdaCFL's round-line words for a pre-clustering it skipped ("" when it ran or was switched off)."""
+    why = skipped.get("preclustering_skipped")
+    return f"{strategy}: pre-clustering by label entropy skipped: {why}" if why else ""
+
+
+def revisits_said(state: Any) -> str:
+    """The splits and merges the revisits took, for the count basis ("" when none)."""
+    splits = sum(1 for r in getattr(state, "revisits", []) if r["action"] == "split")
+    merges = sum(1 for r in getattr(state, "revisits", []) if r["action"] == "merge")
+    if not splits and not merges:
+        return ""
+    return (f"; then {splits} split{'' if splits == 1 else 's'} and {merges} merge{'' if merges == 1 else 's'} "
+            f"on the members' training updates (revisit)")
+
+
 # ------------------------------------------------------------- one cluster at the end
 def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | None:
     """Why the run ended with one cluster (None when it has more); ``reasons``: the
@@ -66,6 +94,11 @@ def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str 
         return None
     if not state.clustered:
         return reasons["not_clustered"]
+    deferred = state.clustering_state.get("deferred")
+    if deferred:
+        later = ("; no cluster's training updates showed a partition that reproduced in successive rounds"
+                 if params.revisit else "")
+        return f"the clustering step's cut did not reproduce and was deferred ({deferred.split(': ', 1)[-1]}){later}"
     best = state.clustering_state.get("auto_best_silhouette")
     if params.lambda_ == "auto":
         shown = "none (fewer than 3 clients)" if best is None else f"{best:.3f}"
@@ -102,13 +135,37 @@ def adacfl_reason(state: Any, params: Any, reasons: dict[str, str], sizes: dict[
     return f"{reason}; the clustering step in round {clustering_round} saw {len(keys)} clients{median}{later}"
 
 
-def one_cluster_advice(state: Any) -> str:
-    """The one setting most likely to change a one-cluster ending."""
+def one_cluster_advice(state: Any, params: Any = None) -> str:
+    """The one setting most likely to change a one-cluster ending; never a value already in force."""
     if not state.clustered:
         return "a longer round timeout or more clients (nobody replied to the clustering step)"
-    if state.layer_choice.scores:
+    if state.clustering_state.get("deferred"):
+        more = "more rounds (the revisits watch every round's updates)" if getattr(params, "revisit", True) else \
+            "revisit = true (the clusters revisited on every round's updates)"
+        return f"{more}, or HiCFL or CFL"
+    if state.layer_choice.scores or state.layer_choice.rule == EVIDENCE:
         return "HiCFL or CFL (they compare every round), or a lower auto-min-silhouette if the groups are close"
     return "cluster_layers='auto' (each layer scored) or HiCFL"
+
+
+def singletons(state: Any) -> str:
+    """"; cluster 3 holds a single client (7)" for each cluster of one client ("" when none)."""
+    sizes: dict[int, list[str]] = {}
+    for key, cluster in state.assignment.items():
+        sizes.setdefault(cluster, []).append(key)
+    alone = sorted((c, keys[0]) for c, keys in sizes.items() if len(keys) == 1)
+    return "".join(f"; cluster {c} holds a single client ({key})" for c, key in alone) if len(sizes) > 1 else ""
+
+
+def warmup_said(choice: Any, strategy: str, rounds: int, clustering_round: int) -> str:
+    """Round 1 of a warm-up: what the clustering step will compare, and when."""
+    if choice.candidates:
+        what = f"each of {len(choice.candidates)} candidate layers ({', '.join(choice.candidates)}), the one whose " \
+               f"clients' updates show the most structure"
+    else:
+        what = ", ".join(choice.keys) + (f" (cluster-layers = {choice.rule})" if choice.rule != EVIDENCE else "")
+    return (f"{strategy}: FedAvg warm-up for {rounds} round{'' if rounds == 1 else 's'}; the clustering step in "
+            f"round {clustering_round} compares {what}")
 
 
 # ------------------------------------------------------------- the number of clusters
@@ -122,8 +179,11 @@ def fedclust_count_basis(state: Any, params: Any) -> str | None:
     cut = (f"lambda {float(cs['lambda']):.3g} as given" if params.lambda_ != "auto" else
            f"lambda auto {float(cs['lambda']):.3g}, the best-silhouette cut")
     shown = "" if silhouette is None else f" at silhouette {silhouette:.3f}"
-    return (f"{k} clusters: {cut}{shown} of {len(cs.get('client_order', []))} clients on "
-            f"{', '.join(state.layer_choice.keys)}")
+    on = f"{len(cs.get('client_order', []))} clients on {', '.join(state.layer_choice.keys)}"
+    if cs.get("deferred"):
+        return (f"{k} clusters: the clustering step's cut of {on} deferred (it did not reproduce)"
+                f"{revisits_said(state)}{singletons(state)}")
+    return f"{k} clusters: {cut}{shown} of {on}{revisits_said(state)}{singletons(state)}"
 
 
 def adacfl_count_basis(state: Any, params: Any) -> str | None:
@@ -149,12 +209,16 @@ def adacfl_count_basis(state: Any, params: Any) -> str | None:
             merged = ", none of them within lambda of another"
         steps = f"; cut inside {pre} entropy pre-clusters into {within} clusters{merged}"
     else:
-        steps = f"; one pre-cluster, cut into {at_clustering} clusters"
+        steps = (f"; one pre-cluster, cut into {at_clustering} clusters" if at_clustering > 1
+                 else "; one pre-cluster, left as one cluster")
     founded = sum(1 for entry in state.newcomer_log if entry.get("new_cluster"))
     later = f"; {founded} more founded by newcomers farther than epsilon" if founded else ""
+    revisited = revisits_said(state)
     gone = at_clustering + founded - final
-    emptied = f"; {gone} left without members" if gone > 0 else ""
-    return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{emptied}."
+    emptied = f"; {gone} left without members" if gone > 0 and not revisited else ""
+    if cut.get("deferred"):
+        how = f"the clustering step's cut deferred (it did not reproduce), {how}"
+    return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{revisited}{emptied}{singletons(state)}."
 
 
 def _adacfl_lambda(cut: dict[str, Any], params: Any) -> str:
@@ -183,3 +247,14 @@ def _adacfl_lambda(cut: dict[str, Any], params: Any) -> str:
 
 def _score(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.2f}"
+
+
+def _against(value: float | None, bar: float | None) -> tuple[str, str]:
+    """A score and the bar it fell short of, with as many decimals (2 to 6) as it takes for
+    the shown numbers to differ as the numbers do: never "0.18 < 0.18"."""
+    if value is None or bar is None:
+        return _score(value), "" if bar is None else f"{bar:.2f}"
+    for digits in range(2, 7):
+        if f"{value:.{digits}f}" != f"{bar:.{digits}f}":
+            return f"{value:.{digits}f}", f"{bar:.{digits}f}"
+    return f"{value:.6g}", f"{bar:.6g}"

@@ -221,7 +221,8 @@ class Membership:
         evaluates the model it is sent, and would fail without one)."""
         config = protocol.config_record({**self.probe_config, "server-round": server_round,
                                          "phase": protocol.PROFILE_PHASE,
-                                         "label-stats": LABEL_STATS in self.strategy.requires()})
+                                         "label-stats": LABEL_STATS in (self.strategy.requires()
+                                                                        | getattr(self.strategy, "wants", set)())})
         helper_nodes = {self.node_of_key[k] for k in self.clients if k not in self.stock and k in self.node_of_key}
         helper_nodes |= {n for n, key in self.benched.items() if key is not None}  # it named itself: a helper
         messages = []

@@ -58,6 +58,7 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering import (
+    cluster_by_threshold,
     cluster_within_preclusters,
     entropy_preclusters,
     merge_across_preclusters,
@@ -117,11 +118,15 @@ class AdaCFL(ClusteredStrategy):
     PAPER: ClassVar[dict[str, Any]] = {
         "lambda_": 1.4, "epsilon": 1.8, "cluster_epochs": 1, "cluster_layers": PAPER_LAYERS, "distance": "l2",
         "chain_until": "epochs", "share_label_stats": True, "entropy_gap": 0.1, "entropy_min_per_class": 0.0,
-        "precluster_merge": True}
-
-    stock_alternative = "construct AdaCFL(share_label_stats=False), which needs no label statistics"
+        "precluster_merge": True, "reproduce": False, "revisit": False}
 
     def requires(self) -> set[str]:
+        """Nothing beyond a stock ClientApp: label statistics are asked for (``wants``) and used
+        when every client gives them; otherwise pre-clustering is skipped, and the round line says why."""
+        return set()
+
+    def wants(self) -> set[str]:
+        """What the clients are asked for when they can give it (the profile probe)."""
         return {LABEL_STATS} if self.params.share_label_stats else set()
 
     def init_clusters(self) -> None:
@@ -143,10 +148,15 @@ class AdaCFL(ClusteredStrategy):
         (Alg. 2) after it."""
         if self.state.clustered:
             return (yield from self.place_newcomers(rnd, keys))
-        if self.state.warmup_cluster is None:
+        first = self.state.warmup_cluster is None
+        if first:
             self.state.warmup_cluster = self.new_cluster(self.state.theta0)
         for key in keys:
             self.state.assignment[key] = self.state.warmup_cluster
+        if first and self.params.warmup_rounds > 0:  # round 1 names what the clustering step will compare
+            return {"decision": explain.warmup_said(self.state.layer_choice, type(self).__name__,
+                                                    self.params.warmup_rounds, self.params.warmup_rounds + 1)}
+        return None
 
     # ------------------------------------------------- Alg. 1: the clustering step
     def before_train(self, rnd: Round) -> Steps:
@@ -160,7 +170,7 @@ class AdaCFL(ClusteredStrategy):
         if not keys:
             return
         start = self.state.models[warmup]
-        replied, X, bytes_up, diagnostics = yield from self.collect(rnd, keys, start)
+        replied, X, bytes_up, diagnostics, halves = yield from self.collect(rnd, keys, start)
         if X is None:
             return diagnostics  # nobody replied: stay in warm-up, try again next round
         # clients whose reply was lost, that were not sampled or are absent leave the warm-up
@@ -178,13 +188,22 @@ class AdaCFL(ClusteredStrategy):
         # it would undo the pre-clusters, then the only evidence of groups; they stay apart
         if p.precluster_merge and len(cuts) > 1 and auto_info.get("auto_clusters", 2) > 1:
             labels = merge_across_preclusters(X, labels, lam, metric=p.distance, linkage=p.linkage)
+        labels, reproduction, said = oneshot.gate(X, labels, halves, p, type(self).__name__, fallback=pre)
+        if reproduction is not None:
+            auto_info = {**auto_info, "reproduction": reproduction.as_record(),
+                         **({"deferred": said} if said and "deferred" in said else {})}
         info = {"preclustering": preclustering, "preclusters": [int(c) for c in pre],
                 "precluster_cuts": precluster_records(replied, X, pre, cuts, metric=p.distance, linkage=p.linkage),
                 "lambda": float(lam), **auto_info, "clusters_within_preclusters": within}
         clusters = {int(label): self.new_cluster(start) for label in np.unique(labels)}
         diagnostics.update({**skipped, **oneshot.form(self.state, p, rnd.number, replied, X, labels, clusters, start,
                                                       bytes_up, info)})
-        oneshot.say_cut(diagnostics, labels, info, self.state, p, type(self).__name__, PAPER_LAYERS)
+        said = "; ".join(t for t in (diagnostics.get("decision"), explain.preclustering_said(skipped, type(self).__name__),
+                                     said) if t)
+        if said:
+            diagnostics["decision"] = said
+        if "deferred" not in info:
+            oneshot.say_cut(diagnostics, labels, info, self.state, p, type(self).__name__, PAPER_LAYERS)
         return {**diagnostics, "preclustering": preclustering, "num_preclusters": len(cuts),
                 "clusters_within_preclusters": within}
 
@@ -194,14 +213,26 @@ class AdaCFL(ClusteredStrategy):
                                extra=oneshot.cluster_extra(self.state, self.params), phase="cluster")
         return (yield from oneshot.collect(asks, start, self.state, self.params, stock=oneshot.stock(rnd.clients),
                                            local_epochs=rnd.train_config.get("local-epochs", 1),
-                                           strategy=type(self).__name__))
+                                           strategy=type(self).__name__, cut_rule=self.weight_cut))
+
+    def weight_cut(self, X: np.ndarray) -> np.ndarray:
+        """The cut of the weights alone (no pre-clusters) at this strategy's λ: what a chain's
+        halves must both show for the chain to end."""
+        lam, _ = self.threshold(X)
+        return cluster_by_threshold(X, lam, metric=self.params.distance, linkage=self.params.linkage)
 
     def preclusters(self, keys: list[str], clients: Mapping[str, ClientInfo]) -> tuple[np.ndarray, bool, Diagnostics]:
         """Entropy pre-cluster per client (Alg. 1, lines 1-6), whether pre-clustering ran at
         all, and the diagnostics (why it was skipped); ``clients``: the round's client table."""
         stats = [clients[key].label_stats for key in keys]
-        if not self.params.share_label_stats or any(any(s not in st for s in _STATS) for st in stats):
+        if not self.params.share_label_stats:
             return np.zeros(len(keys), dtype=np.int64), False, {}
+        lacking = [key for key, st in zip(keys, stats) if any(s not in (st or {}) for s in _STATS)]
+        if lacking:  # a stock ClientApp has no profile: its labels are unknown to the server
+            stock = sum(1 for key in lacking if clients[key].stock)
+            skipped = (f"{len(lacking)} of {len(keys)} clients gave no label statistics"
+                       + (f" ({stock} stock ClientApps)" if stock else ""))
+            return np.zeros(len(keys), dtype=np.int64), False, {"preclustering_skipped": skipped}
         per_class = float(np.median([clients[key].num_examples / max(int(st["num-classes"]), 1)
                                      for key, st in zip(keys, stats)]))
         if per_class < self.params.entropy_min_per_class:
@@ -235,7 +266,7 @@ class AdaCFL(ClusteredStrategy):
         if not keys:
             return {}
         start = self.state.cluster_start
-        replied, X, bytes_up, diagnostics = yield from self.collect(rnd, keys, start)
+        replied, X, bytes_up, diagnostics, _ = yield from self.collect(rnd, keys, start)
         diagnostics["newcomer_bytes_up"] = bytes_up
         if X is None:
             return diagnostics
@@ -253,16 +284,25 @@ class AdaCFL(ClusteredStrategy):
         diagnostics["newcomers_placed"] = len(replied)
         return diagnostics
 
+    # ------------------------------------------------- extension: revisits
+    def after_train(self, rnd: Round, replies: list) -> Diagnostics | None:
+        """The clusters revisited on the round's training updates (``oneshot.revisit``)."""
+        if self.params.revisit and self.state.clustered:
+            return oneshot.revisit(self.state, self.params, rnd.number, replies, self.new_cluster,
+                                   type(self).__name__)
+        return None
+
     # ------------------------------------------------------ what the run says
     def cluster_state(self) -> dict[str, Any]:
-        return dict(self.state.clustering_state)
+        revisits = self.state.revisits
+        return {**self.state.clustering_state, **({"revisits": list(revisits)} if revisits else {})}
 
     def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
         sizes = {key: client.num_examples for key, client in (clients or {}).items()}
         return explain.adacfl_reason(self.state, self.params, self.one_cluster_reasons, sizes)
 
     def one_cluster_advice(self) -> str | None:
-        return explain.one_cluster_advice(self.state)
+        return explain.one_cluster_advice(self.state, self.params)
 
     def cluster_count_basis(self) -> str | None:
         return explain.adacfl_count_basis(self.state, self.params)

@@ -88,7 +88,8 @@ class FedClust(ClusteredStrategy):
     # the paper, no extension: its final layer, L2 distance, the full clustering phase, one
     # cut. λ is the paper's input with no published value: give it, FedClust.paper(lambda_=...)
     PAPER: ClassVar[dict[str, Any]] = {"cluster_layers": PAPER_LAYERS, "distance": "l2", "cluster_epochs": 10,
-                                       "chain_until": "epochs", "cluster_sample": 0, "recut": False}
+                                       "chain_until": "epochs", "cluster_sample": 0, "recut": False,
+                                       "reproduce": False, "revisit": False}
 
     def init_clusters(self) -> None:
         oneshot.start(self.state, self.params, self.compared_names(), PAPER_LAYERS, name=self.name)
@@ -116,14 +117,21 @@ class FedClust(ClusteredStrategy):
         if not keys:
             return
         theta0 = self.state.theta0
-        replied, X, bytes_up, diagnostics = yield from self.collect(rnd, keys, theta0)
+        replied, X, bytes_up, diagnostics, halves = yield from self.collect(rnd, keys, theta0)
         if X is None:
             return diagnostics  # nobody replied: try again next round
         labels, info = self.cut(X)
+        labels, reproduction, said = oneshot.gate(X, labels, halves, self.params, type(self).__name__)
+        if reproduction is not None:
+            info = {**info, "reproduction": reproduction.as_record(), **({"deferred": said} if
+                                                                         "deferred" in said else {})}
         clusters = {int(label): self.new_cluster(theta0) for label in np.unique(labels)}
         diagnostics.update(oneshot.form(self.state, self.params, rnd.number, replied, X, labels, clusters, theta0,
                                         bytes_up, info))
-        oneshot.say_cut(diagnostics, labels, info, self.state, self.params, type(self).__name__, PAPER_LAYERS)
+        if said:
+            diagnostics["decision"] = "; ".join(t for t in (diagnostics.get("decision"), said) if t)
+        if "deferred" not in info:
+            oneshot.say_cut(diagnostics, labels, info, self.state, self.params, type(self).__name__, PAPER_LAYERS)
         if self.params.recut and self.params.lambda_ == "auto" and len(clusters) == 1:
             # float32, as the clients sent them: half the memory, a cut of the same labels
             self.state.unclustered = dict(zip(replied, X.astype(np.float32)))
@@ -152,7 +160,7 @@ class FedClust(ClusteredStrategy):
         keys = rnd.reachable(keys)  # only this round's sampled clients are asked
         if not keys:
             return {}
-        replied, X, bytes_up, diagnostics = yield from self.collect(rnd, keys, self.state.cluster_start)
+        replied, X, bytes_up, diagnostics, _ = yield from self.collect(rnd, keys, self.state.cluster_start)
         diagnostics["newcomer_bytes_up"] = bytes_up
         if X is None:
             return diagnostics
@@ -174,15 +182,19 @@ class FedClust(ClusteredStrategy):
         """Cut the kept partial weights of the one cluster's members again (a grown sample);
         on clusters, form them from the one cluster's current model; ``known``: how many clients
         the run knows. Returns the diagnostics."""
+        if len(self.state.models) != 1:  # the revisits split the one cluster meanwhile: they took over
+            self.state.unclustered, self.state.recut_at = {}, 0
+            return {}
         keys = sorted(self.state.unclustered, key=natural)
         X = np.stack([self.state.unclustered[key] for key in keys], dtype=np.float64)
         bound = recut_max_clusters(len(keys), self.params.max_clusters)
         labels, info = self.cut(X, max_clusters=bound)
+        labels, _, said = oneshot.gate(X, labels, None, self.params, type(self).__name__)
         clusters = len(np.unique(labels))
         self.state.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound,
                                   "clusters": int(clusters), "best_silhouette": info.get("auto_best_silhouette"),
                                   "required_silhouette": info.get("auto_required_silhouette")})
-        diagnostics = {"recut_clients": len(keys)}
+        diagnostics = {"recut_clients": len(keys), **({"decision": said} if said else {})}
         if clusters == 1:
             if len(keys) >= known:  # every known client was cut: nothing left to grow
                 self.state.unclustered, self.state.recut_at = {}, 0
@@ -200,16 +212,25 @@ class FedClust(ClusteredStrategy):
         self.state.unclustered, self.state.recut_at = {}, 0
         return diagnostics
 
+    # ------------------------------------------------- extension: revisits
+    def after_train(self, rnd: Round, replies: list) -> Diagnostics | None:
+        """The clusters revisited on the round's training updates (``oneshot.revisit``)."""
+        if self.params.revisit and self.state.clustered:
+            return oneshot.revisit(self.state, self.params, rnd.number, replies, self.new_cluster,
+                                   type(self).__name__)
+        return None
+
     # ------------------------------------------------------ what the run says
     def cluster_state(self) -> dict[str, Any]:
-        recuts = self.state.recuts
-        return {**self.state.clustering_state, **({"recuts": list(recuts)} if recuts else {})}
+        recuts, revisits = self.state.recuts, self.state.revisits
+        return {**self.state.clustering_state, **({"recuts": list(recuts)} if recuts else {}),
+                **({"revisits": list(revisits)} if revisits else {})}
 
     def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
         return explain.fedclust_reason(self.state, self.params, self.one_cluster_reasons)
 
     def one_cluster_advice(self) -> str | None:
-        return explain.one_cluster_advice(self.state)
+        return explain.one_cluster_advice(self.state, self.params)
 
     def cluster_count_basis(self) -> str | None:
         return explain.fedclust_count_basis(self.state, self.params)

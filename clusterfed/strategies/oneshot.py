@@ -35,9 +35,11 @@ import numpy as np
 from pydantic import Field
 from sklearn.metrics import adjusted_rand_score
 
-from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix
+from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
-from clusterfed.clustering.oneshot import silhouette_or_none, threshold_cut
+from clusterfed.clustering.oneshot import (
+    chain_halves, child_of, cut_into, mean_cosine, most_alike, silhouette_or_none, threshold_cut)
+from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies.base import ClusteredState, StrategyParams
 from clusterfed.core.contract import StrategyParamsError
@@ -88,8 +90,9 @@ class OneShotParams(StrategyParams):
     chain_until: Literal["stable", "epochs"] = Field(
         "stable", alias="chain-until",
         description="a stock ClientApp (it trains its own local-epochs per request) is sent its reply back until "
-                    "the clients' clustering is the same after two requests in a row (stable; at most "
-                    "cluster-epochs in all) or until it has trained cluster-epochs (epochs, the papers' phase)")
+                    "the chain's cut settles (stable: under reproduce, the cuts of requests 1..k/2 and k/2+1..k "
+                    "agree; at most cluster-epochs in all) or until it has trained cluster-epochs (epochs, the "
+                    "papers' phase)")
     lambda_: PositiveNumber | Literal["auto"] = Field(
         "auto", alias="lambda", description='distance threshold of the dendrogram cut, or "auto" = the best-silhouette cut')
     distance: Literal["l2", "cosine"] = Field(
@@ -102,6 +105,19 @@ class OneShotParams(StrategyParams):
     max_clusters: int = Field(
         DEFAULT_MAX_CLUSTERS, alias="max-clusters", ge=2,
         description='lambda = "auto": the most clusters a cut may form (the candidate cuts scored)')
+    reproduce: bool = Field(
+        True, description="a cut is taken only when two independent halves of the evidence give the same partition "
+                          "(a stock client's chained requests 1..h and h+1..k, else two halves of the compared "
+                          "coordinates; adjusted Rand index at least reproduce-agreement); otherwise it is deferred "
+                          "(one cluster) and the round line says so (false: the papers' single cut)")
+    reproduce_agreement: float = Field(
+        DEFAULT_AGREEMENT, alias="reproduce-agreement", ge=0, le=1,
+        description="the adjusted Rand index two independent cuts must reach for a cut, a split or a merge to be taken")
+    revisit: bool = Field(
+        True, description="after the clustering step, keep watching the training updates: a cluster whose members' "
+                          "updates show the same partition in two successive rounds is split, two clusters whose "
+                          "members' updates show no structure together and point alike in two successive rounds "
+                          "are merged (false: the papers' one-shot clustering)")
     auto_reference_draws: int = Field(
         DEFAULT_DRAWS, alias="auto-reference-draws", ge=0,
         description='lambda = "auto": a best cut below auto-min-silhouette still counts when it beats the best '
@@ -122,6 +138,11 @@ class OneShotState(ClusteredState):
     clustering_state: dict[str, Any] = field(default_factory=dict)
     # cluster-layers = auto: the projection of the clustering upload ({}: none; evidence_upload.py)
     evidence_plan: dict[str, Any] = field(default_factory=dict)
+    # revisits: each cluster's last cut of its members' training updates (round, client -> label),
+    # each pair's last round found indistinguishable, and the splits and merges taken
+    revisit_cuts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    revisit_alike: dict[str, int] = field(default_factory=dict)
+    revisits: list[dict[str, Any]] = field(default_factory=list)
 
 
 def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str) -> None:
@@ -161,17 +182,20 @@ def cluster_extra(state: OneShotState, params: OneShotParams) -> dict[str, Any]:
 
 
 def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShotParams, *, stock: set[str],
-            local_epochs: Any, strategy: str, sample: int = 0) -> Steps:
+            local_epochs: Any, strategy: str, sample: int = 0, cut_rule: Any = None) -> Steps:
     """Ask ``asks`` (``start`` trained for ``cluster-epochs``, the compared arrays uploaded:
     ``cluster_extra``) and return (keys that replied, their partial weights as rows or None,
-    the uplink bytes of this phase, its diagnostics).
+    the uplink bytes of this phase, its diagnostics, the chain's ``Halves`` or None).
 
     A stock ClientApp (its key in ``stock``) trains its run config's ``local-epochs`` (the
     server's train config's, ``local_epochs``) whatever the message asks, and returns its
     whole model: unless its reply confirms the epochs asked, it is sent its own reply back,
-    ``stock_requests`` in all; with ``chain-until = stable`` the chain ends once the cut of
-    the rows (``sample`` as the strategy's own cut) settles. ``strategy`` names it in the
-    round line."""
+    ``stock_requests`` in all. With ``chain-until = stable`` the chain ends early once its
+    cut settles: under ``reproduce``, once the cuts of what requests 1..h and h+1..2h changed
+    (independent SGD draws) agree on clusters; else once three requests in a row cut alike.
+    A chain that never settles reports its halves' disagreement, and the strategy defers
+    the cut (``gate``). ``strategy`` names it in the round line; ``cut_rule`` (rows -> labels)
+    is the strategy's cut of the weights, when not ``cut``."""
     epochs = params.cluster_epochs
     for ask in asks:
         if ask.key in stock:  # it sends its whole model anyway; the next request needs it
@@ -185,20 +209,29 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
         (done if reply.key not in stock or reply.is_update or reply.metrics.get("local-epochs") == epochs
          else replies).append(reply)
     chained, requests, partitions = 0, 1, []
+    trail = [_compared_weights(replies, state)]  # the chained clients' compared arrays after each request
     for _ in range(stock_requests(epochs, local_epochs) - 1):
-        if not replies or (params.chain_until == "stable" and settled(done + replies, start, state, params, sample,
-                                                                       partitions)):
+        if not replies:
             break
+        if params.chain_until == "stable":
+            if params.reproduce:
+                if len(trail) % 2 == 0 and chain_settled(chain_rows(trail, start, state, params), params, sample,
+                                                                  cut_rule):
+                    break
+            elif settled(done + replies, start, state, params, sample, partitions):
+                break
         # the same request again (a stock client's asks upload its full model), on its own reply
         received = yield [Ask(reply.key, reply.weights, dict(first[reply.key].config)) for reply in replies]
         bytes_up += received.bytes_up
         chained += len(replies)
         requests += 1
         replies = list(received)  # a client that fails on the way stays unplaced
+        trail.append(_compared_weights(replies, state))
+    halves = chain_rows(trail, start, state, params) if params.reproduce and len(trail) >= 2 else None
     diagnostics = {"stock_chained_requests": chained, "stock_trainings": requests} if chained else {}
     replies = sorted(done + replies, key=lambda reply: natural(reply.key))
     if not replies:
-        return [], None, bytes_up, diagnostics
+        return [], None, bytes_up, diagnostics, None  # no halves
     # rows in layer order, so every client's vector lines up (measured on digits IID:
     # cosine on weights split 2 of 4 seeds, on changes none)
     first_choice = not state.layer_choice.decided
@@ -212,7 +245,103 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
         diagnostics["evidence_upload"] = evidence_upload.words(state.evidence_plan, sent_keys, whole)
         if first_choice:
             diagnostics["decision"] += "; " + diagnostics["evidence_upload"]
-    return [reply.key for reply in replies], X, bytes_up, diagnostics
+    return [reply.key for reply in replies], X, bytes_up, diagnostics, halves
+
+
+def _compared_weights(replies: list[TrainReply], state: OneShotState) -> dict[str, Arrays]:
+    """Each chained reply's arrays that may be compared (the layer choice's keys), by client."""
+    keys = state.layer_choice.keys
+    return {reply.key: {k: np.asarray(reply.weights[k], np.float64) for k in keys} for reply in replies}
+
+
+def _reproduced(reproduction: Reproduction, params: OneShotParams) -> bool:
+    """Both independent cuts found clusters, and the same ones."""
+    return reproduction.reproduces(params.reproduce_agreement) and min(reproduction.clusters()) > 1
+
+
+Halves = tuple[np.ndarray, np.ndarray, str]  # two independent rows per client, and what they were
+
+
+def chain_rows(trail: list[dict[str, Arrays]], start: Arrays, state: OneShotState,
+               params: OneShotParams) -> Halves | None:
+    """What requests 1..h and h+1..k changed (k requests so far, h = k // 2), on the layer
+    the whole chain's rows would choose; None with fewer than 3 clients in both."""
+    k = len(trail)
+    h = k // 2
+    keys = sorted(set(trail[h - 1]) & set(trail[-1]), key=natural)
+    if len(keys) < 3:
+        return None
+    choice = copy.deepcopy(state.layer_choice)
+    choose(choice, [trail[-1][key] for key in keys], start, metric=params.distance, linkage=params.linkage,
+           min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws, seed=params.seed)
+    silent = set(choice.silent)
+    names = [n for n in choice.keys if n not in silent] or list(choice.keys)
+
+    def stacked(weights: list[Arrays]) -> np.ndarray:
+        return stack_partials([[np.asarray(w[n], np.float64) for n in names] for w in weights])
+
+    first = stacked([start] * len(keys))
+    a, b = chain_halves(first, stacked([trail[h - 1][key] for key in keys]), stacked([trail[-1][key] for key in keys]))
+    return a, b, f"requests 1–{h} and {h + 1}–{k}"
+
+
+def halves_agree(halves: Halves, k: int, params: OneShotParams) -> Reproduction:
+    """Each half cut into ``k`` clusters (the partition a decision would take), compared."""
+    a, b, source = halves
+    labels_a = cut_into(a, k, metric=params.distance, linkage=params.linkage)
+    labels_b = cut_into(b, k, metric=params.distance, linkage=params.linkage)
+    return compare(labels_a, labels_b, source)
+
+
+def chain_settled(halves: Halves | None, params: OneShotParams, sample: int, cut_rule: Any = None) -> bool:
+    """Whether a chain's cut has settled: the whole chain's cut (the sum of the halves; by
+    ``cut_rule``, rows -> labels, the strategy's own, default ``cut``) finds clusters at a
+    silhouette of at least ``auto-min-silhouette``, and both halves show that partition."""
+    if halves is None:
+        return False
+    whole = halves[0] + halves[1]
+    labels = cut_rule(whole) if cut_rule is not None else cut(whole, params, sample=sample)[0]
+    k = len(np.unique(labels))
+    if k < 2:
+        return False
+    # a cut that only beats group-free data (the lowered bar) may still move with more epochs:
+    # only clear structure, at the fixed bar, ends the chain early
+    silhouette = silhouette_or_none(distance_matrix(whole, params.distance), labels)
+    if silhouette is None or silhouette < params.auto_min_silhouette:
+        return False
+    return _reproduced(halves_agree(halves, k, params), params)
+
+
+def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneShotParams,
+         strategy: str, fallback: np.ndarray | None = None) -> tuple[np.ndarray, Reproduction | None, str | None]:
+    """The cut that is taken: ``labels`` when they are one cluster (nothing to reproduce),
+    when ``reproduce`` is off, or when two independent halves of the evidence (``halves``: a
+    chain's; None: two random halves of X's coordinates), each cut into as many clusters,
+    give the same partition; else ``fallback`` (what is known without the weights: AdaCFL's
+    label-statistics pre-clusters; default one cluster), the cut deferred. Returns (labels,
+    the reproduction, what the round line says)."""
+    k = len(np.unique(labels))
+    fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
+    if not params.reproduce or k < 2 or compare(labels, fallback, "").agreement == 1.0:
+        return labels, None, None
+    if halves is None:
+        if len(X) < 3 or X.shape[1] < 2:
+            return labels, None, None
+        first, second = coordinate_halves(X.shape[1], np.random.default_rng(params.seed))
+        halves = (X[:, first], X[:, second], "coordinate halves")
+    reproduction = halves_agree(halves, k, params)
+    bound = params.reproduce_agreement
+    cosine, a, b = most_alike(X, labels)
+    if _reproduced(reproduction, params) and cosine < MERGE_MIN_COSINE:
+        return labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}"
+    why = (explain.disagreement(reproduction, bound) if not _reproduced(reproduction, params) else
+           f"{reproduction.words(bound)}, but two of its clusters' mean changes point alike (cosine {cosine:.2f} "
+           f">= {MERGE_MIN_COSINE}): one task, each client's own data")
+    kept = "one cluster" if len(np.unique(fallback)) == 1 else f"the {len(np.unique(fallback))} label-statistics pre-clusters"
+    then = (f"{kept} until the members' training updates show a partition that reproduces (revisit)"
+            if params.revisit else f"{kept} (revisit = false)")
+    return (fallback, reproduction,
+            f"{strategy}: cut deferred: {why}; {then}")
 
 
 def rows(replies: list[TrainReply], start: Arrays, choice: LayerChoice, params: OneShotParams,
@@ -313,3 +442,134 @@ def placed(state: OneShotState, server_round: int, placements: list[tuple[str, i
                 "new_cluster": founded} for key, cluster, distance, founded in placements]
     state.newcomer_log.extend(entries)
     return NewcomersPlaced(entries)
+
+
+# ------------------------------------------------------------- revisits (extension)
+# members of a cluster that trained in a round for their updates to be cut (a cut needs 3;
+# one more keeps a split from isolating a single client on one round's luck)
+REVISIT_MIN_MEMBERS = 4
+# two clusters' mean updates must point at least this much alike to be merged (the CFL
+# family's merge-min-cosine)
+MERGE_MIN_COSINE = 0.6
+
+
+def update_rows(replies: list[TrainReply], state: OneShotState) -> np.ndarray:
+    """The replies' training updates on the compared arrays (arrays no client changed left out)."""
+    silent = set(state.layer_choice.silent)
+    names = [n for n in state.layer_choice.keys if n not in silent] or list(state.layer_choice.keys)
+    return stack_partials([[np.asarray(reply.update[n], np.float64) for n in names] for reply in replies])
+
+
+def revisit(state: OneShotState, params: OneShotParams, server_round: int, replies: list[TrainReply],
+            new_cluster: Any, strategy: str) -> Diagnostics:
+    """After a round's training (``replies``): split a cluster whose members' updates cut
+    into the same partition as in the round it last trained (successive rounds: independent
+    SGD draws), merge two clusters whose members' updates show no structure together and
+    whose mean updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running.
+    ``new_cluster``: the strategy's (model, inherit) -> id. Returns the diagnostics, with the
+    round line's words under ``decision`` when anything was split or merged."""
+    groups: dict[int, list[TrainReply]] = {}
+    for reply in replies:
+        if state.assignment.get(reply.key) == reply.cluster and reply.cluster in state.models:
+            groups.setdefault(reply.cluster, []).append(reply)
+    rows = {cluster: update_rows(group, state) for cluster, group in groups.items()}
+    said = [text for cluster in sorted(groups) if (text := _maybe_split(state, params, server_round, cluster,
+                                                                        groups[cluster], rows[cluster], new_cluster,
+                                                                        strategy))]
+    said += _merges(state, params, server_round, {c: r for c, r in rows.items() if c in state.models}, strategy)
+    return {"decision": "; ".join(said)} if said else {}
+
+
+def _revisit_cut(X: np.ndarray, params: OneShotParams) -> np.ndarray:
+    """The auto cut of training updates (the best-silhouette cut against group-free data)."""
+    labels, _ = threshold_cut(X, None, metric=params.distance, linkage=params.linkage,
+                              min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws,
+                              seed=params.seed, max_clusters=params.max_clusters)
+    return np.asarray(labels)
+
+
+def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, cluster: int,
+                 group: list[TrainReply], X: np.ndarray, new_cluster: Any, strategy: str) -> str | None:
+    if len(group) < REVISIT_MIN_MEMBERS:
+        return None
+    current = {reply.key: int(label) for reply, label in zip(group, _revisit_cut(X, params))}
+    previous = state.revisit_cuts.get(cluster)
+    state.revisit_cuts[cluster] = {"round": server_round, "labels": current}
+    if previous is None or len(set(current.values())) < 2:
+        return None
+    common = [key for key in current if key in previous["labels"]]
+    if len(common) < REVISIT_MIN_MEMBERS:
+        return None
+    reproduction = compare([previous["labels"][k] for k in common], [current[k] for k in common],
+                           f"rounds {previous['round']} and {server_round}")
+    if not _reproduced(reproduction, params):
+        return None
+    cosine, _, _ = most_alike(X, np.array([current[reply.key] for reply in group]))
+    if cosine >= MERGE_MIN_COSINE:  # its parts point alike: the merge rule would undo the split
+        return None
+    members = sorted((k for k, c in state.assignment.items() if c == cluster), key=natural)
+    mapped = child_of(previous["labels"], current)
+    largest = max(set(current.values()), key=list(current.values()).count)
+    model = state.models.pop(cluster)
+    children = {label: new_cluster(model, cluster) for label in sorted(set(current.values()))}
+    for key in members:
+        label = current.get(key, mapped.get(previous["labels"].get(key, -1), largest))
+        state.assignment[key] = children[label]
+    reference = state.references.pop(cluster, None)
+    if reference is not None:  # a newcomer is placed by the clustering step's rows: the parent's
+        state.references.update(dict.fromkeys(children.values(), reference))
+    state.revisit_cuts.pop(cluster, None)
+    state.aggregator_state.pop(cluster, None)
+    made = sorted(children.values())
+    sizes = {c: sum(1 for k in members if state.assignment[k] == c) for c in made}
+    state.revisits.append({"round": server_round, "action": "split", "cluster": cluster, "into": made,
+                           "members": len(members), **reproduction.as_record()})
+    named = ", ".join(f"{c} (a single client)" if sizes[c] == 1 else f"{c} ({sizes[c]} clients)" for c in made)
+    return (f"{strategy}: cluster {cluster} ({len(members)} clients) split into clusters "
+            f"{named}: its members' training updates cut alike in "
+            f"{reproduction.words(params.reproduce_agreement)}")
+
+
+def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows: dict[int, np.ndarray],
+            strategy: str) -> list[str]:
+    said = []
+    clusters = sorted(c for c, X in rows.items() if len(X) >= 2)
+    for i, a in enumerate(clusters):
+        for b in clusters[i + 1:]:
+            if a not in state.models or b not in state.models:
+                continue
+            pair = f"{a}-{b}"
+            together = np.vstack([rows[a], rows[b]])
+            cosine = mean_cosine(rows[a], rows[b])
+            alike = cosine >= MERGE_MIN_COSINE and len(np.unique(_revisit_cut(together, params))) == 1
+            if not alike:
+                state.revisit_alike.pop(pair, None)
+                continue
+            seen = state.revisit_alike.get(pair)
+            state.revisit_alike[pair] = server_round
+            if seen is None:
+                continue
+            said.append(_merge(state, server_round, a, b, cosine, seen, strategy))
+    return said
+
+
+def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float, seen: int, strategy: str) -> str:
+    """Cluster ``b`` joins ``a``: its members, and ``a``'s model becomes the member-weighted mean."""
+    size_a = sum(1 for c in state.assignment.values() if c == a)
+    size_b = sum(1 for c in state.assignment.values() if c == b)
+    wa = size_a / max(size_a + size_b, 1)
+    model_b = state.models.pop(b)
+    state.models[a] = {k: (wa * np.asarray(v, np.float64) + (1 - wa) * np.asarray(model_b[k], np.float64)).astype(
+        np.asarray(v).dtype) for k, v in state.models[a].items()}
+    for key, c in list(state.assignment.items()):
+        if c == b:
+            state.assignment[key] = a
+    state.references.pop(b, None)
+    state.revisit_cuts.pop(a, None)
+    state.revisit_cuts.pop(b, None)
+    state.aggregator_state.pop(b, None)
+    state.revisit_alike = {p: r for p, r in state.revisit_alike.items() if str(b) not in p.split("-")}
+    state.revisits.append({"round": server_round, "action": "merge", "clusters": [a, b], "cosine": round(cosine, 4),
+                           "rounds": [seen, server_round]})
+    return (f"{strategy}: clusters {a} and {b} merged: their members' training updates show no structure together "
+            f"and point alike (mean-update cosine {cosine:.2f} >= {MERGE_MIN_COSINE}) in rounds {seen} and {server_round}")

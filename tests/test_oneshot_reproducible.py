@@ -1,0 +1,188 @@
+"""FedClust's and AdaCFL's decisions taken only when they reproduce, and revisited: a stock
+client's chain that never settles ends in a deferred cut (never an accepted one), a chain
+whose halves agree ends early, a cluster split on training updates that cut alike in two
+rounds, merged back when its parts become alike, split again; AdaCFL with stock clients;
+the round line's words against the numbers they quote."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clusterfed import AdaCFL, FedClust
+from clusterfed.clustering.oneshot import chain_halves, child_of, cut_into, mean_cosine
+from clusterfed.clustering.reproducible import compare
+from clusterfed.core.exchange import Ask, ClientInfo, Replies, TrainReply
+from clusterfed.explain import oneshot as explain
+from clusterfed.strategies import oneshot
+from clusterfed.strategies.layer_choice import LayerChoice
+
+RNG = np.random.default_rng(0)
+KEYS = [str(i) for i in range(8)]
+START = {"w": np.zeros(40)}
+
+
+def directions(groups: list[int], scale: float = 1.0, noise: float = 0.1, seed: int = 0) -> list[np.ndarray]:
+    """One update per client: its group's direction plus a little noise."""
+    rng = np.random.default_rng(seed)
+    centres = np.random.default_rng(99).normal(size=(4, 40))  # each group its own direction, on every coordinate
+    return [scale * centres[g] + noise * rng.normal(size=40) for g in groups]
+
+
+def reply(key: str, weights: np.ndarray, sent: np.ndarray, cluster: int = 0) -> TrainReply:
+    return TrainReply(key, cluster, {"w": weights}, {"w": sent}, 10, 1.0, {})
+
+
+def drive_chain(params, steps_of_request) -> tuple[list, int]:
+    """Run ``oneshot.collect`` for 8 stock clients; request r moves each client by
+    ``steps_of_request(r)[i]``. Returns (collect's result, requests made)."""
+    state = FedClust.State()
+    state.layer_choice = LayerChoice(rule="w", keys=["w"])
+    asks = [Ask(key, dict(START), {"phase": "cluster"}) for key in KEYS]
+    gen = oneshot.collect(asks, START, state, params, stock=set(KEYS), local_epochs=1, strategy="FedClust")
+    sent, request = gen.send(None), 1
+    try:
+        while True:
+            steps = steps_of_request(request)
+            out = Replies([reply(a.key, a.model["w"] + steps[int(a.key)], a.model["w"]) for a in sent], bytes_up=0)
+            sent, request = gen.send(out), request + 1
+    except StopIteration as stop:
+        return stop.value, request
+
+
+def test_a_chain_whose_halves_disagree_never_ends_in_an_accepted_cut():
+    params = FedClust.Params(seed=0)
+    # every request pushes the clients into two groups drawn afresh: clusters each time, never the same ones
+    def fresh(request: int) -> list[np.ndarray]:
+        return directions(list(np.random.default_rng(request).permutation([0, 1] * 4)), seed=request)
+
+    (keys, X, _, diagnostics, halves), requests = drive_chain(params, fresh)
+    assert requests == 10 and diagnostics["stock_trainings"] == 10  # it never settled: every request made
+    labels, _ = oneshot.cut(X, params)
+    assert len(np.unique(labels)) > 1  # the whole chain's cut alone would have been taken
+    taken, reproduction, said = oneshot.gate(X, labels, halves, params, "FedClust")
+    assert len(np.unique(taken)) == 1 and not reproduction.reproduces(params.reproduce_agreement)
+    assert said.startswith("FedClust: cut deferred: requests 1–5 and 6–10 disagree (ARI ")
+    assert f"< {params.reproduce_agreement:.2f}" in said and "revisit" in said
+
+
+def test_a_chain_whose_halves_agree_ends_early_and_its_cut_is_taken():
+    params = FedClust.Params(seed=0)
+    groups = [0, 0, 0, 1, 1, 1, 2, 2]
+    (keys, X, _, diagnostics, halves), requests = drive_chain(
+        params, lambda r: directions(groups, seed=r))
+    assert diagnostics["stock_trainings"] == 2 < oneshot.stock_requests(params.cluster_epochs, 1)
+    labels, _ = oneshot.cut(X, params)
+    taken, reproduction, said = oneshot.gate(X, labels, halves, params, "FedClust")
+    assert compare(taken, groups, "truth").agreement == 1.0
+    assert said == "FedClust: cut reproduced: requests 1–1 and 2–2 agree (ARI 1.00)"
+
+
+def test_the_paper_presets_take_the_single_cut():
+    for cls in (FedClust, AdaCFL):
+        params = cls.paper(**({"lambda_": 1.0} if cls is FedClust else {})).params
+        assert not params.reproduce and not params.revisit
+        labels = np.array([0, 0, 1, 1])
+        assert oneshot.gate(np.zeros((4, 4)), labels, None, params, cls.__name__)[0] is labels
+
+
+def test_coordinate_halves_cut_into_as_many_clusters_as_the_decision():
+    X = np.vstack(directions([0, 0, 0, 1, 1, 1, 2, 2, 2]))
+    labels = cut_into(X, 3, metric="cosine", linkage="average")
+    assert compare(labels, [0, 0, 0, 1, 1, 1, 2, 2, 2], "truth").agreement == 1.0
+    params = FedClust.Params(seed=0)
+    taken, reproduction, said = oneshot.gate(X, labels, None, params, "AdaCFL")
+    assert (taken == labels).all() and said.startswith("AdaCFL: cut reproduced: coordinate halves agree")
+
+
+class Revisits:
+    """A FedClust state with clusters and a revisit driven by hand-made training updates."""
+
+    def __init__(self, assignment: dict[str, int]):
+        self.strategy = FedClust(seed=0)
+        self.state = self.strategy.state
+        self.state.clustered = True
+        self.state.layer_choice = LayerChoice(rule="w", keys=["w"], decided=True)
+        self.state.next_cluster_id = max(assignment.values()) + 1
+        self.state.models = {c: {"w": np.zeros(40)} for c in set(assignment.values())}
+        self.state.assignment = dict(assignment)
+        self.state.clustering_state = {"lambda": 0.5, "client_order": list(KEYS), "silhouette": None}
+
+    def round(self, number: int, groups: list[int]) -> dict:
+        updates = directions(groups, seed=number)
+        replies = [reply(k, u, np.zeros(40), self.state.assignment[k]) for k, u in zip(KEYS, updates)]
+        return oneshot.revisit(self.state, self.strategy.params, number, replies,
+                               self.strategy.new_cluster, "FedClust")
+
+    def clusters(self) -> list[list[str]]:
+        found: dict[int, list[str]] = {}
+        for key, cluster in self.state.assignment.items():
+            found.setdefault(cluster, []).append(key)
+        return sorted(found.values())
+
+
+def test_a_split_is_taken_once_two_rounds_cut_alike_undone_when_its_parts_become_alike_and_redone():
+    run = Revisits(dict.fromkeys(KEYS, 0))
+    two = [0, 0, 0, 0, 1, 1, 1, 1]
+    assert run.round(1, two) == {}  # one round's cut: not yet evidence
+    said = run.round(2, two)["decision"]
+    assert said.startswith("FedClust: cluster 0 (8 clients) split into clusters 1 (4 clients), 2 (4 clients): its members' training "
+                           "updates cut alike in rounds 1 and 2 agree (ARI 1.00)")
+    assert run.clusters() == [KEYS[:4], KEYS[4:]]
+    alike = [0] * 8
+    assert "decision" not in run.round(3, alike)  # alike once: not yet
+    said = run.round(4, alike)["decision"]
+    assert said.startswith("FedClust: clusters 1 and 2 merged: ") and "rounds 3 and 4" in said
+    assert run.clusters() == [KEYS]
+    run.round(5, two)
+    assert "split into" in run.round(6, two)["decision"] and run.clusters() == [KEYS[:4], KEYS[4:]]
+    assert [r["action"] for r in run.state.revisits] == ["split", "merge", "split"]
+    reason = explain.fedclust_count_basis(run.state, run.strategy.params)
+    assert reason.startswith("2 clusters: lambda auto 0.5, the best-silhouette cut of 8 clients on w; then 2 splits "
+                             "and 1 merge on the members' training updates (revisit)")
+
+
+def test_updates_that_cut_differently_in_two_rounds_are_not_split():
+    run = Revisits(dict.fromkeys(KEYS, 0))
+    run.round(1, [0, 0, 0, 0, 1, 1, 1, 1])
+    assert run.round(2, [0, 1, 0, 1, 0, 1, 0, 1]) == {} and run.clusters() == [KEYS]
+
+
+def test_adacfl_takes_a_stock_client_and_says_why_pre_clustering_was_skipped():
+    strategy = AdaCFL()
+    assert strategy.requires() == set() and strategy.wants() == {"label-stats"}
+    clients = {k: ClientInfo(k, 30, 0, stock=True) for k in KEYS[:3]}
+    pre, ran, skipped = strategy.preclusters(KEYS[:3], clients)
+    assert not ran and (pre == 0).all()
+    said = explain.preclustering_said(skipped, "AdaCFL")
+    assert said == ("AdaCFL: pre-clustering by label entropy skipped: 3 of 3 clients gave no label statistics "
+                    "(3 stock ClientApps)")
+    assert AdaCFL(share_label_stats=False).wants() == set()
+
+
+def test_a_score_and_its_bar_never_read_equal():
+    choice = LayerChoice(rule="auto", keys=["trunk.3.weight"], chosen="trunk.3")
+    said = explain.no_structure_advice(choice, "AdaCFL", 0.1789, 0.1812, "smallest-fc")
+    assert "(best silhouette 0.179 < 0.181)" in said
+    assert "(best silhouette 0.12 < 0.25)" in explain.no_structure_advice(choice, "AdaCFL", 0.12, 0.25, "final")
+
+
+def test_pure_pieces():
+    a, b = chain_halves(np.zeros((2, 3)), np.ones((2, 3)), 3 * np.ones((2, 3)))
+    assert (a == 1).all() and (b == 2).all()
+    assert child_of({"a": 0, "b": 0, "c": 1}, {"a": 5, "b": 5, "c": 6}) == {0: 5, 1: 6}
+    assert mean_cosine(np.array([[1.0, 0.0]]), np.array([[2.0, 0.0]])) == 1.0
+    assert mean_cosine(np.zeros((1, 2)), np.ones((1, 2))) == 0.0
+
+
+def test_a_singleton_is_named_advice_is_never_in_force_and_round_1_names_what_is_compared():
+    run = Revisits({**dict.fromkeys(KEYS[:7], 0), "7": 1})
+    basis = explain.fedclust_count_basis(run.state, run.strategy.params)
+    assert basis.endswith("; cluster 1 holds a single client (7)")
+    run.state.layer_choice = LayerChoice(rule="auto", keys=["w"], chosen=None, decided=True)  # one candidate
+    assert "cluster_layers='auto'" not in explain.one_cluster_advice(run.state, run.strategy.params)
+    run.state.clustering_state["deferred"] = "FedClust: cut deferred: requests 1–5 and 6–10 disagree (ARI 0.31 < 0.80)"
+    assert "revisit = true" not in explain.one_cluster_advice(run.state, run.strategy.params)
+    choice = LayerChoice(rule="auto", keys=["a.weight", "b.weight"], candidates={"a": ["a.weight"], "b": ["b.weight"]})
+    assert explain.warmup_said(choice, "AdaCFL", 1, 2) == (
+        "AdaCFL: FedAvg warm-up for 1 round; the clustering step in round 2 compares each of 2 candidate layers "
+        "(a, b), the one whose clients' updates show the most structure")
