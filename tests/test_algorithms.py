@@ -114,7 +114,7 @@ def test_bipartitioning_asks_for_updates(name):
 
 
 def test_cfl_newcomer_descends_the_tree_uploading_the_decision_layers():
-    always = {"split_criteria": "absolute", "eps1": 1e6, "eps2": 1e-6, "min_split_round": 1}
+    always = {"split_criteria": "absolute", "eps1": 1e6, "eps2": 1e-6, "min_split_round": 1, "split_timing": "criteria"}
     algorithm = make(strategy_class("cfl"), TWO_GROUPS, **always)
     drive_round(algorithm, 1, by_group(TWO_GROUPS, noise=0.2))
     assert len(algorithm.state.splits) == 1
