@@ -17,11 +17,12 @@ from clusterfed.strategies.ifca import IFCA
 
 OWN_KEYS = {
     # the revisits' three fields (defaults: an older checkpoint resumes without them)
-    FedClust: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state",
+    FedClust: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state", "evidence_plan",
                "revisit_cuts", "revisit_alike", "revisits", "unclustered", "recut_at", "recuts"],
-    AdaCFL: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state",
+    AdaCFL: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state", "evidence_plan",
              "revisit_cuts", "revisit_alike", "revisits", "warmup_cluster"],
-    IFCA: ["k", "warming_up", "choice_counts", "candidates"],
+    IFCA: ["k", "warming_up", "choice_counts", "candidates", "idle", "last_won", "reseeds", "previous_cluster",
+           "previous_update", "seeded_round"],
 }
 THETA0 = {"fc.weight": np.zeros((3, 4), np.float32), "fc.bias": np.zeros(3, np.float32)}
 

@@ -449,7 +449,8 @@ def test_the_round_line_says_when_clients_were_asked_more_than_once(caplog):
     """FedClust's clustering step sends a stock client its own reply back until it has
     trained cluster-epochs: the round line counts replies and clients apart."""
     caplog.set_level(logging.INFO, logger="flwr")
-    run_user_app(clusterfed.FedClust(cluster_epochs=3), 1, num_clients=4)
+    # chain-until = epochs: every client chains its 3 requests (stable may end the chain after 2)
+    run_user_app(clusterfed.FedClust(cluster_epochs=3, chain_until="epochs"), 1, num_clients=4)
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("[ROUND 1/")]
     # 3 clustering requests a client (its epoch each), then the round's own training
     assert "train: 16 of 16 replies accepted from 4 clients (some asked more than once)" in line
