@@ -39,6 +39,7 @@ from sklearn.metrics import adjusted_rand_score  # noqa: E402
 from clusterfed import protocol  # noqa: E402
 from clusterfed.clustering.evidence_sketch import plan_bytes  # noqa: E402
 from clusterfed.experiments.manifest import start_manifest, write_manifest  # noqa: E402
+from clusterfed.experiments.settings import setting  # noqa: E402
 from clusterfed.strategies import evidence_upload, strategy_class  # noqa: E402
 
 HELD_OUT_START = 1000
@@ -63,9 +64,8 @@ def digits(out: Path) -> list[dict]:
     rows = []
     for sketch in (False, True):
         run_dir = out / "runs" / f"digits-sketch-{'on' if sketch else 'off'}"
-        config = parse_config({"num-clients": 12, "rounds": 1, "out-dir": str(run_dir), "partitioner": "label-groups",
-                               "label-groups": "0,1;2,3;4,5;6,7", "strategy": "fedclust",
-                               "fedclust.evidence-sketch": sketch})
+        config = parse_config({**setting("digits-four-pairs-12"), "rounds": 1, "out-dir": str(run_dir),
+                               "strategy": "fedclust", "fedclust.evidence-sketch": sketch})
         started = time.perf_counter()
         simulate(config, engine="inprocess", stream=None)
         record = json.loads(open(run_dir / "rounds.jsonl").readline())

@@ -52,10 +52,12 @@ from benchmarks.bench_chaos_soak import clean_run, without_paths  # noqa: E402
 from benchmarks.bench_deploy_scale import nodes_up  # noqa: E402
 from benchmarks.bench_deployment import overrides  # noqa: E402
 from clusterfed.experiments.manifest import start_manifest, write_manifest  # noqa: E402
+from clusterfed.experiments.settings import setting  # noqa: E402
 from test_deployment import FLWR, Federation, rows, wait_for  # noqa: E402
 from test_deployment_auth import _device_key  # noqa: E402
 
-DATA = {"dataset": "digits", "partitioner": "label-groups", "label-groups": "0,1;2,3"}
+# the registry's two-pair partition; the node count is the command line's
+DATA = {k: v for k, v in setting("digits-two-pairs-3").items() if k != "num-clients"}
 HOLD_MODULE = "secagg_hold_entry"
 
 

@@ -27,10 +27,12 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from clusterfed.experiments.settings import setting
+
 ROOT = Path(__file__).resolve().parents[1]
 
-# clients -> (label groups, SecAgg+ shares: 0 = every member of the group holds shares)
-SIZES = {12: ("0,1;2,3;4,5", 0), 100: ("0,1;2,3;4,5;6,7", 15)}
+# clients -> (its setting in the registry, SecAgg+ shares: 0 = every member of the group holds shares)
+SIZES = {12: ("digits-three-pairs-12", 0), 100: ("digits-four-pairs-100", 15)}
 # strategy -> how its trainers are grouped for the protocol
 GROUPING = {"fedavg": "one global group", "fedclust": "one group per cluster"}
 
@@ -94,10 +96,9 @@ def one_run(clients: int, strategy: str, secure: bool, rounds: int, out: Path, s
     from clusterfed.server_app import run_server
     from test_deployment import rows
 
-    groups, shares = SIZES[clients]
-    config = {"dataset": "digits", "partitioner": "label-groups", "label-groups": groups, "num-clients": clients,
-              "seed": seed, "strategy": strategy, "rounds": rounds, "batch-size": 32, "device": "cpu",
-              "checkpoint": False, "out-dir": str(out), "fedclust.cluster-epochs": 2,
+    name, shares = SIZES[clients]
+    config = {**setting(name), "seed": seed, "strategy": strategy, "rounds": rounds, "batch-size": 32,
+              "device": "cpu", "checkpoint": False, "out-dir": str(out), "fedclust.cluster-epochs": 2,
               "secure-aggregation": "secaggplus" if secure else "off"}
     if secure and shares:
         config["secagg-shares"] = shares
@@ -180,9 +181,9 @@ def main() -> int:
                 pairs.append(compare_pair(pair["plain"], pair["secure"]))
                 print(json.dumps(pairs[-1]), flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    summary = {"rounds": args.rounds, "seed": args.seed, "sizes": {str(k): {"label_groups": g, "secagg_shares": s}
-                                                                    for k, s in ((k, v[1]) for k, v in SIZES.items())
-                                                                    for g in (SIZES[k][0],)},
+    summary = {"rounds": args.rounds, "seed": args.seed,
+               "sizes": {str(k): {"label_groups": setting(name)["label-groups"], "secagg_shares": s}
+                         for k, (name, s) in SIZES.items()},
                "pairs": pairs, "by": {f"{p['strategy']}_{p['clients']}": p for p in pairs},
                "all_same_accuracy_and_ari": all(p["same_accuracy_and_ari"] for p in pairs)}
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

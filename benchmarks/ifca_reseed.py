@@ -17,10 +17,11 @@ from pathlib import Path
 
 from clusterfed.config import parse_config
 from clusterfed.experiments.manifest import start_manifest, write_manifest
+from clusterfed.experiments.settings import setting
 from clusterfed.simulation import simulate
 
-CASE = {"dataset": "digits", "partitioner": "label-swap", "num-groups": 3, "num-clients": 12, "strategy": "ifca",
-        "rounds": 20, "ifca.num-clusters": 3, "checkpoint": False}
+CASE = {**setting("digits-label-swap3-12"), "strategy": "ifca", "rounds": 20, "ifca.num-clusters": 3,
+        "checkpoint": False}
 RULES = {"paper": 0, "default": 2}  # reseed-after: 0 is the paper preset's, 2 the default
 
 

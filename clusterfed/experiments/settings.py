@@ -63,6 +63,15 @@ def _build() -> dict[str, dict[str, Any]]:
     out["digits-four-pairs-8"] = {**four_pairs, "num-clients": 8}
     out["digits-two-pairs-3"] = {"dataset": "digits", "partitioner": "label-groups", "label-groups": "0,1;2,3",
                                  "num-clients": 3}
+    # the benchmarks' own federations: four pairs on 12 clients (the evidence upload's bytes) and
+    # on 100, three pairs on 12 (secure aggregation's cost), label swap over three groups on 12
+    # clients (IFCA's re-seeding)
+    out["digits-four-pairs-12"] = {**four_pairs, "num-clients": 12}
+    out["digits-four-pairs-100"] = {**four_pairs, "num-clients": 100}
+    out["digits-three-pairs-12"] = {"dataset": "digits", "partitioner": "label-groups", "label-groups": "0,1;2,3;4,5",
+                                    "num-clients": 12}
+    out["digits-label-swap3-12"] = {"dataset": "digits", "partitioner": "label-swap", "num-groups": 3,
+                                    "num-clients": 12}
     mnist = {"dataset": "mnist", "data-dir": str(default_data_dir())}
     for name in ("rotation", "pairs"):
         out[f"mnist-{name}"] = {**mnist, "num-clients": 20, **PARTITIONS[name]}

@@ -82,25 +82,13 @@ from clusterfed.core.contract import (  # noqa: F401 (re-exported: the errors ar
     ModelMismatchError, StrategyParamsError, mean_train_loss)
 from clusterfed.core.aggregation import ClusterAggregator, template_of
 from clusterfed.core.flower_hooks import FlowerHooks
-from clusterfed.secagg import split_groups
 from clusterfed.core.params import StrategyParams, describe_errors, document_params  # noqa: F401
 from clusterfed.core.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
-    RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, GroupSum, Round, RoundResult, SecureSums,
-    SecureTrain, Steps, TrainReply, Trainers,
-    diagnostics_of,
-    by_key, natural, steps, weighted_average)
-
-
-# ``secure_refusal`` sentences of the strategies whose training rounds read individual updates
-COMPARES_UPDATES_EVERY_ROUND = (
-    "the CFL family (CFL, LayerCFL, HiCFL) compares the individual updates of every round in which a split may "
-    "happen, which secure aggregation hides from the server (only each cluster's sum is revealed); run it without "
-    "secure_aggregation, or use FedClust, AdaCFL or IFCA, whose training rounds work from cluster sums")
-READS_EACH_CLIENTS_MODEL = (
-    "ClientSelection clusters every client's latest model each round and trains one representative per group, "
-    "whose update a sum of one would reveal: there is no group sum to secure; run it without secure_aggregation")
-EACH_CLIENT_ALONE = ("Local trains every client alone (a cluster of one), which secure aggregation cannot hide: "
-                     "there is no sum")
+    RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, Round, RoundResult, SecureSums,
+    Steps, TrainReply, Trainers, diagnostics_of, by_key, natural, steps, weighted_average)
+from clusterfed.strategies import secure
+from clusterfed.strategies.secure import (  # noqa: F401 (re-exported: strategies set secure_refusal = base.<one>)
+    COMPARES_UPDATES_EVERY_ROUND, EACH_CLIENT_ALONE, READS_EACH_CLIENTS_MODEL, sums_train_loss)
 
 
 @dataclass
@@ -119,12 +107,6 @@ class ClusteredState:
     # data); empty with the default weighted mean (clusterfed.core.aggregation)
     aggregator_state: dict[int, dict[str, Any]] = field(default_factory=dict)
     dp_releases: dict[str, int] = field(default_factory=dict)  # client key -> noisy releases its update entered
-
-
-def sums_train_loss(sums: SecureSums) -> float | None:
-    """The mean train loss the clients of the summed clusters reported in the clear."""
-    losses = [loss for s in sums.values() if isinstance(s, GroupSum) for loss in s.losses.values()]
-    return float(np.mean(losses)) if losses else None
 
 
 @cache
@@ -274,7 +256,7 @@ class ClusteredStrategy(FlowerHooks):
         self.state.rng = np.random.default_rng(self.params.seed)
         self.state.theta0 = {k: v.copy() for k, v in theta0.items()}
         self.state.shapes = {k: (tuple(v.shape), v.dtype) for k, v in theta0.items()}
-        self.check_secure_dp(theta0)
+        secure.check_dp(self.name, self.dp, self.secagg, theta0)  # distributed DP's bound, before round 1
         self.init_clusters()
 
     def round_steps(self, server_round: int, active: list[str], train_config: dict[str, Any],
@@ -319,10 +301,10 @@ class ClusteredStrategy(FlowerHooks):
         if self.secagg is not None:  # each cluster's sum, never one client's update
             sums, trained = yield from self.secure_train(rnd, trainers)
             diagnostics.update(trained)
-            secure = self.aggregate_sums(rnd, sums)
+            summed = self.aggregate_sums(rnd, sums)
             if diagnostics.get("decision"):  # the clustering step's words first
-                secure["decision"] = f"{diagnostics['decision']}; {secure['decision']}"
-            diagnostics.update(secure)
+                summed["decision"] = f"{diagnostics['decision']}; {summed['decision']}"
+            diagnostics.update(summed)
             diagnostics.update(diagnostics_of(self.after_secure_train(rnd, sums)))
             diagnostics["train_loss"] = sums_train_loss(sums)
             return diagnostics
@@ -345,102 +327,30 @@ class ClusteredStrategy(FlowerHooks):
         return self.aggregate_clusters(self.weigh(replies))
 
     # ------------------------------------------------------- secure aggregation
+    # (the steps are ``clusterfed.strategies.secure``'s functions, handed this strategy's values)
     def secagg_settings(self) -> Any:
-        """The protocol's settings this run uses: ``params.secagg``, with equal weights under
-        dp_* (the noise is calibrated to an equally weighted mean of clipped updates)."""
-        if self.dp is not None and self.secagg.weight_key is not None:
-            return self.secagg.model_copy(update={"weight_key": None})
-        return self.secagg
+        """The protocol's settings this run uses: ``params.secagg``, with equal weights under dp_*."""
+        return secure.settings(self.secagg, self.dp)
 
     def secure_train(self, rnd: Round, trainers: list[str]) -> Steps:
         """The round's training under secure aggregation: the trainers, grouped by cluster, each
         group one SecAgg+ instance (``SecureTrain``); a group below the minimum is held back (not
         asked, its model kept: ``clusterfed.secagg.split_groups``). Returns (``SecureSums``, the
         diagnostics)."""
-        groups: dict[int, list[str]] = defaultdict(list)
-        for key in trainers:
-            groups[self.state.assignment[key]].append(key)
-        return (yield from self.secure_groups(rnd, dict(groups), lambda keys: self.train_asks(rnd, keys)))
+        groups = secure.by_cluster(trainers, self.state.assignment)
+        return (yield from self.secure_groups(rnd, groups, lambda keys: self.train_asks(rnd, keys)))
 
     def secure_groups(self, rnd: Round, groups: dict[int, list[str]], asks_of: Any) -> Steps:
         """Run ``groups`` (cluster -> trainer keys) under secure aggregation, each trainer asked
         what ``asks_of(keys)`` asks; the small-group rule applied first. Returns (``SecureSums``
         with ``held`` set, the diagnostics)."""
-        settings = self.secagg_settings()
-        secure, held = split_groups(groups, settings)
-        keys = [key for cluster in sorted(secure) for key in secure[cluster]]
-        sums = (yield SecureTrain(asks_of(keys), {c: secure[c] for c in sorted(secure)}, settings,
-                                  session=f"round-{rnd.number}")) if keys else SecureSums()
-        sums.held = {cluster: (len(groups[cluster]), why) for cluster, why in held.items()}
-        return sums, {}
+        return (yield from secure.secure_groups(rnd.number, groups, self.secagg_settings(), asks_of))
 
     def aggregate_sums(self, rnd: Round, sums: SecureSums) -> Diagnostics:
-        """Each cluster's new model from its unmasked mean (``GroupSum``): the aggregation never
-        sees one client's update. Under dp_* the clients clipped their updates (the mod) and the
-        mean is of equal weights; Gaussian noise goes on each cluster's mean here. Clusters held
-        back or whose protocol failed keep their models. Returns the diagnostics: ``secure_aggregation``
-        (per cluster), ``privacy``, and the round line's words (``decision``)."""
-        self.state.aggregator_state = {c: s for c, s in self.state.aggregator_state.items() if c in self.state.models}
-        released: dict[int, dict[str, Any]] = {}
-        record: dict[str, Any] = {}
-        words = []
-        for cluster, outcome in sorted(sums.items()):
-            if not isinstance(outcome, GroupSum):
-                record[str(cluster)] = {"failed": outcome}
-                words.append(f"cluster {cluster} failed ({outcome}), its model kept")
-                continue
-            if cluster not in self.state.models:
-                continue
-            self.state.models[cluster] = outcome.mean
-            if self.dp is not None:
-                released[cluster] = self.add_secure_dp_noise(cluster, outcome)
-            record[str(cluster)] = {"members": len(outcome.members), "dropped": outcome.dropped,
-                                    "clipped": outcome.clipped, "bytes_down": outcome.bytes_down,
-                                    "bytes_up": outcome.bytes_up}
-        held = getattr(sums, "held", {})
-        for cluster, (size, why) in sorted(held.items()):
-            record[str(cluster)] = {"held_back": why}
-            words.append(f"cluster {cluster} held back ({size} trainer{'s' if size != 1 else ''}, below the minimum "
-                         f"of {self.secagg_settings().minimum_group_size()}: not asked to train, model kept, never "
-                         f"summed in the clear)")
-        summed = [s for s in sums.values() if isinstance(s, GroupSum)]
-        dropped = sum(len(s.dropped) for s in summed)
-        sentence = (f"secure aggregation: {len(summed)} cluster sum{'s' if len(summed) != 1 else ''} of "
-                    f"{sum(len(s.members) for s in summed)} clients"
-                    + (f" ({dropped} dropped out, tolerated)" if dropped else "")
-                    + "".join(f"; {w}" for w in words))
-        diagnostics: Diagnostics = {"secure_aggregation": record, "decision": sentence}
-        if self.dp_accountant is not None:
-            diagnostics["privacy"] = self.dp_accountant.report(self.state.dp_releases, self.state.assignment, released)
-        return diagnostics
-
-    def add_secure_dp_noise(self, cluster: int, outcome: GroupSum) -> dict[str, Any]:
-        """Distributed DP: noise on ``cluster``'s unmasked mean of ``m`` client-clipped updates,
-        of std ``z * C' / m`` where C' = the clipping norm plus the protocol's worst-case rounding
-        of one update (``privacy.secure_sensitivity``); each member's update went into one more release."""
-        m = len(outcome.members)
-        sensitivity = privacy.secure_sensitivity(self.dp.clipping_norm, self.secagg_settings(), outcome.mean)
-        std = self.dp.noise_multiplier * sensitivity / m if m else 0.0
-        self.state.models[cluster] = privacy.add_noise(self.state.models[cluster], std, self.state.rng)
-        if std > 0:
-            for key in outcome.members:
-                self.state.dp_releases[key] = self.state.dp_releases.get(key, 0) + 1
-        return {"sampled": m, "noise_std": std}
-
-    def check_secure_dp(self, theta0: Arrays) -> None:
-        """Distributed DP (dp_* with secure_aggregation): StrategyParamsError, before round 1, when
-        the protocol's rounding of one update (sqrt(values) * 2 r / steps, which the noise must
-        also cover) exceeds a tenth of dp_clipping_norm: the stated clipping norm would not be
-        the update's bound; raise secagg-quantization-range or lower secagg-clipping-range."""
-        if self.dp is None or self.secagg is None or self.dp.clipping_norm <= 0:
-            return
-        rounding = privacy.secure_sensitivity(0.0, self.secagg, theta0)
-        if rounding > 0.1 * self.dp.clipping_norm:
-            raise StrategyParamsError(
-                f"{self.name}: dp_clipping_norm = {self.dp.clipping_norm:g} with secure_aggregation: the protocol's "
-                f"rounding can move one update by up to {rounding:.3g} (sqrt(values) * 2 * secagg_clipping_range / "
-                f"secagg_quantization_range), more than a tenth of the clipping norm, so the noise would not give "
-                f"the stated guarantee at that norm; raise secagg_quantization_range or lower secagg_clipping_range")
+        """Each cluster's new model from its unmasked mean, noise on it under dp_*
+        (``secure.aggregate_sums``); returns the diagnostics (``secure_aggregation``, ``privacy``,
+        ``decision``)."""
+        return secure.aggregate_sums(self.state, sums, self.dp, self.secagg_settings(), self.dp_accountant)
 
     def after_secure_train(self, rnd: Round, sums: SecureSums) -> Diagnostics | None:
         """Steps after a securely aggregated training step (they see each cluster's sum, never
