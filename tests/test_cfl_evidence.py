@@ -195,3 +195,16 @@ def test_hicfl_splits_on_evidence_before_its_stability_windows_fill():
     assert leaves(strategy) == [set(s) for s in P1]
     assert "cluster 0 split into 1 and 2 on conv1" in said[4]["decision"] and "rounds 3 and 4 agree" in said[4]["decision"]
     assert not strategy.state.windows_filled
+
+
+def test_a_member_absent_from_the_split_round_whose_last_update_covers_other_arrays_goes_to_the_larger_side():
+    """Under partial participation the compared arrays can change between rounds (a silent
+    array starts training): an absent member's last update over other arrays cannot be
+    compared with the split's directions, so it is placed as one without an update."""
+    from clusterfed.strategies.bipartitioning import BiPartitioningState, BiPartitionTree
+
+    state = BiPartitioningState()
+    route = {"rule": "mean", "directions": [np.ones(4), -np.ones(4)]}
+    last = {"a": -np.ones(4), "b": np.ones(7)}  # b's update was taken over 7 coordinates
+    extra = BiPartitionTree.place_absent(None, state, 0, ["a", "b"], route, last, (1, 3))
+    assert extra == ([], ["a", "b"])

@@ -35,6 +35,7 @@ from pydantic import Field
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, bipartition, split_criteria
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare
 from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
+from clusterfed.clustering.sketch import in_sketch_space
 from clusterfed.clustering.split_rules import merge_pairs
 from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
@@ -271,11 +272,16 @@ class BiPartitionTree:
     def place_absent(self, state: BiPartitioningState, cluster: int, absent: list[str], route: dict[str, Any],
                      last: dict[str, np.ndarray], sizes: tuple[int, int]) -> tuple[list[str], list[str]]:
         """Members absent from the split round: provisionally the side their ``last`` update points to
-        (the larger side without one); one already provisional keeps the earlier split it missed."""
+        (the larger side without one, or when it was taken over other arrays than the split's:
+        the compared arrays change as silent arrays start training); one already provisional
+        keeps the earlier split it missed."""
         extra: tuple[list[str], list[str]] = ([], [])
+        width = len(route["directions"][0])
         for key in absent:
-            side = (side_of(np.asarray(last[key], dtype=np.float64), route) if key in last
-                    else (0 if sizes[0] >= sizes[1] else 1))
+            vector = np.asarray(last[key], dtype=np.float64) if key in last else None
+            if vector is not None and in_sketch_space(vector, route.get("sketch")).shape[-1] != width:
+                vector = None  # taken over other arrays than the split's
+            side = side_of(vector, route) if vector is not None else (0 if sizes[0] >= sizes[1] else 1)
             extra[side].append(key)
             state.provisional.setdefault(key, cluster)
         return extra
