@@ -151,7 +151,8 @@ def test_every_miss_with_several_clusters_is_named_fewer_and_mixed_as_well_as_mo
 
 def test_one_cluster_reasons_give_their_numbers():
     labels, U = noisy_groups(12, WIDE_DIM, 0.0, seed=4)
-    strategy = wide_cfl(labels, **{"split-criteria": "relative"})
+    # the paper's timing (split-timing = criteria): the reason is the criteria's, with their numbers
+    strategy = wide_cfl(labels, **{"split-criteria": "relative", "split-timing": "criteria"})
     for server_round in (1, 2, 3):  # growing updates: never near-stationary
         wide_round(strategy, server_round, U * (1 + server_round))
     reason = strategy.one_cluster_reason()
