@@ -229,7 +229,8 @@ def merge_evidence(params: Any, merge: dict[str, Any]) -> str:
     if merge.get("drift_cosine") is not None:
         parts.append(f"drift cosine {versus(merge['drift_cosine'], '>=', c.merge_min_cosine)}")
     if merge.get("silhouette") is not None:
-        parts.append(f"silhouette {versus(merge['silhouette'], '<=', c.merge_max_silhouette, 'merge-max-silhouette')}")
+        silhouette = versus(merge["silhouette"], "<=", c.merge_max_silhouette, "merge-max-silhouette")
+        parts.append(f"silhouette {silhouette}")
     return f"last merge (round {merge['round']}, clusters {merge['merged'][0]} and {merge['merged'][1]}): " \
            + ", ".join(parts) + " (merge = false keeps the splits)"
 
