@@ -45,12 +45,18 @@ NO_SPLIT_TEXT = {"agree": "updates agree (not heterogeneous)",
                  "deferred": "successive rounds' partitions of the members disagreed (split-agreement)"}
 
 
-def versus(a: float, op: str, b: float, between: str = "", digits: int = 3) -> str:
-    """``a op b`` printed true (``numbers.compared``, ``digits`` decimals at least); where the
-    recorded values do not satisfy ``op`` the operator that holds is said."""
+def versus(a: float, op: str, b: float, between: str = "", digits: int = 3, setting: bool = False) -> str:
+    """``a op b`` as the sentence has always printed it (``a`` with ``digits`` decimals, ``b`` too,
+    or as configured for a ``setting``) where that reads true; else printed true by
+    ``numbers.compared``. Where the recorded values do not satisfy ``op`` the operator that holds
+    is said."""
+    configured = str(b)
     a, b = float(a), float(b)
     if not OPERATORS[op](a, b):
         op = FLIPPED[op]
+    left, right = f"{a:.{digits}f}", (configured if setting else f"{b:.{digits}f}")
+    if OPERATORS[op](float(left), float(right)):
+        return f"{left} {op} {between + ' ' if between else ''}{right}"
     return compared(a, op, b, digits, between=between)
 
 
@@ -140,7 +146,7 @@ def hicfl_refusal_numbers(state: Any, params: Any) -> str | None:
     if top == "silhouette":
         n = max(entries, key=lambda n: max(n["silhouettes"].values()))
         return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: best layer silhouette "
-                f"{versus(max(n['silhouettes'].values()), '<', params.min_silhouette, 'min-silhouette')}")
+                f"{versus(max(n['silhouettes'].values()), '<', params.min_silhouette, 'min-silhouette', setting=True)}")
     if top == "deferred":
         n = max(entries, key=lambda n: n.get("agreement") if n.get("agreement") is not None else -2.0)
         return f"closest deferral: round {n['round']}, cluster {n['cluster']}: {deferral_evidence(n, params)}"
@@ -225,11 +231,11 @@ def one_cluster_advice(state: Any, params: Any = None) -> str | None:
 def merge_evidence(params: Any, merge: dict[str, Any]) -> str:
     """One merge's numbers against the thresholds that allowed it, for the reason."""
     c = params
-    parts = [f"round cosine {versus(merge['cosine'], '>=', c.merge_min_cosine, 'merge-min-cosine')}"]
+    parts = [f"round cosine {versus(merge['cosine'], '>=', c.merge_min_cosine, 'merge-min-cosine', setting=True)}"]
     if merge.get("drift_cosine") is not None:
-        parts.append(f"drift cosine {versus(merge['drift_cosine'], '>=', c.merge_min_cosine)}")
+        parts.append(f"drift cosine {versus(merge['drift_cosine'], '>=', c.merge_min_cosine, setting=True)}")
     if merge.get("silhouette") is not None:
-        silhouette = versus(merge["silhouette"], "<=", c.merge_max_silhouette, "merge-max-silhouette")
+        silhouette = versus(merge["silhouette"], "<=", c.merge_max_silhouette, "merge-max-silhouette", setting=True)
         parts.append(f"silhouette {silhouette}")
     return f"last merge (round {merge['round']}, clusters {merge['merged'][0]} and {merge['merged'][1]}): " \
            + ", ".join(parts) + " (merge = false keeps the splits)"
@@ -248,15 +254,18 @@ def merge_refusal(state: Any, params: Any) -> str:
     kept = next((m for m in reversed(getattr(state, "merge_kept", [])) if m["round"] == pair["round"]
                  and sorted(m["leaves"]) == sorted(pair["clusters"])), None)
     if kept is not None:
-        return (f"{where} passed the merge rule but their split still reproduces "
-                f"(ARI {versus(kept['agreement'], '>=', c.split_agreement, 'split-agreement', digits=2)})")
+        agreement = versus(kept["agreement"], ">=", c.split_agreement, "split-agreement", digits=2, setting=True)
+        return f"{where} passed the merge rule but their split still reproduces (ARI {agreement})"
     if pair["cosine"] < c.merge_min_cosine:
-        return f"{where} had round cosine {versus(pair['cosine'], '<', c.merge_min_cosine, 'merge-min-cosine')}"
+        cosine = versus(pair["cosine"], "<", c.merge_min_cosine, "merge-min-cosine", setting=True)
+        return f"{where} had round cosine {cosine}"
     if pair.get("silhouette") is not None and pair["silhouette"] > c.merge_max_silhouette:
         return (f"{where} had silhouette "
-                f"{versus(pair['silhouette'], '>', c.merge_max_silhouette, 'merge-max-silhouette')}")
+                f"{versus(pair['silhouette'], '>', c.merge_max_silhouette, 'merge-max-silhouette', setting=True)}")
     drift = pair.get("drift_cosine")
-    return f"{where} had drift cosine {versus(drift, '<', c.merge_min_cosine)}" if drift is not None else where
+    if drift is None:
+        return where
+    return f"{where} had drift cosine {versus(drift, '<', c.merge_min_cosine, setting=True)}"
 
 
 def split_refusal(state: Any, params: Any) -> str:
