@@ -338,7 +338,8 @@ def bn_updates(seed, counters):
     return theta0, updates
 
 
-def cfl_after_one_round(theta0, updates, **params):
+def bn_cfl(theta0, **params):
+    """CFL with the split criteria always met, its 8 clients admitted to the root."""
     strategy = CFL(split_criteria="absolute", eps1=1e6, eps2=1e-6, min_split_round=1, split_min_silhouette=-1,
                    merge=False, **params)
     hand(strategy).train_config = {"lr": 0.05}
@@ -347,12 +348,26 @@ def cfl_after_one_round(theta0, updates, **params):
         hand(strategy).clients[key] = ClientInfo(key, 50, group)
     hand(strategy).active = list(GROUP)
     assert list(strategy.admit(round_of(strategy, 1), list(GROUP))) == []  # before any split, placement asks nothing
-    replies = [TrainReply(key=k, cluster=0, arrays=u, sent=strategy.models[0], num_examples=50, train_loss=0.0,
-                          metrics={}, is_update=True) for k, u in updates.items()]
+    return strategy
+
+
+def bn_replies(strategy, updates):
+    return [TrainReply(key=k, cluster=strategy.assignment[k], arrays=u, sent=strategy.models[strategy.assignment[k]],
+                       num_examples=50, train_loss=0.0, metrics={}, is_update=True) for k, u in updates.items()]
+
+
+def split_sides(strategy):
+    return {frozenset(members) for members in strategy.state.splits[0]["members"]} if strategy.state.splits else set()
+
+
+def cfl_after_one_round(theta0, updates, **params):
+    """One round of Sattler's Algorithm 1: the paper's timing (split-timing = criteria) splits in
+    the round the criteria hold; on evidence (the default) no split can come before a second round."""
+    strategy = bn_cfl(theta0, split_timing="criteria", **params)
+    replies = bn_replies(strategy, updates)
     decision = strategy.bipartition.criteria(strategy.state, 0, replies)
     strategy.after_train(round_of(strategy, 1), replies)
-    sides = {frozenset(members) for members in strategy.state.splits[0]["members"]} if strategy.state.splits else set()
-    return decision, sides
+    return decision, split_sides(strategy)
 
 
 def test_cfl_splits_a_batchnorm_model_by_its_groups_whatever_the_counters_say():
@@ -369,6 +384,22 @@ def test_cfl_splits_a_batchnorm_model_by_its_groups_whatever_the_counters_say():
     # comparing every array, as before, the buffers decide the split: the wrong one
     _, sides_all = cfl_after_one_round(theta0, updates, compare_arrays=lambda name, array: True)
     assert sides_all and sides_all != truth
+
+
+def test_cfl_on_evidence_splits_a_batchnorm_model_by_its_groups_when_two_rounds_agree():
+    """The default timing: round 1's partition is kept, round 2's (fresh updates, the same
+    unrelated counters) agrees with it, and the split is the groups'."""
+    truth = {frozenset(k for k, g in GROUP.items() if g == side) for side in (0, 1)}
+    counters = [72, 72, 9, 9, 72, 9, 72, 9]
+    theta0, _ = bn_updates(0, counters)
+    strategy = bn_cfl(theta0)
+    assert strategy.params.split_timing == "evidence"
+    for server_round in (1, 2):
+        updates = bn_updates(server_round, counters)[1]
+        strategy.after_train(round_of(strategy, server_round), bn_replies(strategy, updates))
+        if server_round == 1:
+            assert split_sides(strategy) == set()  # nothing to compare yet: deferred
+    assert split_sides(strategy) == truth and strategy.state.splits[0]["round"] == 2
 
 
 # ---------------------------------------------------------------- a stock ClientApp, end to end

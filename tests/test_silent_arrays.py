@@ -113,8 +113,10 @@ def test_layercfl_never_splits_on_a_frozen_conv_layer():
     assert algorithm.state.silent == ["conv1.weight", "conv1.bias"]
     assert algorithm.state.selected_names == ["fc1.weight", "fc1.bias"]  # the fallback: the first fc layer
     assert "conv1.weight" not in algorithm.state.compared
+    # the frozen arrays, then (round 1, and a changed comparison) what LayerCFL now compares
     assert batches.diagnostics["decision"] == ("LayerCFL: left out of every comparison, no client changed them: "
-                                               "conv1.weight, conv1.bias")
+                                               "conv1.weight, conv1.bias; LayerCFL: " + algorithm.compared_words())
+    assert "conv1" not in algorithm.compared_words()
     # said once: the next round's replies change nothing
     later = drive_round(algorithm, 2, respond_with(structured=("fc1", "fc2")))
     assert "decision" not in later.diagnostics
@@ -135,7 +137,12 @@ def test_nothing_is_left_out_when_every_array_trains():
         return {n: np.full_like(ask.model[n], 0.1 * (1 + GROUPS[ask.key])) for n in ask.model}
 
     batches = drive_round(algorithm, 1, respond)
-    assert algorithm.state.silent == [] and algorithm.state.compared == compared and "decision" not in batches.diagnostics
+    assert algorithm.state.silent == [] and algorithm.state.compared == compared
+    # round 1 says only what CFL compares: nothing left out
+    assert batches.diagnostics["decision"] == "CFL: " + algorithm.compared_words()
+    assert "left out" not in batches.diagnostics["decision"]
+    later = drive_round(algorithm, 2, respond)
+    assert "decision" not in later.diagnostics  # said once
 
 
 @pytest.mark.end_to_end

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.metrics import adjusted_rand_score
 
+from clusterfed.explain.numbers import compared
+
 DEFAULT_AGREEMENT = 0.8  # the ARI two independent partitions must reach (callers may set their own)
 
 
@@ -59,7 +61,8 @@ class Reproduction:
         """``"coordinate halves agree (ARI 0.94)"`` / ``"… disagree (ARI 0.31 < 0.80)"``."""
         if self.reproduces(bound):
             return f"{self.source} agree (ARI {self.agreement:.2f})"
-        return f"{self.source} disagree (ARI {self.agreement:.2f} < {bound:.2f})"
+        # printed true: 0.7996 < 0.8000, never 0.80 < 0.80
+        return f"{self.source} disagree (ARI {compared(self.agreement, '<', bound)})"
 
     def as_record(self) -> dict[str, object]:
         """JSON values for rounds.jsonl / clusters.json."""

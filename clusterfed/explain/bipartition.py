@@ -14,6 +14,9 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering.split_rules import one_cluster_reason as reason_of, refusal_counts
+from clusterfed.explain.numbers import OPERATORS, compared
+
+FLIPPED = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
 
 SHOWN_SPLITS = 2  # the splits a basis names: those closest to their threshold
 
@@ -40,6 +43,21 @@ NO_SPLIT_TEXT = {"agree": "updates agree (not heterogeneous)",
                  "reference": "a split leaving a side of fewer than min-split-size members scored no better than "
                               "group-free rotations of the members' updates",
                  "deferred": "successive rounds' partitions of the members disagreed (split-agreement)"}
+
+
+def versus(a: float, op: str, b: float, between: str = "", digits: int = 3, setting: bool = False) -> str:
+    """``a op b`` as the sentence has always printed it (``a`` with ``digits`` decimals, ``b`` too,
+    or as configured for a ``setting``) where that reads true; else printed true by
+    ``numbers.compared``. Where the recorded values do not satisfy ``op`` the operator that holds
+    is said."""
+    configured = str(b)
+    a, b = float(a), float(b)
+    if not OPERATORS[op](a, b):
+        op = FLIPPED[op]
+    left, right = f"{a:.{digits}f}", (configured if setting else f"{b:.{digits}f}")
+    if OPERATORS[op](float(left), float(right)):
+        return f"{left} {op} {between + ' ' if between else ''}{right}"
+    return compared(a, op, b, digits, between=between)
 
 
 def is_hicfl(state: Any) -> bool:
@@ -81,7 +99,7 @@ def stability_numbers(state: Any, params: Any) -> str | None:
     unit = "" if state.epsilon is not None else " (relative to the layer's scale)"
     sign = ">=" if t["value"] >= t["eps"] else "<"  # the last judged round may have fired (then a split)
     return (f"round {t['round']}: nearest layer {t['layer']}, {params.timing} member's stability "
-            f"{t['value']:.3f} {sign} ε {t['eps']:.3f}{unit}")
+            f"{versus(t['value'], sign, t['eps'], 'ε')}{unit}")
 
 
 def timing_numbers(state: Any, params: Any) -> str | None:
@@ -101,20 +119,21 @@ def cfl_refusal_numbers(state: Any, params: Any) -> str | None:
         r = min((r for r in refused if r["reason"] == "check"),
                 key=lambda r: r["check"]["gamma_max"] - r["check"]["bound"])
         return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: estimated γ_max "
-                f"{r['check']['gamma_max']:.3f} >= bound {r['check']['bound']:.3f}")
+                f"{versus(r['check']['gamma_max'], '>=', r['check']['bound'], 'bound')}")
     if top == "deferred":
         r = max((r for r in refused if r["reason"] == "deferred"), key=lambda r: r.get("agreement") or -2.0)
-        return (f"closest deferral: round {r['round']}, cluster {r['cluster']}: {r['evidence']} "
-                f"(best-cut silhouette {r['best_cut_silhouette']:.3f})")
+        silhouette = r.get("best_cut_silhouette")
+        return (f"closest deferral: round {r['round']}, cluster {r['cluster']}: {deferral_evidence(r, params)}"
+                + (f" (best-cut silhouette {silhouette:.3f})" if silhouette is not None else ""))
     r = max((r for r in refused if r["reason"] == top),
             key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
     basis = (f"group-free reference {r['reference_silhouette']:.3f}" if r.get("reference_silhouette") is not None
              else f"split-min-silhouette {params.split_min_silhouette}")
-    compared = len(r["members"][0]) + len(r["members"][1])
+    size = len(r["members"][0]) + len(r["members"][1])
     who = "clients compared" if params.similarity_pool == "members" else "repliers"
-    return (f"closest refusal: round {r['round']}, cluster {r['cluster']} ({compared} {who}): "
-            f"best-cut silhouette {r['best_cut_silhouette']:.3f} < required "
-            f"{r['required_silhouette']:.3f} ({basis})")
+    return (f"closest refusal: round {r['round']}, cluster {r['cluster']} ({size} {who}): "
+            f"best-cut silhouette {versus(r['best_cut_silhouette'], '<', r['required_silhouette'], 'required')} "
+            f"({basis})")
 
 
 def hicfl_refusal_numbers(state: Any, params: Any) -> str | None:
@@ -127,16 +146,27 @@ def hicfl_refusal_numbers(state: Any, params: Any) -> str | None:
     if top == "silhouette":
         n = max(entries, key=lambda n: max(n["silhouettes"].values()))
         return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: best layer silhouette "
-                f"{max(n['silhouettes'].values()):.3f} < min-silhouette {params.min_silhouette}")
+                f"{versus(max(n['silhouettes'].values()), '<', params.min_silhouette, 'min-silhouette', setting=True)}")
     if top == "deferred":
         n = max(entries, key=lambda n: n.get("agreement") if n.get("agreement") is not None else -2.0)
-        return f"closest deferral: round {n['round']}, cluster {n['cluster']}: {n['evidence']}"
+        return f"closest deferral: round {n['round']}, cluster {n['cluster']}: {deferral_evidence(n, params)}"
     if top == "reference":
         n = max(entries, key=lambda n: max(n["silhouettes"].values()) - n["reference_silhouette"])
         return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: silhouette "
-                f"{max(n['silhouettes'].values()):.3f} <= group-free rotations {n['reference_silhouette']:.3f}")
+                f"{versus(max(n['silhouettes'].values()), '<=', n['reference_silhouette'], 'group-free rotations')}")
     n = entries[-1]
     return f"last refusal: round {n['round']}, cluster {n['cluster']}, layer {n['layer']}"
+
+
+def deferral_evidence(entry: dict[str, Any], params: Any) -> str:
+    """A deferred split's evidence as recorded (``Reproduction.words``), or, without it, its
+    agreement against split-agreement."""
+    if entry.get("evidence"):
+        return entry["evidence"]
+    agreement = entry.get("agreement")
+    if agreement is None:
+        return "no two rounds' partitions compared"
+    return f"successive rounds disagree (ARI {versus(agreement, '<', params.split_agreement, digits=2)})"
 
 
 def refusal_numbers(state: Any, params: Any) -> str | None:
@@ -201,11 +231,12 @@ def one_cluster_advice(state: Any, params: Any = None) -> str | None:
 def merge_evidence(params: Any, merge: dict[str, Any]) -> str:
     """One merge's numbers against the thresholds that allowed it, for the reason."""
     c = params
-    parts = [f"round cosine {merge['cosine']:.3f} >= merge-min-cosine {c.merge_min_cosine}"]
+    parts = [f"round cosine {versus(merge['cosine'], '>=', c.merge_min_cosine, 'merge-min-cosine', setting=True)}"]
     if merge.get("drift_cosine") is not None:
-        parts.append(f"drift cosine {merge['drift_cosine']:.3f} >= {c.merge_min_cosine}")
+        parts.append(f"drift cosine {versus(merge['drift_cosine'], '>=', c.merge_min_cosine, setting=True)}")
     if merge.get("silhouette") is not None:
-        parts.append(f"silhouette {merge['silhouette']:.3f} <= merge-max-silhouette {c.merge_max_silhouette}")
+        silhouette = versus(merge["silhouette"], "<=", c.merge_max_silhouette, "merge-max-silhouette", setting=True)
+        parts.append(f"silhouette {silhouette}")
     return f"last merge (round {merge['round']}, clusters {merge['merged'][0]} and {merge['merged'][1]}): " \
            + ", ".join(parts) + " (merge = false keeps the splits)"
 
@@ -223,14 +254,18 @@ def merge_refusal(state: Any, params: Any) -> str:
     kept = next((m for m in reversed(getattr(state, "merge_kept", [])) if m["round"] == pair["round"]
                  and sorted(m["leaves"]) == sorted(pair["clusters"])), None)
     if kept is not None:
-        return (f"{where} passed the merge rule but their split still reproduces (ARI {kept['agreement']:.2f} >= "
-                f"split-agreement {c.split_agreement})")
+        agreement = versus(kept["agreement"], ">=", c.split_agreement, "split-agreement", digits=2, setting=True)
+        return f"{where} passed the merge rule but their split still reproduces (ARI {agreement})"
     if pair["cosine"] < c.merge_min_cosine:
-        return f"{where} had round cosine {pair['cosine']:.3f} < merge-min-cosine {c.merge_min_cosine}"
+        cosine = versus(pair["cosine"], "<", c.merge_min_cosine, "merge-min-cosine", setting=True)
+        return f"{where} had round cosine {cosine}"
     if pair.get("silhouette") is not None and pair["silhouette"] > c.merge_max_silhouette:
-        return f"{where} had silhouette {pair['silhouette']:.3f} > merge-max-silhouette {c.merge_max_silhouette}"
+        return (f"{where} had silhouette "
+                f"{versus(pair['silhouette'], '>', c.merge_max_silhouette, 'merge-max-silhouette', setting=True)}")
     drift = pair.get("drift_cosine")
-    return f"{where} had drift cosine {drift:.3f} < {c.merge_min_cosine}" if drift is not None else where
+    if drift is None:
+        return where
+    return f"{where} had drift cosine {versus(drift, '<', c.merge_min_cosine, setting=True)}"
 
 
 def split_refusal(state: Any, params: Any) -> str:

@@ -47,6 +47,7 @@ from clusterfed.clustering.reproducible import Reproduction
 from clusterfed.clustering.vectors import (check_record, decision_record, flatten, kept_vectors, required_structure,
     similarity_record, stack_float64)
 from clusterfed.explain import bipartition as explain
+from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree,
     replier_vectors, tree_admit, tree_before_train, tree_draw_sample,
@@ -157,6 +158,27 @@ def similarity_rank(params: CFLParams, replies: int) -> int:
 
 
 # ------------------------------------------------------------ the split decision (Algorithm 1)
+@dataclass
+class Proposal:
+    """A cluster's proposed bi-partition (``propose``): the clients compared (``keys``, rows of
+    ``U``), their similarity ``S``, the two sides (indices and keys), the best cut's silhouette
+    (``structure``) and what it had to reach, LayerCFL's check, and the record a split or a
+    refusal keeps."""
+
+    keys: list[str]
+    U: np.ndarray
+    S: np.ndarray
+    side_a: np.ndarray
+    side_b: np.ndarray
+    sides: list[list[str]]
+    structure: float
+    required: float
+    reference: float | None
+    checked: Any
+    compared: SplitCompared
+    record: dict[str, Any]
+
+
 def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, replies: list[TrainReply],
            decision: SplitDecision, clients: dict[str, ClientInfo], reports: list[Any], *, params: CFLParams,
            names: Callable[[Any], list[str]], check: Callable[..., Any] | None = None,
@@ -172,7 +194,21 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
                     if evidence and len(replies) >= 2 and cluster not in state.merged else None)
     if not (tree.may_split(state, server_round, cluster, replies) and (evidence or decision.split)):
         return None
-    # α: the similarity of the clients' vectors (similarity-pool, -decay, -rank), two sides
+    proposal = propose(state, cluster, replies, decision, layers, params=params, check=check)
+    refused = (refuse_structure(state, server_round, cluster, proposal, reports, params=params, evidence=evidence)
+               or refuse_check(state, server_round, cluster, proposal, reports, enforce=enforce))
+    if refused is None and evidence:  # taken only when two rounds' partitions agree (and LayerCFL's layers reproduced)
+        refused = defer(state, server_round, cluster, proposal, reports, reproduction, params=params, wait=wait)
+    if refused is not None:
+        return refused
+    return split(tree, state, server_round, cluster, replies, decision, proposal, reports, reproduction, params=params)
+
+
+def propose(state: CFLState, cluster: int, replies: list[TrainReply], decision: SplitDecision, layers: list[str], *,
+            params: CFLParams, check: Callable[..., Any] | None) -> Proposal:
+    """α: the similarity of the clients' vectors (similarity-pool, -decay, -rank), its bi-partition,
+    the best cut's silhouette and the structure it must reach (the acceptance test, beyond the
+    paper: structure on 1 - S beyond what noise shows), LayerCFL's check."""
     keys = similarity_pool(params, state, cluster, [r.key for r in replies])
     U = stack_float64([state.last_vector[k] for k in keys])
     rank = similarity_rank(params, len(keys))
@@ -180,80 +216,111 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
     side_a, side_b = bipartition(S)
     gap = separation_gap(S, side_a, side_b)
     silhouette = split_silhouette(S, side_a, side_b)
-    # the acceptance test (beyond the paper): structure on 1 - S beyond what noise shows
     max_k = params.split_silhouette_max_k
     structure, structure_k = best_cut_silhouette(S, max_k) if max_k > 2 else (silhouette, 2)
     checked = check(U, side_a, side_b, similarity=S) if check is not None else None
     required, reference = required_structure(U, structure, fixed=params.split_min_silhouette, max_k=max_k,
                                              rank=rank, draws=params.split_reference_draws, seed=params.seed)
-    compared = SplitCompared(keys, S)
     record: dict[str, Any] = {
         "criterion": decision_record(decision), "gap": gap, "silhouette": silhouette,
         "best_cut_silhouette": structure, "best_cut_k": structure_k, "required_silhouette": required,
         "reference_silhouette": reference, "layers": layers, "similarity_rank": rank,
     }
     sides = [[keys[i] for i in side_a], [keys[i] for i in side_b]]
-    # a bi-partition of noise keeps the cluster whole; a cut must beat group-free data
-    # strictly (updates that are all zero score 0, and so does their reference)
+    return Proposal(keys, U, S, side_a, side_b, sides, structure, required, reference, checked,
+                    SplitCompared(keys, S), record)
+
+
+def refuse_structure(state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any], *,
+                     params: CFLParams, evidence: bool) -> Diagnostics | None:
+    """A bi-partition of noise keeps the cluster whole: a cut must reach the required silhouette
+    and beat group-free data strictly (updates that are all zero score 0, and so does their
+    reference); on evidence a small side must also beat group-free rotations."""
+    structure, required, reference, record = p.structure, p.required, p.reference, p.record
     if structure < required or (reference is not None and structure <= reference):
-        refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "silhouette", "members": sides,
-                                **record}, compared)
-        short = (f"< required {required:.2f}" if structure < required
-                 else f"<= group-free updates' {reference:.2f}")
-        return {"refused_splits": [{"cluster": cluster, "reason": "silhouette", "gap": gap,
-                                    "silhouette": silhouette, "best_cut_silhouette": structure}],
-                "words": [f"cluster {cluster} not split: no structure (best-cut silhouette {structure:.2f} {short})"]}
-    if evidence:
-        # a small side (2 to min-split-size - 1 members) must also beat group-free rotations of the
-        # updates: successive rounds share each client's own data, so a 2 | 2 cut of one group can
-        # reproduce (HiCFL's small-side test, measured on the model matrix's GRU cell)
-        small = small_side_reference(U, min(len(side_a), len(side_b)), rule="linkage", draws=SMALL_SIDE_DRAWS,
-                                     min_split_size=params.min_split_size, max_k=max_k, seed=params.seed)
-        if small is not None and structure <= small:
-            refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "reference", "members": sides,
-                                    **record, "required_silhouette": small}, compared)
-            return {"refused_splits": [{"cluster": cluster, "reason": "reference", "best_cut_silhouette": structure,
-                                        "reference_silhouette": small}],
-                    "words": [f"cluster {cluster} not split: a side of {min(len(side_a), len(side_b))} clients scored "
-                              f"no better than group-free rotations (best-cut silhouette {structure:.2f} <= {small:.2f})"]}
-    if checked is not None:
-        record["check"] = check_record(checked)
-        if not checked.passed and enforce:
-            refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "check", "members": sides,
-                                    **record}, compared)
-            return {"refused_splits": [{"cluster": cluster, "reason": "check", "gap": gap,
-                                        "silhouette": silhouette, **record["check"]}],
-                    "words": [f"cluster {cluster} not split: the correct-clustering check failed"]}
-    if evidence:  # the split is taken only when two rounds' partitions agree (and LayerCFL's layers reproduced)
-        bound = params.split_agreement
-        waiting = wait(state) if wait is not None else None
-        if waiting or not isinstance(reproduction, Reproduction) or not reproduction.reproduces(bound):
-            said = waiting or (reproduction if isinstance(reproduction, str) else reproduction.words(bound))
-            agreement = reproduction.agreement if isinstance(reproduction, Reproduction) else None
-            refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "deferred", "members": sides,
-                                    "agreement": agreement, "evidence": said, **record}, compared)
-            return {"refused_splits": [{"cluster": cluster, "reason": "deferred", "agreement": agreement,
-                                        "best_cut_silhouette": structure}],
-                    "words": [f"split of cluster {cluster} deferred: {said}"]}
-        record["reproduction"] = reproduction.as_record()
-    # two children from the cluster's model; the model the members trained from this round
-    # is what a newcomer replays the split on
-    keys_a, keys_b = sides
+        refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "silhouette",
+                                "members": p.sides, **record}, p.compared)
+        short = (compared(structure, "<", required, between="required") if structure < required
+                 else compared(structure, "<=", reference, between="group-free updates'"))
+        return {"refused_splits": [{"cluster": cluster, "reason": "silhouette", "gap": record["gap"],
+                                    "silhouette": record["silhouette"], "best_cut_silhouette": structure}],
+                "words": [f"cluster {cluster} not split: no structure (best-cut silhouette {short})"]}
+    if not evidence:
+        return None
+    # a small side (2 to min-split-size - 1 members) must also beat group-free rotations of the
+    # updates: successive rounds share each client's own data, so a 2 | 2 cut of one group can
+    # reproduce (HiCFL's small-side test, measured on the model matrix's GRU cell)
+    smaller = min(len(p.side_a), len(p.side_b))
+    small = small_side_reference(p.U, smaller, rule="linkage", draws=SMALL_SIDE_DRAWS,
+                                 min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
+                                 seed=params.seed)
+    if small is None or structure > small:
+        return None
+    refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "reference", "members": p.sides,
+                            **record, "required_silhouette": small}, p.compared)
+    return {"refused_splits": [{"cluster": cluster, "reason": "reference", "best_cut_silhouette": structure,
+                                "reference_silhouette": small}],
+            "words": [f"cluster {cluster} not split: a side of {smaller} clients scored no better than group-free "
+                      f"rotations (best-cut silhouette {compared(structure, '<=', small)})"]}
+
+
+def refuse_check(state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any], *,
+                 enforce: bool) -> Diagnostics | None:
+    """LayerCFL's correct-clustering check, recorded; a failed check refuses the split when enforced."""
+    if p.checked is None:
+        return None
+    record = p.record
+    record["check"] = check_record(p.checked)
+    if p.checked.passed or not enforce:
+        return None
+    refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "check", "members": p.sides,
+                            **record}, p.compared)
+    return {"refused_splits": [{"cluster": cluster, "reason": "check", "gap": record["gap"],
+                                "silhouette": record["silhouette"], **record["check"]}],
+            "words": [f"cluster {cluster} not split: the correct-clustering check failed"]}
+
+
+def defer(state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any],
+          reproduction: Reproduction | str | None, *, params: CFLParams,
+          wait: Callable[[Any], str | None] | None) -> Diagnostics | None:
+    """split-timing = evidence: the split waits (``deferred``) until two successive rounds'
+    partitions agree (ARI >= split-agreement) and ``wait`` (LayerCFL's layer choice) says nothing."""
+    bound = params.split_agreement
+    waiting = wait(state) if wait is not None else None
+    if not waiting and isinstance(reproduction, Reproduction) and reproduction.reproduces(bound):
+        p.record["reproduction"] = reproduction.as_record()
+        return None
+    said = waiting or (reproduction if isinstance(reproduction, str) else reproduction.words(bound))
+    agreement = reproduction.agreement if isinstance(reproduction, Reproduction) else None
+    refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "deferred", "members": p.sides,
+                            "agreement": agreement, "evidence": said, **p.record}, p.compared)
+    return {"refused_splits": [{"cluster": cluster, "reason": "deferred", "agreement": agreement,
+                                "best_cut_silhouette": p.structure}],
+            "words": [f"split of cluster {cluster} deferred: {said}"]}
+
+
+def split(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, replies: list[TrainReply],
+          decision: SplitDecision, p: Proposal, reports: list[Any], reproduction: Reproduction | str | None, *,
+          params: CFLParams) -> Diagnostics:
+    """Two children from the cluster's model; the model the members trained from this round is
+    what a newcomer replays the split on; the members absent this round follow their vectors."""
+    keys_a, keys_b = p.sides
+    layers = p.record["layers"]
     route = {"rule": "nearest-mean", "names": layers, "model": replies[0].sent,
-             "directions": [U[side_a].mean(axis=0), U[side_b].mean(axis=0)],
+             "directions": [p.U[p.side_a].mean(axis=0), p.U[p.side_b].mean(axis=0)],
              **({"sketch": state.sketch} if state.sketched and state.sketch is not None else {})}
-    absent = [k for k in state.tree.members(cluster) if k not in set(keys)]
+    absent = [k for k in state.tree.members(cluster) if k not in set(p.keys)]
     extra_a, extra_b = tree.place_absent(state, cluster, absent, route, state.last_vector, (len(keys_a), len(keys_b)))
-    record["absent"] = [extra_a, extra_b]
-    record["similarity"] = similarity_record(keys, S)
-    summary = tree.apply_split(state, server_round, cluster, keys_a + extra_a, keys_b + extra_b, record, route,
-                               compared, reports)
+    p.record["absent"] = [extra_a, extra_b]
+    p.record["similarity"] = similarity_record(p.keys, p.S)
+    summary = tree.apply_split(state, server_round, cluster, keys_a + extra_a, keys_b + extra_b, p.record, route,
+                               p.compared, reports)
     a, b = summary["children"]
     why = (reproduction.words(params.split_agreement) if isinstance(reproduction, Reproduction)
            else f"Sattler's criteria held (mean-update norm {decision.mean_norm:.3g}, max {decision.max_norm:.3g})")
     sizes = f"{len(keys_a) + len(extra_a)} | {len(keys_b) + len(extra_b)} clients"
     return {"splits": [summary], "words": [f"cluster {cluster} split into {a} and {b} ({sizes}): {why}, "
-                                           f"best-cut silhouette {structure:.2f}"]}
+                                           f"best-cut silhouette {p.structure:.2f}"]}
 
 
 def refuse(state: CFLState, reports: list[Any], record: dict[str, Any], compared: SplitCompared) -> None:
