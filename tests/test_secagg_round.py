@@ -174,6 +174,26 @@ def test_ifca_secure_chooses_in_the_clear_and_sums_each_choice(federation, monke
     assert largest_difference(plain.models, secure.models) < 1e-3
 
 
+def test_ifca_secure_restarts_choose_each_initialisation_and_keep_the_lowest_loss(federation, monkeypatch):
+    """IFCA with restarts under secure aggregation: round 1 asks every trainer to choose among
+    each initialisation's models (no training), keeps the one whose choices have the lowest
+    mean loss, then sums each chosen model's trainers securely."""
+    from clusterfed.strategies.ifca import IFCA
+
+    kept, restart = [], IFCA.restart
+
+    def spy(self, rnd, trainers, restarts, asks=None):
+        replies, diagnostics = yield from restart(self, rnd, trainers, restarts, asks)
+        kept.append((asks, diagnostics))
+        return replies, diagnostics
+
+    monkeypatch.setattr(IFCA, "restart", spy)
+    secure, _ = federation(clusterfed.IFCA(num_clusters=2, restarts=2, secure_aggregation=True), rounds=2)
+    ((asks, diagnostics),) = kept  # round 1 only
+    assert asks.__name__ == "choice_asks" and diagnostics["ifca_restart_kept"] in (0, 1)
+    assert len(secure.assignment) == 6 and set(secure.assignment.values()) <= {0, 1}
+
+
 def dropping_app(node: int, stage: str):
     """The built-in ClientApp, except that node ``node`` fails at ``stage`` (a SuperNode gone)."""
     from clusterfed.client_app import app as builtin_app

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field, model_validator
@@ -175,16 +175,7 @@ class IFCA(ClusteredStrategy):
         restarts = self.state.candidates or []
         diagnostics: Diagnostics = {}
         if len(restarts) > 1:
-            best = None
-            for index, models in enumerate(restarts):
-                chosen = yield self.choice_asks(rnd, trainers, dict(enumerate(models)))
-                loss = mean_train_loss(chosen)
-                loss = float("inf") if loss is None else loss
-                if best is None or loss < best[0]:
-                    best = (loss, index, chosen)
-            loss, index, chosen = best
-            self.state.models = {c: {n: v.copy() for n, v in m.items()} for c, m in enumerate(restarts[index])}
-            diagnostics = {"ifca_restart_kept": index, "ifca_restart_loss": loss}
+            chosen, diagnostics = yield from self.restart(rnd, trainers, restarts, self.choice_asks)
         else:
             chosen = yield self.choice_asks(rnd, trainers, self.state.models)
         self.state.candidates = []
@@ -285,12 +276,14 @@ class IFCA(ClusteredStrategy):
                 f"{max(loss):.3g} against {min(loss):.3g}): its members' updates split in two the same way, "
                 f"{evidence.words(DEFAULT_AGREEMENT)}"), record
 
-    def restart(self, rnd: Round, trainers: list[str], restarts: list[list[Arrays]]) -> Steps:
-        """Round 1 from each initialisation; the one of lowest mean training loss becomes the
-        cluster models. Returns (its replies, the diagnostics)."""
+    def restart(self, rnd: Round, trainers: list[str], restarts: list[list[Arrays]], asks: Any = None) -> Steps:
+        """Round 1 from each initialisation, each asked by ``asks`` (default ``ifca_asks``: train;
+        under secure aggregation ``choice_asks``: choose only); the one of lowest mean training
+        loss becomes the cluster models. Returns (its replies, the diagnostics)."""
+        asks = asks or self.ifca_asks
         best = None
         for index, models in enumerate(restarts):
-            replies = yield self.ifca_asks(rnd, trainers, dict(enumerate(models)))
+            replies = yield asks(rnd, trainers, dict(enumerate(models)))
             loss = mean_train_loss(replies)
             loss = float("inf") if loss is None else loss
             if best is None or loss < best[0]:
