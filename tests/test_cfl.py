@@ -210,7 +210,7 @@ TWO_GROUPS = {"partitioner": "label-groups", "label_groups": "0-4;5-9", "num_cli
 @pytest.mark.end_to_end
 def test_cfl_equals_fedavg_until_its_first_split_then_recovers_the_groups(small_config, tmp_path):
     fedavg = small_config(strategy="fedavg", out_dir=str(tmp_path / "fedavg"), **TWO_GROUPS)
-    cfl = small_config(strategy="cfl", out_dir=str(tmp_path / "cfl"), **TWO_GROUPS)
+    cfl = small_config(strategy="cfl", out_dir=str(tmp_path / "cfl"), **TWO_GROUPS, **{"cfl.split-timing": "evidence"})
     simulate(fedavg, engine="inprocess", stream=None)
     summary = simulate(cfl, engine="inprocess", stream=None)
     clusters = _clusters(cfl.out_dir)
@@ -231,7 +231,7 @@ def test_cfl_equals_fedavg_until_its_first_split_then_recovers_the_groups(small_
     split = clusters["splits"][0]
     assert set(split) >= {"round", "parent", "children", "members", "criterion", "gap", "true_group_gap",
                           "similarity"}
-    # split-timing = evidence (the default): taken when two successive rounds' partitions agree;
+    # split-timing = evidence: taken when two successive rounds' partitions agree;
     # Sattler's criteria are recorded, no longer required (the paper's timing: split-timing = criteria)
     assert split["reproduction"]["agreement"] >= 0.8 and split["reproduction"]["source"] == f"rounds {first - 1} and {first}"
     assert set(split["criterion"]) >= {"stationary", "heterogeneous"}

@@ -387,13 +387,12 @@ def test_cfl_splits_a_batchnorm_model_by_its_groups_whatever_the_counters_say():
 
 
 def test_cfl_on_evidence_splits_a_batchnorm_model_by_its_groups_when_two_rounds_agree():
-    """The default timing: round 1's partition is kept, round 2's (fresh updates, the same
+    """The timing on evidence: round 1's partition is kept, round 2's (fresh updates, the same
     unrelated counters) agrees with it, and the split is the groups'."""
     truth = {frozenset(k for k, g in GROUP.items() if g == side) for side in (0, 1)}
     counters = [72, 72, 9, 9, 72, 9, 72, 9]
     theta0, _ = bn_updates(0, counters)
-    strategy = bn_cfl(theta0)
-    assert strategy.params.split_timing == "evidence"
+    strategy = bn_cfl(theta0, split_timing="evidence")
     for server_round in (1, 2):
         updates = bn_updates(server_round, counters)[1]
         strategy.after_train(round_of(strategy, server_round), bn_replies(strategy, updates))

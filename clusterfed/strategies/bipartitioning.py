@@ -47,11 +47,12 @@ class BiPartitioningParams(StrategyParams):
     """Split criteria, size/timing rules and merging, shared by CFL, LayerCFL and HiCFL."""
 
     split_timing: Literal["evidence", "criteria"] = Field(
-        "evidence", alias="split-timing",
-        description="evidence: every round from min-split-round a cluster's split is proposed and taken only when "
+        "criteria", alias="split-timing",
+        description="evidence (beyond the papers; not yet the default: on identically distributed clients it "
+                    "can split a cluster whose partition repeats round after round): every round from min-split-round a cluster's split is proposed and taken only when "
                     "two successive rounds' updates give the same partition of its clients (ARI >= split-agreement) "
                     "and merges only when they still do not separate the two leaves; criteria: the paper's timing "
-                    "rule (CFL: Sattler's criteria, HiCFL: model stability) decides when, the paper's presets")
+                    "rule (CFL: Sattler's criteria, HiCFL: model stability) decides when (the default, and the paper's presets)")
     split_agreement: float = Field(
         DEFAULT_AGREEMENT, alias="split-agreement", ge=-1, le=1,
         description="split-timing = evidence: the agreement (adjusted Rand index) two successive rounds' partitions "

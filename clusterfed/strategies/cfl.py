@@ -12,7 +12,7 @@ Constraints", IEEE TNNLS 2020), Algorithm 1, read top to bottom:
   ``argmin max α`` by complete linkage, both children starting from the cluster's model.
 
 Beyond the paper, each a ``Params`` field listed with the paper's rule, our default and the
-``PAPER`` preset in docs/algorithms/cfl.md: the split timing (``split-timing = evidence``: the
+``PAPER`` preset in docs/algorithms/cfl.md: the split timing (``split-timing = evidence``, opt-in: the
 criteria are recorded, and a split that passes the acceptance test is taken only when two
 successive rounds' partitions of the repliers agree, ``BiPartitionTree.reproduce``; the paper's
 ``criteria`` is the preset's), the acceptance test (best-cut silhouette on
