@@ -107,8 +107,8 @@ class Revisits:
         self.state.assignment = dict(assignment)
         self.state.clustering_state = {"lambda": 0.5, "client_order": list(KEYS), "silhouette": None}
 
-    def round(self, number: int, groups: list[int]) -> dict:
-        updates = directions(groups, seed=number)
+    def round(self, number: int, groups: list[int], scale: float = 1.0) -> dict:
+        updates = directions(groups, scale=scale, noise=0.1 * scale, seed=number)
         replies = [reply(k, u, np.zeros(40), self.state.assignment[k]) for k, u in zip(KEYS, updates)]
         return oneshot.revisit(self.state, self.strategy.params, number, replies,
                                self.strategy.new_cluster, "FedClust")
@@ -139,6 +139,20 @@ def test_a_split_is_taken_once_two_rounds_cut_alike_undone_when_its_parts_become
     reason = explain.fedclust_count_basis(run.state, run.strategy.params)
     assert reason.startswith("2 clusters: lambda auto 0.5, the best-silhouette cut of 8 clients on w; then 2 splits "
                              "and 1 merge on the members' training updates (revisit)")
+
+
+def test_a_converged_group_whose_members_cut_alike_round_after_round_is_not_split():
+    """Each client's own data makes its direction persistent: once the cluster's model fits
+    them, its members still cut into the same parts every round, but pull apart at a small
+    share of the cluster's scale. Such a cut is one group's spread; the same cut at the full
+    scale is a split."""
+    run = Revisits(dict.fromkeys(KEYS, 0))
+    two = [0, 0, 0, 0, 1, 1, 1, 1]
+    assert run.round(1, [0] * 8) == {}  # the cluster's scale: its first round's updates
+    for number in (2, 3, 4):
+        assert run.round(number, two, scale=0.1) == {} and run.clusters() == [KEYS]
+    run.round(5, two)
+    assert "split into" in run.round(6, two)["decision"] and run.clusters() == [KEYS[:4], KEYS[4:]]
 
 
 def test_updates_that_cut_differently_in_two_rounds_are_not_split():

@@ -142,6 +142,15 @@ def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
     return 0.0 if norm == 0 else float(x @ y / norm)
 
 
+def part_separation(X: np.ndarray, labels: np.ndarray) -> float:
+    """The smallest distance between two parts' mean rows (0.0 with fewer than two parts):
+    how far apart the weakest-separated pair of a cut's parts pulls the model."""
+    found = np.unique(labels)
+    means = [np.asarray(X, np.float64)[labels == label].mean(axis=0) for label in found]
+    gaps = [float(np.linalg.norm(a - b)) for i, a in enumerate(means) for b in means[i + 1:]]
+    return min(gaps) if gaps else 0.0
+
+
 def cut_into(X: np.ndarray, k: int, *, metric: str, linkage: str) -> np.ndarray:
     """The rows of X cut into ``k`` clusters on their dendrogram (the same linkage and
     distance as the decision): a half of the evidence asked for the partition the decision

@@ -38,7 +38,7 @@ from sklearn.metrics import adjusted_rand_score
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
-    chain_halves, child_of, cut_into, mean_cosine, most_alike, silhouette_or_none, threshold_cut)
+    chain_halves, child_of, cut_into, mean_cosine, most_alike, part_separation, silhouette_or_none, threshold_cut)
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies.base import ClusteredState, StrategyParams
@@ -143,6 +143,8 @@ class OneShotState(ClusteredState):
     revisit_cuts: dict[int, dict[str, Any]] = field(default_factory=dict)
     revisit_alike: dict[str, int] = field(default_factory=dict)
     revisits: list[dict[str, Any]] = field(default_factory=list)
+    # each cluster's update scale: its members' mean update norm in the first round they were cut
+    revisit_scale: dict[int, float] = field(default_factory=dict)
 
 
 def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str) -> None:
@@ -451,6 +453,13 @@ REVISIT_MIN_MEMBERS = 4
 # two clusters' mean updates must point at least this much alike to be merged (the CFL
 # family's merge-min-cosine)
 MERGE_MIN_COSINE = 0.6
+# a split's parts must pull apart by at least this share of the cluster's update scale (its
+# members' mean update norm when first cut): Sattler et al.'s second stationarity criterion
+# (a member's update stays large, ε2), made relative to the cluster's own scale as HiCFL's ε
+# is in split_rules.relative_stability. Why: a client's own data makes its direction
+# persistent, so the converged members of one group cut alike round after round, at a
+# small fraction of the scale; groups the model cannot serve pull apart at the full scale.
+REVISIT_MIN_SEPARATION = 0.5
 
 
 def update_rows(replies: list[TrainReply], state: OneShotState) -> np.ndarray:
@@ -492,7 +501,14 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
                  group: list[TrainReply], X: np.ndarray, new_cluster: Any, strategy: str) -> str | None:
     if len(group) < REVISIT_MIN_MEMBERS:
         return None
-    current = {reply.key: int(label) for reply, label in zip(group, _revisit_cut(X, params))}
+    labels = _revisit_cut(X, params)
+    scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
+    if len(np.unique(labels)) > 1 and (most_alike(X, labels)[0] >= MERGE_MIN_COSINE
+                                       or part_separation(X, labels) < REVISIT_MIN_SEPARATION * scale):
+        # one group's spread (each client's own data), not a split: parts that point alike
+        # (the merge rule would undo it) or pull apart weakly; both rounds compared must pass
+        labels = np.zeros_like(labels)
+    current = {reply.key: int(label) for reply, label in zip(group, labels)}
     previous = state.revisit_cuts.get(cluster)
     state.revisit_cuts[cluster] = {"round": server_round, "labels": current}
     if previous is None or len(set(current.values())) < 2:
@@ -503,9 +519,6 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     reproduction = compare([previous["labels"][k] for k in common], [current[k] for k in common],
                            f"rounds {previous['round']} and {server_round}")
     if not _reproduced(reproduction, params):
-        return None
-    cosine, _, _ = most_alike(X, np.array([current[reply.key] for reply in group]))
-    if cosine >= MERGE_MIN_COSINE:  # its parts point alike: the merge rule would undo the split
         return None
     members = sorted((k for k, c in state.assignment.items() if c == cluster), key=natural)
     mapped = child_of(previous["labels"], current)
@@ -519,6 +532,7 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     if reference is not None:  # a newcomer is placed by the clustering step's rows: the parent's
         state.references.update(dict.fromkeys(children.values(), reference))
     state.revisit_cuts.pop(cluster, None)
+    state.revisit_scale.pop(cluster, None)  # each part's own scale is taken when it is first cut
     state.aggregator_state.pop(cluster, None)
     made = sorted(children.values())
     sizes = {c: sum(1 for k in members if state.assignment[k] == c) for c in made}
@@ -565,6 +579,8 @@ def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float
         if c == b:
             state.assignment[key] = a
     state.references.pop(b, None)
+    if b in state.revisit_scale:
+        state.revisit_scale[a] = max(state.revisit_scale.get(a, 0.0), state.revisit_scale.pop(b))
     state.revisit_cuts.pop(a, None)
     state.revisit_cuts.pop(b, None)
     state.aggregator_state.pop(b, None)
