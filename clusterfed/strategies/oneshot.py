@@ -82,11 +82,11 @@ class OneShotParams(StrategyParams):
         description="clusters.json keeps the clients' distance matrix, and the round its cut's silhouette, up to "
                     "this many clustered clients (beyond: O(m²) memory and megabytes of JSON)")
     evidence_sketch: bool = Field(
-        False, alias="evidence-sketch",
+        True, alias="evidence-sketch",
         description="cluster-layers = auto: each candidate layer's update travels projected by a seeded CountSketch "
-                    "shared with the server, so that the clustering upload is at most the paper layer's bytes "
-                    "(off by default until an IID control's spurious cut on projected evidence is fixed; false: every "
-                    "candidate layer uploaded whole)")
+                    "shared with the server (4-bit numbers), so that the clustering upload is at most the paper "
+                    "layer's bytes; a stock ClientApp without clusterfed.client.evidence_mod sends its whole model, "
+                    "projected on the server (false: every candidate layer uploaded whole)")
     chain_until: Literal["stable", "epochs"] = Field(
         "stable", alias="chain-until",
         description="a stock ClientApp (it trains its own local-epochs per request) is sent its reply back until "
