@@ -133,7 +133,10 @@ def run_cell(seed: int, rounds: int) -> list[dict]:
     def recording(replies, start, keys, plan):  # the same replies, whole and projected
         out = original(replies, start, keys, plan)
         if plan and all(not r.is_update for r in replies):
-            recorded.append({"whole": [{k: np.asarray(r.update[k], np.float64) for k in keys} for r in replies],
+            # what each client's arrays changed from the start model (a chained reply's ``update`` is
+            # from the model it was sent: its previous reply)
+            recorded.append({"whole": [{k: np.asarray(r.weights[k], np.float64) - np.asarray(start[k], np.float64)
+                                        for k in keys} for r in replies],
                              "projected": out[0], "keys": list(keys)})
         return out
 

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from clusterfed import protocol
+from clusterfed.clustering.evidence_sketch import plan
 from clusterfed.config import parse_config
 from clusterfed.models import select_layers
 from clusterfed.models.layers import matrix_layers
@@ -61,13 +62,20 @@ def test_clustering_uploads_every_candidate_layer_once(with_stats):
     config, rounds, clusters = with_stats
     theta0 = protocol.from_array_record(initial_arrays(config))
     model_bytes = sum(a.nbytes for a in theta0.values())
-    candidates = sum(theta0[k].nbytes for keys in matrix_layers(theta0).values() for k in keys)
+    layers = matrix_layers(theta0)
     chosen = clusters["layer_choice"]["chosen"]
     assert clusters["layers"] == select_layers(theta0, chosen)
-    assert rounds[1]["clustering_bytes_up"] == candidates * 10  # 12 clients, 2 held back
+    # evidence-sketch (the default): each candidate array's update projected within the paper layer's
+    # (the smallest fc layer's) bytes, its kept numbers two a byte behind a float32 scale
+    _, paper = model_and_layer_bytes(config, "smallest-fc")
+    sizes = plan({k: (theta0[k].shape, theta0[k].dtype) for keys in layers.values() for k in keys}, layers, paper,
+                 config.seed)["sizes"]
+    per_client = sum(4 + (min(k, theta0[n].size) + 1) // 2 for n, k in sizes.items())
+    assert per_client <= paper and set(sizes) == {k for keys in layers.values() for k in keys}
+    assert rounds[1]["clustering_bytes_up"] == per_client * 10  # 12 clients, 2 held back
     # clustering phase + the round's training, one model down per client each time
     assert rounds[1]["bytes_down"] == model_bytes * 10 * 2
-    assert rounds[1]["bytes_up"] == candidates * 10 + model_bytes * 10
+    assert rounds[1]["bytes_up"] == per_client * 10 + model_bytes * 10
     assert rounds[0]["bytes_down"] == model_bytes * 10  # warm-up: one model per client
 
 

@@ -102,6 +102,34 @@ def test_rows_input_puts_whole_and_projected_replies_in_one_space():
     assert evidence_upload.projected_on_server([as_client, as_stock], p) == ["1"]
 
 
+def test_a_chained_stock_reply_is_compared_from_the_start_model_and_its_halves_in_the_same_space():
+    """A stock client's chained request is sent its own previous reply: its row is what the
+    whole chain changed from the start model (not the last request's change), and the chain's
+    halves (requests 1..h, h+1..k) are each projected into the same space as that row."""
+    from clusterfed.core.exchange import TrainReply
+
+    rng = np.random.default_rng(3)
+    start = {"w": rng.normal(size=(30, 20)), "b": np.zeros(5)}
+    middle = {n: v + rng.normal(size=v.shape) for n, v in start.items()}
+    last = {n: v + rng.normal(size=v.shape) for n, v in middle.items()}
+    p = {"seed": 1, "sizes": {"w": 200, "b": 5}, "dims": {"w": 600, "b": 5}, "budget_bytes": 120}
+    chained = TrainReply("1", 0, last, middle, 10, None, {})  # sent its reply to the request before
+    rows, _ = evidence_upload.rows_input([chained], start, ["w", "b"], p)
+    whole, _ = evidence_upload.spans_in_space([last], [start], ["w", "b"], p)
+    first, _ = evidence_upload.spans_in_space([middle], [start], ["w", "b"], p)
+    second, _ = evidence_upload.spans_in_space([last], [middle], ["w", "b"], p)
+    for name in ("w", "b"):
+        assert np.array_equal(rows[0][name], decode(project(last[name] - start[name], name, p["sizes"][name], 1),
+                                                    p["sizes"][name]))
+        assert np.array_equal(rows[0][name], whole[0][name])
+        assert np.array_equal(first[0][name], decode(project(middle[name] - start[name], name, p["sizes"][name], 1),
+                                                     p["sizes"][name]))
+        # the map is linear; only the 4-bit rounding of each half keeps their sum from being the row exactly
+        total = first[0][name] + second[0][name]
+        cosine = total @ rows[0][name] / (np.linalg.norm(total) * np.linalg.norm(rows[0][name]))
+        assert cosine > 0.97
+
+
 # --------------------------------------------------------------------- the message contract
 def test_evidence_config_round_trips_and_validation_expects_the_projected_shapes():
     from clusterfed.core.exchange import Ask

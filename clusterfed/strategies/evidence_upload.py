@@ -69,7 +69,26 @@ def rows_input(replies: Sequence[Any], start: Mapping[str, np.ndarray], keys: Se
     if not evidence_plan:
         return [reply.arrays for reply in replies], start
     names = [k for k in keys if k in evidence_plan["sizes"]]
-    return updates_in_space([reply.update for reply in replies], start, names, evidence_plan)
+    # a whole reply is compared from ``start``, not from the model it was sent: a stock client's
+    # chained request was sent its own previous reply, and its row is what the whole chain changed
+    updates = [reply.update if reply.is_update else
+               {n: np.asarray(reply.arrays[n], np.float64) - np.asarray(start[n], np.float64) for n in names}
+               for reply in replies]
+    return updates_in_space(updates, start, names, evidence_plan)
+
+
+def spans_in_space(later: Sequence[Mapping[str, np.ndarray]], earlier: Sequence[Mapping[str, np.ndarray]],
+                   keys: Sequence[str], evidence_plan: Mapping[str, Any]) -> tuple[list[dict[str, np.ndarray]],
+                                                                             dict[str, np.ndarray]]:
+    """What each client's arrays changed from ``earlier`` to ``later`` (a span of a stock
+    client's chained requests, whole arrays on the server) on ``keys``, in the plan's space
+    (each span projected and encoded as a client would send it), and that space's origin:
+    a chain's halves are then the same evidence as the clustering round's rows."""
+    names = [k for k in keys if k in evidence_plan["sizes"]]
+    spans = [{n: np.asarray(b[n], np.float64) - np.asarray(a[n], np.float64) for n in names}
+             for b, a in zip(later, earlier)]
+    return updates_in_space(spans, {n: np.zeros(np.asarray(earlier[0][n]).shape) for n in names} if earlier else {},
+                            names, evidence_plan)
 
 
 def projected_on_server(replies: Sequence[Any], evidence_plan: Mapping[str, Any]) -> list[str]:

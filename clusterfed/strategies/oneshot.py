@@ -82,11 +82,11 @@ class OneShotParams(StrategyParams):
         description="clusters.json keeps the clients' distance matrix, and the round its cut's silhouette, up to "
                     "this many clustered clients (beyond: O(m²) memory and megabytes of JSON)")
     evidence_sketch: bool = Field(
-        False, alias="evidence-sketch",
+        True, alias="evidence-sketch",
         description="cluster-layers = auto: each candidate layer's update travels projected by a seeded CountSketch "
-                    "shared with the server, so that the clustering upload is at most the paper layer's bytes "
-                    "(off by default until an IID control's spurious cut on projected evidence is fixed; false: every "
-                    "candidate layer uploaded whole)")
+                    "shared with the server (4-bit numbers), so that the clustering upload is at most the paper "
+                    "layer's bytes; a stock ClientApp without clusterfed.client.evidence_mod sends its whole model, "
+                    "projected on the server (false: every candidate layer uploaded whole)")
     chain_until: Literal["stable", "epochs"] = Field(
         "stable", alias="chain-until",
         description="a stock ClientApp (it trains its own local-epochs per request) is sent its reply back until "
@@ -273,8 +273,18 @@ def chain_rows(trail: list[dict[str, Arrays]], start: Arrays, state: OneShotStat
     keys = sorted(set(trail[h - 1]) & set(trail[-1]), key=natural)
     if len(keys) < 3:
         return None
+    starts, middle, last = [start] * len(keys), [trail[h - 1][key] for key in keys], [trail[-1][key] for key in keys]
+    plan = state.evidence_plan
+    if plan:
+        # the evidence the decision is taken on: each span's update in the clustering round's projected
+        # space (the server projects what a stock client sent whole), the layer chosen there
+        whole, origin = evidence_upload.spans_in_space(last, starts, state.layer_choice.keys, plan)
+        first_half, _ = evidence_upload.spans_in_space(middle, starts, state.layer_choice.keys, plan)
+        second_half, _ = evidence_upload.spans_in_space(last, middle, state.layer_choice.keys, plan)
+    else:
+        whole, origin, first_half, second_half = last, start, None, None
     choice = copy.deepcopy(state.layer_choice)
-    choose(choice, [trail[-1][key] for key in keys], start, metric=params.distance, linkage=params.linkage,
+    choose(choice, whole, origin, metric=params.distance, linkage=params.linkage,
            min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws, seed=params.seed)
     silent = set(choice.silent)
     names = [n for n in choice.keys if n not in silent] or list(choice.keys)
@@ -282,8 +292,10 @@ def chain_rows(trail: list[dict[str, Arrays]], start: Arrays, state: OneShotStat
     def stacked(weights: list[Arrays]) -> np.ndarray:
         return stack_partials([[np.asarray(w[n], np.float64) for n in names] for w in weights])
 
-    first = stacked([start] * len(keys))
-    a, b = chain_halves(first, stacked([trail[h - 1][key] for key in keys]), stacked([trail[-1][key] for key in keys]))
+    if plan:
+        a, b = stacked(first_half), stacked(second_half)
+    else:
+        a, b = chain_halves(stacked(starts), stacked(middle), stacked(last))
     return a, b, f"requests 1–{h} and {h + 1}–{k}"
 
 
