@@ -13,7 +13,7 @@ from clusterfed.clustering.oneshot import chain_halves, child_of, cut_into, mean
 from clusterfed.clustering.reproducible import compare
 from clusterfed.core.exchange import Ask, ClientInfo, Replies, TrainReply
 from clusterfed.explain import oneshot as explain
-from clusterfed.strategies import oneshot
+from clusterfed.strategies import oneshot, revisit
 from clusterfed.strategies.layer_choice import LayerChoice
 
 RNG = np.random.default_rng(0)
@@ -110,7 +110,7 @@ class Revisits:
     def round(self, number: int, groups: list[int], scale: float = 1.0) -> dict:
         updates = directions(groups, scale=scale, noise=0.1 * scale, seed=number)
         replies = [reply(k, u, np.zeros(40), self.state.assignment[k]) for k, u in zip(KEYS, updates)]
-        return oneshot.revisit(self.state, self.strategy.params, number, replies,
+        return revisit.revisit(self.state, self.strategy.params, number, replies,
                                self.strategy.new_cluster, "FedClust")
 
     def clusters(self) -> list[list[str]]:

@@ -66,7 +66,7 @@ from clusterfed.clustering import (
 )
 from clusterfed.clustering.oneshot import precluster_records, tolerant_threshold
 from clusterfed.explain import oneshot as explain
-from clusterfed.strategies import oneshot
+from clusterfed.strategies import oneshot, revisit
 from clusterfed.strategies.base import LABEL_STATS, ClusteredStrategy, Steps
 from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round
 from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState, PositiveNumber
@@ -286,9 +286,9 @@ class AdaCFL(ClusteredStrategy):
 
     # ------------------------------------------------- extension: revisits
     def after_train(self, rnd: Round, replies: list) -> Diagnostics | None:
-        """The clusters revisited on the round's training updates (``oneshot.revisit``)."""
+        """The clusters revisited on the round's training updates (``revisit.revisit``)."""
         if self.params.revisit and self.state.clustered:
-            return oneshot.revisit(self.state, self.params, rnd.number, replies, self.new_cluster,
+            return revisit.revisit(self.state, self.params, rnd.number, replies, self.new_cluster,
                                    type(self).__name__)
         return None
 

@@ -48,7 +48,7 @@ from pydantic import Field
 from clusterfed.clustering import place_newcomer
 from clusterfed.clustering.oneshot import recut_max_clusters
 from clusterfed.explain import oneshot as explain
-from clusterfed.strategies import oneshot
+from clusterfed.strategies import oneshot, revisit
 from clusterfed.strategies.base import ClusteredStrategy, Steps
 from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round, natural
 from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState
@@ -214,9 +214,9 @@ class FedClust(ClusteredStrategy):
 
     # ------------------------------------------------- extension: revisits
     def after_train(self, rnd: Round, replies: list) -> Diagnostics | None:
-        """The clusters revisited on the round's training updates (``oneshot.revisit``)."""
+        """The clusters revisited on the round's training updates (``revisit.revisit``)."""
         if self.params.revisit and self.state.clustered:
-            return oneshot.revisit(self.state, self.params, rnd.number, replies, self.new_cluster,
+            return revisit.revisit(self.state, self.params, rnd.number, replies, self.new_cluster,
                                    type(self).__name__)
         return None
 

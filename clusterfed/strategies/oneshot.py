@@ -17,6 +17,7 @@ and those parameters (no object of its own, no call back into the strategy).
   cluster per label (the strategy makes the clusters and hands their ids in), the cluster
   references (the mean of the members' clustering-round partial weights: the papers leave
   the reference open) and what clusters.json records; ``placed``: the newcomer log.
+- The clusters' revisits after the clustering step: ``revisit.py``.
 
 The strategy asks (``train_asks``), samples (``Round.reachable``) and makes clusters
 (``new_cluster``) itself and hands the results in. What the run says is
@@ -38,7 +39,7 @@ from sklearn.metrics import adjusted_rand_score
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
-    chain_halves, child_of, cut_into, mean_cosine, most_alike, part_separation, silhouette_or_none, threshold_cut)
+    chain_halves, cut_into, most_alike, silhouette_or_none, threshold_cut)
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies.base import ClusteredState, StrategyParams
@@ -53,6 +54,10 @@ from clusterfed.strategies.layer_choice import MAX_CANDIDATE_LAYERS, LayerChoice
 MAX_MATRIX_CLIENTS = 500
 
 PositiveNumber = Annotated[float, Field(gt=0)]
+
+# two clusters' mean updates must point at least this much alike to be one task (the CFL
+# family's merge-min-cosine): the clustering step's cut and the revisits' merges
+MERGE_MIN_COSINE = 0.6
 
 # reason code -> sentence, for a run that ends with one cluster (the base's ``one_cluster_reasons``)
 ONE_CLUSTER_REASONS = {
@@ -256,7 +261,7 @@ def _compared_weights(replies: list[TrainReply], state: OneShotState) -> dict[st
     return {reply.key: {k: np.asarray(reply.weights[k], np.float64) for k in keys} for reply in replies}
 
 
-def _reproduced(reproduction: Reproduction, params: OneShotParams) -> bool:
+def reproduced(reproduction: Reproduction, params: OneShotParams) -> bool:
     """Both independent cuts found clusters, and the same ones."""
     return reproduction.reproduces(params.reproduce_agreement) and min(reproduction.clusters()) > 1
 
@@ -323,7 +328,7 @@ def chain_settled(halves: Halves | None, params: OneShotParams, sample: int, cut
     silhouette = silhouette_or_none(distance_matrix(whole, params.distance), labels)
     if silhouette is None or silhouette < params.auto_min_silhouette:
         return False
-    return _reproduced(halves_agree(halves, k, params), params)
+    return reproduced(halves_agree(halves, k, params), params)
 
 
 def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneShotParams,
@@ -346,9 +351,9 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     reproduction = halves_agree(halves, k, params)
     bound = params.reproduce_agreement
     cosine, a, b = most_alike(X, labels)
-    if _reproduced(reproduction, params) and cosine < MERGE_MIN_COSINE:
+    if reproduced(reproduction, params) and cosine < MERGE_MIN_COSINE:
         return labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}"
-    why = (explain.disagreement(reproduction, bound) if not _reproduced(reproduction, params) else
+    why = (explain.disagreement(reproduction, bound) if not reproduced(reproduction, params) else
            f"{reproduction.words(bound)}, but two of its clusters' mean changes point alike (cosine {cosine:.2f} "
            f">= {MERGE_MIN_COSINE}): one task, each client's own data")
     kept = "one cluster" if len(np.unique(fallback)) == 1 else f"the {len(np.unique(fallback))} label-statistics pre-clusters"
@@ -456,148 +461,3 @@ def placed(state: OneShotState, server_round: int, placements: list[tuple[str, i
                 "new_cluster": founded} for key, cluster, distance, founded in placements]
     state.newcomer_log.extend(entries)
     return NewcomersPlaced(entries)
-
-
-# ------------------------------------------------------------- revisits (extension)
-# members of a cluster that trained in a round for their updates to be cut (a cut needs 3;
-# one more keeps a split from isolating a single client on one round's luck)
-REVISIT_MIN_MEMBERS = 4
-# two clusters' mean updates must point at least this much alike to be merged (the CFL
-# family's merge-min-cosine)
-MERGE_MIN_COSINE = 0.6
-# a split's parts must pull apart by at least this share of the cluster's update scale (its
-# members' mean update norm when first cut): Sattler et al.'s second stationarity criterion
-# (a member's update stays large, ε2), made relative to the cluster's own scale as HiCFL's ε
-# is in split_rules.relative_stability. Why: a client's own data makes its direction
-# persistent, so the converged members of one group cut alike round after round, at a
-# small fraction of the scale; groups the model cannot serve pull apart at the full scale.
-REVISIT_MIN_SEPARATION = 0.5
-
-
-def update_rows(replies: list[TrainReply], state: OneShotState) -> np.ndarray:
-    """The replies' training updates on the compared arrays (arrays no client changed left out)."""
-    silent = set(state.layer_choice.silent)
-    names = [n for n in state.layer_choice.keys if n not in silent] or list(state.layer_choice.keys)
-    return stack_partials([[np.asarray(reply.update[n], np.float64) for n in names] for reply in replies])
-
-
-def revisit(state: OneShotState, params: OneShotParams, server_round: int, replies: list[TrainReply],
-            new_cluster: Any, strategy: str) -> Diagnostics:
-    """After a round's training (``replies``): split a cluster whose members' updates cut
-    into the same partition as in the round it last trained (successive rounds: independent
-    SGD draws), merge two clusters whose members' updates show no structure together and
-    whose mean updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running.
-    ``new_cluster``: the strategy's (model, inherit) -> id. Returns the diagnostics, with the
-    round line's words under ``decision`` when anything was split or merged."""
-    groups: dict[int, list[TrainReply]] = {}
-    for reply in replies:
-        if state.assignment.get(reply.key) == reply.cluster and reply.cluster in state.models:
-            groups.setdefault(reply.cluster, []).append(reply)
-    rows = {cluster: update_rows(group, state) for cluster, group in groups.items()}
-    said = [text for cluster in sorted(groups) if (text := _maybe_split(state, params, server_round, cluster,
-                                                                        groups[cluster], rows[cluster], new_cluster,
-                                                                        strategy))]
-    said += _merges(state, params, server_round, {c: r for c, r in rows.items() if c in state.models}, strategy)
-    return {"decision": "; ".join(said)} if said else {}
-
-
-def _revisit_cut(X: np.ndarray, params: OneShotParams) -> np.ndarray:
-    """The auto cut of training updates (the best-silhouette cut against group-free data)."""
-    labels, _ = threshold_cut(X, None, metric=params.distance, linkage=params.linkage,
-                              min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws,
-                              seed=params.seed, max_clusters=params.max_clusters)
-    return np.asarray(labels)
-
-
-def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, cluster: int,
-                 group: list[TrainReply], X: np.ndarray, new_cluster: Any, strategy: str) -> str | None:
-    if len(group) < REVISIT_MIN_MEMBERS:
-        return None
-    labels = _revisit_cut(X, params)
-    scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
-    if len(np.unique(labels)) > 1 and (most_alike(X, labels)[0] >= MERGE_MIN_COSINE
-                                       or part_separation(X, labels) < REVISIT_MIN_SEPARATION * scale):
-        # one group's spread (each client's own data), not a split: parts that point alike
-        # (the merge rule would undo it) or pull apart weakly; both rounds compared must pass
-        labels = np.zeros_like(labels)
-    current = {reply.key: int(label) for reply, label in zip(group, labels)}
-    previous = state.revisit_cuts.get(cluster)
-    state.revisit_cuts[cluster] = {"round": server_round, "labels": current}
-    if previous is None or len(set(current.values())) < 2:
-        return None
-    common = [key for key in current if key in previous["labels"]]
-    if len(common) < REVISIT_MIN_MEMBERS:
-        return None
-    reproduction = compare([previous["labels"][k] for k in common], [current[k] for k in common],
-                           f"rounds {previous['round']} and {server_round}")
-    if not _reproduced(reproduction, params):
-        return None
-    members = sorted((k for k, c in state.assignment.items() if c == cluster), key=natural)
-    mapped = child_of(previous["labels"], current)
-    largest = max(set(current.values()), key=list(current.values()).count)
-    model = state.models.pop(cluster)
-    children = {label: new_cluster(model, cluster) for label in sorted(set(current.values()))}
-    for key in members:
-        label = current.get(key, mapped.get(previous["labels"].get(key, -1), largest))
-        state.assignment[key] = children[label]
-    reference = state.references.pop(cluster, None)
-    if reference is not None:  # a newcomer is placed by the clustering step's rows: the parent's
-        state.references.update(dict.fromkeys(children.values(), reference))
-    state.revisit_cuts.pop(cluster, None)
-    state.revisit_scale.pop(cluster, None)  # each part's own scale is taken when it is first cut
-    state.aggregator_state.pop(cluster, None)
-    made = sorted(children.values())
-    sizes = {c: sum(1 for k in members if state.assignment[k] == c) for c in made}
-    state.revisits.append({"round": server_round, "action": "split", "cluster": cluster, "into": made,
-                           "members": len(members), **reproduction.as_record()})
-    named = ", ".join(f"{c} (a single client)" if sizes[c] == 1 else f"{c} ({sizes[c]} clients)" for c in made)
-    return (f"{strategy}: cluster {cluster} ({len(members)} clients) split into clusters "
-            f"{named}: its members' training updates cut alike in "
-            f"{reproduction.words(params.reproduce_agreement)}")
-
-
-def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows: dict[int, np.ndarray],
-            strategy: str) -> list[str]:
-    said = []
-    clusters = sorted(c for c, X in rows.items() if len(X) >= 2)
-    for i, a in enumerate(clusters):
-        for b in clusters[i + 1:]:
-            if a not in state.models or b not in state.models:
-                continue
-            pair = f"{a}-{b}"
-            together = np.vstack([rows[a], rows[b]])
-            cosine = mean_cosine(rows[a], rows[b])
-            alike = cosine >= MERGE_MIN_COSINE and len(np.unique(_revisit_cut(together, params))) == 1
-            if not alike:
-                state.revisit_alike.pop(pair, None)
-                continue
-            seen = state.revisit_alike.get(pair)
-            state.revisit_alike[pair] = server_round
-            if seen is None:
-                continue
-            said.append(_merge(state, server_round, a, b, cosine, seen, strategy))
-    return said
-
-
-def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float, seen: int, strategy: str) -> str:
-    """Cluster ``b`` joins ``a``: its members, and ``a``'s model becomes the member-weighted mean."""
-    size_a = sum(1 for c in state.assignment.values() if c == a)
-    size_b = sum(1 for c in state.assignment.values() if c == b)
-    wa = size_a / max(size_a + size_b, 1)
-    model_b = state.models.pop(b)
-    state.models[a] = {k: (wa * np.asarray(v, np.float64) + (1 - wa) * np.asarray(model_b[k], np.float64)).astype(
-        np.asarray(v).dtype) for k, v in state.models[a].items()}
-    for key, c in list(state.assignment.items()):
-        if c == b:
-            state.assignment[key] = a
-    state.references.pop(b, None)
-    if b in state.revisit_scale:
-        state.revisit_scale[a] = max(state.revisit_scale.get(a, 0.0), state.revisit_scale.pop(b))
-    state.revisit_cuts.pop(a, None)
-    state.revisit_cuts.pop(b, None)
-    state.aggregator_state.pop(b, None)
-    state.revisit_alike = {p: r for p, r in state.revisit_alike.items() if str(b) not in p.split("-")}
-    state.revisits.append({"round": server_round, "action": "merge", "clusters": [a, b], "cosine": round(cosine, 4),
-                           "rounds": [seen, server_round]})
-    return (f"{strategy}: clusters {a} and {b} merged: their members' training updates show no structure together "
-            f"and point alike (mean-update cosine {cosine:.2f} >= {MERGE_MIN_COSINE}) in rounds {seen} and {server_round}")
