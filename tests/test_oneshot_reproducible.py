@@ -109,6 +109,8 @@ class Revisits:
 
     def round(self, number: int, groups: list[int], scale: float = 1.0) -> dict:
         updates = directions(groups, scale=scale, noise=0.1 * scale, seed=number)
+        if len(set(groups)) > 1:  # the cluster's model sits between its groups: their updates point apart
+            updates = [u - np.mean(updates, axis=0) for u in updates]
         replies = [reply(k, u, np.zeros(40), self.state.assignment[k]) for k, u in zip(KEYS, updates)]
         return revisit.revisit(self.state, self.strategy.params, number, replies,
                                self.strategy.new_cluster, "FedClust")
@@ -151,6 +153,15 @@ def test_a_converged_group_whose_members_cut_alike_round_after_round_is_not_spli
     assert run.round(1, [0] * 8) == {}  # the cluster's scale: its first round's updates
     for number in (2, 3, 4):
         assert run.round(number, two, scale=0.1) == {} and run.clusters() == [KEYS]
+    # clients still learning their common task: a persistent cut, parts pointing alike
+    common = directions([3] * 8, seed=0)[0]
+    learning = Revisits(dict.fromkeys(KEYS, 0))
+    for number in (1, 2, 3):
+        updates = [common + 0.6 * u for u in directions(two, seed=number)]
+        replies = [reply(k, u, np.zeros(40), 0) for k, u in zip(KEYS, updates)]
+        assert revisit.revisit(learning.state, learning.strategy.params, number, replies,
+                               learning.strategy.new_cluster, "FedClust") == {}
+    assert learning.clusters() == [KEYS]
     run.round(5, two)
     assert "split into" in run.round(6, two)["decision"] and run.clusters() == [KEYS[:4], KEYS[4:]]
 

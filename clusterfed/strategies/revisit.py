@@ -21,12 +21,17 @@ from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneSh
 # members of a cluster that trained in a round for their updates to be cut (a cut needs 3;
 # one more keeps a split from isolating a single client on one round's luck)
 REVISIT_MIN_MEMBERS = 4
-# a split's parts must pull apart by at least this share of the cluster's update scale (its
-# members' mean update norm when first cut): Sattler et al.'s second stationarity criterion
-# (a member's update stays large, ε2), made relative to the cluster's own scale as HiCFL's ε
-# is in split_rules.relative_stability. Why: a client's own data makes its direction
-# persistent, so the converged members of one group cut alike round after round, at a
-# small fraction of the scale; groups the model cannot serve pull apart at the full scale.
+# A client's own data makes its update direction persistent, so the members of one group
+# cut alike round after round: reproduction alone does not make a split. Sattler et al.'s
+# two criteria, relative to the cluster's own scale (as HiCFL's ε is in
+# split_rules.relative_stability), tell a group's spread from groups its model cannot serve:
+# - the parts' mean updates point apart (cosine below this): the cluster's model sits
+#   between them (ε1, the mean update small); identically distributed clients still share
+#   their task's direction while they learn;
+REVISIT_MAX_COSINE = 0.0
+# - and pull apart by at least this share of the cluster's update scale (its members' mean
+#   update norm in the round they were first cut) (ε2, a member's update stays large): the
+#   converged members of one group pull apart at a small fraction of it.
 REVISIT_MIN_SEPARATION = 0.5
 
 
@@ -71,11 +76,9 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
         return None
     labels = _revisit_cut(X, params)
     scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
-    if len(np.unique(labels)) > 1 and (most_alike(X, labels)[0] >= MERGE_MIN_COSINE
+    if len(np.unique(labels)) > 1 and (most_alike(X, labels)[0] >= REVISIT_MAX_COSINE
                                        or part_separation(X, labels) < REVISIT_MIN_SEPARATION * scale):
-        # one group's spread (each client's own data), not a split: parts that point alike
-        # (the merge rule would undo it) or pull apart weakly; both rounds compared must pass
-        labels = np.zeros_like(labels)
+        labels = np.zeros_like(labels)  # one group's spread, not a split: both rounds compared must pass
     current = {reply.key: int(label) for reply, label in zip(group, labels)}
     previous = state.revisit_cuts.get(cluster)
     state.revisit_cuts[cluster] = {"round": server_round, "labels": current}
