@@ -7,7 +7,8 @@ own (within 2 pp of FedAvg's final accuracy at no more than 60 % of its transmis
     python benchmarks/selection_guard_summary.py DIR
 
 ``run`` runs each ``label:seed`` job missing under DIR/grid/<label>/seed<s> (labels: ``fedavg``,
-``floor-<stabilizer>``: selection's defaults with that stabiliser), one thread each; several
+``floor-<stabilizer>``: selection's defaults with that stabiliser; ``budget58-``, ``latest-``,
+``latest-budget58-<stabilizer>``: the opt-in trials of ``VARIANTS``), one thread each; several
 ``run`` processes may share a DIR (a job whose folder exists is left to its owner). ``collect``
 writes DIR/grid/comparison.csv (strategy, seed, final accuracy, transmissions, warm-up rounds,
 the floor) from the finished runs; ``--fedavg-from`` takes FedAvg's rows for the seeds DIR lacks
@@ -23,13 +24,25 @@ import time
 from pathlib import Path
 
 SETTING, ROUNDS, GRID = "digits-four-pairs-8", 60, "selection-per-seed-8-60"
-FIELDS = ("strategy", "seed", "final_accuracy", "transmissions", "warmup_rounds", "p_floor", "rounds", "source")
+FIELDS = ("strategy", "seed", "final_accuracy", "last10_accuracy", "transmissions", "warmup_rounds", "full_rounds",
+          "p_floor", "rounds", "source")
+LAST = 10  # last10_accuracy: the mean accuracy of the last LAST rounds (the final round's is one draw of a noisy curve)
+
+
+VARIANTS = {  # label prefix -> selection's keys beyond its defaults (opt-in trials)
+    "floor": {},
+    "budget58": {"selection.budget": 0.58},
+    "latest": {"selection.group-step": "latest", "selection.draw": "oldest"},
+    "latest-budget58": {"selection.group-step": "latest", "selection.draw": "oldest", "selection.budget": 0.58},
+}
 
 
 def values(label: str) -> dict:
+    """A job label's run config: ``fedavg``, or ``<variant>-<stabilizer>`` (``VARIANTS``)."""
     if label == "fedavg":
         return {"strategy": "fedavg"}
-    return {"strategy": "selection", "selection.stabilizer": label.removeprefix("floor-")}
+    variant, stabilizer = label.rsplit("-", 1)
+    return {"strategy": "selection", "selection.stabilizer": stabilizer, **VARIANTS[variant]}
 
 
 def run(out: Path, jobs: list[tuple[str, int]]) -> None:
@@ -58,8 +71,10 @@ def row(folder: Path, label: str, seed: int) -> dict | None:
     if len(rounds) < ROUNDS:
         return None
     return {"strategy": label, "seed": seed, "final_accuracy": rounds[-1]["accuracy"],
+            "last10_accuracy": sum(r["accuracy"] for r in rounds[-LAST:]) / LAST,
             "transmissions": sum(r["transmissions"] for r in rounds),
-            "warmup_rounds": sum(1 for r in rounds if r.get("warmup")), "p_floor": rounds[-1].get("p_floor"),
+            "warmup_rounds": sum(1 for r in rounds if r.get("warmup")),
+            "full_rounds": sum(1 for r in rounds if r.get("full_round")), "p_floor": rounds[-1].get("p_floor"),
             "rounds": len(rounds), "source": "this run"}
 
 
@@ -76,7 +91,8 @@ def collect(out: Path, fedavg_from: Path | None) -> Path:
             for r in csv.DictReader(handle):
                 if r["strategy"] == "fedavg" and int(r["seed"]) not in have and int(r["rounds"]) == ROUNDS:
                     rows.append({"strategy": "fedavg", "seed": int(r["seed"]), "final_accuracy": float(r["final_accuracy"]),
-                                 "transmissions": int(r["transmissions"]), "warmup_rounds": "", "p_floor": "",
+                                 "last10_accuracy": r.get("last10_accuracy", ""), "transmissions": int(r["transmissions"]),
+                                 "warmup_rounds": "", "full_rounds": "", "p_floor": "",
                                  "rounds": ROUNDS, "source": str(fedavg_from)})
     path = out / GRID / "comparison.csv"
     with open(path, "w", newline="") as handle:

@@ -421,5 +421,8 @@ class ClientSelection(_ClientSelection):
         linkage: typing.Literal['average', 'single', 'complete', 'ward'] = 'average',
         cluster_on: typing.Literal['changes', 'weights'] = 'changes',
         warmup_max: int = 10,
+        group_step: typing.Literal['fresh', 'latest'] = 'fresh',
+        draw: typing.Literal['random', 'oldest'] = 'random',
+        budget: float = 0.0,
         guard: typing.Literal['none', 'floor'] = 'floor',
     ) -> None: ...

@@ -5,7 +5,7 @@ import json
 
 import numpy as np
 import pytest
-from harness import drive_round, hand, make, trained
+from harness import drive_round, hand, make, round_of, trained
 
 from clusterfed.clustering import ClusterCountController, loss_reduction_ratio
 from clusterfed.strategies import strategy_class
@@ -245,6 +245,7 @@ def test_global_model_is_the_weighted_average_of_the_representatives():
 def test_floor_weighs_each_representative_by_its_groups_samples():
     # groups of unequal size: the paper's weights (the representatives' own samples) would
     # change every round with the draw; the floor's are the groups' totals, as FedAvg's
+    # (group-step = fresh, the default: the representative's change alone; latest is below)
     examples = {k: 10 * (int(k) + 1) for k in FOUR_GROUPS}
     algorithm = make(strategy_class("selection"), FOUR_GROUPS, warmup_rounds=1)
     respond = _by_group_losses(1.0)
@@ -306,3 +307,115 @@ def test_floor_places_a_later_client_in_the_nearest_warmup_group():
     drive_round(algorithm, 1, _by_group_losses(1.0))
     algorithm.state.latest["late"] = algorithm.state.group_refs[2] + 0.1  # a change like group 2's
     assert algorithm.group_of("late") == 2 == algorithm.state.groups["late"]
+
+
+LATEST = {"selection.warmup-rounds": 1, "selection.group-step": "latest", "selection.draw": "oldest"}
+
+
+def test_floor_steps_each_group_by_the_mean_of_its_members_latest_changes():
+    """group-step = latest, draw = oldest (opt-in): one representative per group trains,
+    members in turn, and each group's step is the sample-weighted mean of its members' latest
+    changes — the representative's fresh one, the other member's kept from the round it last
+    trained — so the global model does not swing with whichever member was drawn. Four
+    rounds after the warm-up every member trained twice; the kept change of a member is the
+    one it sent, applied to the current model."""
+    examples = {k: 10 * (int(k) + 1) for k in FOUR_GROUPS}
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, **LATEST)
+    assert (algorithm.params.group_step, algorithm.params.draw) == ("latest", "oldest")
+    respond = _by_group_losses(1.0)
+    for r in (1, 2):  # two warm-up rounds agree on the groups
+        drive_round(algorithm, r, respond, examples)
+    total = sum(examples.values())
+    last: dict[str, float] = {k: 0.0 for k in FOUR_GROUPS}  # fc1's change each client sent last (warm-up: 0)
+    drawn = []
+    for r in range(3, 7):
+        before = {n: v.copy() for n, v in algorithm.models[0].items()}
+        shift = {k: float(k) + r / 10 for k in FOUR_GROUPS}
+
+        def moved(ask):
+            out = respond(ask)[0]
+            out["fc1.weight"] = before["fc1.weight"] + np.float32(shift[ask.key])
+            return out
+
+        batches = drive_round(algorithm, r, moved, examples)
+        keys = [a.key for a in batches[0]]
+        assert sorted(FOUR_GROUPS[k] for k in keys) == [0, 1, 2, 3]
+        for k in keys:
+            last[k] = shift[k]
+        expected = sum(examples[k] * last[k] for k in FOUR_GROUPS) / total  # every member, FedAvg's weights
+        np.testing.assert_allclose(algorithm.models[0]["fc1.weight"], before["fc1.weight"] + expected, rtol=1e-5)
+        assert batches.diagnostics["kept_changes"] == 4
+        drawn.append(set(keys))
+    # members in turn: rounds 3 and 4 draw the two members of each group once each, and again
+    assert drawn[0] | drawn[1] == set(FOUR_GROUPS) == drawn[2] | drawn[3] and drawn[0] == drawn[2]
+
+
+def test_floor_leaves_out_the_kept_change_of_a_member_that_stopped_replying():
+    """A kept change older than twice its group's size in rounds (here 4) no longer steps the
+    global model: a member gone for good does not pull it forever."""
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, **LATEST)
+    respond = _by_group_losses(1.0)
+    for r in (1, 2):
+        drive_round(algorithm, r, respond)
+    gone = "0"
+    group = [k for k, g in FOUR_GROUPS.items() if g == FOUR_GROUPS[gone]]
+    kept = []
+    for r in range(3, 10):
+        batches = drive_round(algorithm, round_of(algorithm, r, active=[k for k in FOUR_GROUPS if k != gone]),
+                              respond)
+        assert gone not in [a.key for a in batches[0]]
+        kept.append(batches.diagnostics["kept_changes"])
+    assert algorithm.state.trained_round[gone] == 2 and len(group) == 2
+    assert kept[-1] == 3  # the three other groups' other members; not the one gone since round 2
+
+
+def test_paper_preset_and_defaults_step_by_the_representatives_alone():
+    import clusterfed
+    for strategy in (clusterfed.ClientSelection.paper(), clusterfed.ClientSelection()):
+        params = strategy.params
+        assert (params.group_step, params.draw, params.budget) == ("fresh", "random", 0.0)
+        assert not strategy.keeps_updates()
+
+
+def test_kept_changes_go_through_a_checkpoint_and_an_older_one_resumes_without_them():
+    from test_state_codec import round_trip
+
+    algorithm = make(strategy_class("selection"), FOUR_GROUPS, **LATEST)
+    respond = _by_group_losses(1.0)
+    for r in (1, 2, 3):
+        drive_round(algorithm, r, respond)
+    saved, _ = round_trip(algorithm.get_state())
+    assert set(saved["updates"]) == set(FOUR_GROUPS) and saved["trained_round"]["0"] >= 2
+    resumed = make(strategy_class("selection"), FOUR_GROUPS, **LATEST)
+    resumed.set_state(saved)
+    older = make(strategy_class("selection"), FOUR_GROUPS, **LATEST)
+    older.set_state({k: v for k, v in saved.items() if k not in ("updates", "trained_round")})
+    assert older.state.updates == {} and older.state.trained_round == {}
+    for strategy in (algorithm, resumed, older):
+        drive_round(strategy, 4, respond)
+    np.testing.assert_array_equal(resumed.models[0]["fc1.weight"], algorithm.models[0]["fc1.weight"])
+    assert older.state.trained_round  # the older one goes on, keeping changes from now on
+
+
+def test_floor_spends_the_spare_budget_on_full_rounds_and_stays_within_it():
+    """budget: after the warm-up, a round in which every client's reply still keeps the models
+    exchanged within ``budget`` of FedAvg's is a full round (every client trains, each by its
+    own samples, as in the warm-up); the others draw one representative per group. A full
+    round never takes the share above the budget; budget = 0 draws representatives only."""
+    respond = _by_group_losses(1.0)
+    for budget in (0.6, 0.0):
+        algorithm = make(strategy_class("selection"), FOUR_GROUPS, **{"selection.warmup-rounds": 1,
+                                                                       "selection.budget": budget})
+        full, sizes = [], []
+        for r in range(1, 31):
+            extra = drive_round(algorithm, r, respond).diagnostics
+            sizes.append(extra["trained_clients"])
+            if extra.get("full_round"):
+                full.append(r)
+                assert extra["trained_clients"] == 8 and extra["representatives"] == []
+                assert algorithm.state.transmissions <= budget * algorithm.state.fedavg_models  # within, with it
+        if budget:
+            assert full and all(r > 2 for r in full) and set(sizes) == {8, 4}
+            assert sum(sizes) / (8 * 30) <= budget
+        else:
+            assert not full and sizes[2:] == [4] * 28

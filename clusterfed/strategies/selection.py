@@ -34,6 +34,13 @@ pseudo-code; steps 1–3 below are its steps (our choices marked), step 4 an ext
    last trained in different rounds, and their cuts stopped matching the groups.
    ``guard = "none"`` is the paper's rule: p starts at the number of clients and may fall
    to 1; the cut into p groups is made anew every round.
+   Opt-in, off by default (tried on the seeds that fall short at 60 rounds, not adopted:
+   docs/algorithms/selection.md, "Seed by seed"): ``group-step = "latest"`` steps each group
+   by the sample-weighted mean of its members' latest changes (the representative's fresh,
+   the others' kept from when they last trained; a kept change older than twice the group's
+   size in rounds is left out), ``draw = "oldest"`` draws the member that trained longest
+   ago, ``budget`` > 0 spends the transmissions left under that share of FedAvg's on full
+   rounds (every reachable client trains, as in the warm-up).
 5. ``ClientSelection.paper()`` (run config ``preset = "paper"``): ``guard = "none"`` and
    ``cluster-on = "weights"`` (``PAPER``): the paper's scheme with none of the extensions above.
 
@@ -85,6 +92,20 @@ class SelectionParams(StrategyParams):
         10, alias="warmup-max", ge=0,
         description="guard = floor: the warm-up goes on past warmup-rounds until the cut of two successive "
                     "warm-up rounds agrees, for at most this many rounds in all")
+    group_step: Literal["fresh", "latest"] = Field(
+        "fresh", alias="group-step",
+        description="guard = floor: each group's step in the global model: the drawn representative's change "
+                    "alone (fresh) or the sample-weighted mean of every member's latest change, the "
+                    "representative's fresh and the others' kept from the last time they trained (latest)")
+    draw: Literal["random", "oldest"] = Field(
+        "random", description="guard = floor: which reachable member of a group represents it: a random one (the "
+                              "paper's) or the one that trained longest ago (ties at random)")
+    budget: float = Field(
+        0.0, ge=0, le=1,
+        description="guard = floor: the share of FedAvg's transmissions (every active client every round) the "
+                    "run may spend; a round after the warm-up in which every reachable client's reply still "
+                    "fits in that share is a full round (every reachable client trains, as in the warm-up) "
+                    "instead of one representative per group; 0: representatives only")
     guard: Literal["none", "floor"] = Field(
         "floor", description="none: the paper's rule (p starts at the number of clients and may fall to 1: one "
                              "client then trains the global model); floor: one representative, weighted by its "
@@ -107,6 +128,12 @@ class SelectionState(ClusteredState):
     settled: bool = False  # guard = "floor": the warm-up's cut reproduced in two successive rounds (or ran out)
     warmup_cut: dict[str, int] = field(default_factory=dict)  # the last warm-up round's cut (client -> group)
     warmup_agreement: list[dict] = field(default_factory=list)  # per warm-up round: the rounds compared, ARI
+    # group-step = latest: client -> its latest change of every array (float32) and the round it trained
+    # (defaults: a checkpoint written before these fields resumes with an empty memory)
+    updates: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    trained_round: dict[str, int] = field(default_factory=dict)
+    fedavg_models: int = 0  # models FedAvg would have exchanged so far (2 per active client per round): budget
+    full_round: int = 0  # the last round that was a full round (budget); 0: none
 
 
 class ClientSelection(ClusteredStrategy):
@@ -118,7 +145,7 @@ class ClientSelection(ClusteredStrategy):
     State = SelectionState
     # the paper's rule: p from the number of clients, free to fall to 1, cut anew every round
     # over the clients' latest final-layer weights
-    PAPER = {"guard": "none", "cluster_on": "weights"}
+    PAPER = {"guard": "none", "cluster_on": "weights", "group_step": "fresh", "draw": "random", "budget": 0.0}
     params: SelectionParams
     state: SelectionState
     figures = ("p_history",)
@@ -133,6 +160,8 @@ class ClientSelection(ClusteredStrategy):
         self.state.floor, self.state.groups, self.state.group_refs = 1, {}, {}
         self.state.examples, self.state.stands_for = {}, {}
         self.state.settled, self.state.warmup_cut, self.state.warmup_agreement = self.params.guard != "floor", {}, []
+        self.state.updates, self.state.trained_round = {}, {}
+        self.state.fedavg_models, self.state.full_round = 0, 0
 
     def warming_up(self, server_round: int) -> bool:
         """Whether every reachable client trains this round: the warm-up rounds, and any round
@@ -147,27 +176,81 @@ class ClientSelection(ClusteredStrategy):
         (``representatives``). What the choice found (p, the representatives, the models
         exchanged) is the round's record."""
         warmup = self.warming_up(rnd.number)
+        self.state.fedavg_models += 2 * len(rnd.active)
+        full = False
         if warmup:
             trainers, p, diagnostics = rnd.reachable(self.placed(rnd)), None, {}
         else:
             trainers, p, diagnostics = self.representatives(rnd)
+            everyone = rnd.reachable(self.placed(rnd))
+            if self.spare(len(everyone)) and len(everyone) > len(trainers):
+                full, trainers = True, everyone
+                self.state.full_round = rnd.number
         self.state.transmissions += 2 * len(trainers)
-        return Trainers(trainers, {**diagnostics, "p": p, "representatives": [] if warmup else trainers,
-                                   "warmup": warmup, "trained_clients": len(trainers),
+        return Trainers(trainers, {**diagnostics, "p": p, "representatives": [] if warmup or full else trainers,
+                                   "warmup": warmup, "full_round": full, "trained_clients": len(trainers),
                                    "models_exchanged": 2 * len(trainers),
                                    "cum_models_exchanged": self.state.transmissions})
 
     def aggregate(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """The global model: the representatives' models weighed as ``group_weighted`` says
         (the warm-up: every client by its own samples)."""
-        return self.aggregate_clusters(replies if self.warming_up(rnd.number) else self.group_weighted(replies))
+        if self.warming_up(rnd.number) or self.state.full_round == rnd.number:
+            return self.aggregate_clusters(replies)
+        if self.keeps_updates():
+            replies, kept = self.group_latest(rnd, replies)
+            return {**self.aggregate_clusters(replies), "kept_changes": len(kept),
+                    "kept_oldest_round": min(kept.values(), default=None)}
+        return self.aggregate_clusters(self.group_weighted(replies))
+
+    def spare(self, replies: int) -> bool:
+        """budget: whether ``replies`` more replies (2 models each) keep the run's models
+        exchanged within ``budget`` of FedAvg's so far (guard = floor, after the warm-up)."""
+        if self.params.guard != "floor" or self.params.budget <= 0:
+            return False
+        return self.state.transmissions + 2 * replies <= self.params.budget * self.state.fedavg_models
+
+    def keeps_updates(self) -> bool:
+        """group-step = latest applies: guard = floor, and no differential privacy (a kept change
+        would go into more than one release)."""
+        return self.params.guard == "floor" and self.params.group_step == "latest" and self.dp is None
+
+    def group_latest(self, rnd: Round, replies: list[TrainReply]) -> tuple[list[TrainReply], dict]:
+        """group-step = latest: each group that trained this round steps by the sample-weighted
+        mean of its members' latest changes — the representative's fresh one, every other
+        member's from the last time it trained (applied to the current global model) — so a
+        round's step is not one member's data alone (meant to damp the round-to-round swing of
+        one representative per group; on seeds 5 and 6 of the per-seed benchmark it did not,
+        hence opt-in). A kept change older than twice its group's size in rounds is left out (a
+        member that stopped replying). Returns the replies to average (the representatives' and
+        the kept ones, each weighed by its own samples: the groups' weights are FedAvg's) and
+        what was kept (client -> the round it trained)."""
+        model = self.state.models[0]
+        fresh = {r.key for r in replies}
+        sizes: dict[int, int] = {}
+        for key in self.state.groups:
+            sizes[self.state.groups[key]] = sizes.get(self.state.groups[key], 0) + 1
+        trained_groups = {self.state.groups.get(k) for k in fresh}
+        out, kept, active = list(replies), {}, set(rnd.active)
+        for key in sorted(self.state.updates, key=natural):
+            group = self.state.groups.get(key)
+            if key in fresh or group is None or group not in trained_groups or key not in active:
+                continue
+            age = rnd.number - self.state.trained_round.get(key, 0)
+            if age > 2 * sizes.get(group, 1):
+                continue
+            out.append(TrainReply(key=key, cluster=0, arrays=self.state.updates[key], sent=model,
+                                  num_examples=self.state.examples.get(key, 0), train_loss=None, metrics={},
+                                  is_update=True))
+            kept[key] = self.state.trained_round.get(key, 0)
+        return out, kept
 
     def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """The trainers' latest models replace theirs (the warm-up's groups are learnt from
         them); p follows the rule on the mean training loss's reduction ratio."""
         warmup = self.warming_up(rnd.number)  # before ``remember``: as the round found the state
         first = not self.state.examples
-        self.remember(replies)
+        self.remember(replies, rnd.number)
         diagnostics: Diagnostics = {}
         if warmup:
             diagnostics = self.learn_groups(rnd.number)
@@ -287,6 +370,10 @@ class ClientSelection(ClusteredStrategy):
                 members = [k for k in group if k in reachable]
                 groups += 1
                 if members:
+                    if self.params.guard == "floor" and self.params.draw == "oldest":
+                        # the member that trained longest ago (ties at random): every member in turn
+                        oldest = min(self.state.trained_round.get(k, 0) for k in members)
+                        members = [k for k in members if self.state.trained_round.get(k, 0) == oldest]
                     chosen.append(members[int(self.state.rng.integers(len(members)))])
                     self.state.stands_for[chosen[-1]] = sum(self.state.examples.get(k, 0) for k in group)
             # SciPy never splits a tie, so a cut may have fewer than p groups: top up at random
@@ -304,9 +391,13 @@ class ClientSelection(ClusteredStrategy):
             return replies
         return [replace(r, num_examples=self.state.stands_for.get(r.key) or r.num_examples) for r in replies]
 
-    def remember(self, replies: list[TrainReply]) -> None:
+    def remember(self, replies: list[TrainReply], server_round: int = 0) -> None:
+        keep = self.keeps_updates()
         for reply in replies:
             self.state.examples[reply.key] = int(reply.num_examples)
+            self.state.trained_round[reply.key] = server_round
+            if keep:  # float32 as sent (integer arrays in their own dtype)
+                self.state.updates[reply.key] = {n: np.asarray(v) for n, v in reply.update.items()}
             arrays = reply.update if self.params.cluster_on == "changes" else reply.weights
             # in the arrays' own dtype (float32 as clients send them: half the memory of a float64
             # copy, and the float64 stacks they are read into hold the same numbers)
