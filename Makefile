@@ -42,8 +42,12 @@ run: $(VENV)/.installed
 	$(VENV)/bin/clusterfed compare --engine flower --strategies fedavg,fedclust --out $(OUT) \
 		--set rounds=20 --set partitioner=label-groups --set label-groups="0,1;2,3;4,5;6,7;8,9"
 
+# The whole suite on TEST_WORKERS processes (pytest-xdist; auto = one per core), each test file
+# whole on one process (--dist loadfile: a file's module-scoped runs are made once). Every test
+# runs, as with a plain `pytest tests`, which is what TEST_WORKERS=0 does.
+TEST_WORKERS ?= auto
 test: $(VENV)/.installed
-	$(PY) -m pytest tests
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 # The fast tier: the unit and fast integration tests. It leaves out the tests marked end_to_end
 # (pyproject.toml's markers): runs on Flower's simulation engine, deployments on loopback,

@@ -36,7 +36,9 @@ def test_the_end_to_end_marker_is_registered():
 
 def test_make_test_runs_every_test_and_test_fast_only_leaves_out_end_to_end():
     test = [line for line in recipe("test") if "pytest" in line]
-    assert test == ["$(PY) -m pytest tests"], f"make test must run every test as it is: {test}"
+    # make test spreads the files over pytest-xdist processes; that option selects nothing
+    assert test == ["$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile tests"], \
+        f"make test must run every test as it is: {test}"
     fast = [line for line in recipe("test-fast") if "pytest" in line]
     assert fast == ['$(PY) -m pytest -m "not end_to_end" tests'], fast
     # nothing global deselects: a -m, -k, --deselect or --ignore in addopts would apply to make test too
