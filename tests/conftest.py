@@ -26,16 +26,3 @@ def small_config(tmp_path):
         return parse_config(values)
 
     return make
-
-
-# The files whose tests take longest (minutes each: deployments, resumed runs, golden runs,
-# the model matrix), run first: with `make test`'s one process per core and whole files per
-# process, a long file started last leaves the other processes idle while it finishes.
-LONG_FILES = ("test_deployment.py", "test_checkpoint.py", "test_preflight.py", "test_golden.py",
-              "test_model_matrix.py", "test_deployment_auth.py", "test_cfl_family_scale.py", "test_examples.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Long files first, each file's tests in their own order (a stable sort by file)."""
-    rank = {name: i for i, name in enumerate(LONG_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FILES)))
