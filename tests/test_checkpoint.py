@@ -4,6 +4,7 @@ an uninterrupted one; unusable checkpoints are refused and touch nothing."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -194,6 +195,9 @@ def test_resume_from_auto_starts_fresh_then_continues_from_out_dir(tmp_path, cap
     import clusterfed.runner.driver as driver
     import clusterfed.runner.preflight as preflight
 
+    # the messages are Flower's logger's at INFO; a benchmark run earlier in this process
+    # (the fuzz harness, the experiments grid) may have left that logger at WARNING
+    caplog.set_level(logging.INFO, logger="flwr")
     reads = []
     for module in (driver, preflight):
         monkeypatch.setattr(module, "load_checkpoint", lambda folder, real=module.load_checkpoint:
