@@ -61,6 +61,7 @@ sent up: 2 per trained client; the runner's ``transmissions`` counts the replies
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
@@ -227,9 +228,7 @@ class ClientSelection(ClusteredStrategy):
         what was kept (client -> the round it trained)."""
         model = self.state.models[0]
         fresh = {r.key for r in replies}
-        sizes: dict[int, int] = {}
-        for key in self.state.groups:
-            sizes[self.state.groups[key]] = sizes.get(self.state.groups[key], 0) + 1
+        sizes = Counter(self.state.groups.values())
         trained_groups = {self.state.groups.get(k) for k in fresh}
         out, kept, active = list(replies), {}, set(rnd.active)
         for key in sorted(self.state.updates, key=natural):
