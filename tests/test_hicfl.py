@@ -173,3 +173,21 @@ def test_hicfl_never_splits_with_a_tiny_epsilon(small_config, tmp_path):
     assert clusters["splits"] == [] and clusters["final_clustering_round"] is None
     last = [json.loads(line) for line in open(f"{config.out_dir}/rounds.jsonl")][-1]
     assert all(v is not None and v > 1e-9 for s in last["stability"].values() for v in s.values())
+
+
+@pytest.mark.parametrize("value", [None, 0.0, float("nan")])
+def test_the_stability_figure_draws_when_no_window_is_full_or_every_value_is_zero(tmp_path, value):
+    """Splits on evidence can come before any stability window fills: every value is None
+    (or zero, or a non-positive ε); the figure is drawn, never a log axis with nothing positive."""
+    from clusterfed.plots.splits import plot_stability
+
+    rounds = [{"round": r, "stability_eps": value if value is not None else None,
+               "stability": {"0": {"conv1": value, "fc1": value}, "1": {"conv1": value, "fc1": value}}}
+              for r in range(1, 5)]
+    path = tmp_path / "stability.png"
+    plot_stability(rounds, [{"round": 3}], path, "evidence before the windows")
+    assert path.stat().st_size > 0
+    rounds[-1]["stability_eps"] = -1.0  # a non-positive ε beside positive values: left off the log axis
+    rounds[-1]["stability"]["0"]["conv1"] = 0.02
+    plot_stability(rounds, [], path, "one value")
+    assert path.stat().st_size > 0

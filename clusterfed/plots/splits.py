@@ -163,14 +163,22 @@ def plot_stability(rounds: list[dict], splits: list[dict], path: Path, title: st
     x = [r["round"] for r in rounds]
     floor = 1e-4  # log scale: a window of perfectly stable updates has S = 0
     for ax, layer in zip(axes.ravel(), layers):
-        for i, key in enumerate(keys):
-            ys = [_nan((r.get("stability") or {}).get(key, {}).get(layer)) for r in rounds]
+        lines = [[_nan((r.get("stability") or {}).get(key, {}).get(layer)) for r in rounds] for key in keys]
+        # a log axis needs a positive value: with none (no window ever full, as when splits on
+        # evidence come before the windows fill) the panel stays linear and says so
+        full = any(np.isfinite(y) for ys in lines for y in ys)
+        for i, ys in enumerate(lines):
             # markers: a window that is full only in the round its cluster splits is one point
             ax.plot(x, np.maximum(ys, floor), lw=0.8, marker=".", ms=3, color=f"C{i % 10}", alpha=0.8)
-        if epsilon is not None:
+        if epsilon is not None and np.isfinite(epsilon) and (epsilon > 0 or not full):
             ax.axhline(epsilon, color="k", ls="--", lw=1.2, label=f"ε = {epsilon:g}")
         _split_lines(ax, splits)
-        ax.set(yscale="log", xlabel="round", ylabel="windowed stability S", title=f"layer {layer}")
+        ax.set(xlabel="round", ylabel="windowed stability S", title=f"layer {layer}")
+        if full:
+            ax.set_yscale("log")
+        else:
+            ax.text(0.5, 0.5, "no stability window full", transform=ax.transAxes, ha="center", va="center",
+                    fontsize=8, color="grey")
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:  # neither ε nor a split: nothing to name
             ax.legend(fontsize=7, loc="upper left")
