@@ -283,11 +283,11 @@ class HiCFL(ClusteredStrategy):
         "stability": "split timing never met: on every layer the windowed stability (of every member or of the "
                      "median member, hicfl.timing) stayed at or above ε",
         "window": "stability windows never filled (fewer than window + 2 rounds in a cluster)",
-        "agree": "stability fired but the members' updates agree (not heterogeneous)",
-        "one_side": "stability fired but every proposed split left a side with fewer than hicfl.min-side members "
+        "agree": "a split was due (stability fired, or split-timing = evidence) but the members' updates agree (not heterogeneous)",
+        "one_side": "a split was due (stability fired, or split-timing = evidence) but every proposed split left a side with fewer than hicfl.min-side members "
                     "(or, with the reference rule, everyone on one side)",
-        "silhouette": "stability fired but every proposed split was refused by the structure test (hicfl.min-silhouette)",
-        "reference": "stability fired but every split leaving a side of fewer than min-split-size members scored no "
+        "silhouette": "a split was due (stability fired, or split-timing = evidence) but every proposed split was refused by the structure test (hicfl.min-silhouette)",
+        "reference": "a split was due (stability fired, or split-timing = evidence) but every split leaving a side of fewer than min-split-size members scored no "
                      "better than group-free rotations of the members' updates (hicfl.small-side-reference-draws)",
         "size": "too few members or replies to split, or the run ended before min-split-round",
         "deferred": "every proposed split deferred: two successive rounds never gave the same partition of the "
