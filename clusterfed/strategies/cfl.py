@@ -12,9 +12,11 @@ Constraints", IEEE TNNLS 2020), Algorithm 1, read top to bottom:
   ``argmin max α`` by complete linkage, both children starting from the cluster's model.
 
 Beyond the paper, each a ``Params`` field listed with the paper's rule, our default and the
-``PAPER`` preset in docs/algorithms/cfl.md: the split timing (``split-timing = evidence``, opt-in: the
-criteria are recorded, and a split that passes the acceptance test is taken only when two
-successive rounds' partitions of the repliers agree, ``BiPartitionTree.reproduce``; the paper's
+``PAPER`` preset in docs/algorithms/cfl.md: the split timing (``split-timing = evidence``, the
+default: the criteria are recorded, and a split that passes the acceptance test is taken only when
+its cut beats group-free rotations of the round's updates and leaves no client alone
+(``refuse_structure``), and two successive rounds' partitions of the repliers agree with their
+parts pointing apart in both, ``BiPartitionTree.reproduce`` and ``defer``; the paper's
 ``criteria`` is the preset's), the acceptance test (best-cut silhouette on
 ``1 − α`` against ``split-min-silhouette`` or group-free updates; refusals in
 ``refused_splits``), summed updates (``similarity-decay``), principal components
