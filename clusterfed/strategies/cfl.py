@@ -14,8 +14,8 @@ Constraints", IEEE TNNLS 2020), Algorithm 1, read top to bottom:
 Beyond the paper, each a ``Params`` field listed with the paper's rule, our default and the
 ``PAPER`` preset in docs/algorithms/cfl.md: the split timing (``split-timing = evidence``, the
 default: the criteria are recorded, and a split that passes the acceptance test is taken only when
-its cut beats group-free rotations of the round's updates and leaves no client alone
-(``refuse_structure``), and two successive rounds' partitions of the repliers agree with their
+its cut beats group-free rotations of the round's updates and, when every member replied, leaves
+no client alone (``refuse_structure``), and two successive rounds' partitions of the repliers agree with their
 parts pointing apart in both, ``BiPartitionTree.reproduce`` and ``defer``; the paper's
 ``criteria`` is the preset's), the acceptance test (best-cut silhouette on
 ``1 − α`` against ``split-min-silhouette`` or group-free updates; refusals in
@@ -257,7 +257,9 @@ def refuse_structure(state: CFLState, server_round: int, cluster: int, p: Propos
     # within a round those differences are independent from client to client, and the rotations
     # keep that (group means they mix away)
     smaller = min(len(p.side_a), len(p.side_b))
-    if smaller == 1:  # one client's own data cannot be told from a group of one
+    # one client's own data cannot be told from a group of one; with members absent this round a
+    # lone replier may stand for them (they follow their last updates), so only when all replied
+    if smaller == 1 and set(state.tree.members(cluster)) <= set(p.keys):
         alone = next(side[0] for side in p.sides if len(side) == 1)
         refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "single", "members": p.sides,
                                 **record}, p.compared)
