@@ -4,6 +4,7 @@ merge never undoes a split that still reproduces, a merged cluster may split aga
 line says what is compared. Hand-made updates through the strategies' own ``after_train``."""
 
 import numpy as np
+import pytest
 from test_cfl import DIM, arrays_of, make_strategy, run_round
 
 from clusterfed.strategies.cfl import CFL
@@ -55,8 +56,10 @@ def test_a_split_is_deferred_while_rounds_disagree_and_taken_once_they_agree():
     # round 5 cuts as round 4 did: the rounds agree, the split is taken, as both cut
     said[5] = run_round(strategy, 5, two_sides(P2, rng))
     assert [sorted(side, key=int) for side in strategy.state.splits[0]["members"]] == [sorted(s, key=int) for s in P2]
-    assert strategy.state.splits[0]["reproduction"] == {"source": "rounds 4 and 5", "agreement": 1.0,
-                                                        "clusters": [2, 2]}
+    reproduction = strategy.state.splits[0]["reproduction"]
+    assert {k: reproduction[k] for k in ("source", "agreement", "clusters")} == {
+        "source": "rounds 4 and 5", "agreement": 1.0, "clusters": [2, 2]}
+    assert all(c < 0.6 for c in reproduction["alike"])  # its parts point apart in both rounds
     assert "cluster 0 split into 1 and 2 (6 | 6 clients): rounds 4 and 5 agree (ARI 1.00)" in said[5]["decision"]
 
 
@@ -170,7 +173,8 @@ def test_round_one_says_what_each_strategy_compares():
 def test_a_singleton_cluster_is_named_and_advice_skips_values_in_force():
     from clusterfed.explain.bipartition import cluster_count_basis, one_cluster_advice
     rng = np.random.default_rng(5)
-    strategy = make_strategy(CFL, GROUPS, split_timing="evidence", min_split_round=1)
+    # the paper's timing splits off one client (on evidence a lone client is not a split)
+    strategy = make_strategy(CFL, GROUPS, split_timing="criteria", min_split_round=1)
     split_on(strategy, [KEYS[:11], KEYS[11:]], rng)
     basis = cluster_count_basis(strategy.state, strategy.params)
     assert "cluster 2 is a single client (11)" in basis
@@ -208,3 +212,123 @@ def test_a_member_absent_from_the_split_round_whose_last_update_covers_other_arr
     last = {"a": -np.ones(4), "b": np.ones(7)}  # b's update was taken over 7 coordinates
     extra = BiPartitionTree.place_absent(None, state, 0, ["a", "b"], route, last, (1, 3))
     assert extra == ([], ["a", "b"])
+
+
+# ----------------------------------------------------------------------------- one task, or groups?
+# A client's own data repeats from round to round, so its update keeps its own direction: a cut of
+# identically distributed clients can reproduce. The default timing takes a split only when the
+# cut also beats group-free rotations of the round's updates and its parts point apart (mean
+# updates' cosine below merge-min-cosine) in both rounds compared.
+
+def own_directions(rng, common, noise=0.05, rank=3):
+    """Identically distributed clients: ``common`` × the task's direction, each client's own
+    direction (the same every round: its own data; drawn in a few dimensions, as real updates
+    clump: a cut of them passes the fixed silhouette) and fresh noise each round."""
+    own = {k: rng.standard_normal(rank) @ E[10:10 + rank] for k in KEYS}
+    return lambda: {k: common * E[5] + own[k] + noise * rng.standard_normal(DIM) * np.sqrt(rank / DIM) for k in KEYS}
+
+
+@pytest.mark.parametrize("cls", [CFL, LayerCFL, HiCFL])
+@pytest.mark.parametrize("common", [2.0, 0.0])  # training, and converged (no shared direction left)
+def test_identically_distributed_clients_whose_own_data_repeats_stay_one_cluster(cls, common):
+    """Their cut reproduces round after round and passes the fixed silhouette, but it scores no
+    better than rotations of the round's updates (rows that differ only by each client's own data)."""
+    rng = np.random.default_rng(0)
+    updates = own_directions(rng, common)
+    strategy = make_strategy(cls, GROUPS, **EVIDENCE)
+    said = [run_round(strategy, server_round, updates()).get("decision") or "" for server_round in range(1, 9)]
+    assert strategy.state.splits == [] and len(set(strategy.assignment.values())) == 1
+    assert "scored no better than group-free rotations of the" in " ".join(said)
+    assert "group-free rotations" in strategy.one_cluster_reason()
+
+
+def test_a_cut_leaving_one_client_alone_is_not_a_split_on_evidence():
+    rng = np.random.default_rng(12)
+    vectors = lambda: {k: E[0 if k != "11" else 1] + 0.05 * rng.standard_normal(DIM) for k in KEYS}  # noqa: E731
+    strategy = make_strategy(CFL, GROUPS, **EVIDENCE)
+    said = [run_round(strategy, server_round, vectors()).get("decision") or "" for server_round in (1, 2, 3)]
+    assert strategy.state.splits == []
+    assert "cluster 0 not split: its cut leaves one client alone (11), whose own data cannot be told" in said[2]
+    assert strategy.one_cluster_reason().endswith("last refusal: round 3, cluster 0: client 11 alone")
+
+
+@pytest.mark.parametrize("cls", [CFL, LayerCFL, HiCFL])
+def test_three_groups_are_recovered_on_evidence(cls):
+    """Three groups behind one shared direction: the first reproduced split separates one group
+    from the other two, whose child (with this round's partition of its members) splits next."""
+    rng = np.random.default_rng(8)
+    groups = {k: int(k) % 3 for k in KEYS}
+
+    def updates():
+        return {k: 0.5 * E[5] + E[groups[k]] + 0.05 * rng.standard_normal(DIM) for k in KEYS}
+
+    strategy = make_strategy(cls, groups, **EVIDENCE)
+    for server_round in range(1, 6):
+        run_round(strategy, server_round, updates())
+    assert leaves(strategy) == sorted(({k for k in KEYS if groups[k] == g} for g in range(3)),
+                                      key=lambda s: min(int(k) for k in s))
+    assert all(all(c < 0.6 for c in s["reproduction"]["alike"]) for s in strategy.state.splits)
+
+
+def test_a_reproduced_split_whose_parts_point_alike_is_refused_and_says_so():
+    """The cut is clean and reproduces, but both parts move the task's way (mean updates' cosine
+    0.9): the merge rule would undo it, so it is not a split."""
+    rng = np.random.default_rng(9)
+    strategy = make_strategy(CFL, GROUPS, **EVIDENCE)
+    said = {}
+    for server_round in (1, 2, 3):
+        said[server_round] = run_round(strategy, server_round, two_sides(P1, rng, base=3 * E[5]))
+    assert strategy.state.splits == []
+    text = said[3]["decision"]
+    assert ("cluster 0 not split: rounds 2 and 3 agree (ARI 1.00), but its parts point alike (mean-update cosine "
+            "0.9") in text and "0.60 in round 3): one task, each client's own data" in text
+    (refused,) = said[3]["refused_splits"]
+    assert refused["reason"] == "alike" and refused["agreement"] == 1.0 and min(refused["alike"]) >= 0.6
+    reason = strategy.one_cluster_reason()
+    assert reason.startswith("every partition that reproduced had parts whose mean updates point alike")
+    assert "closest refusal: round " in reason and "but its parts point alike (mean-update cosine 0." in reason
+
+
+def test_parts_must_point_apart_in_both_rounds_compared():
+    """Round 1 its parts point alike (the task's direction dominates), round 2 apart (the task
+    converged, what is left is each part's own): the cut reproduces, but round 1 said one task;
+    a split waits for two rounds that both point apart."""
+    rng = np.random.default_rng(10)
+    strategy = make_strategy(CFL, GROUPS, **EVIDENCE)
+    run_round(strategy, 1, two_sides(P1, rng, base=3 * E[5]))
+    said = run_round(strategy, 2, two_sides(P1, rng))
+    assert strategy.state.splits == []
+    assert ("rounds 1 and 2 agree (ARI 1.00), but its parts point alike (mean-update cosine 0.9"
+            in said["decision"]) and "in round 1): one task" in said["decision"]
+    said = run_round(strategy, 3, two_sides(P1, rng))
+    assert leaves(strategy) == [set(s) for s in P1]
+    assert "rounds 2 and 3 agree (ARI 1.00), parts apart (mean-update cosine" in said["decision"]
+
+
+def conv_apart_fc_alike(rng, sides, shared=6.0):
+    """The two sides apart on conv1 (coordinates 0-79), every client moving one way on fc1
+    (coordinates 80-163), by far the most and noisily: on all arrays together the sides look
+    alike (mean updates' cosine near 1, members no better separated than noise)."""
+    out = {}
+    for i, side in enumerate(sides):
+        for key in side:
+            v = np.zeros(DIM)
+            v[i] = 1.0
+            v[100] = shared
+            v[:80] += 0.02 * rng.standard_normal(80)
+            v[80:] += 0.4 * rng.standard_normal(DIM - 80)
+            out[key] = v
+    return {k: out[k] for k in KEYS}
+
+
+def test_hicfl_merge_never_undoes_a_split_that_still_reproduces_on_its_own_layer():
+    """HiCFL splits on one layer and merges on every array: the merged pair's split is checked
+    on the layer it was decided on (conv1), where it still reproduces."""
+    rng = np.random.default_rng(11)
+    strategy = make_strategy(HiCFL, GROUPS, split_timing="evidence", min_split_round=1)
+    split_on(strategy, P1, rng)
+    assert strategy.state.splits[0]["layer"] == "conv1"
+    drift_alike(strategy)
+    said = run_round(strategy, 3, conv_apart_fc_alike(rng, P1))
+    assert said["merges"] == [] and leaves(strategy) == [set(s) for s in P1]
+    assert "clusters 1 and 2 not merged: their split still reproduces (ARI 1.00 >= 0.80)" in said["decision"]

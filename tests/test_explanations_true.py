@@ -272,8 +272,8 @@ def fed_reasons(name: str, strategy) -> list[tuple[str, str, list[float]]]:
         state.split_allowed = True
         for code in strategy.one_cluster_reasons:
             state.refused, state.splits, state.merges = [cfl_refusal(code)], [], []
-            fed = ([EDGE + 0.0004, EDGE] if code == "check" else [EDGE_LOW, EDGE]) if code in ("silhouette", "check",
-                                                                                                 "reference") else []
+            fed = ([EDGE + 0.0004, EDGE] if code == "check" else [EDGE_LOW, EDGE]) if code in (
+                "silhouette", "check", "reference", "group_free") else []
             out.append((code, strategy.one_cluster_reason(), fed))
         state.refused = []
         state.last_criteria = {"round": 9, "mode": "absolute", "mean_norm": 0.39996, "max_norm": 1.60004,
@@ -283,11 +283,12 @@ def fed_reasons(name: str, strategy) -> list[tuple[str, str, list[float]]]:
         state.split_allowed, state.windows_filled = True, True
         for code in strategy.one_cluster_reasons:
             low = params.min_silhouette - 0.0004  # refused just below the bar
-            if code in ("silhouette", "reference") and low < -1:
+            if code in ("silhouette", "reference", "group_free") and low < -1:
                 continue  # min-silhouette -1 (the paper's): no silhouette is refused
             state.no_split = [{"code": code, "round": 8, "cluster": 0, "layer": "fc1", "silhouettes": {"fc1": low},
                                "reference_silhouette": low + 0.0001}]
-            fed = {"silhouette": [low, params.min_silhouette], "reference": [low, low + 0.0001]}
+            fed = {"silhouette": [low, params.min_silhouette], "reference": [low, low + 0.0001],
+                   "group_free": [low, low + 0.0001]}
             out.append((code, strategy.one_cluster_reason(), fed.get(code, [])))
         state.no_split = []
         eps = 0.2

@@ -66,3 +66,33 @@ def small_side_reference(U: np.ndarray, smallest: int, *, rule: str, draws: int,
         return float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(R, *bipartition(S))
 
     return reference_score(U.astype(np.float64), score, draws=draws, seed=seed, method="rotation")
+
+
+# split-timing = evidence: the rotation draws every split into sides of min-split-size or more
+# must beat (a one-sided 5 % test); smaller sides keep their own draws (small_side_reference)
+EVIDENCE_DRAWS = 19
+
+
+def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: int, min_split_size: int,
+                       max_k: int, seed: int) -> tuple[float | None, str]:
+    """What a linkage split on evidence must beat, and which test it is: ``small`` (a side of 2
+    to ``min_split_size`` − 1 members: ``small_side_reference`` with ``small_draws``) or
+    ``group_free`` (any larger split: the best of ``EVIDENCE_DRAWS`` rotation-test draws of the
+    members' updates ``U``). Why: within a round the clients of one task differ by their own
+    data, independently of one another, so their updates are exchangeable rows, which is what
+    the rotations keep; the same clients' data repeat from round to round, so a cut of them can
+    reproduce, but it does not beat its rotations. True groups do (their means are mixed away).
+    (None, "") for one-client sides, the reference rule, or fewer than 4 members."""
+    small = small_side_reference(U, smallest, rule=rule, draws=small_draws, min_split_size=min_split_size,
+                                 max_k=max_k, seed=seed)
+    if small is not None:
+        return small, "small"
+    if rule != "linkage" or smallest < max(2, min_split_size) or len(U) < 4:
+        return None, ""
+
+    def score(R: np.ndarray) -> float:
+        S = cosine_similarity_matrix(R)
+        return float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(R, *bipartition(S))
+
+    return reference_score(np.asarray(U, dtype=np.float64), score, draws=EVIDENCE_DRAWS, seed=seed,
+                           method="rotation"), "group_free"

@@ -13,6 +13,8 @@ settings on real SGD updates, and that let an over-split tree repair itself.
   before a split, as CFL's acceptance test.
 - ``best_separated_layers``: for an unknown skew, the layer group (e.g. conv vs fc) whose
   updates show the most structure (best-cut silhouette).
+- ``most_alike_sides``: how alike the parts of a partition point (the cosine of their mean
+  vectors, the merge rule's measure), from the rows' Gram matrix.
 - ``merge_pairs``: which leaf clusters to merge because their members' updates have become
   indistinguishable.
 - ``one_cluster_reason``: the sentence to report when a run ends with a single cluster;
@@ -142,6 +144,24 @@ class MergePair:
     cosine: float  # cosine of the two clusters' mean updates
     silhouette: float  # silhouette of the two clusters' members, labelled by cluster
     drift_cosine: float = float("nan")  # cosine of their model drifts since the split between them
+
+
+def most_alike_sides(gram: np.ndarray, labels: Sequence[Hashable]) -> float:
+    """The largest cosine between two parts' mean vectors, from the rows' Gram matrix
+    (``U @ U.T``) and each row's part (``labels``); -1.0 with fewer than two parts, 0.0 for a
+    part whose mean is zero. Why (the CFL family's evidence timing): a part of clients of one
+    task keeps pointing the task's way, however reproducibly its own clients' data set them
+    apart; parts of different tasks do not."""
+    G = np.asarray(gram, dtype=np.float64)
+    labels = np.asarray(labels)
+    parts = [np.flatnonzero(labels == v) for v in dict.fromkeys(labels.tolist())]
+    best = -1.0
+    for i, a in enumerate(parts):
+        for b in parts[i + 1:]:
+            cross = G[np.ix_(a, b)].mean()
+            norm = float(np.sqrt(max(G[np.ix_(a, a)].mean(), 0.0) * max(G[np.ix_(b, b)].mean(), 0.0)))
+            best = max(best, 0.0 if norm == 0 else float(cross / norm))
+    return best
 
 
 def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine: float = 0.6,

@@ -34,6 +34,12 @@ ONE_CLUSTER_ADVICE = {
     "one_side": "a smaller hicfl.min-side",
     "reference": "more clients per round (fraction-train) or a smaller min-split-size",
     "deferred": "more rounds if the groups are real but their partition still moves, or a lower split-agreement",
+    "single": "nothing if the lone client shares its cluster's task; a group of one client is not told apart on "
+              "evidence",
+    "group_free": "nothing if the clients share one task; more clients per round (fraction-train) if the groups "
+                  "are real but small",
+    "alike": "nothing if the clients share one task; if the groups are real but their updates still share one "
+             "direction, more rounds (the shared direction fades as the model fits it)",
 }
 
 # HiCFL: why a ready cluster did not split (the ``reason`` of its ``no_split`` entries)
@@ -42,7 +48,9 @@ NO_SPLIT_TEXT = {"agree": "updates agree (not heterogeneous)",
                  "silhouette": "no ready layer's split passed the structure test",
                  "reference": "a split leaving a side of fewer than min-split-size members scored no better than "
                               "group-free rotations of the members' updates",
-                 "deferred": "successive rounds' partitions of the members disagreed (split-agreement)"}
+                 "deferred": "successive rounds' partitions of the members disagreed (split-agreement)",
+                 "alike": "the partition reproduced but its parts' mean updates point alike (merge-min-cosine)",
+                 "group_free": "the split scored no better than group-free rotations of the members' updates"}
 
 
 def versus(a: float, op: str, b: float, between: str = "", digits: int = 3, setting: bool = False) -> str:
@@ -120,6 +128,17 @@ def cfl_refusal_numbers(state: Any, params: Any) -> str | None:
                 key=lambda r: r["check"]["gamma_max"] - r["check"]["bound"])
         return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: estimated γ_max "
                 f"{versus(r['check']['gamma_max'], '>=', r['check']['bound'], 'bound')}")
+    if top == "alike":
+        return closest_alike([r for r in refused if r["reason"] == "alike"])
+    if top == "single":
+        r = [r for r in refused if r["reason"] == "single"][-1]
+        alone = next((side[0] for side in r.get("members") or [] if len(side) == 1), None)
+        return f"last refusal: round {r['round']}, cluster {r['cluster']}" + (f": client {alone} alone" if alone else "")
+    if top == "group_free":
+        r = max((r for r in refused if r["reason"] == top),
+                key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
+        return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: best-cut silhouette "
+                f"{versus(r['best_cut_silhouette'], '<=', r['required_silhouette'], 'group-free rotations')}")
     if top == "deferred":
         r = max((r for r in refused if r["reason"] == "deferred"), key=lambda r: r.get("agreement") or -2.0)
         silhouette = r.get("best_cut_silhouette")
@@ -147,15 +166,29 @@ def hicfl_refusal_numbers(state: Any, params: Any) -> str | None:
         n = max(entries, key=lambda n: max(n["silhouettes"].values()))
         return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: best layer silhouette "
                 f"{versus(max(n['silhouettes'].values()), '<', params.min_silhouette, 'min-silhouette', setting=True)}")
+    if top == "alike":
+        return closest_alike(entries)
     if top == "deferred":
         n = max(entries, key=lambda n: n.get("agreement") if n.get("agreement") is not None else -2.0)
         return f"closest deferral: round {n['round']}, cluster {n['cluster']}: {deferral_evidence(n, params)}"
-    if top == "reference":
+    if top in ("reference", "group_free"):
         n = max(entries, key=lambda n: max(n["silhouettes"].values()) - n["reference_silhouette"])
         return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: silhouette "
                 f"{versus(max(n['silhouettes'].values()), '<=', n['reference_silhouette'], 'group-free rotations')}")
     n = entries[-1]
     return f"last refusal: round {n['round']}, cluster {n['cluster']}, layer {n['layer']}"
+
+
+def closest_alike(entries: list[dict[str, Any]]) -> str:
+    """A reproduced partition refused because its parts point alike: the one whose parts came
+    nearest pointing apart, as its round line said it."""
+    def cosine(entry: dict[str, Any]) -> float:
+        return max((c for c in entry.get("alike") or [] if c is not None), default=1.0)
+
+    e = min(entries, key=cosine)
+    said = e.get("evidence") or ("its parts' mean updates point alike (cosine "
+                                 f"{max(c for c in e['alike'] if c is not None):.2f})" if e.get("alike") else "")
+    return f"closest refusal: round {e['round']}, cluster {e['cluster']}" + (f": {said}" if said else "")
 
 
 def deferral_evidence(entry: dict[str, Any], params: Any) -> str:

@@ -7,8 +7,11 @@ which proposes, tests and, to split, calls ``tree.apply_split``. It also merges 
 the papers, ``merge``), leaves out the arrays no client changed, and places clients by replaying
 splits. With ``split-timing = evidence`` (the default) the criteria are recorded, not waited for:
 a split is taken when this round's partition of the cluster's repliers reproduces an earlier
-round's (``reproduce``, ``clustering/reproducible.py``), a split's children inherit that
-partition, and a merge never undoes a split that still reproduces (``still_split``). It never
+round's (``reproduce``, ``clustering/reproducible.py``) and its parts point apart in both rounds
+(``Evidence``: the clients of one task keep their own data's direction, so a cut of them can
+reproduce, but its parts still point the task's way), a split's children inherit that
+partition, and a merge never undoes a split that still reproduces on the arrays it was decided
+on (``still_split``). It never
 calls its strategy: every method gets the ``state`` (and the clients, the
 reports list) as arguments; what differs is given at construction as functions of the state.
 
@@ -33,10 +36,11 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, bipartition, split_criteria
-from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare
+from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare
+from clusterfed.clustering.split_evidence import KINDS, Evidence
 from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
 from clusterfed.clustering.sketch import in_sketch_space
-from clusterfed.clustering.split_rules import merge_pairs
+from clusterfed.clustering.split_rules import merge_pairs, most_alike_sides
 from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
@@ -47,12 +51,13 @@ class BiPartitioningParams(StrategyParams):
     """Split criteria, size/timing rules and merging, shared by CFL, LayerCFL and HiCFL."""
 
     split_timing: Literal["evidence", "criteria"] = Field(
-        "criteria", alias="split-timing",
-        description="evidence (beyond the papers; not yet the default: on identically distributed clients it "
-                    "can split a cluster whose partition repeats round after round): every round from min-split-round a cluster's split is proposed and taken only when "
-                    "two successive rounds' updates give the same partition of its clients (ARI >= split-agreement) "
-                    "and merges only when they still do not separate the two leaves; criteria: the paper's timing "
-                    "rule (CFL: Sattler's criteria, HiCFL: model stability) decides when (the default, and the paper's presets)")
+        "evidence", alias="split-timing",
+        description="evidence (beyond the papers, the default): every round from min-split-round a cluster's split is "
+                    "proposed and taken only when its cut beats group-free rotations of the round's updates, two "
+                    "successive rounds' updates give the same partition of its clients (ARI >= split-agreement) and "
+                    "its parts' mean updates point apart in both rounds (cosine below merge-min-cosine); a merge only "
+                    "when the two leaves' updates no longer reproduce their split; criteria: the paper's timing rule "
+                    "(CFL: Sattler's criteria, HiCFL: model stability) decides when (the paper's presets)")
     split_agreement: float = Field(
         DEFAULT_AGREEMENT, alias="split-agreement", ge=-1, le=1,
         description="split-timing = evidence: the agreement (adjusted Rand index) two successive rounds' partitions "
@@ -322,45 +327,71 @@ class BiPartitionTree:
         return state.split_timing == "evidence"
 
     def reproduce(self, state: BiPartitioningState, server_round: int, cluster: int, keys: list[str],
-                  U: np.ndarray) -> Reproduction | str:
+                  U: np.ndarray, whole: np.ndarray | None = None) -> Evidence | str:
         """This round's partition of ``keys`` (rows of ``U``, this round's own updates: independent
         SGD draws from the earlier rounds') kept for ``cluster``, and compared with its latest earlier
         partition sharing at least ``MIN_COMMON`` clients: the best-silhouette cut (2..split-silhouette-max-k)
-        and the bi-partition, the better agreement of the two. A string when nothing can be compared."""
-        S = cosine_similarity_matrix(np.asarray(U, dtype=np.float64))
+        and the bi-partition, each with how alike its parts point (``Evidence``; on ``whole``, the
+        clients' updates of every compared array when ``U`` holds fewer: whether two parts train one
+        task is the whole model's question, and a layer chosen for separating the clients is not the
+        place to ask it); the one that passes (reproduces, parts apart in both rounds), else the best
+        agreement. A string when nothing can be compared."""
+        U = np.asarray(U, dtype=np.float64)
+        S = cosine_similarity_matrix(U)
         best = best_cut_labels(S, self.params.split_silhouette_max_k)
         side_a, _ = bipartition(S) if len(keys) >= 2 else (np.arange(len(keys)), None)
         two = np.ones(len(keys), dtype=int)
         two[side_a] = 0
+        W = U if whole is None else np.asarray(whole, dtype=np.float64)
+        gram = W @ W.T
         now = {"round": server_round, "best": {k: int(v) for k, v in zip(keys, best)},
-               "two": {k: int(v) for k, v in zip(keys, two)}}
-        history = [p for p in state.proposals.get(cluster, []) if p["round"] < server_round]
+               "two": {k: int(v) for k, v in zip(keys, two)},
+               "alike": {"best": most_alike_sides(gram, best), "two": most_alike_sides(gram, two)},
+               "gram": gram}  # this round only: a split's children take their parts' directions from it
+        history = [{k: v for k, v in p.items() if k != "gram"}
+                   for p in state.proposals.get(cluster, []) if p["round"] < server_round]
         state.proposals[cluster] = (history + [now])[-PROPOSALS_KEPT:]
         if not history:
             return "no earlier round to compare"
         need = max(MIN_COMMON, min(self.params.min_split_size, len(keys)))
+        bound, min_cosine = self.params.split_agreement, self.params.merge_min_cosine
         for earlier in reversed(history):
             common = [k for k in keys if k in earlier["best"]]
             if len(common) >= need:
                 source = f"rounds {earlier['round']} and {server_round}"
-                found = [compare([earlier[kind][k] for k in common], [now[kind][k] for k in common], source)
-                         for kind in ("best", "two")]
-                return max(found, key=lambda r: r.agreement)
+                rounds = (earlier["round"], server_round)
+                found = [Evidence(compare([earlier[kind][k] for k in common], [now[kind][k] for k in common], source),
+                                  ((earlier.get("alike") or {}).get(kind), now["alike"][kind]), rounds)
+                         for kind in KINDS]
+                return max(found, key=lambda e: (e.passes(bound, min_cosine), e.reproduction.reproduces(bound),
+                                                 e.agreement))
         return f"rounds {history[-1]['round']} and {server_round} share fewer than {need} clients"
 
     def inherit(self, state: BiPartitioningState, cluster: int, children: tuple[int, int],
                 sides: tuple[list[str], list[str]]) -> None:
         """A split's children start with this round's partition of their own members (the evidence
-        a child's next round is compared with)."""
+        a child's next round is compared with), and how alike its parts point among them."""
         latest = state.proposals.pop(cluster, [])
         if not latest:
             return
         last = latest[-1]
+        order = {k: i for i, k in enumerate(last["best"])}
+        gram = last.get("gram")
         for child, keys in zip(children, sides):
             kept = [k for k in keys if k in last["best"]]
             if kept:
-                state.proposals[child] = [{"round": last["round"], "best": {k: last["best"][k] for k in kept},
-                                           "two": {k: last["two"][k] for k in kept}}]
+                entry = {"round": last["round"], **{kind: {k: last[kind][k] for k in kept} for kind in KINDS}}
+                if gram is not None:
+                    at = [order[k] for k in kept]
+                    entry["alike"] = {kind: most_alike_sides(gram[np.ix_(at, at)], [last[kind][k] for k in kept])
+                                      for kind in KINDS}
+                state.proposals[child] = [entry]
+
+    def forget_grams(self, state: BiPartitioningState) -> None:
+        """The round's Gram matrices served this round's splits; none is kept between rounds."""
+        for entries in state.proposals.values():
+            for entry in entries:
+                entry.pop("gram", None)
 
     def thresholds(self) -> dict[str, Any]:
         c = self.params
@@ -412,6 +443,7 @@ class BiPartitionTree:
             words += [f"clusters {m['merged'][0]} and {m['merged'][1]} merged into {m['into']} (round cosine "
                       f"{m['cosine']:.2f})" for m in diagnostics["merges"]]
         words = ([intro] if intro else []) + words
+        self.forget_grams(state)
         said = "; ".join(([silent] if silent else []) + ([f"{name}: " + "; ".join(words)] if words else []))
         if said:
             diagnostics["decision"] = said
@@ -453,7 +485,7 @@ class BiPartitionTree:
         pairs = merge_pairs(updates, min_cosine=c.merge_min_cosine, max_silhouette=c.merge_max_silhouette,
                             drift=lambda a, b: self.drift_cosine(state, a, b, names), min_drift_members=c.min_split_size)
         if self.evidence(state):
-            pairs = [p for p in pairs if not self.still_split(state, server_round, p.a, p.b, updates)]
+            pairs = [p for p in pairs if not self.still_split(state, server_round, p.a, p.b, updates, groups)]
         summaries = []
         for pair in pairs:
             silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
@@ -467,11 +499,18 @@ class BiPartitionTree:
         return summaries
 
     def still_split(self, state: BiPartitioningState, server_round: int, a: int, b: int,
-                    updates: dict[int, np.ndarray]) -> bool:
+                    updates: dict[int, np.ndarray], groups: dict[int, list[TrainReply]] | None = None) -> bool:
         """Whether the split between leaves ``a`` and ``b`` still reproduces this round: the
-        bi-partition of their members' updates agrees with their membership (ARI >= split-agreement).
-        A merge never undoes such a split; a refused merge is kept (``merge_kept``)."""
-        Ua, Ub = np.atleast_2d(updates[a]), np.atleast_2d(updates[b])
+        bi-partition of their members' updates, on the arrays the split that separated them was
+        decided on (HiCFL's layer, LayerCFL's layers; else the merge's), agrees with their
+        membership (ARI >= split-agreement). A merge never undoes such a split; a refused merge
+        is kept (``merge_kept``)."""
+        node = state.tree.common_ancestor(a, b)
+        names = (state.routes.get(node) or {}).get("names") if node is not None else None
+        if names and groups and a in groups and b in groups:
+            Ua, Ub = (stack_float64([flatten(r.update, names) for r in groups[c]]) for c in (a, b))
+        else:
+            Ua, Ub = np.atleast_2d(updates[a]), np.atleast_2d(updates[b])
         if Ua.shape[0] + Ub.shape[0] < 3:
             return False
         S = cosine_similarity_matrix(np.vstack([Ua, Ub]).astype(np.float64))

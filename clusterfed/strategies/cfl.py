@@ -12,9 +12,11 @@ Constraints", IEEE TNNLS 2020), Algorithm 1, read top to bottom:
   ``argmin max α`` by complete linkage, both children starting from the cluster's model.
 
 Beyond the paper, each a ``Params`` field listed with the paper's rule, our default and the
-``PAPER`` preset in docs/algorithms/cfl.md: the split timing (``split-timing = evidence``, opt-in: the
-criteria are recorded, and a split that passes the acceptance test is taken only when two
-successive rounds' partitions of the repliers agree, ``BiPartitionTree.reproduce``; the paper's
+``PAPER`` preset in docs/algorithms/cfl.md: the split timing (``split-timing = evidence``, the
+default: the criteria are recorded, and a split that passes the acceptance test is taken only when
+its cut beats group-free rotations of the round's updates and, when every member replied, leaves
+no client alone (``refuse_structure``), and two successive rounds' partitions of the repliers agree with their
+parts pointing apart in both, ``BiPartitionTree.reproduce`` and ``defer``; the paper's
 ``criteria`` is the preset's), the acceptance test (best-cut silhouette on
 ``1 − α`` against ``split-min-silhouette`` or group-free updates; refusals in
 ``refused_splits``), summed updates (``similarity-decay``), principal components
@@ -42,14 +44,13 @@ from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.principal_scores import principal_scores
 from clusterfed.clustering.split_scores import (best_cut_silhouette, cosine_similarity_matrix, separation_gap,
     split_silhouette)
-from clusterfed.clustering.layer_split import small_side_reference
-from clusterfed.clustering.reproducible import Reproduction
+from clusterfed.clustering.layer_split import evidence_reference
 from clusterfed.clustering.vectors import (check_record, decision_record, flatten, kept_vectors, required_structure,
     similarity_record, stack_float64)
 from clusterfed.explain import bipartition as explain
 from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree,
+from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree, Evidence,
     replier_vectors, tree_admit, tree_before_train, tree_draw_sample,
     tree_train_instructions)
 from clusterfed.core.exchange import ClientInfo, Diagnostics, Round, SplitCompared, TrainReply, natural
@@ -189,8 +190,11 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
     layers = names(state)
     # split-timing = evidence: this round's partition, kept every round, compared with the last
     evidence = tree.evidence(state)
+    whole = state.compared
     reproduction = (tree.reproduce(state, server_round, cluster, [r.key for r in replies],
-                                   stack_float64([flatten(r.update, layers) for r in replies]))
+                                   stack_float64([flatten(r.update, layers) for r in replies]),
+                                   None if layers == whole else stack_float64([flatten(r.update, whole)
+                                                                                for r in replies]))
                     if evidence and len(replies) >= 2 and cluster not in state.merged else None)
     if not (tree.may_split(state, server_round, cluster, replies) and (evidence or decision.split)):
         return None
@@ -245,23 +249,39 @@ def refuse_structure(state: CFLState, server_round: int, cluster: int, p: Propos
         return {"refused_splits": [{"cluster": cluster, "reason": "silhouette", "gap": record["gap"],
                                     "silhouette": record["silhouette"], "best_cut_silhouette": structure}],
                 "words": [f"cluster {cluster} not split: no structure (best-cut silhouette {short})"]}
-    if not evidence:
+    if not evidence or p.record["similarity_rank"]:  # on principal components the reference is built in
         return None
-    # a small side (2 to min-split-size - 1 members) must also beat group-free rotations of the
-    # updates: successive rounds share each client's own data, so a 2 | 2 cut of one group can
-    # reproduce (HiCFL's small-side test, measured on the model matrix's GRU cell)
+    # a small side (2 to min-split-size - 1 members) must beat group-free rotations of the updates
+    # (HiCFL's small-side test, measured on the model matrix's GRU cell), and so must any larger
+    # split: successive rounds share each client's own data, so a cut of one task can reproduce;
+    # within a round those differences are independent from client to client, and the rotations
+    # keep that (group means they mix away)
     smaller = min(len(p.side_a), len(p.side_b))
-    small = small_side_reference(p.U, smaller, rule="linkage", draws=SMALL_SIDE_DRAWS,
-                                 min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
-                                 seed=params.seed)
-    if small is None or structure > small:
+    # one client's own data cannot be told from a group of one; with members absent this round a
+    # lone replier may stand for them (they follow their last updates), so only when all replied
+    if smaller == 1 and set(state.tree.members(cluster)) <= set(p.keys):
+        alone = next(side[0] for side in p.sides if len(side) == 1)
+        refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "single", "members": p.sides,
+                                **record}, p.compared)
+        return {"refused_splits": [{"cluster": cluster, "reason": "single", "best_cut_silhouette": structure}],
+                "words": [f"cluster {cluster} not split: its cut leaves one client alone ({alone}), whose own data "
+                          f"cannot be told from a group of one"]}
+    reference, test = evidence_reference(p.U, smaller, rule="linkage", small_draws=SMALL_SIDE_DRAWS,
+                                         min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
+                                         seed=params.seed)
+    if reference is None or structure > reference:
+        p.record["rotation_silhouette"] = reference
         return None
-    refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "reference", "members": p.sides,
-                            **record, "required_silhouette": small}, p.compared)
-    return {"refused_splits": [{"cluster": cluster, "reason": "reference", "best_cut_silhouette": structure,
-                                "reference_silhouette": small}],
-            "words": [f"cluster {cluster} not split: a side of {smaller} clients scored no better than group-free "
-                      f"rotations (best-cut silhouette {compared(structure, '<=', small)})"]}
+    reason = "reference" if test == "small" else "group_free"
+    refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": reason, "members": p.sides,
+                            **record, "required_silhouette": reference}, p.compared)
+    scored = f"(best-cut silhouette {compared(structure, '<=', reference)})"
+    said = (f"a side of {smaller} clients scored no better than group-free rotations {scored}" if test == "small" else
+            f"its cut scored no better than group-free rotations of the updates {scored}: one task, each client's "
+            f"own data")
+    return {"refused_splits": [{"cluster": cluster, "reason": reason, "best_cut_silhouette": structure,
+                                "reference_silhouette": reference}],
+            "words": [f"cluster {cluster} not split: {said}"]}
 
 
 def refuse_check(state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any], *,
@@ -281,26 +301,32 @@ def refuse_check(state: CFLState, server_round: int, cluster: int, p: Proposal, 
 
 
 def defer(state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any],
-          reproduction: Reproduction | str | None, *, params: CFLParams,
+          reproduction: Evidence | str | None, *, params: CFLParams,
           wait: Callable[[Any], str | None] | None) -> Diagnostics | None:
     """split-timing = evidence: the split waits (``deferred``) until two successive rounds'
-    partitions agree (ARI >= split-agreement) and ``wait`` (LayerCFL's layer choice) says nothing."""
-    bound = params.split_agreement
+    partitions agree (ARI >= split-agreement) with their parts pointing apart in both rounds
+    (mean-update cosine below merge-min-cosine: ``alike`` when they point alike, the split the
+    merge rule would undo), and ``wait`` (LayerCFL's layer choice) says nothing."""
+    bound, min_cosine = params.split_agreement, params.merge_min_cosine
     waiting = wait(state) if wait is not None else None
-    if not waiting and isinstance(reproduction, Reproduction) and reproduction.reproduces(bound):
+    if not waiting and isinstance(reproduction, Evidence) and reproduction.passes(bound, min_cosine):
         p.record["reproduction"] = reproduction.as_record()
         return None
-    said = waiting or (reproduction if isinstance(reproduction, str) else reproduction.words(bound))
-    agreement = reproduction.agreement if isinstance(reproduction, Reproduction) else None
-    refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "deferred", "members": p.sides,
-                            "agreement": agreement, "evidence": said, **p.record}, p.compared)
-    return {"refused_splits": [{"cluster": cluster, "reason": "deferred", "agreement": agreement,
-                                "best_cut_silhouette": p.structure}],
-            "words": [f"split of cluster {cluster} deferred: {said}"]}
+    said = waiting or (reproduction if isinstance(reproduction, str) else reproduction.words(bound, min_cosine))
+    agreement = reproduction.agreement if isinstance(reproduction, Evidence) else None
+    alike = (not waiting and isinstance(reproduction, Evidence) and reproduction.reproduction.reproduces(bound))
+    reason = "alike" if alike else "deferred"
+    extra = {"alike": reproduction.as_record()["alike"]} if alike else {}
+    refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": reason, "members": p.sides,
+                            "agreement": agreement, "evidence": said, **extra, **p.record}, p.compared)
+    return {"refused_splits": [{"cluster": cluster, "reason": reason, "agreement": agreement,
+                                "best_cut_silhouette": p.structure, **extra}],
+            "words": [f"cluster {cluster} not split: {said}" if alike else
+                      f"split of cluster {cluster} deferred: {said}"]}
 
 
 def split(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, replies: list[TrainReply],
-          decision: SplitDecision, p: Proposal, reports: list[Any], reproduction: Reproduction | str | None, *,
+          decision: SplitDecision, p: Proposal, reports: list[Any], reproduction: Evidence | str | None, *,
           params: CFLParams) -> Diagnostics:
     """Two children from the cluster's model; the model the members trained from this round is
     what a newcomer replays the split on; the members absent this round follow their vectors."""
@@ -316,7 +342,7 @@ def split(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: in
     summary = tree.apply_split(state, server_round, cluster, keys_a + extra_a, keys_b + extra_b, p.record, route,
                                p.compared, reports)
     a, b = summary["children"]
-    why = (reproduction.words(params.split_agreement) if isinstance(reproduction, Reproduction)
+    why = (reproduction.words(params.split_agreement, params.merge_min_cosine) if isinstance(reproduction, Evidence)
            else f"Sattler's criteria held (mean-update norm {decision.mean_norm:.3g}, max {decision.max_norm:.3g})")
     sizes = f"{len(keys_a) + len(extra_a)} | {len(keys_b) + len(extra_b)} clients"
     return {"splits": [summary], "words": [f"cluster {cluster} split into {a} and {b} ({sizes}): {why}, "
@@ -387,8 +413,13 @@ class CFL(ClusteredStrategy):
         "size": "too few members or replies to split (min-split-size) or the run ended before min-split-round",
         "deferred": "every proposed split deferred: two successive rounds never gave the same partition of the "
                     "cluster's clients (split-agreement)",
+        "alike": "every partition that reproduced had parts whose mean updates point alike (cosine >= "
+                 "merge-min-cosine): one task, each client's own data",
         "reference": "every split leaving a side of fewer than min-split-size clients scored no better than "
                      "group-free rotations of the updates",
+        "group_free": "every proposed split scored no better than group-free rotations of the updates: one task, "
+                      "each client's own data",
+        "single": "every proposed split left one client alone, whose own data cannot be told from a group of one",
     }
 
 

@@ -50,12 +50,11 @@ from clusterfed.clustering.bipartition import SplitDecision
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.clustering.split_scores import separation_gap
 from clusterfed.clustering.stability import StabilityTracker
-from clusterfed.clustering.reproducible import Reproduction
 from clusterfed.clustering.vectors import decision_record, flatten, side_of, similarity_record, stack_float64
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies import hicfl_stability as windows
 from clusterfed.strategies.base import ClusteredStrategy, StrategyParamsError
-from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree,
+from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree, Evidence,
     tree_admit, tree_before_train, tree_draw_sample,
     tree_train_instructions)
 from clusterfed.core.exchange import ClientInfo, Diagnostics, Round, SplitCompared, TrainReply
@@ -186,22 +185,28 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
         return no_split(state, server_round, cluster, max(choice.silhouettes, key=choice.silhouettes.get),
                         "silhouette", decision, silhouettes=choice.silhouettes)
     chosen = proposals[choice.layer]
-    reference = windows.small_side_test(state, params, chosen, present)
-    if reference is not None and choice.silhouette <= reference:  # a few members of one group: noise
-        return no_split(state, server_round, cluster, choice.layer, "reference", decision,
-                        silhouettes=choice.silhouettes, reference_silhouette=reference)
-    if evidence:  # the split is taken only when two rounds' partitions agree
-        bound = params.split_agreement
-        if not isinstance(reproduction, Reproduction) or not reproduction.reproduces(bound):
-            said = reproduction if isinstance(reproduction, str) else reproduction.words(bound)
-            agreement = reproduction.agreement if isinstance(reproduction, Reproduction) else None
+    # a few members of one group, or on evidence any cut of one task's clients: no better than rotations
+    reference, test = windows.small_side_test(state, params, chosen, present, evidence)
+    if reference is not None and choice.silhouette <= reference:
+        return no_split(state, server_round, cluster, choice.layer, "reference" if test == "small" else "group_free",
+                        decision, silhouettes=choice.silhouettes, reference_silhouette=reference)
+    if evidence:  # the split is taken only when two rounds' partitions agree, their parts pointing apart
+        bound, min_cosine = params.split_agreement, params.merge_min_cosine
+        if not isinstance(reproduction, Evidence) or not reproduction.passes(bound, min_cosine):
+            said = reproduction if isinstance(reproduction, str) else reproduction.words(bound, min_cosine)
+            agreement = reproduction.agreement if isinstance(reproduction, Evidence) else None
+            if isinstance(reproduction, Evidence) and reproduction.reproduction.reproduces(bound):
+                return no_split(state, server_round, cluster, choice.layer, "alike", decision,
+                                silhouettes=choice.silhouettes, agreement=agreement, evidence=said,
+                                alike=reproduction.as_record()["alike"])
             return no_split(state, server_round, cluster, choice.layer, "deferred", decision,
                             silhouettes=choice.silhouettes, agreement=agreement, evidence=said)
         chosen = {**chosen, "record": {**chosen["record"], "reproduction": reproduction.as_record()}}
     found = split(tree, state, reports, server_round, cluster, replies, decision, choice, chosen, ready, reference,
                   present)
     a, b = found["splits"][0]["children"]
-    why = reproduction.words(params.split_agreement) if isinstance(reproduction, Reproduction) else "stability fired"
+    why = (reproduction.words(params.split_agreement, params.merge_min_cosine) if isinstance(reproduction, Evidence)
+           else "stability fired")
     return {**found, "words": [f"cluster {cluster} split into {a} and {b} on {choice.layer} (silhouette "
                                f"{choice.silhouette:.2f}): {why}"]}
 
@@ -253,7 +258,10 @@ def no_split(state: HiCFLState, server_round: int, cluster: int, layer: str, cod
     entry = {"round": server_round, "cluster": cluster, "layer": layer, "code": code,
              "reason": explain.NO_SPLIT_TEXT[code], "criterion": decision_record(decision), **extra}
     state.no_split.append(entry)
-    said = extra.get("evidence") if code == "deferred" else entry["reason"]
+    said = extra.get("evidence") if code in ("deferred", "alike") else entry["reason"]
+    if code in ("reference", "group_free"):  # the numbers behind it
+        said += (f" (silhouette {explain.versus(max(extra['silhouettes'].values()), '<=', extra['reference_silhouette'], digits=2)}"
+                 f" on {layer})")
     verb = "deferred" if code == "deferred" else "not split"
     return {"no_split": [{"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra}],
             "words": [f"split of cluster {cluster} {verb}: {said}" if code == "deferred"
@@ -275,15 +283,19 @@ class HiCFL(ClusteredStrategy):
         "stability": "split timing never met: on every layer the windowed stability (of every member or of the "
                      "median member, hicfl.timing) stayed at or above ε",
         "window": "stability windows never filled (fewer than window + 2 rounds in a cluster)",
-        "agree": "stability fired but the members' updates agree (not heterogeneous)",
-        "one_side": "stability fired but every proposed split left a side with fewer than hicfl.min-side members "
+        "agree": "a split was due (stability fired, or split-timing = evidence) but the members' updates agree (not heterogeneous)",
+        "one_side": "a split was due (stability fired, or split-timing = evidence) but every proposed split left a side with fewer than hicfl.min-side members "
                     "(or, with the reference rule, everyone on one side)",
-        "silhouette": "stability fired but every proposed split was refused by the structure test (hicfl.min-silhouette)",
-        "reference": "stability fired but every split leaving a side of fewer than min-split-size members scored no "
+        "silhouette": "a split was due (stability fired, or split-timing = evidence) but every proposed split was refused by the structure test (hicfl.min-silhouette)",
+        "reference": "a split was due (stability fired, or split-timing = evidence) but every split leaving a side of fewer than min-split-size members scored no "
                      "better than group-free rotations of the members' updates (hicfl.small-side-reference-draws)",
         "size": "too few members or replies to split, or the run ended before min-split-round",
         "deferred": "every proposed split deferred: two successive rounds never gave the same partition of the "
                     "cluster's clients (split-agreement)",
+        "alike": "every partition that reproduced had parts whose mean updates point alike (cosine >= "
+                 "merge-min-cosine): one task, each client's own data",
+        "group_free": "every proposed split scored no better than group-free rotations of the members' updates of "
+                      "its layer: one task, each client's own data",
     }
 
 

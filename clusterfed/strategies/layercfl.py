@@ -108,6 +108,11 @@ class LayerCFL(ClusteredStrategy):
         "size": "too few members or replies to split, or the run ended before min-split-round",
         "deferred": "every proposed split deferred: two successive rounds never gave the same partition of the "
                     "cluster's clients (split-agreement)",
+        "alike": "every partition that reproduced had parts whose mean updates point alike (cosine >= "
+                 "merge-min-cosine): one task, each client's own data",
+        "group_free": "every proposed split scored no better than group-free rotations of the selected layers' "
+                      "updates: one task, each client's own data",
+        "single": "every proposed split left one client alone, whose own data cannot be told from a group of one",
         "reference": "every split leaving a side of fewer than min-split-size clients scored no better than "
                      "group-free rotations of the selected layers' updates",
     }
@@ -139,7 +144,7 @@ class LayerCFL(ClusteredStrategy):
         self.state.selected_names = self.select_compared_layers(rule, compare)
         # on evidence, the skew's rule is a candidate among the others until one reproduces
         candidates: dict[str, list[str]] = {}
-        if self.params.cluster_layers == "auto" and self.params.split_timing == "evidence":
+        if self.params.cluster_layers == "auto" and self.state.split_timing == "evidence":
             for candidate in (rule, *CANDIDATE_RULES):
                 if _has_layer(self.state.theta0, candidate, compare):
                     names = self.select_compared_layers(candidate, compare)

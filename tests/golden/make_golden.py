@@ -22,7 +22,7 @@ BASE = {"num-clients": 6, "rounds": 3, "partitioner": "label-groups", "label-gro
 FORCE = {"split-criteria": "absolute", "eps1": 100.0, "eps2": 0.001, "split-min-silhouette": 0.0}
 # the papers' rules where the defaults now go beyond them (merging; HiCFL's absolute ε, every
 # member below it, reference sign split, stop rule): these entries pin the papers' behaviour
-PAPER_BIPARTITION = {"merge": False, "similarity-decay": 0.0}
+PAPER_BIPARTITION = {"merge": False, "similarity-decay": 0.0, "split-timing": "criteria"}
 PAPER_HICFL = {**PAPER_BIPARTITION, "hicfl-timing": "all", "hicfl-split": "reference", "hicfl-min-silhouette": -1}
 RUNS = {
     "fedavg": {"strategy": "fedavg", "fraction-train": 0.5},

@@ -1,0 +1,62 @@
+"""The CFL family's evidence that a split is one (``split-timing = evidence``): a cluster's
+partition this round against an earlier round's, and how alike its parts point in each.
+
+A client's own data repeat from round to round, so its update keeps its own direction: a cut of
+clients of one task can reproduce in successive rounds. Its parts still point the task's way
+(while the task is learnt), or did the round before (once it converged): a split is taken only
+when the partition reproduces and its parts point apart in both rounds compared, the measure
+the merge rule uses (the cosine of two parts' mean updates, ``split_rules.most_alike_sides``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from clusterfed.clustering.reproducible import Reproduction
+
+KINDS = ("best", "two")  # the partitions kept each round: the best-silhouette cut, the bi-partition
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A cluster's partition this round against an earlier round's (split-timing = evidence):
+    their agreement (``reproduction``), and how alike the partition's parts point in each of the
+    two rounds (``alike``: the largest cosine between two parts' mean updates, the merge rule's
+    measure; earlier round's first, None where it was not kept). A split is taken only when the
+    partition reproduces and its parts point apart in both rounds (below ``min_cosine``): the
+    clients of one task keep their own data's direction from round to round, so a cut of them
+    can reproduce, but its parts still point the task's way (or did the round before)."""
+
+    reproduction: Reproduction
+    alike: tuple[float | None, float]
+    rounds: tuple[int, int]
+
+    @property
+    def agreement(self) -> float:
+        return self.reproduction.agreement
+
+    def apart(self, min_cosine: float) -> bool:
+        return all(c is not None and c < min_cosine for c in self.alike)
+
+    def passes(self, bound: float, min_cosine: float) -> bool:
+        return self.reproduction.reproduces(bound) and self.apart(min_cosine)
+
+    def words(self, bound: float, min_cosine: float) -> str:
+        """``rounds 4 and 5 agree (ARI 1.00), parts apart (mean-update cosine 0.12, 0.05 < 0.60)``,
+        or why not."""
+        said = self.reproduction.words(bound)
+        if not self.reproduction.reproduces(bound):
+            return said
+        then, now = self.alike
+        if then is None:
+            return f"{said}, but round {self.rounds[0]}'s parts' directions were not kept"
+        if self.apart(min_cosine):
+            return f"{said}, parts apart (mean-update cosine {max(then, now):.2f} < {min_cosine:.2f} in both rounds)"
+        which = self.rounds[1] if now >= min_cosine else self.rounds[0]
+        cosine = now if now >= min_cosine else then
+        return (f"{said}, but its parts point alike (mean-update cosine {cosine:.2f} >= {min_cosine:.2f} in round "
+                f"{which}): one task, each client's own data")
+
+    def as_record(self) -> dict[str, Any]:
+        then, now = self.alike
+        return {**self.reproduction.as_record(), "alike": [None if then is None else round(then, 4), round(now, 4)]}
