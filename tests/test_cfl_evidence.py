@@ -332,3 +332,48 @@ def test_hicfl_merge_never_undoes_a_split_that_still_reproduces_on_its_own_layer
     said = run_round(strategy, 3, conv_apart_fc_alike(rng, P1))
     assert said["merges"] == [] and leaves(strategy) == [set(s) for s in P1]
     assert "clusters 1 and 2 not merged: their split still reproduces (ARI 1.00 >= 0.80)" in said["decision"]
+
+
+# partial participation: 40 clients in 2 groups, 10 reply a round, no two rounds share 5 of them
+A, B = [f"a{i}" for i in range(20)], [f"b{i}" for i in range(20)]
+HALVES = {**{k: 0 for k in A}, **{k: 1 for k in B}}
+BLOCKS = [range(0, 5), range(5, 10), range(10, 15), range(15, 20), (0, 1, 5, 6, 10)]  # round 5 meets 1-3 in pairs
+
+
+@pytest.mark.parametrize("cls", [CFL, HiCFL])
+@pytest.mark.parametrize("earlier", ["groups", "another cut", "no structure"])
+def test_at_partial_participation_pairs_seen_together_earlier_are_the_evidence(cls, earlier):
+    """Rounds 1-4 share fewer than min-split-size clients: deferred, saying so. Round 5 shares at
+    most 4 with any earlier round, but 13 pairs of its clients met in rounds 1-3: split when those
+    pairs sat as they sit now (the groups), deferred when the earlier rounds cut them otherwise,
+    never split without structure."""
+    rng = np.random.default_rng(0)
+    strategy = make_strategy(cls, HALVES, split_timing="evidence", min_split_round=2, min_split_size=5)
+
+    def direction(key, server_round):
+        if earlier == "no structure":
+            return E[5]
+        if earlier == "another cut" and server_round < 5:
+            return E[int(key[1:]) % 2]  # odd against even, across the groups
+        return E[HALVES[key]]
+
+    for server_round, block in enumerate(BLOCKS, 1):
+        sample = [A[i] for i in block] + [B[i] for i in block]
+        said = run_round(strategy, server_round, {k: direction(k, server_round) + 0.05 * rng.standard_normal(DIM)
+                                                  for k in sample})["decision"]
+        if server_round in (2, 3, 4) and earlier != "no structure":
+            assert (f"deferred: rounds {server_round - 1} and {server_round} share fewer than 5 clients, "
+                    "nor did 10 pairs of 5 of them meet in earlier rounds") in said
+        if server_round < 5:
+            assert strategy.state.splits == []
+    if earlier == "groups":
+        assert "pairs seen together in rounds 1–3 and round 5 agree (pair ARI 1.00 over 13 pairs)" in said
+        clusters = set(strategy.assignment.values())
+        found = {frozenset(k for k, c in strategy.assignment.items() if c == cluster) for cluster in clusters}
+        assert found == {frozenset(A), frozenset(B)}
+        assert strategy.state.splits[0]["reproduction"]["pairs"] == 13
+    elif earlier == "another cut":
+        assert "deferred: pairs seen together in rounds 1–3 and round 5 disagree (pair ARI" in said
+        assert strategy.state.splits == []
+    else:
+        assert strategy.state.splits == []

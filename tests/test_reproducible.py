@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from clusterfed.clustering import cluster_into_k
-from clusterfed.clustering.reproducible import agreement, compare, coordinate_halves, cut_halves
+from clusterfed.clustering.reproducible import agreement, compare, compare_pairs, coordinate_halves, cut_halves
 
 
 def test_agreement_is_one_for_the_same_partition_under_other_names():
@@ -55,3 +55,25 @@ def test_compare_names_its_source_and_records_plain_values():
     record = found.as_record()
     assert record["source"] == "requests 1–5 and 6–10" and record["clusters"] == [2, 2]
     assert isinstance(record["agreement"], float) and record["agreement"] < 0.8
+
+
+def test_pair_agreement_is_the_adjusted_rand_index_on_all_pairs_and_kappa_on_some():
+    """Over all pairs of two partitions, the pairs' agreement is their ARI (Warrens 2008); the
+    same judgements on a subset of pairs are still compared, and constant judgements agree
+    only when equal."""
+    from itertools import combinations
+
+    from sklearn.metrics import adjusted_rand_score
+
+    a, b = [0, 0, 1, 1, 2, 2, 2], [0, 0, 0, 1, 1, 2, 2]
+    pairs = list(combinations(range(len(a)), 2))
+    together_a, together_b = [a[i] == a[j] for i, j in pairs], [b[i] == b[j] for i, j in pairs]
+    whole = compare_pairs(together_a, together_b, "pairs")
+    assert whole.agreement == pytest.approx(adjusted_rand_score(a, b))
+    assert whole.as_record() == {"source": "pairs", "agreement": round(whole.agreement, 4), "pairs": 21}
+    assert "pair ARI" in whole.words(0.8) and "over 21 pairs" in whole.words(0.8)
+    assert compare_pairs([True, False, True], [True, False, True], "s").agreement == 1.0
+    assert compare_pairs([False, False], [False, False], "s").agreement == 1.0
+    assert compare_pairs([False, False], [True, True], "s").agreement == 0.0
+    with pytest.raises(ValueError, match="cannot be compared"):
+        compare_pairs([True], [True, False], "s")

@@ -9,7 +9,12 @@ evidence a strategy may use, each named in what the run says:
 - two disjoint halves of the compared coordinates (``coordinate_halves``, ``cut_halves``): the
   same clients, the same round, no extra request;
 - two halves of a stock client's chained requests (requests 1–5 and 6–10);
-- successive rounds (the partition found in round t and in round t + 1).
+- successive rounds (the partition found in round t and in round t + 1);
+- at partial participation, where no two rounds share enough clients, the pairs of this
+  round's clients last seen together in an earlier round (``compare_pairs``): whether each
+  pair sat on one side then and now, agreement by Cohen's kappa, which on all pairs of two
+  partitions is their adjusted Rand index (Warrens, "On the equivalence of Cohen's kappa and
+  the Hubert-Arabie adjusted Rand index", Journal of Classification 2008).
 
 ``Reproduction.words()`` is the sentence a round line quotes (``coordinate halves disagree
 (ARI 0.31)``). The bound an agreement must reach is the caller's (set on the development
@@ -22,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.metrics import adjusted_rand_score
+from sklearn.metrics import adjusted_rand_score, cohen_kappa_score
 
 from clusterfed.explain.numbers import compared
 
@@ -48,6 +53,7 @@ class Reproduction:
     labels_b: np.ndarray
     agreement: float
     source: str
+    pairs: bool = False  # labels are pairs' co-membership (1: one side), not clients' clusters
 
     def reproduces(self, bound: float = DEFAULT_AGREEMENT) -> bool:
         """Whether the two partitions agree at least to ``bound`` (ARI)."""
@@ -58,14 +64,19 @@ class Reproduction:
         return len(np.unique(self.labels_a)), len(np.unique(self.labels_b))
 
     def words(self, bound: float = DEFAULT_AGREEMENT) -> str:
-        """``"coordinate halves agree (ARI 0.94)"`` / ``"… disagree (ARI 0.31 < 0.80)"``."""
+        """``"coordinate halves agree (ARI 0.94)"`` / ``"… disagree (ARI 0.31 < 0.80)"``
+        (pairs: ``"… agree (pair ARI 0.94 over 12 pairs)"``)."""
+        measure = "pair ARI" if self.pairs else "ARI"
+        over = f" over {len(self.labels_a)} pairs" if self.pairs else ""
         if self.reproduces(bound):
-            return f"{self.source} agree (ARI {self.agreement:.2f})"
+            return f"{self.source} agree ({measure} {self.agreement:.2f}{over})"
         # printed true: 0.7996 < 0.8000, never 0.80 < 0.80
-        return f"{self.source} disagree (ARI {compared(self.agreement, '<', bound)})"
+        return f"{self.source} disagree ({measure} {compared(self.agreement, '<', bound)}{over})"
 
     def as_record(self) -> dict[str, object]:
         """JSON values for rounds.jsonl / clusters.json."""
+        if self.pairs:
+            return {"source": self.source, "agreement": round(self.agreement, 4), "pairs": len(self.labels_a)}
         return {"source": self.source, "agreement": round(self.agreement, 4),
                 "clusters": list(self.clusters())}
 
@@ -75,6 +86,22 @@ def compare(labels_a: Sequence[int] | np.ndarray, labels_b: Sequence[int] | np.n
     halves, successive rounds), in the same client order."""
     a, b = np.asarray(labels_a), np.asarray(labels_b)
     return Reproduction(a, b, agreement(a, b), source)
+
+
+def compare_pairs(together_a: Sequence[bool] | np.ndarray, together_b: Sequence[bool] | np.ndarray,
+                  source: str) -> Reproduction:
+    """The ``Reproduction`` of two sets of pair judgements found on independent evidence: for each
+    pair of clients, whether it sat on one side in ``a`` (an earlier round where both replied) and
+    in ``b`` (this round). Agreement is Cohen's kappa of the two, the adjusted Rand index when the
+    pairs are all pairs of two partitions (Warrens 2008); 1.0 when both say the same constant."""
+    a, b = np.asarray(together_a, dtype=int), np.asarray(together_b, dtype=int)
+    if a.shape != b.shape or a.ndim != 1 or not len(a):
+        raise ValueError(f"pair judgements of shapes {a.shape} and {b.shape} cannot be compared")
+    if len(np.unique(a)) == 1 and len(np.unique(b)) == 1:
+        kappa = 1.0 if a[0] == b[0] else 0.0
+    else:
+        kappa = float(cohen_kappa_score(a, b))
+    return Reproduction(a, b, kappa, source, pairs=True)
 
 
 def coordinate_halves(width: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

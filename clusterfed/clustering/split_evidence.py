@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from clusterfed.clustering.reproducible import Reproduction
+from clusterfed.clustering.reproducible import Reproduction, compare_pairs
 
 KINDS = ("best", "two")  # the partitions kept each round: the best-silhouette cut, the bi-partition
 
@@ -60,3 +60,32 @@ class Evidence:
     def as_record(self) -> dict[str, Any]:
         then, now = self.alike
         return {**self.reproduction.as_record(), "alike": [None if then is None else round(then, 4), round(now, 4)]}
+
+
+def pair_evidence(history: list[dict[str, Any]], now: dict[str, Any], keys: list[str], kind: str,
+                  need: int) -> Evidence | None:
+    """At partial participation, where no earlier round shares ``need`` of this round's clients
+    (``keys``): the pairs of them last seen together in an earlier kept partition (``history``,
+    oldest first, each ``{"round", kind: {key: label}, "alike": {kind: cosine}}``), whether each
+    sat on one side then and now (``compare_pairs``). None unless the pairs cover ``need``
+    clients and number at least need·(need − 1)/2, what one round sharing ``need`` clients would
+    give. The earlier round's parts-alike is the latest round used."""
+    partitions = [(entry["round"], entry[kind], (entry.get("alike") or {}).get(kind)) for entry in history]
+    then, present, used = [], [], []
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            for rnd, labels, alike in reversed(partitions):
+                if a in labels and b in labels:
+                    then.append(labels[a] == labels[b])
+                    present.append(now[kind][a] == now[kind][b])
+                    used.append((rnd, alike, a, b))
+                    break
+    covered = {k for _, _, a, b in used for k in (a, b)}
+    if len(covered) < need or len(used) < need * (need - 1) // 2:
+        return None
+    rounds = sorted({rnd for rnd, *_ in used})
+    latest_alike = next(alike for rnd, alike, *_ in sorted(used, key=lambda u: u[0]) if rnd == rounds[-1])
+    span = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds[0]}–{rounds[-1]}"
+    source = f"pairs seen together in {span} and round {now['round']}"
+    return Evidence(compare_pairs(then, present, source), (latest_alike, now["alike"][kind]),
+                    (rounds[-1], now["round"]))

@@ -37,7 +37,7 @@ from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, bipartition, split_criteria
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare
-from clusterfed.clustering.split_evidence import KINDS, Evidence
+from clusterfed.clustering.split_evidence import KINDS, Evidence, pair_evidence
 from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
 from clusterfed.clustering.sketch import in_sketch_space
 from clusterfed.clustering.split_rules import merge_pairs, most_alike_sides
@@ -46,6 +46,11 @@ from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
 from clusterfed.core.exchange import (RETURN_UPDATE, Arrays, ClientInfo, Diagnostics, SplitCompared, TrainReply,
     natural, weighted_average)
+
+def best_evidence(found: list[Evidence], bound: float, min_cosine: float) -> Evidence:
+    """The partition that passes (reproduces, parts apart in both rounds), else the best agreement."""
+    return max(found, key=lambda e: (e.passes(bound, min_cosine), e.reproduction.reproduces(bound), e.agreement))
+
 
 class BiPartitioningParams(StrategyParams):
     """Split criteria, size/timing rules and merging, shared by CFL, LayerCFL and HiCFL."""
@@ -330,7 +335,8 @@ class BiPartitionTree:
                   U: np.ndarray, whole: np.ndarray | None = None) -> Evidence | str:
         """This round's partition of ``keys`` (rows of ``U``, this round's own updates: independent
         SGD draws from the earlier rounds') kept for ``cluster``, and compared with its latest earlier
-        partition sharing at least ``MIN_COMMON`` clients: the best-silhouette cut (2..split-silhouette-max-k)
+        partition sharing at least ``MIN_COMMON`` clients (at partial participation, where none does,
+        with the pairs of them last seen together, ``pair_evidence``): the best-silhouette cut (2..split-silhouette-max-k)
         and the bi-partition, each with how alike its parts point (``Evidence``; on ``whole``, the
         clients' updates of every compared array when ``U`` holds fewer: whether two parts train one
         task is the whole model's question, and a layer chosen for separating the clients is not the
@@ -363,9 +369,13 @@ class BiPartitionTree:
                 found = [Evidence(compare([earlier[kind][k] for k in common], [now[kind][k] for k in common], source),
                                   ((earlier.get("alike") or {}).get(kind), now["alike"][kind]), rounds)
                          for kind in KINDS]
-                return max(found, key=lambda e: (e.passes(bound, min_cosine), e.reproduction.reproduces(bound),
-                                                 e.agreement))
-        return f"rounds {history[-1]['round']} and {server_round} share fewer than {need} clients"
+                return best_evidence(found, bound, min_cosine)
+        # partial participation: no earlier round shares enough of them, but pairs of them met earlier
+        found = [e for e in (pair_evidence(history, now, keys, kind, need) for kind in KINDS) if e is not None]
+        if found:
+            return best_evidence(found, bound, min_cosine)
+        return (f"rounds {history[-1]['round']} and {server_round} share fewer than {need} clients, "
+                f"nor did {need * (need - 1) // 2} pairs of {need} of them meet in earlier rounds")
 
     def inherit(self, state: BiPartitioningState, cluster: int, children: tuple[int, int],
                 sides: tuple[list[str], list[str]]) -> None:
