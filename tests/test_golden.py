@@ -34,9 +34,11 @@ RESUMED = json.loads((CHECKPOINTS / "resumed.json").read_text())
 
 @pytest.mark.parametrize("name", CHECKPOINTED)
 def test_old_checkpoints_resume_into_the_same_round(name, tmp_path):
-    got, want = resume(name, CHECKPOINTS / name, tmp_path / name), RESUMED[name]
+    got, want = resume(name, CHECKPOINTS / name, tmp_path / name, **PREDATE_EVIDENCE.get(name, {})), RESUMED[name]
     assert got["round"] == want["round"], f"{name}: the resumed round differs"
     assert canonical_assignment(got["assignment"]) == canonical_assignment(want["assignment"])
+    if name in PREDATE_EVIDENCE and not set(PREDATE_EVIDENCE[name]) <= set(RUNS[name]):
+        return  # its golden run now splits on evidence; the checkpoint goes on as it was running
     # resuming is the uninterrupted run; checkpoints made before the clustering upload was
     # projected carry no projection plan, so their newcomers upload the chosen layer whole
     whole = {"bytes_up"} if name in PREDATE_PROJECTION else set()
@@ -47,3 +49,14 @@ def test_old_checkpoints_resume_into_the_same_round(name, tmp_path):
 
 
 PREDATE_PROJECTION = ("fedclust", "adacfl")
+# checkpoints of the CFL family written before split-timing existed ran on Sattler's criteria:
+# they resume on them (a checkpoint without the key is refused at the new default, evidence)
+PREDATE_EVIDENCE = {"cfl-merge": {"split-timing": "criteria"}, "hicfl": {"split-timing": "criteria"}}
+
+
+def test_a_checkpoint_older_than_split_timing_is_refused_at_the_new_default_with_the_value_that_resumes_it(tmp_path):
+    from clusterfed.strategy_config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"cfl.split-timing \('evidence' now; the checkpoint predates the key "
+                                              r"and ran as 'criteria': set cfl.split-timing = 'criteria' to resume it\)"):
+        resume("cfl-merge", CHECKPOINTS / "cfl-merge", tmp_path / "cfl-merge")

@@ -30,6 +30,7 @@ import os
 import re
 import tempfile
 import zipfile
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,9 @@ OLD_FILENAME = "checkpoint.pkl"
 OLD_MAGIC = b"clusterfed-checkpoint v1\n"
 # config keys a resumed run may change: they do not decide what the algorithm computes
 RESUMABLE_CHANGES = frozenset({"rounds", "out-dir", "resume-from", "timeout", "checkpoint", "log-to"})
+# keys added with a default other than what the version before them did (by the key's last
+# part): a checkpoint without the key resumes only at this value, the way it was running
+EARLIER_BEHAVIOUR = {"split-timing": "criteria"}  # the CFL family split on Sattler's criteria
 
 
 class CheckpointError(ValueError):
@@ -229,6 +233,16 @@ def load_checkpoint(directory: str | Path) -> dict[str, Any]:
     return state
 
 
+def difference(saved: dict[str, Any], config: dict[str, Any], key: str) -> str:
+    """``key (A in the checkpoint, B now)``; for a key the checkpoint predates whose default
+    changed, what its version did and the value that resumes it."""
+    earlier = EARLIER_BEHAVIOUR.get(key.rsplit(".", 1)[-1])
+    if key not in saved and earlier is not None:
+        return (f"{key} ({config.get(key)!r} now; the checkpoint predates the key and ran as {earlier!r}: "
+                f"set {key} = {earlier!r} to resume it)")
+    return f"{key} ({saved.get(key)!r} in the checkpoint, {config.get(key)!r} now)"
+
+
 def check_compatible(state: dict[str, Any], config: dict[str, Any], shapes: dict[str, tuple],
                      defaults: dict[str, Any] | None = None) -> None:
     """Refuse a checkpoint of another strategy, model, data setting or seed. ``defaults``: the
@@ -243,12 +257,11 @@ def check_compatible(state: dict[str, Any], config: dict[str, Any], shapes: dict
     # a key added to the schema since the checkpoint was written is no change while it holds
     # its default: what the earlier version did without the key
     added_at_default = {k for k in set(config) - set(saved) if defaults is not None and k in defaults
-                        and config[k] == defaults[k]}
+                        and config[k] == EARLIER_BEHAVIOUR.get(k.rsplit(".", 1)[-1], defaults[k])}
     changed = sorted(k for k in set(saved) | set(config)
                      if k not in RESUMABLE_CHANGES | added_at_default and k != "strategy" and saved.get(k) != config.get(k))
     if changed:
-        problems.append("these config keys differ: " + ", ".join(
-            f"{k} ({saved.get(k)!r} in the checkpoint, {config.get(k)!r} now)" for k in changed))
+        problems.append("these config keys differ: " + ", ".join(map(partial(difference, saved, config), changed)))
     if state["round"] >= int(config.get("rounds", 0)):
         problems.append(f"it already holds round {state['round']} of {config.get('rounds')} (raise rounds to go on)")
     if problems:

@@ -43,11 +43,12 @@ def last_round(out: Path) -> dict:
     return {"round": {k: rounds[-1][k] for k in FIELDS}, "assignment": clusters["assignment"]}
 
 
-def resume(name: str, checkpoint: Path, out: Path) -> dict:
-    """The last round of ``name`` resumed from the checkpoint in ``checkpoint`` (copied into ``out``)."""
+def resume(name: str, checkpoint: Path, out: Path, **overrides) -> dict:
+    """The last round of ``name`` resumed from the checkpoint in ``checkpoint`` (copied into ``out``),
+    with the run's config changed by ``overrides``."""
     shutil.copytree(checkpoint, out)
     rounds = config_of(name, out)["rounds"]
-    return last_round(run(config_of(name, out, **{"resume-from": str(out)}, rounds=rounds)))
+    return last_round(run(config_of(name, out, **{"resume-from": str(out), **overrides}, rounds=rounds)))
 
 
 def record(name: str, target: Path) -> dict:
