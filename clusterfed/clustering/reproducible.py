@@ -23,7 +23,7 @@ draws of the random-model benchmark; ``DEFAULT_AGREEMENT``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,6 +102,25 @@ def compare_pairs(together_a: Sequence[bool] | np.ndarray, together_b: Sequence[
     else:
         kappa = float(cohen_kappa_score(a, b))
     return Reproduction(a, b, kappa, source, pairs=True)
+
+
+def pairs_seen_together(earlier: Sequence[tuple[int, Mapping[Hashable, int]]], now: Mapping[Hashable, int]
+                        ) -> tuple[list[bool], list[bool], list[int], set[Hashable]]:
+    """For each pair of ``now``'s clients (client -> label), the latest of the ``earlier``
+    partitions (``(round, client -> label)``, oldest first) holding both: whether it put them on
+    one side, whether ``now`` does, and that round; and the clients those pairs cover."""
+    keys = list(now)
+    then, present, rounds, covered = [], [], [], set()
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            for rnd, labels in reversed(earlier):
+                if a in labels and b in labels:
+                    then.append(labels[a] == labels[b])
+                    present.append(now[a] == now[b])
+                    rounds.append(rnd)
+                    covered.update((a, b))
+                    break
+    return then, present, rounds, covered
 
 
 def coordinate_halves(width: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

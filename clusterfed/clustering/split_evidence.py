@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from clusterfed.clustering.reproducible import Reproduction, compare_pairs
+from clusterfed.clustering.reproducible import Reproduction, compare_pairs, pairs_seen_together
 
 KINDS = ("best", "two")  # the partitions kept each round: the best-silhouette cut, the bi-partition
 
@@ -70,22 +70,12 @@ def pair_evidence(history: list[dict[str, Any]], now: dict[str, Any], keys: list
     sat on one side then and now (``compare_pairs``). None unless the pairs cover ``need``
     clients and number at least need·(need − 1)/2, what one round sharing ``need`` clients would
     give. The earlier round's parts-alike is the latest round used."""
-    partitions = [(entry["round"], entry[kind], (entry.get("alike") or {}).get(kind)) for entry in history]
-    then, present, used = [], [], []
-    for i, a in enumerate(keys):
-        for b in keys[i + 1:]:
-            for rnd, labels, alike in reversed(partitions):
-                if a in labels and b in labels:
-                    then.append(labels[a] == labels[b])
-                    present.append(now[kind][a] == now[kind][b])
-                    used.append((rnd, alike, a, b))
-                    break
-    covered = {k for _, _, a, b in used for k in (a, b)}
-    if len(covered) < need or len(used) < need * (need - 1) // 2:
+    then, present, rounds, covered = pairs_seen_together([(e["round"], e[kind]) for e in history],
+                                                         {k: now[kind][k] for k in keys})
+    if len(covered) < need or len(then) < need * (need - 1) // 2:
         return None
-    rounds = sorted({rnd for rnd, *_ in used})
-    latest_alike = next(alike for rnd, alike, *_ in sorted(used, key=lambda u: u[0]) if rnd == rounds[-1])
-    span = f"round {rounds[0]}" if len(rounds) == 1 else f"rounds {rounds[0]}–{rounds[-1]}"
-    source = f"pairs seen together in {span} and round {now['round']}"
-    return Evidence(compare_pairs(then, present, source), (latest_alike, now["alike"][kind]),
-                    (rounds[-1], now["round"]))
+    first, last = min(rounds), max(rounds)
+    latest_alike = next((e.get("alike") or {}).get(kind) for e in history if e["round"] == last)
+    span = f"round {first}" if first == last else f"rounds {first}–{last}"
+    return Evidence(compare_pairs(then, present, f"pairs seen together in {span} and round {now['round']}"),
+                    (latest_alike, now["alike"][kind]), (last, now["round"]))
