@@ -49,7 +49,10 @@ def serve(path: Path, idle_seconds: float, task: str | None = None) -> None:
 
     authkey = authkey_of(path.parent)
     listener = Listener(str(path), family="AF_UNIX", authkey=authkey)
-    path.with_suffix(".pid").write_text(str(os.getpid()))
+    # written whole, then renamed: a reader (stop_workers, the spawner) never sees it empty
+    partial = path.with_suffix(f".pid.{os.getpid()}.tmp")
+    partial.write_text(str(os.getpid()))
+    os.replace(partial, path.with_suffix(".pid"))
     last_request = [time.monotonic()]
     busy = threading.Lock()
 
