@@ -131,7 +131,7 @@ def test_a_split_is_taken_once_two_rounds_cut_alike_undone_when_its_parts_become
                            "updates cut alike in rounds 1 and 2 agree (ARI 1.00)")
     assert run.clusters() == [KEYS[:4], KEYS[4:]]
     alike = [0] * 8
-    assert "decision" not in run.round(3, alike)  # alike once: not yet
+    assert "merged" not in run.round(3, alike).get("decision", "")  # alike once: not yet
     said = run.round(4, alike)["decision"]
     assert said.startswith("FedClust: clusters 1 and 2 merged: ") and "rounds 3 and 4" in said
     assert run.clusters() == [KEYS]
@@ -150,26 +150,34 @@ def test_a_converged_group_whose_members_cut_alike_round_after_round_is_not_spli
     scale is a split."""
     run = Revisits(dict.fromkeys(KEYS, 0))
     two = [0, 0, 0, 0, 1, 1, 1, 1]
-    assert run.round(1, [0] * 8) == {}  # the cluster's scale: its first round's updates
+    NOT_SPLIT = "FedClust: cluster 0 not split: its members' training updates cut into 2 parts, but its parts "
+    # the cluster's scale: its first round's updates (one task: any cut of them points alike)
+    assert run.round(1, [0] * 8)["decision"].startswith(NOT_SPLIT + "point alike (mean-update cosine 0.99 >= 0.00)")
     for number in (2, 3, 4):
-        assert run.round(number, two, scale=0.1) == {} and run.clusters() == [KEYS]
+        said = run.round(number, two, scale=0.1)["decision"]
+        assert said == NOT_SPLIT + "pull apart by 0.13 < 0.50 of the cluster's update scale: one group's spread"
+        assert run.clusters() == [KEYS]
     # clients still learning their common task: a persistent cut, parts pointing alike
     common = directions([3] * 8, seed=0)[0]
     learning = Revisits(dict.fromkeys(KEYS, 0))
     for number in (1, 2, 3):
         updates = [common + 0.6 * u for u in directions(two, seed=number)]
         replies = [reply(k, u, np.zeros(40), 0) for k, u in zip(KEYS, updates)]
-        assert revisit.revisit(learning.state, learning.strategy.params, number, replies,
-                               learning.strategy.new_cluster, "FedClust") == {}
+        said = revisit.revisit(learning.state, learning.strategy.params, number, replies,
+                               learning.strategy.new_cluster, "FedClust")["decision"]
+        assert said.startswith(NOT_SPLIT + "point alike (mean-update cosine 0.85 >= 0.00): one task")
     assert learning.clusters() == [KEYS]
-    run.round(5, two)
+    said = run.round(5, two)["decision"]  # the first cut at full scale: round 4's was no split
+    assert said.endswith("cut into 2 parts, but rounds 4 and 5: the earlier cut kept these clients together")
     assert "split into" in run.round(6, two)["decision"] and run.clusters() == [KEYS[:4], KEYS[4:]]
 
 
 def test_updates_that_cut_differently_in_two_rounds_are_not_split():
     run = Revisits(dict.fromkeys(KEYS, 0))
     run.round(1, [0, 0, 0, 0, 1, 1, 1, 1])
-    assert run.round(2, [0, 1, 0, 1, 0, 1, 0, 1]) == {} and run.clusters() == [KEYS]
+    said = run.round(2, [0, 1, 0, 1, 0, 1, 0, 1])["decision"]
+    assert said.startswith("FedClust: cluster 0 not split: its members' training updates cut into 2 parts, but "
+                           "rounds 1 and 2 disagree (ARI ") and run.clusters() == [KEYS]
 
 
 def test_adacfl_takes_a_stock_client_and_says_why_pre_clustering_was_skipped():
@@ -211,3 +219,25 @@ def test_a_singleton_is_named_advice_is_never_in_force_and_round_1_names_what_is
     assert explain.warmup_said(choice, "AdaCFL", 1, 2) == (
         "AdaCFL: FedAvg warm-up for 1 round; the clustering step in round 2 compares each of 2 candidate layers "
         "(a, b), the one whose clients' updates show the most structure")
+
+
+def test_at_partial_participation_a_revisit_splits_on_pairs_seen_together_earlier():
+    """12 members, two groups (0-5, 6-11), 6 reply a round: round 3 shares only 3 clients with
+    round 1 and 3 with round 2, but the 6 pairs among them sat then as they sit now: split, each
+    absent member on the side its last cut put it with."""
+    keys = [str(i) for i in range(12)]
+    run = Revisits(dict.fromkeys(keys, 0))
+    samples = [["0", "1", "2", "6", "7", "8"], ["3", "4", "5", "9", "10", "11"], ["0", "1", "3", "4", "6", "9"]]
+    said = {}
+    for number, sample in enumerate(samples, 1):
+        groups = [int(k) // 6 for k in sample]
+        updates = directions(groups, noise=0.1, seed=number)
+        updates = [u - np.mean(updates, axis=0) for u in updates]  # the model sits between the groups
+        replies = [reply(k, u, np.zeros(40), run.state.assignment[k]) for k, u in zip(sample, updates)]
+        said[number] = revisit.revisit(run.state, run.strategy.params, number, replies, run.strategy.new_cluster,
+                                       "FedClust").get("decision", "")
+    assert said[2] == ("FedClust: split of cluster 0 deferred: rounds 1 and 2 share fewer than 4 of its members, "
+                       "nor did 6 pairs of 4 of them meet in earlier rounds")
+    assert ("split into clusters 1 (6 clients), 2 (6 clients): its members' training updates cut alike in pairs seen "
+            "together in rounds 1–2 and round 3 agree (pair ARI 1.00 over 6 pairs)") in said[3]
+    assert run.clusters() == [keys[:6], keys[6:]]

@@ -60,7 +60,8 @@ class Reproduction:
         return self.agreement >= bound
 
     def clusters(self) -> tuple[int, int]:
-        """The number of clusters in each half's partition."""
+        """The number of clusters in each half's partition (pairs: 2 where some pairs sit
+        together and some apart, 1 where all sit alike)."""
         return len(np.unique(self.labels_a)), len(np.unique(self.labels_b))
 
     def words(self, bound: float = DEFAULT_AGREEMENT) -> str:

@@ -14,7 +14,8 @@ import numpy as np
 
 from clusterfed.clustering import stack_partials
 from clusterfed.clustering.oneshot import child_of, mean_cosine, most_alike, part_separation, threshold_cut
-from clusterfed.clustering.reproducible import compare
+from clusterfed.clustering.reproducible import Reproduction, compare, compare_pairs, pairs_seen_together
+from clusterfed.explain.numbers import compared
 from clusterfed.core.exchange import Diagnostics, TrainReply, natural
 from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState, reproduced
 
@@ -33,6 +34,9 @@ REVISIT_MAX_COSINE = 0.0
 #   update norm in the round they were first cut) (ε2, a member's update stays large): the
 #   converged members of one group pull apart at a small fraction of it.
 REVISIT_MIN_SEPARATION = 0.5
+# a cluster's latest cuts kept: at partial participation, where the latest shares too few of a
+# round's members, the pairs of them that met in these are the evidence
+REVISIT_CUTS_KEPT = 6
 
 
 def update_rows(replies: list[TrainReply], state: OneShotState) -> np.ndarray:
@@ -72,33 +76,41 @@ def _revisit_cut(X: np.ndarray, params: OneShotParams) -> np.ndarray:
 
 def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, cluster: int,
                  group: list[TrainReply], X: np.ndarray, new_cluster: Any, strategy: str) -> str | None:
+    """Split ``cluster`` when this round's cut of its repliers' updates (``X``) passes the
+    parts' tests and reproduces an earlier round's; the round line's words when it splits, or
+    when a cut was found and refused (why), else None."""
     if len(group) < REVISIT_MIN_MEMBERS:
         return None
     labels = _revisit_cut(X, params)
     scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
-    if len(np.unique(labels)) > 1 and (most_alike(X, labels)[0] >= REVISIT_MAX_COSINE
-                                       or part_separation(X, labels) < REVISIT_MIN_SEPARATION * scale):
+    parts = len(np.unique(labels))
+    refused = _parts_refusal(X, labels, scale) if parts > 1 else None
+    if refused:
         labels = np.zeros_like(labels)  # one group's spread, not a split: both rounds compared must pass
     current = {reply.key: int(label) for reply, label in zip(group, labels)}
     previous = state.revisit_cuts.get(cluster)
-    state.revisit_cuts[cluster] = {"round": server_round, "labels": current}
-    if previous is None or len(set(current.values())) < 2:
+    earlier = [] if previous is None else [*previous.get("earlier", []),
+                                           {"round": previous["round"], "labels": previous["labels"]}]
+    state.revisit_cuts[cluster] = {"round": server_round, "labels": current,
+                                   "earlier": earlier[-(REVISIT_CUTS_KEPT - 1):]}
+    not_split = f"{strategy}: cluster {cluster} not split: its members' training updates cut into {parts} parts"
+    if refused:
+        return f"{not_split}, but {refused}"
+    if previous is None or parts < 2:
         return None
-    common = [key for key in current if key in previous["labels"]]
-    if len(common) < REVISIT_MIN_MEMBERS:
-        return None
-    reproduction = compare([previous["labels"][k] for k in common], [current[k] for k in common],
-                           f"rounds {previous['round']} and {server_round}")
+    reproduction = _against_earlier(earlier, current, server_round)
+    if isinstance(reproduction, str):
+        return f"{strategy}: split of cluster {cluster} deferred: {reproduction}"
     if not reproduced(reproduction, params):
-        return None
+        if min(reproduction.clusters()) < 2:  # the earlier cut (or all pairs) found no split
+            return f"{not_split}, but {reproduction.source}: the earlier cut kept these clients together"
+        return f"{not_split}, but {reproduction.words(params.reproduce_agreement)}"
     members = sorted((k for k, c in state.assignment.items() if c == cluster), key=natural)
-    mapped = child_of(previous["labels"], current)
     largest = max(set(current.values()), key=list(current.values()).count)
     model = state.models.pop(cluster)
     children = {label: new_cluster(model, cluster) for label in sorted(set(current.values()))}
     for key in members:
-        label = current.get(key, mapped.get(previous["labels"].get(key, -1), largest))
-        state.assignment[key] = children[label]
+        state.assignment[key] = children[current[key] if key in current else _last_side(key, earlier, current, largest)]
     reference = state.references.pop(cluster, None)
     if reference is not None:  # a newcomer is placed by the clustering step's rows: the parent's
         state.references.update(dict.fromkeys(children.values(), reference))
@@ -113,6 +125,46 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     return (f"{strategy}: cluster {cluster} ({len(members)} clients) split into clusters "
             f"{named}: its members' training updates cut alike in "
             f"{reproduction.words(params.reproduce_agreement)}")
+
+
+def _parts_refusal(X: np.ndarray, labels: np.ndarray, scale: float) -> str | None:
+    """Why a cut of one round's updates is no split (Sattler et al.'s criteria on the cluster's
+    own scale), or None when its parts point and pull apart."""
+    cosine = most_alike(X, labels)[0]
+    if cosine >= REVISIT_MAX_COSINE:
+        return f"its parts point alike (mean-update cosine {compared(cosine, '>=', REVISIT_MAX_COSINE)}): one task"
+    separation = part_separation(X, labels) / scale if scale > 0 else 0.0
+    if separation < REVISIT_MIN_SEPARATION:
+        return (f"its parts pull apart by {compared(separation, '<', REVISIT_MIN_SEPARATION)} of the cluster's "
+                "update scale: one group's spread")
+    return None
+
+
+def _against_earlier(earlier: list[dict[str, Any]], current: dict[str, int], server_round: int) -> Reproduction | str:
+    """This round's cut against the latest earlier one sharing ``REVISIT_MIN_MEMBERS`` of its
+    clients, or (partial participation) against the pairs of them seen together in the earlier
+    cuts kept; why not, in words, when neither holds enough."""
+    latest = earlier[-1]
+    common = [key for key in current if key in latest["labels"]]
+    if len(common) >= REVISIT_MIN_MEMBERS:
+        return compare([latest["labels"][k] for k in common], [current[k] for k in common],
+                       f"rounds {latest['round']} and {server_round}")
+    need = REVISIT_MIN_MEMBERS
+    then, present, rounds, covered = pairs_seen_together([(e["round"], e["labels"]) for e in earlier], current)
+    if len(covered) < need or len(then) < need * (need - 1) // 2:
+        return (f"rounds {latest['round']} and {server_round} share fewer than {need} of its members, "
+                f"nor did {need * (need - 1) // 2} pairs of {need} of them meet in earlier rounds")
+    span = f"round {min(rounds)}" if min(rounds) == max(rounds) else f"rounds {min(rounds)}–{max(rounds)}"
+    return compare_pairs(then, present, f"pairs seen together in {span} and round {server_round}")
+
+
+def _last_side(key: str, earlier: list[dict[str, Any]], current: dict[str, int], largest: int) -> int:
+    """The part of this round's cut an absent member joins: the one most of its side in the
+    latest earlier cut holding it went to (``child_of``), else the largest."""
+    for entry in reversed(earlier):
+        if key in entry["labels"]:
+            return child_of(entry["labels"], current).get(entry["labels"][key], largest)
+    return largest
 
 
 def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows: dict[int, np.ndarray],
