@@ -62,6 +62,16 @@ def diagnostics_of(value: Any) -> Diagnostics:
     return dict(value or {})
 
 
+def add_diagnostics(into: Diagnostics, more: Any) -> None:
+    """Merge a step's diagnostics (``diagnostics_of``) into the round's: later columns win,
+    except the round line's words (``decision``), which each step adds after the earlier ones'."""
+    more = diagnostics_of(more)
+    said = [text for text in (into.get("decision"), more.pop("decision", None)) if text]
+    into.update(more)
+    if said:
+        into["decision"] = "; ".join(said)
+
+
 def steps(result: Iterator | Diagnostics | None) -> Steps:
     """``diagnostics = yield from steps(hook(...))``: a hook written as a plain method asks
     nothing (what it returns is its diagnostics); one written as a generator is run to its

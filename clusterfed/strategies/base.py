@@ -85,7 +85,7 @@ from clusterfed.core.flower_hooks import FlowerHooks
 from clusterfed.core.params import StrategyParams, describe_errors, document_params  # noqa: F401
 from clusterfed.core.exchange import (  # noqa: F401 (Steps, steps: the author kit's, from base)
     RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, Round, RoundResult, SecureSums,
-    Steps, TrainReply, Trainers, diagnostics_of, by_key, natural, steps, weighted_average)
+    Steps, TrainReply, Trainers, add_diagnostics, diagnostics_of, by_key, natural, steps, weighted_average)
 from clusterfed.strategies import secure
 from clusterfed.strategies.secure import (  # noqa: F401 (re-exported: strategies set secure_refusal = base.<one>)
     COMPARES_UPDATES_EVERY_ROUND, EACH_CLIENT_ALONE, READS_EACH_CLIENTS_MODEL, sums_train_loss)
@@ -288,30 +288,27 @@ class ClusteredStrategy(FlowerHooks):
         (``before_train``), choose the trainers (``select_trainers``), train them (``train``:
         one exchange by default), average per cluster (``aggregate``), the steps that use the
         training replies (``after_train``) and the mean train loss; returns the diagnostics,
-        merged in that order. A strategy varies the steps, never the skeleton."""
+        merged in that order (each step's words after the earlier ones'). A strategy varies the steps, never the skeleton."""
         rnd.reports.clear()
         self.check_population(max(len(rnd.clients), len(rnd.active)))
         rnd.sampled = self.draw_sample(rnd)
         unplaced = [k for k in rnd.active if k not in self.state.assignment]
         diagnostics = (yield from steps(self.admit(rnd, unplaced))) if unplaced else {}
-        diagnostics.update((yield from steps(self.before_train(rnd))))
+        add_diagnostics(diagnostics, (yield from steps(self.before_train(rnd))))
         trainers = self.select_trainers(rnd)
         if isinstance(trainers, Trainers):  # what choosing them found
-            diagnostics.update(trainers.diagnostics)
+            add_diagnostics(diagnostics, trainers.diagnostics)
         if self.secagg is not None:  # each cluster's sum, never one client's update
             sums, trained = yield from self.secure_train(rnd, trainers)
-            diagnostics.update(trained)
-            summed = self.aggregate_sums(rnd, sums)
-            if diagnostics.get("decision"):  # the clustering step's words first
-                summed["decision"] = f"{diagnostics['decision']}; {summed['decision']}"
-            diagnostics.update(summed)
-            diagnostics.update(diagnostics_of(self.after_secure_train(rnd, sums)))
+            add_diagnostics(diagnostics, trained)
+            add_diagnostics(diagnostics, self.aggregate_sums(rnd, sums))
+            add_diagnostics(diagnostics, self.after_secure_train(rnd, sums))
             diagnostics["train_loss"] = sums_train_loss(sums)
             return diagnostics
         replies, trained = yield from self.train(rnd, trainers)
-        diagnostics.update(trained)
-        diagnostics.update(self.aggregate(rnd, replies))
-        diagnostics.update(diagnostics_of(self.after_train(rnd, replies)))
+        add_diagnostics(diagnostics, trained)
+        add_diagnostics(diagnostics, self.aggregate(rnd, replies))
+        add_diagnostics(diagnostics, self.after_train(rnd, replies))
         diagnostics["train_loss"] = mean_train_loss(replies)
         return diagnostics
 
