@@ -124,6 +124,25 @@ def pairs_seen_together(earlier: Sequence[tuple[int, Mapping[Hashable, int]]], n
     return then, present, rounds, covered
 
 
+def reproduce_on_pairs(earlier: Sequence[tuple[int, Mapping[Hashable, int]]], now: Mapping[Hashable, int],
+                       need: int, server_round: int) -> tuple[Reproduction, int] | None:
+    """At partial participation, where no earlier partition shares ``need`` of ``now``'s clients:
+    ``now`` against the pairs of them last seen together in ``earlier`` (``pairs_seen_together``,
+    ``compare_pairs``), and the latest earlier round used. None unless the pairs cover ``need``
+    clients and number at least need·(need − 1)/2, what one round sharing ``need`` would give."""
+    then, present, rounds, covered = pairs_seen_together(earlier, now)
+    if len(covered) < need or len(then) < need * (need - 1) // 2:
+        return None
+    first, last = min(rounds), max(rounds)
+    span = f"round {first}" if first == last else f"rounds {first}–{last}"
+    return compare_pairs(then, present, f"pairs seen together in {span} and round {server_round}"), last
+
+
+def too_few_pairs(need: int) -> str:
+    """What a deferral for want of pairs says (``reproduce_on_pairs`` gave None)."""
+    return f"nor did {need * (need - 1) // 2} pairs of {need} of them meet in earlier rounds"
+
+
 def coordinate_halves(width: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """A random split of ``width`` column indices into two disjoint halves (sorted), drawn
     from ``rng`` (the caller's seeded generator, so that a run reproduces)."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from clusterfed.clustering.reproducible import Reproduction, compare_pairs, pairs_seen_together
+from clusterfed.clustering.reproducible import Reproduction, reproduce_on_pairs
 
 KINDS = ("best", "two")  # the partitions kept each round: the best-silhouette cut, the bi-partition
 
@@ -65,17 +65,14 @@ class Evidence:
 def pair_evidence(history: list[dict[str, Any]], now: dict[str, Any], keys: list[str], kind: str,
                   need: int) -> Evidence | None:
     """At partial participation, where no earlier round shares ``need`` of this round's clients
-    (``keys``): the pairs of them last seen together in an earlier kept partition (``history``,
-    oldest first, each ``{"round", kind: {key: label}, "alike": {kind: cosine}}``), whether each
-    sat on one side then and now (``compare_pairs``). None unless the pairs cover ``need``
-    clients and number at least need·(need − 1)/2, what one round sharing ``need`` clients would
-    give. The earlier round's parts-alike is the latest round used."""
-    then, present, rounds, covered = pairs_seen_together([(e["round"], e[kind]) for e in history],
-                                                         {k: now[kind][k] for k in keys})
-    if len(covered) < need or len(then) < need * (need - 1) // 2:
+    (``keys``): this round's ``kind`` partition against the pairs of them last seen together in
+    an earlier kept partition (``history``, oldest first, each ``{"round", kind: {key: label},
+    "alike": {kind: cosine}}``; ``reproduce_on_pairs``), None when too few met. The earlier
+    round's parts-alike is the latest round used."""
+    found = reproduce_on_pairs([(e["round"], e[kind]) for e in history], {k: now[kind][k] for k in keys}, need,
+                               now["round"])
+    if found is None:
         return None
-    first, last = min(rounds), max(rounds)
+    reproduction, last = found
     latest_alike = next((e.get("alike") or {}).get(kind) for e in history if e["round"] == last)
-    span = f"round {first}" if first == last else f"rounds {first}–{last}"
-    return Evidence(compare_pairs(then, present, f"pairs seen together in {span} and round {now['round']}"),
-                    (latest_alike, now["alike"][kind]), (last, now["round"]))
+    return Evidence(reproduction, (latest_alike, now["alike"][kind]), (last, now["round"]))

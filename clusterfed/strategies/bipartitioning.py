@@ -36,7 +36,7 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, bipartition, split_criteria
-from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare
+from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare, too_few_pairs
 from clusterfed.clustering.split_evidence import KINDS, Evidence, pair_evidence
 from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
 from clusterfed.clustering.sketch import in_sketch_space
@@ -375,7 +375,7 @@ class BiPartitionTree:
         if found:
             return best_evidence(found, bound, min_cosine)
         return (f"rounds {history[-1]['round']} and {server_round} share fewer than {need} clients, "
-                f"nor did {need * (need - 1) // 2} pairs of {need} of them meet in earlier rounds")
+                f"{too_few_pairs(need)}")
 
     def inherit(self, state: BiPartitioningState, cluster: int, children: tuple[int, int],
                 sides: tuple[list[str], list[str]]) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 
 from clusterfed.clustering import stack_partials
 from clusterfed.clustering.oneshot import child_of, mean_cosine, most_alike, part_separation, threshold_cut
-from clusterfed.clustering.reproducible import Reproduction, compare, compare_pairs, pairs_seen_together
+from clusterfed.clustering.reproducible import Reproduction, compare, reproduce_on_pairs, too_few_pairs
 from clusterfed.explain.numbers import compared
 from clusterfed.core.exchange import Diagnostics, TrainReply, natural
 from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState, reproduced
@@ -149,13 +149,12 @@ def _against_earlier(earlier: list[dict[str, Any]], current: dict[str, int], ser
     if len(common) >= REVISIT_MIN_MEMBERS:
         return compare([latest["labels"][k] for k in common], [current[k] for k in common],
                        f"rounds {latest['round']} and {server_round}")
-    need = REVISIT_MIN_MEMBERS
-    then, present, rounds, covered = pairs_seen_together([(e["round"], e["labels"]) for e in earlier], current)
-    if len(covered) < need or len(then) < need * (need - 1) // 2:
-        return (f"rounds {latest['round']} and {server_round} share fewer than {need} of its members, "
-                f"nor did {need * (need - 1) // 2} pairs of {need} of them meet in earlier rounds")
-    span = f"round {min(rounds)}" if min(rounds) == max(rounds) else f"rounds {min(rounds)}–{max(rounds)}"
-    return compare_pairs(then, present, f"pairs seen together in {span} and round {server_round}")
+    found = reproduce_on_pairs([(e["round"], e["labels"]) for e in earlier], current, REVISIT_MIN_MEMBERS,
+                               server_round)
+    if found is None:
+        return (f"rounds {latest['round']} and {server_round} share fewer than {REVISIT_MIN_MEMBERS} of its members, "
+                f"{too_few_pairs(REVISIT_MIN_MEMBERS)}")
+    return found[0]
 
 
 def _last_side(key: str, earlier: list[dict[str, Any]], current: dict[str, int], largest: int) -> int:
