@@ -21,7 +21,7 @@ from fuzz.apps import train  # noqa: E402
 from fuzz.cell import FAMILIES, HEAD_POSITIONS, Cell, draw_cell  # noqa: E402
 from fuzz.data import client_arrays, loaders, true_groups, world  # noqa: E402
 from fuzz.models import build_model, freeze_leading  # noqa: E402
-from fuzz.run import decision_text, verdict  # noqa: E402
+from fuzz.run import ari, decision_text, placed_clients, verdict  # noqa: E402
 
 BASE = Cell(seed=5, family="mlp", width=16, depth=2, activation="relu", dropout=0.0, norm="none", recurrent="",
             frozen_fraction=0.0, head_position="last", extra_heads=0, optimizer="sgd", lr=0.1, local_epochs=1,
@@ -165,6 +165,19 @@ def test_verdict_on_hand_made_numbers():
     out = verdict({"accuracy": None, "ari": None, "clusters": None, "last_decision": "", "error": "CapabilityError: x"},
                   0.7, iid=False)
     assert not out["passes"] and out["loss_pp"] is None and out["reason_named"] is True
+
+
+def test_a_client_never_placed_is_no_cluster():
+    """result.assignment names a client the run never placed as UNASSIGNED (-1): the IID control
+    with one cluster and one unplaced client has one cluster, and the ARI counts placed clients."""
+    cell = replace(BASE, shift="iid", groups=1, clients=4)
+    assignment = {"node-1000": 3, "node-1001": 3, "node-1002": -1, "node-1003": 3}
+    assert placed_clients(assignment) == {"node-1000": 3, "node-1001": 3, "node-1003": 3}
+    assert ari(cell, assignment) == 1.0
+    grouped = replace(BASE, groups=2, clients=4)
+    found = {f"node-{1000 + i}": group for i, group in enumerate(true_groups(grouped))}
+    found["node-1003"] = -1  # never placed: not a third cluster
+    assert ari(grouped, found) == 1.0
 
 
 def test_decision_text_keeps_only_the_strategys_words():

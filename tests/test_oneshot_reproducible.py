@@ -59,6 +59,8 @@ def test_a_chain_whose_halves_disagree_never_ends_in_an_accepted_cut():
     assert requests == 10 and diagnostics["stock_trainings"] == 10  # it never settled: every request made
     labels, _ = oneshot.cut(X, params)
     assert len(np.unique(labels)) > 1  # the whole chain's cut alone would have been taken
+    # the last request's two groups of 4 (the whole chain's cut leaves one client alone, a deferral of its own)
+    labels = np.random.default_rng(10).permutation([0, 1] * 4)
     taken, reproduction, said = oneshot.gate(X, labels, halves, params, "FedClust")
     assert len(np.unique(taken)) == 1 and not reproduction.reproduces(params.reproduce_agreement)
     assert said.startswith("FedClust: cut deferred: requests 1–5 and 6–10 disagree (ARI ")
@@ -75,6 +77,39 @@ def test_a_chain_whose_halves_agree_ends_early_and_its_cut_is_taken():
     taken, reproduction, said = oneshot.gate(X, labels, halves, params, "FedClust")
     assert compare(taken, groups, "truth").agreement == 1.0
     assert said == "FedClust: cut reproduced: requests 1–1 and 2–2 agree (ARI 1.00)"
+
+
+def test_a_cluster_of_one_client_joins_the_nearest_and_a_cut_that_only_isolates_one_is_deferred():
+    """One client's own data cannot be told from a group of one: an outlier among one task's
+    clients is no cut (deferred, named); beside real groups it joins the nearest; the paper
+    preset keeps it; AdaCFL's singleton pre-cluster (label statistics) keeps its client."""
+    params = FedClust.Params(seed=0)
+    keys = [f"c{i}" for i in range(8)]
+    one_task = np.stack(directions([0] * 8, noise=0.3))
+    one_task[5] = 3.0 * np.random.default_rng(7).normal(size=40)  # its own data, far from the rest
+    labels = np.array([0, 0, 0, 0, 0, 1, 0, 0])
+    taken, reproduction, said = oneshot.gate(one_task, labels, None, params, "FedClust", keys=keys)
+    assert len(np.unique(taken)) == 1 and reproduction is None
+    assert said == ("FedClust: cut deferred: its cut left c5 alone, and one client's own data cannot be told from a "
+                    "group of one: it joins the nearest cluster; one cluster until the members' training updates show "
+                    "a partition that reproduces (revisit)")
+    assert explain.deferral_why(said).startswith("its cut left c5 alone")
+
+    groups = np.stack(directions([0, 0, 0, 1, 1, 1, 1, 2], noise=0.05))  # c7: the only client of its group
+    taken, reproduction, said = oneshot.gate(groups, np.array([0, 0, 0, 1, 1, 1, 1, 2]), None, params, "FedClust",
+                                             keys=keys)
+    assert compare(taken, [0, 0, 0, 1, 1, 1, 1, 1], "").agreement == 1.0 or \
+        compare(taken, [0, 0, 0, 1, 1, 1, 1, 0], "").agreement == 1.0
+    assert said.startswith("FedClust: its cut left c7 alone") and "cut reproduced: coordinate halves" in said
+
+    paper = FedClust.Params(seed=0, reproduce=False)
+    taken, _, said = oneshot.gate(one_task, labels, None, paper, "FedClust", keys=keys)
+    assert list(taken) == list(labels) and said is None
+
+    pre = np.array([0, 0, 0, 0, 0, 1, 0, 0])  # c5's label statistics set it apart
+    taken, _, said = oneshot.gate(one_task, np.array([0, 0, 0, 0, 0, 1, 0, 0]), None, AdaCFL.Params(seed=0),
+                                  "AdaCFL", fallback=pre, keys=keys)
+    assert list(taken) == list(pre) and said is None
 
 
 def test_the_paper_presets_take_the_single_cut():

@@ -14,6 +14,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from sklearn.metrics import adjusted_rand_score
 
+from clusterfed.runner.membership import UNASSIGNED
 from clusterfed.simulation import inprocess_grid
 from clusterfed.strategies import strategy_class
 from fuzz.apps import helper_app, stock_app, test
@@ -63,7 +64,7 @@ def decision_text(line: str | None) -> str:
 def cell_accuracy(cell: Cell, result) -> tuple[float, int]:
     """The mean over clients of their own cluster model's test accuracy (a client the run never
     placed is served the largest cluster's model), and how many clients were placed."""
-    by_partition = {partition_of(k): int(c) for k, c in result.assignment.items()}
+    by_partition = {partition_of(k): int(c) for k, c in placed_clients(result.assignment).items()}
     models: dict[int | None, torch.nn.Module] = {}
     accuracies = []
     for partition in range(cell.clients):
@@ -77,11 +78,17 @@ def cell_accuracy(cell: Cell, result) -> tuple[float, int]:
     return sum(accuracies) / len(accuracies), len(by_partition)
 
 
+def placed_clients(assignment: dict[str, int]) -> dict[str, int]:
+    """The clients the run placed: ``result.assignment`` names every client it knows, those
+    never placed (never sampled, or their replies lost) as ``UNASSIGNED``, which is no cluster."""
+    return {key: cluster for key, cluster in assignment.items() if int(cluster) != UNASSIGNED}
+
+
 def ari(cell: Cell, assignment: dict[str, int]) -> float | None:
     """ARI of the placed clients' clusters against their true groups (1.0 for one cluster in
     the IID control, whose clients form one group)."""
     groups = true_groups(cell)
-    placed = sorted((partition_of(k), int(c)) for k, c in assignment.items())
+    placed = sorted((partition_of(k), int(c)) for k, c in placed_clients(assignment).items())
     if not placed:
         return None
     return round(float(adjusted_rand_score([groups[p] for p, _ in placed], [c for _, c in placed])), 4)
@@ -134,7 +141,7 @@ def run_strategy(cell: Cell, name: str, rounds: int) -> dict:
                    reported_accuracy=None, one_cluster_reason=None)
         return row
     accuracy, placed = cell_accuracy(cell, result)
-    sizes = Counter(result.assignment.values())
+    sizes = Counter(placed_clients(result.assignment).values())
     last = result.evaluate_metrics_clientapp.get(rounds, {})
     reported = last.get("eval_acc", last.get("eval-accuracy"))
     row.update(accuracy=round(accuracy, 4), ari=ari(cell, result.assignment), clusters=len(sizes),

@@ -9,6 +9,7 @@ partial weights in, labels and what the cut used out.
 - ``tolerant_threshold``: AdaCFL's auto λ, the fewest clusters within a tolerance of the
   best silhouette.
 - ``silhouette_or_none``, ``precluster_records``: what the clustering records for figures.
+- ``absorb_singletons``: a cluster of one client joins its nearest cluster.
 """
 
 from __future__ import annotations
@@ -176,3 +177,31 @@ def most_alike(X: np.ndarray, labels: np.ndarray) -> tuple[float, int, int]:
             if cosine > best[0]:
                 best = (cosine, int(a), int(b))
     return best
+
+
+def absorb_singletons(X: np.ndarray, labels: np.ndarray, *, metric: str,
+                      within: np.ndarray | None = None) -> tuple[np.ndarray, list[int]]:
+    """Each cluster of a single row joined to the nearest cluster of two or more rows (by
+    ``metric``, to that cluster's mean row), among those sharing its ``within`` label (AdaCFL's
+    label-statistics pre-clusters) when given; a single row with no such cluster stays.
+    Returns the labels (a joined row takes its cluster's) and the rows joined. Why: one
+    client's own data cannot be told from a group of one (an outlier of one task, or one
+    sampled member of a group); the revisits split it off when its updates keep pulling apart."""
+    from scipy.spatial.distance import cdist
+
+    labels = np.asarray(labels).copy()
+    X = np.asarray(X, np.float64)
+    within = np.zeros(len(labels), dtype=np.int64) if within is None else np.asarray(within)
+    found, counts = np.unique(labels, return_counts=True)
+    groups = [label for label, count in zip(found, counts) if count > 1]
+    joined = []
+    for label in (label for label, count in zip(found, counts) if count == 1):
+        row = int(np.flatnonzero(labels == label)[0])
+        targets = [g for g in groups if np.any(within[labels == g] == within[row])]
+        if not targets:
+            continue
+        means = np.stack([X[labels == g].mean(axis=0) for g in targets])
+        nearest = targets[int(np.argmin(cdist(X[row:row + 1], means, "cosine" if metric == "cosine" else "euclidean")))]
+        labels[row] = nearest
+        joined.append(row)
+    return labels, joined

@@ -87,6 +87,12 @@ def revisits_said(state: Any) -> str:
 
 
 # ------------------------------------------------------------- one cluster at the end
+def deferral_why(said: str) -> str:
+    """Why the clustering step's cut was deferred, from its words (``oneshot.gate``:
+    "<strategy>: cut deferred: <why>; <what is kept until when>")."""
+    return said.split("cut deferred: ", 1)[-1].rsplit("; ", 1)[0]
+
+
 def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | None:
     """Why the run ended with one cluster (None when it has more); ``reasons``: the
     strategy's reason code -> sentence."""
@@ -98,7 +104,7 @@ def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str 
     if deferred:
         later = ("; no cluster's training updates showed a partition that reproduced in successive rounds"
                  if params.revisit else "")
-        return f"the clustering step's cut did not reproduce and was deferred ({deferred.split(': ', 1)[-1]}){later}"
+        return f"the clustering step's cut was deferred ({deferred.split(': ', 1)[-1]}){later}"
     best = state.clustering_state.get("auto_best_silhouette")
     if params.lambda_ == "auto":
         shown = "none (fewer than 3 clients)" if best is None else f"{best:.3f}"
@@ -181,7 +187,7 @@ def fedclust_count_basis(state: Any, params: Any) -> str | None:
     shown = "" if silhouette is None else f" at silhouette {silhouette:.3f}"
     on = f"{len(cs.get('client_order', []))} clients on {', '.join(state.layer_choice.keys)}"
     if cs.get("deferred"):
-        return (f"{k} clusters: the clustering step's cut of {on} deferred (it did not reproduce)"
+        return (f"{k} clusters: the clustering step's cut of {on} deferred ({deferral_why(cs['deferred'])})"
                 f"{revisits_said(state)}{singletons(state)}")
     return f"{k} clusters: {cut}{shown} of {on}{revisits_said(state)}{singletons(state)}"
 
@@ -217,7 +223,7 @@ def adacfl_count_basis(state: Any, params: Any) -> str | None:
     gone = at_clustering + founded - final
     emptied = f"; {gone} left without members" if gone > 0 and not revisited else ""
     if cut.get("deferred"):
-        how = f"the clustering step's cut deferred (it did not reproduce), {how}"
+        how = f"the clustering step's cut deferred ({deferral_why(cut['deferred'])}), {how}"
     return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{revisited}{emptied}{singletons(state)}."
 
 

@@ -39,7 +39,7 @@ from sklearn.metrics import adjusted_rand_score
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
-    chain_halves, cut_into, most_alike, silhouette_or_none, threshold_cut)
+    absorb_singletons, chain_halves, cut_into, most_alike, silhouette_or_none, threshold_cut)
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies.base import ClusteredState, StrategyParams
@@ -332,17 +332,30 @@ def chain_settled(halves: Halves | None, params: OneShotParams, sample: int, cut
 
 
 def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneShotParams,
-         strategy: str, fallback: np.ndarray | None = None) -> tuple[np.ndarray, Reproduction | None, str | None]:
+         strategy: str, fallback: np.ndarray | None = None,
+         keys: list[str] | None = None) -> tuple[np.ndarray, Reproduction | None, str | None]:
     """The cut that is taken: ``labels`` when they are one cluster (nothing to reproduce),
     when ``reproduce`` is off, or when two independent halves of the evidence (``halves``: a
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
     give the same partition; else ``fallback`` (what is known without the weights: AdaCFL's
-    label-statistics pre-clusters; default one cluster), the cut deferred. Returns (labels,
+    label-statistics pre-clusters; default one cluster), the cut deferred. Under
+    ``reproduce``, a cluster of a single client (of 4 or more) first joins its nearest
+    cluster (``absorb_singletons``; ``keys`` name the rows in the words). Returns (labels,
     the reproduction, what the round line says)."""
     k = len(np.unique(labels))
     fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
     if not params.reproduce or k < 2 or compare(labels, fallback, "").agreement == 1.0:
         return labels, None, None
+    alone = ""
+    if len(labels) >= 4:
+        labels, joined = absorb_singletons(X, labels, metric=params.distance, within=fallback)
+        if joined:
+            named = ", ".join(keys[i] if keys else f"row {i}" for i in joined)
+            alone = (f"its cut left {named} alone, and one client's own data cannot be told from a group of one: "
+                     f"{'it joins' if len(joined) == 1 else 'they join'} the nearest cluster")
+            k = len(np.unique(labels))
+            if k < 2 or compare(labels, fallback, "").agreement == 1.0:
+                return fallback, None, f"{strategy}: cut deferred: {alone}; {_kept(fallback, params)}"
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
             return labels, None, None
@@ -351,16 +364,22 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     reproduction = halves_agree(halves, k, params)
     bound = params.reproduce_agreement
     cosine, a, b = most_alike(X, labels)
+    first = f"{alone}; " if alone else ""
     if reproduced(reproduction, params) and cosine < MERGE_MIN_COSINE:
-        return labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}"
+        return labels, reproduction, f"{strategy}: {first}cut reproduced: {reproduction.words(bound)}"
     why = (explain.disagreement(reproduction, bound) if not reproduced(reproduction, params) else
            f"{reproduction.words(bound)}, but two of its clusters' mean changes point alike (cosine {cosine:.2f} "
            f">= {MERGE_MIN_COSINE}): one task, each client's own data")
-    kept = "one cluster" if len(np.unique(fallback)) == 1 else f"the {len(np.unique(fallback))} label-statistics pre-clusters"
-    then = (f"{kept} until the members' training updates show a partition that reproduces (revisit)"
-            if params.revisit else f"{kept} (revisit = false)")
     return (fallback, reproduction,
-            f"{strategy}: cut deferred: {why}; {then}")
+            f"{strategy}: cut deferred: {first}{why}; {_kept(fallback, params)}")
+
+
+def _kept(fallback: np.ndarray, params: OneShotParams) -> str:
+    """What a deferred cut leaves, in words (``gate``)."""
+    found = len(np.unique(fallback))
+    kept = "one cluster" if found == 1 else f"the {found} label-statistics pre-clusters"
+    return (f"{kept} until the members' training updates show a partition that reproduces (revisit)"
+            if params.revisit else f"{kept} (revisit = false)")
 
 
 def rows(replies: list[TrainReply], start: Arrays, choice: LayerChoice, params: OneShotParams,

@@ -14,6 +14,7 @@ from flwr.app import Context, Message, MessageType, RecordDict
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.cluster_misses import cluster_miss_reason
+from clusterfed.runner.membership import UNASSIGNED
 from clusterfed.simulation import inprocess_grid
 from model_matrix import client_app, helper_app, server_app
 from model_matrix.data import NUM_GROUPS, SHIFTS, group_of
@@ -151,7 +152,9 @@ def score(cell: Cell, result) -> None:
                               for rnd, m in result.evaluate_metrics_clientapp.items()
                               if m.get("eval_acc", m.get("eval-accuracy")) is not None}
     clustering = getattr(result, "clustering", None) or {}
-    cell.assignment = {partition_of(key): int(cluster) for key, cluster in result.assignment.items()}
+    # a client the run never placed is UNASSIGNED (-1) in result.assignment: no cluster
+    cell.assignment = {partition_of(key): int(cluster) for key, cluster in result.assignment.items()
+                       if int(cluster) != UNASSIGNED}
     cell.clusters = len(set(cell.assignment.values()))
     if clustering.get("training_failed") or cell.clusters <= 1:
         cell.reason = clustering.get("training_failed") or clustering.get("one_cluster_reason")
