@@ -114,7 +114,8 @@ class OneShotParams(StrategyParams):
         True, description="a cut is taken only when two independent halves of the evidence give the same partition "
                           "(a stock client's chained requests 1..h and h+1..k, else two halves of the compared "
                           "coordinates; adjusted Rand index at least reproduce-agreement); otherwise it is deferred "
-                          "(one cluster) and the round line says so (false: the papers' single cut)")
+                          "(one cluster) and the round line says so; a cluster of one client first joins its nearest "
+                          "cluster (false: the papers' single cut)")
     reproduce_agreement: float = Field(
         DEFAULT_AGREEMENT, alias="reproduce-agreement", ge=0, le=1,
         description="the adjusted Rand index two independent cuts must reach for a cut, a split or a merge to be taken")
