@@ -9,7 +9,8 @@ partial weights in, labels and what the cut used out.
 - ``tolerant_threshold``: AdaCFL's auto λ, the fewest clusters within a tolerance of the
   best silhouette.
 - ``silhouette_or_none``, ``precluster_records``: what the clustering records for figures.
-- ``absorb_singletons``: a cluster of one client joins its nearest cluster.
+- ``absorb_singletons``: each cluster of one client joined to its nearest cluster (what a
+  cut is without the clients it set apart alone).
 """
 
 from __future__ import annotations
@@ -185,8 +186,8 @@ def absorb_singletons(X: np.ndarray, labels: np.ndarray, *, metric: str,
     ``metric``, to that cluster's mean row), among those sharing its ``within`` label (AdaCFL's
     label-statistics pre-clusters) when given; a single row with no such cluster stays.
     Returns the labels (a joined row takes its cluster's) and the rows joined. Why: one
-    client's own data cannot be told from a group of one (an outlier of one task, or one
-    sampled member of a group); the revisits split it off when its updates keep pulling apart."""
+    client's own data cannot be told from a group of one (an outlier of one task, or the one
+    sampled member of a group), so a cut with nothing left after this found no groups."""
     from scipy.spatial.distance import cdist
 
     labels = np.asarray(labels).copy()

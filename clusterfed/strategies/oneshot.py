@@ -114,8 +114,8 @@ class OneShotParams(StrategyParams):
         True, description="a cut is taken only when two independent halves of the evidence give the same partition "
                           "(a stock client's chained requests 1..h and h+1..k, else two halves of the compared "
                           "coordinates; adjusted Rand index at least reproduce-agreement); otherwise it is deferred "
-                          "(one cluster) and the round line says so; a cluster of one client first joins its nearest "
-                          "cluster (false: the papers' single cut)")
+                          "(one cluster) and the round line says so, as is a cut that only sets single clients apart "
+                          "(false: the papers' single cut)")
     reproduce_agreement: float = Field(
         DEFAULT_AGREEMENT, alias="reproduce-agreement", ge=0, le=1,
         description="the adjusted Rand index two independent cuts must reach for a cut, a split or a merge to be taken")
@@ -339,24 +339,21 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     when ``reproduce`` is off, or when two independent halves of the evidence (``halves``: a
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
     give the same partition; else ``fallback`` (what is known without the weights: AdaCFL's
-    label-statistics pre-clusters; default one cluster), the cut deferred. Under
-    ``reproduce``, a cluster of a single client (of 4 or more) first joins its nearest
-    cluster (``absorb_singletons``; ``keys`` name the rows in the words). Returns (labels,
-    the reproduction, what the round line says)."""
+    label-statistics pre-clusters; default one cluster), the cut deferred. A cut of 4 or more
+    clients whose only structure is single clients set apart (``absorb_singletons`` leaves
+    nothing beyond ``fallback``) is deferred too, the clients named (``keys``): one client's
+    own data cannot be told from a group of one. Returns (labels, the reproduction, what the
+    round line says)."""
     k = len(np.unique(labels))
     fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
     if not params.reproduce or k < 2 or compare(labels, fallback, "").agreement == 1.0:
         return labels, None, None
-    alone = ""
     if len(labels) >= 4:
-        labels, joined = absorb_singletons(X, labels, metric=params.distance, within=fallback)
-        if joined:
-            named = ", ".join(keys[i] if keys else f"row {i}" for i in joined)
-            alone = (f"its cut left {named} alone, and one client's own data cannot be told from a group of one: "
-                     f"{'it joins' if len(joined) == 1 else 'they join'} the nearest cluster")
-            k = len(np.unique(labels))
-            if k < 2 or compare(labels, fallback, "").agreement == 1.0:
-                return fallback, None, f"{strategy}: cut deferred: {alone}; {_kept(fallback, params)}"
+        joined_up, alone = absorb_singletons(X, labels, metric=params.distance, within=fallback)
+        if alone and (len(np.unique(joined_up)) < 2 or compare(joined_up, fallback, "").agreement == 1.0):
+            named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
+            return fallback, None, (f"{strategy}: cut deferred: it only set {named} apart, and one client's own data "
+                                    f"cannot be told from a group of one; {_kept(fallback, params)}")
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
             return labels, None, None
@@ -365,14 +362,13 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     reproduction = halves_agree(halves, k, params)
     bound = params.reproduce_agreement
     cosine, a, b = most_alike(X, labels)
-    first = f"{alone}; " if alone else ""
     if reproduced(reproduction, params) and cosine < MERGE_MIN_COSINE:
-        return labels, reproduction, f"{strategy}: {first}cut reproduced: {reproduction.words(bound)}"
+        return labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}"
     why = (explain.disagreement(reproduction, bound) if not reproduced(reproduction, params) else
            f"{reproduction.words(bound)}, but two of its clusters' mean changes point alike (cosine {cosine:.2f} "
            f">= {MERGE_MIN_COSINE}): one task, each client's own data")
     return (fallback, reproduction,
-            f"{strategy}: cut deferred: {first}{why}; {_kept(fallback, params)}")
+            f"{strategy}: cut deferred: {why}; {_kept(fallback, params)}")
 
 
 def _kept(fallback: np.ndarray, params: OneShotParams) -> str:
