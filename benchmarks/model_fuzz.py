@@ -155,6 +155,8 @@ How to run it again (a cell already in the folder is skipped):
   is the reference;
 - **passes**: the clusters recover the true groups (ARI ≥ {MIN_ARI}; in an IID control: one
   cluster), or FedAvg reaches {CEILING} and the strategy loses at most {MAX_LOSS_PP:g} point against it;
+  clusters and ARI count the clients the run placed (one never sampled while the run placed
+  clients as they came is in no cluster);
 - loss vs FedAvg: FedAvg's accuracy minus the strategy's, in percentage points (> 0 is a loss);
 - an IID control has no groups: the right answer is one cluster;
 - a miss names its reason when the run's last round line carries the strategy's own words

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from clusterfed import AdaCFL, FedClust
-from clusterfed.clustering.oneshot import chain_halves, child_of, cut_into, mean_cosine
+from clusterfed.clustering.oneshot import chain_halves, cut_into, mean_cosine
 from clusterfed.clustering.reproducible import compare
 from clusterfed.core.exchange import Ask, ClientInfo, Replies, TrainReply
 from clusterfed.explain import oneshot as explain
@@ -81,20 +81,28 @@ def test_a_chain_whose_halves_agree_ends_early_and_its_cut_is_taken():
 
 def test_a_cut_that_only_sets_one_client_apart_is_deferred_and_a_lone_client_beside_groups_stays():
     """One client's own data cannot be told from a group of one: an outlier among one task's
-    clients is no cut (deferred, named); beside real groups a lone client keeps its cluster (the
-    one sampled member of a group); the paper preset takes the cut; AdaCFL's singleton
-    pre-cluster (label statistics) keeps its client."""
+    clients, its change along theirs, is no cut (deferred, named); one whose change points away
+    is; beside real groups a lone client keeps its cluster (the one sampled member of a group);
+    the paper preset takes the cut; AdaCFL's singleton pre-cluster (label statistics) keeps its
+    client."""
     params = FedClust.Params(seed=0)
     keys = [f"c{i}" for i in range(8)]
     one_task = np.stack(directions([0] * 8, noise=0.3))
-    one_task[5] = 3.0 * np.random.default_rng(7).normal(size=40)  # its own data, far from the rest
+    one_task[5] = one_task[0] + 3.0 * np.random.default_rng(7).normal(size=40)  # its own data, far from the rest
     labels = np.array([0, 0, 0, 0, 0, 1, 0, 0])
+    along = mean_cosine(one_task[[5]], np.delete(one_task, 5, axis=0))
+    assert 0.0 < along < 0.6
     taken, reproduction, said = oneshot.gate(one_task, labels, None, params, "FedClust", keys=keys)
     assert len(np.unique(taken)) == 1 and reproduction is None
-    assert said == ("FedClust: cut deferred: it only set c5 apart, and one client's own data cannot be told from a "
-                    "group of one; one cluster until the members' training updates show a partition that reproduces "
-                    "(revisit)")
+    assert said == (f"FedClust: cut deferred: it only set c5 apart, whose change points along the others' (cosine "
+                    f"{along:.2f} >= 0.00): one client's own data cannot be told from a group of one; one cluster until "
+                    "the members' training updates show a partition that reproduces (revisit)")
     assert explain.deferral_why(said).startswith("it only set c5 apart")
+    # one pointing away from the rest is a group the start model sits between: the cut goes on to the halves
+    away = one_task.copy()
+    away[5] = -one_task[0]
+    taken, reproduction, said = oneshot.gate(away, labels, None, params, "FedClust", keys=keys)
+    assert list(taken) == list(labels) and said.startswith("FedClust: cut reproduced: coordinate halves agree")
 
     groups = np.stack(directions([0, 0, 0, 1, 1, 1, 1, 2], noise=0.05))  # c7: the only client of its group
     cut = np.array([0, 0, 0, 1, 1, 1, 1, 2])
@@ -236,7 +244,12 @@ def test_a_score_and_its_bar_never_read_equal():
 def test_pure_pieces():
     a, b = chain_halves(np.zeros((2, 3)), np.ones((2, 3)), 3 * np.ones((2, 3)))
     assert (a == 1).all() and (b == 2).all()
-    assert child_of({"a": 0, "b": 0, "c": 1}, {"a": 5, "b": 5, "c": 6}) == {0: 5, 1: 6}
+    # an absent member joins the part holding most of its side in its latest cut, less the other sides';
+    # alone on its side then (its side absent now), where the clients it was cut from are not
+    earlier = [{"round": 1, "labels": {"a": 0, "b": 0, "c": 1, "d": 1}}, {"round": 2, "labels": {"a": 0, "e": 1}}]
+    assert revisit._last_side("c", earlier, {"a": 5, "b": 5, "d": 6}, largest=5) == 6
+    assert revisit._last_side("e", earlier, {"a": 5, "b": 5, "d": 6}, largest=5) == 6
+    assert revisit._last_side("z", earlier, {"a": 5, "b": 5, "d": 6}, largest=5) == 5
     assert mean_cosine(np.array([[1.0, 0.0]]), np.array([[2.0, 0.0]])) == 1.0
     assert mean_cosine(np.zeros((1, 2)), np.ones((1, 2))) == 0.0
 

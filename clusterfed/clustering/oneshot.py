@@ -126,17 +126,6 @@ def chain_halves(first: np.ndarray, middle: np.ndarray, last: np.ndarray) -> tup
     return np.asarray(middle, np.float64) - first, np.asarray(last, np.float64) - middle
 
 
-def child_of(previous: dict[str, int], current: dict[str, int]) -> dict[int, int]:
-    """Each label of ``previous`` (client -> label) mapped to the label of ``current`` most of
-    its clients carry now (clients in both); a label with no client in both maps to none."""
-    mapping: dict[int, int] = {}
-    for label in set(previous.values()):
-        now = [current[key] for key, old in previous.items() if old == label and key in current]
-        if now:
-            mapping[label] = max(set(now), key=now.count)
-    return mapping
-
-
 def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
     """Cosine of the mean rows of ``a`` and ``b`` (two clusters' mean updates); 0 when either is zero."""
     x, y = np.asarray(a, np.float64).mean(axis=0), np.asarray(b, np.float64).mean(axis=0)

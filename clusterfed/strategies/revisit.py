@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering import stack_partials
-from clusterfed.clustering.oneshot import child_of, mean_cosine, most_alike, part_separation, threshold_cut
+from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separation, threshold_cut
 from clusterfed.clustering.reproducible import Reproduction, compare, reproduce_on_pairs, too_few_pairs
 from clusterfed.explain.numbers import compared
 from clusterfed.core.exchange import Diagnostics, TrainReply, natural
@@ -158,11 +158,19 @@ def _against_earlier(earlier: list[dict[str, Any]], current: dict[str, int], ser
 
 
 def _last_side(key: str, earlier: list[dict[str, Any]], current: dict[str, int], largest: int) -> int:
-    """The part of this round's cut an absent member joins: the one most of its side in the
-    latest earlier cut holding it went to (``child_of``), else the largest."""
+    """The part of this round's cut an absent member joins: in the latest earlier cut holding
+    it, the one with the most of its side there less the most of the other sides (a member
+    whose side is all absent now goes where the clients it was cut from are not); the largest
+    on a tie."""
     for entry in reversed(earlier):
         if key in entry["labels"]:
-            return child_of(entry["labels"], current).get(entry["labels"][key], largest)
+            side = entry["labels"][key]
+            score = dict.fromkeys(set(current.values()), 0)
+            for other, part in current.items():
+                if other in entry["labels"]:
+                    score[part] += 1 if entry["labels"][other] == side else -1
+            best = max(score.values())
+            return largest if score[largest] == best else min(p for p, v in score.items() if v == best)
     return largest
 
 
