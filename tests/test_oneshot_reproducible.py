@@ -80,11 +80,10 @@ def test_a_chain_whose_halves_agree_ends_early_and_its_cut_is_taken():
 
 
 def test_a_cut_that_only_sets_one_client_apart_is_deferred_and_a_lone_client_beside_groups_stays():
-    """One client's own data cannot be told from a group of one: an outlier among one task's
-    clients, its change along theirs, is no cut (deferred, named); one whose change points away
-    is; beside real groups a lone client keeps its cluster (the one sampled member of a group);
-    the paper preset takes the cut; AdaCFL's singleton pre-cluster (label statistics) keeps its
-    client."""
+    """One client's own data cannot be told from a group of one: a cut that only sets one client
+    apart is deferred (named), whichever way its change points; beside real groups a lone client
+    keeps its cluster (the one sampled member of a group); the paper preset takes the cut;
+    AdaCFL's singleton pre-cluster (label statistics) keeps its client."""
     params = FedClust.Params(seed=0)
     keys = [f"c{i}" for i in range(8)]
     one_task = np.stack(directions([0] * 8, noise=0.3))
@@ -94,15 +93,14 @@ def test_a_cut_that_only_sets_one_client_apart_is_deferred_and_a_lone_client_bes
     assert 0.0 < along < 0.6
     taken, reproduction, said = oneshot.gate(one_task, labels, None, params, "FedClust", keys=keys)
     assert len(np.unique(taken)) == 1 and reproduction is None
-    assert said == (f"FedClust: cut deferred: it only set c5 apart, whose change points along the others' (cosine "
-                    f"{along:.2f} >= 0.00): one client's own data cannot be told from a group of one; one cluster until "
-                    "the members' training updates show a partition that reproduces (revisit)")
+    assert said == ("FedClust: cut deferred: it only set c5 apart, and one client's own data cannot be told from a "
+                    "group of one; one cluster until the members' training updates show a partition that reproduces "
+                    "(revisit)")
     assert explain.deferral_why(said).startswith("it only set c5 apart")
-    # one pointing away from the rest is a group the start model sits between: the cut goes on to the halves
+    # pointing away from the rest changes nothing (noise points both ways): the revisits decide
     away = one_task.copy()
     away[5] = -one_task[0]
-    taken, reproduction, said = oneshot.gate(away, labels, None, params, "FedClust", keys=keys)
-    assert list(taken) == list(labels) and said.startswith("FedClust: cut reproduced: coordinate halves agree")
+    assert len(np.unique(oneshot.gate(away, labels, None, params, "FedClust", keys=keys)[0])) == 1
 
     groups = np.stack(directions([0, 0, 0, 1, 1, 1, 1, 2], noise=0.05))  # c7: the only client of its group
     cut = np.array([0, 0, 0, 1, 1, 1, 1, 2])

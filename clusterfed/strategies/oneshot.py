@@ -39,10 +39,9 @@ from sklearn.metrics import adjusted_rand_score
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
-    absorb_singletons, chain_halves, cut_into, mean_cosine, most_alike, silhouette_or_none, threshold_cut)
+    absorb_singletons, chain_halves, cut_into, most_alike, silhouette_or_none, threshold_cut)
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
 from clusterfed.explain import oneshot as explain
-from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredState, StrategyParams
 from clusterfed.core.contract import StrategyParamsError
 from clusterfed.core.exchange import (
@@ -59,10 +58,6 @@ PositiveNumber = Annotated[float, Field(gt=0)]
 # two clusters' mean updates must point at least this much alike to be one task (the CFL
 # family's merge-min-cosine): the clustering step's cut and the revisits' merges
 MERGE_MIN_COSINE = 0.6
-
-# a cut whose only structure is single clients set apart is taken only when each points away
-# from the rest (its change's cosine with the others' mean below this); else it is deferred
-LONE_MAX_COSINE = 0.0
 
 # reason code -> sentence, for a run that ends with one cluster (the base's ``one_cluster_reasons``)
 ONE_CLUSTER_REASONS = {
@@ -119,8 +114,8 @@ class OneShotParams(StrategyParams):
         True, description="a cut is taken only when two independent halves of the evidence give the same partition "
                           "(a stock client's chained requests 1..h and h+1..k, else two halves of the compared "
                           "coordinates; adjusted Rand index at least reproduce-agreement); otherwise it is deferred "
-                          "(one cluster) and the round line says so, as is a cut that only sets apart single clients whose "
-                          "changes point along the others' (false: the papers' single cut)")
+                          "(one cluster) and the round line says so, as is a cut that only sets single clients apart "
+                          "(false: the papers' single cut)")
     reproduce_agreement: float = Field(
         DEFAULT_AGREEMENT, alias="reproduce-agreement", ge=0, le=1,
         description="the adjusted Rand index two independent cuts must reach for a cut, a split or a merge to be taken")
@@ -346,10 +341,10 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     give the same partition; else ``fallback`` (what is known without the weights: AdaCFL's
     label-statistics pre-clusters; default one cluster), the cut deferred. A cut of 4 or more
     clients whose only structure is single clients set apart (``absorb_singletons`` leaves
-    nothing beyond ``fallback``) is deferred too, the clients named (``keys``), unless each
-    one's change points away from the others' (cosine below ``LONE_MAX_COSINE``): one
-    client's own data cannot be told from a group of one. Returns (labels, the reproduction,
-    what the round line says)."""
+    nothing beyond ``fallback``) is deferred too, the clients named (``keys``): one client's
+    own data cannot be told from a group of one, whichever way its change points (noise does
+    both); the revisits split off a real group of one sampled member once more of it trains.
+    Returns (labels, the reproduction, what the round line says)."""
     k = len(np.unique(labels))
     fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
     if not params.reproduce or k < 2 or compare(labels, fallback, "").agreement == 1.0:
@@ -357,15 +352,9 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     if len(labels) >= 4:
         joined_up, alone = absorb_singletons(X, labels, metric=params.distance, within=fallback)
         if alone and (len(np.unique(joined_up)) < 2 or compare(joined_up, fallback, "").agreement == 1.0):
-            # a lone client whose change points away from the others' is a group the start model
-            # sits between (Sattler et al.'s criterion, as the revisits'); one along them, its own data
-            along = max(mean_cosine(X[[i]], np.delete(X, i, axis=0)) for i in alone)
-            if along >= LONE_MAX_COSINE:
-                named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
-                return fallback, None, (
-                    f"{strategy}: cut deferred: it only set {named} apart, whose change points along the others' "
-                    f"(cosine {compared(along, '>=', LONE_MAX_COSINE)}): one client's own data cannot be told from a "
-                    f"group of one; {_kept(fallback, params)}")
+            named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
+            return fallback, None, (f"{strategy}: cut deferred: it only set {named} apart, and one client's own data "
+                                    f"cannot be told from a group of one; {_kept(fallback, params)}")
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
             return labels, None, None
