@@ -144,7 +144,7 @@ def heatmap(records: list[dict], path: Path) -> None:
     ax.imshow(values, cmap="viridis", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(strategies)), strategies, rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(records)), [rec["label"] for rec in records], fontsize=7)
-    ax.set_title("ARI vs the true groups (IID control: 1 = one cluster); ✓ passes, ✗ misses", fontsize=9)
+    ax.set_title("ARI vs the true groups (IID control: 1 = one cluster)\n✓ passes, ✗ misses", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
