@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from clusterfed import AdaCFL, FedClust
-from clusterfed.clustering.oneshot import chain_halves, cut_into, mean_cosine
+from clusterfed.clustering.oneshot import chain_halves, cut_into, lone_rows, mean_cosine
 from clusterfed.clustering.reproducible import compare
 from clusterfed.core.exchange import Ask, ClientInfo, Replies, TrainReply
 from clusterfed.explain import oneshot as explain
@@ -242,6 +242,11 @@ def test_a_score_and_its_bar_never_read_equal():
 def test_pure_pieces():
     a, b = chain_halves(np.zeros((2, 3)), np.ones((2, 3)), 3 * np.ones((2, 3)))
     assert (a == 1).all() and (b == 2).all()
+    # a cut's lone rows count only when they are all it finds (beyond the pre-clusters given)
+    assert lone_rows(np.array([0, 0, 0, 1, 0])) == [3]
+    assert lone_rows(np.array([0, 0, 1, 1, 2])) == []  # beside real groups
+    assert lone_rows(np.array([0, 0, 1, 1, 2]), within=np.array([0, 0, 1, 1, 1])) == [4]
+    assert lone_rows(np.array([0, 0, 0, 1]), within=np.array([0, 0, 0, 1])) == []  # its own pre-cluster
     # an absent member joins the part holding most of its side in its latest cut, less the other sides';
     # alone on its side then (its side absent now), where the clients it was cut from are not
     earlier = [{"round": 1, "labels": {"a": 0, "b": 0, "c": 1, "d": 1}}, {"round": 2, "labels": {"a": 0, "e": 1}}]

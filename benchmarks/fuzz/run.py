@@ -14,14 +14,13 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from sklearn.metrics import adjusted_rand_score
 
-from clusterfed.runner.membership import UNASSIGNED
 from clusterfed.simulation import inprocess_grid
 from clusterfed.strategies import strategy_class
 from fuzz.apps import helper_app, stock_app, test
 from fuzz.cell import Cell
 from fuzz.data import loaders, true_groups
 from fuzz.models import build_model
-from model_matrix.cells import CEILING, MIN_ARI, CountingApp, partition_of
+from model_matrix.cells import CEILING, MIN_ARI, CountingApp, partition_of, placed_clients
 
 STRATEGIES = ("fedavg", "fedclust", "adacfl", "cfl", "layercfl", "hicfl", "ifca", "selection")
 MAX_LOSS_PP = 1.0  # the most a cell may lose against FedAvg, in percentage points
@@ -76,12 +75,6 @@ def cell_accuracy(cell: Cell, result) -> tuple[float, int]:
             models[cluster] = model
         accuracies.append(test(models[cluster], loaders(cell, partition)[1])[1])
     return sum(accuracies) / len(accuracies), len(by_partition)
-
-
-def placed_clients(assignment: dict[str, int]) -> dict[str, int]:
-    """The clients the run placed: ``result.assignment`` names every client it knows, those
-    never placed (never sampled, or their replies lost) as ``UNASSIGNED``, which is no cluster."""
-    return {key: cluster for key, cluster in assignment.items() if int(cluster) != UNASSIGNED}
 
 
 def ari(cell: Cell, assignment: dict[str, int]) -> float | None:

@@ -9,8 +9,7 @@ partial weights in, labels and what the cut used out.
 - ``tolerant_threshold``: AdaCFL's auto λ, the fewest clusters within a tolerance of the
   best silhouette.
 - ``silhouette_or_none``, ``precluster_records``: what the clustering records for figures.
-- ``absorb_singletons``: each cluster of one client joined to its nearest cluster (what a
-  cut is without the clients it set apart alone).
+- ``lone_rows``: the clients a cut sets apart alone, when that is all it finds.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ import numpy as np
 from sklearn.metrics import silhouette_score
 
 from .agglomerative import DEFAULT_MAX_CLUSTERS, cluster_auto, cluster_by_threshold, linkage_matrix
+from .reproducible import agreement
 from .sampled import cluster_sampled
 
 
@@ -169,29 +169,25 @@ def most_alike(X: np.ndarray, labels: np.ndarray) -> tuple[float, int, int]:
     return best
 
 
-def absorb_singletons(X: np.ndarray, labels: np.ndarray, *, metric: str,
-                      within: np.ndarray | None = None) -> tuple[np.ndarray, list[int]]:
-    """Each cluster of a single row joined to the nearest cluster of two or more rows (by
-    ``metric``, to that cluster's mean row), among those sharing its ``within`` label (AdaCFL's
-    label-statistics pre-clusters) when given; a single row with no such cluster stays.
-    Returns the labels (a joined row takes its cluster's) and the rows joined. Why: one
+def lone_rows(labels: np.ndarray, within: np.ndarray | None = None) -> list[int]:
+    """The rows a cut sets apart alone when that is all it finds: with each cluster of one row
+    joined to a cluster of two or more that holds rows of its ``within`` label (AdaCFL's
+    label-statistics pre-clusters; default one label), the cut is one cluster or ``within``
+    itself. Empty when the cut finds more. Which cluster a row joins cannot change the answer:
+    a row with two such clusters leaves its ``within`` label split whichever it joins. Why: one
     client's own data cannot be told from a group of one (an outlier of one task, or the one
-    sampled member of a group), so a cut with nothing left after this found no groups."""
-    from scipy.spatial.distance import cdist
-
+    sampled member of a group), so such a cut found no groups."""
     labels = np.asarray(labels).copy()
-    X = np.asarray(X, np.float64)
     within = np.zeros(len(labels), dtype=np.int64) if within is None else np.asarray(within)
     found, counts = np.unique(labels, return_counts=True)
     groups = [label for label, count in zip(found, counts) if count > 1]
-    joined = []
+    alone = []
     for label in (label for label, count in zip(found, counts) if count == 1):
         row = int(np.flatnonzero(labels == label)[0])
-        targets = [g for g in groups if np.any(within[labels == g] == within[row])]
-        if not targets:
-            continue
-        means = np.stack([X[labels == g].mean(axis=0) for g in targets])
-        nearest = targets[int(np.argmin(cdist(X[row:row + 1], means, "cosine" if metric == "cosine" else "euclidean")))]
-        labels[row] = nearest
-        joined.append(row)
-    return labels, joined
+        target = next((g for g in groups if np.any(within[labels == g] == within[row])), None)
+        if target is not None:
+            labels[row] = target
+            alone.append(row)
+    if alone and (len(np.unique(labels)) < 2 or agreement(labels, within) == 1.0):
+        return alone
+    return []

@@ -39,7 +39,7 @@ from sklearn.metrics import adjusted_rand_score
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
-    absorb_singletons, chain_halves, cut_into, most_alike, silhouette_or_none, threshold_cut)
+    chain_halves, cut_into, lone_rows, most_alike, silhouette_or_none, threshold_cut)
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
 from clusterfed.explain import oneshot as explain
 from clusterfed.strategies.base import ClusteredState, StrategyParams
@@ -340,8 +340,8 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
     give the same partition; else ``fallback`` (what is known without the weights: AdaCFL's
     label-statistics pre-clusters; default one cluster), the cut deferred. A cut of 4 or more
-    clients whose only structure is single clients set apart (``absorb_singletons`` leaves
-    nothing beyond ``fallback``) is deferred too, the clients named (``keys``): one client's
+    clients whose only structure is single clients set apart (``lone_rows``, beyond
+    ``fallback``) is deferred too, the clients named (``keys``): one client's
     own data cannot be told from a group of one, whichever way its change points (noise does
     both); the revisits split off a real group of one sampled member once more of it trains.
     Returns (labels, the reproduction, what the round line says)."""
@@ -349,12 +349,11 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
     if not params.reproduce or k < 2 or compare(labels, fallback, "").agreement == 1.0:
         return labels, None, None
-    if len(labels) >= 4:
-        joined_up, alone = absorb_singletons(X, labels, metric=params.distance, within=fallback)
-        if alone and (len(np.unique(joined_up)) < 2 or compare(joined_up, fallback, "").agreement == 1.0):
-            named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
-            return fallback, None, (f"{strategy}: cut deferred: it only set {named} apart, and one client's own data "
-                                    f"cannot be told from a group of one; {_kept(fallback, params)}")
+    alone = lone_rows(labels, fallback) if len(labels) >= 4 else []
+    if alone:
+        named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
+        return fallback, None, (f"{strategy}: cut deferred: it only set {named} apart, and one client's own data "
+                                f"cannot be told from a group of one; {_kept(fallback, params)}")
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
             return labels, None, None

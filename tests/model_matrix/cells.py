@@ -144,6 +144,12 @@ def run_cell(model: str, shift: str, strategy: str, *, rounds: int = ROUNDS, num
     return cell, result
 
 
+def placed_clients(assignment: dict[str, int]) -> dict[str, int]:
+    """The clients the run placed: ``result.assignment`` names every client it knows, those
+    never placed (never sampled, or their replies lost) as ``UNASSIGNED``, which is no cluster."""
+    return {key: cluster for key, cluster in assignment.items() if int(cluster) != UNASSIGNED}
+
+
 def score(cell: Cell, result) -> None:
     last = result.evaluate_metrics_clientapp.get(cell.rounds, {})
     accuracy = last.get("eval_acc", last.get("eval-accuracy"))
@@ -152,9 +158,7 @@ def score(cell: Cell, result) -> None:
                               for rnd, m in result.evaluate_metrics_clientapp.items()
                               if m.get("eval_acc", m.get("eval-accuracy")) is not None}
     clustering = getattr(result, "clustering", None) or {}
-    # a client the run never placed is UNASSIGNED (-1) in result.assignment: no cluster
-    cell.assignment = {partition_of(key): int(cluster) for key, cluster in result.assignment.items()
-                       if int(cluster) != UNASSIGNED}
+    cell.assignment = {partition_of(key): int(cluster) for key, cluster in placed_clients(result.assignment).items()}
     cell.clusters = len(set(cell.assignment.values()))
     if clustering.get("training_failed") or cell.clusters <= 1:
         cell.reason = clustering.get("training_failed") or clustering.get("one_cluster_reason")
