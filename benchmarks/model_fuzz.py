@@ -15,7 +15,8 @@ in-process grid, and is judged against FedAvg in the same cell.
 
 Development seeds are 0–999. Seeds from 1000 on are the held-out range, run once, when the work
 they measure is finished: the script refuses them without ``--held-out``. A cell already in
-``--out`` (``cells/<seed>.json`` with the same rounds and strategies) is not run again.
+``--out`` (``cells/<seed>.json`` with the same rounds) keeps its rows: only the strategies it
+lacks run (``--strategies oracle`` adds the oracle's row to a folder).
 
 Writes to ``--out``: ``cells/<seed>.json`` (the cell and one row per strategy), ``summary.md``,
 ``summary.csv``, ``summary.json`` (per strategy), ``cells.md`` (every row), ``heatmap.png``,
@@ -85,12 +86,19 @@ def seeds_text(seeds: list[int]) -> str:
     return ",".join(parts)
 
 
-def finished(out: Path, seed: int, rounds: int, strategies: list[str]) -> bool:
+def earlier_record(out: Path, seed: int, rounds: int) -> dict | None:
+    """The cell's record already in ``out`` with the same rounds (its rows are kept), or None."""
     path = out / "cells" / f"{seed}.json"
     if not path.exists():
-        return False
+        return None
     record = json.loads(path.read_text())
-    return record["rounds"] == rounds and [r["strategy"] for r in record["rows"]] == strategies
+    return record if record["rounds"] == rounds else None
+
+
+def finished(out: Path, seed: int, rounds: int, strategies: list[str]) -> bool:
+    """Whether ``out`` holds the cell with these rounds and every one of ``strategies``."""
+    record = earlier_record(out, seed, rounds)
+    return record is not None and set(strategies) <= {r["strategy"] for r in record["rows"]}
 
 
 def earlier_runs(out: Path) -> list[dict]:
@@ -159,6 +167,10 @@ How to run it again (a cell already in the folder is skipped):
   clients as they came is in no cluster);
 - loss vs FedAvg: FedAvg's accuracy minus the strategy's, in percentage points (> 0 is a loss);
 - an IID control has no groups: the right answer is one cluster;
+- the oracle (clusters given as the true groups, read from the helper's clients) is the second
+  reference: a cell where it beats FedAvg by more than {MAX_LOSS_PP:g} point is one where finding the
+  groups pays within the cell's rounds (with the IID controls, the "groups help" column); where
+  it does not, the task was not learnt far enough in those rounds for the groups to matter;
 - a miss names its reason when the run's last round line carries the strategy's own words
   beyond the driver's counts (what it compared, decided, or why it ended so).
 
@@ -166,7 +178,8 @@ How to run it again (a cell already in the folder is skipped):
 
 {table_md}
 
-FedAvg's row is the reference (one cluster: it passes only in IID controls or at the ceiling).
+FedAvg's row is the reference (one cluster: it passes only in IID controls or at the ceiling);
+the oracle's, where the folder has one, is the other.
 Every cell and strategy: `cells.md`; the raw rows (bytes up/down, trainings per client, the last
 round line, the one-cluster reason): `cells/<seed>.json`.
 
@@ -219,7 +232,10 @@ def main(argv: list[str] | None = None) -> None:
     started, todo = time.perf_counter(), [s for s in seeds if not finished(args.out, s, args.rounds, strategies)]
     print(f"{len(seeds) - len(todo)} of {len(seeds)} cells already in {args.out}; running {len(todo)}", flush=True)
     for done, seed in enumerate(todo, 1):
-        record = run_cell(draw_cell(seed), strategies, args.rounds, args.out)
+        earlier_rows = earlier_record(args.out, seed, args.rounds)
+        kept = [r["strategy"] for r in earlier_rows["rows"]] if earlier_rows else []
+        record = run_cell(draw_cell(seed), [*kept, *[s for s in strategies if s not in kept]], args.rounds, args.out,
+                          earlier=earlier_rows)
         print(progress(done, len(todo), record, time.perf_counter() - started), flush=True)
         write_manifest(args.out, manifest, config=config, earlier_runs=earlier, cells_done=sorted(
             int(p.stem) for p in (args.out / "cells").glob("*.json")))

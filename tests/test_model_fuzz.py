@@ -188,8 +188,18 @@ def test_decision_text_keeps_only_the_strategys_words():
     assert decision_text(None) == ""
 
 
+def test_groups_help_only_when_the_oracle_beats_fedavg():
+    from fuzz.run import groups_help
+
+    assert groups_help(0.50, 0.60, iid=False) is True
+    assert groups_help(0.50, 0.505, iid=False) is False  # half a point: finding the groups pays nothing here
+    assert groups_help(0.10, 0.09, iid=False) is False
+    assert groups_help(0.50, None, iid=False) is None  # no oracle row
+    assert groups_help(0.50, 0.50, iid=True) is True  # an IID control's one cluster is a decision
+
+
 def test_a_tiny_cell_end_to_end(tmp_path):
-    from fuzz.report import load_records, write_tables
+    from fuzz.report import informative_cell, load_records, write_tables
     from fuzz.run import run_cell
 
     torch.set_num_threads(1)
@@ -203,9 +213,26 @@ def test_a_tiny_cell_end_to_end(tmp_path):
         assert 0.0 <= row["accuracy"] <= 1.0 and row["clusters"] >= 1 and row["bytes_up"] > 0
         assert row["fedavg_accuracy"] == rows["fedavg"]["accuracy"] and row["last_line"].startswith("[ROUND 2/2]")
     assert rows["fedavg"]["clusters"] == 1 and rows["fedavg"]["loss_pp"] == 0.0
+    assert record["groups_help"] is None and informative_cell(record) is None  # no oracle row yet
     assert (tmp_path / "cells" / "3.json").exists()
     assert model_fuzz.finished(tmp_path, 3, 2, ["fedavg", "fedclust", "ifca"])
     assert not model_fuzz.finished(tmp_path, 3, 5, ["fedavg", "fedclust", "ifca"])
+    assert not model_fuzz.finished(tmp_path, 3, 2, ["fedavg", "oracle"])
     table = write_tables(tmp_path, load_records(tmp_path))
     assert [row["strategy"] for row in table] == ["fedavg", "fedclust", "ifca"]
+    assert table[0]["informative_cells"] is None
     assert (tmp_path / "summary.csv").read_text().startswith("strategy,cells,pass_share")
+
+    # the oracle added to the folder: the earlier rows are kept as they were, only the oracle runs
+    earlier = model_fuzz.earlier_record(tmp_path, 3, 2)
+    added = run_cell(cell, ["fedavg", "fedclust", "ifca", "oracle"], rounds=2, out=tmp_path, earlier=earlier)
+    again = {r["strategy"]: r for r in added["rows"]}
+    assert again["fedclust"]["seconds"] == rows["fedclust"]["seconds"]
+    assert again["oracle"]["client"] == "helper"  # it reads the true groups, which stock clients do not report
+    assert again["oracle"]["clusters"] == 2 and again["oracle"]["ari"] == 1.0
+    assert again["ifca"]["oracle_accuracy"] == again["oracle"]["accuracy"]
+    helps = 100 * (again["oracle"]["accuracy"] - again["fedavg"]["accuracy"]) > 1.0
+    assert added["groups_help"] is helps and informative_cell(added) is helps
+    assert model_fuzz.finished(tmp_path, 3, 2, ["fedavg", "oracle"])
+    table = {row["strategy"]: row for row in write_tables(tmp_path, load_records(tmp_path))}
+    assert table["fedclust"]["informative_cells"] == (1 if helps else 0)

@@ -7,11 +7,12 @@ import csv
 import json
 from pathlib import Path
 
-from fuzz.run import MAX_LOSS_PP, STRATEGIES
+from fuzz.run import MAX_LOSS_PP, STRATEGIES, groups_help
 
 LEARNT = 0.2  # FedAvg below this (twice chance on 10 classes) did not learn the task in the cell's rounds
 
 COLUMNS = ("strategy", "cells", "pass_share", "passes", "learnt_cells", "learnt_passes", "learnt_pass_share",
+           "informative_cells", "informative_passes", "informative_pass_share",
            "worst_loss_pp", "cells_over_1pp", "iid_controls",
            "iid_one_cluster_share", "misses", "misses_named_share", "mean_ari_grouped", "errors",
            "peak_trainings_max", "mean_bytes_up", "mean_seconds")
@@ -28,6 +29,14 @@ def learnt_cell(record: dict) -> bool:
     return fedavg is not None and fedavg["accuracy"] is not None and fedavg["accuracy"] >= LEARNT
 
 
+def informative_cell(record: dict) -> bool | None:
+    """Whether finding the groups pays in the cell (``fuzz.run.groups_help``: the oracle beats
+    FedAvg by more than 1 point, or an IID control); None when the cell has no oracle row."""
+    rows = {r["strategy"]: r for r in record["rows"]}
+    fedavg, oracle = rows.get("fedavg"), rows.get("oracle")
+    return groups_help(fedavg and fedavg["accuracy"], oracle and oracle["accuracy"], record["cell"]["shift"] == "iid")
+
+
 def _share(part: int, whole: int) -> float | None:
     return None if whole == 0 else round(part / whole, 3)
 
@@ -41,6 +50,9 @@ def summarise(records: list[dict]) -> list[dict]:
         rows = [(rec, r) for rec in records for r in rec["rows"] if r["strategy"] == name]
         passes = sum(1 for _, r in rows if r["passes"])
         learnt = [r for rec, r in rows if learnt_cell(rec)]
+        judged = [informative_cell(rec) for rec, _ in rows]
+        informative = [r for (rec, r), helps in zip(rows, judged) if helps]
+        no_oracle = any(helps is None for helps in judged)
         losses = [r["loss_pp"] for _, r in rows if r["loss_pp"] is not None]
         iid = [r for rec, r in rows if rec["cell"]["shift"] == "iid"]
         misses = [r for _, r in rows if not r["passes"]]
@@ -50,6 +62,10 @@ def summarise(records: list[dict]) -> list[dict]:
             "strategy": name, "cells": len(rows), "pass_share": _share(passes, len(rows)), "passes": passes,
             "learnt_cells": len(learnt), "learnt_passes": sum(1 for r in learnt if r["passes"]),
             "learnt_pass_share": _share(sum(1 for r in learnt if r["passes"]), len(learnt)),
+            "informative_cells": None if no_oracle else len(informative),
+            "informative_passes": None if no_oracle else sum(1 for r in informative if r["passes"]),
+            "informative_pass_share": None if no_oracle else _share(sum(1 for r in informative if r["passes"]),
+                                                                     len(informative)),
             "worst_loss_pp": max(losses) if losses else None,
             "cells_over_1pp": sum(1 for loss in losses if loss > MAX_LOSS_PP),
             "iid_controls": len(iid), "iid_one_cluster_share": _share(sum(1 for r in iid if r["clusters"] == 1), len(iid)),
@@ -72,11 +88,12 @@ def _fmt(value, digits: int = 2) -> str:
 
 
 def markdown(table: list[dict]) -> str:
-    head = ("| strategy | cells | pass share | pass share where FedAvg learnt (≥ 0.2) | worst loss vs FedAvg (pp) | "
+    head = ("| strategy | cells | pass share | pass share where FedAvg learnt (≥ 0.2) | pass share where the groups "
+            "help (the oracle > FedAvg + 1 pp; IID controls count) | worst loss vs FedAvg (pp) | "
             "cells > 1 pp below FedAvg | IID controls "
             "ending with one cluster | misses naming a reason in the last round line | mean ARI (grouped cells) | "
             "errors | most trainings of one client in one round | mean bytes up | mean seconds |")
-    lines = [head, "|---" * 13 + "|"]
+    lines = [head, "|---" * 14 + "|"]
     for row in table:
         iid = "-" if not row["iid_controls"] else \
             f"{round(row['iid_one_cluster_share'] * row['iid_controls'])} of {row['iid_controls']}"
@@ -84,6 +101,9 @@ def markdown(table: list[dict]) -> str:
             f"{round(row['misses_named_share'] * row['misses'])} of {row['misses']}"
         lines.append(f"| {row['strategy']} | {row['cells']} | {row['passes']} of {row['cells']} ({_fmt(row['pass_share'])}) | "
                      f"{row['learnt_passes']} of {row['learnt_cells']} ({_fmt(row['learnt_pass_share'])}) | "
+                     + ("- | " if row["informative_cells"] is None else
+                        f"{row['informative_passes']} of {row['informative_cells']} "
+                        f"({_fmt(row['informative_pass_share'])}) | ") +
                      f"{_fmt(row['worst_loss_pp'], 1)} | {row['cells_over_1pp']} | {iid} | {named} | "
                      f"{_fmt(row['mean_ari_grouped'])} | {row['errors']} | {row['peak_trainings_max']} | "
                      f"{_fmt(row['mean_bytes_up'])} | {_fmt(row['mean_seconds'], 1)} |")

@@ -22,7 +22,10 @@ from fuzz.data import loaders, true_groups
 from fuzz.models import build_model
 from model_matrix.cells import CEILING, MIN_ARI, CountingApp, partition_of, placed_clients
 
-STRATEGIES = ("fedavg", "fedclust", "adacfl", "cfl", "layercfl", "hicfl", "ifca", "selection")
+# FedAvg and the oracle (clusters given as the true groups) are the references: FedAvg what a
+# strategy must not lose against, the oracle what a perfect clustering gains in the cell's rounds
+STRATEGIES = ("fedavg", "oracle", "fedclust", "adacfl", "cfl", "layercfl", "hicfl", "ifca", "selection")
+REFERENCES = ("fedavg", "oracle")
 MAX_LOSS_PP = 1.0  # the most a cell may lose against FedAvg, in percentage points
 STANDARD_PARTS = ("[ROUND ", "train loss ", "evaluate over ")
 
@@ -102,8 +105,9 @@ def run_strategy(cell: Cell, name: str, rounds: int) -> dict:
     cls = strategy_class(name)
     strategy = cls(fraction_train=cell.participation)
     needs = sorted(strategy.requires())
-    client = "helper" if needs else "stock"
-    app = CountingApp(helper_app if needs else stock_app)
+    # the oracle reads each client's true group, which only the helper's clients report
+    client = "helper" if needs or name == "oracle" else "stock"
+    app = CountingApp(helper_app if client == "helper" else stock_app)
     run_config = {"cell": cell.to_json(), "local-epochs": cell.local_epochs}
     grid = inprocess_grid(app, cell.clients, run_config=run_config, client_batching="off",
                           node_configs=[{"partition-id": i, "num-partitions": cell.clients} for i in range(cell.clients)])
@@ -147,6 +151,17 @@ def run_strategy(cell: Cell, name: str, rounds: int) -> dict:
     return row
 
 
+def groups_help(fedavg_accuracy: float | None, oracle_accuracy: float | None, iid: bool) -> bool | None:
+    """Whether finding the groups pays in this cell's rounds: the oracle (clusters given as the
+    true groups) beats FedAvg by more than ``MAX_LOSS_PP`` points. An IID control always counts
+    (its right answer, one cluster, is a clustering decision). None: no oracle row."""
+    if iid:
+        return True
+    if fedavg_accuracy is None or oracle_accuracy is None:
+        return None
+    return 100 * (oracle_accuracy - fedavg_accuracy) > MAX_LOSS_PP
+
+
 def verdict(row: dict, fedavg_accuracy: float | None, iid: bool) -> dict:
     """A row's verdict: ``recovered`` (ARI ≥ 0.9; in the IID control: one cluster),
     ``at_ceiling`` (FedAvg ≥ 0.95 and at most 1 pp lost), ``passes`` (either), ``loss_pp``
@@ -169,20 +184,28 @@ def verdict(row: dict, fedavg_accuracy: float | None, iid: bool) -> dict:
     return out
 
 
-def run_cell(cell: Cell, strategies=STRATEGIES, rounds: int = 10, out=None) -> dict:
+def run_cell(cell: Cell, strategies=STRATEGIES, rounds: int = 10, out=None, earlier: dict | None = None) -> dict:
     """Every strategy on ``cell`` (FedAvg first: the others are judged against it); the cell's
-    record: the cell, the rounds, one row per strategy with its verdict. Written to
-    ``out/cells/<seed>.json`` when ``out`` is given."""
+    record: the cell, the rounds, one row per strategy with its verdict and the cell's
+    ``groups_help``. ``earlier``: a record of the same cell and rounds whose rows are kept (only
+    the strategies it lacks run; the seconds add up). Written to ``out/cells/<seed>.json`` when
+    ``out`` is given."""
     strategies = ["fedavg", *[s for s in strategies if s != "fedavg"]]
+    kept = {r["strategy"]: r for r in earlier["rows"]} if earlier else {}
     rows, started = [], time.perf_counter()
     for name in strategies:
-        rows.append(run_strategy(cell, name, rounds))
-    fedavg_accuracy = rows[0]["accuracy"]
+        rows.append(kept[name] if name in kept else run_strategy(cell, name, rounds))
+    by_name = {row["strategy"]: row for row in rows}
+    fedavg_accuracy = by_name["fedavg"]["accuracy"]
+    oracle_accuracy = by_name["oracle"]["accuracy"] if "oracle" in by_name else None
     for row in rows:
         row["fedavg_accuracy"] = fedavg_accuracy
+        row["oracle_accuracy"] = oracle_accuracy
         row.update(verdict(row, fedavg_accuracy, cell.shift == "iid"))
+    seconds = round(time.perf_counter() - started + (earlier["seconds"] if earlier else 0.0), 1)
     record = {"cell": asdict(cell), "label": cell.label(), "rounds": rounds, "true_groups": true_groups(cell),
-              "seconds": round(time.perf_counter() - started, 1), "rows": rows}
+              "groups_help": groups_help(fedavg_accuracy, oracle_accuracy, cell.shift == "iid"),
+              "seconds": seconds, "rows": rows}
     if out is not None:
         import json
         from pathlib import Path
