@@ -61,8 +61,8 @@ def test_a_chain_whose_halves_disagree_never_ends_in_an_accepted_cut():
     assert len(np.unique(labels)) > 1  # the whole chain's cut alone would have been taken
     # the last request's two groups of 4 (the whole chain's cut leaves one client alone, a deferral of its own)
     labels = np.random.default_rng(10).permutation([0, 1] * 4)
-    taken, reproduction, said = oneshot.gate(X, labels, halves, params, "FedClust")
-    assert len(np.unique(taken)) == 1 and not reproduction.reproduces(params.reproduce_agreement)
+    taken, reproduction, said, deferred = oneshot.gate(X, labels, halves, params, "FedClust")
+    assert deferred and len(np.unique(taken)) == 1 and not reproduction.reproduces(params.reproduce_agreement)
     assert said.startswith("FedClust: cut deferred: requests 1–5 and 6–10 disagree (ARI ")
     assert f"< {params.reproduce_agreement:.2f}" in said and "revisit" in said
 
@@ -74,8 +74,8 @@ def test_a_chain_whose_halves_agree_ends_early_and_its_cut_is_taken():
         params, lambda r: directions(groups, seed=r))
     assert diagnostics["stock_trainings"] == 2 < oneshot.stock_requests(params.cluster_epochs, 1)
     labels, _ = oneshot.cut(X, params)
-    taken, reproduction, said = oneshot.gate(X, labels, halves, params, "FedClust")
-    assert compare(taken, groups, "truth").agreement == 1.0
+    taken, reproduction, said, deferred = oneshot.gate(X, labels, halves, params, "FedClust")
+    assert not deferred and compare(taken, groups, "truth").agreement == 1.0
     assert said == "FedClust: cut reproduced: requests 1–1 and 2–2 agree (ARI 1.00)"
 
 
@@ -91,8 +91,8 @@ def test_a_cut_that_only_sets_one_client_apart_is_deferred_and_a_lone_client_bes
     labels = np.array([0, 0, 0, 0, 0, 1, 0, 0])
     along = mean_cosine(one_task[[5]], np.delete(one_task, 5, axis=0))
     assert 0.0 < along < 0.6
-    taken, reproduction, said = oneshot.gate(one_task, labels, None, params, "FedClust", keys=keys)
-    assert len(np.unique(taken)) == 1 and reproduction is None
+    taken, reproduction, said, deferred = oneshot.gate(one_task, labels, None, params, "FedClust", keys=keys)
+    assert deferred and len(np.unique(taken)) == 1 and reproduction is None
     assert said == ("FedClust: cut deferred: it only set c5 apart, and one client's own data cannot be told from a "
                     "group of one; one cluster until the members' training updates show a partition that reproduces "
                     "(revisit)")
@@ -104,17 +104,17 @@ def test_a_cut_that_only_sets_one_client_apart_is_deferred_and_a_lone_client_bes
 
     groups = np.stack(directions([0, 0, 0, 1, 1, 1, 1, 2], noise=0.05))  # c7: the only client of its group
     cut = np.array([0, 0, 0, 1, 1, 1, 1, 2])
-    taken, reproduction, said = oneshot.gate(groups, cut, None, params, "FedClust", keys=keys)
-    assert list(taken) == list(cut) and said.startswith("FedClust: cut reproduced: coordinate halves agree")
+    taken, reproduction, said, deferred = oneshot.gate(groups, cut, None, params, "FedClust", keys=keys)
+    assert not deferred and list(taken) == list(cut) and said.startswith("FedClust: cut reproduced: coordinate halves agree")
 
     paper = FedClust.Params(seed=0, reproduce=False)
-    taken, _, said = oneshot.gate(one_task, labels, None, paper, "FedClust", keys=keys)
-    assert list(taken) == list(labels) and said is None
+    taken, _, said, deferred = oneshot.gate(one_task, labels, None, paper, "FedClust", keys=keys)
+    assert list(taken) == list(labels) and said is None and not deferred
 
     pre = np.array([0, 0, 0, 0, 0, 1, 0, 0])  # c5's label statistics set it apart
-    taken, _, said = oneshot.gate(one_task, np.array([0, 0, 0, 0, 0, 1, 0, 0]), None, AdaCFL.Params(seed=0),
-                                  "AdaCFL", fallback=pre, keys=keys)
-    assert list(taken) == list(pre) and said is None
+    taken, _, said, deferred = oneshot.gate(one_task, np.array([0, 0, 0, 0, 0, 1, 0, 0]), None,
+                                            AdaCFL.Params(seed=0), "AdaCFL", fallback=pre, keys=keys)
+    assert list(taken) == list(pre) and said is None and not deferred
 
 
 def test_the_paper_presets_take_the_single_cut():
@@ -130,8 +130,8 @@ def test_coordinate_halves_cut_into_as_many_clusters_as_the_decision():
     labels = cut_into(X, 3, metric="cosine", linkage="average")
     assert compare(labels, [0, 0, 0, 1, 1, 1, 2, 2, 2], "truth").agreement == 1.0
     params = FedClust.Params(seed=0)
-    taken, reproduction, said = oneshot.gate(X, labels, None, params, "AdaCFL")
-    assert (taken == labels).all() and said.startswith("AdaCFL: cut reproduced: coordinate halves agree")
+    taken, reproduction, said, deferred = oneshot.gate(X, labels, None, params, "AdaCFL")
+    assert not deferred and (taken == labels).all() and said.startswith("AdaCFL: cut reproduced: coordinate halves agree")
 
 
 class Revisits:

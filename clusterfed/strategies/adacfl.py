@@ -188,11 +188,11 @@ class AdaCFL(ClusteredStrategy):
         # it would undo the pre-clusters, then the only evidence of groups; they stay apart
         if p.precluster_merge and len(cuts) > 1 and auto_info.get("auto_clusters", 2) > 1:
             labels = merge_across_preclusters(X, labels, lam, metric=p.distance, linkage=p.linkage)
-        labels, reproduction, said = oneshot.gate(X, labels, halves, p, type(self).__name__, fallback=pre,
-                                                  keys=replied)
+        labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, p, type(self).__name__,
+                                                            fallback=pre, keys=replied)
         if reproduction is not None:
             auto_info = {**auto_info, "reproduction": reproduction.as_record()}
-        if said and "cut deferred" in said:
+        if deferred:
             auto_info = {**auto_info, "deferred": said}
         info = {"preclustering": preclustering, "preclusters": [int(c) for c in pre],
                 "precluster_cuts": precluster_records(replied, X, pre, cuts, metric=p.distance, linkage=p.linkage),

@@ -121,10 +121,11 @@ class FedClust(ClusteredStrategy):
         if X is None:
             return diagnostics  # nobody replied: try again next round
         labels, info = self.cut(X)
-        labels, reproduction, said = oneshot.gate(X, labels, halves, self.params, type(self).__name__, keys=replied)
+        labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, self.params, type(self).__name__,
+                                                            keys=replied)
         if reproduction is not None:
             info = {**info, "reproduction": reproduction.as_record()}
-        if said and "cut deferred" in said:
+        if deferred:
             info = {**info, "deferred": said}
         clusters = {int(label): self.new_cluster(theta0) for label in np.unique(labels)}
         diagnostics.update(oneshot.form(self.state, self.params, rnd.number, replied, X, labels, clusters, theta0,
@@ -190,7 +191,7 @@ class FedClust(ClusteredStrategy):
         X = np.stack([self.state.unclustered[key] for key in keys], dtype=np.float64)
         bound = recut_max_clusters(len(keys), self.params.max_clusters)
         labels, info = self.cut(X, max_clusters=bound)
-        labels, _, said = oneshot.gate(X, labels, None, self.params, type(self).__name__, keys=keys)
+        labels, _, said, _ = oneshot.gate(X, labels, None, self.params, type(self).__name__, keys=keys)
         clusters = len(np.unique(labels))
         self.state.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound,
                                   "clusters": int(clusters), "best_silhouette": info.get("auto_best_silhouette"),

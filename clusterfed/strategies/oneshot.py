@@ -30,7 +30,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 import numpy as np
 from pydantic import Field
@@ -332,9 +332,17 @@ def chain_settled(halves: Halves | None, params: OneShotParams, sample: int, cut
     return reproduced(halves_agree(halves, k, params), params)
 
 
+class Gated(NamedTuple):
+    """What ``gate`` decided: the labels taken, the reproduction (None: none was needed or
+    measured), what the round line says, and whether the cut was deferred."""
+    labels: np.ndarray
+    reproduction: Reproduction | None
+    said: str | None
+    deferred: bool
+
+
 def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneShotParams,
-         strategy: str, fallback: np.ndarray | None = None,
-         keys: list[str] | None = None) -> tuple[np.ndarray, Reproduction | None, str | None]:
+         strategy: str, fallback: np.ndarray | None = None, keys: list[str] | None = None) -> Gated:
     """The cut that is taken: ``labels`` when they are one cluster (nothing to reproduce),
     when ``reproduce`` is off, or when two independent halves of the evidence (``halves``: a
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
@@ -344,31 +352,30 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     ``fallback``) is deferred too, the clients named (``keys``): one client's
     own data cannot be told from a group of one, whichever way its change points (noise does
     both); the revisits split off a real group of one sampled member once more of it trains.
-    Returns (labels, the reproduction, what the round line says)."""
+    Returns the ``Gated`` decision."""
     k = len(np.unique(labels))
     fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
     if not params.reproduce or k < 2 or compare(labels, fallback, "").agreement == 1.0:
-        return labels, None, None
+        return Gated(labels, None, None, False)
     alone = lone_rows(labels, fallback) if len(labels) >= 4 else []
     if alone:
         named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
-        return fallback, None, (f"{strategy}: cut deferred: it only set {named} apart, and one client's own data "
-                                f"cannot be told from a group of one; {_kept(fallback, params)}")
+        return Gated(fallback, None, f"{strategy}: cut deferred: it only set {named} apart, and one client's own "
+                                     f"data cannot be told from a group of one; {_kept(fallback, params)}", True)
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
-            return labels, None, None
+            return Gated(labels, None, None, False)
         first, second = coordinate_halves(X.shape[1], np.random.default_rng(params.seed))
         halves = (X[:, first], X[:, second], "coordinate halves")
     reproduction = halves_agree(halves, k, params)
     bound = params.reproduce_agreement
     cosine, a, b = most_alike(X, labels)
     if reproduced(reproduction, params) and cosine < MERGE_MIN_COSINE:
-        return labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}"
+        return Gated(labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}", False)
     why = (explain.disagreement(reproduction, bound) if not reproduced(reproduction, params) else
            f"{reproduction.words(bound)}, but two of its clusters' mean changes point alike (cosine {cosine:.2f} "
            f">= {MERGE_MIN_COSINE}): one task, each client's own data")
-    return (fallback, reproduction,
-            f"{strategy}: cut deferred: {why}; {_kept(fallback, params)}")
+    return Gated(fallback, reproduction, f"{strategy}: cut deferred: {why}; {_kept(fallback, params)}", True)
 
 
 def _kept(fallback: np.ndarray, params: OneShotParams) -> str:
