@@ -250,9 +250,7 @@ def test_relative_criteria_fire_on_rotation_where_absolute_ones_do_not(small_con
     rule (eps1 = 0.4, eps2 = 1.6) would have seen the same norms: the largest stays far
     below eps2. The default acceptance test keeps the split: the 2-way split itself scores
     below 0.3 (each side still holds two rotations) but the best cut, into four, does not."""
-    # the first split held to round 5 (the default allows one from round 2), where the criteria fire
-    config = small_config(strategy="cfl", partitioner="rotation", num_clients=20, rounds=6, batch_size=16,
-                          min_split_round=5)
+    config = small_config(strategy="cfl", partitioner="rotation", num_clients=20, rounds=6, batch_size=16)
     simulate(config, engine="inprocess", stream=None)
     clusters, rounds = _clusters(config.out_dir), _rounds(config.out_dir)
     split = clusters["splits"][0]

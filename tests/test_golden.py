@@ -34,8 +34,7 @@ RESUMED = json.loads((CHECKPOINTS / "resumed.json").read_text())
 
 @pytest.mark.parametrize("name", CHECKPOINTED)
 def test_old_checkpoints_resume_into_the_same_round(name, tmp_path):
-    overrides = {**PREDATE_EVIDENCE.get(name, {}), **OLD_DEFAULTS.get(name, {})}
-    got, want = resume(name, CHECKPOINTS / name, tmp_path / name, **overrides), RESUMED[name]
+    got, want = resume(name, CHECKPOINTS / name, tmp_path / name, **PREDATE_EVIDENCE.get(name, {})), RESUMED[name]
     assert got["round"] == want["round"], f"{name}: the resumed round differs"
     assert canonical_assignment(got["assignment"]) == canonical_assignment(want["assignment"])
     if name in PREDATE_EVIDENCE and not set(PREDATE_EVIDENCE[name]) <= set(RUNS[name]):
@@ -53,9 +52,6 @@ PREDATE_PROJECTION = ("fedclust", "adacfl")
 # checkpoints of the CFL family written before split-timing existed ran on Sattler's criteria:
 # they resume on them (a checkpoint without the key is refused at the new default, evidence)
 PREDATE_EVIDENCE = {"cfl-merge": {"split-timing": "criteria"}, "hicfl": {"split-timing": "criteria"}}
-# a checkpoint records every key of its run, defaults included: one written while a default was
-# different resumes only with that value (the preflight refuses it otherwise, naming the key)
-OLD_DEFAULTS = {"hicfl": {"min-split-round": 5}}
 
 
 def test_a_checkpoint_older_than_split_timing_is_refused_at_the_new_default_with_the_value_that_resumes_it(tmp_path):

@@ -80,10 +80,7 @@ class BiPartitioningParams(StrategyParams):
         description="the structure score is the best silhouette over cuts into 2..k clusters (2: the proposed split's own)")
     min_split_size: int = Field(3, alias="min-split-size", ge=2,
                                 description="fewest members (and updates this round) of a cluster that may split")
-    # 2: under evidence timing the first split compares rounds 1 and 2's cuts; its tests (rotations,
-    # reproduction, parts apart in both rounds) decide, not the round number (the random-model
-    # benchmark's development cells: later splits left 3-5 groups unfinished in 10 rounds)
-    min_split_round: int = Field(2, alias="min-split-round", ge=1, description="no split before this round")
+    min_split_round: int = Field(5, alias="min-split-round", ge=1, description="no split before this round")
     merge: bool = Field(True, description="merge two leaf clusters whose updates became indistinguishable (beyond the papers)")
     merge_min_cosine: float = Field(0.6, alias="merge-min-cosine", ge=-1, le=1,
                                     description="merge only if the cosine of the two clusters' mean updates reaches this")
