@@ -232,10 +232,8 @@ def main(argv: list[str] | None = None) -> None:
     started, todo = time.perf_counter(), [s for s in seeds if not finished(args.out, s, args.rounds, strategies)]
     print(f"{len(seeds) - len(todo)} of {len(seeds)} cells already in {args.out}; running {len(todo)}", flush=True)
     for done, seed in enumerate(todo, 1):
-        earlier_rows = earlier_record(args.out, seed, args.rounds)
-        kept = [r["strategy"] for r in earlier_rows["rows"]] if earlier_rows else []
-        record = run_cell(draw_cell(seed), [*kept, *[s for s in strategies if s not in kept]], args.rounds, args.out,
-                          earlier=earlier_rows)
+        record = run_cell(draw_cell(seed), strategies, args.rounds, args.out,
+                          earlier=earlier_record(args.out, seed, args.rounds))
         print(progress(done, len(todo), record, time.perf_counter() - started), flush=True)
         write_manifest(args.out, manifest, config=config, earlier_runs=earlier, cells_done=sorted(
             int(p.stem) for p in (args.out / "cells").glob("*.json")))

@@ -225,8 +225,9 @@ def test_a_tiny_cell_end_to_end(tmp_path):
 
     # the oracle added to the folder: the earlier rows are kept as they were, only the oracle runs
     earlier = model_fuzz.earlier_record(tmp_path, 3, 2)
-    added = run_cell(cell, ["fedavg", "fedclust", "ifca", "oracle"], rounds=2, out=tmp_path, earlier=earlier)
+    added = run_cell(cell, ["fedavg", "oracle"], rounds=2, out=tmp_path, earlier=earlier)
     again = {r["strategy"]: r for r in added["rows"]}
+    assert list(again) == ["fedavg", "fedclust", "ifca", "oracle"]  # every earlier row kept, not only those named
     assert again["fedclust"]["seconds"] == rows["fedclust"]["seconds"]
     assert again["oracle"]["client"] == "helper"  # it reads the true groups, which stock clients do not report
     assert again["oracle"]["clusters"] == 2 and again["oracle"]["ari"] == 1.0

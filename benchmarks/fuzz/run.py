@@ -25,7 +25,6 @@ from model_matrix.cells import CEILING, MIN_ARI, CountingApp, partition_of, plac
 # FedAvg and the oracle (clusters given as the true groups) are the references: FedAvg what a
 # strategy must not lose against, the oracle what a perfect clustering gains in the cell's rounds
 STRATEGIES = ("fedavg", "oracle", "fedclust", "adacfl", "cfl", "layercfl", "hicfl", "ifca", "selection")
-REFERENCES = ("fedavg", "oracle")
 MAX_LOSS_PP = 1.0  # the most a cell may lose against FedAvg, in percentage points
 STANDARD_PARTS = ("[ROUND ", "train loss ", "evaluate over ")
 
@@ -187,11 +186,11 @@ def verdict(row: dict, fedavg_accuracy: float | None, iid: bool) -> dict:
 def run_cell(cell: Cell, strategies=STRATEGIES, rounds: int = 10, out=None, earlier: dict | None = None) -> dict:
     """Every strategy on ``cell`` (FedAvg first: the others are judged against it); the cell's
     record: the cell, the rounds, one row per strategy with its verdict and the cell's
-    ``groups_help``. ``earlier``: a record of the same cell and rounds whose rows are kept (only
-    the strategies it lacks run; the seconds add up). Written to ``out/cells/<seed>.json`` when
-    ``out`` is given."""
-    strategies = ["fedavg", *[s for s in strategies if s != "fedavg"]]
+    ``groups_help``. ``earlier``: a record of the same cell and rounds whose rows are all kept
+    (only the strategies it lacks run; the seconds add up). Written to ``out/cells/<seed>.json``
+    when ``out`` is given."""
     kept = {r["strategy"]: r for r in earlier["rows"]} if earlier else {}
+    strategies = ["fedavg", *dict.fromkeys(s for s in [*kept, *strategies] if s != "fedavg")]
     rows, started = [], time.perf_counter()
     for name in strategies:
         rows.append(kept[name] if name in kept else run_strategy(cell, name, rounds))
