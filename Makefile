@@ -88,7 +88,8 @@ bench-user-models: $(VENV)/.installed
 
 # Every strategy on models and data drawn at random (benchmarks/model_fuzz.py): FUZZ_SEEDS
 # (development: 0-999; the held-out range 1000- needs --held-out and is run once, at the end)
-# into FUZZ_OUT; a cell already there is not run again (~3-5 min a cell on two busy cores).
+# into FUZZ_OUT; a cell already there keeps its rows, only the strategies it lacks run
+# (~3-5 min a cell on two busy cores).
 FUZZ_SEEDS ?= 0-9
 FUZZ_OUT ?= benchmarks/results/model-fuzz/dev
 bench-fuzz: $(VENV)/.installed
