@@ -5,8 +5,10 @@ line says what is compared. Hand-made updates through the strategies' own ``afte
 
 import numpy as np
 import pytest
+from harness import round_of
 from test_cfl import DIM, arrays_of, make_strategy, run_round
 
+from clusterfed.strategies.bipartitioning import sample_asking_again
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
 from clusterfed.strategies.layercfl import LayerCFL
@@ -377,3 +379,34 @@ def test_at_partial_participation_pairs_seen_together_earlier_are_the_evidence(c
         assert strategy.state.splits == []
     else:
         assert strategy.state.splits == []
+
+
+@pytest.mark.parametrize("cls", [CFL, HiCFL])
+@pytest.mark.parametrize("ask_again", [True, False])
+def test_a_split_with_no_earlier_round_to_compare_asks_its_repliers_again(cls, ask_again):
+    """ask-again (the default): at partial participation, a split deferred because no earlier
+    round shares enough of its repliers, nor pairs of them, puts those repliers in the next
+    round's sample, the rest drawn as usual, and the round line says so; off: nobody is."""
+    rng = np.random.default_rng(0)
+    strategy = make_strategy(cls, HALVES, split_timing="evidence", min_split_round=2, min_split_size=5,
+                             fraction_train=0.5, ask_again=ask_again)
+    for server_round, block in enumerate(BLOCKS[:2], 1):
+        sample = [A[i] for i in block] + [B[i] for i in block]
+        said = run_round(strategy, server_round, {k: E[HALVES[k]] + 0.05 * rng.standard_normal(DIM)
+                                                  for k in sample})["decision"]
+    assert "deferred: rounds 1 and 2 share fewer than 5 clients" in said
+    assert ("its 10 repliers asked again next round" in said) == ask_again
+    assert set(strategy.state.asked_again) == (set(sample) if ask_again else set())
+    drawn = strategy.draw_sample(round_of(strategy, 3))
+    assert len(drawn) == 20 and (set(sample) <= set(drawn)) == ask_again
+    assert strategy.state.asked_again == ()  # asked once: the next deferral asks again
+
+
+def test_asking_again_keeps_the_sample_size_and_drops_clients_gone():
+    """The clients asked again that are still active are in the sample, the rest is drawn from
+    the others, in the active clients' order; one no longer active is left out."""
+    active = [str(i) for i in range(10)]
+    drawn = sample_asking_again(np.random.default_rng(0), active, ["7", "3", "gone"], 0.5, 1)
+    assert len(drawn) == 5 and {"3", "7"} <= set(drawn) and "gone" not in drawn
+    assert drawn == sorted(drawn, key=int)
+    assert sample_asking_again(np.random.default_rng(0), active, active, 0.3, 1) == ["0", "1", "2"]

@@ -81,6 +81,11 @@ class BiPartitioningParams(StrategyParams):
     min_split_size: int = Field(3, alias="min-split-size", ge=2,
                                 description="fewest members (and updates this round) of a cluster that may split")
     min_split_round: int = Field(5, alias="min-split-round", ge=1, description="no split before this round")
+    ask_again: bool = Field(
+        True, alias="ask-again",
+        description="split-timing = evidence at fraction-train < 1 (beyond the papers): a split that passed every "
+                    "test but could not be compared with an earlier round (too few of its repliers met before) "
+                    "has its repliers asked again in the next round's sample, the rest of it drawn as usual")
     merge: bool = Field(True, description="merge two leaf clusters whose updates became indistinguishable (beyond the papers)")
     merge_min_cosine: float = Field(0.6, alias="merge-min-cosine", ge=-1, le=1,
                                     description="merge only if the cosine of the two clusters' mean updates reaches this")
@@ -126,6 +131,8 @@ class BiPartitioningState(ClusteredState):
     # field existed resumes with the timing it ran with, the criteria
     split_timing: str = "criteria"
     said_compared: bool = True  # round 1's line named what the strategy compares (``init``: False)
+    # ask-again: the repliers of the splits deferred this round for want of an earlier round to compare
+    asked_again: tuple[str, ...] = ()
 
 
 
@@ -175,8 +182,30 @@ def tree_train_instructions(strategy: Any, rnd: Any, key: str) -> dict[str, Any]
 
 
 def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
-    """Placing a provisional member asks it for work: sample before placement."""
-    return strategy.sample_active(rnd)
+    """Placing a provisional member asks it for work: sample before placement; with
+    ``ask-again``, the repliers of last round's splits deferred for want of an earlier round to
+    compare are in it (``sample_asking_again``)."""
+    state, params = strategy.state, strategy.params
+    again, state.asked_again = state.asked_again, ()
+    if not (again and params.ask_again and params.fraction_train < 1):
+        return strategy.sample_active(rnd)
+    return sample_asking_again(state.rng, list(rnd.active), list(again), params.fraction_train, params.min_train_nodes)
+
+
+def sample_asking_again(rng: np.random.Generator, active: list[str], again: list[str], fraction: float,
+                        minimum: int) -> list[str]:
+    """A ``fraction`` sample of the ``active`` clients (the strategy's own size rule) holding the
+    ``again`` clients still active (as many as fit), the rest drawn at random from the others;
+    in ``active``'s order. At independent samples a small cluster's repliers rarely meet again
+    (8 members at half participation: 2 of them in two rounds' samples, in expectation), and a
+    split on evidence compares two rounds' partitions of the same clients."""
+    size = min(max(int(len(active) * fraction), minimum, 1), len(active))
+    present = set(active)
+    kept = [k for k in dict.fromkeys(again) if k in present][:size]
+    others = [k for k in active if k not in set(kept)]
+    drawn = [others[i] for i in rng.choice(len(others), size=size - len(kept), replace=False)]
+    chosen = set(kept) | set(drawn)
+    return [k for k in active if k in chosen]
 
 
 def tree_admit(strategy: Any, rnd: Any, keys: list[str]) -> Any:
@@ -376,6 +405,14 @@ class BiPartitionTree:
             return best_evidence(found, bound, min_cosine)
         return (f"rounds {history[-1]['round']} and {server_round} share fewer than {need} clients, "
                 f"{too_few_pairs(need)}")
+
+    def ask_again(self, state: BiPartitioningState, keys: list[str]) -> str:
+        """``ask-again``, on a split deferred because no earlier round could be compared: its
+        repliers ``keys`` go into the next round's sample; the words saying so ('' when off)."""
+        if not (self.params.ask_again and self.params.fraction_train < 1 and keys):
+            return ""
+        state.asked_again = tuple(dict.fromkeys([*state.asked_again, *keys]))
+        return f"; its {len(keys)} repliers asked again next round"
 
     def inherit(self, state: BiPartitioningState, cluster: int, children: tuple[int, int],
                 sides: tuple[list[str], list[str]]) -> None:

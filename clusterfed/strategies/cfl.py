@@ -108,7 +108,7 @@ PAPER_CFL: dict[str, Any] = {
     "split_timing": "criteria", "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 20, "min_split_size": 3,
     "split_min_silhouette": -1.0, "split_silhouette_max_k": 2, "split_reference_draws": 0,
     "similarity_decay": 0.0, "similarity_rank": 0, "similarity_pool": "repliers", "merge": False,
-    "update_storage": "exact",
+    "update_storage": "exact", "ask_again": False,
 }
 
 
@@ -202,7 +202,7 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
     refused = (refuse_structure(state, server_round, cluster, proposal, reports, params=params, evidence=evidence)
                or refuse_check(state, server_round, cluster, proposal, reports, enforce=enforce))
     if refused is None and evidence:  # taken only when two rounds' partitions agree (and LayerCFL's layers reproduced)
-        refused = defer(state, server_round, cluster, proposal, reports, reproduction, params=params, wait=wait)
+        refused = defer(tree, state, server_round, cluster, proposal, reports, reproduction, params=params, wait=wait)
     if refused is not None:
         return refused
     return split(tree, state, server_round, cluster, replies, decision, proposal, reports, reproduction, params=params)
@@ -300,19 +300,21 @@ def refuse_check(state: CFLState, server_round: int, cluster: int, p: Proposal, 
             "words": [f"cluster {cluster} not split: the correct-clustering check failed"]}
 
 
-def defer(state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any],
+def defer(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any],
           reproduction: Evidence | str | None, *, params: CFLParams,
           wait: Callable[[Any], str | None] | None) -> Diagnostics | None:
     """split-timing = evidence: the split waits (``deferred``) until two successive rounds'
     partitions agree (ARI >= split-agreement) with their parts pointing apart in both rounds
     (mean-update cosine below merge-min-cosine: ``alike`` when they point alike, the split the
-    merge rule would undo), and ``wait`` (LayerCFL's layer choice) says nothing."""
+    merge rule would undo), and ``wait`` (LayerCFL's layer choice) says nothing. A split no
+    earlier round could be compared with asks its repliers again (``tree.ask_again``)."""
     bound, min_cosine = params.split_agreement, params.merge_min_cosine
     waiting = wait(state) if wait is not None else None
     if not waiting and isinstance(reproduction, Evidence) and reproduction.passes(bound, min_cosine):
         p.record["reproduction"] = reproduction.as_record()
         return None
-    said = waiting or (reproduction if isinstance(reproduction, str) else reproduction.words(bound, min_cosine))
+    said = waiting or (reproduction + tree.ask_again(state, p.keys) if isinstance(reproduction, str)
+                       else reproduction.words(bound, min_cosine))
     agreement = reproduction.agreement if isinstance(reproduction, Evidence) else None
     alike = (not waiting and isinstance(reproduction, Evidence) and reproduction.reproduction.reproduces(bound))
     reason = "alike" if alike else "deferred"

@@ -129,7 +129,7 @@ PAPER_HICFL: dict[str, Any] = {
     "split_timing": "criteria", "stability_eps": "lr", "xi": "auto", "timing": "all", "split": "reference", "centre_updates": False,
     "min_silhouette": -1.0, "min_kept_fraction": 0.0, "min_side": 1, "small_side_reference_draws": 0,
     "merge": False, "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 1,
-    "min_split_size": 2, "update_storage": "exact",
+    "min_split_size": 2, "update_storage": "exact", "ask_again": False,
 }
 
 
@@ -193,7 +193,8 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
     if evidence:  # the split is taken only when two rounds' partitions agree, their parts pointing apart
         bound, min_cosine = params.split_agreement, params.merge_min_cosine
         if not isinstance(reproduction, Evidence) or not reproduction.passes(bound, min_cosine):
-            said = reproduction if isinstance(reproduction, str) else reproduction.words(bound, min_cosine)
+            said = (reproduction + tree.ask_again(state, [r.key for r in replies]) if isinstance(reproduction, str)
+                    else reproduction.words(bound, min_cosine))
             agreement = reproduction.agreement if isinstance(reproduction, Evidence) else None
             if isinstance(reproduction, Evidence) and reproduction.reproduction.reproduces(bound):
                 return no_split(state, server_round, cluster, choice.layer, "alike", decision,
