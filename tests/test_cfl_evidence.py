@@ -8,7 +8,7 @@ import pytest
 from harness import round_of
 from test_cfl import DIM, arrays_of, make_strategy, run_round
 
-from clusterfed.strategies.bipartitioning import sample_asking_again
+from clusterfed.strategies.resampling import sample_asking_again
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
 from clusterfed.strategies.layercfl import LayerCFL

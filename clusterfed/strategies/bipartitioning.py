@@ -44,6 +44,7 @@ from clusterfed.clustering.split_rules import merge_pairs, most_alike_sides
 from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
+from clusterfed.strategies.resampling import sample_asking_again
 from clusterfed.core.exchange import (RETURN_UPDATE, Arrays, ClientInfo, Diagnostics, SplitCompared, TrainReply,
     natural, weighted_average)
 
@@ -182,30 +183,13 @@ def tree_train_instructions(strategy: Any, rnd: Any, key: str) -> dict[str, Any]
 
 
 def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
-    """Placing a provisional member asks it for work: sample before placement; with
-    ``ask-again``, the repliers of last round's splits deferred for want of an earlier round to
-    compare are in it (``sample_asking_again``)."""
+    """Placing a provisional member asks it for work: sample before placement, holding the
+    clients ``ask-again`` named last round (``resampling.sample_asking_again``)."""
     state, params = strategy.state, strategy.params
     again, state.asked_again = state.asked_again, ()
     if not (again and params.ask_again and params.fraction_train < 1):
         return strategy.sample_active(rnd)
     return sample_asking_again(state.rng, list(rnd.active), list(again), params.fraction_train, params.min_train_nodes)
-
-
-def sample_asking_again(rng: np.random.Generator, active: list[str], again: list[str], fraction: float,
-                        minimum: int) -> list[str]:
-    """A ``fraction`` sample of the ``active`` clients (the strategy's own size rule) holding the
-    ``again`` clients still active (as many as fit), the rest drawn at random from the others;
-    in ``active``'s order. At independent samples a small cluster's repliers rarely meet again
-    (8 members at half participation: 2 of them in two rounds' samples, in expectation), and a
-    split on evidence compares two rounds' partitions of the same clients."""
-    size = min(max(int(len(active) * fraction), minimum, 1), len(active))
-    present = set(active)
-    kept = [k for k in dict.fromkeys(again) if k in present][:size]
-    others = [k for k in active if k not in set(kept)]
-    drawn = [others[i] for i in rng.choice(len(others), size=size - len(kept), replace=False)]
-    chosen = set(kept) | set(drawn)
-    return [k for k in active if k in chosen]
 
 
 def tree_admit(strategy: Any, rnd: Any, keys: list[str]) -> Any:
