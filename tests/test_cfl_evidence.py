@@ -395,7 +395,7 @@ def test_a_split_with_no_earlier_round_to_compare_asks_its_repliers_again(cls, a
         said = run_round(strategy, server_round, {k: E[HALVES[k]] + 0.05 * rng.standard_normal(DIM)
                                                   for k in sample})["decision"]
     assert "deferred: rounds 1 and 2 share fewer than 5 clients" in said
-    assert ("its 10 repliers asked again next round" in said) == ask_again
+    assert ("its 10 repliers kept for the next round's sample" in said) == ask_again
     assert set(strategy.state.asked_again) == (set(sample) if ask_again else set())
     drawn = strategy.draw_sample(round_of(strategy, 3))
     assert len(drawn) == 20 and (set(sample) <= set(drawn)) == ask_again

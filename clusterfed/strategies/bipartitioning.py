@@ -396,7 +396,7 @@ class BiPartitionTree:
         if not (self.params.ask_again and self.params.fraction_train < 1 and keys):
             return ""
         state.asked_again = tuple(dict.fromkeys([*state.asked_again, *keys]))
-        return f"; its {len(keys)} repliers asked again next round"
+        return f"; its {len(keys)} repliers kept for the next round's sample"
 
     def inherit(self, state: BiPartitioningState, cluster: int, children: tuple[int, int],
                 sides: tuple[list[str], list[str]]) -> None:
