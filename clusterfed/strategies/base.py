@@ -87,6 +87,7 @@ from clusterfed.core.exchange import (  # noqa: F401 (Steps, steps: the author k
     RETURN_WEIGHTS, UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, Round, RoundResult, SecureSums,
     Steps, TrainReply, Trainers, add_diagnostics, diagnostics_of, by_key, natural, steps, weighted_average)
 from clusterfed.strategies import secure
+from clusterfed.strategies.resampling import sample_size
 from clusterfed.strategies.secure import (  # noqa: F401 (re-exported: strategies set secure_refusal = base.<one>)
     COMPARES_UPDATES_EVERY_ROUND, EACH_CLIENT_ALONE, READS_EACH_CLIENTS_MODEL, sums_train_loss)
 
@@ -436,8 +437,7 @@ class ClusteredStrategy(FlowerHooks):
     def sample(self, keys: list[str], fraction: float, minimum: int = 1) -> list[str]:
         if fraction >= 1.0 or not keys:
             return list(keys)
-        count = min(max(int(len(keys) * fraction), minimum, 1), len(keys))
-        chosen = self.state.rng.choice(len(keys), size=count, replace=False)
+        chosen = self.state.rng.choice(len(keys), size=sample_size(len(keys), fraction, minimum), replace=False)
         return [keys[i] for i in sorted(chosen)]
 
     def draw_sample(self, rnd: Round) -> list[str] | None:

@@ -187,7 +187,7 @@ def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
     clients ``ask-again`` named last round (``resampling.sample_asking_again``)."""
     state, params = strategy.state, strategy.params
     again, state.asked_again = state.asked_again, ()
-    if not (again and params.ask_again and params.fraction_train < 1):
+    if not again:  # ``ask_again`` names clients only when ask-again is on, at fraction-train < 1
         return strategy.sample_active(rnd)
     return sample_asking_again(state.rng, list(rnd.active), list(again), params.fraction_train, params.min_train_nodes)
 

@@ -202,7 +202,8 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
     refused = (refuse_structure(state, server_round, cluster, proposal, reports, params=params, evidence=evidence)
                or refuse_check(state, server_round, cluster, proposal, reports, enforce=enforce))
     if refused is None and evidence:  # taken only when two rounds' partitions agree (and LayerCFL's layers reproduced)
-        refused = defer(tree, state, server_round, cluster, proposal, reports, reproduction, params=params, wait=wait)
+        refused = defer(tree, state, server_round, cluster, proposal, reports, reproduction, [r.key for r in replies],
+                        params=params, wait=wait)
     if refused is not None:
         return refused
     return split(tree, state, server_round, cluster, replies, decision, proposal, reports, reproduction, params=params)
@@ -301,19 +302,20 @@ def refuse_check(state: CFLState, server_round: int, cluster: int, p: Proposal, 
 
 
 def defer(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any],
-          reproduction: Evidence | str | None, *, params: CFLParams,
+          reproduction: Evidence | str | None, repliers: list[str], *, params: CFLParams,
           wait: Callable[[Any], str | None] | None) -> Diagnostics | None:
     """split-timing = evidence: the split waits (``deferred``) until two successive rounds'
     partitions agree (ARI >= split-agreement) with their parts pointing apart in both rounds
     (mean-update cosine below merge-min-cosine: ``alike`` when they point alike, the split the
     merge rule would undo), and ``wait`` (LayerCFL's layer choice) says nothing. A split no
-    earlier round could be compared with asks its repliers again (``tree.ask_again``)."""
+    earlier round could be compared with asks its ``repliers`` again (``tree.ask_again``: the clients
+    whose partition the next round compares; a similarity pool of members may hold others)."""
     bound, min_cosine = params.split_agreement, params.merge_min_cosine
     waiting = wait(state) if wait is not None else None
     if not waiting and isinstance(reproduction, Evidence) and reproduction.passes(bound, min_cosine):
         p.record["reproduction"] = reproduction.as_record()
         return None
-    said = waiting or (reproduction + tree.ask_again(state, p.keys) if isinstance(reproduction, str)
+    said = waiting or (reproduction + tree.ask_again(state, repliers) if isinstance(reproduction, str)
                        else reproduction.words(bound, min_cosine))
     agreement = reproduction.agreement if isinstance(reproduction, Evidence) else None
     alike = (not waiting and isinstance(reproduction, Evidence) and reproduction.reproduction.reproduces(bound))
