@@ -262,6 +262,7 @@ class CFL(_CFL):
         similarity_decay: typing.Union[float, typing.Literal['auto']] = 'auto',
         similarity_rank: typing.Union[int, typing.Literal['auto']] = 0,
         similarity_pool: typing.Literal['repliers', 'members'] = 'repliers',
+        decision_arrays: typing.Literal['every', 'evidence'] = 'evidence',
     ) -> None: ...
 
 

@@ -284,7 +284,7 @@ BIPARTITIONING_FIELDS = {
     "provisional", "rng", "routes", "shapes", "silent", "sketched", "split_allowed", "split_models", "splits",
     "theta0", "tree", "proposals", "merge_kept", "said_compared", "split_timing", "asked_again"}
 CHECKPOINT_FIELDS = {
-    "cfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch"},
+    "cfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "array_choice", "chosen_arrays"},
     "layercfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "layer_rule", "selected_names",
                                          "candidates", "candidate_partitions", "layer_settled", "layer_evidence"},
     "hicfl": BIPARTITIONING_FIELDS | {"eps_rel", "epsilon", "last_timing", "layer_keys", "layer_sizes", "layers",

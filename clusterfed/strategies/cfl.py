@@ -17,7 +17,8 @@ default: the criteria are recorded, and a split that passes the acceptance test 
 its cut beats group-free rotations of the round's updates and, when every member replied, leaves
 no client alone (``refuse_structure``), and two successive rounds' partitions of the repliers agree with their
 parts pointing apart in both, ``BiPartitionTree.reproduce`` and ``defer``; the paper's
-``criteria`` is the preset's), the acceptance test (best-cut silhouette on
+``criteria`` is the preset's), what a split compares where the whole update shows no structure (``decision-arrays``,
+``array_choice.py``), the acceptance test (best-cut silhouette on
 ``1 − α`` against ``split-min-silhouette`` or group-free updates; refusals in
 ``refused_splits``), summed updates (``similarity-decay``), principal components
 (``similarity-rank``), the pool a split is judged on (``similarity-pool``), merging and compact
@@ -38,7 +39,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.strategies import base
+from clusterfed.strategies import array_choice, base
 from clusterfed.clustering.bipartition import SplitDecision, bipartition
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.principal_scores import principal_scores
@@ -65,7 +66,9 @@ PRINCIPAL_RANK = 5
 SMALL_SIDE_DRAWS = 99  # split-timing = evidence: rotation draws a split leaving a small side must beat (as HiCFL's)
 
 
-class CFLParams(BiPartitioningParams):
+class CFLFamilyParams(BiPartitioningParams):
+    """What CFL and LayerCFL share."""
+
     split_min_silhouette: float = Field(
         0.3, alias="split-min-silhouette", ge=-1, le=1,
         description="keep a proposed bi-partition only if the best cut's silhouette on 1 - cos reaches this (-1 = off), "
@@ -92,13 +95,30 @@ class CFLParams(BiPartitioningParams):
                     "same at full participation)")
 
 
+class CFLParams(CFLFamilyParams):
+    decision_arrays: Literal["every", "evidence"] = Field(
+        "evidence", alias="decision-arrays",
+        description="the arrays a split compares: every compared array (the paper), or, where every array together "
+                    "shows no structure while the run has one cluster, the one array whose clients' updates are the "
+                    "most structured in two successive rounds (LayerCFL picks its own layers)")
+
+
 @dataclass
-class CFLState(BiPartitioningState):
+class CFLFamilyState(BiPartitioningState):
+    """What CFL and LayerCFL share."""
+
     # per client: its latest decision-layer update as sent, or its decayed sum (similarity-decay);
     # update-storage = sketch: float32 and mapped by ``sketch`` (None: short enough to keep whole)
     last_vector: dict[str, np.ndarray] = field(default_factory=dict)
     sketch: dict[str, Any] | None = None
     refused: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class CFLState(CFLFamilyState):
+    # decision-arrays = evidence: the candidates' last scores and leader (``array_choice``), the arrays chosen
+    array_choice: dict[str, Any] = field(default_factory=dict)
+    chosen_arrays: tuple[str, ...] = ()
 
 
 
@@ -113,7 +133,7 @@ PAPER_CFL: dict[str, Any] = {
 
 
 # ------------------------------------------------------------ the per-client vectors
-def keep_vectors(state: CFLState, replies: list[TrainReply], names: list[str], decay: float, compact: bool,
+def keep_vectors(state: CFLFamilyState, replies: list[TrainReply], names: list[str], decay: float, compact: bool,
                  sketch_dim: int, seed: int) -> None:
     """Each replier's vector of ``names`` in ``last_vector`` (``clustering/vectors.kept_vectors``)."""
     kept, state.sketch = kept_vectors(state.last_vector, {r.key: r.update for r in replies}, names, decay,
@@ -121,7 +141,7 @@ def keep_vectors(state: CFLState, replies: list[TrainReply], names: list[str], d
     state.last_vector.update(kept)
 
 
-def similarity_decay(params: CFLParams, clients: dict[str, ClientInfo]) -> float:
+def similarity_decay(params: CFLFamilyParams, clients: dict[str, ClientInfo]) -> float:
     """``similarity-decay``; ``auto``: 0.8 for small clients (the median client of those known
     holds fewer than ``SMALL_CLIENT_EXAMPLES`` examples), 0 (the paper) otherwise."""
     decay = params.similarity_decay
@@ -131,7 +151,7 @@ def similarity_decay(params: CFLParams, clients: dict[str, ClientInfo]) -> float
     return SMALL_CLIENT_DECAY if sizes and float(np.median(sizes)) < SMALL_CLIENT_EXAMPLES else 0.0
 
 
-def similarity_pool(params: CFLParams, state: CFLState, cluster: int, repliers: list[str]) -> list[str]:
+def similarity_pool(params: CFLFamilyParams, state: CFLFamilyState, cluster: int, repliers: list[str]) -> list[str]:
     """The clients a split of ``cluster``, or a merge, is judged on (``similarity-pool``): its
     repliers, then, with ``members``, every other member with a stored vector in key order."""
     if params.similarity_pool == "repliers":
@@ -140,7 +160,7 @@ def similarity_pool(params: CFLParams, state: CFLState, cluster: int, repliers: 
     return repliers + sorted((k for k in state.tree.members(cluster) if k not in replied and k in last), key=natural)
 
 
-def pooled_vectors(params: CFLParams, state: CFLState, groups: dict[int, list[TrainReply]],
+def pooled_vectors(params: CFLFamilyParams, state: CFLFamilyState, groups: dict[int, list[TrainReply]],
                    names: list[str]) -> dict[int, np.ndarray]:
     """What a merge compares: the repliers' updates, or with ``similarity-pool = members`` each
     replying cluster's pool of stored vectors."""
@@ -150,7 +170,7 @@ def pooled_vectors(params: CFLParams, state: CFLState, groups: dict[int, list[Tr
             for c, g in sorted(groups.items())}
 
 
-def similarity_rank(params: CFLParams, replies: int) -> int:
+def similarity_rank(params: CFLFamilyParams, replies: int) -> int:
     """``similarity-rank`` for a cluster of ``replies`` repliers (0: raw cosines)."""
     rank = params.similarity_rank
     if rank == "auto":
@@ -180,8 +200,8 @@ class Proposal:
     record: dict[str, Any]
 
 
-def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, replies: list[TrainReply],
-           decision: SplitDecision, clients: dict[str, ClientInfo], reports: list[Any], *, params: CFLParams,
+def decide(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, cluster: int, replies: list[TrainReply],
+           decision: SplitDecision, clients: dict[str, ClientInfo], reports: list[Any], *, params: CFLFamilyParams,
            names: Callable[[Any], list[str]], check: Callable[..., Any] | None = None,
            enforce: bool = False, wait: Callable[[Any], str | None] | None = None) -> Diagnostics | None:
     """A near-stationary, heterogeneous cluster of enough members is cut in two by complete
@@ -209,8 +229,8 @@ def decide(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: i
     return split(tree, state, server_round, cluster, replies, decision, proposal, reports, reproduction, params=params)
 
 
-def propose(state: CFLState, cluster: int, replies: list[TrainReply], decision: SplitDecision, layers: list[str], *,
-            params: CFLParams, check: Callable[..., Any] | None) -> Proposal:
+def propose(state: CFLFamilyState, cluster: int, replies: list[TrainReply], decision: SplitDecision, layers: list[str], *,
+            params: CFLFamilyParams, check: Callable[..., Any] | None) -> Proposal:
     """α: the similarity of the clients' vectors (similarity-pool, -decay, -rank), its bi-partition,
     the best cut's silhouette and the structure it must reach (the acceptance test, beyond the
     paper: structure on 1 - S beyond what noise shows), LayerCFL's check."""
@@ -236,8 +256,8 @@ def propose(state: CFLState, cluster: int, replies: list[TrainReply], decision: 
                     SplitCompared(keys, S), record)
 
 
-def refuse_structure(state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any], *,
-                     params: CFLParams, evidence: bool) -> Diagnostics | None:
+def refuse_structure(state: CFLFamilyState, server_round: int, cluster: int, p: Proposal, reports: list[Any], *,
+                     params: CFLFamilyParams, evidence: bool) -> Diagnostics | None:
     """A bi-partition of noise keeps the cluster whole: a cut must reach the required silhouette
     and beat group-free data strictly (updates that are all zero score 0, and so does their
     reference); on evidence a small side must also beat group-free rotations."""
@@ -285,7 +305,7 @@ def refuse_structure(state: CFLState, server_round: int, cluster: int, p: Propos
             "words": [f"cluster {cluster} not split: {said}"]}
 
 
-def refuse_check(state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any], *,
+def refuse_check(state: CFLFamilyState, server_round: int, cluster: int, p: Proposal, reports: list[Any], *,
                  enforce: bool) -> Diagnostics | None:
     """LayerCFL's correct-clustering check, recorded; a failed check refuses the split when enforced."""
     if p.checked is None:
@@ -301,8 +321,8 @@ def refuse_check(state: CFLState, server_round: int, cluster: int, p: Proposal, 
             "words": [f"cluster {cluster} not split: the correct-clustering check failed"]}
 
 
-def defer(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, p: Proposal, reports: list[Any],
-          reproduction: Evidence | str | None, repliers: list[str], *, params: CFLParams,
+def defer(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, cluster: int, p: Proposal, reports: list[Any],
+          reproduction: Evidence | str | None, repliers: list[str], *, params: CFLFamilyParams,
           wait: Callable[[Any], str | None] | None) -> Diagnostics | None:
     """split-timing = evidence: the split waits (``deferred``) until two successive rounds'
     partitions agree (ARI >= split-agreement) with their parts pointing apart in both rounds
@@ -329,9 +349,9 @@ def defer(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: in
                       f"split of cluster {cluster} deferred: {said}"]}
 
 
-def split(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: int, replies: list[TrainReply],
+def split(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, cluster: int, replies: list[TrainReply],
           decision: SplitDecision, p: Proposal, reports: list[Any], reproduction: Evidence | str | None, *,
-          params: CFLParams) -> Diagnostics:
+          params: CFLFamilyParams) -> Diagnostics:
     """Two children from the cluster's model; the model the members trained from this round is
     what a newcomer replays the split on; the members absent this round follow their vectors."""
     keys_a, keys_b = p.sides
@@ -353,7 +373,7 @@ def split(tree: BiPartitionTree, state: CFLState, server_round: int, cluster: in
                                            f"best-cut silhouette {p.structure:.2f}"]}
 
 
-def refuse(state: CFLState, reports: list[Any], record: dict[str, Any], compared: SplitCompared) -> None:
+def refuse(state: CFLFamilyState, reports: list[Any], record: dict[str, Any], compared: SplitCompared) -> None:
     """Log a refused split; reported for scoring like a split."""
     state.refused.append(record)
     compared.records.append(record)
@@ -361,8 +381,28 @@ def refuse(state: CFLState, reports: list[Any], record: dict[str, Any], compared
 
 
 def compared_arrays(state: CFLState) -> list[str]:
-    """CFL's decision arrays: every compared array."""
-    return state.compared
+    """CFL's decision arrays: every compared array, or the array chosen by evidence."""
+    return list(state.chosen_arrays) or state.compared
+
+
+def choose_arrays(strategy: Any, rnd: Round, replies: list[TrainReply]) -> str | None:
+    """``decision-arrays = evidence``: while the run has one cluster and no array is chosen, score
+    this round's candidates (``array_choice.score_round``); once one is chosen, the vectors kept
+    from now on are of its arrays (this round's repliers' at once). The round line's words, or None."""
+    state, c = strategy.state, strategy.params
+    if state.chosen_arrays or len(state.models) != 1:
+        return None
+    chosen = array_choice.score_round(state.array_choice, rnd.number, [r.update for r in replies], state.compared,
+                                      state.theta0, min_silhouette=c.split_min_silhouette,
+                                      reference_draws=max(c.split_reference_draws, 1),
+                                      max_clusters=c.split_silhouette_max_k, seed=c.seed)
+    if not chosen:
+        return None
+    state.chosen_arrays = tuple(chosen)
+    state.last_vector, state.sketch = {}, None  # earlier vectors hold every array: not comparable
+    keep_vectors(state, replies, list(chosen), similarity_decay(c, rnd.clients),
+                 strategy.bipartition.compact(state, rnd.clients), c.sketch_dim, c.seed)
+    return array_choice.words(state.array_choice)
 
 
 def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
@@ -380,6 +420,10 @@ def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply]) -
     if silent or not state.said_compared:  # round 1 (and a changed comparison) names what is compared
         intro = strategy.compared_words()
         state.said_compared = True
+    if getattr(c, "decision_arrays", "every") == "evidence":  # CFL's own (LayerCFL picks its layers)
+        said = choose_arrays(strategy, rnd, replies)
+        if said:
+            intro = said if intro is None else f"{intro}; {said}"
     # refused_splits: a column every round, [] when ``decide`` refused none
     return {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports, silent,
                                                      name=name, intro=intro)}
@@ -406,9 +450,9 @@ class CFL(ClusteredStrategy):
     Params = CFLParams
     State = CFLState
     state: CFLState
-    params: CFLParams
+    params: CFLFamilyParams
     figures = ("tree", "splits")
-    PAPER: ClassVar[dict[str, Any]] = PAPER_CFL
+    PAPER: ClassVar[dict[str, Any]] = {**PAPER_CFL, "decision_arrays": "every"}
     one_cluster_reasons = {
         "criteria": "split criteria never met: the cluster was never both near-stationary "
                     "(mean-update norm < rel-eps1 × its peak) and heterogeneous (max norm > rel-eps2 × mean norm)",
@@ -435,8 +479,8 @@ class CFL(ClusteredStrategy):
                                merge_vectors=partial(pooled_vectors, c))
 
     def decision_names(self) -> list[str]:
-        """The arrays whose updates the similarity is computed on: every compared array."""
-        return self.state.compared
+        """The arrays whose updates the similarity is computed on: every compared array, or the chosen one."""
+        return compared_arrays(self.state)
 
     def init_clusters(self) -> None:
         self.bipartition.init(self.state, self.compared_names())

@@ -39,7 +39,7 @@ from clusterfed.explain import bipartition as explain
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import (MIN_COMMON, PROPOSALS_KEPT, BiPartitionTree, tree_admit, tree_before_train, tree_draw_sample,
     tree_train_instructions)
-from clusterfed.strategies.cfl import (PAPER_CFL, CFLParams, CFLState, decide, pooled_vectors, shown_names,
+from clusterfed.strategies.cfl import (PAPER_CFL, CFLFamilyParams, CFLFamilyState, decide, pooled_vectors, shown_names,
     split_after_training, timing_words)
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
@@ -58,7 +58,7 @@ def selected_layers(state: LayerCFLState) -> list[str]:
     return state.selected_names
 
 
-class LayerCFLParams(CFLParams):
+class LayerCFLParams(CFLFamilyParams):
     skew: Literal["label", "feature", "unknown"] = Field(
         "unknown", description="the data's skew, which picks the layers: feature -> conv, label -> fc, unknown -> conv")
     cluster_layers: str = Field("auto", alias="cluster-layers",
@@ -68,7 +68,7 @@ class LayerCFLParams(CFLParams):
 
 
 @dataclass
-class LayerCFLState(CFLState):
+class LayerCFLState(CFLFamilyState):
     layer_rule: str = ""
     selected_names: list[str] = field(default_factory=list)
     # split-timing = evidence, cluster-layers = auto: the candidate layers (rule -> names), each

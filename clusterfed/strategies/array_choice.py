@@ -1,0 +1,95 @@
+"""Which arrays CFL compares (``decision-arrays = evidence``, beyond Sattler et al.): one array,
+where the whole update shows no structure and that array does.
+
+Sattler, Müller and Samek compare the clients' whole updates. On a model whose groups differ in
+what one array learns (the input weights of a recurrent layer, a patch embedding) the other
+arrays' updates, alike across groups or each client's own, can hide the groups in the whole
+update's cosines. While the run has one cluster, each round scores every array of two or more
+dimensions (with its bias) and every array together, as the one-shot strategies score layers
+(``clustering.layer_evidence``): the best-silhouette cut into 2..``max_clusters`` clusters on
+cosine distances, against the fixed bar or group-free rotations, the bar raised for the number of
+candidates. An array is chosen once it is the most structured candidate, with clusters found,
+in two successive rounds scored where every array together found none. Where the whole update
+shows structure it is kept: one array alone can show a coarser partition (an auxiliary head's
+targets) or a cut of one group's own data. The choice is made once; splits are still taken on
+their own evidence (``split-timing``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from clusterfed.clustering.layer_evidence import LayerScore, most_structured, score_layers
+from clusterfed.clustering.sketch import count_sketch
+from clusterfed.clustering.vectors import flatten, stack_float64
+
+EVERY = "every array"
+# each candidate's updates are count-sketched to this many numbers before scoring: cosines kept
+# within the sketch's error, the group-free references' cost bounded on any model
+SCORED_NUMBERS = 2048
+MIN_REPLIES = 4  # fewer repliers than this: no round scored
+
+
+def candidates(compared: list[str], theta0: dict[str, np.ndarray]) -> dict[str, list[str]]:
+    """Candidate -> its arrays: each compared array of two or more dimensions with its bias (the
+    same name with ``weight`` read as ``bias``), and every array together; empty when that is
+    the only choice."""
+    names = set(compared)
+    found: dict[str, list[str]] = {}
+    for key in compared:
+        if np.ndim(theta0[key]) >= 2:
+            bias = key.replace("weight", "bias")
+            found[key] = [key] + ([bias] if bias != key and bias in names and np.ndim(theta0[bias]) == 1 else [])
+    if not found or (len(found) == 1 and len(next(iter(found.values()))) == len(compared)):
+        return {}
+    return {**found, EVERY: list(compared)}
+
+
+def sketched_rows(updates: list[dict[str, np.ndarray]], keys: list[str], seed: int) -> np.ndarray:
+    X = stack_float64([flatten(u, keys) for u in updates])
+    sketch = count_sketch(X.shape[1], SCORED_NUMBERS, seed)
+    return X if sketch is None else np.asarray(sketch(X), dtype=np.float64)
+
+
+def leader_of(scores: list[LayerScore]) -> str | None:
+    """The most structured single array, where it found clusters and every array together did not."""
+    best = most_structured(scores)
+    every = next(s for s in scores if s.layer == EVERY)
+    return best.layer if best.clusters > 1 and every.clusters == 1 and best.layer != EVERY else None
+
+
+def score_round(choice: dict[str, Any], server_round: int, updates: list[dict[str, np.ndarray]], compared: list[str],
+                theta0: dict[str, np.ndarray], *, min_silhouette: float, reference_draws: int, max_clusters: int,
+                seed: int) -> list[str] | None:
+    """Score this round's candidates on ``updates`` (one per replier) into ``choice`` (the
+    state's record: ``round``, ``leader``, ``scores``, ``previous_round`` and ``chosen`` once
+    chosen); the chosen arrays once the same array led two successive scored rounds, else None."""
+    found = candidates(compared, theta0)
+    if not found or len(updates) < MIN_REPLIES:
+        return None
+    rows = {name: sketched_rows(updates, keys, seed + i) for i, (name, keys) in enumerate(found.items())}
+    scores = score_layers(rows, metric="cosine", linkage="average", min_silhouette=min_silhouette,
+                          reference_draws=reference_draws, max_clusters=max_clusters, seed=seed)
+    leader = leader_of(scores)
+    previous, previous_round = choice.get("leader"), choice.get("round")
+    choice.update(round=server_round, leader=leader, scores=[s.record() for s in scores])
+    if leader is None or leader != previous:
+        return None
+    choice.update(chosen=leader, previous_round=previous_round)
+    return list(found[leader])
+
+
+def words(choice: dict[str, Any]) -> str:
+    """``compares trunk.rnn.weight_ih_l0 (chosen by evidence in rounds 1 and 2: best-cut
+    silhouette 0.53 against 0.30 needed, every array together no structure (0.24); next
+    trunk.rnn.weight_hh_l0 0.29, head.weight 0.27)``."""
+    scores = {s["layer"]: s for s in choice["scores"]}
+    chosen, every = scores[choice["chosen"]], scores[EVERY]
+    others = sorted((s for s in scores.values() if s["layer"] not in (chosen["layer"], EVERY)
+                     and s["silhouette"] is not None), key=lambda s: -s["silhouette"])[:3]
+    nexts = "; next " + ", ".join(f"{s['layer']} {s['silhouette']:.2f}" for s in others) if others else ""
+    whole = "n/a" if every["silhouette"] is None else f"{every['silhouette']:.2f}"
+    return (f"compares {chosen['layer']} (chosen by evidence in rounds {choice['previous_round']} and "
+            f"{choice['round']}: best-cut silhouette {chosen['silhouette']:.2f} against {chosen['required']:.2f} "
+            f"needed, every array together no structure ({whole}){nexts})")

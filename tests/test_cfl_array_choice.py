@@ -1,0 +1,96 @@
+"""CFL's ``decision-arrays = evidence``: the one array whose updates show the groups is compared
+once it leads two successive rounds, every array when none does. Hand-made updates through the
+strategy's own ``after_train`` (``test_cfl``'s tiny model: conv1 72 + 8 numbers, fc1 80 + 4)."""
+
+import numpy as np
+import pytest
+from test_cfl import DIM, SHAPES, make_strategy, run_round
+
+from clusterfed.strategies.array_choice import EVERY, candidates
+from clusterfed.strategies.cfl import CFL
+
+KEYS = [str(i) for i in range(12)]
+GROUPS = {k: int(k) // 6 for k in KEYS}
+EVIDENCE = {"split-timing": "evidence", "min-split-round": 2}
+CONV = slice(0, 72)  # conv1.weight's numbers in the flat update
+FC = slice(80, 160)  # fc1.weight's
+
+
+def groups_in_conv_hidden_by_fc(rng, groups=GROUPS, own=None):
+    """The groups point two ways in conv1.weight; fc1.weight, ten times larger, holds each
+    client's own direction (the same every round, as its own data) and fresh noise."""
+    directions = rng.standard_normal((2, 72))
+    own = own if own is not None else {k: rng.standard_normal(80) for k in KEYS}
+
+    def updates():
+        out = {}
+        for k in KEYS:
+            v = 0.01 * rng.standard_normal(DIM)  # the biases train a little
+            v[CONV] = directions[groups[k]] + 0.1 * rng.standard_normal(72)
+            v[FC] = 10.0 * (own[k] + 0.3 * rng.standard_normal(80))
+            out[k] = v
+        return out
+    return updates
+
+
+def test_candidates_are_each_matrix_array_with_its_bias_and_every_array():
+    theta = {k: np.zeros(s) for k, s in SHAPES.items()}
+    found = candidates(list(SHAPES), theta)
+    assert found == {"conv1.weight": ["conv1.weight", "conv1.bias"], "fc1.weight": ["fc1.weight", "fc1.bias"],
+                     EVERY: list(SHAPES)}
+    assert candidates(["fc1.weight", "fc1.bias"], theta) == {}  # one candidate holding every array: no choice
+
+
+def test_the_array_that_shows_the_groups_is_chosen_and_the_split_follows_it():
+    rng = np.random.default_rng(3)
+    updates = groups_in_conv_hidden_by_fc(rng)
+    strategy = make_strategy(CFL, GROUPS, **EVIDENCE)
+    said = [run_round(strategy, r, updates()).get("decision") or "" for r in range(1, 6)]
+    assert strategy.state.chosen_arrays == ("conv1.weight", "conv1.bias")
+    assert "CFL: compares conv1.weight (chosen by evidence in rounds 1 and 2: best-cut silhouette" in said[1]
+    assert "every array together no structure (" in said[1] and "; next fc1.weight " in said[1]
+    sides = sorted((sorted(s, key=int) for s in strategy.state.splits[0]["members"]), key=lambda s: int(s[0]))
+    assert sides == [KEYS[:6], KEYS[6:]]
+
+
+def test_where_the_whole_update_shows_the_groups_it_is_kept():
+    """The groups in conv1 and in fc1 alike: every array together shows them, so nothing is chosen
+    (one array alone may show a coarser partition, or a cut of one group's own data)."""
+    rng = np.random.default_rng(4)
+    directions = rng.standard_normal((2, DIM))
+
+    def updates():
+        return {k: directions[GROUPS[k]] + 0.1 * rng.standard_normal(DIM) for k in KEYS}
+
+    strategy = make_strategy(CFL, GROUPS, **EVIDENCE)
+    for r in range(1, 4):
+        run_round(strategy, r, updates())
+    assert strategy.state.chosen_arrays == () and strategy.state.array_choice["leader"] is None
+    assert next(s for s in strategy.state.array_choice["scores"] if s["layer"] == EVERY)["clusters"] == 2
+    sides = sorted((sorted(s, key=int) for s in strategy.state.splits[0]["members"]), key=lambda s: int(s[0]))
+    assert sides == [KEYS[:6], KEYS[6:]]
+
+
+def test_on_every_array_the_same_clients_are_not_split():
+    """The control: the paper's comparison of whole updates sees only each client's own
+    fc1 direction, and never splits."""
+    rng = np.random.default_rng(3)
+    updates = groups_in_conv_hidden_by_fc(rng)
+    strategy = make_strategy(CFL, GROUPS, **EVIDENCE, decision_arrays="every")
+    for r in range(1, 6):
+        run_round(strategy, r, updates())
+    assert strategy.state.chosen_arrays == () and strategy.state.splits == []
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_clients_of_one_group_choose_nothing_and_stay_one_cluster(seed):
+    rng = np.random.default_rng(seed)
+    updates = groups_in_conv_hidden_by_fc(rng, groups={k: 0 for k in KEYS})
+    strategy = make_strategy(CFL, GROUPS, **EVIDENCE)
+    said = [run_round(strategy, r, updates()).get("decision") or "" for r in range(1, 7)]
+    assert strategy.state.splits == [] and len(set(strategy.assignment.values())) == 1
+    assert strategy.state.chosen_arrays == () and "chosen by evidence" not in " ".join(said)
+
+
+def test_the_paper_preset_compares_every_array():
+    assert CFL.PAPER["decision_arrays"] == "every"
