@@ -49,6 +49,8 @@ def test_the_array_that_shows_the_groups_is_chosen_and_the_split_follows_it():
     assert strategy.state.chosen_arrays == ("conv1.weight", "conv1.bias")
     assert "CFL: compares conv1.weight (chosen by evidence in rounds 1 and 2: best-cut silhouette" in said[1]
     assert "every array together no structure (" in said[1] and "; next fc1.weight " in said[1]
+    recorded = strategy.cluster_state()["array_choice"]
+    assert recorded["chosen"] == "conv1.weight" and recorded["chosen_arrays"] == ["conv1.weight", "conv1.bias"]
     sides = sorted((sorted(s, key=int) for s in strategy.state.splits[0]["members"]), key=lambda s: int(s[0]))
     assert sides == [KEYS[:6], KEYS[6:]]
 

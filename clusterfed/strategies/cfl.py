@@ -507,4 +507,6 @@ class CFL(ClusteredStrategy):
     def cluster_state(self) -> dict[str, Any]:
         state = self.bipartition.cluster_state(self.state, self.bipartition.thresholds(), self.one_cluster_reason())
         state["refused_splits"] = self.state.refused
+        # decision-arrays: the last candidates' scores, and the arrays chosen (empty: every array compared)
+        state["array_choice"] = {**self.state.array_choice, "chosen_arrays": list(self.state.chosen_arrays)}
         return state
