@@ -39,6 +39,8 @@ def test_candidates_are_each_matrix_array_with_its_bias_and_every_array():
     assert found == {"conv1.weight": ["conv1.weight", "conv1.bias"], "fc1.weight": ["fc1.weight", "fc1.bias"],
                      EVERY: list(SHAPES)}
     assert candidates(["fc1.weight", "fc1.bias"], theta) == {}  # one candidate holding every array: no choice
+    named = {"lightweight.weight": np.zeros((2, 2)), "lightweight.bias": np.zeros(2), "out.weight": np.zeros((2, 2))}
+    assert candidates(list(named), named)["lightweight.weight"] == ["lightweight.weight", "lightweight.bias"]
 
 
 def test_the_array_that_shows_the_groups_is_chosen_and_the_split_follows_it():
@@ -49,6 +51,8 @@ def test_the_array_that_shows_the_groups_is_chosen_and_the_split_follows_it():
     assert strategy.state.chosen_arrays == ("conv1.weight", "conv1.bias")
     assert "CFL: compares conv1.weight (chosen by evidence in rounds 1 and 2: best-cut silhouette" in said[1]
     assert "every array together no structure (" in said[1] and "; next fc1.weight " in said[1]
+    # the partitions of every array are forgotten: the split waits for two rounds on conv1.weight
+    assert "rounds 1 and 2" not in said[1].split("needed")[-1] and strategy.state.splits[0]["round"] == 3
     recorded = strategy.cluster_state()["array_choice"]
     assert recorded["chosen"] == "conv1.weight" and recorded["chosen_arrays"] == ["conv1.weight", "conv1.bias"]
     sides = sorted((sorted(s, key=int) for s in strategy.state.splits[0]["members"]), key=lambda s: int(s[0]))

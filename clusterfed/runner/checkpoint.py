@@ -53,7 +53,11 @@ OLD_MAGIC = b"clusterfed-checkpoint v1\n"
 RESUMABLE_CHANGES = frozenset({"rounds", "out-dir", "resume-from", "timeout", "checkpoint", "log-to"})
 # keys added with a default other than what the version before them did (by the key's last
 # part): a checkpoint without the key resumes only at this value, the way it was running
-EARLIER_BEHAVIOUR = {"split-timing": "criteria"}  # the CFL family split on Sattler's criteria
+EARLIER_BEHAVIOUR = {
+    "split-timing": "criteria",  # the CFL family split on Sattler's criteria
+    "ask-again": False,  # a deferred split's repliers were not put in the next sample
+    "decision-arrays": "every",  # CFL compared the whole update
+}
 
 
 class CheckpointError(ValueError):

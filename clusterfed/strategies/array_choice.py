@@ -9,7 +9,9 @@ dimensions (with its bias) and every array together, as the one-shot strategies 
 (``clustering.layer_evidence``): the best-silhouette cut into 2..``max_clusters`` clusters on
 cosine distances, against the fixed bar or group-free rotations, the bar raised for the number of
 candidates. An array is chosen once it is the most structured candidate, with clusters found,
-in two successive rounds scored where every array together found none. Where the whole update
+in two successive rounds (each with at least ``MIN_REPLIES`` repliers) where every array
+together found none; the earlier rounds' partitions, of every array, are then forgotten, and
+splits and merges compare the chosen array. Where the whole update
 shows structure it is kept: one array alone can show a coarser partition (an auxiliary head's
 targets) or a cut of one group's own data. The choice is made once; splits are still taken on
 their own evidence (``split-timing``)."""
@@ -39,7 +41,8 @@ def candidates(compared: list[str], theta0: dict[str, np.ndarray]) -> dict[str, 
     found: dict[str, list[str]] = {}
     for key in compared:
         if np.ndim(theta0[key]) >= 2:
-            bias = key.replace("weight", "bias")
+            head, _, tail = key.rpartition("weight")  # the last "weight" only: lightweight.weight -> lightweight.bias
+            bias = head + "bias" + tail if _ else key
             found[key] = [key] + ([bias] if bias != key and bias in names and np.ndim(theta0[bias]) == 1 else [])
     if not found or (len(found) == 1 and len(next(iter(found.values()))) == len(compared)):
         return {}
@@ -67,14 +70,14 @@ def score_round(choice: dict[str, Any], server_round: int, updates: list[dict[st
     chosen); the chosen arrays once the same array led two successive scored rounds, else None."""
     found = candidates(compared, theta0)
     if not found or len(updates) < MIN_REPLIES:
-        return None
+        return None  # not scored: the next scored round cannot be the second of two successive ones
     rows = {name: sketched_rows(updates, keys, seed + i) for i, (name, keys) in enumerate(found.items())}
     scores = score_layers(rows, metric="cosine", linkage="average", min_silhouette=min_silhouette,
                           reference_draws=reference_draws, max_clusters=max_clusters, seed=seed)
     leader = leader_of(scores)
     previous, previous_round = choice.get("leader"), choice.get("round")
     choice.update(round=server_round, leader=leader, scores=[s.record() for s in scores])
-    if leader is None or leader != previous:
+    if leader is None or leader != previous or previous_round != server_round - 1:
         return None
     choice.update(chosen=leader, previous_round=previous_round)
     return list(found[leader])
@@ -83,12 +86,14 @@ def score_round(choice: dict[str, Any], server_round: int, updates: list[dict[st
 def words(choice: dict[str, Any]) -> str:
     """``compares trunk.rnn.weight_ih_l0 (chosen by evidence in rounds 1 and 2: best-cut
     silhouette 0.53 against 0.30 needed, every array together no structure (0.24); next
-    trunk.rnn.weight_hh_l0 0.29, head.weight 0.27)``."""
+    trunk.rnn.weight_hh_l0 0.29 against 0.30, head.weight 0.27 against 0.30)``."""
     scores = {s["layer"]: s for s in choice["scores"]}
     chosen, every = scores[choice["chosen"]], scores[EVERY]
+    # the runners-up by their margin over their own bar, the measure the leader was picked by
     others = sorted((s for s in scores.values() if s["layer"] not in (chosen["layer"], EVERY)
-                     and s["silhouette"] is not None), key=lambda s: -s["silhouette"])[:3]
-    nexts = "; next " + ", ".join(f"{s['layer']} {s['silhouette']:.2f}" for s in others) if others else ""
+                     and s["silhouette"] is not None), key=lambda s: s["required"] - s["silhouette"])[:3]
+    nexts = "; next " + ", ".join(f"{s['layer']} {s['silhouette']:.2f} against {s['required']:.2f}"
+                                  for s in others) if others else ""
     whole = "n/a" if every["silhouette"] is None else f"{every['silhouette']:.2f}"
     return (f"compares {chosen['layer']} (chosen by evidence in rounds {choice['previous_round']} and "
             f"{choice['round']}: best-cut silhouette {chosen['silhouette']:.2f} against {chosen['required']:.2f} "

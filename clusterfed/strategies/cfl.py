@@ -394,12 +394,13 @@ def choose_arrays(strategy: Any, rnd: Round, replies: list[TrainReply]) -> str |
         return None
     chosen = array_choice.score_round(state.array_choice, rnd.number, [r.update for r in replies], state.compared,
                                       state.theta0, min_silhouette=c.split_min_silhouette,
-                                      reference_draws=max(c.split_reference_draws, 1),
+                                      reference_draws=c.split_reference_draws,
                                       max_clusters=c.split_silhouette_max_k, seed=c.seed)
     if not chosen:
         return None
     state.chosen_arrays = tuple(chosen)
-    state.last_vector, state.sketch = {}, None  # earlier vectors hold every array: not comparable
+    # earlier vectors and partitions are of every array: not comparable with the chosen one's
+    state.last_vector, state.sketch, state.proposals = {}, None, {}
     keep_vectors(state, replies, list(chosen), similarity_decay(c, rnd.clients),
                  strategy.bipartition.compact(state, rnd.clients), c.sketch_dim, c.seed)
     return array_choice.words(state.array_choice)
@@ -473,7 +474,7 @@ class CFL(ClusteredStrategy):
 
     @property
     def bipartition(self) -> BiPartitionTree:
-        """The shared tree, with CFL's decision on every compared array."""
+        """The shared tree, with CFL's decision on every compared array, or the array chosen."""
         c = self.params
         return BiPartitionTree(c, partial(decide, params=c, names=compared_arrays), merge_names=compared_arrays,
                                merge_vectors=partial(pooled_vectors, c))
