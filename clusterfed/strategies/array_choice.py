@@ -41,8 +41,8 @@ def candidates(compared: list[str], theta0: dict[str, np.ndarray]) -> dict[str, 
     found: dict[str, list[str]] = {}
     for key in compared:
         if np.ndim(theta0[key]) >= 2:
-            head, _, tail = key.rpartition("weight")  # the last "weight" only: lightweight.weight -> lightweight.bias
-            bias = head + "bias" + tail if _ else key
+            head, weight, tail = key.rpartition("weight")  # the last "weight" only: lightweight.weight -> lightweight.bias
+            bias = head + "bias" + tail if weight else key
             found[key] = [key] + ([bias] if bias != key and bias in names and np.ndim(theta0[bias]) == 1 else [])
     if not found or (len(found) == 1 and len(next(iter(found.values()))) == len(compared)):
         return {}
