@@ -309,6 +309,7 @@ class LayerCFL(_LayerCFL):
         similarity_decay: typing.Union[float, typing.Literal['auto']] = 'auto',
         similarity_rank: typing.Union[int, typing.Literal['auto']] = 0,
         similarity_pool: typing.Literal['repliers', 'members'] = 'repliers',
+        decision_arrays: typing.Literal['every', 'evidence'] = 'evidence',
         skew: typing.Literal['label', 'feature', 'unknown'] = 'unknown',
         cluster_layers: str = 'auto',
         correct_clustering_check: bool = False,

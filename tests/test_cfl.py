@@ -285,7 +285,8 @@ BIPARTITIONING_FIELDS = {
     "theta0", "tree", "proposals", "merge_kept", "said_compared", "split_timing", "asked_again"}
 CHECKPOINT_FIELDS = {
     "cfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "array_choice", "chosen_arrays"},
-    "layercfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "layer_rule", "selected_names",
+    "layercfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "array_choice", "chosen_arrays",
+                                         "layer_rule", "selected_names",
                                          "candidates", "candidate_partitions", "layer_settled", "layer_evidence"},
     "hicfl": BIPARTITIONING_FIELDS | {"eps_rel", "epsilon", "last_timing", "layer_keys", "layer_sizes", "layers",
                                       "no_split", "samples", "scales", "tracker", "windows_filled", "xi"},

@@ -114,10 +114,25 @@ def test_check_switched_off_is_recorded_but_does_not_refuse():
 
 def test_the_layer_matters_fc_noise_hides_the_conv_groups():
     groups, vectors = four_groups_in_conv(0)
-    wrong = make_strategy(LayerCFL, groups, skew="label")
+    wrong = make_strategy(LayerCFL, groups, skew="label", decision_arrays="every")  # the paper: the skew's layer
     for server_round in range(1, 4):
         run_round(wrong, server_round, vectors)
     assert wrong.state.splits == [] and wrong.state.refused  # every proposal on fc noise fails the check
+
+
+def test_where_the_selected_layer_and_the_whole_update_are_blind_the_structured_array_is_compared():
+    """decision-arrays = evidence (the default): the fc layer the skew picks and every array
+    together show no structure, conv1.weight does in rounds 1 and 2, so it is compared from
+    round 2 and the groups' pairs split off; the round line and the cluster state say so."""
+    groups, vectors = four_groups_in_conv(0)
+    strategy = make_strategy(LayerCFL, groups, skew="label")
+    said = [run_round(strategy, server_round, vectors).get("decision", "") for server_round in range(1, 4)]
+    assert strategy.decision_names() == CONV and strategy.state.chosen_arrays == tuple(CONV)
+    assert "LayerCFL: compares conv1.weight (chosen by evidence in rounds 1 and 2" in said[1]
+    assert "the fc layer no structure" in said[1] and "every array together no structure" in said[1]
+    first = strategy.state.splits[0]
+    assert {frozenset(groups[k] for k in side) for side in first["members"]} == {frozenset({0, 1}), frozenset({2, 3})}
+    assert strategy.cluster_state()["array_choice"]["chosen_arrays"] == CONV
 
 
 @pytest.mark.end_to_end

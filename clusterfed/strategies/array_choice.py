@@ -1,5 +1,6 @@
-"""Which arrays CFL compares (``decision-arrays = evidence``, beyond Sattler et al.): one array,
-where the whole update shows no structure and that array does.
+"""Which arrays CFL and LayerCFL compare (``decision-arrays = evidence``, beyond Sattler et al.
+and the LayerCFL paper): one array, where the arrays the strategy compares and the whole update
+show no structure and that array does.
 
 Sattler, Müller and Samek compare the clients' whole updates. On a model whose groups differ in
 what one array learns (the input weights of a recurrent layer, a patch embedding) the other
@@ -10,7 +11,7 @@ dimensions (with its bias) and every array together, as the one-shot strategies 
 cosine distances, against the fixed bar or group-free rotations, the bar raised for the number of
 candidates. An array is chosen once it is the most structured candidate, with clusters found,
 in two successive rounds (each with at least ``MIN_REPLIES`` repliers) where every array
-together found none; the earlier rounds' partitions, of every array, are then forgotten, and
+together found none, nor did the strategy's own arrays (``own``: LayerCFL's selected layers); the earlier rounds' partitions, of every array, are then forgotten, and
 splits and merges compare the chosen array. Where the whole update
 shows structure it is kept: one array alone can show a coarser partition (an auxiliary head's
 targets) or a cut of one group's own data. The choice is made once; splits are still taken on
@@ -55,28 +56,42 @@ def sketched_rows(updates: list[dict[str, np.ndarray]], keys: list[str], seed: i
     return X if sketch is None else np.asarray(sketch(X), dtype=np.float64)
 
 
-def leader_of(scores: list[LayerScore]) -> str | None:
-    """The most structured single array, where it found clusters and every array together did not."""
+def leader_of(scores: list[LayerScore], blind: set[str]) -> str | None:
+    """The most structured single array, where it found clusters and the ``blind`` candidates
+    (every array together, the strategy's own arrays) did not."""
     best = most_structured(scores)
-    every = next(s for s in scores if s.layer == EVERY)
-    return best.layer if best.clusters > 1 and every.clusters == 1 and best.layer != EVERY else None
+    found = {s.layer for s in scores if s.clusters > 1}
+    return best.layer if best.layer in found and not found & blind and best.layer not in blind else None
+
+
+def with_own(found: dict[str, list[str]], own: tuple[str, list[str]] | None) -> tuple[dict[str, list[str]], str | None]:
+    """The candidates with the strategy's own arrays (name, arrays) among them, and the
+    candidate that stands for them: an existing one with the same arrays, else its own row."""
+    if own is None:
+        return found, None
+    name, arrays = own
+    same = next((key for key, keys in found.items() if sorted(keys) == sorted(arrays)), None)
+    return (found, same) if same is not None else ({**found, name: list(arrays)}, name)
 
 
 def score_round(choice: dict[str, Any], server_round: int, updates: list[dict[str, np.ndarray]], compared: list[str],
                 theta0: dict[str, np.ndarray], *, min_silhouette: float, reference_draws: int, max_clusters: int,
-                seed: int) -> list[str] | None:
+                seed: int, own: tuple[str, list[str]] | None = None) -> list[str] | None:
     """Score this round's candidates on ``updates`` (one per replier) into ``choice`` (the
-    state's record: ``round``, ``leader``, ``scores``, ``previous_round`` and ``chosen`` once
-    chosen); the chosen arrays once the same array led two successive scored rounds, else None."""
+    state's record: ``round``, ``leader``, ``scores``, ``own``, ``previous_round`` and ``chosen``
+    once chosen); the chosen arrays once the same array led two successive scored rounds, else
+    None. ``own``: the strategy's own arrays, by name, where they are not every array."""
     found = candidates(compared, theta0)
     if not found or len(updates) < MIN_REPLIES:
         return None  # not scored: the next scored round cannot be the second of two successive ones
+    found, own_name = with_own(found, own)
     rows = {name: sketched_rows(updates, keys, seed + i) for i, (name, keys) in enumerate(found.items())}
     scores = score_layers(rows, metric="cosine", linkage="average", min_silhouette=min_silhouette,
                           reference_draws=reference_draws, max_clusters=max_clusters, seed=seed)
-    leader = leader_of(scores)
+    leader = leader_of(scores, {EVERY} | ({own_name} if own_name else set()))
     previous, previous_round = choice.get("leader"), choice.get("round")
-    choice.update(round=server_round, leader=leader, scores=[s.record() for s in scores])
+    choice.update(round=server_round, leader=leader, scores=[s.record() for s in scores],
+                  own=None if own is None else {"name": own[0], "candidate": own_name})
     if leader is None or leader != previous or previous_round != server_round - 1:
         return None
     choice.update(chosen=leader, previous_round=previous_round)
@@ -88,13 +103,16 @@ def words(choice: dict[str, Any]) -> str:
     silhouette 0.53 against 0.30 needed, every array together no structure (0.24); next
     trunk.rnn.weight_hh_l0 0.29 against 0.30, head.weight 0.27 against 0.30)``."""
     scores = {s["layer"]: s for s in choice["scores"]}
-    chosen, every = scores[choice["chosen"]], scores[EVERY]
+    chosen = scores[choice["chosen"]]
+    own = choice.get("own") or {}
+    blind = {EVERY: "every array together", **({own["candidate"]: own["name"]} if own else {})}
     # the runners-up by their margin over their own bar, the measure the leader was picked by
-    others = sorted((s for s in scores.values() if s["layer"] not in (chosen["layer"], EVERY)
+    others = sorted((s for s in scores.values() if s["layer"] not in {chosen["layer"], *blind}
                      and s["silhouette"] is not None), key=lambda s: s["required"] - s["silhouette"])[:3]
     nexts = "; next " + ", ".join(f"{s['layer']} {s['silhouette']:.2f} against {s['required']:.2f}"
                                   for s in others) if others else ""
-    whole = "n/a" if every["silhouette"] is None else f"{every['silhouette']:.2f}"
+    none = ", ".join(f"{said} no structure ({'n/a' if scores[key]['silhouette'] is None else format(scores[key]['silhouette'], '.2f')})"
+                     for key, said in reversed(blind.items()))
     return (f"compares {chosen['layer']} (chosen by evidence in rounds {choice['previous_round']} and "
             f"{choice['round']}: best-cut silhouette {chosen['silhouette']:.2f} against {chosen['required']:.2f} "
-            f"needed, every array together no structure ({whole}){nexts})")
+            f"needed, {none}{nexts})")

@@ -94,13 +94,15 @@ class CFLFamilyParams(BiPartitioningParams):
                     "member of the cluster with a stored update (the repliers' new ones, the others' last; the "
                     "same at full participation)")
 
-
-class CFLParams(CFLFamilyParams):
     decision_arrays: Literal["every", "evidence"] = Field(
         "evidence", alias="decision-arrays",
-        description="the arrays a split compares: every compared array (the paper), or, where every array together "
-                    "shows no structure while the run has one cluster, the one array whose clients' updates are the "
-                    "most structured in two successive rounds (LayerCFL picks its own layers)")
+        description="the arrays a split compares: the strategy's own (CFL: every compared array; LayerCFL: the "
+                    "selected layers), or, where those and every array together show no structure while the run has "
+                    "one cluster, the one array whose clients' updates are the most structured in two successive rounds")
+
+
+class CFLParams(CFLFamilyParams):
+    """CFL's parameters: the family's."""
 
 
 @dataclass
@@ -112,13 +114,14 @@ class CFLFamilyState(BiPartitioningState):
     last_vector: dict[str, np.ndarray] = field(default_factory=dict)
     sketch: dict[str, Any] | None = None
     refused: list[dict[str, Any]] = field(default_factory=list)
+    # decision-arrays = evidence: the candidates' last scores and leader (``array_choice``), the arrays chosen
+    array_choice: dict[str, Any] = field(default_factory=dict)
+    chosen_arrays: tuple[str, ...] = ()
 
 
 @dataclass
 class CFLState(CFLFamilyState):
-    # decision-arrays = evidence: the candidates' last scores and leader (``array_choice``), the arrays chosen
-    array_choice: dict[str, Any] = field(default_factory=dict)
-    chosen_arrays: tuple[str, ...] = ()
+    """CFL's state: the family's."""
 
 
 
@@ -387,15 +390,16 @@ def compared_arrays(state: CFLState) -> list[str]:
 
 def choose_arrays(strategy: Any, rnd: Round, replies: list[TrainReply]) -> str | None:
     """``decision-arrays = evidence``: while the run has one cluster and no array is chosen, score
-    this round's candidates (``array_choice.score_round``); once one is chosen, the vectors kept
-    from now on are of its arrays (this round's repliers' at once). The round line's words, or None."""
+    this round's candidates (``array_choice.score_round``, against the strategy's ``own_arrays``);
+    once one is chosen, the vectors kept from now on are of its arrays (this round's repliers' at
+    once). The round line's words, or None."""
     state, c = strategy.state, strategy.params
     if state.chosen_arrays or len(state.models) != 1:
         return None
     chosen = array_choice.score_round(state.array_choice, rnd.number, [r.update for r in replies], state.compared,
                                       state.theta0, min_silhouette=c.split_min_silhouette,
                                       reference_draws=c.split_reference_draws,
-                                      max_clusters=c.split_silhouette_max_k, seed=c.seed)
+                                      max_clusters=c.split_silhouette_max_k, seed=c.seed, own=strategy.own_arrays())
     if not chosen:
         return None
     state.chosen_arrays = tuple(chosen)
@@ -421,7 +425,7 @@ def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply]) -
     if silent or not state.said_compared:  # round 1 (and a changed comparison) names what is compared
         intro = strategy.compared_words()
         state.said_compared = True
-    if getattr(c, "decision_arrays", "every") == "evidence":  # CFL's own (LayerCFL picks its layers)
+    if c.decision_arrays == "evidence":
         said = choose_arrays(strategy, rnd, replies)
         if said:
             intro = said if intro is None else f"{intro}; {said}"
@@ -492,6 +496,10 @@ class CFL(ClusteredStrategy):
 
     def compared_changed(self) -> None:
         """Arrays no client changed left the comparison: CFL compares every array left, nothing to pick again."""
+
+    def own_arrays(self) -> tuple[str, list[str]] | None:
+        """What ``decision-arrays = evidence`` must find blind besides every array: nothing more (CFL compares them all)."""
+        return None
 
     def compared_words(self) -> str:
         """What CFL compares, for round 1's line."""

@@ -13,6 +13,10 @@ merging, descent) built with CFL's split decision (``cfl.decide``) given:
    for every proposed split after CFL's acceptance test and recorded in its ``check`` entry;
    ``correct-clustering-check = true`` (the paper) refuses a failing split (``refused_splits``).
 
+Beyond the paper, as CFL's (``decision-arrays = evidence``, ``array_choice.py``): where the
+selected layers and the whole update show no structure while the run has one cluster, the one
+array whose updates are the most structured in two successive rounds is compared instead.
+
 The split criteria stay on the full updates, as in Algorithm 1/2. Why the check is recorded,
 not enforced, by default, why ``unknown`` → conv, and why no uplink is saved: measured in
 docs/algorithms/layercfl.md. Partial participation: as CFL (``cfl.py``), on the selected layers.
@@ -54,8 +58,8 @@ def _has_layer(arrays, rule: str, compare) -> bool:
 
 
 def selected_layers(state: LayerCFLState) -> list[str]:
-    """LayerCFL's decision arrays: the selected layers."""
-    return state.selected_names
+    """LayerCFL's decision arrays: the selected layers, or the array chosen by evidence (``decision-arrays``)."""
+    return list(state.chosen_arrays) or state.selected_names
 
 
 class LayerCFLParams(CFLFamilyParams):
@@ -83,8 +87,9 @@ CANDIDATE_RULES = ("conv", "fc", "final")  # the layers LayerCFL may compare, it
 
 
 def layer_deferral(state: LayerCFLState) -> str | None:
-    """Why a split must wait for the layer choice (None: the choice reproduced, or is fixed)."""
-    return None if state.layer_settled else "the layer choice has not reproduced yet"
+    """Why a split must wait for the layer choice (None: the choice reproduced, or is fixed, or an
+    array was chosen by evidence)."""
+    return None if state.layer_settled or state.chosen_arrays else "the layer choice has not reproduced yet"
 
 
 class LayerCFL(ClusteredStrategy):
@@ -99,7 +104,8 @@ class LayerCFL(ClusteredStrategy):
     figures = ("tree", "splits")
     # Algorithm 2 with no extension: CFL's paper rules, all layers when the skew is unknown
     # (with a known skew, pass cluster_layers="auto" and skew) and the check enforced
-    PAPER: ClassVar[dict[str, Any]] = {**PAPER_CFL, "cluster_layers": "all", "correct_clustering_check": True}
+    PAPER: ClassVar[dict[str, Any]] = {**PAPER_CFL, "cluster_layers": "all", "correct_clustering_check": True,
+                                       "decision_arrays": "every"}
     one_cluster_reasons = {
         "criteria": "split criteria never met (as CFL)",
         "silhouette": "every proposed split refused by the structure test on the selected layers",
@@ -126,7 +132,12 @@ class LayerCFL(ClusteredStrategy):
                                merge_names=selected_layers, merge_vectors=partial(pooled_vectors, c))
 
     def decision_names(self) -> list[str]:
-        return self.state.selected_names
+        return selected_layers(self.state)
+
+    def own_arrays(self) -> tuple[str, list[str]] | None:
+        """``decision-arrays = evidence`` chooses one array only where the selected layers show no structure either."""
+        rule = self.state.layer_rule
+        return (f"the {rule} layer" if rule in CANDIDATE_RULES else "the selected layers"), self.state.selected_names
 
     def init_clusters(self) -> None:
         self.bipartition.init(self.state, self.compared_names())
@@ -182,7 +193,8 @@ class LayerCFL(ClusteredStrategy):
     def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
         """CFL's steps after training, on the selected layers (a silent array makes the layer rule
         pick again); on evidence, first the layer choice among the candidates (``choose_layers``)."""
-        said = self.choose_layers(rnd.number, replies) if not self.state.layer_settled else None
+        state = self.state
+        said = self.choose_layers(rnd.number, replies) if not (state.layer_settled or state.chosen_arrays) else None
         diagnostics = split_after_training(self, rnd, replies)
         if said:
             diagnostics["decision"] = "; ".join(t for t in (f"LayerCFL: {said}", diagnostics.get("decision")) if t)
@@ -253,4 +265,6 @@ class LayerCFL(ClusteredStrategy):
         state = self.bipartition.cluster_state(self.state, self.bipartition.thresholds(), self.one_cluster_reason())
         state["refused_splits"] = self.state.refused
         state["layers"] = {"rule": self.state.layer_rule, "names": self.state.selected_names}
+        # decision-arrays: the last candidates' scores, and the array chosen (empty: the selected layers compared)
+        state["array_choice"] = {**self.state.array_choice, "chosen_arrays": list(self.state.chosen_arrays)}
         return state
