@@ -191,3 +191,29 @@ def test_the_stability_figure_draws_when_no_window_is_full_or_every_value_is_zer
     rounds[-1]["stability"]["0"]["conv1"] = 0.02
     plot_stability(rounds, [], path, "one value")
     assert path.stat().st_size > 0
+
+
+def lstm_arrays(vector_of=None):
+    """An LSTM of 2 layers and a linear head (torch's names and shapes), all zero or from ``vector_of(name, shape)``."""
+    import torch
+
+    model = torch.nn.ModuleDict({"rnn": torch.nn.LSTM(6, 4, num_layers=2), "head": torch.nn.Linear(4, 3)})
+    return {n: (np.zeros(p.shape, np.float32) if vector_of is None else vector_of(n, p.shape)).astype(np.float32)
+            for n, p in model.state_dict().items()}
+
+
+def test_a_recurrent_layers_input_and_hidden_weights_are_watched_as_layers_of_their_own():
+    """torch's LSTM holds every layer's input and hidden weights in one module: each weight
+    with its own bias is a layer (the groups of a label swap can live in the input weights
+    alone), a linear layer stays weight and bias together."""
+    from types import SimpleNamespace
+
+    from clusterfed.strategies import hicfl_stability as windows
+
+    state = SimpleNamespace(theta0=lstm_arrays())
+    windows.watch(state, list(state.theta0))
+    assert state.layer_keys == {
+        "rnn.ih_l0": ["rnn.weight_ih_l0", "rnn.bias_ih_l0"], "rnn.hh_l0": ["rnn.weight_hh_l0", "rnn.bias_hh_l0"],
+        "rnn.ih_l1": ["rnn.weight_ih_l1", "rnn.bias_ih_l1"], "rnn.hh_l1": ["rnn.weight_hh_l1", "rnn.bias_hh_l1"],
+        "head": ["head.weight", "head.bias"]}
+    assert state.layer_sizes["rnn.ih_l0"] == 16 * 6 + 16 and state.layers[0] == "rnn.ih_l0"

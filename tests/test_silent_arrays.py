@@ -74,9 +74,12 @@ def test_the_most_structured_layer_wins_and_noise_finds_none():
 
 def test_matrix_layers_are_the_layers_with_a_weight_matrix():
     arrays = {"emb.weight": np.zeros((10, 4)), "norm.weight": np.zeros(4), "norm.bias": np.zeros(4),
-              "lstm.weight_ih_l0": np.zeros((8, 4)), "lstm.bias_ih_l0": np.zeros(8), "head.weight": np.zeros((3, 8)),
-              "head.bias": np.zeros(3), "bn.running_mean": np.zeros(3)}
-    assert matrix_layers(arrays) == {"emb": ["emb.weight"], "lstm": ["lstm.weight_ih_l0", "lstm.bias_ih_l0"],
+              "lstm.weight_ih_l0": np.zeros((8, 4)), "lstm.weight_hh_l0": np.zeros((8, 2)), "lstm.bias_ih_l0": np.zeros(8),
+              "lstm.bias_hh_l0": np.zeros(8), "head.weight": np.zeros((3, 8)), "head.bias": np.zeros(3),
+              "bn.running_mean": np.zeros(3)}
+    # a recurrent layer's input and hidden weights are a layer each, with their own biases
+    assert matrix_layers(arrays) == {"emb": ["emb.weight"], "lstm.ih_l0": ["lstm.weight_ih_l0", "lstm.bias_ih_l0"],
+                                     "lstm.hh_l0": ["lstm.weight_hh_l0", "lstm.bias_hh_l0"],
                                      "head": ["head.weight", "head.bias"]}
 
 

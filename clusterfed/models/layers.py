@@ -32,6 +32,21 @@ def _layer_of(key: str) -> str:
     return key.rsplit(".", 1)[0] if "." in key else key
 
 
+def weight_unit_of(key: str) -> str:
+    """The layer an array belongs to where a module holds several weights, each with its own
+    bias, named by a word beside ``weight``/``bias`` (a recurrent layer's ``weight_ih_l0`` and
+    ``bias_ih_l0``; attention's ``in_proj_weight`` and ``in_proj_bias``): the prefix with the
+    rest of that word (``rnn.ih_l0``, ``attn.in_proj``); otherwise the module (``_layer_of``)."""
+    prefix, _, last = key.rpartition(".")
+    words = last.split("_")
+    for word in ("weight", "bias"):
+        if word in words and len(words) > 1:
+            words.remove(word)
+            rest = "_".join(words)
+            return f"{prefix}.{rest}" if prefix else rest
+    return _layer_of(key)
+
+
 def layer_names(state_dict_keys: list[str]) -> list[str]:
     """Ordered, unique layer prefixes, e.g. ``["conv1", "conv2", "fc1", "fc2"]``."""
     return list(dict.fromkeys(_layer_of(key) for key in state_dict_keys))
@@ -195,14 +210,16 @@ def num_parameters_bytes(state_dict: Mapping[str, Any], keys: list[str]) -> int:
 
 
 def matrix_layers(model_or_state_dict: Any, compare: Selector = AUTO) -> dict[str, list[str]]:
-    """Layer prefix -> its compared keys, for every layer with a compared array of two or
-    more dimensions (convolutions, linear layers, embeddings, recurrent and attention
-    weights), in state-dict order: the candidates a layer choice by evidence scores."""
+    """Layer -> its compared keys, for every layer with a compared array of two or more
+    dimensions (convolutions, linear layers, embeddings, recurrent and attention weights), in
+    state-dict order: the candidates a layer choice by evidence scores. A module holding
+    several weights each with its own bias gives a layer per weight (``weight_unit_of``: a
+    recurrent layer's input and hidden weights)."""
     state_dict = _as_state_dict(model_or_state_dict)
     if _module_kinds(model_or_state_dict) is not None and (compare is None or compare == AUTO):
         compare = trainable_names(model_or_state_dict)
     compared = compared_names(state_dict, compare)
     keys_by_layer: dict[str, list[str]] = {}
     for key in compared:
-        keys_by_layer.setdefault(_layer_of(key), []).append(key)
+        keys_by_layer.setdefault(weight_unit_of(key), []).append(key)
     return {layer: keys for layer, keys in keys_by_layer.items() if any(_ndim(state_dict[k]) >= 2 for k in keys)}

@@ -8,7 +8,8 @@ steps, in the order ``after_train`` and ``decide`` run them (the shared tree,
 2. **Model stability** per client and layer: ``S_t = |(T_t + T_{t−1})/2 − T_{t−2~t}|`` from the
    last three updates of that layer, averaged over a window of W rounds (``window``; counted
    once full; ``hicfl_stability.py``). A layer is a named layer of the state dict, weight and
-   bias together; ``cluster-layers`` restricts the layers watched (buffers never are).
+   bias together (a recurrent layer's input and hidden weights each a layer with its bias:
+   ``models.layers.weight_unit_of``); ``cluster-layers`` restricts the layers watched (buffers never are).
 3. **Weight selection**: when a client enters a cluster only the indexes with
    ``|Δ_new − Δ_old| > ξ`` of each layer are kept for its stability (``xi``, the paper's
    ``0.05·η``); stability starts one round later. The share of weights kept is reported.

@@ -17,14 +17,16 @@ from clusterfed.clustering.sketch import Sketch, split_budget
 from clusterfed.clustering.split_rules import layer_scale, relative_stability
 from clusterfed.clustering.vectors import flatten
 from clusterfed.core.exchange import ClientInfo, TrainReply
+from clusterfed.models.layers import weight_unit_of
 
 
 # ------------------------------------------------------------ steps 2–3: stability, weight selection
 def watch(state: Any, names: list[str]) -> None:
     """The layers whose stability is watched: ``names`` grouped by layer."""
     state.layer_keys = {}
-    for name in names:  # named layer = state-dict prefix: weight and bias together
-        state.layer_keys.setdefault(name.rsplit(".", 1)[0], []).append(name)
+    for name in names:  # named layer = state-dict prefix, weight and bias together; a recurrent
+        # layer's input and hidden weights (weight_ih_l0, weight_hh_l0) each a layer with its bias
+        state.layer_keys.setdefault(weight_unit_of(name), []).append(name)
     state.layers = list(state.layer_keys)
     state.layer_sizes = {layer: int(sum(state.theta0[n].size for n in keys)) for layer, keys in state.layer_keys.items()}
 

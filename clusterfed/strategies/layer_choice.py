@@ -2,7 +2,8 @@
 own updates and said in plain words.
 
 ``cluster-layers = auto`` (beyond the papers): the clustering phase uploads every
-candidate layer (each layer with a compared array of two or more dimensions; at most
+candidate layer (each layer with a compared array of two or more dimensions, a recurrent
+layer's input and hidden weights a layer each: ``models.layers.matrix_layers``; at most
 ``max-candidate-layers``, the last ones in state-dict order), the arrays no client changed
 are left out (``parameters.silent_names``: a frozen backbone), and the layer whose clients'
 updates show the most structure is compared (``clustering.layer_evidence``). Newcomers
