@@ -366,6 +366,7 @@ class HiCFL(_HiCFL):
         centre_updates: bool = True,
         min_side: int = 2,
         small_side_reference_draws: int = 99,
+        decision_arrays: typing.Literal['every', 'evidence'] = 'evidence',
     ) -> None: ...
 
 

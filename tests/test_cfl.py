@@ -288,7 +288,8 @@ CHECKPOINT_FIELDS = {
     "layercfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "array_choice", "chosen_arrays",
                                          "layer_rule", "selected_names",
                                          "candidates", "candidate_partitions", "layer_settled", "layer_evidence"},
-    "hicfl": BIPARTITIONING_FIELDS | {"eps_rel", "epsilon", "last_timing", "layer_keys", "layer_sizes", "layers",
+    "hicfl": BIPARTITIONING_FIELDS | {"array_choice", "chosen_arrays", "eps_rel", "epsilon", "last_timing", "layer_keys",
+                                      "layer_sizes", "layers",
                                       "no_split", "samples", "scales", "tracker", "windows_filled", "xi"},
 }
 

@@ -217,3 +217,47 @@ def test_a_recurrent_layers_input_and_hidden_weights_are_watched_as_layers_of_th
         "rnn.ih_l1": ["rnn.weight_ih_l1", "rnn.bias_ih_l1"], "rnn.hh_l1": ["rnn.weight_hh_l1", "rnn.bias_hh_l1"],
         "head": ["head.weight", "head.bias"]}
     assert state.layer_sizes["rnn.ih_l0"] == 16 * 6 + 16 and state.layers[0] == "rnn.ih_l0"
+
+
+def two_groups_in_conv_only(seed, per_group=6):
+    """12 clients in 2 groups that differ only in conv1 (weight and bias); every other array is
+    large noise of each client's own, so every array together shows no structure."""
+    from test_cfl import SHAPES
+
+    rng = np.random.default_rng(seed)
+    conv = int(np.prod(SHAPES["conv1.weight"])) + int(np.prod(SHAPES["conv1.bias"]))
+    labels = rng.permutation([g for g in range(2) for _ in range(per_group)])
+    directions = rng.standard_normal((2, conv))
+
+    def updates(_round):
+        out = {}
+        for i, g in enumerate(labels):
+            v = 4.0 * rng.standard_normal(DIM) / np.sqrt(DIM) * np.sqrt(DIM - conv)
+            v[:conv] = directions[g] / np.sqrt(conv) + 0.2 * rng.standard_normal(conv) / np.sqrt(conv)
+            out[str(i)] = v
+        return out
+
+    return {str(i): int(g) for i, g in enumerate(labels)}, updates
+
+
+def test_where_every_array_together_is_blind_the_split_is_reproduced_and_proposed_on_the_structured_array():
+    """decision-arrays = evidence (the default): conv1.weight separates the groups in rounds 1 and 2
+    while every array together does not; it is chosen in round 2, the partitions of every array
+    are forgotten, and the split, on conv1, reproduces in rounds 2 and 3. On every array
+    together successive rounds never agree."""
+    groups, updates = two_groups_in_conv_only(0)
+    rounds = [updates(r) for r in range(1, 6)]
+    said = {}
+    for arrays in ("evidence", "every"):
+        strategy = make_strategy(HiCFL, groups, split_timing="evidence", min_split_round=1, window=2,
+                                 decision_arrays=arrays)
+        said[arrays] = [run_round(strategy, r, rounds[r - 1]).get("decision", "") for r in range(1, 6)]
+        if arrays == "every":
+            assert strategy.state.splits == [] and strategy.state.chosen_arrays == ()
+            continue
+        assert strategy.state.chosen_arrays == ("conv1.weight", "conv1.bias")
+        assert "HiCFL: compares conv1.weight (chosen by evidence in rounds 1 and 2" in said[arrays][1]
+        (first,) = strategy.state.splits
+        assert first["layer"] == "conv1" and first["round"] == 3
+        assert {frozenset(groups[k] for k in side) for side in first["members"]} == {frozenset({0}), frozenset({1})}
+        assert strategy.cluster_state()["array_choice"]["chosen_arrays"] == ["conv1.weight", "conv1.bias"]

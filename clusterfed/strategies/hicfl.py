@@ -46,7 +46,8 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.strategies import base
+from clusterfed.strategies import array_choice, base
+from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.bipartition import SplitDecision
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.clustering.split_scores import separation_gap
@@ -102,6 +103,12 @@ class HiCFLParams(BiPartitioningParams):
         SMALL_SIDE_DRAWS, alias="small-side-reference-draws", ge=0,
         description="a linkage split leaving a side of 2 to min-split-size - 1 members must also beat the best-cut "
                     "silhouette of this many group-free rotations of the members' updates (0 = off)")
+    decision_arrays: Literal["every", "evidence"] = Field(
+        "evidence", alias="decision-arrays",
+        description="the arrays a split's partition is reproduced on: every watched array (the paper has no such "
+                    "test), or, where every array together shows no structure while the run has one cluster, the one "
+                    "array whose clients' updates are the most structured in two successive rounds, then also the "
+                    "only layer a split is proposed on (CFL's rule)")
     sketch_dim: int = Field(2048, alias="sketch-dim", ge=16,
                             description="update-storage = sketch: weights per client kept over the watched layers "
                                         "(a seeded sample of each layer, shared equally; the same for every client)")
@@ -121,6 +128,9 @@ class HiCFLState(BiPartitioningState):
     windows_filled: bool = False  # whether any cluster ever had every stability window full
     samples: dict[str, dict[str, Any]] = field(default_factory=dict)  # update-storage = sketch: layer -> its sample
     last_timing: dict[str, Any] | None = None  # the last judged cluster's layer nearest ε, for the reason
+    # decision-arrays = evidence: the candidates' last scores and leader (``array_choice``), the arrays chosen
+    array_choice: dict[str, Any] = field(default_factory=dict)
+    chosen_arrays: tuple[str, ...] = ()
 
 
 # the paper's algorithm with no extension (docs/algorithms/hicfl.md, "Differences from the paper"):
@@ -130,7 +140,7 @@ PAPER_HICFL: dict[str, Any] = {
     "split_timing": "criteria", "stability_eps": "lr", "xi": "auto", "timing": "all", "split": "reference", "centre_updates": False,
     "min_silhouette": -1.0, "min_kept_fraction": 0.0, "min_side": 1, "small_side_reference_draws": 0,
     "merge": False, "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 1,
-    "min_split_size": 2, "update_storage": "exact", "ask_again": False,
+    "min_split_size": 2, "update_storage": "exact", "ask_again": False, "decision_arrays": "every",
 }
 
 
@@ -153,8 +163,12 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
     reproduction = None
     if evidence and len(replies) >= 2 and cluster not in state.merged:
         names = [n for layer in layers for n in state.layer_keys[layer]]
+        # decision-arrays: on the array chosen where every array together is blind; parts apart on every array
+        chosen = list(state.chosen_arrays) or names
         reproduction = tree.reproduce(state, server_round, cluster, [r.key for r in replies],
-                                      stack_float64([flatten(r.update, names) for r in replies]))
+                                      stack_float64([flatten(r.update, chosen) for r in replies]),
+                                      None if chosen == names else stack_float64([flatten(r.update, names)
+                                                                                   for r in replies]))
     if evidence:
         present = [k for k in present if all(tracker.last_update(k, layer) is not None for layer in layers)]
         if len(present) < params.min_split_size:
@@ -169,6 +183,8 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
         return None
     windows.note_timing(state, params, server_round, cluster, values, threshold)
     ready = list(layers) if evidence else ready_layers(values, threshold, params.timing)
+    if state.chosen_arrays:  # the layers holding the chosen array
+        ready = [layer for layer in ready if set(state.layer_keys[layer]) & set(state.chosen_arrays)]
     if not ready:
         return None
     structure_test = params.min_silhouette > -1
@@ -371,9 +387,29 @@ class HiCFL(ClusteredStrategy):
         if silent or not state.said_compared:  # round 1 (and a changed comparison) names what is compared
             intro = self.compared_words()
             state.said_compared = True
+        said = self.choose_arrays(rnd, replies) if c.decision_arrays == "evidence" else None
+        if said:
+            intro = said if intro is None else f"{intro}; {said}"
         return {**explain.stability_record(state, self.placed(rnd)), "no_split": [],
                 **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports, silent,
                                    name=type(self).__name__, intro=intro)}
+
+    def choose_arrays(self, rnd: Round, replies: list[TrainReply]) -> str | None:
+        """``decision-arrays = evidence`` (CFL's rule, ``array_choice``): while the run has one cluster
+        and no array is chosen, score this round's candidates; once one is chosen, the partitions kept
+        (of every array) are forgotten. The round line's words, or None."""
+        state, c = self.state, self.params
+        if state.chosen_arrays or len(state.models) != 1:
+            return None
+        watched = [n for keys in state.layer_keys.values() for n in keys]
+        chosen = array_choice.score_round(state.array_choice, rnd.number, [r.update for r in replies], watched,
+                                          state.theta0, min_silhouette=c.min_silhouette,
+                                          reference_draws=DEFAULT_DRAWS, max_clusters=c.split_silhouette_max_k,
+                                          seed=c.seed)
+        if not chosen:
+            return None
+        state.chosen_arrays, state.proposals = tuple(chosen), {}
+        return array_choice.words(state.array_choice)
 
     def compared_words(self) -> str:
         """What HiCFL compares, for round 1's line."""
@@ -400,4 +436,6 @@ class HiCFL(ClusteredStrategy):
         cluster_state = self.bipartition.cluster_state(self.state, self.thresholds(), self.one_cluster_reason())
         cluster_state["layers"] = self.state.layers
         cluster_state["no_split"] = self.state.no_split
+        # decision-arrays: the last candidates' scores, and the arrays chosen (empty: every watched array)
+        cluster_state["array_choice"] = {**self.state.array_choice, "chosen_arrays": list(self.state.chosen_arrays)}
         return cluster_state
