@@ -304,9 +304,30 @@ def fed_reasons(name: str, strategy) -> list[tuple[str, str, list[float]]]:
                                   "clustering_round": 1}
         if params.lambda_ == "auto":  # a given lambda has its own reason ("threshold"), without a silhouette
             out.append(("silhouette", strategy.one_cluster_reason(hand(strategy).clients), [required - 0.0004]))
+        if name == "fedclust" and params.reproduce:  # a grown sample's cut, deferred by the rotations
+            own, rotated = 0.2604, 0.2608
+            deferred = oneshot_gate_words(type(strategy).__name__, own, rotated, params)
+            state.recuts = [{"round": 4, "clients": 8, "clusters": 1, "deferred": deferred}]
+            out.append(("recut deferred", strategy.one_cluster_reason(hand(strategy).clients), [own, rotated]))
+            state.recuts = []
         said = oneshot.no_structure_advice(state.layer_choice, type(strategy).__name__, 0.178, 0.18, "final")
         out.append(("no structure (round line)", said, [0.178, 0.18]))
     return out
+
+
+def oneshot_gate_words(strategy: str, own: float, rotated: float, params) -> str:
+    """What the one-shot gate says of a cut no better than its rotations (``oneshot.gate``'s words)."""
+    import numpy as np
+
+    from clusterfed.strategies import oneshot
+
+    rng = np.random.default_rng(607)  # one task's clients whose cut no better than rotations (test_oneshot_reproducible)
+    rows = rng.normal(size=40) + rng.normal(size=(8, 40))
+    labels = np.array([0, 1, 1, 1, 1, 1, 1, 0])
+    real = oneshot.gate(rows, labels, None, params, strategy)[2]
+    assert real.startswith(f"{strategy}: cut deferred: its cut scored no better than group-free rotations")
+    return (f"{strategy}: cut deferred: its cut scored no better than group-free rotations of the updates (best-cut "
+            f"silhouette {compared(own, '<=', rotated)}): one task, each client's own data; " + real.rsplit("; ", 1)[1])
 
 
 KNOWN_UNTRUE: dict[str, str] = {}  # "strategy code" -> why; filled by the test's own findings below

@@ -102,7 +102,9 @@ def test_a_cut_that_only_sets_one_client_apart_is_deferred_and_a_lone_client_bes
     away[5] = -one_task[0]
     assert len(np.unique(oneshot.gate(away, labels, None, params, "FedClust", keys=keys)[0])) == 1
 
-    groups = np.stack(directions([0, 0, 0, 1, 1, 1, 1, 2], noise=0.05))  # c7: the only client of its group
+    # c7: the only client of its group (noise on every coordinate: rotations of rows of lower rank
+    # cluster as well as the groups do, and real updates have their own data in every direction)
+    groups = np.stack(directions([0, 0, 0, 1, 1, 1, 1, 2], noise=0.1))
     cut = np.array([0, 0, 0, 1, 1, 1, 1, 2])
     taken, reproduction, said, deferred = oneshot.gate(groups, cut, None, params, "FedClust", keys=keys)
     assert not deferred and list(taken) == list(cut) and said.startswith("FedClust: cut reproduced: coordinate halves agree")
@@ -291,3 +293,30 @@ def test_at_partial_participation_a_revisit_splits_on_pairs_seen_together_earlie
     assert ("split into clusters 1 (6 clients), 2 (6 clients): its members' training updates cut alike in pairs seen "
             "together in rounds 1–2 and round 3 agree (pair ARI 1.00 over 6 pairs)") in said[3]
     assert run.clusters() == [keys[:6], keys[6:]]
+
+
+def test_a_cut_of_one_tasks_clients_that_coordinate_halves_reproduce_is_deferred_unless_it_beats_rotations():
+    """Without a chain's halves (a re-cut of kept rows, helper clients), the coordinate halves
+    of one update both hold each client's own direction: 8 clients of one task, each with its
+    own data, whose cut both halves reproduce (what the gate took before), are kept together,
+    because the cut scores no better than group-free rotations of the rows; real groups beat them."""
+    from clusterfed.clustering.oneshot import rotation_structure, threshold_cut
+    from clusterfed.clustering.reproducible import coordinate_halves
+
+    params = FedClust.Params(seed=0)
+    rng = np.random.default_rng(607)
+    one_task = rng.normal(size=40) + rng.normal(size=(8, 40))  # the task's direction, each client's own data
+    labels, _ = threshold_cut(one_task, None, metric="cosine", linkage="average", min_silhouette=0.25,
+                              reference_draws=19, seed=0, max_clusters=10)
+    labels = np.asarray(labels)
+    first, second = coordinate_halves(40, np.random.default_rng(params.seed))
+    halves = (one_task[:, first], one_task[:, second], "coordinate halves")
+    assert len(set(labels)) == 2 and oneshot.reproduced(oneshot.halves_agree(halves, 2, params), params)
+    own, rotated = rotation_structure(one_task, metric="cosine", linkage="average", max_clusters=10, draws=19, seed=0)
+    assert own <= rotated
+    taken, reproduction, said, deferred = oneshot.gate(one_task, labels, None, params, "FedClust")
+    assert deferred and len(np.unique(taken)) == 1 and reproduction is None
+    assert said.startswith("FedClust: cut deferred: its cut scored no better than group-free rotations of the "
+                           f"updates (best-cut silhouette {own:.2f} <= {rotated:.2f}): one task, each client's own data")
+    # with a chain's halves the rotations are not asked (measured: they refuse few-client groups of label skew)
+    assert not oneshot.gate(one_task, labels, halves, params, "FedClust")[3]

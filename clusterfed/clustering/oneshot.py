@@ -10,6 +10,8 @@ partial weights in, labels and what the cut used out.
   best silhouette.
 - ``silhouette_or_none``, ``precluster_records``: what the clustering records for figures.
 - ``lone_rows``: the clients a cut sets apart alone, when that is all it finds.
+- ``rotation_structure``: the best-silhouette cut's score on the rows and on group-free
+  rotations of them (a cut of one task's clients, each with its own data, does not beat them).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from sklearn.metrics import silhouette_score
 
 from .agglomerative import DEFAULT_MAX_CLUSTERS, cluster_auto, cluster_by_threshold, linkage_matrix
+from .null_reference import reference_score
 from .reproducible import agreement
 from .sampled import cluster_sampled
 
@@ -191,3 +194,19 @@ def lone_rows(labels: np.ndarray, within: np.ndarray | None = None) -> list[int]
     if alone and (len(np.unique(labels)) < 2 or agreement(labels, within) == 1.0):
         return alone
     return []
+
+
+def rotation_structure(X: np.ndarray, *, metric: str, linkage: str, max_clusters: int | None, draws: int,
+                       seed: int) -> tuple[float | None, float | None]:
+    """The best-silhouette cut's score on the rows ``X`` and the best over ``draws`` rotations
+    of them about their mean (``null_reference``, ``"rotation"``); None where there is none
+    (fewer than 3 rows, or no draws). The clients of one task differ by their own data,
+    independently of one another, so their rows are exchangeable, which the rotations keep:
+    a cut of them, however reproducible (a client's own data is in every half of its
+    evidence), does not beat its rotations; groups do, their means being mixed away."""
+    def score(R: np.ndarray) -> float | None:
+        return cluster_auto(R, metric=metric, linkage=linkage, min_silhouette=-1.0, max_clusters=max_clusters).silhouette
+
+    if len(X) < 3 or draws <= 0:
+        return None, None
+    return score(X), reference_score(X, score, draws=draws, seed=seed, method="rotation")

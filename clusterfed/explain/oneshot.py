@@ -120,7 +120,13 @@ def fedclust_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | N
     """The one-cluster reason, with the clients the last re-cut saw."""
     reason = one_cluster_reason(state, params, reasons)
     if reason and state.recuts:
-        reason += f" (cut again on a grown sample: last on {state.recuts[-1]['clients']} clients)"
+        last = state.recuts[-1]
+        if last.get("deferred"):  # the grown sample's cut found clusters, and was not taken
+            later = ("; no cluster's training updates showed a partition that reproduced in successive rounds"
+                     if params.revisit else "")
+            return (f"the cut of a grown sample ({last['clients']} clients, round {last['round']}) was deferred "
+                    f"({deferral_why(last['deferred'])}){later}")
+        reason += f" (cut again on a grown sample: last on {last['clients']} clients)"
     return reason
 
 

@@ -39,9 +39,10 @@ from sklearn.metrics import adjusted_rand_score
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
-    chain_halves, cut_into, lone_rows, most_alike, silhouette_or_none, threshold_cut)
+    chain_halves, cut_into, lone_rows, most_alike, rotation_structure, silhouette_or_none, threshold_cut)
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
 from clusterfed.explain import oneshot as explain
+from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredState, StrategyParams
 from clusterfed.core.contract import StrategyParamsError
 from clusterfed.core.exchange import (
@@ -352,6 +353,8 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     ``fallback``) is deferred too, the clients named (``keys``): one client's
     own data cannot be told from a group of one, whichever way its change points (noise does
     both); the revisits split off a real group of one sampled member once more of it trains.
+    Without a chain's halves the coordinate halves are compared, and the cut must also beat
+    group-free rotations of the rows (``rotation_structure``).
     Returns the ``Gated`` decision."""
     k = len(np.unique(labels))
     fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
@@ -365,6 +368,16 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
             return Gated(labels, None, None, False)
+        # two halves of one update's coordinates both hold each client's own direction, so a cut of
+        # one task's clients reproduces there; it must also beat group-free rotations of the rows
+        # (CFL's evidence test: within a round one task's clients are exchangeable rows)
+        own, rotated = rotation_structure(X, metric=params.distance, linkage=params.linkage,
+                                          max_clusters=params.max_clusters, draws=params.auto_reference_draws,
+                                          seed=params.seed)
+        if own is not None and rotated is not None and own <= rotated:
+            return Gated(fallback, None, f"{strategy}: cut deferred: its cut scored no better than group-free "
+                                         f"rotations of the updates (best-cut silhouette {compared(own, '<=', rotated)}): "
+                                         f"one task, each client's own data; {_kept(fallback, params)}", True)
         first, second = coordinate_halves(X.shape[1], np.random.default_rng(params.seed))
         halves = (X[:, first], X[:, second], "coordinate halves")
     reproduction = halves_agree(halves, k, params)
