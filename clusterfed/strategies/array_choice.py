@@ -1,6 +1,7 @@
-"""Which arrays CFL and LayerCFL compare (``decision-arrays = evidence``, beyond Sattler et al.
-and the LayerCFL paper): one array, where the arrays the strategy compares and the whole update
-show no structure and that array does.
+"""Which arrays CFL and LayerCFL compare, and which HiCFL reproduces its partitions on
+(``decision-arrays = evidence``, beyond Sattler et al. and the LayerCFL and HiCFL papers): one
+array, where the arrays the strategy compares and the whole update show no structure and that
+array does.
 
 Sattler, Müller and Samek compare the clients' whole updates. On a model whose groups differ in
 what one array learns (the input weights of a recurrent layer, a patch embedding) the other
