@@ -100,3 +100,18 @@ def test_clients_of_one_group_choose_nothing_and_stay_one_cluster(seed):
 
 def test_the_paper_preset_compares_every_array():
     assert CFL.PAPER["decision_arrays"] == "every"
+
+
+def test_a_model_of_many_arrays_scores_its_first_and_last_ones():
+    """Beyond MAX_CANDIDATES arrays of two or more dimensions the first and the last half of them
+    are the candidates (each with its bias), with every array together."""
+    from clusterfed.strategies.array_choice import EVERY, MAX_CANDIDATES, candidates
+
+    theta0 = {}
+    for i in range(MAX_CANDIDATES + 6):
+        theta0[f"l{i}.weight"], theta0[f"l{i}.bias"] = np.zeros((3, 2)), np.zeros(3)
+    found = candidates(list(theta0), theta0)
+    half = MAX_CANDIDATES // 2
+    kept = [f"l{i}.weight" for i in [*range(half), *range(MAX_CANDIDATES + 6 - half, MAX_CANDIDATES + 6)]]
+    assert list(found) == [*kept, EVERY] and found["l0.weight"] == ["l0.weight", "l0.bias"]
+    assert found[EVERY] == list(theta0)

@@ -327,7 +327,7 @@ def oneshot_gate_words(strategy: str, own: float, rotated: float, params) -> str
     real = oneshot.gate(rows, labels, None, params, strategy)[2]
     assert real.startswith(f"{strategy}: cut deferred: its cut scored no better than group-free rotations")
     return (f"{strategy}: cut deferred: its cut scored no better than group-free rotations of the updates (best-cut "
-            f"silhouette {compared(own, '<=', rotated)}): one task, each client's own data; " + real.rsplit("; ", 1)[1])
+            f"silhouette {compared(own, '<=', rotated)}): no evidence beyond each client's own data; " + real.rsplit("; ", 1)[1])
 
 
 KNOWN_UNTRUE: dict[str, str] = {}  # "strategy code" -> why; filled by the test's own findings below

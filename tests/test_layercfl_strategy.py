@@ -145,3 +145,14 @@ def test_layercfl_run_recovers_two_groups_and_records_the_check(small_config, tm
     assert clusters["layers"] == {"rule": "fc", "names": FC}
     assert all(split["check"]["passed"] for split in clusters["splits"])
     assert clusters["final_clustering_round"] == clusters["splits"][-1]["round"]
+
+
+def test_layers_the_user_named_are_compared_even_where_they_are_blind():
+    """cluster-layers given (not auto): the user's layers are compared; decision-arrays = evidence
+    chooses nothing, and the cluster state says which layers."""
+    groups, vectors = four_groups_in_conv(0)
+    strategy = make_strategy(LayerCFL, groups, cluster_layers="fc1")
+    for server_round in range(1, 4):
+        run_round(strategy, server_round, vectors)
+    assert strategy.state.chosen_arrays == () and strategy.decision_names() == FC
+    assert strategy.cluster_state()["layers"]["names"] == FC

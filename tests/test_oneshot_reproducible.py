@@ -317,6 +317,6 @@ def test_a_cut_of_one_tasks_clients_that_coordinate_halves_reproduce_is_deferred
     taken, reproduction, said, deferred = oneshot.gate(one_task, labels, None, params, "FedClust")
     assert deferred and len(np.unique(taken)) == 1 and reproduction is None
     assert said.startswith("FedClust: cut deferred: its cut scored no better than group-free rotations of the "
-                           f"updates (best-cut silhouette {own:.2f} <= {rotated:.2f}): one task, each client's own data")
+                           f"updates (best-cut silhouette {own:.2f} <= {rotated:.2f}): no evidence beyond each client's own data")
     # with a chain's halves the rotations are not asked (measured: they refuse few-client groups of label skew)
     assert not oneshot.gate(one_task, labels, halves, params, "FedClust")[3]

@@ -186,3 +186,25 @@ def test_fedclust_states_the_evidence_for_its_number_of_clusters():
     assert algorithm.cluster_count_basis().startswith("2 clusters: lambda auto ")
     assert algorithm.cluster_count_basis().endswith(" of 8 clients on fc1.weight, fc1.bias")
     assert ending_sentence(algorithm).startswith("FedClust ends with 2 clusters: lambda auto ")
+
+
+def test_a_weight_is_a_layer_of_its_own_only_beside_its_own_bias():
+    """weight_ih_l0 pairs with bias_ih_l0; weight norm's weight_g and weight_v, attention's lone
+    bias_k and a recurrent layer without biases stay with their module."""
+    from clusterfed.models.layers import weight_unit_of
+
+    keys = {"fc.weight_g", "fc.weight_v", "fc.bias", "attn.in_proj_weight", "attn.in_proj_bias", "attn.bias_k",
+            "gru.weight_ih_l0", "gru.weight_hh_l0"}
+    assert {k: weight_unit_of(k, keys) for k in sorted(keys)} == {
+        "attn.bias_k": "attn", "attn.in_proj_bias": "attn.in_proj", "attn.in_proj_weight": "attn.in_proj",
+        "fc.bias": "fc", "fc.weight_g": "fc", "fc.weight_v": "fc", "gru.weight_hh_l0": "gru", "gru.weight_ih_l0": "gru"}
+
+
+
+def test_a_recurrent_weight_unit_named_as_round_lines_name_it_is_a_layer_to_select():
+    from clusterfed.models.layers import select_layers
+
+    arrays = {"rnn.weight_ih_l0": np.zeros((8, 4)), "rnn.weight_hh_l0": np.zeros((8, 2)), "rnn.bias_ih_l0": np.zeros(8),
+              "rnn.bias_hh_l0": np.zeros(8), "head.weight": np.zeros((3, 2)), "head.bias": np.zeros(3)}
+    assert select_layers(arrays, "rnn.ih_l0") == ["rnn.weight_ih_l0", "rnn.bias_ih_l0"]
+    assert select_layers(arrays, "rnn") == ["rnn.weight_ih_l0", "rnn.weight_hh_l0", "rnn.bias_ih_l0", "rnn.bias_hh_l0"]

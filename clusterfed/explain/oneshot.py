@@ -104,7 +104,7 @@ def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str 
     if deferred:
         later = ("; no cluster's training updates showed a partition that reproduced in successive rounds"
                  if params.revisit else "")
-        return f"the clustering step's cut was deferred ({deferred.split(': ', 1)[-1]}){later}"
+        return f"the clustering step's cut was deferred ({deferral_why(deferred)}){later}"
     best = state.clustering_state.get("auto_best_silhouette")
     if params.lambda_ == "auto":
         shown = "none (fewer than 3 clients)" if best is None else f"{best:.3f}"

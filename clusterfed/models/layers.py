@@ -15,7 +15,7 @@ block's ``in_proj_weight`` are not ``.weight`` and so neither conv nor fc, but t
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from clusterfed.models.parameters import trainable_names
@@ -32,17 +32,20 @@ def _layer_of(key: str) -> str:
     return key.rsplit(".", 1)[0] if "." in key else key
 
 
-def weight_unit_of(key: str) -> str:
+def weight_unit_of(key: str, keys: Collection[str]) -> str:
     """The layer an array belongs to where a module holds several weights, each with its own
-    bias, named by a word beside ``weight``/``bias`` (a recurrent layer's ``weight_ih_l0`` and
+    bias named alike beside ``weight``/``bias`` (a recurrent layer's ``weight_ih_l0`` and
     ``bias_ih_l0``; attention's ``in_proj_weight`` and ``in_proj_bias``): the prefix with the
-    rest of that word (``rnn.ih_l0``, ``attn.in_proj``); otherwise the module (``_layer_of``)."""
-    prefix, _, last = key.rpartition(".")
+    rest of that name (``rnn.ih_l0``, ``attn.in_proj``), when ``keys`` hold both; otherwise the
+    module (``_layer_of``: weight norm's ``weight_g`` and ``weight_v``, a lone ``bias_k``)."""
+    prefix, dot, last = key.rpartition(".")
     words = last.split("_")
-    for word in ("weight", "bias"):
+    for word, other in (("weight", "bias"), ("bias", "weight")):
         if word in words and len(words) > 1:
-            words.remove(word)
-            rest = "_".join(words)
+            partner = prefix + dot + "_".join(other if w == word else w for w in words)
+            if partner not in keys:
+                break
+            rest = "_".join(w for w in words if w != word)
             return f"{prefix}.{rest}" if prefix else rest
     return _layer_of(key)
 
@@ -177,9 +180,15 @@ def _keys_by_name(rule: str, keys: list[str], state_dict: Mapping[str, Any], com
     if not names:
         raise ValueError(f"empty layer rule; use one of {', '.join(LAYER_RULES)} or layer names: {', '.join(layers)}")
     unknown, not_compared = [], []
+    units: dict[str, list[str]] = {}  # a recurrent layer's weights by the names round lines give them (rnn.ih_l0)
+    for key in keys:
+        if key in compared:
+            units.setdefault(weight_unit_of(key, compared), []).append(key)
     for name in names:
         if name in keys_by_layer and keys_by_layer[name]:
             wanted.update(keys_by_layer[name])
+        elif name in units:
+            wanted.update(units[name])
         elif name in compared:
             wanted.add(name)
         elif name in state_dict:
@@ -221,5 +230,5 @@ def matrix_layers(model_or_state_dict: Any, compare: Selector = AUTO) -> dict[st
     compared = compared_names(state_dict, compare)
     keys_by_layer: dict[str, list[str]] = {}
     for key in compared:
-        keys_by_layer.setdefault(weight_unit_of(key), []).append(key)
+        keys_by_layer.setdefault(weight_unit_of(key, compared), []).append(key)
     return {layer: keys for layer, keys in keys_by_layer.items() if any(_ndim(state_dict[k]) >= 2 for k in keys)}

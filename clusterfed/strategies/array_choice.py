@@ -33,16 +33,23 @@ EVERY = "every array"
 # within the sketch's error, the group-free references' cost bounded on any model
 SCORED_NUMBERS = 2048
 MIN_REPLIES = 4  # fewer repliers than this: no round scored
+# the most single arrays scored: each is a cut with group-free references, their draws raised
+# by the number of candidates, every round while the run has one cluster; beyond it the
+# first and last arrays in state-dict order, where feature and label shifts act
+MAX_CANDIDATES = 16
 
 
 def candidates(compared: list[str], theta0: dict[str, np.ndarray]) -> dict[str, list[str]]:
     """Candidate -> its arrays: each compared array of two or more dimensions with its bias (the
-    same name with ``weight`` read as ``bias``), and every array together; empty when that is
-    the only choice."""
+    same name with ``weight`` read as ``bias``; at most ``MAX_CANDIDATES``), and every array
+    together; empty when that is the only choice."""
     names = set(compared)
     found: dict[str, list[str]] = {}
+    matrices = [key for key in compared if np.ndim(theta0[key]) >= 2]
+    if len(matrices) > MAX_CANDIDATES:
+        matrices = matrices[:MAX_CANDIDATES // 2] + matrices[-(MAX_CANDIDATES // 2):]
     for key in compared:
-        if np.ndim(theta0[key]) >= 2:
+        if key in matrices:
             head, weight, tail = key.rpartition("weight")  # the last "weight" only: lightweight.weight -> lightweight.bias
             bias = head + "bias" + tail if weight else key
             found[key] = [key] + ([bias] if bias != key and bias in names and np.ndim(theta0[bias]) == 1 else [])
@@ -83,8 +90,10 @@ def score_round(choice: dict[str, Any], server_round: int, updates: list[dict[st
     once chosen); the chosen arrays once the same array led two successive scored rounds, else
     None. ``own``: the strategy's own arrays, by name, where they are not every array."""
     found = candidates(compared, theta0)
-    if not found or len(updates) < MIN_REPLIES:
-        return None  # not scored: the next scored round cannot be the second of two successive ones
+    if not found or len(updates) < MIN_REPLIES or min_silhouette <= -1:
+        # not scored (at a bar of -1 every array together finds clusters: no choice could be made);
+        # the next scored round cannot be the second of two successive ones
+        return None
     found, own_name = with_own(found, own)
     rows = {name: sketched_rows(updates, keys, seed + i) for i, (name, keys) in enumerate(found.items())}
     scores = score_layers(rows, metric="cosine", linkage="average", min_silhouette=min_silhouette,

@@ -394,7 +394,7 @@ def choose_arrays(strategy: Any, rnd: Round, replies: list[TrainReply]) -> str |
     once one is chosen, the vectors kept from now on are of its arrays (this round's repliers' at
     once). The round line's words, or None."""
     state, c = strategy.state, strategy.params
-    if state.chosen_arrays or len(state.models) != 1:
+    if state.chosen_arrays or len(state.models) != 1 or not strategy.may_choose_arrays():
         return None
     chosen = array_choice.score_round(state.array_choice, rnd.number, [r.update for r in replies], state.compared,
                                       state.theta0, min_silhouette=c.split_min_silhouette,
@@ -500,6 +500,10 @@ class CFL(ClusteredStrategy):
     def own_arrays(self) -> tuple[str, list[str]] | None:
         """What ``decision-arrays = evidence`` must find blind besides every array: nothing more (CFL compares them all)."""
         return None
+
+    def may_choose_arrays(self) -> bool:
+        """``decision-arrays = evidence`` always may choose (CFL has no layer setting of its own)."""
+        return True
 
     def compared_words(self) -> str:
         """What CFL compares, for round 1's line."""

@@ -191,7 +191,8 @@ class FedClust(ClusteredStrategy):
         X = np.stack([self.state.unclustered[key] for key in keys], dtype=np.float64)
         bound = recut_max_clusters(len(keys), self.params.max_clusters)
         labels, info = self.cut(X, max_clusters=bound)
-        labels, _, said, deferred = oneshot.gate(X, labels, None, self.params, type(self).__name__, keys=keys)
+        labels, _, said, deferred = oneshot.gate(X, labels, None, self.params, type(self).__name__, keys=keys,
+                                                 max_clusters=bound)
         clusters = len(np.unique(labels))
         self.state.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound,
                                   "clusters": int(clusters), "best_silhouette": info.get("auto_best_silhouette"),

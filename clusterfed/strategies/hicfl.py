@@ -52,7 +52,7 @@ from clusterfed.clustering.bipartition import SplitDecision
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.clustering.split_scores import separation_gap
 from clusterfed.clustering.stability import StabilityTracker
-from clusterfed.clustering.vectors import decision_record, flatten, side_of, similarity_record, stack_float64
+from clusterfed.clustering.vectors import decision_record, side_of, similarity_record
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies import hicfl_stability as windows
 from clusterfed.strategies.base import ClusteredStrategy, StrategyParamsError
@@ -162,13 +162,8 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
     # compared with the last (the stability windows do not time the split)
     reproduction = None
     if evidence and len(replies) >= 2 and cluster not in state.merged:
-        names = [n for layer in layers for n in state.layer_keys[layer]]
-        # decision-arrays: on the array chosen where every array together is blind; parts apart on every array
-        chosen = list(state.chosen_arrays) or names
         reproduction = tree.reproduce(state, server_round, cluster, [r.key for r in replies],
-                                      stack_float64([flatten(r.update, chosen) for r in replies]),
-                                      None if chosen == names else stack_float64([flatten(r.update, names)
-                                                                                   for r in replies]))
+                                      *windows.reproduction_rows(state, replies))
     if evidence:
         present = [k for k in present if all(tracker.last_update(k, layer) is not None for layer in layers)]
         if len(present) < params.min_split_size:
@@ -182,9 +177,8 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
     if not tree.may_split(state, server_round, cluster, replies):
         return None
     windows.note_timing(state, params, server_round, cluster, values, threshold)
-    ready = list(layers) if evidence else ready_layers(values, threshold, params.timing)
-    if state.chosen_arrays:  # the layers holding the chosen array
-        ready = [layer for layer in ready if set(state.layer_keys[layer]) & set(state.chosen_arrays)]
+    # on evidence every layer proposes, or with an array chosen (decision-arrays) only its layer
+    ready = windows.chosen_layers(state) if evidence else ready_layers(values, threshold, params.timing)
     if not ready:
         return None
     structure_test = params.min_silhouette > -1

@@ -15,7 +15,7 @@ import numpy as np
 from clusterfed.clustering.layer_split import evidence_reference, propose_split, small_side_reference
 from clusterfed.clustering.sketch import Sketch, split_budget
 from clusterfed.clustering.split_rules import layer_scale, relative_stability
-from clusterfed.clustering.vectors import flatten
+from clusterfed.clustering.vectors import flatten, stack_float64
 from clusterfed.core.exchange import ClientInfo, TrainReply
 from clusterfed.models.layers import weight_unit_of
 
@@ -26,9 +26,25 @@ def watch(state: Any, names: list[str]) -> None:
     state.layer_keys = {}
     for name in names:  # named layer = state-dict prefix, weight and bias together; a recurrent
         # layer's input and hidden weights (weight_ih_l0, weight_hh_l0) each a layer with its bias
-        state.layer_keys.setdefault(weight_unit_of(name), []).append(name)
+        state.layer_keys.setdefault(weight_unit_of(name, names), []).append(name)
     state.layers = list(state.layer_keys)
     state.layer_sizes = {layer: int(sum(state.theta0[n].size for n in keys)) for layer, keys in state.layer_keys.items()}
+
+
+def chosen_layers(state: Any) -> list[str]:
+    """The layers that propose a split on evidence: every watched layer, or with an array chosen
+    (``decision-arrays``) the layer holding it."""
+    chosen = set(state.chosen_arrays)
+    return [layer for layer in state.layers if not chosen or chosen & set(state.layer_keys[layer])]
+
+
+def reproduction_rows(state: Any, replies: list[TrainReply]) -> tuple[np.ndarray, np.ndarray | None]:
+    """What a split's partition is reproduced on: every watched array, or the array chosen
+    (``decision-arrays``), with every watched array for whether its parts point apart (None: the same)."""
+    names = [n for layer in state.layers for n in state.layer_keys[layer]]
+    chosen = list(state.chosen_arrays) or names
+    rows = stack_float64([flatten(r.update, chosen) for r in replies])
+    return rows, None if chosen == names else stack_float64([flatten(r.update, names) for r in replies])
 
 
 def track(state: Any, replies: list[TrainReply], compact: bool, sketch_dim: int, seed: int) -> None:

@@ -134,6 +134,10 @@ class LayerCFL(ClusteredStrategy):
     def decision_names(self) -> list[str]:
         return selected_layers(self.state)
 
+    def may_choose_arrays(self) -> bool:
+        """``decision-arrays = evidence`` under ``cluster-layers = auto`` only: layers the user named are compared."""
+        return self.params.cluster_layers == "auto"
+
     def own_arrays(self) -> tuple[str, list[str]] | None:
         """``decision-arrays = evidence`` chooses one array only where the selected layers show no structure either."""
         rule = self.state.layer_rule
