@@ -256,7 +256,8 @@ def test_where_every_array_together_is_blind_the_split_is_reproduced_and_propose
             assert strategy.state.splits == [] and strategy.state.chosen_arrays == ()
             continue
         assert strategy.state.chosen_arrays == ("conv1.weight", "conv1.bias")
-        assert "HiCFL: compares conv1.weight (chosen by evidence in rounds 1 and 2" in said[arrays][1]
+        assert ("HiCFL: cuts the partitions a split must reproduce, and proposes splits, on conv1.weight (chosen by "
+                "evidence in rounds 1 and 2") in said[arrays][1]
         (first,) = strategy.state.splits
         assert first["layer"] == "conv1" and first["round"] == 3
         assert {frozenset(groups[k] for k in side) for side in first["members"]} == {frozenset({0}), frozenset({1})}

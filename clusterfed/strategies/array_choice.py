@@ -108,10 +108,11 @@ def score_round(choice: dict[str, Any], server_round: int, updates: list[dict[st
     return list(found[leader])
 
 
-def words(choice: dict[str, Any]) -> str:
+def words(choice: dict[str, Any], verb: str = "compares") -> str:
     """``compares trunk.rnn.weight_ih_l0 (chosen by evidence in rounds 1 and 2: best-cut
-    silhouette 0.53 against 0.30 needed, every array together no structure (0.24); next
-    trunk.rnn.weight_hh_l0 0.29 against 0.30, head.weight 0.27 against 0.30)``."""
+    silhouette s against r needed, every array together no structure (w); next
+    trunk.rnn.weight_hh_l0 s2 against r2, …)``; ``verb``: what the strategy does with the array
+    (CFL and LayerCFL compare it)."""
     scores = {s["layer"]: s for s in choice["scores"]}
     chosen = scores[choice["chosen"]]
     own = choice.get("own") or {}
@@ -123,6 +124,6 @@ def words(choice: dict[str, Any]) -> str:
                                   for s in others) if others else ""
     none = ", ".join(f"{said} no structure ({'n/a' if scores[key]['silhouette'] is None else format(scores[key]['silhouette'], '.2f')})"
                      for key, said in reversed(blind.items()))
-    return (f"compares {chosen['layer']} (chosen by evidence in rounds {choice['previous_round']} and "
+    return (f"{verb} {chosen['layer']} (chosen by evidence in rounds {choice['previous_round']} and "
             f"{choice['round']}: best-cut silhouette {chosen['silhouette']:.2f} against {chosen['required']:.2f} "
             f"needed, {none}{nexts})")

@@ -403,7 +403,8 @@ class HiCFL(ClusteredStrategy):
         if not chosen:
             return None
         state.chosen_arrays, state.proposals = tuple(chosen), {}
-        return array_choice.words(state.array_choice)
+        return array_choice.words(state.array_choice, verb="cuts the partitions a split must reproduce, and proposes "
+                                                           "splits, on")
 
     def compared_words(self) -> str:
         """What HiCFL compares, for round 1's line."""
