@@ -108,6 +108,11 @@ def score_round(choice: dict[str, Any], server_round: int, updates: list[dict[st
     return list(found[leader])
 
 
+def record(state: Any) -> dict[str, Any]:
+    """``clusters.json``'s ``array_choice``: the last candidates' scores and the arrays chosen (empty: none)."""
+    return {**state.array_choice, "chosen_arrays": list(state.chosen_arrays)}
+
+
 def words(choice: dict[str, Any], verb: str = "compares") -> str:
     """``compares trunk.rnn.weight_ih_l0 (chosen by evidence in rounds 1 and 2: best-cut
     silhouette s against r needed, every array together no structure (w); next

@@ -521,5 +521,5 @@ class CFL(ClusteredStrategy):
         state = self.bipartition.cluster_state(self.state, self.bipartition.thresholds(), self.one_cluster_reason())
         state["refused_splits"] = self.state.refused
         # decision-arrays: the last candidates' scores, and the arrays chosen (empty: every array compared)
-        state["array_choice"] = {**self.state.array_choice, "chosen_arrays": list(self.state.chosen_arrays)}
+        state["array_choice"] = array_choice.record(self.state)
         return state

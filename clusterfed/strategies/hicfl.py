@@ -359,7 +359,7 @@ class HiCFL(ClusteredStrategy):
 
     def compared_changed(self) -> None:
         """Arrays no client changed are never watched (a frozen layer is perfectly stable)."""
-        kept, watched = set(self.state.compared), [n for keys in self.state.layer_keys.values() for n in keys]
+        kept, watched = set(self.state.compared), windows.watched_names(self.state)
         windows.watch(self.state, [n for n in watched if n in kept] or watched)
 
     # newcomers and provisional members descend the tree; trainers return updates (bipartitioning.py)
@@ -395,8 +395,8 @@ class HiCFL(ClusteredStrategy):
         state, c = self.state, self.params
         if state.chosen_arrays or len(state.models) != 1:
             return None
-        watched = [n for keys in state.layer_keys.values() for n in keys]
-        chosen = array_choice.score_round(state.array_choice, rnd.number, [r.update for r in replies], watched,
+        chosen = array_choice.score_round(state.array_choice, rnd.number, [r.update for r in replies],
+                                          windows.watched_names(state),
                                           state.theta0, min_silhouette=c.min_silhouette,
                                           reference_draws=DEFAULT_DRAWS, max_clusters=c.split_silhouette_max_k,
                                           seed=c.seed)
@@ -432,5 +432,5 @@ class HiCFL(ClusteredStrategy):
         cluster_state["layers"] = self.state.layers
         cluster_state["no_split"] = self.state.no_split
         # decision-arrays: the last candidates' scores, and the arrays chosen (empty: every watched array)
-        cluster_state["array_choice"] = {**self.state.array_choice, "chosen_arrays": list(self.state.chosen_arrays)}
+        cluster_state["array_choice"] = array_choice.record(self.state)
         return cluster_state

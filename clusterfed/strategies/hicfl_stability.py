@@ -31,6 +31,11 @@ def watch(state: Any, names: list[str]) -> None:
     state.layer_sizes = {layer: int(sum(state.theta0[n].size for n in keys)) for layer, keys in state.layer_keys.items()}
 
 
+def watched_names(state: Any) -> list[str]:
+    """Every watched array, layer by layer."""
+    return [n for layer in state.layers for n in state.layer_keys[layer]]
+
+
 def chosen_layers(state: Any) -> list[str]:
     """The layers that propose a split on evidence: every watched layer, or with an array chosen
     (``decision-arrays``) the layer holding it."""
@@ -41,7 +46,7 @@ def chosen_layers(state: Any) -> list[str]:
 def reproduction_rows(state: Any, replies: list[TrainReply]) -> tuple[np.ndarray, np.ndarray | None]:
     """What a split's partition is reproduced on: every watched array, or the array chosen
     (``decision-arrays``), with every watched array for whether its parts point apart (None: the same)."""
-    names = [n for layer in state.layers for n in state.layer_keys[layer]]
+    names = watched_names(state)
     chosen = list(state.chosen_arrays) or names
     rows = stack_float64([flatten(r.update, chosen) for r in replies])
     return rows, None if chosen == names else stack_float64([flatten(r.update, names) for r in replies])

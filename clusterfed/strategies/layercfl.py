@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.strategies import base
+from clusterfed.strategies import array_choice, base
 from clusterfed.clustering.bipartition import bipartition
 from clusterfed.clustering.layercfl import correct_clustering_check
 from clusterfed.clustering.reproducible import Reproduction, compare
@@ -270,5 +270,5 @@ class LayerCFL(ClusteredStrategy):
         state["refused_splits"] = self.state.refused
         state["layers"] = {"rule": self.state.layer_rule, "names": self.state.selected_names}
         # decision-arrays: the last candidates' scores, and the array chosen (empty: the selected layers compared)
-        state["array_choice"] = {**self.state.array_choice, "chosen_arrays": list(self.state.chosen_arrays)}
+        state["array_choice"] = array_choice.record(self.state)
         return state
