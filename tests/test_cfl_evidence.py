@@ -272,6 +272,34 @@ def test_three_groups_are_recovered_on_evidence(cls):
     assert all(all(c < 0.6 for c in s["reproduction"]["alike"]) for s in strategy.state.splits)
 
 
+@pytest.mark.parametrize("cls", [CFL, LayerCFL, HiCFL])
+@pytest.mark.parametrize("same_round", [True, False])
+def test_a_partition_into_three_that_reproduced_is_taken_in_one_round(cls, same_round):
+    """same-round-splits (the default): three groups cut alike in rounds 1 and 2, so round 2
+    splits the cluster and, on the same replies, the child holding two groups; off, that child
+    waits for round 3."""
+    rng = np.random.default_rng(8)
+    groups = {k: int(k) % 3 for k in KEYS}
+
+    def updates():
+        return {k: 0.5 * E[5] + E[groups[k]] + 0.05 * rng.standard_normal(DIM) for k in KEYS}
+
+    strategy = make_strategy(cls, groups, **EVIDENCE, **{"same-round-splits": same_round})
+    run_round(strategy, 1, updates())
+    said = run_round(strategy, 2, updates())
+    three = sorted(({k for k in KEYS if groups[k] == g} for g in range(3)), key=lambda s: min(int(k) for k in s))
+    assert [s["round"] for s in strategy.state.splits] == ([2, 2] if same_round else [2])
+    assert len(leaves(strategy)) == (3 if same_round else 2)
+    if same_round:
+        assert leaves(strategy) == three
+        second = strategy.state.splits[1]
+        assert second["parent"] in strategy.state.splits[0]["children"]
+        assert second["reproduction"]["source"] == "rounds 1 and 2"  # the child against round 1, restricted
+        assert f"cluster {second['parent']} split into" in said["decision"]
+    run_round(strategy, 3, updates())
+    assert leaves(strategy) == three
+
+
 def test_a_reproduced_split_whose_parts_point_alike_is_refused_and_says_so():
     """The cut is clean and reproduces, but both parts move the task's way (mean updates' cosine
     0.9): the merge rule would undo it, so it is not a split."""

@@ -51,8 +51,10 @@ def test_old_checkpoints_resume_into_the_same_round(name, tmp_path):
 PREDATE_PROJECTION = ("fedclust", "adacfl")
 # checkpoints of the CFL family written before split-timing existed ran on Sattler's criteria:
 # they resume on them (a checkpoint without the key is refused at the new default, evidence)
-PREDATE_EVIDENCE = {"cfl-merge": {"split-timing": "criteria", "ask-again": False, "decision-arrays": "every"},
-                    "hicfl": {"split-timing": "criteria", "ask-again": False, "decision-arrays": "every"}}
+PREDATE_EVIDENCE = {"cfl-merge": {"split-timing": "criteria", "ask-again": False, "decision-arrays": "every",
+                                  "same-round-splits": False},
+                    "hicfl": {"split-timing": "criteria", "ask-again": False, "decision-arrays": "every",
+                              "same-round-splits": False}}
 
 
 def test_a_checkpoint_older_than_split_timing_is_refused_at_the_new_default_with_the_value_that_resumes_it(tmp_path):

@@ -57,6 +57,7 @@ EARLIER_BEHAVIOUR = {
     "split-timing": "criteria",  # the CFL family split on Sattler's criteria
     "ask-again": False,  # a deferred split's repliers were not put in the next sample
     "decision-arrays": "every",  # CFL compared the whole update
+    "same-round-splits": False,  # a split's children waited for the next round
 }
 
 

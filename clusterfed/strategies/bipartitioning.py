@@ -44,7 +44,6 @@ from clusterfed.clustering.split_rules import merge_pairs, most_alike_sides
 from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
-from clusterfed.strategies.resampling import sample_asking_again
 from clusterfed.core.exchange import (RETURN_UPDATE, Arrays, ClientInfo, Diagnostics, SplitCompared, TrainReply,
     natural, weighted_average)
 
@@ -68,6 +67,13 @@ class BiPartitioningParams(StrategyParams):
         DEFAULT_AGREEMENT, alias="split-agreement", ge=-1, le=1,
         description="split-timing = evidence: the agreement (adjusted Rand index) two successive rounds' partitions "
                     "must reach for a split, and that keeps two leaves from merging")
+
+    same_round_splits: bool = Field(
+        True, alias="same-round-splits",
+        description="split-timing = evidence: a split's children are judged again in the round they are made, on "
+                    "their members' replies against the earlier rounds' partitions restricted to them, so that a "
+                    "partition into k parts that reproduced is taken in one round (false: a child waits for the next "
+                    "round, one split per cluster and round)")
 
     split_criteria: Literal["relative", "absolute"] = Field(
         "relative", alias="split-criteria",
@@ -160,47 +166,6 @@ def add_cluster(state: ClusteredState, model: Arrays, inherit: int | None = None
     if inherit is not None and inherit in state.aggregator_state:
         state.aggregator_state[cluster] = copy.deepcopy(state.aggregator_state[inherit])
     return cluster
-
-
-def placements(train_asks: Callable[..., list], rnd: Any, descent: Any) -> Any:
-    """A descent's requests ``(keys, model, extra)`` run as the strategy's own placement asks in round ``rnd``."""
-    replies = None
-    while True:
-        try:
-            keys, model, extra = descent.send(replies)
-        except StopIteration as done:
-            return done.value
-        replies = yield train_asks(rnd, keys, models={k: model for k in keys}, extra=extra,
-                                   phase="placement")
-
-
-# The CFL family's hooks that only hand the round to the tree, written once: CFL, LayerCFL and
-# HiCFL bind them in their class bodies (``admit = tree_admit``), so each is the strategy's own
-# method, not one inherited from a base.
-def tree_train_instructions(strategy: Any, rnd: Any, key: str) -> dict[str, Any]:
-    """Every trainer returns its update (the splits compare updates)."""
-    return {"return": RETURN_UPDATE}
-
-
-def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
-    """Placing a provisional member asks it for work: sample before placement, holding the
-    clients ``ask-again`` named last round (``resampling.sample_asking_again``)."""
-    state, params = strategy.state, strategy.params
-    again, state.asked_again = state.asked_again, ()
-    if not again:  # ``ask_again`` names clients only when ask-again is on, at fraction-train < 1
-        return strategy.sample_active(rnd)
-    return sample_asking_again(state.rng, list(rnd.active), list(again), params.fraction_train, params.min_train_nodes)
-
-
-def tree_admit(strategy: Any, rnd: Any, keys: list[str]) -> Any:
-    """Newcomers descend the tree."""
-    return placements(strategy.train_asks, rnd, strategy.bipartition.admit(strategy.state, rnd.number, keys))
-
-
-def tree_before_train(strategy: Any, rnd: Any) -> Any:
-    """Sampled members placed provisionally at a split they sat out descend from it now."""
-    return placements(strategy.train_asks, rnd, strategy.bipartition.place_provisional(
-        strategy.state, rnd.reachable(strategy.placed(rnd))))
 
 
 class BiPartitionTree:
@@ -401,22 +366,27 @@ class BiPartitionTree:
     def inherit(self, state: BiPartitioningState, cluster: int, children: tuple[int, int],
                 sides: tuple[list[str], list[str]]) -> None:
         """A split's children start with this round's partition of their own members (the evidence
-        a child's next round is compared with), and how alike its parts point among them."""
+        a child's next round is compared with), and how alike its parts point among them; with
+        ``same-round-splits`` the earlier rounds' partitions too (what a child judged in the split's
+        round is compared with), their parts' directions those of the whole cluster's partition."""
         latest = state.proposals.pop(cluster, [])
-        if not latest:
-            return
-        last = latest[-1]
-        order = {k: i for i, k in enumerate(last["best"])}
-        gram = last.get("gram")
         for child, keys in zip(children, sides):
-            kept = [k for k in keys if k in last["best"]]
-            if kept:
-                entry = {"round": last["round"], **{kind: {k: last[kind][k] for k in kept} for kind in KINDS}}
-                if gram is not None:
+            entries = []
+            for entry in latest if self.params.same_round_splits else latest[-1:]:
+                kept = [k for k in keys if k in entry["best"]]
+                if not kept:
+                    continue
+                mine = {"round": entry["round"], **{kind: {k: entry[kind][k] for k in kept} for kind in KINDS}}
+                if entry.get("gram") is not None:  # this round's: the directions among the child's own members
+                    order = {k: i for i, k in enumerate(entry["best"])}
                     at = [order[k] for k in kept]
-                    entry["alike"] = {kind: most_alike_sides(gram[np.ix_(at, at)], [last[kind][k] for k in kept])
-                                      for kind in KINDS}
-                state.proposals[child] = [entry]
+                    mine["alike"] = {kind: most_alike_sides(entry["gram"][np.ix_(at, at)], [entry[kind][k] for k in kept])
+                                     for kind in KINDS}
+                elif entry.get("alike") is not None:
+                    mine["alike"] = entry["alike"]
+                entries.append(mine)
+            if entries:
+                state.proposals[child] = entries
 
     def forget_grams(self, state: BiPartitioningState) -> None:
         """The round's Gram matrices served this round's splits; none is kept between rounds."""
@@ -455,7 +425,9 @@ class BiPartitionTree:
                 by_cluster[reply.cluster].append(reply)
         report: dict[str, dict[str, Any]] = {}
         diagnostics: Diagnostics = {"splits": [], "merges": []}
-        for cluster in sorted(by_cluster):
+        pending = sorted(by_cluster)
+        while pending:
+            cluster = pending.pop(0)
             group = by_cluster[cluster]
             state.split_allowed = state.split_allowed or self.may_split(state, server_round, cluster, group)
             decision = self.criteria(state, cluster, group)
@@ -464,6 +436,10 @@ class BiPartitionTree:
             found = self.decide(self, state, server_round, cluster, group, decision, clients, reports) or {}
             for key, records in found.items():
                 diagnostics.setdefault(key, []).extend(records)
+            if self.params.same_round_splits and self.evidence(state):  # the children, judged this round too
+                for child in (c for made in found.get("splits", []) for c in made.get("children", [])):
+                    by_cluster[child] = [r for r in group if state.assignment.get(r.key) == child]
+                    pending.append(child)
         words = diagnostics.pop("words", [])
         if self.params.merge:
             kept = len(state.merge_kept)

@@ -52,8 +52,8 @@ from clusterfed.explain import bipartition as explain
 from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree, Evidence,
-    replier_vectors, tree_admit, tree_before_train, tree_draw_sample,
-    tree_train_instructions)
+    replier_vectors)
+from clusterfed.strategies.tree_hooks import tree_admit, tree_before_train, tree_draw_sample, tree_train_instructions
 from clusterfed.core.exchange import ClientInfo, Diagnostics, Round, SplitCompared, TrainReply, natural
 
 # similarity-decay = auto: summed updates only for clients this small (one round's update is
@@ -131,7 +131,7 @@ PAPER_CFL: dict[str, Any] = {
     "split_timing": "criteria", "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 20, "min_split_size": 3,
     "split_min_silhouette": -1.0, "split_silhouette_max_k": 2, "split_reference_draws": 0,
     "similarity_decay": 0.0, "similarity_rank": 0, "similarity_pool": "repliers", "merge": False,
-    "update_storage": "exact", "ask_again": False,
+    "update_storage": "exact", "ask_again": False, "same_round_splits": False,
 }
 
 

@@ -56,9 +56,8 @@ from clusterfed.clustering.vectors import decision_record, side_of, similarity_r
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies import hicfl_stability as windows
 from clusterfed.strategies.base import ClusteredStrategy, StrategyParamsError
-from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree, Evidence,
-    tree_admit, tree_before_train, tree_draw_sample,
-    tree_train_instructions)
+from clusterfed.strategies.bipartitioning import BiPartitioningParams, BiPartitioningState, BiPartitionTree, Evidence
+from clusterfed.strategies.tree_hooks import tree_admit, tree_before_train, tree_draw_sample, tree_train_instructions
 from clusterfed.core.exchange import ClientInfo, Diagnostics, Round, SplitCompared, TrainReply
 
 # Draws of the small-side rotation test: the test is repeated every round while a cluster
@@ -141,6 +140,7 @@ PAPER_HICFL: dict[str, Any] = {
     "min_silhouette": -1.0, "min_kept_fraction": 0.0, "min_side": 1, "small_side_reference_draws": 0,
     "merge": False, "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 1,
     "min_split_size": 2, "update_storage": "exact", "ask_again": False, "decision_arrays": "every",
+    "same_round_splits": False,
 }
 
 

@@ -41,8 +41,8 @@ from clusterfed.core.exchange import Diagnostics, Round, TrainReply, natural
 from clusterfed.models.layers import select_layers
 from clusterfed.explain import bipartition as explain
 from clusterfed.strategies.base import ClusteredStrategy
-from clusterfed.strategies.bipartitioning import (MIN_COMMON, PROPOSALS_KEPT, BiPartitionTree, tree_admit, tree_before_train, tree_draw_sample,
-    tree_train_instructions)
+from clusterfed.strategies.bipartitioning import MIN_COMMON, PROPOSALS_KEPT, BiPartitionTree
+from clusterfed.strategies.tree_hooks import tree_admit, tree_before_train, tree_draw_sample, tree_train_instructions
 from clusterfed.strategies.cfl import (PAPER_CFL, CFLFamilyParams, CFLFamilyState, decide, pooled_vectors, shown_names,
     split_after_training, timing_words)
 

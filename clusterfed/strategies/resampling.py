@@ -1,6 +1,6 @@
 """How many clients a round samples (``sample_size``, every strategy's rule), and who trains
 next round when some must be asked again: the CFL family's ``ask-again``
-(``bipartitioning.tree_draw_sample``) keeps the repliers of a split that no earlier round could
+(``tree_hooks.tree_draw_sample``) keeps the repliers of a split that no earlier round could
 be compared with in the next round's sample."""
 
 from __future__ import annotations

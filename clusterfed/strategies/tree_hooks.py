@@ -1,0 +1,50 @@
+"""The CFL family's round hooks that only hand the round to the bi-partition tree
+(``bipartitioning.BiPartitionTree``), written once: CFL, LayerCFL and HiCFL bind them in their
+class bodies (``admit = tree_admit``), so each is the strategy's own method, not one inherited
+from a base."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from clusterfed.core.exchange import RETURN_UPDATE
+from clusterfed.strategies.resampling import sample_asking_again
+
+
+def placements(train_asks: Callable[..., list], rnd: Any, descent: Any) -> Any:
+    """A descent's requests ``(keys, model, extra)`` run as the strategy's own placement asks in round ``rnd``."""
+    replies = None
+    while True:
+        try:
+            keys, model, extra = descent.send(replies)
+        except StopIteration as done:
+            return done.value
+        replies = yield train_asks(rnd, keys, models={k: model for k in keys}, extra=extra,
+                                   phase="placement")
+
+
+def tree_train_instructions(strategy: Any, rnd: Any, key: str) -> dict[str, Any]:
+    """Every trainer returns its update (the splits compare updates)."""
+    return {"return": RETURN_UPDATE}
+
+
+def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
+    """Placing a provisional member asks it for work: sample before placement, holding the
+    clients ``ask-again`` named last round (``resampling.sample_asking_again``)."""
+    state, params = strategy.state, strategy.params
+    again, state.asked_again = state.asked_again, ()
+    if not again:  # ``ask_again`` names clients only when ask-again is on, at fraction-train < 1
+        return strategy.sample_active(rnd)
+    return sample_asking_again(state.rng, list(rnd.active), list(again), params.fraction_train, params.min_train_nodes)
+
+
+def tree_admit(strategy: Any, rnd: Any, keys: list[str]) -> Any:
+    """Newcomers descend the tree."""
+    return placements(strategy.train_asks, rnd, strategy.bipartition.admit(strategy.state, rnd.number, keys))
+
+
+def tree_before_train(strategy: Any, rnd: Any) -> Any:
+    """Sampled members placed provisionally at a split they sat out descend from it now."""
+    return placements(strategy.train_asks, rnd, strategy.bipartition.place_provisional(
+        strategy.state, rnd.reachable(strategy.placed(rnd))))
