@@ -5,9 +5,12 @@ line says what is compared. Hand-made updates through the strategies' own ``afte
 
 import numpy as np
 import pytest
-from harness import round_of
+from harness import hand, reply_to, round_of
 from test_cfl import DIM, arrays_of, make_strategy, run_round
 
+from clusterfed.clustering.split_evidence import bound_alike
+from clusterfed.core.exchange import ClientInfo, Replies
+from clusterfed.strategies.base import steps
 from clusterfed.strategies.resampling import sample_asking_again
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
@@ -298,6 +301,61 @@ def test_a_partition_into_three_that_reproduced_is_taken_in_one_round(cls, same_
         assert f"cluster {second['parent']} split into" in said["decision"]
     run_round(strategy, 3, updates())
     assert leaves(strategy) == three
+
+
+def test_a_child_no_member_of_which_replied_is_not_judged_in_the_split_round():
+    """similarity-pool = members: round 2's cut holds the absent group on a side of its own; its
+    child has no replies to judge, the other child splits on its members' replies."""
+    rng = np.random.default_rng(3)
+    groups = {k: int(k) % 3 for k in KEYS}
+    towards = {0: E[0], 1: E[1] + 0.8 * E[3], 2: E[2] + 0.8 * E[3]}
+
+    def updates(keys):
+        return {k: towards[groups[k]] + 0.05 * rng.standard_normal(DIM) for k in keys}
+
+    strategy = make_strategy(CFL, groups, **EVIDENCE, **{"similarity-pool": "members"})
+    run_round(strategy, 1, updates(KEYS))
+    said = run_round(strategy, 2, updates([k for k in KEYS if groups[k] != 0]))
+    assert [s["parent"] for s in strategy.state.splits] == [0, 1]
+    assert leaves(strategy) == sorted(({k for k in KEYS if groups[k] == g} for g in range(3)),
+                                      key=lambda s: min(int(k) for k in s))
+    assert said["merges"] == []  # children made this round are not merged this round
+
+
+def test_an_earlier_rounds_directions_bound_a_child_only_when_it_holds_whole_parts():
+    entry = {"best": {"a": 0, "b": 0, "c": 1, "d": 1, "e": 2, "f": 2}, "alike": {"best": 0.3}}
+    assert bound_alike(entry, "best", {"c", "d", "e", "f"}, 0.6) == 0.3  # parts 1 and 2 whole
+    assert bound_alike(entry, "best", {"b", "c", "d"}, 0.6) is None  # part 0 cut through
+    assert bound_alike(entry, "best", {"c", "d", "e", "f"}, 0.25) is None  # a bound above the bar says nothing
+
+
+def test_a_newcomer_passing_two_splits_of_one_round_trains_once():
+    """The splits a round makes share the model they were decided on: a newcomer descending both
+    trains on it once, and that update places it at both (its group's leaf)."""
+    rng = np.random.default_rng(8)
+    groups = {k: int(k) % 3 for k in KEYS}
+
+    def update(group):
+        return 0.5 * E[5] + E[group] + 0.05 * rng.standard_normal(DIM)
+
+    strategy = make_strategy(CFL, groups, **EVIDENCE)
+    for server_round in (1, 2):
+        run_round(strategy, server_round, {k: update(groups[k]) for k in KEYS})
+    assert [s["round"] for s in strategy.state.splits] == [2, 2]
+    for group in range(3):
+        key = f"new{group}"
+        hand(strategy).clients[key] = ClientInfo(key, 50, group)
+        admission, batches = iter(steps(strategy.admit(round_of(strategy, 3), [key]))), 0
+        try:
+            asks = next(admission)
+            while True:
+                batches += 1
+                asks = admission.send(Replies([reply_to(ask, arrays_of(update(group))) for ask in asks]))
+        except StopIteration:
+            pass
+        home = next(strategy.assignment[k] for k in KEYS if groups[k] == group)
+        assert strategy.assignment[key] == home
+        assert batches == 1  # one training, whether it passed one split or two
 
 
 def test_a_reproduced_split_whose_parts_point_alike_is_refused_and_says_so():

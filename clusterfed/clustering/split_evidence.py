@@ -76,3 +76,13 @@ def pair_evidence(history: list[dict[str, Any]], now: dict[str, Any], keys: list
     reproduction, last = found
     latest_alike = next((e.get("alike") or {}).get(kind) for e in history if e["round"] == last)
     return Evidence(reproduction, (latest_alike, now["alike"][kind]), (last, now["round"]))
+
+
+def bound_alike(entry: dict[str, Any], kind: str, keys: set[str], min_cosine: float) -> float | None:
+    """How alike a child's parts pointed in an earlier round whose Gram matrix is gone: the
+    cluster's partition's largest cosine between two parts bounds it from above when the child
+    holds whole parts of it, so a bound below ``min_cosine`` passes; else None (not known)."""
+    labels, value = entry[kind], (entry.get("alike") or {}).get(kind)
+    inside = {label for key, label in labels.items() if key in keys}
+    whole = all(key in keys for key, label in labels.items() if label in inside)
+    return value if whole and value is not None and value < min_cosine else None

@@ -37,7 +37,7 @@ from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, bipartition, split_criteria
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare, too_few_pairs
-from clusterfed.clustering.split_evidence import KINDS, Evidence, pair_evidence
+from clusterfed.clustering.split_evidence import KINDS, Evidence, bound_alike, pair_evidence
 from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
 from clusterfed.clustering.sketch import in_sketch_space
 from clusterfed.clustering.split_rules import merge_pairs, most_alike_sides
@@ -46,6 +46,11 @@ from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
 from clusterfed.core.exchange import (RETURN_UPDATE, Arrays, ClientInfo, Diagnostics, SplitCompared, TrainReply,
     natural, weighted_average)
+
+def same_arrays(a: Arrays, b: Arrays) -> bool:
+    """Whether two models hold the same arrays (the one object, or equal values)."""
+    return a is b or (a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a))
+
 
 def best_evidence(found: list[Evidence], bound: float, min_cosine: float) -> Evidence:
     """The partition that passes (reproduces, parts apart in both rounds), else the best agreement."""
@@ -233,6 +238,7 @@ class BiPartitionTree:
         at = dict(start)
         path: dict[str, list[int]] = {key: [] for key in start}
         failed: set[str] = set()
+        trained: dict[str, tuple[Arrays, Arrays]] = {}  # key -> (the model it trained from, its update)
         while True:
             waiting: dict[int, list[str]] = defaultdict(list)
             for key, node in at.items():
@@ -246,8 +252,15 @@ class BiPartitionTree:
                 route = state.routes[node]
                 children = tree.node(node).children
                 sizes = tuple(len(tree.node(ch).members) for ch in children)
-                replies = yield group, route["model"], {"upload": ",".join(route["names"]), "return": RETURN_UPDATE}
-                got = {r.key: flatten(r.update, route["names"]) for r in replies}
+                # same-round splits share their model: an update already trained from it serves again
+                again = {key: trained[key][1] for key in group if key in trained
+                         and same_arrays(trained[key][0], route["model"]) and set(route["names"]) <= set(trained[key][1])}
+                ask = [key for key in group if key not in again]
+                replies = (yield ask, route["model"], {"upload": ",".join(route["names"]), "return": RETURN_UPDATE}
+                           ) if ask else []
+                trained.update({r.key: (route["model"], r.update) for r in replies})
+                got = {key: flatten(update, route["names"]) for key, update in again.items()}
+                got.update({r.key: flatten(r.update, route["names"]) for r in replies})
                 for key in group:
                     if key in got:
                         side = side_of(got[key], route)
@@ -383,7 +396,8 @@ class BiPartitionTree:
                     mine["alike"] = {kind: most_alike_sides(entry["gram"][np.ix_(at, at)], [entry[kind][k] for k in kept])
                                      for kind in KINDS}
                 elif entry.get("alike") is not None:
-                    mine["alike"] = entry["alike"]
+                    mine["alike"] = {kind: bound_alike(entry, kind, set(keys), self.params.merge_min_cosine)
+                                     for kind in KINDS}
                 entries.append(mine)
             if entries:
                 state.proposals[child] = entries
@@ -425,7 +439,7 @@ class BiPartitionTree:
                 by_cluster[reply.cluster].append(reply)
         report: dict[str, dict[str, Any]] = {}
         diagnostics: Diagnostics = {"splits": [], "merges": []}
-        pending = sorted(by_cluster)
+        pending, made = sorted(by_cluster), set()
         while pending:
             cluster = pending.pop(0)
             group = by_cluster[cluster]
@@ -437,14 +451,18 @@ class BiPartitionTree:
             for key, records in found.items():
                 diagnostics.setdefault(key, []).extend(records)
             if self.params.same_round_splits and self.evidence(state):  # the children, judged this round too
-                for child in (c for made in found.get("splits", []) for c in made.get("children", [])):
-                    by_cluster[child] = [r for r in group if state.assignment.get(r.key) == child]
-                    pending.append(child)
+                for child in (c for split in found.get("splits", []) for c in split.get("children", [])):
+                    made.add(child)
+                    replied = [r for r in group if state.assignment.get(r.key) == child]
+                    if replied:
+                        by_cluster[child] = replied
+                        pending.append(child)
         words = diagnostics.pop("words", [])
         if self.params.merge:
             kept = len(state.merge_kept)
             diagnostics["merges"] = self.merge_leaves(
-                state, server_round, {c: g for c, g in by_cluster.items() if state.tree.node(c).is_leaf}, clients)
+                state, server_round, {c: g for c, g in by_cluster.items() if state.tree.node(c).is_leaf and c not in made},
+                clients)
             words += [f"clusters {m['leaves'][0]} and {m['leaves'][1]} not merged: their split still reproduces "
                       f"(ARI {m['agreement']:.2f} >= {self.params.split_agreement:.2f})" for m in state.merge_kept[kept:]]
             words += [f"clusters {m['merged'][0]} and {m['merged'][1]} merged into {m['into']} (round cosine "
