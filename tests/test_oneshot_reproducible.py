@@ -214,6 +214,27 @@ def test_a_converged_group_whose_members_cut_alike_round_after_round_is_not_spli
     assert "split into" in run.round(6, two)["decision"] and run.clusters() == [KEYS[:4], KEYS[4:]]
 
 
+def test_a_merge_asks_every_compared_array_whether_two_clusters_train_one_task():
+    """Two clusters that train the chosen layer (w) alike but their heads apart, as label-swap
+    groups do: asked on the chosen layer they merge after two rounds; on every compared array
+    (``whole``, the strategies' default) they stay apart."""
+    assignment = {k: int(int(k) >= 4) for k in KEYS}
+    common = directions([3] * 8, seed=0)[0]
+    for whole, merged in ((None, True), (["w", "head"], False)):
+        run = Revisits(assignment)
+        run.state.models = {c: {"w": np.zeros(40), "head": np.zeros(10)} for c in (0, 1)}
+        said = []
+        for number in (1, 2):
+            rng = np.random.default_rng(2 + number)  # draws whose noise shows no chance cut in either round
+            replies = [TrainReply(k, c, {"w": common + 0.1 * rng.normal(size=40),
+                                         "head": (3.0 if c else -3.0) * np.ones(10) + 0.1 * rng.normal(size=10)},
+                                  {"w": np.zeros(40), "head": np.zeros(10)}, 10, 1.0, {}) for k, c in assignment.items()]
+            said.append(revisit.revisit(run.state, run.strategy.params, number, replies, run.strategy.new_cluster,
+                                        "FedClust", whole=whole).get("decision", ""))
+        assert (run.clusters() == [KEYS]) is merged
+        assert ("clusters 0 and 1 merged" in said[1]) is merged
+
+
 def test_updates_that_cut_differently_in_two_rounds_are_not_split():
     run = Revisits(dict.fromkeys(KEYS, 0))
     run.round(1, [0, 0, 0, 0, 1, 1, 1, 1])

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering import stack_partials
+from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separation, threshold_cut
 from clusterfed.clustering.reproducible import Reproduction, compare, reproduce_on_pairs, too_few_pairs
 from clusterfed.explain.numbers import compared
@@ -37,17 +38,30 @@ REVISIT_MIN_SEPARATION = 0.5
 # a cluster's latest cuts kept: at partial participation, where the latest shares too few of a
 # round's members, the pairs of them that met in these are the evidence
 REVISIT_CUTS_KEPT = 6
+# the whole update's numbers kept for the merge test beyond which it is sketched (as the CFL
+# family's update-storage = sketch, whose default size this is)
+WHOLE_SKETCH = 8192
 
 
-def update_rows(replies: list[TrainReply], state: OneShotState) -> np.ndarray:
-    """The replies' training updates on the compared arrays (arrays no client changed left out)."""
+def update_rows(replies: list[TrainReply], state: OneShotState, names: list[str] | None = None) -> np.ndarray:
+    """The replies' training updates on ``names`` (default: the arrays the clustering compares),
+    arrays no client changed left out."""
+    names = list(state.layer_choice.keys) if names is None else list(names)
     silent = set(state.layer_choice.silent)
-    names = [n for n in state.layer_choice.keys if n not in silent] or list(state.layer_choice.keys)
+    names = [n for n in names if n not in silent] or names
     return stack_partials([[np.asarray(reply.update[n], np.float64) for n in names] for reply in replies])
 
 
+def whole_rows(replies: list[TrainReply], state: OneShotState, whole: list[str], seed: int) -> np.ndarray:
+    """The replies' training updates on every compared array ``whole``; longer than
+    ``WHOLE_SKETCH`` numbers, a seeded CountSketch of them (inner products kept in expectation)."""
+    X = update_rows(replies, state, whole)
+    sketch = count_sketch(X.shape[1], WHOLE_SKETCH, seed)
+    return X if sketch is None else np.asarray(sketch(X), np.float64)
+
+
 def revisit(state: OneShotState, params: OneShotParams, server_round: int, replies: list[TrainReply],
-            new_cluster: Any, strategy: str) -> Diagnostics:
+            new_cluster: Any, strategy: str, whole: list[str] | None = None) -> Diagnostics:
     """After a round's training (``replies``): split a cluster whose members' updates cut
     into the same partition as in the round it last trained (successive rounds: independent
     SGD draws), merge two clusters whose members' updates show no structure together and
@@ -62,6 +76,11 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
     said = [text for cluster in sorted(groups) if (text := _maybe_split(state, params, server_round, cluster,
                                                                         groups[cluster], rows[cluster], new_cluster,
                                                                         strategy))]
+    # whether two clusters train one task is the whole model's question (``whole``, the compared
+    # arrays): groups that differ in one layer (a label swap, in the head) can train alike on the
+    # layer chosen for the cut
+    if whole is not None:
+        rows = {c: whole_rows(groups[c], state, whole, params.seed) for c in groups if c in state.models}
     said += _merges(state, params, server_round, {c: r for c, r in rows.items() if c in state.models}, strategy)
     return {"decision": "; ".join(said)} if said else {}
 
