@@ -8,7 +8,8 @@ import pytest
 from harness import hand, reply_to, round_of
 from test_cfl import DIM, arrays_of, make_strategy, run_round
 
-from clusterfed.clustering.split_evidence import bound_alike
+from clusterfed.clustering.split_evidence import whole_parts_alike
+from clusterfed.clustering.split_rules import most_alike_sides, part_cosines
 from clusterfed.core.exchange import ClientInfo, Replies
 from clusterfed.strategies.base import steps
 from clusterfed.strategies.resampling import sample_asking_again
@@ -322,11 +323,18 @@ def test_a_child_no_member_of_which_replied_is_not_judged_in_the_split_round():
     assert said["merges"] == []  # children made this round are not merged this round
 
 
-def test_an_earlier_rounds_directions_bound_a_child_only_when_it_holds_whole_parts():
-    entry = {"best": {"a": 0, "b": 0, "c": 1, "d": 1, "e": 2, "f": 2}, "alike": {"best": 0.3}}
-    assert bound_alike(entry, "best", {"c", "d", "e", "f"}, 0.6) == 0.3  # parts 1 and 2 whole
-    assert bound_alike(entry, "best", {"b", "c", "d"}, 0.6) is None  # part 0 cut through
-    assert bound_alike(entry, "best", {"c", "d", "e", "f"}, 0.25) is None  # a bound above the bar says nothing
+def test_an_earlier_rounds_directions_score_a_child_exactly_when_it_holds_whole_parts():
+    rows = np.array([[1.0, 0, 0], [1.0, 0.1, 0], [0, 1.0, 0], [0, 1.0, 0.1], [0.6, 0.8, 0], [0.6, 0.8, 0.1]])
+    labels = [0, 0, 1, 1, 2, 2]
+    pairs = part_cosines(rows @ rows.T, labels)
+    assert max(pairs.values()) == pytest.approx(most_alike_sides(rows @ rows.T, labels))
+    entry = {"best": dict(zip("abcdef", labels)), "pairs": {"best": pairs}}
+    alike, kept = whole_parts_alike(entry, "best", {"c", "d", "e", "f"})  # parts 1 and 2, whole
+    inside = rows[2:] @ rows[2:].T
+    assert alike == pytest.approx(most_alike_sides(inside, labels[2:])) and list(kept) == ["1-2"]
+    assert whole_parts_alike(entry, "best", {"a", "c", "d"}) is None  # part 0 cut through
+    assert whole_parts_alike(entry, "best", {"a", "b"})[0] == -1.0  # one part: no two to compare
+    assert whole_parts_alike({"best": entry["best"]}, "best", {"c", "d"}) is None  # no pairs kept
 
 
 def test_a_newcomer_passing_two_splits_of_one_round_trains_once():

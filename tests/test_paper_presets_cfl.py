@@ -43,6 +43,7 @@ def test_the_preset_names_fields_and_switches_every_extension_off(cls):
     assert set(cls.PAPER) <= set(cls.Params.model_fields)
     assert all(getattr(strategy.params, name) == value for name, value in cls.PAPER.items())
     assert strategy.params.merge is False and strategy.params.update_storage == "exact"
+    assert strategy.params.split_timing == "criteria" and strategy.params.same_round_splits is False
 
 
 # ------------------------------------------------------------ CFL, Algorithm 1

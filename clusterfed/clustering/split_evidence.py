@@ -78,11 +78,16 @@ def pair_evidence(history: list[dict[str, Any]], now: dict[str, Any], keys: list
     return Evidence(reproduction, (latest_alike, now["alike"][kind]), (last, now["round"]))
 
 
-def bound_alike(entry: dict[str, Any], kind: str, keys: set[str], min_cosine: float) -> float | None:
-    """How alike a child's parts pointed in an earlier round whose Gram matrix is gone: the
-    cluster's partition's largest cosine between two parts bounds it from above when the child
-    holds whole parts of it, so a bound below ``min_cosine`` passes; else None (not known)."""
-    labels, value = entry[kind], (entry.get("alike") or {}).get(kind)
-    inside = {label for key, label in labels.items() if key in keys}
-    whole = all(key in keys for key, label in labels.items() if label in inside)
-    return value if whole and value is not None and value < min_cosine else None
+def whole_parts_alike(entry: dict[str, Any], kind: str, keys: set[str]) -> tuple[float, dict[str, float]] | None:
+    """How alike the parts of an earlier round's partition ``entry[kind]`` restricted to ``keys``
+    (a split's child) pointed, exactly, from the part-pair cosines the round kept (``pairs``),
+    with the pairs among them; None when the child cuts through one of its parts or the round
+    kept no pairs (its Gram matrix is gone)."""
+    labels, pairs = entry[kind], (entry.get("pairs") or {}).get(kind)
+    if pairs is None:
+        return None
+    inside = {str(label) for key, label in labels.items() if key in keys}
+    if any(str(label) in inside and key not in keys for key, label in labels.items()):
+        return None
+    kept = {pair: value for pair, value in pairs.items() if set(pair.split("-")) <= inside}
+    return max(kept.values(), default=-1.0), kept

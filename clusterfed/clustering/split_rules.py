@@ -152,16 +152,25 @@ def most_alike_sides(gram: np.ndarray, labels: Sequence[Hashable]) -> float:
     part whose mean is zero. Why (the CFL family's evidence timing): a part of clients of one
     task keeps pointing the task's way, however reproducibly its own clients' data set them
     apart; parts of different tasks do not."""
+    return max(part_cosines(gram, labels).values(), default=-1.0)
+
+
+def part_cosines(gram: np.ndarray, labels: Sequence[Hashable]) -> dict[str, float]:
+    """The cosine between every two parts' mean vectors (``most_alike_sides`` takes the
+    largest), keyed ``"a-b"`` by the parts' labels in order of first appearance: kept with a
+    round's partition, it scores a union of whole parts once the rows are gone."""
     G = np.asarray(gram, dtype=np.float64)
     labels = np.asarray(labels)
-    parts = [np.flatnonzero(labels == v) for v in dict.fromkeys(labels.tolist())]
-    best = -1.0
+    values = list(dict.fromkeys(labels.tolist()))
+    parts = [np.flatnonzero(labels == v) for v in values]
+    out: dict[str, float] = {}
     for i, a in enumerate(parts):
-        for b in parts[i + 1:]:
+        for j in range(i + 1, len(parts)):
+            b = parts[j]
             cross = G[np.ix_(a, b)].mean()
             norm = float(np.sqrt(max(G[np.ix_(a, a)].mean(), 0.0) * max(G[np.ix_(b, b)].mean(), 0.0)))
-            best = max(best, 0.0 if norm == 0 else float(cross / norm))
-    return best
+            out[f"{values[i]}-{values[j]}"] = 0.0 if norm == 0 else float(cross / norm)
+    return out
 
 
 def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine: float = 0.6,

@@ -37,10 +37,10 @@ from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, bipartition, split_criteria
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare, too_few_pairs
-from clusterfed.clustering.split_evidence import KINDS, Evidence, bound_alike, pair_evidence
+from clusterfed.clustering.split_evidence import KINDS, Evidence, pair_evidence, whole_parts_alike
 from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
 from clusterfed.clustering.sketch import in_sketch_space
-from clusterfed.clustering.split_rules import merge_pairs, most_alike_sides
+from clusterfed.clustering.split_rules import merge_pairs, most_alike_sides, part_cosines
 from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
@@ -344,6 +344,7 @@ class BiPartitionTree:
         now = {"round": server_round, "best": {k: int(v) for k, v in zip(keys, best)},
                "two": {k: int(v) for k, v in zip(keys, two)},
                "alike": {"best": most_alike_sides(gram, best), "two": most_alike_sides(gram, two)},
+               "pairs": {"best": part_cosines(gram, best), "two": part_cosines(gram, two)},
                "gram": gram}  # this round only: a split's children take their parts' directions from it
         history = [{k: v for k, v in p.items() if k != "gram"}
                    for p in state.proposals.get(cluster, []) if p["round"] < server_round]
@@ -393,11 +394,13 @@ class BiPartitionTree:
                 if entry.get("gram") is not None:  # this round's: the directions among the child's own members
                     order = {k: i for i, k in enumerate(entry["best"])}
                     at = [order[k] for k in kept]
-                    mine["alike"] = {kind: most_alike_sides(entry["gram"][np.ix_(at, at)], [entry[kind][k] for k in kept])
+                    mine["pairs"] = {kind: part_cosines(entry["gram"][np.ix_(at, at)], [entry[kind][k] for k in kept])
                                      for kind in KINDS}
-                elif entry.get("alike") is not None:
-                    mine["alike"] = {kind: bound_alike(entry, kind, set(keys), self.params.merge_min_cosine)
-                                     for kind in KINDS}
+                    mine["alike"] = {kind: max(mine["pairs"][kind].values(), default=-1.0) for kind in KINDS}
+                else:  # an earlier round's: exact where the child holds whole parts of its partition
+                    scored = {kind: whole_parts_alike(entry, kind, set(keys)) for kind in KINDS}
+                    mine["alike"] = {kind: None if got is None else got[0] for kind, got in scored.items()}
+                    mine["pairs"] = {kind: got[1] for kind, got in scored.items() if got is not None}
                 entries.append(mine)
             if entries:
                 state.proposals[child] = entries
