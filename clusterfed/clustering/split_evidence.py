@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from clusterfed.clustering.reproducible import Reproduction, reproduce_on_pairs
+from clusterfed.clustering.split_rules import largest_cosine
 
 KINDS = ("best", "two")  # the partitions kept each round: the best-silhouette cut, the bi-partition
 
@@ -90,4 +91,4 @@ def whole_parts_alike(entry: dict[str, Any], kind: str, keys: set[str]) -> tuple
     if any(str(label) in inside and key not in keys for key, label in labels.items()):
         return None
     kept = {pair: value for pair, value in pairs.items() if set(pair.split("-")) <= inside}
-    return max(kept.values(), default=-1.0), kept
+    return largest_cosine(kept), kept

@@ -152,7 +152,13 @@ def most_alike_sides(gram: np.ndarray, labels: Sequence[Hashable]) -> float:
     part whose mean is zero. Why (the CFL family's evidence timing): a part of clients of one
     task keeps pointing the task's way, however reproducibly its own clients' data set them
     apart; parts of different tasks do not."""
-    return max(part_cosines(gram, labels).values(), default=-1.0)
+    return largest_cosine(part_cosines(gram, labels))
+
+
+def largest_cosine(pairs: Mapping[str, float]) -> float:
+    """The largest of ``part_cosines``' values: how alike the most alike two parts point
+    (-1.0 with fewer than two parts)."""
+    return max(pairs.values(), default=-1.0)
 
 
 def part_cosines(gram: np.ndarray, labels: Sequence[Hashable]) -> dict[str, float]:

@@ -40,7 +40,7 @@ from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare, too_f
 from clusterfed.clustering.split_evidence import KINDS, Evidence, pair_evidence, whole_parts_alike
 from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
 from clusterfed.clustering.sketch import in_sketch_space
-from clusterfed.clustering.split_rules import merge_pairs, most_alike_sides, part_cosines
+from clusterfed.clustering.split_rules import largest_cosine, merge_pairs, part_cosines
 from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
@@ -341,10 +341,10 @@ class BiPartitionTree:
         two[side_a] = 0
         W = U if whole is None else np.asarray(whole, dtype=np.float64)
         gram = W @ W.T
+        pairs = {"best": part_cosines(gram, best), "two": part_cosines(gram, two)}
         now = {"round": server_round, "best": {k: int(v) for k, v in zip(keys, best)},
                "two": {k: int(v) for k, v in zip(keys, two)},
-               "alike": {"best": most_alike_sides(gram, best), "two": most_alike_sides(gram, two)},
-               "pairs": {"best": part_cosines(gram, best), "two": part_cosines(gram, two)},
+               "alike": {kind: largest_cosine(of) for kind, of in pairs.items()}, "pairs": pairs,
                "gram": gram}  # this round only: a split's children take their parts' directions from it
         history = [{k: v for k, v in p.items() if k != "gram"}
                    for p in state.proposals.get(cluster, []) if p["round"] < server_round]
@@ -382,7 +382,8 @@ class BiPartitionTree:
         """A split's children start with this round's partition of their own members (the evidence
         a child's next round is compared with), and how alike its parts point among them; with
         ``same-round-splits`` the earlier rounds' partitions too (what a child judged in the split's
-        round is compared with), their parts' directions those of the whole cluster's partition."""
+        round is compared with), how alike their parts pointed known only where the child holds
+        whole parts of them (``whole_parts_alike``)."""
         latest = state.proposals.pop(cluster, [])
         for child, keys in zip(children, sides):
             entries = []
@@ -396,7 +397,7 @@ class BiPartitionTree:
                     at = [order[k] for k in kept]
                     mine["pairs"] = {kind: part_cosines(entry["gram"][np.ix_(at, at)], [entry[kind][k] for k in kept])
                                      for kind in KINDS}
-                    mine["alike"] = {kind: max(mine["pairs"][kind].values(), default=-1.0) for kind in KINDS}
+                    mine["alike"] = {kind: largest_cosine(mine["pairs"][kind]) for kind in KINDS}
                 else:  # an earlier round's: exact where the child holds whole parts of its partition
                     scored = {kind: whole_parts_alike(entry, kind, set(keys)) for kind in KINDS}
                     mine["alike"] = {kind: None if got is None else got[0] for kind, got in scored.items()}
