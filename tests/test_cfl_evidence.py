@@ -207,17 +207,23 @@ def test_hicfl_splits_on_evidence_before_its_stability_windows_fill():
     assert not strategy.state.windows_filled
 
 
-def test_a_member_absent_from_the_split_round_whose_last_update_covers_other_arrays_goes_to_the_larger_side():
-    """Under partial participation the compared arrays can change between rounds (a silent
-    array starts training): an absent member's last update over other arrays cannot be
-    compared with the split's directions, so it is placed as one without an update."""
+def test_a_member_absent_from_the_split_round_with_no_update_to_compare_is_left_unplaced():
+    """Under partial participation a member may sit out every round before its cluster's split,
+    or its last update may cover other arrays than the split's (a silent array started training):
+    with nothing to compare it joins neither side, leaves the tree and the assignment (it is
+    placed by descent when next sampled), where it used to be put on the larger side; a member
+    with a comparable update is placed by it, provisionally."""
+    from clusterfed.clustering.bipartition import ClusterTree
     from clusterfed.strategies.bipartitioning import BiPartitioningState, BiPartitionTree
 
-    state = BiPartitioningState()
+    state = BiPartitioningState(tree=ClusterTree(["a", "b", "c", "d"], round=0))
+    state.assignment = {k: 0 for k in "abcd"}
     route = {"rule": "mean", "directions": [np.ones(4), -np.ones(4)]}
-    last = {"a": -np.ones(4), "b": np.ones(7)}  # b's update was taken over 7 coordinates
-    extra = BiPartitionTree.place_absent(None, state, 0, ["a", "b"], route, last, (1, 3))
-    assert extra == ([], ["a", "b"])
+    last = {"a": -np.ones(4), "b": np.ones(7)}  # b's update was taken over 7 coordinates; c never replied
+    extra = BiPartitionTree.place_absent(None, state, 0, ["a", "b", "c"], route, last)
+    assert extra == ([], ["a"], ["b", "c"])
+    assert state.tree.members(0) == ["a", "d"] and set(state.assignment) == {"a", "d"}
+    assert state.provisional == {"a": 0}
 
 
 # ----------------------------------------------------------------------------- one task, or groups?
@@ -504,3 +510,18 @@ def test_asking_again_keeps_the_sample_size_and_drops_clients_gone():
     assert len(drawn) == 5 and {"3", "7"} <= set(drawn) and "gone" not in drawn
     assert drawn == sorted(drawn, key=int)
     assert sample_asking_again(np.random.default_rng(0), active, active, 0.3, 1) == ["0", "1", "2"]
+
+
+def test_exact_vectors_keep_the_chosen_arrays_part_when_a_choice_narrows_the_comparison():
+    """``decision-arrays = evidence`` narrows CFL's comparison to one array: each client's vector
+    keeps that array's coordinates (so a member absent from a later split is still placed by its
+    evidence); a vector over other arrays is dropped, and so is everything when the choice is not
+    among the arrays the vectors hold."""
+    from clusterfed.clustering.vectors import restrict_vectors
+
+    shapes = {"a": ((2,), "float32"), "b": ((3,), "float32")}
+    vectors = {"x": np.arange(5.0), "y": np.arange(5.0) + 10, "short": np.ones(3)}
+    kept = restrict_vectors(vectors, ["a", "b"], ["b"], shapes)
+    assert set(kept) == {"x", "y"} and kept["x"].tolist() == [2, 3, 4] and kept["y"].tolist() == [12, 13, 14]
+    assert restrict_vectors(vectors, ["a", "b"], ["b", "a"], shapes)["x"].tolist() == [2, 3, 4, 0, 1]
+    assert restrict_vectors(vectors, ["a", "b"], ["c"], shapes) == {}

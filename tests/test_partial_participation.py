@@ -8,19 +8,21 @@ hand-made replies for the split rules."""
 from __future__ import annotations
 
 import json
+from collections import defaultdict
 
 import numpy as np
 import pytest
-from harness import drive_round, hand, make, round_of, trained
+from harness import drive_round, hand, make, reply_to, round_of, trained
 from test_cfl import DIM, arrays_of, hierarchical_updates, make_strategy, run_round
 
 from clusterfed.config import parse_config
+from clusterfed.core.exchange import Replies
 from clusterfed.results import covered, summarize
 from clusterfed.runner.driver import RoundDriver
 from clusterfed.simulation import simulate
 from clusterfed.strategies import MULTI_MODEL, clustered_classes, strategy_class
 from clusterfed.strategies.adacfl import AdaCFL
-from clusterfed.strategies.base import ClusteredStrategy
+from clusterfed.strategies.base import ClusteredStrategy, steps
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
 from clusterfed.strategies.oneshot import OneShotState
@@ -140,10 +142,16 @@ def check_partial_participation(name: str, tmp_path, monkeypatch) -> dict:
     one_shot, places = issubclass(cls.State, OneShotState), placement(cls)
     sample = int(overrides.get("num-clients", CLIENTS) * FRACTION)
     seen: set[str] = set()  # clients that replied to a clustering / placement (one-shot) or train (IFCA) ask
+    # the tree's splits leave a member with no update to compare unplaced until it is next sampled
+    unplaced_at = defaultdict(set)
+    for split in clusters.get("splits", []):
+        unplaced_at[split["round"]].update(split.get("unplaced", []))
+    left: set[str] = set()
     for record in rounds:
         r = record["round"]
         state = after[r]
         batches = [(phase, keys, replied) for rr, phase, keys, replied in asks if rr == r]
+        left -= {k for _, keys, _ in batches for k in keys}  # sampled again: it descended
         train = [keys for phase, keys, _ in batches if phase == "train"]
         assert len(train) == 1, (name, r, batches)
         trainers = train[0]
@@ -161,19 +169,22 @@ def check_partial_participation(name: str, tmp_path, monkeypatch) -> dict:
         # every placed client's cluster has a model; who must be placed depends on the strategy
         assignment = state["assignment"]
         assert set(assignment.values()) <= state["models"], (name, r)
-        must = set(state["active"]) if places == "active" else seen
+        left |= unplaced_at[r]
+        must = set(state["active"]) - left if places == "active" else seen
         assert must <= set(assignment), (name, r, sorted(must - set(assignment)))
+        assert not left & set(assignment), (name, r)
         assert set(trainers) <= set(assignment)
         # evaluation: every placed client (fraction-evaluate = 1), each on its cluster's model
         assert state["evaluated"] == sorted(k for k in state["active"] if k in assignment)
         assert record["clients_evaluated"] == record["clients_to_evaluate"] == len(state["evaluated"])
     # with full participation the assignment would hold every client from round 1; here at
-    # least everyone sampled so far, and a placed client never loses its cluster
+    # least everyone sampled so far, and a placed client never loses its cluster (but at a
+    # split it sat out with nothing to compare)
     placed_before: set[str] = set()
     for r in sorted(after):
         placed_now = set(after[r]["assignment"])
         if not (issubclass(cls, AdaCFL) and r == 2):  # its clustering step dissolves the warm-up cluster
-            assert placed_before <= placed_now, (name, r)
+            assert placed_before - placed_now <= unplaced_at[r], (name, r)
         placed_before = placed_now
     if ari is not None:
         assert summary["final_ari"] >= ari, (name, summary["final_ari"])
@@ -199,16 +210,26 @@ def check_partial_participation(name: str, tmp_path, monkeypatch) -> dict:
 # ----------------------------------------------------------------------------- split rules
 
 
-def test_cfl_member_that_never_replied_joins_the_larger_side_and_keeps_a_model():
+def test_cfl_member_that_never_replied_is_left_unplaced_and_descends_to_its_group_when_sampled():
+    """A member that sat out every round up to its cluster's split has no update to place it by:
+    it joins neither side (where it used to be put on the larger one, a cluster claimed without
+    evidence), leaves the assignment, and descends the tree, as a newcomer does, when next sampled."""
     code_of, vectors = hierarchical_updates(2)
     strategy = make_strategy(CFL, {k: t for k, (t, _, _) in code_of.items()})
     silent = sorted(code_of, key=int)[0]
     run_round(strategy, 1, {k: v for k, v in vectors.items() if k != silent})
     (split,) = strategy.state.splits[:1]
-    sizes = [len(side) for side in split["members"]]
-    side = 0 if silent in split["absent"][0] else 1
-    assert silent in split["absent"][side] and sizes[side] == max(sizes)
-    assert strategy.assignment[silent] in strategy.models
+    assert split["unplaced"] == [silent] and silent not in strategy.assignment
+    assert all(silent not in side for side in split["members"] + split["absent"])
+    admission = iter(steps(strategy.admit(round_of(strategy, 2), [silent])))
+    try:
+        asks = next(admission)
+        while True:
+            asks = admission.send(Replies([reply_to(ask, arrays_of(vectors[silent])) for ask in asks]))
+    except StopIteration:
+        pass
+    home = {strategy.assignment[k] for k in code_of if k != silent and code_of[k][0] == code_of[silent][0]}
+    assert strategy.assignment[silent] in home and strategy.assignment[silent] in strategy.models
 
 
 HICFL_UNIT = {"window": 2, "stability_eps": 0.5, "xi": 1e-9, "min_split_round": 1,
@@ -218,8 +239,8 @@ HICFL_UNIT = {"window": 2, "stability_eps": 0.5, "xi": 1e-9, "min_split_round": 
 def test_hicfl_times_and_splits_on_the_repliers_and_places_the_absent_by_their_last_update():
     """Client ``late`` trains in the first two rounds only, ``never`` not at all; the others
     every round. The split comes once the repliers' windows are full (the absent ones'
-    are not); ``late`` follows its last update to its group's side, ``never`` the larger
-    side; both keep a model."""
+    are not); ``late`` follows its last update to its group's side and keeps a model;
+    ``never`` is left unplaced until it is sampled."""
     code_of, vectors = hierarchical_updates(0)
     groups = {k: t for k, (t, _, _) in code_of.items()}
     strategy = make_strategy(HiCFL, groups, **HICFL_UNIT)
@@ -238,11 +259,8 @@ def test_hicfl_times_and_splits_on_the_repliers_and_places_the_absent_by_their_l
     side_of = {k: s for s, side in enumerate(split["members"]) for k in side}
     assert {groups[k] for k in split["members"][side_of[late]] if k != never} == {groups[late]}
     assert {groups[k] for k in split["members"][1 - side_of[late]] if k != never} == {1 - groups[late]}
-    assert never in split["absent"][side_of[never]]
-    sizes = [len(side) for side in split["members"]]
-    assert sizes[side_of[never]] == max(sizes)
-    for key in (late, never):
-        assert strategy.assignment[key] in strategy.models
+    assert split["unplaced"] == [never] and never not in strategy.assignment  # nothing to place it by
+    assert strategy.assignment[late] in strategy.models
 
 
 def test_hicfl_stability_windows_count_participations_not_rounds():

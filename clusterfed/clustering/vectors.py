@@ -32,6 +32,22 @@ def flatten(arrays: Mapping[str, np.ndarray], names: list[str], dtype: Any = np.
     return np.concatenate([np.asarray(arrays[n], dtype=dtype).ravel() for n in names])
 
 
+def restrict_vectors(vectors: Mapping[Hashable, np.ndarray], names: list[str], kept: list[str],
+                     shapes: Mapping[str, tuple[tuple[int, ...], Any]]) -> dict[Hashable, np.ndarray]:
+    """Exact per-client vectors over ``names`` (``flatten`` order) cut to the arrays ``kept``, in
+    ``kept`` order: when a choice narrows what is compared, each client keeps its earlier evidence
+    on what is still compared (a member absent from a later split is placed by it). A vector of
+    another length (taken over other arrays) is dropped; all are when ``kept`` is not within ``names``."""
+    if not set(kept) <= set(names):
+        return {}
+    offsets, width = {}, 0
+    for name in names:
+        size = int(np.prod(shapes[name][0]))
+        offsets[name], width = (width, width + size), width + size
+    index = np.concatenate([np.arange(*offsets[name]) for name in kept])
+    return {key: vector[index] for key, vector in vectors.items() if np.shape(vector)[-1] == width}
+
+
 def stack_float64(vectors: list[np.ndarray]) -> np.ndarray:
     """``np.stack`` of the vectors cast to float64, filled row by row: the same matrix without
     a float64 copy of every row alive beside it (half the memory at thousands of clients)."""

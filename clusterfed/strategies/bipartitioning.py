@@ -16,7 +16,7 @@ calls its strategy: every method gets the ``state`` (and the clients, the
 reports list) as arguments; what differs is given at construction as functions of the state.
 
 Descent: newcomers, and members that sat out their cluster's split round (placed at once on
-the side their latest update points to, ``provisional``), train once at each split on its
+the side their latest update points to, ``provisional``; with none, unplaced), train once at each split on its
 split-round model, upload the split's arrays and follow the side their update resembles. A
 split's ``routes[node]`` is what the descent replays (``rule``, ``names``, ``directions``,
 ``model``, optionally ``sketch`` and HiCFL's ``centre``). Storage (``update-storage``): the
@@ -182,11 +182,8 @@ class BiPartitionTree:
                  merge_names: Callable[[Any], list[str]] = compared_arrays,
                  merge_vectors: Callable[..., dict[int, np.ndarray]] = replier_vectors,
                  restart: Callable[[Any, int, list[str]], None] | None = None) -> None:
-        self.params = params
-        self.decide = decide
-        self.merge_names = merge_names
-        self.merge_vectors = merge_vectors
-        self.restart = restart
+        self.params, self.decide, self.restart = params, decide, restart
+        self.merge_names, self.merge_vectors = merge_names, merge_vectors
 
     # ------------------------------------------------------------ set-up
     def init(self, state: BiPartitioningState, compared: list[str]) -> None:
@@ -272,20 +269,25 @@ class BiPartitionTree:
         return at, path, failed
 
     def place_absent(self, state: BiPartitioningState, cluster: int, absent: list[str], route: dict[str, Any],
-                     last: dict[str, np.ndarray], sizes: tuple[int, int]) -> tuple[list[str], list[str]]:
+                     last: dict[str, np.ndarray]) -> tuple[list[str], list[str], list[str]]:
         """Members absent from the split round: provisionally the side their ``last`` update points to
-        (the larger side without one, or when it was taken over other arrays than the split's:
-        the compared arrays change as silent arrays start training); one already provisional
-        keeps the earlier split it missed."""
-        extra: tuple[list[str], list[str]] = ([], [])
+        (one already provisional keeps the earlier split it missed). One with no update to compare (it
+        never replied, or over other arrays) joins neither side, where a guess would claim a cluster
+        without evidence: it leaves the tree and descends from the root when next sampled."""
+        extra: tuple[list[str], list[str], list[str]] = ([], [], [])  # side a, side b, unplaced
         width = len(route["directions"][0])
         for key in absent:
             vector = np.asarray(last[key], dtype=np.float64) if key in last else None
             if vector is not None and in_sketch_space(vector, route.get("sketch")).shape[-1] != width:
                 vector = None  # taken over other arrays than the split's
-            side = side_of(vector, route) if vector is not None else (0 if sizes[0] >= sizes[1] else 1)
-            extra[side].append(key)
-            state.provisional.setdefault(key, cluster)
+            if vector is None:
+                extra[2].append(key)
+                state.tree.remove_member(cluster, key)
+                del state.assignment[key]
+                state.provisional.pop(key, None)
+            else:
+                extra[side_of(vector, route)].append(key)
+                state.provisional.setdefault(key, cluster)
         return extra
 
     # ------------------------------------------------------------ storage

@@ -47,7 +47,7 @@ from clusterfed.clustering.split_scores import (best_cut_silhouette, cosine_simi
     split_silhouette)
 from clusterfed.clustering.layer_split import evidence_reference
 from clusterfed.clustering.vectors import (check_record, decision_record, flatten, kept_vectors, required_structure,
-    similarity_record, stack_float64)
+                                           restrict_vectors, similarity_record, stack_float64)
 from clusterfed.explain import bipartition as explain
 from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredStrategy
@@ -363,8 +363,10 @@ def split(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, clust
              "directions": [p.U[p.side_a].mean(axis=0), p.U[p.side_b].mean(axis=0)],
              **({"sketch": state.sketch} if state.sketched and state.sketch is not None else {})}
     absent = [k for k in state.tree.members(cluster) if k not in set(p.keys)]
-    extra_a, extra_b = tree.place_absent(state, cluster, absent, route, state.last_vector, (len(keys_a), len(keys_b)))
+    extra_a, extra_b, unplaced = tree.place_absent(state, cluster, absent, route, state.last_vector)
     p.record["absent"] = [extra_a, extra_b]
+    if unplaced:
+        p.record["unplaced"] = unplaced
     p.record["similarity"] = similarity_record(p.keys, p.S)
     summary = tree.apply_split(state, server_round, cluster, keys_a + extra_a, keys_b + extra_b, p.record, route,
                                p.compared, reports)
@@ -403,8 +405,11 @@ def choose_arrays(strategy: Any, rnd: Round, replies: list[TrainReply]) -> str |
     if not chosen:
         return None
     state.chosen_arrays = tuple(chosen)
-    # earlier vectors and partitions are of every array: not comparable with the chosen one's
-    state.last_vector, state.sketch, state.proposals = {}, None, {}
+    # earlier partitions are of every array: not comparable with the chosen one's; exact vectors
+    # keep the chosen arrays' part (a sketch of every array cannot be cut)
+    exact = state.sketch is None
+    state.last_vector = restrict_vectors(state.last_vector, state.compared, list(chosen), state.shapes) if exact else {}
+    state.sketch, state.proposals = None, {}
     keep_vectors(state, replies, list(chosen), similarity_decay(c, rnd.clients),
                  strategy.bipartition.compact(state, rnd.clients), c.sketch_dim, c.seed)
     return array_choice.words(state.array_choice)

@@ -254,8 +254,10 @@ def split(tree: BiPartitionTree, state: HiCFLState, reports: list[Any], server_r
         fresh[side_of(tracker.last_update(key, choice.layer), route)].append(key)
     absent = [k for k in members if k not in replied]
     last = {k: v for k in absent if (v := tracker.last_update(k, choice.layer)) is not None}
-    extra_a, extra_b = tree.place_absent(state, cluster, absent, route, last, (len(keys_a), len(keys_b)))
+    extra_a, extra_b, unplaced = tree.place_absent(state, cluster, absent, route, last)
     record["absent"] = [extra_a, extra_b]
+    if unplaced:
+        record["unplaced"] = unplaced
     if fresh[0] or fresh[1]:
         record["unwindowed"] = [fresh[0], fresh[1]]
     summary = tree.apply_split(state, server_round, cluster, list(keys_a) + fresh[0] + extra_a,

@@ -40,7 +40,11 @@ def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
 
 
 def tree_admit(strategy: Any, rnd: Any, keys: list[str]) -> Any:
-    """Newcomers descend the tree."""
+    """Newcomers descend the tree: every one while the tree is its root (no request), then those
+    sampled this round (a descent trains them; the others wait, unplaced, until sampled)."""
+    tree = strategy.state.tree
+    if not tree.node(tree.root_id).is_leaf:
+        keys = rnd.reachable(keys)
     return placements(strategy.train_asks, rnd, strategy.bipartition.admit(strategy.state, rnd.number, keys))
 
 
