@@ -208,3 +208,21 @@ def test_a_recurrent_weight_unit_named_as_round_lines_name_it_is_a_layer_to_sele
               "rnn.bias_hh_l0": np.zeros(8), "head.weight": np.zeros((3, 2)), "head.bias": np.zeros(3)}
     assert select_layers(arrays, "rnn.ih_l0") == ["rnn.weight_ih_l0", "rnn.bias_ih_l0"]
     assert select_layers(arrays, "rnn") == ["rnn.weight_ih_l0", "rnn.weight_hh_l0", "rnn.bias_ih_l0", "rnn.bias_hh_l0"]
+
+
+def test_a_near_tied_layer_whose_cut_refines_the_best_ones_is_taken_and_the_line_says_so():
+    """An auxiliary head tells 3 of 5 label groups apart at silhouette 0.90, the classifier all 5
+    at 0.89: the classifier's cut refines the head's and clears its bar by nearly as much, so it
+    is compared; a finer cut that does not refine the best one, or trails it by more, is not."""
+    from clusterfed.clustering.layer_evidence import LayerScore, finer_than
+
+    aux = LayerScore("aux", 0.90, 3, 0.25, None, (0, 0, 1, 1, 2, 2, 2, 2, 0, 0))
+    head = LayerScore("head", 0.89, 5, 0.25, None, (0, 0, 1, 1, 2, 2, 3, 3, 4, 4))
+    crossing = LayerScore("crossing", 0.89, 5, 0.25, None, (0, 1, 1, 2, 2, 3, 3, 4, 4, 0))
+    far = LayerScore("far", 0.80, 5, 0.25, None, head.labels)
+    assert most_structured([aux, head]).layer == "head"
+    assert most_structured([aux, crossing]).layer == "aux"
+    assert most_structured([aux, far]).layer == "aux"
+    said = finer_than(head.record(), [aux.record(), head.record()])
+    assert said == ", 5 clusters: a finer cut of aux's 3 (silhouette 0.90), within 0.05 of its margin"
+    assert finer_than(aux.record(), [aux.record(), head.record()]) == ""

@@ -25,6 +25,8 @@ from .agglomerative import DEFAULT_MAX_CLUSTERS, cluster_auto
 # rows scored per layer at most: the choice of a layer needs the groups' shape, not every
 # client (a seeded sample of rows; the chosen layer's cut then runs on all of them)
 MAX_SCORED_ROWS = 100
+# two layers' margins this close are as well separated: the finer of two agreeing cuts is taken
+NEAR_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class LayerScore:
     clusters: int
     required: float
     reference: float | None
-
+    labels: tuple[int, ...] | None = None  # the accepted cut's cluster per scored row
     @property
     def margin(self) -> float:
         """How far the best cut's silhouette clears the bar it had to reach."""
@@ -65,14 +67,40 @@ def score_layers(rows: dict[str, np.ndarray], *, metric: str, linkage: str, min_
         cut = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette, max_clusters=max_clusters,
                            reference_draws=draws, seed=seed)
         required = min_silhouette if cut.required is None else float(cut.required)
-        scores.append(LayerScore(layer, cut.silhouette, int(cut.num_clusters), required, cut.reference))
+        scores.append(LayerScore(layer, cut.silhouette, int(cut.num_clusters), required, cut.reference,
+                                 tuple(int(v) for v in cut.labels)))
     return scores
 
 
-def most_structured(scores: list[LayerScore]) -> LayerScore:
+def finer_than(chosen: dict, records: list[dict]) -> str:
+    """Words for a chosen layer (a ``LayerScore.record``) taken by ``most_structured`` over one
+    that cleared its bar by more, whose cut it refines (empty when none did)."""
+    top = max((r for r in records if r["clusters"] > 1 and r["silhouette"] is not None),
+              key=lambda r: r["silhouette"] - r["required"], default=None)
+    if top is None or top["layer"] == chosen["layer"]:
+        return ""
+    return (f", {chosen['clusters']} clusters: a finer cut of {top['layer']}'s {top['clusters']} "
+            f"(silhouette {top['silhouette']:.2f}), within {NEAR_MARGIN} of its margin")
+
+
+def refines(fine: tuple[int, ...] | None, coarse: tuple[int, ...] | None) -> bool:
+    """Whether every cluster of ``fine`` lies inside one cluster of ``coarse`` (same rows)."""
+    if fine is None or coarse is None or len(fine) != len(coarse):
+        return False
+    inside: dict[int, int] = {}
+    return all(inside.setdefault(f, c) == c for f, c in zip(fine, coarse))
+
+
+def most_structured(scores: list[LayerScore], near: float = NEAR_MARGIN) -> LayerScore:
     """The layer to compare: among the layers whose cut found clusters, the one whose
     silhouette clears its bar by most; when none found any, the one that came closest
     (the run then stays one cluster, and says which layers were scored). Ties: the
-    earlier layer."""
+    earlier layer. A layer whose cut clears its bar by nearly as much (within ``near``) and
+    refines the best one's (the same groups, some of them cut further) is taken instead:
+    two layers agree on the coarse groups and one sees more of them (a small auxiliary head
+    that tells 3 of 5 label groups apart beside the classifier that tells all 5)."""
     found = [s for s in scores if s.clusters > 1]
-    return max(found or scores, key=lambda s: s.margin)
+    best = max(found or scores, key=lambda s: s.margin)
+    finer = [s for s in found if s.clusters > best.clusters and s.margin >= best.margin - near
+             and refines(s.labels, best.labels)]
+    return max(finer, key=lambda s: s.margin) if finer else best

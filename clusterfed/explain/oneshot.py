@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from clusterfed.clustering.layer_evidence import finer_than
+
 EVIDENCE = "auto"  # cluster-layers chosen by evidence (``strategies/layer_choice.py``)
 
 
@@ -25,7 +27,7 @@ def compared(choice: Any, strategy: str) -> str:
         others = ", ".join(f"{s['layer']} {_score(s['silhouette'])}" for s in choice.scores if s["layer"] != choice.chosen)
         best = next(s for s in choice.scores if s["layer"] == choice.chosen)
         text += (f" (chosen by evidence: best-cut silhouette {_score(best['silhouette'])} against "
-                 f"{best['required']:.2f} needed; other layers {others})")
+                 f"{best['required']:.2f} needed{finer_than(best, choice.scores)}; other layers {others})")
     elif choice.rule != EVIDENCE:
         text += f" (cluster-layers = {choice.rule})"
     if choice.silent:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from clusterfed.clustering.layer_evidence import LayerScore, most_structured, score_layers
+from clusterfed.clustering.layer_evidence import LayerScore, finer_than, most_structured, score_layers
 from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.vectors import flatten, stack_float64
 
@@ -131,4 +131,4 @@ def words(choice: dict[str, Any], verb: str = "compares") -> str:
                      for key, said in reversed(blind.items()))
     return (f"{verb} {chosen['layer']} (chosen by evidence in rounds {choice['previous_round']} and "
             f"{choice['round']}: best-cut silhouette {chosen['silhouette']:.2f} against {chosen['required']:.2f} "
-            f"needed, {none}{nexts})")
+            f"needed{finer_than(chosen, list(scores.values()))}, {none}{nexts})")
