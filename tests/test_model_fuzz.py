@@ -237,3 +237,21 @@ def test_a_tiny_cell_end_to_end(tmp_path):
     assert model_fuzz.finished(tmp_path, 3, 2, ["fedavg", "oracle"])
     table = {row["strategy"]: row for row in write_tables(tmp_path, load_records(tmp_path))}
     assert table["fedclust"]["informative_cells"] == (1 if helps else 0)
+
+
+def test_group_signal_scores_the_true_groups_in_each_array_and_all_together():
+    """Groups that differ in one array score high there and in the whole; an array where they
+    are drawn from one population scores near 0; an IID control (one group) is not scored."""
+    from fuzz.signal import ALL, group_silhouettes
+
+    rng = __import__("numpy").random.default_rng(0)
+    groups = [0, 1] * 8
+    directions = rng.standard_normal((2, 50))
+    updates = [{"head": directions[g] + 0.1 * rng.standard_normal(50), "trunk": rng.standard_normal(400)}
+               for g in groups]
+    scores = group_silhouettes(updates, groups)
+    assert scores["head"] > 0.8 and abs(scores["trunk"]) < 0.05
+    assert 0 < scores[ALL] < scores["head"]
+    assert group_silhouettes(updates, [0] * 16) == {}
+    frozen = [{**u, "trunk": 0 * u["trunk"]} for u in updates]
+    assert group_silhouettes(frozen, groups)["trunk"] == 0.0

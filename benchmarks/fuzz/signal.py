@@ -1,0 +1,80 @@
+"""How much of a cell's true groups its clients' updates carry at all, whatever a strategy does
+with them: every client trains the cell's model once with the cell's own loop (optimiser, lr,
+local epochs) from the start model and again from FedAvg's model a few rounds on, and for each
+trained array, and for all of them together, the silhouette of the *true* groups under the cosine
+distance between the clients' updates is scored (scikit-learn's ``silhouette_score``).
+
+A cell whose best silhouette stays near 0 is one where no update-based clustering can tell the
+groups apart: the groups are as mixed in every array as clients drawn from one population. It
+bounds what the fuzz table can ask of the strategies; it uses the true groups, so nothing in the
+product may read it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+from sklearn.metrics import silhouette_score
+
+from fuzz.apps import train
+from fuzz.cell import Cell
+from fuzz.data import loaders, true_groups
+from fuzz.models import build_model
+
+ALL = "all arrays"
+
+
+def group_silhouettes(updates: list[dict[str, np.ndarray]], groups: list[int]) -> dict[str, float]:
+    """Per array name (and ``ALL``: the arrays concatenated), the silhouette of ``groups`` under the
+    cosine distance between the clients' ``updates`` (one dict of flat arrays per client); an array
+    no client changed scores 0 (no direction to compare). Empty for fewer than two groups."""
+    if len(set(groups)) < 2:
+        return {}
+    names = sorted(updates[0])
+    scores = {}
+    for name in names + [ALL]:
+        X = np.stack([np.concatenate([u[n].ravel() for n in names]) if name == ALL else u[name].ravel()
+                      for u in updates]).astype(np.float64)
+        if not np.all(np.linalg.norm(X, axis=1) > 0):
+            scores[name] = 0.0
+            continue
+        scores[name] = round(float(silhouette_score(X, groups, metric="cosine")), 4)
+    return scores
+
+
+def client_updates(cell: Cell, model: torch.nn.Module) -> list[dict[str, np.ndarray]]:
+    """Every client's update of each trainable array after one local training from ``model``."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    start = {n: t.detach().clone() for n, t in model.state_dict().items()}
+    updates = []
+    for partition in range(cell.clients):
+        local = copy.deepcopy(model)
+        train(cell, local, loaders(cell, partition)[0], cell.local_epochs, cell.lr)
+        after = local.state_dict()
+        updates.append({n: (after[n] - start[n]).numpy().ravel() for n in names})
+    return updates
+
+
+def cell_signal(cell: Cell, rounds: tuple[int, ...] = (1, 5)) -> dict:
+    """The true groups' silhouettes in the updates of the rounds ``rounds`` (FedAvg of every client
+    between them), their best over arrays and rounds, and the array and round that reached it."""
+    torch.manual_seed(cell.seed)
+    model = build_model(cell)
+    groups = true_groups(cell)
+    found: dict[int, dict[str, float]] = {}
+    for server_round in range(1, max(rounds) + 1):
+        updates = client_updates(cell, model)
+        if server_round in rounds:
+            found[server_round] = group_silhouettes(updates, groups)
+        state = model.state_dict()
+        for name in updates[0]:  # FedAvg (equal shares: every client holds as many examples)
+            mean = np.mean([u[name] for u in updates], axis=0)
+            state[name] = state[name] + torch.from_numpy(mean).view_as(state[name]).to(state[name].dtype)
+        model.load_state_dict(state)
+    best = max(((s, r, n) for r, scores in found.items() for n, s in scores.items()), default=None)
+    return {"rounds": {str(r): scores for r, scores in found.items()},
+            "best": None if best is None else best[0], "best_round": None if best is None else best[1],
+            "best_array": None if best is None else best[2],
+            "all_arrays": {str(r): scores.get(ALL) for r, scores in found.items()}}

@@ -1,0 +1,138 @@
+"""Whether the fuzz cells' true groups leave any trace in the clients' updates (``fuzz/signal.py``):
+per cell, the best silhouette of the true groups over every trained array, at round 1 and after
+four rounds of FedAvg, beside what the strategies did in a fuzz results folder.
+
+    PYTHONPATH=$PWD:$PWD/tests:$PWD/benchmarks python benchmarks/group_signal.py --seeds 10-49 \\
+        --judged benchmarks/results/model-fuzz/dev-10-29 --out benchmarks/results/model-fuzz/group-signal
+
+Writes ``signal.json`` (every array's silhouette per cell), ``README.md`` (a row per cell),
+``signal.png`` (best silhouette against the strategies that passed) and ``manifest.json``.
+A cell already in ``signal.json`` is not run again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
+
+from clusterfed.experiments.manifest import start_manifest, write_manifest  # noqa: E402
+from fuzz.cell import draw_cell  # noqa: E402
+from model_fuzz import check_held_out, parse_seeds  # noqa: E402
+
+CLUSTERED = ("cfl", "layercfl", "hicfl", "fedclust", "adacfl")
+CLEAR = 0.2  # a silhouette below this: the groups as mixed as one population's clients (README)
+
+
+def judged_rows(folders: list[Path]) -> dict[int, dict[str, dict]]:
+    """seed -> strategy -> row, later folders overriding earlier ones."""
+    rows: dict[int, dict[str, dict]] = {}
+    for folder in folders:
+        for path in sorted((folder / "cells").glob("*.json")):
+            record = json.loads(path.read_text())
+            rows.setdefault(record["cell"]["seed"], {}).update({r["strategy"]: r for r in record["rows"]})
+    return rows
+
+
+def table(signal: dict[str, dict], rows: dict[int, dict[str, dict]]) -> str:
+    lines = ["| seed | cell | FedAvg | oracle | best true-group silhouette (round, array) | all arrays r1 / r5 | "
+             "clustered strategies passing |", "|---|---|---|---|---|---|---|"]
+    for seed in sorted(signal, key=int):
+        s, r = signal[seed], rows.get(int(seed), {})
+        fedavg, oracle = (r.get(k, {}).get("accuracy") for k in ("fedavg", "oracle"))
+        passing = [n for n in CLUSTERED if r.get(n, {}).get("passes")]
+        best = "— (IID control)" if s["best"] is None else f"{s['best']:.2f} (r{s['best_round']}, `{s['best_array']}`)"
+        together = " / ".join("—" if v is None else f"{v:.2f}" for v in s["all_arrays"].values())
+        lines.append(f"| {seed} | {s['label']} | {fedavg} | {oracle} | {best} | {together} | "
+                     f"{len(passing)} of {len([n for n in CLUSTERED if n in r])} |")
+    return "\n".join(lines)
+
+
+def figure(signal: dict[str, dict], rows: dict[int, dict[str, dict]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    points = [(s["best"], sum(1 for n in CLUSTERED if rows.get(int(seed), {}).get(n, {}).get("passes")), seed)
+              for seed, s in signal.items() if s["best"] is not None]
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.axvspan(min([p[0] for p in points] + [0.0]) - 0.05, CLEAR, color="0.9", label="no clear trace of the groups")
+    ax.scatter([p[0] for p in points], [p[1] for p in points], s=18)
+    for x, y, seed in points:
+        if x < CLEAR or y < len(CLUSTERED):
+            ax.annotate(seed, (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7)
+    ax.set_xlabel("best silhouette of the true groups in the clients' updates (any array, round 1 or 5)")
+    ax.set_ylabel("clustered strategies passing")
+    ax.set_yticks(range(len(CLUSTERED) + 1))
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def readme(signal: dict, rows: dict, manifest: dict, judged: list[Path]) -> str:
+    grouped = [s for s in signal.values() if s["best"] is not None]
+    faint = sorted((int(k) for k, s in signal.items() if s["best"] is not None and s["best"] < CLEAR))
+    return f"""# Do the groups leave a trace in the updates?
+
+For every cell (`benchmarks/fuzz/cell.py`), each client trains the cell's model once with the
+cell's own loop, from the start model (round 1) and from FedAvg's model after four rounds of every
+client (round 5). For each trained array, and for all of them together, the silhouette of the
+**true** groups under the cosine distance between the clients' updates is scored. It reads the
+true groups, so no strategy can use it: it says how far the groups are visible at all. A
+silhouette near 0 means the groups are as mixed in the updates as clients of one population;
+below {CLEAR} we read it as no clear trace.
+
+{len(faint)} of the {len(grouped)} cells with groups stay below {CLEAR} on every array in both rounds:
+{", ".join(map(str, faint)) or "none"}. Strategies judged from: {", ".join(f"`{p.as_posix()}`" for p in judged) or "none"}.
+Code: commit `{manifest.get("git", {}).get("commit", "?")}`; command and versions in `manifest.json`.
+
+![best true-group silhouette against the clustered strategies passing](signal.png)
+
+{table(signal, rows)}
+"""
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", default="10-49")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "model-fuzz" / "group-signal")
+    parser.add_argument("--judged", type=Path, nargs="*", default=[], help="fuzz results folders (later ones override)")
+    parser.add_argument("--held-out", action="store_true")
+    args = parser.parse_args(argv)
+    seeds = parse_seeds(args.seeds)
+    check_held_out(seeds, args.held_out)
+    from fuzz.signal import cell_signal
+    from model_matrix.cells import one_thread
+
+    one_thread()
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "signal.json"
+    signal = json.loads(path.read_text()) if path.exists() else {}
+    config = {"seeds": args.seeds, "rounds": [1, 5], "judged": [p.as_posix() for p in args.judged]}
+    manifest = start_manifest(config, ["benchmarks/group_signal.py", *(argv if argv is not None else sys.argv[1:])])
+    started = time.perf_counter()
+    todo = [s for s in seeds if str(s) not in signal]
+    for done, seed in enumerate(todo, 1):
+        cell = draw_cell(seed)
+        signal[str(seed)] = {"label": cell.label(), **cell_signal(cell)}
+        path.write_text(json.dumps(signal, indent=1))
+        best = signal[str(seed)]["best"]
+        print(f"[{done}/{len(todo)}] {cell.label()}: best true-group silhouette "
+              f"{'— (IID)' if best is None else f'{best:.2f}'} ({time.perf_counter() - started:.0f} s)", flush=True)
+    rows = judged_rows(args.judged)
+    write_manifest(args.out, manifest, config=config)
+    figure(signal, rows, args.out / "signal.png")
+    (args.out / "README.md").write_text(readme(signal, rows, json.loads((args.out / "manifest.json").read_text()),
+                                               args.judged))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
