@@ -115,3 +115,22 @@ def test_a_model_of_many_arrays_scores_its_first_and_last_ones():
     kept = [f"l{i}.weight" for i in [*range(half), *range(MAX_CANDIDATES + 6 - half, MAX_CANDIDATES + 6)]]
     assert list(found) == [*kept, EVERY] and found["l0.weight"] == ["l0.weight", "l0.bias"]
     assert found[EVERY] == list(theta0)
+
+
+def test_when_the_choice_is_made_each_vector_keeps_its_chosen_part_once():
+    """With similarity-decay, a client's vector is decay × its earlier vector + this round's update;
+    the choice round's vectors are cut to the chosen arrays, this round's update counted once
+    (not decay² × earlier + (1 + decay) × now), and a client absent from the choice round keeps
+    its earlier evidence on the chosen arrays."""
+    rng = np.random.default_rng(3)
+    updates = groups_in_conv_hidden_by_fc(rng)
+    strategy = make_strategy(CFL, GROUPS, **{**EVIDENCE, "similarity-decay": 0.5, "min-split-round": 10})
+    first = updates()
+    run_round(strategy, 1, first)
+    second = {k: v for k, v in updates().items() if k != "0"}  # "0" sits the choice round out
+    run_round(strategy, 2, second)
+    assert strategy.state.chosen_arrays == ("conv1.weight", "conv1.bias")
+    chosen = np.r_[0:80]  # conv1.weight and conv1.bias lead the flat update
+    kept = strategy.state.last_vector
+    assert np.allclose(kept["1"], 0.5 * first["1"][chosen] + second["1"][chosen], atol=1e-5)
+    assert np.allclose(kept["0"], first["0"][chosen], atol=1e-6)

@@ -525,3 +525,20 @@ def test_exact_vectors_keep_the_chosen_arrays_part_when_a_choice_narrows_the_com
     assert set(kept) == {"x", "y"} and kept["x"].tolist() == [2, 3, 4] and kept["y"].tolist() == [12, 13, 14]
     assert restrict_vectors(vectors, ["a", "b"], ["b", "a"], shapes)["x"].tolist() == [2, 3, 4, 0, 1]
     assert restrict_vectors(vectors, ["a", "b"], ["c"], shapes) == {}
+
+
+def test_vectors_are_kept_over_the_arrays_left_after_the_silent_ones_leave():
+    """An array no client changed in round 1 leaves the comparison before the round's vectors are
+    kept: with similarity-decay the next round adds to vectors of the same width (it used to stop
+    with a broadcast error), and a member last seen in round 1 still compares."""
+    rng = np.random.default_rng(4)
+    strategy = make_strategy(CFL, GROUPS, **{**EVIDENCE, "similarity-decay": 0.8, "similarity-pool": "members"})
+    for server_round in (1, 2, 3):
+        vectors = {}
+        for k in KEYS if server_round == 1 else KEYS[1:]:
+            v = 0.5 * E[5] + E[GROUPS[k]] + 0.05 * rng.standard_normal(DIM)
+            v[72:80] = 0.0  # conv1.bias never changes
+            vectors[k] = v
+        run_round(strategy, server_round, vectors)
+    assert strategy.state.silent == ["conv1.bias"]
+    assert {np.size(v) for v in strategy.state.last_vector.values()} == {DIM - 8}

@@ -255,3 +255,16 @@ def test_group_signal_scores_the_true_groups_in_each_array_and_all_together():
     assert group_silhouettes(updates, [0] * 16) == {}
     frozen = [{**u, "trunk": 0 * u["trunk"]} for u in updates]
     assert group_silhouettes(frozen, groups)["trunk"] == 0.0
+
+
+def test_the_chance_level_of_the_best_silhouette_is_high_for_few_clients_and_small_arrays():
+    """Shuffled labels on 6 clients' 2-number arrays reach silhouettes a real signal would: the
+    chance level of the best over many such arrays is high, and far lower on 40 clients' wide arrays."""
+    import numpy as np
+    from fuzz.signal import chance_best, distance_matrices
+
+    rng = np.random.default_rng(1)
+    few = distance_matrices([{f"b{i}": rng.standard_normal(2) for i in range(20)} for _ in range(6)])
+    many = distance_matrices([{f"w{i}": rng.standard_normal(500) for i in range(20)} for _ in range(40)])
+    assert chance_best([few], [0, 0, 1, 1, 2, 2]) > 0.3
+    assert chance_best([many], [i % 2 for i in range(40)]) < 0.05

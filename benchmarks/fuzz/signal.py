@@ -4,10 +4,11 @@ local epochs) from the start model and again from FedAvg's model a few rounds on
 trained array, and for all of them together, the silhouette of the *true* groups under the cosine
 distance between the clients' updates is scored (scikit-learn's ``silhouette_score``).
 
-A cell whose best silhouette stays near 0 is one where no update-based clustering can tell the
-groups apart: the groups are as mixed in every array as clients drawn from one population. It
-bounds what the fuzz table can ask of the strategies; it uses the true groups, so nothing in the
-product may read it.
+A cell whose best silhouette stays near 0, or no higher than the same best with the group labels
+shuffled (``chance_best``: small arrays and few clients score high by luck), is one where no
+update-based clustering can tell the groups apart: the groups are as mixed in every array as
+clients drawn from one population. It bounds what the fuzz table can ask of the strategies; it
+uses the true groups, so nothing in the product may read it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import copy
 import numpy as np
 import torch
 from sklearn.metrics import silhouette_score
+from sklearn.metrics.pairwise import cosine_distances
 
 from fuzz.apps import train
 from fuzz.cell import Cell
@@ -26,22 +28,43 @@ from fuzz.models import build_model
 ALL = "all arrays"
 
 
-def group_silhouettes(updates: list[dict[str, np.ndarray]], groups: list[int]) -> dict[str, float]:
-    """Per array name (and ``ALL``: the arrays concatenated), the silhouette of ``groups`` under the
-    cosine distance between the clients' ``updates`` (one dict of flat arrays per client); an array
-    no client changed scores 0 (no direction to compare). Empty for fewer than two groups."""
-    if len(set(groups)) < 2:
-        return {}
+def distance_matrices(updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray | None]:
+    """Per array name (and ``ALL``: the arrays concatenated), the cosine distances between the
+    clients' ``updates`` (one dict of flat arrays per client); None where some client's update
+    of the array is zero (a frozen array: no direction to compare)."""
     names = sorted(updates[0])
-    scores = {}
+    out: dict[str, np.ndarray | None] = {}
     for name in names + [ALL]:
         X = np.stack([np.concatenate([u[n].ravel() for n in names]) if name == ALL else u[name].ravel()
                       for u in updates]).astype(np.float64)
-        if not np.all(np.linalg.norm(X, axis=1) > 0):
-            scores[name] = 0.0
-            continue
-        scores[name] = round(float(silhouette_score(X, groups, metric="cosine")), 4)
-    return scores
+        out[name] = cosine_distances(X) if np.all(np.linalg.norm(X, axis=1) > 0) else None
+    return out
+
+
+def silhouettes(distances: dict[str, np.ndarray | None], groups) -> dict[str, float]:
+    """The silhouette of ``groups`` under each array's distances (0 where there are none)."""
+    return {name: 0.0 if D is None else round(float(silhouette_score(D, groups, metric="precomputed")), 4)
+            for name, D in distances.items()}
+
+
+def group_silhouettes(updates: list[dict[str, np.ndarray]], groups: list[int]) -> dict[str, float]:
+    """Per array name (and ``ALL``), the silhouette of the true ``groups`` under the cosine
+    distance between the clients' ``updates``; an array some client left unchanged scores 0.
+    Empty for fewer than two groups."""
+    if len(set(groups)) < 2:
+        return {}
+    return silhouettes(distance_matrices(updates), groups)
+
+
+def chance_best(distances: list[dict[str, np.ndarray | None]], groups: list[int], draws: int = 100,
+                quantile: float = 0.95, seed: int = 0) -> float:
+    """What the best silhouette over every array and round reaches by chance: the ``quantile`` of
+    that best over ``draws`` shufflings of the group labels (one shuffle for every array and round,
+    as the true labels are). Small arrays and few clients reach high silhouettes by luck."""
+    rng = np.random.default_rng(seed)
+    best = [max(max(silhouettes(D, shuffled).values()) for D in distances)
+            for shuffled in (rng.permutation(groups) for _ in range(draws))]
+    return round(float(np.quantile(best, quantile)), 4)
 
 
 def client_updates(cell: Cell, model: torch.nn.Module) -> list[dict[str, np.ndarray]]:
@@ -59,15 +82,18 @@ def client_updates(cell: Cell, model: torch.nn.Module) -> list[dict[str, np.ndar
 
 def cell_signal(cell: Cell, rounds: tuple[int, ...] = (1, 5)) -> dict:
     """The true groups' silhouettes in the updates of the rounds ``rounds`` (FedAvg of every client
-    between them), their best over arrays and rounds, and the array and round that reached it."""
+    between them), their best over arrays and rounds with the array and round that reached it,
+    and what that best reaches with the groups shuffled (``chance_best``)."""
     torch.manual_seed(cell.seed)
     model = build_model(cell)
     groups = true_groups(cell)
     found: dict[int, dict[str, float]] = {}
+    kept: list[dict[str, np.ndarray | None]] = []
     for server_round in range(1, max(rounds) + 1):
         updates = client_updates(cell, model)
-        if server_round in rounds:
-            found[server_round] = group_silhouettes(updates, groups)
+        if server_round in rounds and len(set(groups)) > 1:
+            kept.append(distance_matrices(updates))
+            found[server_round] = silhouettes(kept[-1], groups)
         state = model.state_dict()
         for name in updates[0]:  # FedAvg (equal shares: every client holds as many examples)
             mean = np.mean([u[name] for u in updates], axis=0)
@@ -77,4 +103,5 @@ def cell_signal(cell: Cell, rounds: tuple[int, ...] = (1, 5)) -> dict:
     return {"rounds": {str(r): scores for r, scores in found.items()},
             "best": None if best is None else best[0], "best_round": None if best is None else best[1],
             "best_array": None if best is None else best[2],
+            "chance": chance_best(kept, groups, seed=cell.seed) if kept else None,
             "all_arrays": {str(r): scores.get(ALL) for r, scores in found.items()}}

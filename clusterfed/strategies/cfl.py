@@ -373,7 +373,8 @@ def split(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, clust
     a, b = summary["children"]
     why = (reproduction.words(params.split_agreement, params.merge_min_cosine) if isinstance(reproduction, Evidence)
            else f"Sattler's criteria held (mean-update norm {decision.mean_norm:.3g}, max {decision.max_norm:.3g})")
-    sizes = f"{len(keys_a) + len(extra_a)} | {len(keys_b) + len(extra_b)} clients"
+    sizes = f"{len(keys_a) + len(extra_a)} | {len(keys_b) + len(extra_b)} clients" + (
+        f"; {len(unplaced)} absent with no update to place them by, unplaced until sampled" if unplaced else "")
     return {"splits": [summary], "words": [f"cluster {cluster} split into {a} and {b} ({sizes}): {why}, "
                                            f"best-cut silhouette {p.structure:.2f}"]}
 
@@ -404,28 +405,33 @@ def choose_arrays(strategy: Any, rnd: Round, replies: list[TrainReply]) -> str |
                                       max_clusters=c.split_silhouette_max_k, seed=c.seed, own=strategy.own_arrays())
     if not chosen:
         return None
+    before = strategy.decision_names()
     state.chosen_arrays = tuple(chosen)
     # earlier partitions are of every array: not comparable with the chosen one's; exact vectors
-    # keep the chosen arrays' part (a sketch of every array cannot be cut)
-    exact = state.sketch is None
-    state.last_vector = restrict_vectors(state.last_vector, state.compared, list(chosen), state.shapes) if exact else {}
-    state.sketch, state.proposals = None, {}
-    keep_vectors(state, replies, list(chosen), similarity_decay(c, rnd.clients),
+    # (this round's included) keep the chosen arrays' part; a sketch of every array cannot be cut
+    state.proposals = {}
+    if state.sketch is None:
+        state.last_vector = restrict_vectors(state.last_vector, before, list(chosen), state.shapes)
+    else:
+        state.last_vector, state.sketch = {}, None
+    dropped = [r for r in replies if r.key not in state.last_vector]  # kept anew, from this round's update
+    keep_vectors(state, dropped, list(chosen), similarity_decay(c, rnd.clients),
                  strategy.bipartition.compact(state, rnd.clients), c.sketch_dim, c.seed)
     return array_choice.words(state.array_choice)
 
 
 def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
-    """CFL's steps after training (CFL and LayerCFL bind it as their ``after_train``): keep each
-    replier's vector, leave out arrays no client changed (the strategy's ``compared_changed``
-    then picks its arrays again), then per cluster the criteria and ``decide``, then merging."""
+    """CFL's steps after training (CFL and LayerCFL bind it as their ``after_train``): leave out
+    arrays no client changed (the strategy's ``compared_changed`` then picks its arrays again),
+    keep each replier's vector, then per cluster the criteria and ``decide``, then merging."""
     state, c, tree = strategy.state, strategy.params, strategy.bipartition
-    keep_vectors(state, replies, strategy.decision_names(), similarity_decay(c, rnd.clients),
-                 tree.compact(state, rnd.clients), c.sketch_dim, c.seed)
     name = type(strategy).__name__
     silent = tree.leave_out_silent(state, replies, name)
     if silent:
         strategy.compared_changed()
+    # kept after the silent arrays left: every vector has the width of what is compared from now on
+    keep_vectors(state, replies, strategy.decision_names(), similarity_decay(c, rnd.clients),
+                 tree.compact(state, rnd.clients), c.sketch_dim, c.seed)
     intro = None
     if silent or not state.said_compared:  # round 1 (and a changed comparison) names what is compared
         intro = strategy.compared_words()

@@ -36,7 +36,7 @@ from clusterfed.clustering.bipartition import bipartition
 from clusterfed.clustering.layercfl import correct_clustering_check
 from clusterfed.clustering.reproducible import Reproduction, compare
 from clusterfed.clustering.split_scores import best_cut_labels, best_cut_silhouette, cosine_similarity_matrix
-from clusterfed.clustering.vectors import flatten, restrict_vectors, stack_float64
+from clusterfed.clustering.vectors import flatten, stack_float64
 from clusterfed.core.exchange import Diagnostics, Round, TrainReply, natural
 from clusterfed.models.layers import select_layers
 from clusterfed.explain import bipartition as explain
@@ -244,15 +244,12 @@ class LayerCFL(ClusteredStrategy):
         if not passing:
             return f"layer choice deferred ({others})" if others else None
         rule = max(passing, key=passing.get)
-        changed, before = state.candidates[rule] != state.selected_names, selected_layers(state)
+        changed = state.candidates[rule] != state.selected_names
         state.layer_rule, state.selected_names, state.layer_settled = rule, state.candidates[rule], True
         state.layer_evidence = {"round": server_round, "rule": rule, "silhouette": passing[rule],
                                 **found[rule][0].as_record()}
         if changed:  # the vectors and partitions kept were of the other layers: the candidate's own instead
-            # (exact vectors keep the part they share with it)
-            exact = state.sketch is None
-            state.last_vector = restrict_vectors(state.last_vector, before, selected_layers(state),
-                                                 state.shapes) if exact else {}
+            state.last_vector.clear()
             state.sketch = None
             earlier = kept_earlier[rule]
             state.proposals = {}
