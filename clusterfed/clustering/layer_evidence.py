@@ -1,7 +1,7 @@
 """Which layer's updates show the clients' groups: each candidate layer's rows are cut
 as ``cluster_auto`` cuts them (best-silhouette dendrogram cut, tested against group-free
 data of the same size and shape, ``null_reference``), and the layer whose accepted cut is
-best separated is taken.
+best separated is taken, or a nearly as well separated one whose cut refines it (``most_structured``).
 
 Beyond the papers: FedClust (Islam et al., ICPP 2024) and AdaCFL compare "the final
 layer", which is the classifier head only when the head is the model's last layer and
