@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test test-fast bench bench-quick bench-models bench-user-models bench-fuzz bench-chaos test-secagg-deployed bench-secure-aggregation clean test-containers test-arm64 test-compat constraints check-report
+.PHONY: run test test-fast bench bench-quick bench-models bench-user-models bench-fuzz bench-fuzz-signal bench-chaos test-secagg-deployed bench-secure-aggregation clean test-containers test-arm64 test-compat constraints check-report
 
 # pyproject.toml holds ranges; constraints.txt the exact versions make test and CI install.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -94,6 +94,12 @@ FUZZ_SEEDS ?= 0-9
 FUZZ_OUT ?= benchmarks/results/model-fuzz/dev
 bench-fuzz: $(VENV)/.installed
 	PYTHONPATH=$(CURDIR) nice -n 10 $(PY) benchmarks/model_fuzz.py --seeds $(FUZZ_SEEDS) --out $(FUZZ_OUT)
+
+# How far the same cells' true groups show in the clients' updates at all (benchmarks/group_signal.py;
+# ~1 min a cell): into FUZZ_SIGNAL_OUT, beside the strategies' rows of FUZZ_OUT
+FUZZ_SIGNAL_OUT ?= benchmarks/results/model-fuzz/group-signal
+bench-fuzz-signal: $(VENV)/.installed
+	PYTHONPATH=$(CURDIR) nice -n 10 $(PY) benchmarks/group_signal.py --seeds $(FUZZ_SEEDS) --out $(FUZZ_SIGNAL_OUT) --judged $(FUZZ_OUT)
 
 # A chaos soak on 127.0.0.1 (TLS, SuperNode authentication): CHAOS_NODES SuperNodes, FedClust
 # and CFL for CHAOS_ROUNDS rounds under SuperNode kills, two SuperLink kills (resume-from =
