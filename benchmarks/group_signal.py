@@ -23,15 +23,15 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from clusterfed.experiments.manifest import start_manifest, write_manifest  # noqa: E402
 from fuzz.cell import draw_cell  # noqa: E402
+from fuzz.signal import CLEAR, shows_groups  # noqa: E402
 from model_fuzz import check_held_out, parse_seeds  # noqa: E402
 
 CLUSTERED = ("cfl", "layercfl", "hicfl", "fedclust", "adacfl")
-CLEAR = 0.2  # a silhouette below this: the groups as mixed as one population's clients (README)
 
 
 def faint(s: dict) -> bool:
     """No clear trace of the groups: the best silhouette below ``CLEAR`` or no higher than chance."""
-    return s["best"] is not None and (s["best"] < CLEAR or s["best"] <= s["chance"])
+    return shows_groups(s) is False
 
 
 def judged_rows(folders: list[Path]) -> dict[int, dict[str, dict]]:

@@ -171,6 +171,10 @@ How to run it again (a cell already in the folder is skipped):
   reference: a cell where it beats FedAvg by more than {MAX_LOSS_PP:g} point is one where finding the
   groups pays within the cell's rounds (with the IID controls, the "groups help" column); where
   it does not, the task was not learnt far enough in those rounds for the groups to matter;
+- the groups show in the updates when the best silhouette of the true groups over the clients'
+  updates of any array (round 1, or after four rounds of FedAvg) is at least 0.2 and above what
+  it reaches with the groups shuffled (`benchmarks/group_signal.py`, given as `--signal`; the
+  column is "-" without it): where they do not, no clustering of updates can find them;
 - a miss names its reason when the run's last round line carries the strategy's own words
   beyond the driver's counts (what it compared, decided, or why it ended so).
 
@@ -187,15 +191,22 @@ round line, the one-cluster reason): `cells/<seed>.json`.
 {reading}"""
 
 
-def report(out: Path, manifest: dict | None = None) -> list[dict]:
+def report(out: Path, manifest: dict | None = None, signal: Path | None = None) -> list[dict]:
+    """The tables, heat map and README of ``out``; ``signal``: a ``group_signal.py`` folder's
+    ``signal.json`` for the column of cells whose groups show in the updates (kept in the
+    manifest for later reports)."""
     from fuzz.report import heatmap, load_records, markdown, write_tables
 
     records = load_records(out)
     if not records:
         return []
-    table = write_tables(out, records)
-    heatmap(records, out / "heatmap.png")
     manifest = manifest or json.loads((out / "manifest.json").read_text())
+    if signal is not None:
+        manifest["signal"] = Path(signal).resolve().relative_to(ROOT).as_posix()
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    found = json.loads((ROOT / manifest["signal"]).read_text()) if manifest.get("signal") else None
+    table = write_tables(out, records, found)
+    heatmap(records, out / "heatmap.png")
     (out / "README.md").write_text(readme(out, records, markdown(table), manifest))
     return table
 
@@ -209,11 +220,13 @@ def main(argv: list[str] | None = None) -> None:
                                                           "harness runs; FedAvg always runs first)")
     parser.add_argument("--held-out", action="store_true", help=f"run held-out seeds (>= {HELD_OUT_START}): once, at the end")
     parser.add_argument("--report-only", action="store_true", help="rewrite the tables, figure and README from --out")
+    parser.add_argument("--signal", type=Path, default=None, help="a group_signal.py signal.json: the pass share "
+                                                                     "where the groups show in the updates")
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds)
     check_held_out(seeds, args.held_out)
     if args.report_only:
-        report(args.out)
+        report(args.out, signal=args.signal)
         print(f"rewrote the report in {args.out}")
         return
     import logging
@@ -239,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
             int(p.stem) for p in (args.out / "cells").glob("*.json")))
     write_manifest(args.out, manifest, config=config, earlier_runs=earlier,
                    cells_done=sorted(int(p.stem) for p in (args.out / "cells").glob("*.json")))
-    report(args.out, json.loads((args.out / "manifest.json").read_text()))
+    report(args.out, json.loads((args.out / "manifest.json").read_text()), args.signal)
     print(f"wrote {args.out}")
 
 

@@ -268,3 +268,27 @@ def test_the_chance_level_of_the_best_silhouette_is_high_for_few_clients_and_sma
     many = distance_matrices([{f"w{i}": rng.standard_normal(500) for i in range(20)} for _ in range(40)])
     assert chance_best([few], [0, 0, 1, 1, 2, 2]) > 0.3
     assert chance_best([many], [i % 2 for i in range(40)]) < 0.05
+
+
+def test_the_table_counts_the_cells_whose_groups_show_in_the_updates_from_a_signal_file():
+    """With a group_signal record per cell the table gives the pass share over the cells whose
+    groups show (best silhouette >= 0.2 and above chance) and the IID controls; without one it
+    cannot ("-", None)."""
+    from fuzz.report import markdown, summarise, visible_cell
+
+    def record(seed, shift, passes):
+        row = {"strategy": "fedclust", "passes": passes, "loss_pp": 0.0, "clusters": 1 if shift == "iid" else 2,
+               "reason_named": True, "ari": 1.0, "error": None, "peak_trainings": 1, "bytes_up": 1, "seconds": 1.0,
+               "accuracy": 0.5}
+        return {"cell": {"seed": seed, "shift": shift}, "rows": [row]}
+
+    records = [record(1, "rotation", False), record(2, "label_swap", True), record(3, "iid", True),
+               record(4, "label_skew", False)]
+    signal = {"1": {"best": 0.1, "chance": 0.0}, "2": {"best": 0.6, "chance": 0.1},
+              "4": {"best": 0.45, "chance": 0.5}}  # 4: no higher than chance
+    assert [visible_cell(r, signal) for r in records] == [False, True, True, False]
+    (row,) = summarise(records, signal)
+    assert (row["visible_passes"], row["visible_cells"], row["passes"]) == (2, 2, 2)
+    assert "| 2 of 2 (1.00) |" in markdown([row])
+    (blind,) = summarise(records)
+    assert blind["visible_cells"] is None and visible_cell(records[0], None) is None

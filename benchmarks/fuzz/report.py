@@ -8,11 +8,13 @@ import json
 from pathlib import Path
 
 from fuzz.run import MAX_LOSS_PP, STRATEGIES, groups_help
+from fuzz.signal import shows_groups
 
 LEARNT = 0.2  # FedAvg below this (twice chance on 10 classes) did not learn the task in the cell's rounds
 
 COLUMNS = ("strategy", "cells", "pass_share", "passes", "learnt_cells", "learnt_passes", "learnt_pass_share",
            "informative_cells", "informative_passes", "informative_pass_share",
+           "visible_cells", "visible_passes", "visible_pass_share",
            "worst_loss_pp", "cells_over_1pp", "iid_controls",
            "iid_one_cluster_share", "misses", "misses_named_share", "mean_ari_grouped", "errors",
            "peak_trainings_max", "mean_bytes_up", "mean_seconds")
@@ -37,12 +39,22 @@ def informative_cell(record: dict) -> bool | None:
     return groups_help(fedavg and fedavg["accuracy"], oracle and oracle["accuracy"], record["cell"]["shift"] == "iid")
 
 
+def visible_cell(record: dict, signal: dict | None) -> bool | None:
+    """Whether the cell's true groups show in its clients' updates at all (``fuzz.signal``, read
+    from ``signal``: seed -> record; an IID control counts); None when ``signal`` lacks the cell."""
+    if record["cell"]["shift"] == "iid":
+        return True
+    found = (signal or {}).get(str(record["cell"]["seed"]))
+    return None if found is None else bool(shows_groups(found))
+
+
 def _share(part: int, whole: int) -> float | None:
     return None if whole == 0 else round(part / whole, 3)
 
 
-def summarise(records: list[dict]) -> list[dict]:
-    """One row per strategy: share of cells passing, worst loss against FedAvg, IID controls
+def summarise(records: list[dict], signal: dict | None = None) -> list[dict]:
+    """One row per strategy: share of cells passing (of all, where FedAvg learnt, where the groups
+    help, where they show in the updates: ``signal``), worst loss against FedAvg, IID controls
     ending with one cluster, misses whose last round line names a reason, and costs."""
     names = [s for s in STRATEGIES if any(r["strategy"] == s for rec in records for r in rec["rows"])]
     table = []
@@ -53,6 +65,8 @@ def summarise(records: list[dict]) -> list[dict]:
         judged = [informative_cell(rec) for rec, _ in rows]
         informative = [r for (rec, r), helps in zip(rows, judged) if helps]
         no_oracle = any(helps is None for helps in judged)
+        seen = [visible_cell(rec, signal) for rec, _ in rows]
+        visible = None if any(v is None for v in seen) else [r for (_, r), v in zip(rows, seen) if v]
         losses = [r["loss_pp"] for _, r in rows if r["loss_pp"] is not None]
         iid = [r for rec, r in rows if rec["cell"]["shift"] == "iid"]
         misses = [r for _, r in rows if not r["passes"]]
@@ -66,6 +80,10 @@ def summarise(records: list[dict]) -> list[dict]:
             "informative_passes": None if no_oracle else sum(1 for r in informative if r["passes"]),
             "informative_pass_share": None if no_oracle else _share(sum(1 for r in informative if r["passes"]),
                                                                      len(informative)),
+            "visible_cells": None if visible is None else len(visible),
+            "visible_passes": None if visible is None else sum(1 for r in visible if r["passes"]),
+            "visible_pass_share": None if visible is None else _share(sum(1 for r in visible if r["passes"]),
+                                                                       len(visible)),
             "worst_loss_pp": max(losses) if losses else None,
             "cells_over_1pp": sum(1 for loss in losses if loss > MAX_LOSS_PP),
             "iid_controls": len(iid), "iid_one_cluster_share": _share(sum(1 for r in iid if r["clusters"] == 1), len(iid)),
@@ -89,11 +107,12 @@ def _fmt(value, digits: int = 2) -> str:
 
 def markdown(table: list[dict]) -> str:
     head = ("| strategy | cells | pass share | pass share where FedAvg learnt (≥ 0.2) | pass share where the groups "
-            "help (the oracle > FedAvg + 1 pp; IID controls count) | worst loss vs FedAvg (pp) | "
+            "help (the oracle > FedAvg + 1 pp; IID controls count) | pass share where the groups show in the "
+            "updates (group signal; IID controls count) | worst loss vs FedAvg (pp) | "
             "cells > 1 pp below FedAvg | IID controls "
             "ending with one cluster | misses naming a reason in the last round line | mean ARI (grouped cells) | "
             "errors | most trainings of one client in one round | mean bytes up | mean seconds |")
-    lines = [head, "|---" * 14 + "|"]
+    lines = [head, "|---" * 15 + "|"]
     for row in table:
         iid = "-" if not row["iid_controls"] else \
             f"{round(row['iid_one_cluster_share'] * row['iid_controls'])} of {row['iid_controls']}"
@@ -104,6 +123,8 @@ def markdown(table: list[dict]) -> str:
                      + ("- | " if row["informative_cells"] is None else
                         f"{row['informative_passes']} of {row['informative_cells']} "
                         f"({_fmt(row['informative_pass_share'])}) | ") +
+                     ("- | " if row["visible_cells"] is None else
+                      f"{row['visible_passes']} of {row['visible_cells']} ({_fmt(row['visible_pass_share'])}) | ") +
                      f"{_fmt(row['worst_loss_pp'], 1)} | {row['cells_over_1pp']} | {iid} | {named} | "
                      f"{_fmt(row['mean_ari_grouped'])} | {row['errors']} | {row['peak_trainings_max']} | "
                      f"{_fmt(row['mean_bytes_up'])} | {_fmt(row['mean_seconds'], 1)} |")
@@ -125,8 +146,8 @@ def cell_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_tables(out: Path, records: list[dict]) -> list[dict]:
-    table = summarise(records)
+def write_tables(out: Path, records: list[dict], signal: dict | None = None) -> list[dict]:
+    table = summarise(records, signal)
     (out / "summary.json").write_text(json.dumps({"cells": len(records), "strategies": table}, indent=1) + "\n")
     with open(out / "summary.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)

@@ -26,6 +26,15 @@ from fuzz.data import loaders, true_groups
 from fuzz.models import build_model
 
 ALL = "all arrays"
+CLEAR = 0.2  # a best silhouette below this: the groups as mixed as one population's clients
+
+
+def shows_groups(found: dict) -> bool | None:
+    """Whether a cell's true groups show in its clients' updates (``cell_signal``'s record): the best
+    silhouette at least ``CLEAR`` and above chance; None for a cell without groups (an IID control)."""
+    if found.get("best") is None:
+        return None
+    return found["best"] >= CLEAR and found["best"] > found["chance"]
 
 
 def distance_matrices(updates: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray | None]:
