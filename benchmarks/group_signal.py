@@ -52,7 +52,7 @@ def table(signal: dict[str, dict], rows: dict[int, dict[str, dict]]) -> str:
         fedavg, oracle = (r.get(k, {}).get("accuracy") for k in ("fedavg", "oracle"))
         passing = [n for n in CLUSTERED if r.get(n, {}).get("passes")]
         best = "— (IID control)" if s["best"] is None else f"{s['best']:.2f} (r{s['best_round']}, `{s['best_array']}`)"
-        together = " / ".join("—" if v is None else f"{v:.2f}" for v in s["all_arrays"].values())
+        together = " / ".join("—" if v is None else f"{v:.2f}" for v in s["all_arrays"].values()) or "—"
         chance = "—" if s["chance"] is None else f"{s['chance']:.2f}" + (" (no trace)" if faint(s) else "")
         lines.append(f"| {seed} | {s['label']} | {fedavg} | {oracle} | {best} | {chance} | {together} | "
                      f"{len(passing)} of {len([n for n in CLUSTERED if n in r])} |")
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     config = {"seeds": args.seeds, "rounds": [1, 5], "judged": [p.as_posix() for p in args.judged]}
     manifest = start_manifest(config, ["benchmarks/group_signal.py", *(argv if argv is not None else sys.argv[1:])])
     started = time.perf_counter()
-    todo = [s for s in seeds if str(s) not in signal]
+    todo = [s for s in seeds if "chance" not in signal.get(str(s), {})]  # a record without one is of older code
     for done, seed in enumerate(todo, 1):
         cell = draw_cell(seed)
         signal[str(seed)] = {"label": cell.label(), **cell_signal(cell)}

@@ -292,3 +292,18 @@ def test_the_table_counts_the_cells_whose_groups_show_in_the_updates_from_a_sign
     assert "| 2 of 2 (1.00) |" in markdown([row])
     (blind,) = summarise(records)
     assert blind["visible_cells"] is None and visible_cell(records[0], None) is None
+
+
+def test_a_shuffle_that_gives_the_true_groups_back_is_not_counted_as_chance():
+    """6 clients in 3 pairs have 15 partitions: about 1 shuffle in 15 is the truth itself, whose
+    silhouette is the real signal's. Left in, the chance level of a clean signal would be the
+    signal; it must stay below it."""
+    import numpy as np
+    from fuzz.signal import chance_best, distance_matrices, group_silhouettes
+
+    rng = np.random.default_rng(0)
+    groups = [0, 0, 1, 1, 2, 2]
+    directions = rng.standard_normal((3, 30))
+    updates = [{"head": directions[g] + 0.01 * rng.standard_normal(30)} for g in groups]
+    best = group_silhouettes(updates, groups)["head"]
+    assert chance_best([distance_matrices(updates)], groups, draws=300) < best - 0.1

@@ -17,7 +17,7 @@ import copy
 
 import numpy as np
 import torch
-from sklearn.metrics import silhouette_score
+from sklearn.metrics import adjusted_rand_score, silhouette_score
 from sklearn.metrics.pairwise import cosine_distances
 
 from fuzz.apps import train
@@ -71,8 +71,9 @@ def chance_best(distances: list[dict[str, np.ndarray | None]], groups: list[int]
     that best over ``draws`` shufflings of the group labels (one shuffle for every array and round,
     as the true labels are). Small arrays and few clients reach high silhouettes by luck."""
     rng = np.random.default_rng(seed)
-    best = [max(max(silhouettes(D, shuffled).values()) for D in distances)
-            for shuffled in (rng.permutation(groups) for _ in range(draws))]
+    # a shuffle that gives the true partition back (likely with few clients) is not chance
+    shuffles = [s for s in (rng.permutation(groups) for _ in range(draws)) if adjusted_rand_score(groups, s) < 1.0]
+    best = [max(max(silhouettes(D, shuffled).values()) for D in distances) for shuffled in shuffles]
     return round(float(np.quantile(best, quantile)), 4)
 
 

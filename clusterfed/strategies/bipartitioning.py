@@ -230,7 +230,8 @@ class BiPartitionTree:
 
     def descend(self, state: BiPartitioningState, start: dict[str, int]) -> Any:
         """From node ``start[key]`` down to a leaf: at each split a request ``(keys, split-round model,
-        extra)``, then the side the update points to. Returns (leaf, nodes passed, keys whose reply was lost)."""
+        extra)``, then the side the update points to. Returns (leaf, nodes passed, keys whose reply was
+        lost: they stop there, asked no further)."""
         tree = state.tree
         at = dict(start)
         path: dict[str, list[int]] = {key: [] for key in start}
@@ -241,14 +242,13 @@ class BiPartitionTree:
             for key, node in at.items():
                 while (into := tree.node(node).merged_into) is not None:  # merged leaf: no choice to make
                     node = at[key] = into
-                if not tree.node(node).is_leaf:
+                if not tree.node(node).is_leaf and key not in failed:
                     waiting[node].append(key)
             if not waiting:
                 break
             for node, group in waiting.items():
                 route = state.routes[node]
                 children = tree.node(node).children
-                sizes = tuple(len(tree.node(ch).members) for ch in children)
                 # same-round splits share their model: an update already trained from it serves again
                 again = {key: trained[key][1] for key in group if key in trained
                          and same_arrays(trained[key][0], route["model"]) and set(route["names"]) <= set(trained[key][1])}
@@ -259,13 +259,11 @@ class BiPartitionTree:
                 got = {key: flatten(update, route["names"]) for key, update in again.items()}
                 got.update({r.key: flatten(r.update, route["names"]) for r in replies})
                 for key in group:
-                    if key in got:
-                        side = side_of(got[key], route)
-                    else:  # the placement round failed for this client
-                        side = 0 if sizes[0] >= sizes[1] else 1
+                    if key not in got:  # the placement round failed for this client: it stops here
                         failed.add(key)
+                        continue
                     path[key].append(node)
-                    at[key] = children[side]
+                    at[key] = children[side_of(got[key], route)]
         return at, path, failed
 
     def place_absent(self, state: BiPartitioningState, cluster: int, absent: list[str], route: dict[str, Any],
