@@ -41,6 +41,7 @@ class LayerScore:
     required: float
     reference: float | None
     labels: tuple[int, ...] | None = None  # the accepted cut's cluster per scored row
+
     @property
     def margin(self) -> float:
         """How far the best cut's silhouette clears the bar it had to reach."""

@@ -261,6 +261,12 @@ def one_cluster_advice(state: Any, params: Any = None) -> str | None:
     return advice
 
 
+def unplaced_words(split: dict[str, Any]) -> str:
+    """What a split's line adds for the members it left unplaced (``place_absent``): empty for none."""
+    unplaced = split.get("unplaced", [])
+    return f"; {len(unplaced)} absent with no update to place them by, unplaced until sampled" if unplaced else ""
+
+
 def merge_evidence(params: Any, merge: dict[str, Any]) -> str:
     """One merge's numbers against the thresholds that allowed it, for the reason."""
     c = params

@@ -200,7 +200,9 @@ class BiPartitionTree:
     def admit(self, state: BiPartitioningState, server_round: int, keys: list[str]) -> Any:
         """Descend the tree from the root (requests: ``placements``)."""
         at, path, failed = yield from self.descend(state, {key: state.tree.root_id for key in keys})
-        for key, leaf in ((k, leaf) for k, leaf in at.items() if k not in failed):  # failed: still unplaced
+        for key, leaf in at.items():
+            if key in failed:  # its placement reply was lost: unplaced until next sampled
+                continue
             state.tree.add_member(leaf, key)
             state.assignment[key] = leaf
             if server_round > 1:

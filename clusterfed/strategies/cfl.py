@@ -373,8 +373,7 @@ def split(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, clust
     a, b = summary["children"]
     why = (reproduction.words(params.split_agreement, params.merge_min_cosine) if isinstance(reproduction, Evidence)
            else f"Sattler's criteria held (mean-update norm {decision.mean_norm:.3g}, max {decision.max_norm:.3g})")
-    sizes = f"{len(keys_a) + len(extra_a)} | {len(keys_b) + len(extra_b)} clients" + (
-        f"; {len(unplaced)} absent with no update to place them by, unplaced until sampled" if unplaced else "")
+    sizes = f"{len(keys_a) + len(extra_a)} | {len(keys_b) + len(extra_b)} clients{explain.unplaced_words(p.record)}"
     return {"splits": [summary], "words": [f"cluster {cluster} split into {a} and {b} ({sizes}): {why}, "
                                            f"best-cut silhouette {p.structure:.2f}"]}
 

@@ -219,10 +219,8 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
     a, b = found["splits"][0]["children"]
     why = (reproduction.words(params.split_agreement, params.merge_min_cosine) if isinstance(reproduction, Evidence)
            else "stability fired")
-    unplaced = state.splits[-1].get("unplaced", [])
-    left = f"; {len(unplaced)} absent with no update to place them by, unplaced until sampled" if unplaced else ""
     return {**found, "words": [f"cluster {cluster} split into {a} and {b} on {choice.layer} (silhouette "
-                               f"{choice.silhouette:.2f}): {why}{left}"]}
+                               f"{choice.silhouette:.2f}): {why}{explain.unplaced_words(state.splits[-1])}"]}
 
 
 def split(tree: BiPartitionTree, state: HiCFLState, reports: list[Any], server_round: int, cluster: int,
