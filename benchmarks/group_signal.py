@@ -118,6 +118,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds)
     check_held_out(seeds, args.held_out)
+    lacking = [p.as_posix() for p in args.judged if not (p / "cells").is_dir()]
+    if lacking:
+        raise SystemExit(f"group_signal: --judged {', '.join(lacking)}: no cells/ folder (a model_fuzz.py --out folder)")
     from fuzz.signal import cell_signal
     from model_matrix.cells import one_thread
 

@@ -75,6 +75,24 @@ def check_held_out(seeds: list[int], held_out: bool) -> None:
         raise HeldOutRefused(f"model_fuzz: --held-out runs only seeds >= {HELD_OUT_START}")
 
 
+def check_signal(signal: Path | None) -> None:
+    """Refuse a ``--signal`` that is not a ``group_signal.py`` record in this repository, before any work."""
+    if signal is None:
+        return
+    path = Path(signal).resolve()
+    if not path.is_file():
+        raise SystemExit(f"model_fuzz: --signal {signal}: no such file (benchmarks/group_signal.py writes signal.json)")
+    if not path.is_relative_to(ROOT):
+        raise SystemExit(f"model_fuzz: --signal {signal}: outside this repository; the manifest names it by its "
+                         f"path in the repository")
+    try:
+        found = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"model_fuzz: --signal {signal}: not JSON ({error})") from None
+    if not isinstance(found, dict) or any(not isinstance(v, dict) or "chance" not in v for v in found.values()):
+        raise SystemExit(f"model_fuzz: --signal {signal}: not a group_signal.py record (seed -> best, chance)")
+
+
 def seeds_text(seeds: list[int]) -> str:
     """``[0, 1, 2, 4, 5]`` → ``"0-2,4-5"`` (``parse_seeds``'s inverse)."""
     parts: list[str] = []
@@ -201,10 +219,11 @@ def report(out: Path, manifest: dict | None = None, signal: Path | None = None) 
     if not records:
         return []
     manifest = manifest or json.loads((out / "manifest.json").read_text())
-    if signal is not None:
+    found = json.loads((ROOT / manifest["signal"]).read_text()) if manifest.get("signal") else None
+    if signal is not None:  # read before the manifest names it
+        found = json.loads(Path(signal).read_text())
         manifest["signal"] = Path(signal).resolve().relative_to(ROOT).as_posix()
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
-    found = json.loads((ROOT / manifest["signal"]).read_text()) if manifest.get("signal") else None
     table = write_tables(out, records, found)
     heatmap(records, out / "heatmap.png")
     (out / "README.md").write_text(readme(out, records, markdown(table), manifest))
@@ -225,6 +244,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds)
     check_held_out(seeds, args.held_out)
+    check_signal(args.signal)
     if args.report_only:
         report(args.out, signal=args.signal)
         print(f"rewrote the report in {args.out}")

@@ -307,3 +307,23 @@ def test_a_shuffle_that_gives_the_true_groups_back_is_not_counted_as_chance():
     updates = [{"head": directions[g] + 0.01 * rng.standard_normal(30)} for g in groups]
     best = group_silhouettes(updates, groups)["head"]
     assert chance_best([distance_matrices(updates)], groups, draws=300) < best - 0.1
+
+
+def test_a_bad_signal_or_judged_folder_is_refused_before_any_cell_runs(tmp_path):
+    """``--signal`` must name a group_signal.py record in the repository, and ``--judged`` fuzz
+    folders: each is refused with one line before any cell is drawn, and the output folder's
+    manifest is left as it was."""
+    import group_signal
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json").write_text('{"kept": true}')
+    broken = ROOT / "benchmarks" / "results" / "model-fuzz" / "manifest.json"  # JSON, not a signal record
+    for signal, said in ((tmp_path / "none.json", "no such file"), (out / "manifest.json", "outside this repository"),
+                         (broken, "not a group_signal.py record")):
+        with pytest.raises(SystemExit, match=said):
+            model_fuzz.main(["--seeds", "0", "--out", str(out), "--signal", str(signal), "--report-only"])
+    assert json.loads((out / "manifest.json").read_text()) == {"kept": True}
+    with pytest.raises(SystemExit, match="no cells/ folder"):
+        group_signal.main(["--seeds", "0", "--out", str(tmp_path / "signal"), "--judged", str(tmp_path)])
+    assert not (tmp_path / "signal").exists()
