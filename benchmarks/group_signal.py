@@ -92,8 +92,11 @@ For every cell (`benchmarks/fuzz/cell.py`), each client trains the cell's model 
 cell's own loop, from the start model (round 1) and from FedAvg's model after four rounds of every
 client (round 5). For each trained array, and for all of them together, the silhouette of the
 **true** groups under the cosine distance between the clients' updates is scored. It reads the
-true groups, so no strategy can use it: it says how far the groups are visible at all. A
-silhouette near 0 means the groups are as mixed in the updates as clients of one population.
+true groups, so no strategy can use it: it says how far the groups show in one training's
+updates. A silhouette near 0 means the groups are as mixed in those updates as clients of one
+population. It grades how hard a cell is and is not a bound: a strategy that gathers more
+evidence (several chained trainings in its clustering round, updates over several rounds) can
+find groups this does not see.
 The best over many arrays is itself inflated by luck (a bias of 2 numbers on 6 clients scores
 high at random), so each cell also gets its chance level: the 95th percentile of the same best
 with the group labels shuffled (100 shuffles). Below {CLEAR}, or no higher than chance, we read
@@ -101,12 +104,22 @@ as no clear trace.
 
 {len(none)} of the {len(grouped)} cells with groups show no clear trace on any array in either round:
 {", ".join(map(str, none)) or "none"}. Strategies judged from: {", ".join(f"`{p.as_posix()}`" for p in judged) or "none"}.
-Code: commit `{manifest.get("git", {}).get("commit", "?")}`; command and versions in `manifest.json`.
+{code_line(manifest)}
 
 ![best true-group silhouette against the clustered strategies passing](signal.png)
 
 {table(signal, rows)}
 """
+
+
+def code_line(manifest: dict) -> str:
+    """The README's line naming the commit that computed signal.json, and the one that rewrote it."""
+    line = f"Code: `signal.json` computed at commit `{manifest.get('git', {}).get('commit', '?')}`"
+    if manifest.get("note"):
+        line += f" ({manifest['note']})"
+    if manifest.get("report"):
+        line += f", this README and the figure rewritten from it at `{manifest['report']['git'].get('commit', '?')}`"
+    return line + " (`manifest.json`: command, versions, machine)."
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,7 +154,15 @@ def main(argv: list[str] | None = None) -> None:
         print(f"[{done}/{len(todo)}] {cell.label()}: best true-group silhouette {said} "
               f"({time.perf_counter() - started:.0f} s)", flush=True)
     rows = judged_rows(args.judged)
-    write_manifest(args.out, manifest, config=config)
+    kept = args.out / "manifest.json"
+    if todo or not kept.exists():
+        write_manifest(args.out, manifest, config=config)
+    else:  # nothing computed: the manifest stays the record of the run that computed signal.json
+        record = json.loads(kept.read_text())
+        record["report"] = {"git": manifest["git"], "command": manifest["command"], "ended": manifest["started"],
+                            "judged": config["judged"],
+                            "what": "README.md and signal.png rewritten from signal.json (no cell run again)"}
+        kept.write_text(json.dumps(record, indent=1) + "\n")
     figure(signal, rows, args.out / "signal.png")
     (args.out / "README.md").write_text(readme(signal, rows, json.loads((args.out / "manifest.json").read_text()),
                                                args.judged))

@@ -150,6 +150,7 @@ def readme(out: Path, records: list[dict], table_md: str, manifest: dict) -> str
     seconds = [rec["seconds"] for rec in records]
     notes = out / "NOTES.md"  # a person's reading of the numbers, kept across --report-only
     reading = f"\n## What the table shows\n\n{notes.read_text().strip()}\n" if notes.exists() else ""
+    held_out = " --held-out" if seeds and min(seeds) >= HELD_OUT_START else ""
     git = manifest.get("git", {})
     commit = git.get("commit", git) if isinstance(git, dict) else git
     return f"""# Every strategy on models and data drawn at random
@@ -172,7 +173,7 @@ max {max(seconds):.0f}, on a shared 2-core machine.
 
 How to run it again (a cell already in the folder is skipped):
 
-    PYTHONPATH=$PWD:$PWD/tests:$PWD/benchmarks python benchmarks/model_fuzz.py --seeds {seeds_text(seeds)} --out {out.as_posix()}
+    PYTHONPATH=$PWD:$PWD/tests:$PWD/benchmarks python benchmarks/model_fuzz.py{held_out} --seeds {seeds_text(seeds)} --out {out.as_posix()}
 
 ## How a cell is judged
 
@@ -192,7 +193,9 @@ How to run it again (a cell already in the folder is skipped):
 - the groups show in the updates when the best silhouette of the true groups over the clients'
   updates of any array (round 1, or after four rounds of FedAvg) is at least 0.2 and above what
   it reaches with the groups shuffled (`benchmarks/group_signal.py`, given as `--signal`; the
-  column is "-" without it): where they do not, no clustering of updates can find them;
+  column is "-" without it): where they do not, one training's updates do not tell them apart
+  (a grade of how hard the cell is, not a bound: a strategy that gathers more evidence can
+  still find them);
 - a miss names its reason when the run's last round line carries the strategy's own words
   beyond the driver's counts (what it compared, decided, or why it ended so).
 

@@ -327,3 +327,39 @@ def test_a_bad_signal_or_judged_folder_is_refused_before_any_cell_runs(tmp_path)
     with pytest.raises(SystemExit, match="no cells/ folder"):
         group_signal.main(["--seeds", "0", "--out", str(tmp_path / "signal"), "--judged", str(tmp_path)])
     assert not (tmp_path / "signal").exists()
+
+
+def test_rewriting_the_signal_report_keeps_the_record_of_the_run_that_computed_it(tmp_path, monkeypatch):
+    """A group_signal.py run that computes no cell (every seed already in signal.json) rewrites the
+    README and figure only: the manifest still names the commit, command and time of the run that
+    computed the numbers, and gains a ``report`` entry; the README names both commits."""
+    import fuzz.signal
+    import group_signal
+
+    fake = {"rounds": {"1": {"head.weight": 0.5, "all arrays": 0.4}}, "best": 0.5, "best_round": 1,
+            "best_array": "head.weight", "chance": 0.1, "all_arrays": {"1": 0.4}}
+    monkeypatch.setattr(fuzz.signal, "cell_signal", lambda cell: dict(fake))
+    out = tmp_path / "signal"
+    seed = next(s for s in range(50) if draw_cell(s).shift != "iid")
+    group_signal.main(["--seeds", str(seed), "--out", str(out)])
+    computed = json.loads((out / "manifest.json").read_text())
+    computed.update(git={"commit": "a" * 40, "dirty": False}, wall_seconds=123.0)
+    (out / "manifest.json").write_text(json.dumps(computed))
+    monkeypatch.setattr(fuzz.signal, "cell_signal", lambda cell: pytest.fail("a cell was computed again"))
+    group_signal.main(["--seeds", str(seed), "--out", str(out)])
+    kept = json.loads((out / "manifest.json").read_text())
+    assert kept["git"]["commit"] == "a" * 40 and kept["wall_seconds"] == 123.0
+    assert kept["started"] == computed["started"] and kept["report"]["command"][0] == "benchmarks/group_signal.py"
+    assert f"computed at commit `{'a' * 40}`" in (out / "README.md").read_text()
+    assert "rewritten from it at" in (out / "README.md").read_text()
+
+
+def test_the_readme_of_a_held_out_folder_says_how_to_run_it_again_with_held_out(tmp_path):
+    """Held-out seeds are refused without ``--held-out``, so the command a held-out folder's README
+    gives carries it (and a development folder's does not)."""
+    def record(seed):
+        return {"cell": {"seed": seed}, "rounds": 10, "seconds": 1.0}
+
+    held = model_fuzz.readme(tmp_path, [record(1000), record(1001)], "", {})
+    assert "model_fuzz.py --held-out --seeds 1000-1001" in held
+    assert "--held-out" not in model_fuzz.readme(tmp_path, [record(3)], "", {})

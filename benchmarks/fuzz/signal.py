@@ -5,10 +5,12 @@ trained array, and for all of them together, the silhouette of the *true* groups
 distance between the clients' updates is scored (scikit-learn's ``silhouette_score``).
 
 A cell whose best silhouette stays near 0, or no higher than the same best with the group labels
-shuffled (``chance_best``: small arrays and few clients score high by luck), is one where no
-update-based clustering can tell the groups apart: the groups are as mixed in every array as
-clients drawn from one population. It bounds what the fuzz table can ask of the strategies; it
-uses the true groups, so nothing in the product may read it.
+shuffled (``chance_best``: small arrays and few clients score high by luck), is one where one
+training's updates do not tell the groups apart: the groups are as mixed in every array as
+clients drawn from one population. It grades how hard a cell is, not what is possible: a strategy
+that gathers more evidence (several chained trainings in a clustering round, updates over
+several rounds) can find groups it does not see. It uses the true groups, so nothing in the
+product may read it.
 """
 
 from __future__ import annotations
