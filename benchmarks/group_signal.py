@@ -115,6 +115,9 @@ as no clear trace.
 def code_line(manifest: dict) -> str:
     """The README's line naming the commit that computed signal.json, and the one that rewrote it."""
     line = f"Code: `signal.json` computed at commit `{manifest.get('git', {}).get('commit', '?')}`"
+    if manifest.get("earlier_runs"):
+        commits = ", ".join(f"`{run.get('git', {}).get('commit', '?')}`" for run in manifest["earlier_runs"])
+        line += f" (its earlier cells at {commits})"
     if manifest.get("note"):
         line += f" ({manifest['note']})"
     if manifest.get("report"):
@@ -155,14 +158,17 @@ def main(argv: list[str] | None = None) -> None:
               f"({time.perf_counter() - started:.0f} s)", flush=True)
     rows = judged_rows(args.judged)
     kept = args.out / "manifest.json"
-    if todo or not kept.exists():
+    earlier = json.loads(kept.read_text()) if kept.exists() else None
+    if earlier is None:
         write_manifest(args.out, manifest, config=config)
+    elif todo:  # cells added to a signal.json an earlier run began: that run stays on record
+        runs = earlier.pop("earlier_runs", [])
+        write_manifest(args.out, manifest, config=config, earlier_runs=[*runs, earlier])
     else:  # nothing computed: the manifest stays the record of the run that computed signal.json
-        record = json.loads(kept.read_text())
-        record["report"] = {"git": manifest["git"], "command": manifest["command"], "ended": manifest["started"],
-                            "judged": config["judged"],
-                            "what": "README.md and signal.png rewritten from signal.json (no cell run again)"}
-        kept.write_text(json.dumps(record, indent=1) + "\n")
+        earlier["report"] = {"git": manifest["git"], "command": manifest["command"], "rewritten": manifest["started"],
+                             "judged": config["judged"],
+                             "what": "README.md and signal.png rewritten from signal.json (no cell run again)"}
+        kept.write_text(json.dumps(earlier, indent=1) + "\n")
     figure(signal, rows, args.out / "signal.png")
     (args.out / "README.md").write_text(readme(signal, rows, json.loads((args.out / "manifest.json").read_text()),
                                                args.judged))

@@ -151,6 +151,10 @@ def readme(out: Path, records: list[dict], table_md: str, manifest: dict) -> str
     notes = out / "NOTES.md"  # a person's reading of the numbers, kept across --report-only
     reading = f"\n## What the table shows\n\n{notes.read_text().strip()}\n" if notes.exists() else ""
     held_out = " --held-out" if seeds and min(seeds) >= HELD_OUT_START else ""
+    # the folder's own strategies: without them a rerun would add every strategy the folder lacks
+    strategies = list(dict.fromkeys(row["strategy"] for rec in records for row in rec.get("rows", [])))
+    only = f" --strategies {','.join(strategies)}" if strategies else ""
+    only += f" --rounds {rounds[0]}" if rounds and rounds != [DEFAULT_ROUNDS] else ""
     git = manifest.get("git", {})
     commit = git.get("commit", git) if isinstance(git, dict) else git
     return f"""# Every strategy on models and data drawn at random
@@ -173,7 +177,7 @@ max {max(seconds):.0f}, on a shared 2-core machine.
 
 How to run it again (a cell already in the folder is skipped):
 
-    PYTHONPATH=$PWD:$PWD/tests:$PWD/benchmarks python benchmarks/model_fuzz.py{held_out} --seeds {seeds_text(seeds)} --out {out.as_posix()}
+    PYTHONPATH=$PWD:$PWD/tests:$PWD/benchmarks python benchmarks/model_fuzz.py{held_out} --seeds {seeds_text(seeds)}{only} --out {out.as_posix()}
 
 ## How a cell is judged
 

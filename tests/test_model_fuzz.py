@@ -352,14 +352,23 @@ def test_rewriting_the_signal_report_keeps_the_record_of_the_run_that_computed_i
     assert kept["started"] == computed["started"] and kept["report"]["command"][0] == "benchmarks/group_signal.py"
     assert f"computed at commit `{'a' * 40}`" in (out / "README.md").read_text()
     assert "rewritten from it at" in (out / "README.md").read_text()
+    later = next(s for s in range(seed + 1, 99) if draw_cell(s).shift != "iid")
+    monkeypatch.setattr(fuzz.signal, "cell_signal", lambda cell: dict(fake))
+    group_signal.main(["--seeds", f"{seed},{later}", "--out", str(out)])  # one cell added
+    grown = json.loads((out / "manifest.json").read_text())
+    assert grown["earlier_runs"][0]["git"]["commit"] == "a" * 40 and grown["git"]["commit"] != "a" * 40
+    assert f"its earlier cells at `{'a' * 40}`" in (out / "README.md").read_text()
 
 
-def test_the_readme_of_a_held_out_folder_says_how_to_run_it_again_with_held_out(tmp_path):
+def test_the_readme_says_how_to_run_the_folder_again_with_its_own_strategies_and_held_out(tmp_path):
     """Held-out seeds are refused without ``--held-out``, so the command a held-out folder's README
-    gives carries it (and a development folder's does not)."""
-    def record(seed):
-        return {"cell": {"seed": seed}, "rounds": 10, "seconds": 1.0}
+    gives carries it (and a development folder's does not); it names the folder's strategies and
+    rounds, since without them a rerun would add every strategy the folder lacks."""
+    def record(seed, rounds=10):
+        return {"cell": {"seed": seed}, "rounds": rounds, "seconds": 1.0,
+                "rows": [{"strategy": "fedavg"}, {"strategy": "cfl"}]}
 
     held = model_fuzz.readme(tmp_path, [record(1000), record(1001)], "", {})
-    assert "model_fuzz.py --held-out --seeds 1000-1001" in held
-    assert "--held-out" not in model_fuzz.readme(tmp_path, [record(3)], "", {})
+    assert "model_fuzz.py --held-out --seeds 1000-1001 --strategies fedavg,cfl --out" in held
+    development = model_fuzz.readme(tmp_path, [record(3, rounds=4)], "", {})
+    assert "--held-out" not in development and "--strategies fedavg,cfl --rounds 4 --out" in development
