@@ -24,7 +24,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 from clusterfed.experiments.manifest import start_manifest, write_manifest  # noqa: E402
 from fuzz.cell import draw_cell  # noqa: E402
 from fuzz.signal import CLEAR, shows_groups  # noqa: E402
-from model_fuzz import check_held_out, parse_seeds  # noqa: E402
+from model_fuzz import check_held_out, earlier_runs, parse_seeds  # noqa: E402
 
 CLUSTERED = ("cfl", "layercfl", "hicfl", "fedclust", "adacfl")
 
@@ -158,17 +158,14 @@ def main(argv: list[str] | None = None) -> None:
               f"({time.perf_counter() - started:.0f} s)", flush=True)
     rows = judged_rows(args.judged)
     kept = args.out / "manifest.json"
-    earlier = json.loads(kept.read_text()) if kept.exists() else None
-    if earlier is None:
-        write_manifest(args.out, manifest, config=config)
-    elif todo:  # cells added to a signal.json an earlier run began: that run stays on record
-        runs = earlier.pop("earlier_runs", [])
-        write_manifest(args.out, manifest, config=config, earlier_runs=[*runs, earlier])
+    if todo or not kept.exists():  # cells added to a signal.json an earlier run began: that run stays on record
+        write_manifest(args.out, manifest, config=config, earlier_runs=earlier_runs(args.out))
     else:  # nothing computed: the manifest stays the record of the run that computed signal.json
-        earlier["report"] = {"git": manifest["git"], "command": manifest["command"], "rewritten": manifest["started"],
-                             "judged": config["judged"],
-                             "what": "README.md and signal.png rewritten from signal.json (no cell run again)"}
-        kept.write_text(json.dumps(earlier, indent=1) + "\n")
+        record = json.loads(kept.read_text())
+        record["report"] = {"git": manifest["git"], "command": manifest["command"], "rewritten": manifest["started"],
+                            "judged": config["judged"],
+                            "what": "README.md and signal.png rewritten from signal.json (no cell run again)"}
+        kept.write_text(json.dumps(record, indent=1) + "\n")
     figure(signal, rows, args.out / "signal.png")
     (args.out / "README.md").write_text(readme(signal, rows, json.loads((args.out / "manifest.json").read_text()),
                                                args.judged))

@@ -143,6 +143,7 @@ def progress(done: int, total: int, record: dict, elapsed: float) -> str:
 
 def readme(out: Path, records: list[dict], table_md: str, manifest: dict) -> str:
     from fuzz.run import MAX_LOSS_PP
+    from fuzz.signal import CLEAR
     from model_matrix.cells import CEILING, MIN_ARI
 
     seeds = [rec["cell"]["seed"] for rec in records]
@@ -195,7 +196,7 @@ How to run it again (a cell already in the folder is skipped):
   groups pays within the cell's rounds (with the IID controls, the "groups help" column); where
   it does not, the task was not learnt far enough in those rounds for the groups to matter;
 - the groups show in the updates when the best silhouette of the true groups over the clients'
-  updates of any array (round 1, or after four rounds of FedAvg) is at least 0.2 and above what
+  updates of any array (round 1, or after four rounds of FedAvg) is at least {CLEAR:g} and above what
   it reaches with the groups shuffled (`benchmarks/group_signal.py`, given as `--signal`; the
   column is "-" without it): where they do not, one training's updates do not tell them apart
   (a grade of how hard the cell is, not a bound: a strategy that gathers more evidence can
@@ -226,11 +227,10 @@ def report(out: Path, manifest: dict | None = None, signal: Path | None = None) 
     if not records:
         return []
     manifest = manifest or json.loads((out / "manifest.json").read_text())
-    found = json.loads((ROOT / manifest["signal"]).read_text()) if manifest.get("signal") else None
-    if signal is not None:  # read before the manifest names it
-        found = json.loads(Path(signal).read_text())
+    if signal is not None:  # checked (check_signal) before the manifest names it
         manifest["signal"] = Path(signal).resolve().relative_to(ROOT).as_posix()
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    found = json.loads((ROOT / manifest["signal"]).read_text()) if manifest.get("signal") else None
     table = write_tables(out, records, found)
     heatmap(records, out / "heatmap.png")
     (out / "README.md").write_text(readme(out, records, markdown(table), manifest))
