@@ -76,7 +76,8 @@ def test_a_chain_whose_halves_agree_ends_early_and_its_cut_is_taken():
     labels, _ = oneshot.cut(X, params)
     taken, reproduction, said, deferred = oneshot.gate(X, labels, halves, params, "FedClust")
     assert not deferred and compare(taken, groups, "truth").agreement == 1.0
-    assert said == "FedClust: cut reproduced: requests 1–1 and 2–2 agree (ARI 1.00)"
+    assert said.startswith("FedClust: cut reproduced: requests 1–1 and 2–2 agree (ARI 1.00); it beats group-free "
+                           "rotations of the updates (best-cut silhouette ")
 
 
 def test_a_cut_that_only_sets_one_client_apart_is_deferred_and_a_lone_client_beside_groups_stays():
@@ -193,8 +194,10 @@ def test_a_converged_group_whose_members_cut_alike_round_after_round_is_not_spli
     run = Revisits(dict.fromkeys(KEYS, 0))
     two = [0, 0, 0, 0, 1, 1, 1, 1]
     NOT_SPLIT = "FedClust: cluster 0 not split: its members' training updates cut into 2 parts, but its parts "
-    # the cluster's scale: its first round's updates (one task: any cut of them points alike)
-    assert run.round(1, [0] * 8)["decision"].startswith(NOT_SPLIT + "point alike (mean-update cosine 0.99 >= 0.00)")
+    # the cluster's scale: its first round's updates (one task: any cut of them is its members' own spread)
+    said = run.round(1, [0] * 8)["decision"]
+    assert said.startswith(NOT_SPLIT.removesuffix("its parts ")) and said.endswith("of the updates (separation 1.81 <= 2.22 "
+                                                                                 "of their own spread): one task's spread")
     for number in (2, 3, 4):
         said = run.round(number, two, scale=0.1)["decision"]
         assert said == NOT_SPLIT + "pull apart by 0.13 < 0.50 of the cluster's update scale: one group's spread"
@@ -207,7 +210,7 @@ def test_a_converged_group_whose_members_cut_alike_round_after_round_is_not_spli
         replies = [reply(k, u, np.zeros(40), 0) for k, u in zip(KEYS, updates)]
         said = revisit.revisit(learning.state, learning.strategy.params, number, replies,
                                learning.strategy.new_cluster, "FedClust")["decision"]
-        assert said.startswith(NOT_SPLIT + "point alike (mean-update cosine 0.85 >= 0.00): one task")
+        assert said.startswith(NOT_SPLIT + "point alike (mean-update cosine 0.85 >= 0.60): one task")
     assert learning.clusters() == [KEYS]
     said = run.round(5, two)["decision"]  # the first cut at full scale: round 4's was no split
     assert said.endswith("cut into 2 parts, but rounds 4 and 5: the earlier cut kept these clients together")
@@ -316,12 +319,13 @@ def test_at_partial_participation_a_revisit_splits_on_pairs_seen_together_earlie
     assert run.clusters() == [keys[:6], keys[6:]]
 
 
-def test_a_cut_of_one_tasks_clients_that_coordinate_halves_reproduce_is_deferred_unless_it_beats_rotations():
-    """Without a chain's halves (a re-cut of kept rows, helper clients), the coordinate halves
-    of one update both hold each client's own direction: 8 clients of one task, each with its
-    own data, whose cut both halves reproduce (what the gate took before), are kept together,
-    because the cut scores no better than group-free rotations of the rows; real groups beat them."""
-    from clusterfed.clustering.oneshot import rotation_structure, threshold_cut
+def test_a_cut_of_one_tasks_clients_that_reproduces_is_deferred_unless_it_beats_rotations():
+    """A client's own data is in both halves of its evidence (a chain's, or two halves of one
+    update's coordinates): 8 clients of one task, each with its own data, whose cut both
+    halves reproduce (what the gate took before) are kept together, because the cut is no
+    better than group-free rotations of the rows (``group_test``); real groups beat them."""
+    from clusterfed.clustering.group_test import group_test
+    from clusterfed.clustering.oneshot import threshold_cut
     from clusterfed.clustering.reproducible import coordinate_halves
 
     params = FedClust.Params(seed=0)
@@ -333,11 +337,19 @@ def test_a_cut_of_one_tasks_clients_that_coordinate_halves_reproduce_is_deferred
     first, second = coordinate_halves(40, np.random.default_rng(params.seed))
     halves = (one_task[:, first], one_task[:, second], "coordinate halves")
     assert len(set(labels)) == 2 and oneshot.reproduced(oneshot.halves_agree(halves, 2, params), params)
-    own, rotated = rotation_structure(one_task, metric="cosine", linkage="average", max_clusters=10, draws=19, seed=0)
-    assert own <= rotated
-    taken, reproduction, said, deferred = oneshot.gate(one_task, labels, None, params, "FedClust")
-    assert deferred and len(np.unique(taken)) == 1 and reproduction is None
-    assert said.startswith("FedClust: cut deferred: its cut scored no better than group-free rotations of the "
-                           f"updates (best-cut silhouette {own:.2f} <= {rotated:.2f}): no evidence beyond each client's own data")
-    # with a chain's halves the rotations are not asked (measured: they refuse few-client groups of label skew)
-    assert not oneshot.gate(one_task, labels, halves, params, "FedClust")[3]
+    tested = group_test(one_task, labels, metric="cosine", linkage="average", max_clusters=10, draws=19, seed=0)
+    assert not tested.passes
+    for given in (None, halves):  # helper clients' coordinate halves, a stock chain's halves
+        taken, reproduction, said, deferred = oneshot.gate(one_task, labels, given, params, "FedClust")
+        assert deferred and len(np.unique(taken)) == 1 and reproduction.reproduces(params.reproduce_agreement)
+        assert said.startswith("FedClust: cut deferred: coordinate halves agree (ARI 1.00), but " + tested.words()
+                               + ": one task, each client's own data; one cluster until")
+    groups = np.array(directions([0, 0, 0, 0, 1, 1, 1, 1], noise=0.3))
+    taken = oneshot.gate(groups, np.array([0, 0, 0, 0, 1, 1, 1, 1]), None, params, "FedClust")
+    assert not taken.deferred and "it beats group-free rotations of the updates" in taken.said
+    # without independent halves, clusters whose mean changes point alike are one task's clients
+    alike = groups + 3 * np.random.default_rng(1).normal(size=40)
+    said = oneshot.gate(alike, np.array([0, 0, 0, 0, 1, 1, 1, 1]), None, params, "FedClust").said
+    assert "but two of its clusters' mean changes point alike (cosine 0." in said
+    assert not oneshot.gate(alike, np.array([0, 0, 0, 0, 1, 1, 1, 1]), ((alike, alike, "requests")), params,
+                            "FedClust").deferred  # a chain's independent halves

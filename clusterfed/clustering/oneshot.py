@@ -10,8 +10,6 @@ partial weights in, labels and what the cut used out.
   best silhouette.
 - ``silhouette_or_none``, ``precluster_records``: what the clustering records for figures.
 - ``lone_rows``: the clients a cut sets apart alone, when that is all it finds.
-- ``rotation_structure``: the best-silhouette cut's score on the rows and on group-free
-  rotations of them (a cut of one task's clients, each with its own data, does not beat them).
 """
 
 from __future__ import annotations
@@ -193,18 +191,3 @@ def lone_rows(labels: np.ndarray, within: np.ndarray | None = None) -> list[int]
     if alone and (len(np.unique(labels)) < 2 or agreement(labels, within) == 1.0):
         return alone
     return []
-
-
-def rotation_structure(X: np.ndarray, *, metric: str, linkage: str, max_clusters: int | None, draws: int,
-                       seed: int) -> tuple[float | None, float | None]:
-    """The best-silhouette cut's score on the rows ``X`` and the best over ``draws`` rotations
-    of them about their mean (``null_reference``, ``"rotation"``); None where there is none
-    (fewer than 3 rows; the rotations' also with no draws). The clients of one task differ by their own data,
-    independently of one another, so their rows are exchangeable, which the rotations keep:
-    a cut of them, however reproducible (a client's own data is in every half of its
-    evidence), does not beat its rotations; groups do, their means being mixed away. These are
-    ``cluster_auto``'s own best silhouette and rotation reference, the reference asked for by a
-    bar no cut reaches."""
-    cut = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=1.0, max_clusters=max_clusters,
-                       reference_draws=draws, seed=seed, reference_method="rotation")
-    return cut.silhouette, cut.reference

@@ -37,9 +37,10 @@ from pydantic import Field
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
+from clusterfed.clustering.group_test import group_test
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
-    chain_halves, cut_into, lone_rows, most_alike, rotation_structure, silhouette_or_none, threshold_cut)
+    chain_halves, cut_into, lone_rows, most_alike, silhouette_or_none, threshold_cut)
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
 from clusterfed.explain import oneshot as explain
 from clusterfed.explain.numbers import compared
@@ -57,7 +58,7 @@ MAX_MATRIX_CLIENTS = 500
 PositiveNumber = Annotated[float, Field(gt=0)]
 
 # two clusters' mean updates must point at least this much alike to be one task (the CFL
-# family's merge-min-cosine): the clustering step's cut and the revisits' merges
+# family's merge-min-cosine): the revisits' merges, and the most alike a split's parts may point
 MERGE_MIN_COSINE = 0.6
 
 # reason code -> sentence, for a run that ends with one cluster (the base's ``one_cluster_reasons``)
@@ -114,8 +115,8 @@ class OneShotParams(StrategyParams):
     reproduce: bool = Field(
         True, description="a cut is taken only when two independent halves of the evidence give the same partition "
                           "(a stock client's chained requests 1..h and h+1..k, else two halves of the compared "
-                          "coordinates, where a cut of 8 or more clients must also beat group-free rotations of the "
-                          "rows, auto-reference-draws of them; adjusted Rand index at least reproduce-agreement); "
+                          "coordinates; adjusted Rand index at least reproduce-agreement) and it beats "
+                          "auto-reference-draws group-free rotations of the rows (silhouette and parts' separation); "
                           "otherwise it is deferred (one cluster) and the round line says so, as is a cut that only "
                           "sets single clients apart (false: the papers' single cut)")
     reproduce_agreement: float = Field(
@@ -123,7 +124,8 @@ class OneShotParams(StrategyParams):
         description="the adjusted Rand index two independent cuts must reach for a cut, a split or a merge to be taken")
     revisit: bool = Field(
         True, description="after the clustering step, keep watching the training updates: a cluster whose members' "
-                          "updates show the same partition in two successive rounds is split, two clusters whose "
+                          "updates show the same partition in two successive rounds, beating group-free rotations of "
+                          "them, is split, two clusters whose "
                           "members' updates show no structure together and point alike in two successive rounds "
                           "are merged (false: the papers' one-shot clustering)")
     auto_reference_draws: int = Field(
@@ -334,12 +336,6 @@ def chain_settled(halves: Halves | None, params: OneShotParams, sample: int, cut
     return reproduced(halves_agree(halves, k, params), params)
 
 
-# the fewest clients whose cut on coordinate halves is tested against rotations: rotations of
-# fewer rows, in their few dimensions, cluster about as well as a few groups do (measured: 7
-# clients of 4 label-skew groups), and a federation of 3 devices in 2 groups could never cluster
-ROTATION_MIN_ROWS = 8
-
-
 class Gated(NamedTuple):
     """What ``gate`` decided: the labels taken, the reproduction (None: none was needed or
     measured), what the round line says, and whether the cut was deferred."""
@@ -355,16 +351,18 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     """The cut that is taken: ``labels`` when they are one cluster (nothing to reproduce),
     when ``reproduce`` is off, or when two independent halves of the evidence (``halves``: a
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
-    give the same partition; else ``fallback`` (what is known without the weights: AdaCFL's
-    label-statistics pre-clusters; default one cluster), the cut deferred. A cut of 4 or more
-    clients whose only structure is single clients set apart (``lone_rows``, beyond
-    ``fallback``) is deferred too, the clients named (``keys``): one client's
-    own data cannot be told from a group of one, whichever way its change points (noise does
-    both); the revisits split off a real group of one sampled member once more of it trains.
-    Without a chain's halves the coordinate halves are compared, and a cut of at least
-    ``ROTATION_MIN_ROWS`` clients must also beat group-free rotations of the rows, cut into at
-    most ``max_clusters`` (default ``max-clusters``) as the cut was (``rotation_structure``).
-    Returns the ``Gated`` decision."""
+    give the same partition and the cut beats group-free rotations of the rows
+    (``group_test``, cut into at most ``max_clusters``, default ``max-clusters``); else
+    ``fallback`` (what is known without the weights: AdaCFL's label-statistics pre-clusters;
+    default one cluster), the cut deferred. Why both: a client's own data is in both halves of
+    its evidence, so a cut of one task's clients reproduces too; it does not beat the
+    rotations, which keep the rows' spread and mix groups away. Two halves of one update's
+    coordinates are not independent draws at all: there the clusters' mean changes must
+    also point apart (``most_alike`` below ``MERGE_MIN_COSINE``). A cut of 4 or more clients
+    whose only structure is single clients set apart (``lone_rows``, beyond ``fallback``) is
+    deferred too, the clients named (``keys``): one client's own data cannot be told from a
+    group of one; the revisits split off a real group of one sampled member once more of it
+    trains. Returns the ``Gated`` decision."""
     k = len(np.unique(labels))
     fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
     if not params.reproduce or k < 2 or compare(labels, fallback, "").agreement == 1.0:
@@ -374,31 +372,35 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
         named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
         return Gated(fallback, None, f"{strategy}: cut deferred: it only set {named} apart, and one client's own "
                                      f"data cannot be told from a group of one; {_kept(fallback, params)}", True)
+    # two halves of one update's coordinates are no independent draws (both hold the client's
+    # own data), and the rotation test of a few rows has little power: there the clusters' mean
+    # updates must also point apart (the merge rule's bar), as one task's clients' point alike
+    strict = halves is None
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
             return Gated(labels, None, None, False)
-        # two halves of one update's coordinates both hold each client's own direction, so a cut of
-        # one task's clients reproduces there; it must also beat group-free rotations of the rows
-        # (CFL's evidence test: within a round one task's clients are exchangeable rows)
-        own, rotated = (rotation_structure(X, metric=params.distance, linkage=params.linkage,
-                                           max_clusters=max_clusters or params.max_clusters,
-                                           draws=params.auto_reference_draws, seed=params.seed)
-                        if len(X) >= ROTATION_MIN_ROWS else (None, None))
-        if own is not None and rotated is not None and own <= rotated:
-            return Gated(fallback, None, f"{strategy}: cut deferred: its cut scored no better than group-free "
-                                         f"rotations of the updates (best-cut silhouette {compared(own, '<=', rotated)}): "
-                                         f"no evidence beyond each client's own data; {_kept(fallback, params)}", True)
         first, second = coordinate_halves(X.shape[1], np.random.default_rng(params.seed))
         halves = (X[:, first], X[:, second], "coordinate halves")
     reproduction = halves_agree(halves, k, params)
     bound = params.reproduce_agreement
-    cosine, a, b = most_alike(X, labels)
-    if reproduced(reproduction, params) and cosine < MERGE_MIN_COSINE:
-        return Gated(labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}", False)
-    why = (explain.disagreement(reproduction, bound) if not reproduced(reproduction, params) else
-           f"{reproduction.words(bound)}, but two of its clusters' mean changes point alike (cosine {cosine:.2f} "
-           f">= {MERGE_MIN_COSINE}): one task, each client's own data")
-    return Gated(fallback, reproduction, f"{strategy}: cut deferred: {why}; {_kept(fallback, params)}", True)
+    if not reproduced(reproduction, params):
+        return Gated(fallback, reproduction, f"{strategy}: cut deferred: {explain.disagreement(reproduction, bound)}; "
+                                             f"{_kept(fallback, params)}", True)
+    tested = group_test(X, labels, metric=params.distance, linkage=params.linkage,
+                        max_clusters=max_clusters or params.max_clusters, draws=params.auto_reference_draws,
+                        seed=params.seed)
+    if tested is not None and not tested.passes:
+        return Gated(fallback, reproduction, f"{strategy}: cut deferred: {reproduction.words(bound)}, but "
+                                             f"{tested.words()}: one task, each client's own data; "
+                                             f"{_kept(fallback, params)}", True)
+    cosine = most_alike(X, labels)[0]
+    if strict and cosine >= MERGE_MIN_COSINE:
+        return Gated(fallback, reproduction, f"{strategy}: cut deferred: {reproduction.words(bound)}, but two of its "
+                                             f"clusters' mean changes point alike (cosine "
+                                             f"{compared(cosine, '>=', MERGE_MIN_COSINE)}): one task, each client's "
+                                             f"own data; {_kept(fallback, params)}", True)
+    beats = "" if tested is None else f"; {tested.words()}"
+    return Gated(labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}{beats}", False)
 
 
 def _kept(fallback: np.ndarray, params: OneShotParams) -> str:

@@ -1,7 +1,8 @@
 """FedClust's and AdaCFL's revisits (an extension, ``revisit = true``): after the clustering
 step, each round's training updates are cut per cluster; a cluster whose cut reproduces in two
-successive rounds, with parts that point and pull apart, is split, and two clusters whose
-members' updates show no structure together and point alike in two rounds running are merged.
+successive rounds, beats group-free rotations of the updates and has parts that point and
+pull apart, is split; two clusters whose members' updates show no structure together (nor as
+the two clusters) and point alike in two rounds running are merged.
 The tree and tests are the CFL family's (Sattler et al., "Clustered Federated Learning:
 Model-Agnostic Distributed Multitask Optimization Under Privacy Constraints"), on the one-shot
 strategies' state (``oneshot.OneShotState``)."""
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering import stack_partials
+from clusterfed.clustering.group_test import group_test
 from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separation, threshold_cut
 from clusterfed.clustering.reproducible import Reproduction, compare, reproduce_on_pairs, too_few_pairs
@@ -24,16 +26,14 @@ from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneSh
 # one more keeps a split from isolating a single client on one round's luck)
 REVISIT_MIN_MEMBERS = 4
 # A client's own data makes its update direction persistent, so the members of one group
-# cut alike round after round: reproduction alone does not make a split. Sattler et al.'s
-# two criteria, relative to the cluster's own scale (as HiCFL's ε is in
-# split_rules.relative_stability), tell a group's spread from groups its model cannot serve:
-# - the parts' mean updates point apart (cosine below this): the cluster's model sits
-#   between them (ε1, the mean update small); identically distributed clients still share
-#   their task's direction while they learn;
-REVISIT_MAX_COSINE = 0.0
-# - and pull apart by at least this share of the cluster's update scale (its members' mean
-#   update norm in the round they were first cut) (ε2, a member's update stays large): the
-#   converged members of one group pull apart at a small fraction of it.
+# cut alike round after round: reproduction alone does not make a split. A cut is a split when
+# it also beats group-free rotations of the members' updates (``group_test``: silhouette and
+# the parts' separation against their own spread), its parts point apart as the merge rule
+# reads them (mean-update cosine below ``MERGE_MIN_COSINE``, so that a split is not merged
+# back), and (Sattler et al.'s ε2, relative to the cluster's own scale, as HiCFL's ε is in
+# split_rules.relative_stability) they pull apart by at least this share of the cluster's
+# update scale (its members' mean update norm in the round they were first cut): the converged
+# members of one group pull apart at a small fraction of it.
 REVISIT_MIN_SEPARATION = 0.5
 # a cluster's latest cuts kept: at partial participation, where the latest shares too few of a
 # round's members, the pairs of them that met in these are the evidence
@@ -103,7 +103,7 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     labels = _revisit_cut(X, params)
     scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
     parts = len(np.unique(labels))
-    refused = _parts_refusal(X, labels, scale) if parts > 1 else None
+    refused = _parts_refusal(X, labels, scale, params) if parts > 1 else None
     if refused:
         labels = np.zeros_like(labels)  # one group's spread, not a split: both rounds compared must pass
     current = {reply.key: int(label) for reply, label in zip(group, labels)}
@@ -146,12 +146,16 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
             f"{reproduction.words(params.reproduce_agreement)}")
 
 
-def _parts_refusal(X: np.ndarray, labels: np.ndarray, scale: float) -> str | None:
-    """Why a cut of one round's updates is no split (Sattler et al.'s criteria on the cluster's
-    own scale), or None when its parts point and pull apart."""
+def _parts_refusal(X: np.ndarray, labels: np.ndarray, scale: float, params: OneShotParams) -> str | None:
+    """Why a cut of one round's updates is no split, or None when it beats group-free
+    rotations of them and its parts point and pull apart."""
+    tested = group_test(X, labels, metric=params.distance, linkage=params.linkage, max_clusters=params.max_clusters,
+                        draws=params.auto_reference_draws, seed=params.seed)
+    if tested is not None and not tested.passes:
+        return f"{tested.words()}: one task's spread"
     cosine = most_alike(X, labels)[0]
-    if cosine >= REVISIT_MAX_COSINE:
-        return f"its parts point alike (mean-update cosine {compared(cosine, '>=', REVISIT_MAX_COSINE)}): one task"
+    if cosine >= MERGE_MIN_COSINE:
+        return f"its parts point alike (mean-update cosine {compared(cosine, '>=', MERGE_MIN_COSINE)}): one task"
     separation = part_separation(X, labels) / scale if scale > 0 else 0.0
     if separation < REVISIT_MIN_SEPARATION:
         return (f"its parts pull apart by {compared(separation, '<', REVISIT_MIN_SEPARATION)} of the cluster's "
@@ -204,7 +208,8 @@ def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows:
             pair = f"{a}-{b}"
             together = np.vstack([rows[a], rows[b]])
             cosine = mean_cosine(rows[a], rows[b])
-            alike = cosine >= MERGE_MIN_COSINE and len(np.unique(_revisit_cut(together, params))) == 1
+            alike = (cosine >= MERGE_MIN_COSINE and len(np.unique(_revisit_cut(together, params))) == 1
+                     and not _apart(together, len(rows[a]), params))
             if not alike:
                 state.revisit_alike.pop(pair, None)
                 continue
@@ -214,6 +219,15 @@ def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows:
                 continue
             said.append(_merge(state, server_round, a, b, cosine, seen, strategy))
     return said
+
+
+def _apart(together: np.ndarray, first: int, params: OneShotParams) -> bool:
+    """Whether two clusters' members (the first ``first`` rows of ``together``, then the
+    other's) are a cut into groups: their clusters beat group-free rotations of their rows."""
+    labels = np.r_[np.zeros(first, np.int64), np.ones(len(together) - first, np.int64)]
+    tested = group_test(together, labels, metric=params.distance, linkage=params.linkage, max_clusters=2,
+                        draws=params.auto_reference_draws, seed=params.seed)
+    return tested is not None and tested.passes
 
 
 def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float, seen: int, strategy: str) -> str:

@@ -1,0 +1,79 @@
+"""The test that tells a cut into groups from one task's spread: the cut against group-free
+rotations of the same rows (``clustering/group_test.py``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from clusterfed.clustering.agglomerative import cluster_auto
+from clusterfed.clustering.group_test import CLEAR_SEPARATION, MIN_ROWS, GroupTest, group_test, separation
+from clusterfed.explain.numbers import false_comparisons
+
+TEST = {"metric": "cosine", "linkage": "average", "max_clusters": 10, "draws": 19, "seed": 0}
+
+
+def best_cut(X: np.ndarray) -> np.ndarray:
+    return np.asarray(cluster_auto(X, metric="cosine", linkage="average", min_silhouette=-1.0, max_clusters=10).labels)
+
+
+def one_task(clients: int, seed: int) -> np.ndarray:
+    """The task's direction plus each client's own data (exchangeable rows)."""
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=60) + rng.normal(size=(clients, 60))
+
+
+def groups(sizes: list[int], spread: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The task's direction, each group's own, each client's own data."""
+    rng = np.random.default_rng(seed)
+    task, centres = rng.normal(size=60), rng.normal(size=(len(sizes), 60))
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    return task + centres[labels] + spread * rng.normal(size=(len(labels), 60)), labels
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_best_cut_of_one_tasks_clients_does_not_pass(seed):
+    X = one_task(12, seed)
+    tested = group_test(X, best_cut(X), **TEST)
+    assert not tested.passes
+    assert not false_comparisons(tested.words())
+
+
+@pytest.mark.parametrize("sizes", [[4, 4, 4], [6, 7], [2, 2, 2]])
+def test_groups_pass_and_their_words_say_so(sizes):
+    X, labels = groups(sizes, spread=0.5, seed=1)
+    tested = group_test(X, labels, **TEST)
+    assert tested.passes and tested.separation > tested.rotated_separation
+    assert tested.words().startswith(("it beats group-free rotations", "its parts are clearly further apart"))
+    assert not false_comparisons(tested.words())
+
+
+def test_three_rows_never_pass_and_the_words_say_why():
+    X, labels = groups([1, 2], spread=0.05, seed=3)
+    tested = group_test(X, labels, **TEST)
+    assert len(X) < MIN_ROWS and not tested.passes
+    assert tested.words() == "3 clients are too few to tell groups from each client's own data (a cut needs 4)"
+
+
+def test_no_test_without_parts_or_draws():
+    X, labels = groups([4, 4], spread=0.5, seed=4)
+    assert group_test(X, np.zeros(8, int), **TEST) is None
+    assert group_test(X, labels, **{**TEST, "draws": 0}) is None
+
+
+def test_separation_is_the_squared_mean_gap_over_what_the_spread_gives_it():
+    X = np.array([[0.0, 0.0], [2.0, 0.0], [10.0, 0.0], [12.0, 0.0]])
+    # means 1 and 11 (gap² 100); pooled within variance (1+1+1+1)/(4-2) = 2; 2·(1/2 + 1/2) = 2
+    assert separation(X, np.array([0, 0, 1, 1])) == pytest.approx(50.0)
+    assert separation(X, np.zeros(4, int)) == 0.0
+
+
+@pytest.mark.parametrize("numbers", [(0.3, 0.4, 1.2, 1.3), (0.5, 0.4, 1.2, 1.1), (0.3, 0.4, 2.5, 1.1),
+                                     (0.3, 0.4, 1.5, 1.1)])
+def test_the_words_compare_their_numbers_truly(numbers):
+    """Beaten on separation: no; beaten on both, or on separation CLEAR_SEPARATION times: yes."""
+    tested = GroupTest(*numbers, rows=8)
+    silhouette, rotated_silhouette, own, rotated = numbers
+    assert tested.passes == (own > rotated and (silhouette > rotated_silhouette or own >= CLEAR_SEPARATION * rotated))
+    assert not false_comparisons(tested.words())
+    assert tested.passes == tested.words().startswith(("it beats", "its parts are clearly"))
