@@ -328,7 +328,7 @@ def oneshot_gate_words(strategy: str, own: float, rotated: float, params) -> str
     labels = np.array([0, 1, 1, 1, 1, 1, 1, 0])
     real = oneshot.gate(rows, labels, None, params, strategy)[2]
     assert real.startswith(f"{strategy}: cut deferred: ") and "group-free rotations" in real
-    fed = GroupTest(0.3, 0.4, own, rotated, 8)
+    fed = GroupTest(0.3, 0.4, own, rotated)
     return (f"{strategy}: cut deferred: coordinate halves agree (ARI 1.00), but {fed.words()}: one task, each "
             "client's own data; " + real.rsplit("; ", 1)[1])
 

@@ -352,7 +352,9 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     when ``reproduce`` is off, or when two independent halves of the evidence (``halves``: a
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
     give the same partition and the cut beats group-free rotations of the rows
-    (``group_test``, cut into at most ``max_clusters``, default ``max-clusters``); else
+    (``group_test``, cut into at most ``max_clusters``, default ``max-clusters``; below its
+    ``MIN_ROWS`` rows, its clusters' mean changes point apart: cosine below
+    ``MERGE_MIN_COSINE``); else
     ``fallback`` (what is known without the weights: AdaCFL's label-statistics pre-clusters;
     default one cluster), the cut deferred. Why both: a client's own data is in both halves of
     its evidence, so a cut of one task's clients reproduces too; it does not beat the
@@ -373,8 +375,8 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
         return Gated(fallback, None, f"{strategy}: cut deferred: it only set {named} apart, and one client's own "
                                      f"data cannot be told from a group of one; {_kept(fallback, params)}", True)
     # two halves of one update's coordinates are no independent draws (both hold the client's
-    # own data), and the rotation test of a few rows has little power: there the clusters' mean
-    # updates must also point apart (the merge rule's bar), as one task's clients' point alike
+    # own data), and below group_test.MIN_ROWS rows the rotation test is not asked: there the
+    # clusters' mean updates must point apart (one task's clients' point alike)
     strict = halves is None
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
@@ -394,7 +396,7 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
                                              f"{tested.words()}: one task, each client's own data; "
                                              f"{_kept(fallback, params)}", True)
     cosine = most_alike(X, labels)[0]
-    if strict and cosine >= MERGE_MIN_COSINE:
+    if (strict or tested is None) and cosine >= MERGE_MIN_COSINE:
         return Gated(fallback, reproduction, f"{strategy}: cut deferred: {reproduction.words(bound)}, but two of its "
                                              f"clusters' mean changes point alike (cosine "
                                              f"{compared(cosine, '>=', MERGE_MIN_COSINE)}): one task, each client's "

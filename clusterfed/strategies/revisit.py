@@ -35,6 +35,10 @@ REVISIT_MIN_MEMBERS = 4
 # update scale (its members' mean update norm in the round they were first cut): the converged
 # members of one group pull apart at a small fraction of it.
 REVISIT_MIN_SEPARATION = 0.5
+# a cluster of fewer members than the rotation test asks (group_test.MIN_ROWS): its parts must
+# point apart outright (a negative cosine: the cluster's model sits between them), Sattler et
+# al.'s ε1 read on the cluster's own updates
+FEW_MEMBERS_MAX_COSINE = 0.0
 # a cluster's latest cuts kept: at partial participation, where the latest shares too few of a
 # round's members, the pairs of them that met in these are the evidence
 REVISIT_CUTS_KEPT = 6
@@ -148,14 +152,16 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
 
 def _parts_refusal(X: np.ndarray, labels: np.ndarray, scale: float, params: OneShotParams) -> str | None:
     """Why a cut of one round's updates is no split, or None when it beats group-free
-    rotations of them and its parts point and pull apart."""
+    rotations of them (with fewer members than the test asks: its parts point apart outright)
+    and its parts point and pull apart."""
     tested = group_test(X, labels, metric=params.distance, linkage=params.linkage, max_clusters=params.max_clusters,
                         draws=params.auto_reference_draws, seed=params.seed)
     if tested is not None and not tested.passes:
         return f"{tested.words()}: one task's spread"
     cosine = most_alike(X, labels)[0]
-    if cosine >= MERGE_MIN_COSINE:
-        return f"its parts point alike (mean-update cosine {compared(cosine, '>=', MERGE_MIN_COSINE)}): one task"
+    bar = MERGE_MIN_COSINE if tested is not None else FEW_MEMBERS_MAX_COSINE
+    if cosine >= bar:
+        return f"its parts point alike (mean-update cosine {compared(cosine, '>=', bar)}): one task"
     separation = part_separation(X, labels) / scale if scale > 0 else 0.0
     if separation < REVISIT_MIN_SEPARATION:
         return (f"its parts pull apart by {compared(separation, '<', REVISIT_MIN_SEPARATION)} of the cluster's "
