@@ -320,7 +320,7 @@ def oneshot_gate_words(strategy: str, own: float, rotated: float, params) -> str
     rotations' (``oneshot.gate``'s words, with the separations ``own`` and ``rotated``)."""
     import numpy as np
 
-    from clusterfed.clustering.group_test import GroupTest
+    from clusterfed.clustering.group_structure import GroupTest
     from clusterfed.strategies import oneshot
 
     rng = np.random.default_rng(607)  # one task's clients whose cut no better than rotations (test_oneshot_reproducible)

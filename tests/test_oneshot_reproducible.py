@@ -323,8 +323,8 @@ def test_a_cut_of_one_tasks_clients_that_reproduces_is_deferred_unless_it_beats_
     """A client's own data is in both halves of its evidence (a chain's, or two halves of one
     update's coordinates): 8 clients of one task, each with its own data, whose cut both
     halves reproduce (what the gate took before) are kept together, because the cut is no
-    better than group-free rotations of the rows (``group_test``); real groups beat them."""
-    from clusterfed.clustering.group_test import group_test
+    better than group-free rotations of the rows (``group_structure``); real groups beat them."""
+    from clusterfed.clustering.group_structure import group_test
     from clusterfed.clustering.oneshot import threshold_cut
     from clusterfed.clustering.reproducible import coordinate_halves
 

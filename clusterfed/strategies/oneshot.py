@@ -37,7 +37,7 @@ from pydantic import Field
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
-from clusterfed.clustering.group_test import group_test
+from clusterfed.clustering.group_structure import group_test
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
     chain_halves, cut_into, lone_rows, most_alike, silhouette_or_none, threshold_cut)
@@ -115,8 +115,10 @@ class OneShotParams(StrategyParams):
     reproduce: bool = Field(
         True, description="a cut is taken only when two independent halves of the evidence give the same partition "
                           "(a stock client's chained requests 1..h and h+1..k, else two halves of the compared "
-                          "coordinates; adjusted Rand index at least reproduce-agreement) and it beats "
-                          "auto-reference-draws group-free rotations of the rows (silhouette and parts' separation); "
+                          "coordinates; adjusted Rand index at least reproduce-agreement) and, with 8 or more clients, "
+                          "its parts' separation beats auto-reference-draws group-free rotations of the rows, with "
+                          "its silhouette or by twice theirs (fewer clients, or coordinate halves: its clusters' "
+                          "mean changes also below cosine 0.6); "
                           "otherwise it is deferred (one cluster) and the round line says so, as is a cut that only "
                           "sets single clients apart (false: the papers' single cut)")
     reproduce_agreement: float = Field(
@@ -130,9 +132,10 @@ class OneShotParams(StrategyParams):
                           "are merged (false: the papers' one-shot clustering)")
     auto_reference_draws: int = Field(
         DEFAULT_DRAWS, alias="auto-reference-draws", ge=0,
-        description='lambda = "auto": a best cut below auto-min-silhouette still counts when it beats the best '
-                    'silhouette of this many group-free reference sets, the clients\' rows rotated at random about '
-                    'their mean (many small clients, or a few with large layers; 0 = fixed threshold only)')
+        description='group-free reference sets, the clients\' rows rotated at random about their mean: lambda = '
+                    '"auto", a best cut below auto-min-silhouette still counts when it beats their best silhouette '
+                    '(many small clients, or a few with large layers); and a reproduced cut or a revisit\'s split '
+                    'must beat them (0 = fixed threshold only, and the cosine rules of fewer than 8 clients)')
 
 
 @dataclass
@@ -352,7 +355,7 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     when ``reproduce`` is off, or when two independent halves of the evidence (``halves``: a
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
     give the same partition and the cut beats group-free rotations of the rows
-    (``group_test``, cut into at most ``max_clusters``, default ``max-clusters``; below its
+    (``group_structure``, cut into at most ``max_clusters``, default ``max-clusters``; below its
     ``MIN_ROWS`` rows, its clusters' mean changes point apart: cosine below
     ``MERGE_MIN_COSINE``); else
     ``fallback`` (what is known without the weights: AdaCFL's label-statistics pre-clusters;
@@ -375,7 +378,7 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
         return Gated(fallback, None, f"{strategy}: cut deferred: it only set {named} apart, and one client's own "
                                      f"data cannot be told from a group of one; {_kept(fallback, params)}", True)
     # two halves of one update's coordinates are no independent draws (both hold the client's
-    # own data), and below group_test.MIN_ROWS rows the rotation test is not asked: there the
+    # own data), and below group_structure.MIN_ROWS rows the rotation test is not asked: there the
     # clusters' mean updates must point apart (one task's clients' point alike)
     strict = halves is None
     if halves is None:

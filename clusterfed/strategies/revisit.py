@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering import stack_partials
-from clusterfed.clustering.group_test import group_test
+from clusterfed.clustering.group_structure import group_test
 from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separation, threshold_cut
 from clusterfed.clustering.reproducible import Reproduction, compare, reproduce_on_pairs, too_few_pairs
@@ -27,7 +27,7 @@ from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneSh
 REVISIT_MIN_MEMBERS = 4
 # A client's own data makes its update direction persistent, so the members of one group
 # cut alike round after round: reproduction alone does not make a split. A cut is a split when
-# it also beats group-free rotations of the members' updates (``group_test``: silhouette and
+# it also beats group-free rotations of the members' updates (``group_structure``: silhouette and
 # the parts' separation against their own spread), its parts point apart as the merge rule
 # reads them (mean-update cosine below ``MERGE_MIN_COSINE``, so that a split is not merged
 # back), and (Sattler et al.'s ε2, relative to the cluster's own scale, as HiCFL's ε is in
@@ -35,7 +35,7 @@ REVISIT_MIN_MEMBERS = 4
 # update scale (its members' mean update norm in the round they were first cut): the converged
 # members of one group pull apart at a small fraction of it.
 REVISIT_MIN_SEPARATION = 0.5
-# a cluster of fewer members than the rotation test asks (group_test.MIN_ROWS): its parts must
+# a cluster of fewer members than the rotation test asks (group_structure.MIN_ROWS): its parts must
 # point apart outright (a negative cosine: the cluster's model sits between them), Sattler et
 # al.'s ε1 read on the cluster's own updates
 FEW_MEMBERS_MAX_COSINE = 0.0
@@ -68,8 +68,10 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
             new_cluster: Any, strategy: str, whole: list[str] | None = None) -> Diagnostics:
     """After a round's training (``replies``): split a cluster whose members' updates cut
     into the same partition as in the round it last trained (successive rounds: independent
-    SGD draws), merge two clusters whose members' updates show no structure together and
-    whose mean updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running.
+    SGD draws), the cut passing ``_parts_refusal``'s tests (group-free rotations, parts
+    pointing and pulling apart); merge two clusters whose members' updates show no structure
+    together, whose two clusters do not beat group-free rotations (``_apart``) and whose mean
+    updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running.
     ``new_cluster``: the strategy's (model, inherit) -> id. Returns the diagnostics, with the
     round line's words under ``decision`` when anything was split or merged."""
     groups: dict[int, list[TrainReply]] = {}

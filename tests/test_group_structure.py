@@ -1,5 +1,5 @@
 """The test that tells a cut into groups from one task's spread: the cut against group-free
-rotations of the same rows (``clustering/group_test.py``)."""
+rotations of the same rows (``clustering/group_structure.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from clusterfed.clustering.agglomerative import cluster_auto
-from clusterfed.clustering.group_test import CLEAR_SEPARATION, MIN_ROWS, GroupTest, group_test, separation
+from clusterfed.clustering.group_structure import CLEAR_SEPARATION, MIN_ROWS, GroupTest, group_test, separation
 from clusterfed.explain.numbers import false_comparisons
 
 TEST = {"metric": "cosine", "linkage": "average", "max_clusters": 10, "draws": 19, "seed": 0}
@@ -61,6 +61,8 @@ def test_separation_is_the_squared_mean_gap_over_what_the_spread_gives_it():
     # means 1 and 11 (gap² 100); pooled within variance (1+1+1+1)/(4-2) = 2; 2·(1/2 + 1/2) = 2
     assert separation(X, np.array([0, 0, 1, 1])) == pytest.approx(50.0)
     assert separation(X, np.zeros(4, int)) == 0.0
+    tight = np.array([[0.0, 0.0], [0.0, 0.0], [10.0, 0.0], [10.0, 0.0]])  # no spread within the parts
+    assert separation(tight, np.array([0, 0, 1, 1])) == np.inf
 
 
 @pytest.mark.parametrize("numbers", [(0.3, 0.4, 1.2, 1.3), (0.5, 0.4, 1.2, 1.1), (0.3, 0.4, 2.5, 1.1),
