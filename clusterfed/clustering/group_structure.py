@@ -38,7 +38,7 @@ import numpy as np
 from clusterfed.explain.numbers import compared
 
 from .agglomerative import cluster_auto
-from .null_reference import MAX_REFERENCE_ROWS, reference_draws
+from .null_reference import MAX_REFERENCE_ROWS, reference_draws, sampled_rows
 from .oneshot import cut_into
 
 
@@ -124,8 +124,8 @@ def group_test(X: np.ndarray, labels: np.ndarray, *, metric: str, linkage: str, 
     k = len(np.unique(labels))
     if k < 2 or draws <= 0 or len(X) < MIN_ROWS:
         return None
-    if len(X) > MAX_REFERENCE_ROWS:
-        kept = np.sort(np.random.default_rng(seed).choice(len(X), size=MAX_REFERENCE_ROWS, replace=False))
+    kept = sampled_rows(len(X), MAX_REFERENCE_ROWS, np.random.default_rng(seed))  # the rows the draws rotate
+    if kept is not None:
         X, labels = X[kept], labels[kept]
         k = len(np.unique(labels))
         if k < 2:

@@ -63,6 +63,12 @@ def span_coordinates(X: np.ndarray) -> np.ndarray:
     return r.T  # X = r.T q.T, so r.T holds the coordinates of each row
 
 
+def sampled_rows(rows: int, max_rows: int, rng: np.random.Generator) -> np.ndarray | None:
+    """The sorted indices of ``max_rows`` of ``rows`` rows drawn from ``rng``; None when
+    there are no more rows than that (all are kept)."""
+    return np.sort(rng.choice(rows, size=max_rows, replace=False)) if rows > max_rows else None
+
+
 def reference_draws(X: np.ndarray, draws: int, seed: int, max_rows: int = MAX_REFERENCE_ROWS,
                     method: ReferenceMethod = "gaussian") -> list[np.ndarray]:
     """``draws`` data sets with X's row count (capped at ``max_rows``) and no groups:
@@ -72,8 +78,9 @@ def reference_draws(X: np.ndarray, draws: int, seed: int, max_rows: int = MAX_RE
         raise ValueError(f"unknown reference method {method!r}; expected one of {REFERENCE_METHODS}")
     rng = np.random.default_rng(seed)
     X = np.asarray(X, dtype=np.float64)
-    if len(X) > max_rows:
-        X = X[np.sort(rng.choice(len(X), size=max_rows, replace=False))]
+    kept = sampled_rows(len(X), max_rows, rng)
+    if kept is not None:
+        X = X[kept]
     C = span_coordinates(X)
     m = len(C)
     mean = C.mean(axis=0)

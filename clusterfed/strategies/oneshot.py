@@ -37,7 +37,7 @@ from pydantic import Field
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
-from clusterfed.clustering.group_structure import group_test
+from clusterfed.clustering.group_structure import GroupTest, group_test
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
     chain_halves, cut_into, lone_rows, most_alike, silhouette_or_none, threshold_cut)
@@ -391,9 +391,7 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     if not reproduced(reproduction, params):
         return Gated(fallback, reproduction, f"{strategy}: cut deferred: {explain.disagreement(reproduction, bound)}; "
                                              f"{_kept(fallback, params)}", True)
-    tested = group_test(X, labels, metric=params.distance, linkage=params.linkage,
-                        max_clusters=max_clusters or params.max_clusters, draws=params.auto_reference_draws,
-                        seed=params.seed)
+    tested = groups_tested(X, labels, params, max_clusters)
     if tested is not None and not tested.passes:
         return Gated(fallback, reproduction, f"{strategy}: cut deferred: {reproduction.words(bound)}, but "
                                              f"{tested.words()}: one task, each client's own data; "
@@ -406,6 +404,15 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
                                              f"own data; {_kept(fallback, params)}", True)
     beats = "" if tested is None else f"; {tested.words()}"
     return Gated(labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}{beats}", False)
+
+
+def groups_tested(X: np.ndarray, labels: np.ndarray, params: OneShotParams,
+                  max_clusters: int | None = None) -> GroupTest | None:
+    """``group_test`` of the cut ``labels`` of X with the strategy's distance, linkage, draws
+    and seed, cut into at most ``max_clusters`` (default ``max-clusters``)."""
+    return group_test(X, labels, metric=params.distance, linkage=params.linkage,
+                      max_clusters=max_clusters or params.max_clusters, draws=params.auto_reference_draws,
+                      seed=params.seed)
 
 
 def _kept(fallback: np.ndarray, params: OneShotParams) -> str:

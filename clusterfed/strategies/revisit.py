@@ -14,13 +14,12 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering import stack_partials
-from clusterfed.clustering.group_structure import group_test
 from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separation, threshold_cut
 from clusterfed.clustering.reproducible import Reproduction, compare, reproduce_on_pairs, too_few_pairs
 from clusterfed.explain.numbers import compared
 from clusterfed.core.exchange import Diagnostics, TrainReply, natural
-from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState, reproduced
+from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState, groups_tested, reproduced
 
 # members of a cluster that trained in a round for their updates to be cut (a cut needs 3;
 # one more keeps a split from isolating a single client on one round's luck)
@@ -156,8 +155,7 @@ def _parts_refusal(X: np.ndarray, labels: np.ndarray, scale: float, params: OneS
     """Why a cut of one round's updates is no split, or None when it beats group-free
     rotations of them (with fewer members than the test asks: its parts point apart outright)
     and its parts point and pull apart."""
-    tested = group_test(X, labels, metric=params.distance, linkage=params.linkage, max_clusters=params.max_clusters,
-                        draws=params.auto_reference_draws, seed=params.seed)
+    tested = groups_tested(X, labels, params)
     if tested is not None and not tested.passes:
         return f"{tested.words()}: one task's spread"
     cosine = most_alike(X, labels)[0]
@@ -233,8 +231,7 @@ def _apart(together: np.ndarray, first: int, params: OneShotParams) -> bool:
     """Whether two clusters' members (the first ``first`` rows of ``together``, then the
     other's) are a cut into groups: their clusters beat group-free rotations of their rows."""
     labels = np.r_[np.zeros(first, np.int64), np.ones(len(together) - first, np.int64)]
-    tested = group_test(together, labels, metric=params.distance, linkage=params.linkage, max_clusters=2,
-                        draws=params.auto_reference_draws, seed=params.seed)
+    tested = groups_tested(together, labels, params, max_clusters=2)
     return tested is not None and tested.passes
 
 
