@@ -243,14 +243,14 @@ def own_directions(rng, common, noise=0.05, rank=3):
 @pytest.mark.parametrize("cls", [CFL, LayerCFL, HiCFL])
 @pytest.mark.parametrize("common", [2.0, 0.0])  # training, and converged (no shared direction left)
 def test_identically_distributed_clients_whose_own_data_repeats_stay_one_cluster(cls, common):
-    """Their cut reproduces round after round and passes the fixed silhouette, but it scores no
-    better than rotations of the round's updates (rows that differ only by each client's own data)."""
+    """Their cut reproduces round after round and passes the fixed silhouette, but it does not
+    beat rotations of the round's updates (rows that differ only by each client's own data)."""
     rng = np.random.default_rng(0)
     updates = own_directions(rng, common)
     strategy = make_strategy(cls, GROUPS, **EVIDENCE)
     said = [run_round(strategy, server_round, updates()).get("decision") or "" for server_round in range(1, 9)]
     assert strategy.state.splits == [] and len(set(strategy.assignment.values())) == 1
-    assert "scored no better than group-free rotations of the" in " ".join(said)
+    assert "than group-free rotations" in " ".join(said)  # the silhouette, or the parts' separation, no higher
     assert "group-free rotations" in strategy.one_cluster_reason()
 
 

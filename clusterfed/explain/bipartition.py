@@ -50,7 +50,7 @@ NO_SPLIT_TEXT = {"agree": "updates agree (not heterogeneous)",
                               "group-free rotations of the members' updates",
                  "deferred": "successive rounds' partitions of the members disagreed (split-agreement)",
                  "alike": "the partition reproduced but its parts' mean updates point alike (merge-min-cosine)",
-                 "group_free": "the split scored no better than group-free rotations of the members' updates"}
+                 "group_free": "the split did not beat group-free rotations of the members' updates"}
 
 
 def versus(a: float, op: str, b: float, between: str = "", digits: int = 3, setting: bool = False) -> str:
@@ -135,8 +135,10 @@ def cfl_refusal_numbers(state: Any, params: Any) -> str | None:
         alone = next((side[0] for side in r.get("members") or [] if len(side) == 1), None)
         return f"last refusal: round {r['round']}, cluster {r['cluster']}" + (f": client {alone} alone" if alone else "")
     if top == "group_free":
-        r = max((r for r in refused if r["reason"] == top),
-                key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
+        entries = [r for r in refused if r["reason"] == top]
+        if tested := closest_group_test(entries):
+            return f"closest refusal: round {tested['round']}, cluster {tested['cluster']}: {tested['group_words']}"
+        r = max(entries, key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
         return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: best-cut silhouette "
                 f"{versus(r['best_cut_silhouette'], '<=', r['required_silhouette'], 'group-free rotations')}")
     if top == "deferred":
@@ -171,12 +173,23 @@ def hicfl_refusal_numbers(state: Any, params: Any) -> str | None:
     if top == "deferred":
         n = max(entries, key=lambda n: n.get("agreement") if n.get("agreement") is not None else -2.0)
         return f"closest deferral: round {n['round']}, cluster {n['cluster']}: {deferral_evidence(n, params)}"
+    if top == "group_free" and (tested := closest_group_test(entries)):
+        return (f"closest refusal: round {tested['round']}, cluster {tested['cluster']}: {tested['group_words']} on "
+                f"{tested['layer']}")
     if top in ("reference", "group_free"):
         n = max(entries, key=lambda n: max(n["silhouettes"].values()) - n["reference_silhouette"])
         return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: silhouette "
                 f"{versus(max(n['silhouettes'].values()), '<=', n['reference_silhouette'], 'group-free rotations')}")
     n = entries[-1]
     return f"last refusal: round {n['round']}, cluster {n['cluster']}, layer {n['layer']}"
+
+
+def closest_group_test(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Of the refusals the group test decided (``layer_split.EvidenceTest``), the one whose parts
+    came nearest the rotations' separation; None when it decided none."""
+    tested = [e for e in entries if e.get("group_test")]
+    return max(tested, key=lambda e: e["group_test"]["separation"] / max(e["group_test"]["rotated_separation"], 1e-12),
+               default=None)
 
 
 def closest_alike(entries: list[dict[str, Any]]) -> str:

@@ -263,7 +263,8 @@ def refuse_structure(state: CFLFamilyState, server_round: int, cluster: int, p: 
                      params: CFLFamilyParams, evidence: bool) -> Diagnostics | None:
     """A bi-partition of noise keeps the cluster whole: a cut must reach the required silhouette
     and beat group-free data strictly (updates that are all zero score 0, and so does their
-    reference); on evidence a small side must also beat group-free rotations."""
+    reference); on evidence a split must also pass the test against group-free rotations of the
+    updates (``layer_split.evidence_reference``) and not leave one client alone."""
     structure, required, reference, record = p.structure, p.required, p.reference, p.record
     if structure < required or (reference is not None and structure <= reference):
         refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "silhouette",
@@ -277,9 +278,9 @@ def refuse_structure(state: CFLFamilyState, server_round: int, cluster: int, p: 
         return None
     # a small side (2 to min-split-size - 1 members) must beat group-free rotations of the updates
     # (HiCFL's small-side test, measured on the model matrix's GRU cell), and so must any larger
-    # split: successive rounds share each client's own data, so a cut of one task can reproduce;
-    # within a round those differences are independent from client to client, and the rotations
-    # keep that (group means they mix away)
+    # split, in parts' separation as well as silhouette: successive rounds share each client's own
+    # data, so a cut of one task can reproduce; within a round those differences are independent
+    # from client to client, and the rotations keep that (group means they mix away)
     smaller = min(len(p.side_a), len(p.side_b))
     # one client's own data cannot be told from a group of one; with members absent this round a
     # lone replier may stand for them (they follow their last updates), so only when all replied
@@ -290,22 +291,19 @@ def refuse_structure(state: CFLFamilyState, server_round: int, cluster: int, p: 
         return {"refused_splits": [{"cluster": cluster, "reason": "single", "best_cut_silhouette": structure}],
                 "words": [f"cluster {cluster} not split: its cut leaves one client alone ({alone}), whose own data "
                           f"cannot be told from a group of one"]}
-    reference, test = evidence_reference(p.U, smaller, rule="linkage", small_draws=SMALL_SIDE_DRAWS,
-                                         min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
-                                         seed=params.seed)
-    if reference is None or structure > reference:
-        p.record["rotation_silhouette"] = reference
+    tested = evidence_reference(p.U, smaller, rule="linkage", small_draws=SMALL_SIDE_DRAWS,
+                                min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
+                                seed=params.seed)
+    if tested.passes(structure):
+        p.record.update(rotation_silhouette=tested.reference, **tested.as_record())
         return None
-    reason = "reference" if test == "small" else "group_free"
+    reason = "reference" if tested.test == "small" else "group_free"
+    required = tested.reference if tested.reference is not None else record["required_silhouette"]
     refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": reason, "members": p.sides,
-                            **record, "required_silhouette": reference}, p.compared)
-    scored = f"(best-cut silhouette {compared(structure, '<=', reference)})"
-    said = (f"a side of {smaller} clients scored no better than group-free rotations {scored}" if test == "small" else
-            f"its cut scored no better than group-free rotations of the updates {scored}: one task, each client's "
-            f"own data")
+                            **record, **tested.as_record(), "required_silhouette": required}, p.compared)
     return {"refused_splits": [{"cluster": cluster, "reason": reason, "best_cut_silhouette": structure,
-                                "reference_silhouette": reference}],
-            "words": [f"cluster {cluster} not split: {said}"]}
+                                "reference_silhouette": tested.reference, **tested.as_record()}],
+            "words": [f"cluster {cluster} not split: {tested.words(structure, smaller)}"]}
 
 
 def refuse_check(state: CFLFamilyState, server_round: int, cluster: int, p: Proposal, reports: list[Any], *,
@@ -480,8 +478,8 @@ class CFL(ClusteredStrategy):
                  "merge-min-cosine): one task, each client's own data",
         "reference": "every split leaving a side of fewer than min-split-size clients scored no better than "
                      "group-free rotations of the updates",
-        "group_free": "every proposed split scored no better than group-free rotations of the updates: one task, "
-                      "each client's own data",
+        "group_free": "no proposed split beat group-free rotations of the updates (in its parts' separation and "
+                      "silhouette): one task, each client's own data",
         "single": "every proposed split left one client alone, whose own data cannot be told from a group of one",
     }
 

@@ -49,6 +49,7 @@ from pydantic import Field
 from clusterfed.strategies import array_choice, base
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.bipartition import SplitDecision
+from clusterfed.clustering.layer_split import EvidenceTest
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.clustering.split_scores import separation_gap
 from clusterfed.clustering.stability import StabilityTracker
@@ -197,10 +198,11 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
                         "silhouette", decision, silhouettes=choice.silhouettes)
     chosen = proposals[choice.layer]
     # a few members of one group, or on evidence any cut of one task's clients: no better than rotations
-    reference, test = windows.small_side_test(state, params, chosen, present, evidence)
-    if reference is not None and choice.silhouette <= reference:
-        return no_split(state, server_round, cluster, choice.layer, "reference" if test == "small" else "group_free",
-                        decision, silhouettes=choice.silhouettes, reference_silhouette=reference)
+    tested = windows.small_side_test(state, params, chosen, present, evidence)
+    if not tested.passes(choice.silhouette):
+        return no_split(state, server_round, cluster, choice.layer, "reference" if tested.test == "small" else
+                        "group_free", decision, silhouettes=choice.silhouettes, reference_silhouette=tested.reference,
+                        **tested.as_record())
     if evidence:  # the split is taken only when two rounds' partitions agree, their parts pointing apart
         bound, min_cosine = params.split_agreement, params.merge_min_cosine
         if not isinstance(reproduction, Evidence) or not reproduction.passes(bound, min_cosine):
@@ -214,7 +216,7 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
             return no_split(state, server_round, cluster, choice.layer, "deferred", decision,
                             silhouettes=choice.silhouettes, agreement=agreement, evidence=said)
         chosen = {**chosen, "record": {**chosen["record"], "reproduction": reproduction.as_record()}}
-    found = split(tree, state, reports, server_round, cluster, replies, decision, choice, chosen, ready, reference,
+    found = split(tree, state, reports, server_round, cluster, replies, decision, choice, chosen, ready, tested,
                   present)
     a, b = found["splits"][0]["children"]
     why = (reproduction.words(params.split_agreement, params.merge_min_cosine) if isinstance(reproduction, Evidence)
@@ -225,7 +227,7 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
 
 def split(tree: BiPartitionTree, state: HiCFLState, reports: list[Any], server_round: int, cluster: int,
           replies: list[TrainReply], decision: SplitDecision, choice: Any, chosen: dict[str, Any], ready: list[str],
-          reference: float | None, present: list[str]) -> Diagnostics:
+          tested: EvidenceTest, present: list[str]) -> Diagnostics:
     """Step 5's split of ``cluster`` by the ``chosen`` proposal; every member's windows restart."""
     tracker = state.tracker
     members = state.tree.members(cluster)
@@ -238,7 +240,8 @@ def split(tree: BiPartitionTree, state: HiCFLState, reports: list[Any], server_r
         **chosen["record"],
         "ready_layers": ready,
         "silhouettes": choice.silhouettes,
-        "reference_silhouette": reference,
+        "reference_silhouette": tested.reference,
+        **tested.as_record(),
         "stability": chosen["stability"],
         "relative": state.epsilon is None,
         "criterion": decision_record(decision),
@@ -274,7 +277,8 @@ def no_split(state: HiCFLState, server_round: int, cluster: int, layer: str, cod
     state.no_split.append(entry)
     said = extra.get("evidence") if code in ("deferred", "alike") else entry["reason"]
     if code in ("reference", "group_free"):  # the numbers behind it
-        said += (f" (silhouette {explain.versus(max(extra['silhouettes'].values()), '<=', extra['reference_silhouette'], digits=2)}"
+        said += (f" ({extra['group_words']} on {layer})" if extra.get("group_words") else
+                 f" (silhouette {explain.versus(max(extra['silhouettes'].values()), '<=', extra['reference_silhouette'], digits=2)}"
                  f" on {layer})")
     verb = "deferred" if code == "deferred" else "not split"
     return {"no_split": [{"cluster": cluster, "layer": layer, "reason": entry["reason"], **extra}],
@@ -308,8 +312,8 @@ class HiCFL(ClusteredStrategy):
                     "cluster's clients (split-agreement)",
         "alike": "every partition that reproduced had parts whose mean updates point alike (cosine >= "
                  "merge-min-cosine): one task, each client's own data",
-        "group_free": "every proposed split scored no better than group-free rotations of the members' updates of "
-                      "its layer: one task, each client's own data",
+        "group_free": "no proposed split beat group-free rotations of the members' updates of its layer (in its "
+                      "parts' separation and silhouette): one task, each client's own data",
     }
 
 

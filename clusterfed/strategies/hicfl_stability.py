@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from clusterfed.clustering.layer_split import evidence_reference, propose_split, small_side_reference
+from clusterfed.clustering.layer_split import EvidenceTest, evidence_reference, propose_split, small_side_reference
 from clusterfed.clustering.sketch import Sketch, split_budget
 from clusterfed.clustering.split_rules import layer_scale, relative_stability
 from clusterfed.clustering.vectors import flatten, stack_float64
@@ -129,17 +129,17 @@ def propose(state: Any, params: Any, clients: dict[str, ClientInfo], layer: str,
 
 
 def small_side_test(state: Any, params: Any, proposal: dict[str, Any], members: list[str],
-                    evidence: bool = False) -> tuple[float | None, str]:
-    """The group-free rotations' score a split must beat (``layer_split``), and which test: a split
-    into a small side (``small``); on evidence any larger split too (``group_free``)."""
+                    evidence: bool = False) -> EvidenceTest:
+    """The test against group-free rotations a split must pass (``layer_split``): a split into a
+    small side (``small``); on evidence any larger split too (``group_free``)."""
     if params.split != "linkage" or (params.small_side_reference_draws <= 0 and not evidence):
-        return None, ""
+        return EvidenceTest("")
     U = np.stack([state.tracker.last_update(k, proposal["layer"]) for k in members])
     smallest = min(len(side) for side in proposal["keys"])
     if not evidence:
-        return small_side_reference(U, smallest, rule=params.split, draws=params.small_side_reference_draws,
-                                    min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
-                                    seed=params.seed), "small"
+        return EvidenceTest("small", small_side_reference(
+            U, smallest, rule=params.split, draws=params.small_side_reference_draws,
+            min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k, seed=params.seed))
     return evidence_reference(U, smallest, rule=params.split, small_draws=params.small_side_reference_draws,
                               min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
                               seed=params.seed)
