@@ -1,0 +1,79 @@
+"""The test a CFL-family split must pass on evidence (``clustering/layer_split.evidence_reference``):
+from 12 members, the members' best cut against group-free rotations in parts' separation as well
+as silhouette; below, the silhouette alone; and what the refusal says."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from clusterfed.clustering.layer_split import EVIDENCE_TEST_MIN_ROWS, evidence_reference
+from clusterfed.explain.bipartition import cfl_refusal_numbers, hicfl_refusal_numbers
+from clusterfed.explain.numbers import false_comparisons
+from clusterfed.strategies.cfl import CFLParams
+from clusterfed.strategies.hicfl import HiCFLParams
+
+TEST = {"rule": "linkage", "small_draws": 19, "min_split_size": 3, "max_k": 5, "seed": 0}
+
+
+def one_task(clients: int, seed: int) -> np.ndarray:
+    """One task's clients: the task's direction, each client's own direction in a few
+    dimensions (its own data, as real updates clump) and a little noise."""
+    rng = np.random.default_rng(seed)
+    basis = np.linalg.qr(rng.normal(size=(60, 60)))[0].T
+    own = rng.standard_normal((clients, 3)) @ basis[10:13]
+    return 2.0 * basis[5] + own + 0.05 * rng.standard_normal((clients, 60))
+
+
+def groups(sizes: list[int], seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(len(sizes), 60))
+    labels = np.repeat(np.arange(len(sizes)), sizes)
+    return rng.normal(size=60) + centres[labels] + 0.4 * rng.normal(size=(len(labels), 60))
+
+
+@pytest.mark.parametrize("seed", [16, 22, 25])
+def test_one_tasks_members_whose_silhouette_beats_rotations_are_refused_on_their_separation(seed):
+    """The cut the rotations' silhouette alone took (it beats theirs), refused: its parts are no
+    further apart than the rotations' parts."""
+    tested = evidence_reference(one_task(15, seed), 5, **TEST)
+    assert tested.test == "group_free" and tested.groups is not None
+    assert tested.groups.silhouette > tested.groups.rotated_silhouette  # the silhouette alone passed it
+    assert not tested.passes(tested.groups.silhouette)
+    said = tested.words(tested.groups.silhouette, 5)
+    assert said.startswith(f"its members' updates cut into {tested.parts} parts, but ") and "one task" in said
+    assert not false_comparisons(said)
+
+
+def test_four_groups_split_in_two_pass_on_their_best_cut():
+    """A split of several groups into two holds whole groups on each side; the members' best cut
+    (the groups) is what is tested, and it passes."""
+    tested = evidence_reference(groups([4, 4, 4, 4], seed=3), 8, **TEST)
+    assert tested.groups is not None and tested.parts == 4
+    assert tested.passes(tested.groups.silhouette)
+    assert not false_comparisons(tested.groups.words())
+
+
+def test_below_twelve_members_the_rotations_silhouette_decides():
+    rows = one_task(EVIDENCE_TEST_MIN_ROWS - 1, seed=22)
+    tested = evidence_reference(rows, 5, **TEST)
+    assert tested.groups is None and tested.test == "group_free" and tested.reference is not None
+    assert tested.passes(tested.reference + 0.01) and not tested.passes(tested.reference)
+    small = evidence_reference(rows, 2, **TEST)  # a side below min-split-size: the small-side test
+    assert small.test == "small" and small.groups is None
+
+
+def test_the_closing_reason_quotes_the_group_tests_numbers():
+    tested = evidence_reference(one_task(15, 22), 5, **TEST)
+    record = {"round": 7, "cluster": 0, "reason": "group_free", "best_cut_silhouette": tested.groups.silhouette,
+              "required_silhouette": tested.reference, "members": [["a"], ["b"]], **tested.as_record()}
+    said = cfl_refusal_numbers(SimpleNamespace(refused=[record]), CFLParams())  # a state of refusals only
+    assert said == f"closest refusal: round 7, cluster 0: {tested.groups.words()}"
+    assert "separation" in said and not false_comparisons(said)
+    entry = {"round": 8, "cluster": 1, "layer": "fc1", "code": "group_free",
+             "silhouettes": {"fc1": tested.groups.silhouette}, "reference_silhouette": tested.reference,
+             **tested.as_record()}
+    said = hicfl_refusal_numbers(SimpleNamespace(no_split=[entry]), HiCFLParams())
+    assert said.endswith(f"{tested.groups.words()} on fc1") and not false_comparisons(said)
