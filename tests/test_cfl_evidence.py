@@ -250,8 +250,10 @@ def test_identically_distributed_clients_whose_own_data_repeats_stay_one_cluster
     strategy = make_strategy(cls, GROUPS, **EVIDENCE)
     said = [run_round(strategy, server_round, updates()).get("decision") or "" for server_round in range(1, 9)]
     assert strategy.state.splits == [] and len(set(strategy.assignment.values())) == 1
-    assert "than group-free rotations" in " ".join(said)  # the silhouette, or the parts' separation, no higher
+    # 12 clients: the group test judged the cuts, and the lines quote its separation
+    assert "its parts are no further apart than group-free rotations'" in " ".join(said)
     assert "group-free rotations" in strategy.one_cluster_reason()
+    assert "closest refusal by the group test" in strategy.one_cluster_reason()
 
 
 def test_a_cut_leaving_one_client_alone_is_not_a_split_on_evidence():

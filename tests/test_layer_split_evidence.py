@@ -4,12 +4,15 @@ as silhouette; below, the silhouette alone; and what the refusal says."""
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from clusterfed.clustering.layer_split import EVIDENCE_TEST_MIN_ROWS, evidence_reference
+from clusterfed.clustering.layer_split import EVIDENCE_DRAWS, EVIDENCE_TEST_MIN_ROWS, evidence_reference
+from clusterfed.clustering.null_reference import reference_score
+from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
 from clusterfed.explain.bipartition import cfl_refusal_numbers, hicfl_refusal_numbers
 from clusterfed.explain.numbers import false_comparisons
 from clusterfed.strategies.cfl import CFLParams
@@ -48,9 +51,13 @@ def test_one_tasks_members_whose_silhouette_beats_rotations_are_refused_on_their
 
 
 def test_four_groups_split_in_two_pass_on_their_best_cut():
-    """A split of several groups into two holds whole groups on each side; the members' best cut
-    (the groups) is what is tested, and it passes."""
-    tested = evidence_reference(groups([4, 4, 4, 4], seed=3), 8, **TEST)
+    """A split of several groups into two holds whole groups on each side, whose spread is not
+    the members' own: tested as two parts (split-silhouette-max-k 2) it does not pass; the
+    members' best cut (the groups) is what is tested, and it passes."""
+    rows = groups([4, 4, 4, 4], seed=3)
+    two_sided = evidence_reference(rows, 8, **{**TEST, "max_k": 2})
+    assert two_sided.parts == 2 and not two_sided.passes(two_sided.groups.silhouette)
+    tested = evidence_reference(rows, 8, **TEST)
     assert tested.groups is not None and tested.parts == 4
     assert tested.passes(tested.groups.silhouette)
     assert not false_comparisons(tested.groups.words())
@@ -60,7 +67,11 @@ def test_below_twelve_members_the_rotations_silhouette_decides():
     rows = one_task(EVIDENCE_TEST_MIN_ROWS - 1, seed=22)
     tested = evidence_reference(rows, 5, **TEST)
     assert tested.groups is None and tested.test == "group_free" and tested.reference is not None
-    assert tested.passes(tested.reference + 0.01) and not tested.passes(tested.reference)
+    # the reference the family used before the group test: the rotations' best-cut silhouette
+    old = reference_score(rows.astype(np.float64), lambda R: float(best_cut_silhouette(cosine_similarity_matrix(R), 5)[0]),
+                          draws=EVIDENCE_DRAWS, seed=0, method="rotation")
+    assert tested.reference == old
+    assert tested.passes(old + 0.01) and not tested.passes(old)
     small = evidence_reference(rows, 2, **TEST)  # a side below min-split-size: the small-side test
     assert small.test == "small" and small.groups is None
 
@@ -70,10 +81,20 @@ def test_the_closing_reason_quotes_the_group_tests_numbers():
     record = {"round": 7, "cluster": 0, "reason": "group_free", "best_cut_silhouette": tested.groups.silhouette,
               "required_silhouette": tested.reference, "members": [["a"], ["b"]], **tested.as_record()}
     said = cfl_refusal_numbers(SimpleNamespace(refused=[record]), CFLParams())  # a state of refusals only
-    assert said == f"closest refusal: round 7, cluster 0: {tested.groups.words()}"
+    assert said == f"closest refusal by the group test: round 7, cluster 0: {tested.groups.words()}"
     assert "separation" in said and not false_comparisons(said)
     entry = {"round": 8, "cluster": 1, "layer": "fc1", "code": "group_free",
              "silhouettes": {"fc1": tested.groups.silhouette}, "reference_silhouette": tested.reference,
              **tested.as_record()}
     said = hicfl_refusal_numbers(SimpleNamespace(no_split=[entry]), HiCFLParams())
-    assert said.endswith(f"{tested.groups.words()} on fc1") and not false_comparisons(said)
+    assert said.endswith(f"cluster 1, fc1: {tested.groups.words()}") and not false_comparisons(said)
+
+
+def test_the_closest_group_test_refusal_is_the_nearest_to_the_rotations_separation():
+    def refused(cluster, own, rotated):
+        return {"round": 5, "cluster": cluster, "reason": "group_free", "best_cut_silhouette": 0.5,
+                "required_silhouette": 0.3, "members": [["a"], ["b"]], "group_words": f"words {cluster}",
+                "group_test": {"separation": own, "rotated_separation": rotated}}
+
+    state = SimpleNamespace(refused=[refused(0, 1.0, 2.0), refused(1, 1.8, 2.0), refused(2, 3.0, math.inf)])  # infinitely far from passing
+    assert cfl_refusal_numbers(state, CFLParams()).endswith("cluster 1: words 1")

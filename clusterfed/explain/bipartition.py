@@ -8,6 +8,8 @@ family's refusals from ``state.refused`` (CFL, LayerCFL) or ``state.no_split`` (
 
 from __future__ import annotations
 
+import math
+
 from collections import Counter
 from typing import Any
 
@@ -137,7 +139,8 @@ def cfl_refusal_numbers(state: Any, params: Any) -> str | None:
     if top == "group_free":
         entries = [r for r in refused if r["reason"] == top]
         if tested := closest_group_test(entries):
-            return f"closest refusal: round {tested['round']}, cluster {tested['cluster']}: {tested['group_words']}"
+            return (f"closest refusal by the group test: round {tested['round']}, cluster {tested['cluster']}: "
+                    f"{tested['group_words']}")
         r = max(entries, key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
         return (f"closest refusal: round {r['round']}, cluster {r['cluster']}: best-cut silhouette "
                 f"{versus(r['best_cut_silhouette'], '<=', r['required_silhouette'], 'group-free rotations')}")
@@ -174,8 +177,8 @@ def hicfl_refusal_numbers(state: Any, params: Any) -> str | None:
         n = max(entries, key=lambda n: n.get("agreement") if n.get("agreement") is not None else -2.0)
         return f"closest deferral: round {n['round']}, cluster {n['cluster']}: {deferral_evidence(n, params)}"
     if top == "group_free" and (tested := closest_group_test(entries)):
-        return (f"closest refusal: round {tested['round']}, cluster {tested['cluster']}: {tested['group_words']} on "
-                f"{tested['layer']}")
+        return (f"closest refusal by the group test: round {tested['round']}, cluster {tested['cluster']}, "
+                f"{tested['layer']}: {tested['group_words']}")
     if top in ("reference", "group_free"):
         n = max(entries, key=lambda n: max(n["silhouettes"].values()) - n["reference_silhouette"])
         return (f"closest refusal: round {n['round']}, cluster {n['cluster']}: silhouette "
@@ -185,11 +188,16 @@ def hicfl_refusal_numbers(state: Any, params: Any) -> str | None:
 
 
 def closest_group_test(entries: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Of the refusals the group test decided (``layer_split.EvidenceTest``), the one whose parts
-    came nearest the rotations' separation; None when it decided none."""
-    tested = [e for e in entries if e.get("group_test")]
-    return max(tested, key=lambda e: e["group_test"]["separation"] / max(e["group_test"]["rotated_separation"], 1e-12),
-               default=None)
+    """Of the refusals the group test decided (``layer_split.EvidenceTest``; refusals of fewer
+    members, by silhouette, are not on its scale), the one whose parts came nearest the
+    rotations' separation; None when it decided none."""
+    def nearness(entry: dict[str, Any]) -> float:
+        own, rotated = entry["group_test"]["separation"], entry["group_test"]["rotated_separation"]
+        if math.isinf(own) or math.isinf(rotated) or rotated <= 0:
+            return 1.0 if own == rotated else (math.inf if own > rotated else 0.0)
+        return own / rotated
+
+    return max((e for e in entries if e.get("group_test")), key=nearness, default=None)
 
 
 def closest_alike(entries: list[dict[str, Any]]) -> str:

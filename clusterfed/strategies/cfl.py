@@ -298,9 +298,11 @@ def refuse_structure(state: CFLFamilyState, server_round: int, cluster: int, p: 
         p.record.update(rotation_silhouette=tested.reference, **tested.as_record())
         return None
     reason = "reference" if tested.test == "small" else "group_free"
-    required = tested.reference if tested.reference is not None else record["required_silhouette"]
+    # the silhouette a refusal by silhouette fell short of; the group test's own numbers beside it
+    required = tested.reference if tested.groups is None else record["required_silhouette"]
     refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": reason, "members": p.sides,
-                            **record, **tested.as_record(), "required_silhouette": required}, p.compared)
+                            **record, **tested.as_record(), "rotation_silhouette": tested.reference,
+                            "required_silhouette": required}, p.compared)
     return {"refused_splits": [{"cluster": cluster, "reason": reason, "best_cut_silhouette": structure,
                                 "reference_silhouette": tested.reference, **tested.as_record()}],
             "words": [f"cluster {cluster} not split: {tested.words(structure, smaller)}"]}
@@ -478,8 +480,8 @@ class CFL(ClusteredStrategy):
                  "merge-min-cosine): one task, each client's own data",
         "reference": "every split leaving a side of fewer than min-split-size clients scored no better than "
                      "group-free rotations of the updates",
-        "group_free": "no proposed split beat group-free rotations of the updates (in its parts' separation and "
-                      "silhouette): one task, each client's own data",
+        "group_free": "no proposed split beat group-free rotations of the updates: one task, each client's own "
+                      "data",
         "single": "every proposed split left one client alone, whose own data cannot be told from a group of one",
     }
 

@@ -277,7 +277,8 @@ def no_split(state: HiCFLState, server_round: int, cluster: int, layer: str, cod
     state.no_split.append(entry)
     said = extra.get("evidence") if code in ("deferred", "alike") else entry["reason"]
     if code in ("reference", "group_free"):  # the numbers behind it
-        said += (f" ({extra['group_words']} on {layer})" if extra.get("group_words") else
+        said += (f"; on {layer} its members' updates cut into {extra['group_parts']} parts, but {extra['group_words']}"
+                 if extra.get("group_words") else
                  f" (silhouette {explain.versus(max(extra['silhouettes'].values()), '<=', extra['reference_silhouette'], digits=2)}"
                  f" on {layer})")
     verb = "deferred" if code == "deferred" else "not split"
@@ -312,8 +313,8 @@ class HiCFL(ClusteredStrategy):
                     "cluster's clients (split-agreement)",
         "alike": "every partition that reproduced had parts whose mean updates point alike (cosine >= "
                  "merge-min-cosine): one task, each client's own data",
-        "group_free": "no proposed split beat group-free rotations of the members' updates of its layer (in its "
-                      "parts' separation and silhouette): one task, each client's own data",
+        "group_free": "no proposed split beat group-free rotations of the members' updates of its layer: one task, "
+                      "each client's own data",
     }
 
 

@@ -116,8 +116,8 @@ class LayerCFL(ClusteredStrategy):
                     "cluster's clients (split-agreement)",
         "alike": "every partition that reproduced had parts whose mean updates point alike (cosine >= "
                  "merge-min-cosine): one task, each client's own data",
-        "group_free": "no proposed split beat group-free rotations of the selected layers' updates (in its parts' "
-                      "separation and silhouette): one task, each client's own data",
+        "group_free": "no proposed split beat group-free rotations of the selected layers' updates: one task, each "
+                      "client's own data",
         "single": "every proposed split left one client alone, whose own data cannot be told from a group of one",
         "reference": "every split leaving a side of fewer than min-split-size clients scored no better than "
                      "group-free rotations of the selected layers' updates",
