@@ -87,8 +87,7 @@ def readme(results: list[dict], manifest: dict) -> str:
              "that cut against 19 group-free rotations (`group_test`), and the silhouette-only rotation",
              "reference it replaced, on the same rows; seconds on this machine in one run, the fastest of three "
              f"(commit `{manifest['git'].get('commit', '?')[:7]}`). Beyond 600 rows the test takes a seeded",
-             "sample of 600, so its cost stops growing there.", "",
-             "sample of 600, so its cost stops growing there; `passes` empty: the sample held one part",
+             "sample of 600, so its cost stops growing there; `passes` None: the sample held one part",
              "of the cut only (no test). Two shared cores, other work running: read the ratios.", "",
              "| cut of | rows | clients | parts found | passes | cut (s) | group test (s) | silhouette only (s) | test / cut | test / silhouette only |",
              "|---|---|---|---|---|---|---|---|---|---|"]
