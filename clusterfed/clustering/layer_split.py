@@ -8,13 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from clusterfed.clustering.agglomerative import cluster_auto
 from clusterfed.clustering.bipartition import bipartition
-from clusterfed.clustering.group_structure import MIN_ROWS, GroupTest, group_test
+from clusterfed.clustering.group_structure import GroupTest, group_test
 from clusterfed.clustering.null_reference import reference_score
 from clusterfed.clustering.split_rules import sides_silhouette
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
@@ -54,6 +55,14 @@ def propose_split(members: Sequence[Hashable], raw: Mapping[Hashable, np.ndarray
             "centre": raw[reference] - updates[reference] if centre else None, "record": record}
 
 
+def best_cut_score(R: np.ndarray, *, max_k: int) -> float:
+    """The structure score of a linkage split of the rows ``R`` (what a rotation of them is
+    scored by): the best-cut silhouette on their cosines up to ``max_k`` parts, or with
+    ``max_k`` <= 2 the two sides' silhouette."""
+    S = cosine_similarity_matrix(R)
+    return float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(R, *bipartition(S))
+
+
 def small_side_reference(U: np.ndarray, smallest: int, *, rule: str, draws: int, min_split_size: int, max_k: int,
                          seed: int) -> float | None:
     """The best-cut silhouette a linkage split whose smallest side holds ``smallest`` (2 to
@@ -64,12 +73,8 @@ def small_side_reference(U: np.ndarray, smallest: int, *, rule: str, draws: int,
     cut of 4 noisy updates scores about 0.5); where one direction dominates the rotations keep it."""
     if draws <= 0 or rule != "linkage" or smallest >= min_split_size or smallest < 2:
         return None
-
-    def score(R: np.ndarray) -> float:
-        S = cosine_similarity_matrix(R)
-        return float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(R, *bipartition(S))
-
-    return reference_score(U.astype(np.float64), score, draws=draws, seed=seed, method="rotation")
+    return reference_score(U.astype(np.float64), partial(best_cut_score, max_k=max_k), draws=draws, seed=seed,
+                           method="rotation")
 
 
 # split-timing = evidence: the rotation draws every split into sides of min-split-size or more
@@ -137,15 +142,12 @@ def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: 
     if rule != "linkage" or smallest < max(2, min_split_size) or len(U) < 4:
         return EvidenceTest("")
     U = np.asarray(U, dtype=np.float64)
-    if len(U) >= max(MIN_ROWS, EVIDENCE_TEST_MIN_ROWS):
+    if len(U) >= EVIDENCE_TEST_MIN_ROWS:  # group_test itself asks MIN_ROWS or more
         best = cluster_auto(U, metric="cosine", linkage="complete", min_silhouette=-1.0, max_clusters=max_k).labels
         tested = group_test(U, best, metric="cosine", linkage="complete", max_clusters=max_k, draws=EVIDENCE_DRAWS,
                             seed=seed)
         if tested is not None:
             return EvidenceTest("group_free", tested.rotated_silhouette, tested, len(np.unique(best)))
 
-    def score(R: np.ndarray) -> float:
-        S = cosine_similarity_matrix(R)
-        return float(best_cut_silhouette(S, max_k)[0]) if max_k > 2 else sides_silhouette(R, *bipartition(S))
-
-    return EvidenceTest("group_free", reference_score(U, score, draws=EVIDENCE_DRAWS, seed=seed, method="rotation"))
+    return EvidenceTest("group_free", reference_score(U, partial(best_cut_score, max_k=max_k), draws=EVIDENCE_DRAWS,
+                                                      seed=seed, method="rotation"))
