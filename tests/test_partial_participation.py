@@ -198,12 +198,10 @@ def check_partial_participation(name: str, tmp_path, monkeypatch) -> dict:
         assert clusters["splits"] and any(s["absent"][0] + s["absent"][1] for s in clusters["splits"])
         # provisional members were placed by descent when sampled again ("replaced")
         assert any(record.get("replaced") for record in rounds)
-    if one_shot:
+    if one_shot:  # the clustering step asks every active client (cluster-all-active): no newcomer
         first = [keys for rr, phase, keys, _ in asks if phase == "cluster"][0]
-        assert len(first) == sample  # the one-shot clustering is of the first sample
-        assert len(clusters["client_order"]) <= sample
-        late = {entry["client"] for entry in clusters["newcomers"]}
-        assert late and not late & set(clusters["client_order"])  # the others came in as newcomers
+        assert len(first) == overrides.get("num-clients", CLIENTS) == len(clusters["client_order"])
+        assert not clusters["newcomers"]
     return clusters
 
 
@@ -286,11 +284,42 @@ def test_hicfl_stability_windows_count_participations_not_rounds():
 
 
 @pytest.mark.parametrize("name", ["fedclust", "adacfl"])
+@pytest.mark.parametrize("warmup", [0, 2])
+def test_one_shot_clustering_asks_every_active_client_and_trains_the_sample(name, warmup):
+    """The clustering step asks all 8 active clients for the partial upload (the papers'
+    clustering round); the round's training is its half sample, and later rounds ask nobody
+    to place (everyone was placed)."""
+    groups = {str(i): i % 2 for i in range(8)}
+    stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
+    algorithm = make(clustered_classes()[name], groups, stats=stats, fraction_train=0.5, warmup_rounds=warmup,
+                     cluster_epochs=1)
+
+    def respond(ask):
+        return trained(ask, 1.0 if groups[ask.key] == 0 else -1.0)
+
+    step = 1 if name == "fedclust" else warmup + 1
+    for server_round in range(1, step + 3):
+        batches = drive_round(algorithm, server_round, respond)
+        *placing, train = batches
+        assert len(train) == 4 and all(a.config["phase"] == "train" for a in train)
+        if server_round == step:
+            (cluster,) = placing
+            assert [a.config["phase"] for a in cluster] == ["cluster"] * 8
+            assert {a.key for a in cluster} == set(groups) == set(algorithm.assignment)
+        else:
+            assert not placing
+    by_cluster = {}
+    for key, cluster_id in algorithm.assignment.items():
+        by_cluster.setdefault(cluster_id, set()).add(groups[key])
+    assert sorted(map(sorted, by_cluster.values())) == [[0], [1]]
+
+
+@pytest.mark.parametrize("name", ["fedclust", "adacfl"])
 def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampled(name):
     groups = {str(i): i % 2 for i in range(8)}
     stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
     algorithm = make(clustered_classes()[name], groups, stats=stats, fraction_train=0.5, warmup_rounds=0,
-                     cluster_epochs=1)
+                     cluster_epochs=1, cluster_all_active=False)
 
     def respond(ask):
         return trained(ask, 1.0 if groups[ask.key] == 0 else -1.0)
@@ -323,6 +352,8 @@ def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int, che
     from clusterfed.strategies.fedclust import FedClust
 
     keys = [str(i) for i in range(16)]
+    params.setdefault("cluster_all_active", False)  # the clients met later stand for late joiners
+
     def build():
         return make(FedClust, {k: 0 for k in keys}, fraction_train=0.25, cluster_epochs=1, **params)
 

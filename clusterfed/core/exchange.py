@@ -179,7 +179,9 @@ class Round:
     ``number``; the ``active`` client keys and the ``train_config`` the driver hands it;
     ``clients``, the driver's client table (read-only: the membership owns it); ``sampled``,
     the round's sample drawn before placement (``draw_sample``; None: trainers are sampled
-    among the placed clients), set by the round skeleton; and ``reports``, the splits and
+    among the placed clients), set by the round skeleton; ``train_sample``, the trainers'
+    sample when placement asks more clients than train (a clustering step that asks every
+    active client, set by ``draw_sample``; None: ``sampled``); and ``reports``, the splits and
     placements (``SplitCompared``, ``NewcomersPlaced``) the round appends for the driver's
     scoring. Per round, never state: a round is never resumed midway."""
 
@@ -188,6 +190,7 @@ class Round:
     train_config: dict[str, Any] = field(default_factory=dict)
     clients: Mapping[str, ClientInfo] = field(default_factory=dict)
     sampled: list[str] | None = None
+    train_sample: list[str] | None = None
     reports: list[Any] = field(default_factory=list)
 
     def placed(self, assignment: Mapping[str, int]) -> list[str]:

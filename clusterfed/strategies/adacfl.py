@@ -118,7 +118,7 @@ class AdaCFL(ClusteredStrategy):
     PAPER: ClassVar[dict[str, Any]] = {
         "lambda_": 1.4, "epsilon": 1.8, "cluster_epochs": 1, "cluster_layers": PAPER_LAYERS, "distance": "l2",
         "chain_until": "epochs", "share_label_stats": True, "entropy_gap": 0.1, "entropy_min_per_class": 0.0,
-        "precluster_merge": True, "reproduce": False, "revisit": False}
+        "precluster_merge": True, "reproduce": False, "revisit": False, "cluster_all_active": True}
 
     def requires(self) -> set[str]:
         """Nothing beyond a stock ClientApp: label statistics are asked for (``wants``) and used
@@ -139,8 +139,10 @@ class AdaCFL(ClusteredStrategy):
         return self.state.layer_choice.keys
 
     def draw_sample(self, rnd: Round) -> list[str] | None:
-        """Placing asks clients for work: sample among all active clients first."""
-        return self.sample_active(rnd)
+        """Placing asks clients for work: sample among all active clients first; the
+        clustering step's round asks every active client (``cluster-all-active``)."""
+        due = not self.state.clustered and rnd.number > self.params.warmup_rounds
+        return oneshot.round_sample(self, rnd, clustering=due)
 
     # ---------------------------------------------------------------- warm-up
     def admit(self, rnd: Round, keys: list[str]) -> Steps:

@@ -453,9 +453,11 @@ class ClusteredStrategy(FlowerHooks):
 
     def select_trainers(self, rnd: Round) -> list[str]:
         """The keys that train this round: a ``fraction-train`` sample of placed clients,
-        or the sampled clients that are placed when the sample was drawn before placement."""
-        if rnd.sampled is not None:
-            return [k for k in rnd.sampled if k in self.state.assignment]
+        or the sampled clients that are placed when the sample was drawn before placement
+        (its training sample, ``rnd.train_sample``, when placement asked more clients)."""
+        sample = rnd.train_sample if rnd.train_sample is not None else rnd.sampled
+        if sample is not None:
+            return [k for k in sample if k in self.state.assignment]
         return self.sample(self.placed(rnd), self.params.fraction_train, self.params.min_train_nodes)
 
     def train_asks(self, rnd: Round, keys: list[str], *, models: dict[str, Arrays] | None = None,

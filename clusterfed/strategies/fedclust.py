@@ -88,7 +88,7 @@ class FedClust(ClusteredStrategy):
     # the paper, no extension: its final layer, L2 distance, the full clustering phase, one
     # cut. λ is the paper's input with no published value: give it, FedClust.paper(lambda_=...)
     PAPER: ClassVar[dict[str, Any]] = {"cluster_layers": PAPER_LAYERS, "distance": "l2", "cluster_epochs": 10,
-                                       "chain_until": "epochs", "cluster_sample": 0, "recut": False,
+                                       "chain_until": "epochs", "cluster_sample": 0, "recut": False, "cluster_all_active": True,
                                        "reproduce": False, "revisit": False}
 
     def init_clusters(self) -> None:
@@ -100,8 +100,9 @@ class FedClust(ClusteredStrategy):
         return self.state.layer_choice.keys
 
     def draw_sample(self, rnd: Round) -> list[str] | None:
-        """Placing asks clients for work: sample among all active clients first."""
-        return self.sample_active(rnd)
+        """Placing asks clients for work: sample among all active clients first; the
+        clustering round asks every active client (Alg. 1, ``cluster-all-active``)."""
+        return oneshot.round_sample(self, rnd, clustering=not self.state.clustered)
 
     def admit(self, rnd: Round, keys: list[str]) -> Steps:
         """Clients not placed yet: the clustering round (Alg. 1) until it has run, then newcomers (Alg. 2)."""

@@ -47,7 +47,7 @@ from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredState, StrategyParams
 from clusterfed.core.contract import StrategyParamsError
 from clusterfed.core.exchange import (
-    UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, NewcomersPlaced, Steps, TrainReply, natural)
+    UPLOAD_FULL, Arrays, Ask, ClientInfo, Diagnostics, NewcomersPlaced, Round, Steps, TrainReply, natural)
 from clusterfed.strategies import evidence_upload
 from clusterfed.strategies.layer_choice import MAX_CANDIDATE_LAYERS, LayerChoice, choose, start_choice
 
@@ -112,6 +112,11 @@ class OneShotParams(StrategyParams):
     max_clusters: int = Field(
         DEFAULT_MAX_CLUSTERS, alias="max-clusters", ge=2,
         description='lambda = "auto": the most clusters a cut may form (the candidate cuts scored)')
+    cluster_all_active: bool = Field(
+        True, alias="cluster-all-active",
+        description="the clustering step asks every active client for its partial upload, as the papers send the "
+                    "start model to every available client; the round's training keeps its fraction-train sample "
+                    "(false: only the round's sample is clustered, the rest placed as newcomers later)")
     reproduce: bool = Field(
         True, description="a cut is taken only when two independent halves of the evidence give the same partition "
                           "(a stock client's chained requests 1..h and h+1..k, else two halves of the compared "
@@ -177,6 +182,18 @@ def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_
     state.evidence_plan = evidence_upload.start_plan(state.theta0, state.layer_choice, paper_rule,
                                                      params.compare_arrays, enabled=params.evidence_sketch,
                                                      seed=params.seed)
+
+
+def round_sample(strategy: Any, rnd: Round, *, clustering: bool) -> list[str]:
+    """The clients ``strategy`` may ask for work in ``rnd``: a ``fraction-train`` sample of every
+    active client; in a ``clustering`` round under ``cluster-all-active``, every active client
+    (a group none of the sample holds would otherwise join another group's cluster as
+    newcomers), with the sample kept as the round's trainers (``rnd.train_sample``)."""
+    sample = strategy.sample_active(rnd)
+    if not clustering or not strategy.params.cluster_all_active or len(sample) == len(rnd.active):
+        return sample
+    rnd.train_sample = sample
+    return list(rnd.active)
 
 
 def cut(X: np.ndarray, params: OneShotParams, max_clusters: int | None = None,
