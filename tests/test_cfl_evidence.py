@@ -116,6 +116,54 @@ def split_on(strategy, sides, rng, first=1):
     assert leaves(strategy) == [set(s) for s in sides]
 
 
+KEYS16 = [str(i) for i in range(16)]
+FOUR = [KEYS16[4 * g:4 * g + 4] for g in range(4)]  # four true groups of 4; the split put 0, 1 | 2, 3
+SPLIT_OF_FOUR = [FOUR[0] + FOUR[1], FOUR[2] + FOUR[3]]
+
+
+def four_groups_alike_across(rng, noise=0.02):
+    """Groups 0 and 2 differ only by ±0.5·E[3], as do groups 1 and 3: the two leaves' mean updates
+    point alike (cosine above merge-min-cosine), their members' silhouette by leaf is low, and the
+    members' best bi-partition is {0, 2} | {1, 3}, across the split; the four groups stay tight."""
+    directions = [E[1] + 0.5 * E[3], E[2] + 0.5 * E[3], E[1] - 0.5 * E[3], E[2] - 0.5 * E[3]]
+    return {k: 2 * E[5] + directions[int(k) // 4] + noise * rng.standard_normal(DIM) for k in KEYS16}
+
+
+def test_a_merge_never_undoes_a_split_of_several_groups_whose_best_cut_still_follows_it():
+    """Each leaf holds two groups: their members' best bi-partition crosses the split (the
+    two-sided check alone would let the merge through), their best cut into 4 parts lies along
+    it and beats group-free rotations: not merged, and the round line says why."""
+    from clusterfed.clustering.bipartition import bipartition
+    from clusterfed.clustering.reproducible import agreement
+    from clusterfed.clustering.split_scores import cosine_similarity_matrix
+
+    rng = np.random.default_rng(3)
+    groups = {k: int(k) // 4 for k in KEYS16}
+    strategy = make_strategy(CFL, groups, split_timing="evidence", min_split_round=1)
+    for server_round in (1, 2):
+        run_round(strategy, server_round, {k: E[int(k) // 8] + 0.05 * rng.standard_normal(DIM) for k in KEYS16})
+    assert leaves(strategy) == [set(s) for s in SPLIT_OF_FOUR]
+    drift_alike(strategy)
+    updates = four_groups_alike_across(rng)
+    side_a, _ = bipartition(cosine_similarity_matrix(np.stack(list(updates.values()))))
+    crossing = np.isin(np.arange(16), side_a).astype(int)
+    assert agreement([int(k) // 8 for k in KEYS16], crossing) < 0.8  # the bi-partition crosses the split
+    said = run_round(strategy, 3, updates)
+    assert said["merges"] == [] and leaves(strategy) == [set(s) for s in SPLIT_OF_FOUR]
+    assert ("clusters 1 and 2 not merged: their split still reproduces (ARI 1.00 >= 0.80 on their best cut, "
+            "and it beats group-free rotations of the updates") in said["decision"]
+    kept = strategy.state.merge_kept[-1]
+    assert kept["group_test"]["passes"] and kept["agreement"] == 1.0
+    # one task's spread in each leaf instead: the merge rule stands, the leaves merge
+    rng = np.random.default_rng(4)
+    strategy = make_strategy(CFL, groups, split_timing="evidence", min_split_round=1)
+    for server_round in (1, 2):
+        run_round(strategy, server_round, {k: E[int(k) // 8] + 0.05 * rng.standard_normal(DIM) for k in KEYS16})
+    drift_alike(strategy)
+    same = {k: 2 * E[5] + E[1] + 0.3 * rng.standard_normal(DIM) for k in KEYS16}
+    assert run_round(strategy, 3, same)["merges"] != [] and len(leaves(strategy)) == 1
+
+
 def test_a_merge_never_undoes_a_split_that_still_reproduces():
     rng = np.random.default_rng(2)
     strategy = make_strategy(CFL, GROUPS, split_timing="evidence", min_split_round=1)

@@ -12,11 +12,13 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from scipy.cluster import hierarchy
 
-from clusterfed.clustering.agglomerative import cluster_auto
+from clusterfed.clustering.agglomerative import cluster_auto, linkage_matrix, relabel_in_order
 from clusterfed.clustering.bipartition import bipartition
 from clusterfed.clustering.group_structure import GroupTest, group_test
 from clusterfed.clustering.null_reference import reference_score
+from clusterfed.clustering.reproducible import agreement
 from clusterfed.clustering.split_rules import sides_silhouette
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
 from clusterfed.clustering.stability import centred_updates, reference_split
@@ -151,3 +153,30 @@ def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: 
 
     return EvidenceTest("group_free", reference_score(U, partial(best_cut_score, max_k=max_k), draws=EVIDENCE_DRAWS,
                                                       seed=seed, method="rotation"))
+
+
+def split_still_shows(U: np.ndarray, sides: np.ndarray, *, max_k: int, seed: int, bound: float
+                      ) -> tuple[float, GroupTest | None]:
+    """Whether a split of two clusters still shows in their members' updates ``U`` (``sides``:
+    each row's cluster, 0 or 1) when a side holds several groups, which their best bi-partition
+    need not follow: the coarsest cut of the rows' dendrogram (complete linkage of cosine
+    distances, 2 to ``max_k`` parts) whose parts, each given the side most of its rows are on,
+    agree with ``sides`` (adjusted Rand index at least ``bound``), and the group test of that cut
+    (``group_structure.group_test``). Returns (that agreement, or the best one when no cut
+    reaches the bound; the test, None without such a cut or below ``EVIDENCE_TEST_MIN_ROWS`` rows)."""
+    U, sides = np.asarray(U, dtype=np.float64), np.asarray(sides, dtype=int)
+    if len(U) < EVIDENCE_TEST_MIN_ROWS:
+        return 0.0, None
+    Z = linkage_matrix(U, metric="cosine", linkage="complete")
+    best = 0.0
+    for k in range(2, min(max_k, len(U) - 1) + 1):
+        cut = relabel_in_order(hierarchy.fcluster(Z, t=k, criterion="maxclust"))
+        coarse = np.empty_like(sides)
+        for part in np.unique(cut):
+            coarse[cut == part] = np.bincount(sides[cut == part], minlength=2).argmax()
+        agree = agreement(sides, coarse)
+        if agree >= bound:
+            return agree, group_test(U, cut, metric="cosine", linkage="complete", max_clusters=max_k,
+                                     draws=EVIDENCE_DRAWS, seed=seed)
+        best = max(best, agree)
+    return best, None

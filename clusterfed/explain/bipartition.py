@@ -315,7 +315,8 @@ def merge_refusal(state: Any, params: Any) -> str:
                  and sorted(m["leaves"]) == sorted(pair["clusters"])), None)
     if kept is not None:
         agreement = versus(kept["agreement"], ">=", c.split_agreement, "split-agreement", digits=2, setting=True)
-        return f"{where} passed the merge rule but their split still reproduces (ARI {agreement})"
+        how = f" on their best cut, and {kept['group_words']}" if "group_words" in kept else ""
+        return f"{where} passed the merge rule but their split still reproduces (ARI {agreement}{how})"
     if pair["cosine"] < c.merge_min_cosine:
         cosine = versus(pair["cosine"], "<", c.merge_min_cosine, "merge-min-cosine", setting=True)
         return f"{where} had round cosine {cosine}"

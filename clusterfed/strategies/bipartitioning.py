@@ -10,10 +10,9 @@ a split is taken when this round's partition of the cluster's repliers reproduce
 round's (``reproduce``, ``clustering/reproducible.py``) and its parts point apart in both rounds
 (``Evidence``: the clients of one task keep their own data's direction, so a cut of them can
 reproduce, but its parts still point the task's way), a split's children inherit that
-partition, and a merge never undoes a split that still reproduces on the arrays it was decided
-on (``still_split``). It never
-calls its strategy: every method gets the ``state`` (and the clients, the
-reports list) as arguments; what differs is given at construction as functions of the state.
+partition, and a merge never undoes a split that still shows on the arrays it was decided on
+(``still_split``). It never calls its strategy: every method gets the ``state`` (and the
+clients, the reports list) as arguments; what differs is given at construction as functions of the state.
 
 Descent: newcomers, and members that sat out their cluster's split round (placed at once on
 the side their latest update points to, ``provisional``; with none, unplaced), train once at each split on its
@@ -36,6 +35,7 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, bipartition, split_criteria
+from clusterfed.clustering.layer_split import split_still_shows
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare, too_few_pairs
 from clusterfed.clustering.split_evidence import KINDS, Evidence, pair_evidence, whole_parts_alike
 from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
@@ -145,7 +145,6 @@ class BiPartitioningState(ClusteredState):
     said_compared: bool = True  # round 1's line named what the strategy compares (``init``: False)
     # ask-again: the repliers of the splits deferred this round for want of an earlier round to compare
     asked_again: tuple[str, ...] = ()
-
 
 
 PROPOSALS_KEPT = 6  # partitions kept per cluster: partial participation compares with the latest sharing enough clients
@@ -339,8 +338,7 @@ class BiPartitionTree:
         S = cosine_similarity_matrix(U)
         best = best_cut_labels(S, self.params.split_silhouette_max_k)
         side_a, _ = bipartition(S) if len(keys) >= 2 else (np.arange(len(keys)), None)
-        two = np.ones(len(keys), dtype=int)
-        two[side_a] = 0
+        two = np.isin(np.arange(len(keys)), side_a, invert=True).astype(int)
         W = U if whole is None else np.asarray(whole, dtype=np.float64)
         gram = W @ W.T
         pairs = {"best": part_cosines(gram, best), "two": part_cosines(gram, two)}
@@ -469,8 +467,7 @@ class BiPartitionTree:
             diagnostics["merges"] = self.merge_leaves(
                 state, server_round, {c: g for c, g in by_cluster.items() if state.tree.node(c).is_leaf and c not in made},
                 clients)
-            words += [f"clusters {m['leaves'][0]} and {m['leaves'][1]} not merged: their split still reproduces "
-                      f"(ARI {m['agreement']:.2f} >= {self.params.split_agreement:.2f})" for m in state.merge_kept[kept:]]
+            words += [m["words"] for m in state.merge_kept[kept:]]
             words += [f"clusters {m['merged'][0]} and {m['merged'][1]} merged into {m['into']} (round cosine "
                       f"{m['cosine']:.2f})" for m in diagnostics["merges"]]
         words = ([intro] if intro else []) + words
@@ -531,11 +528,11 @@ class BiPartitionTree:
 
     def still_split(self, state: BiPartitioningState, server_round: int, a: int, b: int,
                     updates: dict[int, np.ndarray], groups: dict[int, list[TrainReply]] | None = None) -> bool:
-        """Whether the split between leaves ``a`` and ``b`` still reproduces this round: the
-        bi-partition of their members' updates, on the arrays the split that separated them was
-        decided on (HiCFL's layer, LayerCFL's layers; else the merge's), agrees with their
-        membership (ARI >= split-agreement). A merge never undoes such a split; a refused merge
-        is kept (``merge_kept``)."""
+        """Whether the split between leaves ``a`` and ``b`` still shows this round, on the arrays
+        it was decided on (HiCFL's layer, LayerCFL's layers; else the merge's): their members'
+        bi-partition agrees with their membership (ARI >= split-agreement), or, a side holding
+        several groups, their best cut does, and beats group-free rotations
+        (``layer_split.split_still_shows``). A merge never undoes it; a refused merge is kept."""
         node = state.tree.common_ancestor(a, b)
         names = (state.routes.get(node) or {}).get("names") if node is not None else None
         if names and groups and a in groups and b in groups:
@@ -544,15 +541,20 @@ class BiPartitionTree:
             Ua, Ub = np.atleast_2d(updates[a]), np.atleast_2d(updates[b])
         if Ua.shape[0] + Ub.shape[0] < 3:
             return False
-        S = cosine_similarity_matrix(np.vstack([Ua, Ub]).astype(np.float64))
-        side_a, _ = bipartition(S)
-        found = np.ones(S.shape[0], dtype=int)
-        found[side_a] = 0
-        membership = np.r_[np.zeros(Ua.shape[0], dtype=int), np.ones(Ub.shape[0], dtype=int)]
-        check = compare(membership, found, f"clusters {a} and {b}")
-        if not check.reproduces(self.params.split_agreement):
-            return False
-        state.merge_kept.append({"round": server_round, **check.as_record(), "leaves": [a, b]})
+        U, membership = np.vstack([Ua, Ub]).astype(np.float64), np.r_[np.zeros(len(Ua), int), np.ones(len(Ub), int)]
+        side_a, _ = bipartition(cosine_similarity_matrix(U))
+        record = compare(membership, np.isin(np.arange(len(U)), side_a, invert=True).astype(int),
+                         f"clusters {a} and {b}").as_record()
+        if record["agreement"] < self.params.split_agreement:
+            agree, tested = split_still_shows(U, membership, max_k=self.params.split_silhouette_max_k,
+                                              seed=self.params.seed, bound=self.params.split_agreement)
+            if tested is None or not tested.passes or agree < self.params.split_agreement:
+                return False
+            record = {"agreement": round(agree, 4), "group_test": tested.as_record(), "group_words": tested.words()}
+        how = f" on their best cut, and {record['group_words']}" if "group_words" in record else ""
+        state.merge_kept.append({"round": server_round, **record, "leaves": [a, b], "words": (
+            f"clusters {a} and {b} not merged: their split still reproduces (ARI "
+            f"{record['agreement']:.2f} >= {self.params.split_agreement:.2f}{how})")})
         return True
 
     def drift_cosine(self, state: BiPartitioningState, a: int, b: int, names: list[str]) -> float:
@@ -589,12 +591,6 @@ class BiPartitionTree:
     # ------------------------------------------------------------ outputs
     def cluster_state(self, state: BiPartitioningState, thresholds: dict[str, Any],
                       one_cluster_reason: str | None) -> dict[str, Any]:
-        return {
-            "tree": state.tree.to_dict(),
-            "splits": state.splits,
-            "final_clustering_round": state.final_clustering_round,
-            "criteria": thresholds,
-            "merges": state.merges,
-            "one_cluster_reason": one_cluster_reason,
-            "update_storage": self.storage_record(state),
-        }
+        return {"tree": state.tree.to_dict(), "splits": state.splits, "final_clustering_round": state.final_clustering_round,
+                "criteria": thresholds, "merges": state.merges, "one_cluster_reason": one_cluster_reason,
+                "update_storage": self.storage_record(state)}
