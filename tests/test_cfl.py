@@ -282,7 +282,7 @@ BIPARTITIONING_FIELDS = {
     "aggregator_state", "assignment", "compared", "dp_releases", "final_clustering_round", "last_criteria",
     "max_mean_norm", "merge_refused", "merged", "merges", "models", "newcomer_log", "next_cluster_id",
     "provisional", "rng", "routes", "shapes", "silent", "sketched", "split_allowed", "split_models", "splits",
-    "theta0", "tree", "proposals", "merge_kept", "said_compared", "split_timing", "asked_again"}
+    "theta0", "tree", "proposals", "merge_kept", "merge_alike", "said_compared", "split_timing", "asked_again"}
 CHECKPOINT_FIELDS = {
     "cfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "array_choice", "chosen_arrays"},
     "layercfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "array_choice", "chosen_arrays",

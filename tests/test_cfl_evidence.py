@@ -160,8 +160,10 @@ def test_a_merge_never_undoes_a_split_of_several_groups_whose_best_cut_still_fol
     for server_round in (1, 2):
         run_round(strategy, server_round, {k: E[int(k) // 8] + 0.05 * rng.standard_normal(DIM) for k in KEYS16})
     drift_alike(strategy)
-    same = {k: 2 * E[5] + E[1] + 0.3 * rng.standard_normal(DIM) for k in KEYS16}
-    assert run_round(strategy, 3, same)["merges"] != [] and len(leaves(strategy)) == 1
+    for server_round in (3, 4):  # alike in two successive rounds: a merge reproduces
+        same = {k: 2 * E[5] + E[1] + 0.3 * rng.standard_normal(DIM) for k in KEYS16}
+        said = run_round(strategy, server_round, same)
+    assert said["merges"] != [] and len(leaves(strategy)) == 1
 
 
 def test_a_merge_never_undoes_a_split_that_still_reproduces():
@@ -186,16 +188,32 @@ def test_a_split_undone_by_a_merge_is_redone_when_the_rounds_agree_again():
     strategy = make_strategy(CFL, GROUPS, split_timing="evidence", min_split_round=1)
     split_on(strategy, P1, rng)
     drift_alike(strategy)
-    # the two leaves' updates became indistinguishable: merged (the split no longer reproduces)
+    # the two leaves' updates became indistinguishable (the split no longer reproduces): the first
+    # such round is said and waits, the second merges (a merge reproduces, as a split does)
     said = run_round(strategy, 3, one_direction(rng, noise=0.01))
+    assert said["merges"] == [] and len(set(strategy.assignment.values())) == 2
+    assert "clusters 1 and 2 alike this round (round cosine 1.00): merged only if they are again" in said["decision"]
+    said = run_round(strategy, 4, one_direction(rng, noise=0.01))
     assert len(said["merges"]) == 1 and len(set(strategy.assignment.values())) == 1
     assert "merged into 3" in said["decision"]
     # the groups show again, in two rounds that agree: the merged cluster splits again
-    run_round(strategy, 4, two_sides(P1, rng))
-    assert len(strategy.state.splits) == 1
     run_round(strategy, 5, two_sides(P1, rng))
+    assert len(strategy.state.splits) == 1
+    run_round(strategy, 6, two_sides(P1, rng))
     assert len(strategy.state.splits) == 2 and strategy.state.splits[1]["parent"] == 3
     assert leaves(strategy) == [set(s) for s in P1]
+
+
+def test_a_merge_waits_while_the_leaves_are_alike_in_one_round_only():
+    """Alike, then not, then alike: never two rounds in a row, never merged."""
+    rng = np.random.default_rng(5)
+    strategy = make_strategy(CFL, GROUPS, split_timing="evidence", min_split_round=1)
+    split_on(strategy, P1, rng)
+    drift_alike(strategy)
+    for server_round, vectors in ((3, one_direction(rng, noise=0.01)), (4, two_sides(P1, rng)),
+                                  (5, one_direction(rng, noise=0.01))):
+        assert run_round(strategy, server_round, vectors)["merges"] == []
+    assert leaves(strategy) == [set(s) for s in P1] and strategy.state.merge_alike == {"1-2": 5}
 
 
 def test_round_one_says_what_each_strategy_compares():

@@ -313,6 +313,8 @@ def merge_refusal(state: Any, params: Any) -> str:
     where = f"the closest pair of leaves (round {pair['round']}, clusters {pair['clusters'][0]} and {pair['clusters'][1]})"
     kept = next((m for m in reversed(getattr(state, "merge_kept", [])) if m["round"] == pair["round"]
                  and sorted(m["leaves"]) == sorted(pair["clusters"])), None)
+    if kept is not None and kept.get("waiting"):
+        return f"{where} passed the merge rule in that round only (a merge waits for a second round alike)"
     if kept is not None:
         agreement = versus(kept["agreement"], ">=", c.split_agreement, "split-agreement", digits=2, setting=True)
         how = f" on their best cut, and {kept['group_words']}" if "group_words" in kept else ""

@@ -10,9 +10,10 @@ a split is taken when this round's partition of the cluster's repliers reproduce
 round's (``reproduce``, ``clustering/reproducible.py``) and its parts point apart in both rounds
 (``Evidence``: the clients of one task keep their own data's direction, so a cut of them can
 reproduce, but its parts still point the task's way), a split's children inherit that
-partition, and a merge never undoes a split that still shows on the arrays it was decided on
-(``still_split``). It never calls its strategy: every method gets the ``state`` (and the
-clients, the reports list) as arguments; what differs is given at construction as functions of the state.
+partition; a merge, too, is taken when two successive rounds find the leaves alike, and never
+undoes a split that still shows (``merge_evidence.py``). It never calls its strategy: every
+method gets the ``state`` (and the clients, the reports list) as arguments; what differs is
+given at construction as functions of the state.
 
 Descent: newcomers, and members that sat out their cluster's split round (placed at once on
 the side their latest update points to, ``provisional``; with none, unplaced), train once at each split on its
@@ -35,7 +36,6 @@ import numpy as np
 from pydantic import Field
 
 from clusterfed.clustering.bipartition import ClusterTree, SplitDecision, bipartition, split_criteria
-from clusterfed.clustering.layer_split import split_still_shows
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare, too_few_pairs
 from clusterfed.clustering.split_evidence import KINDS, Evidence, pair_evidence, whole_parts_alike
 from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
@@ -44,6 +44,7 @@ from clusterfed.clustering.split_rules import largest_cosine, merge_pairs, part_
 from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
+from clusterfed.strategies.merge_evidence import reproduced_merges, still_split
 from clusterfed.core.exchange import (RETURN_UPDATE, Arrays, ClientInfo, Diagnostics, SplitCompared, TrainReply,
     natural, weighted_average)
 
@@ -138,7 +139,8 @@ class BiPartitioningState(ClusteredState):
     # split-timing = evidence: cluster -> its last partitions (newest last, PROPOSALS_KEPT), each
     # {"round", "best": {client: label}, "two": {client: side}}; a split's children inherit theirs
     proposals: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
-    merge_kept: list[dict[str, Any]] = field(default_factory=list)  # merges refused: the split still reproduces
+    merge_kept: list[dict[str, Any]] = field(default_factory=list)  # merges refused or waiting (merge_evidence.py)
+    merge_alike: dict[str, int] = field(default_factory=dict)  # "a-b" -> the last round leaves a and b were alike
     # the timing this run started with (``init``: split-timing); a checkpoint written before the
     # field existed resumes with the timing it ran with, the criteria
     split_timing: str = "criteria"
@@ -512,8 +514,9 @@ class BiPartitionTree:
         c = self.params
         pairs = merge_pairs(updates, min_cosine=c.merge_min_cosine, max_silhouette=c.merge_max_silhouette,
                             drift=lambda a, b: self.drift_cosine(state, a, b, names), min_drift_members=c.min_split_size)
-        if self.evidence(state):
-            pairs = [p for p in pairs if not self.still_split(state, server_round, p.a, p.b, updates, groups)]
+        if self.evidence(state):  # a merge, like a split, reproduces; it never undoes a split that still shows
+            pairs = [p for p in pairs if not still_split(state, c, server_round, p.a, p.b, updates, groups)]
+            pairs = reproduced_merges(state, server_round, pairs, list(updates))
         summaries = []
         for pair in pairs:
             silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster
@@ -525,37 +528,6 @@ class BiPartitionTree:
                                                self.params.merge_min_cosine,
                                                lambda a, b: self.drift_cosine(state, a, b, names))
         return summaries
-
-    def still_split(self, state: BiPartitioningState, server_round: int, a: int, b: int,
-                    updates: dict[int, np.ndarray], groups: dict[int, list[TrainReply]] | None = None) -> bool:
-        """Whether the split between leaves ``a`` and ``b`` still shows this round, on the arrays
-        it was decided on (HiCFL's layer, LayerCFL's layers; else the merge's): their members'
-        bi-partition agrees with their membership (ARI >= split-agreement), or, a side holding
-        several groups, their best cut does, and beats group-free rotations
-        (``layer_split.split_still_shows``). A merge never undoes it; a refused merge is kept."""
-        node = state.tree.common_ancestor(a, b)
-        names = (state.routes.get(node) or {}).get("names") if node is not None else None
-        if names and groups and a in groups and b in groups:
-            Ua, Ub = (stack_float64([flatten(r.update, names) for r in groups[c]]) for c in (a, b))
-        else:
-            Ua, Ub = np.atleast_2d(updates[a]), np.atleast_2d(updates[b])
-        if Ua.shape[0] + Ub.shape[0] < 3:
-            return False
-        U, membership = np.vstack([Ua, Ub]).astype(np.float64), np.r_[np.zeros(len(Ua), int), np.ones(len(Ub), int)]
-        side_a, _ = bipartition(cosine_similarity_matrix(U))
-        record = compare(membership, np.isin(np.arange(len(U)), side_a, invert=True).astype(int),
-                         f"clusters {a} and {b}").as_record()
-        if record["agreement"] < self.params.split_agreement:
-            agree, tested = split_still_shows(U, membership, max_k=self.params.split_silhouette_max_k,
-                                              seed=self.params.seed, bound=self.params.split_agreement)
-            if tested is None or not tested.passes or agree < self.params.split_agreement:
-                return False
-            record = {"agreement": round(agree, 4), "group_test": tested.as_record(), "group_words": tested.words()}
-        how = f" on their best cut, and {record['group_words']}" if "group_words" in record else ""
-        state.merge_kept.append({"round": server_round, **record, "leaves": [a, b], "words": (
-            f"clusters {a} and {b} not merged: their split still reproduces (ARI "
-            f"{record['agreement']:.2f} >= {self.params.split_agreement:.2f}{how})")})
-        return True
 
     def drift_cosine(self, state: BiPartitioningState, a: int, b: int, names: list[str]) -> float:
         """Cosine of the clusters' model drifts since the split that separated them (NaN: none)."""
