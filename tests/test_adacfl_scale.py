@@ -129,11 +129,17 @@ def noise_uploads(seed: int):
 
 
 def test_a_sample_without_groups_stays_one_cluster_and_says_what_the_step_saw():
-    """A quarter of 80 clients whose uploads are noise: one cluster, and the reason names the
-    sample the one clustering step saw and the clients that joined it later."""
+    """A quarter of 80 clients whose uploads are noise, the clustering step on the round's sample
+    (``cluster-all-active = false``): one cluster, and the reason names the sample the one
+    clustering step saw and the clients that joined it later; by default it saw all 80."""
     keys = [str(i) for i in range(80)]
+    every = make(AdaCFL, {key: 0 for key in keys}, examples={key: 10 for key in keys}, fraction_train=0.25,
+                 **{"adacfl.share_label_stats": False})
+    for server_round in (1, 2):
+        drive_round(every, server_round, noise_uploads(3), examples={key: 10 for key in keys})
+    assert "the clustering step in round 2 saw 80 clients" in every.one_cluster_reason(hand(every).clients)
     algorithm = make(AdaCFL, {key: 0 for key in keys}, examples={key: 10 for key in keys}, fraction_train=0.25,
-                     **{"adacfl.share_label_stats": False})
+                     **{"adacfl.share_label_stats": False, "adacfl.cluster_all_active": False})
     respond = noise_uploads(3)
     for server_round in range(1, 7):
         drive_round(algorithm, server_round, respond, examples={key: 10 for key in keys})

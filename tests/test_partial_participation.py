@@ -1,5 +1,6 @@
 """Partial participation (``fraction-train`` < 1) for every registered strategy: each round
-trains exactly its sample, no client is ever left in a cluster without a model, clients not
+trains exactly its sample (the CFL family's top-up of a cluster that may split, and the one-shot
+clustering step asking every active client, have tests of their own), no client is ever left in a cluster without a model, clients not
 sampled yet are placed when first sampled, the clustered strategies still recover the true
 groups, a split assigns the members that sat the split round out, and evaluation with
 ``fraction-evaluate`` < 1 records what it measured. Short in-process runs on digits plus
@@ -50,7 +51,9 @@ TUNED: dict[str, tuple[dict, float | None]] = {
     "adacfl": ({"rounds": 4, "cluster-epochs": 5}, 0.9),
     "cfl": ({**CRITERIA, "num-clients": 18, "rounds": 7}, 0.9),
     "layercfl": ({**CRITERIA, "num-clients": 18, "rounds": 7, "skew": "label"}, 0.9),
-    "hicfl": ({**FORCE, **ROTATION, "num-clients": 16, "rounds": 10, "window": 1, "stability-eps": 5.0}, 0.9),
+    # split-min-repliers = 0: this run checks that exactly the sample trains (the top-up: its own test)
+    "hicfl": ({**FORCE, **ROTATION, "num-clients": 16, "rounds": 10, "window": 1, "stability-eps": 5.0,
+               "split-min-repliers": 0}, 0.9),
     "ifca": ({**ROTATION, "num-clusters": 2, "rounds": 5, "local-epochs": 2, "seed": 1}, 0.9),
     "selection": ({"rounds": 4}, None),
 }
@@ -281,6 +284,40 @@ def test_hicfl_stability_windows_count_participations_not_rounds():
 
 
 # ----------------------------------------------------------------------------- sampling
+
+
+@pytest.mark.parametrize("name", ["cfl", "layercfl", "hicfl"])
+def test_a_cluster_that_may_split_trains_enough_of_its_members(name):
+    """``split-min-repliers`` (8): 16 clients at a quarter participation (4 a round), two groups;
+    from the round before ``min-split-round`` each cluster that may split trains at least 8 of
+    its placed members, last round's first, so two rounds share at least 4 of its clients; the
+    round before that, and with the setting 0, exactly the sample."""
+    groups = {str(i): i % 2 for i in range(16)}
+    rng = np.random.default_rng(0)
+
+    def respond(ask):
+        sign = 1.0 if groups[ask.key] == 0 else -1.0
+        return {n: np.float32(sign) + rng.normal(0, 0.3, ask.model[n].shape).astype(np.float32)
+                for n in ask.upload or list(ask.model)}
+
+    for need in (8, 0):
+        algorithm = make(clustered_classes()[name], groups, fraction_train=0.25, min_split_round=3,
+                         split_min_repliers=need)
+        earlier: list[str] = []
+        for server_round in range(1, 7):
+            placed: dict[int, list[str]] = {}  # each cluster as the round starts
+            for key, cluster in algorithm.assignment.items():
+                placed.setdefault(cluster, []).append(key)
+            trainers = [a.key for a in drive_round(algorithm, server_round, respond)[-1]]
+            if need == 0 or server_round == 1:
+                assert len(trainers) == 4, (need, server_round)
+                continue
+            for members in placed.values():
+                assert len(set(members) & set(trainers)) >= min(8, len(members)) or len(members) < 3
+            if server_round == 3:  # the first round after one topped up: 4 of its clients asked again
+                assert len(set(earlier) & set(trainers)) >= 4
+            earlier = trainers
+    assert strategy_class(name).paper().params.split_min_repliers == 0
 
 
 @pytest.mark.parametrize("name", ["fedclust", "adacfl"])

@@ -182,7 +182,7 @@ def part_cosines(gram: np.ndarray, labels: Sequence[Hashable]) -> dict[str, floa
 def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine: float = 0.6,
                 max_silhouette: float = 0.5,
                 drift: Callable[[Hashable, Hashable], float] | None = None,
-                min_drift_members: int = 2) -> list[MergePair]:
+                min_drift_members: int = 2, match: bool = True) -> list[MergePair]:
     """Pairs of clusters to merge: the cosine of their members' mean updates is at least
     ``min_cosine`` AND the silhouette of their joint members (labelled by cluster, on
     1 − cos of the individual updates) is at most ``max_silhouette`` — the two clusters
@@ -192,7 +192,8 @@ def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine
     each cluster's members on its own model). Clusters with fewer than 2 members are
     judged on the cosine alone (no silhouette; reported as NaN). Greedy: pairs sorted by
     cosine, best first, each cluster in at most one pair per call (repeat next round for
-    chains).
+    chains; ``match = False``: every pair that passes, for a caller that filters them first and
+    then calls ``match_pairs``).
 
     ``drift(a, b)``: the cosine of the two clusters' model drifts since the split that
     separated them (NaN: unknown). Two clusters of at least ``min_drift_members`` members
@@ -226,10 +227,14 @@ def merge_pairs(updates_by_cluster: Mapping[Hashable, np.ndarray], *, min_cosine
             else:
                 sil, drift_cos = float("nan"), float("nan")
             found.append(MergePair(a, b, cos, sil, drift_cos))
-    found.sort(key=lambda p: -p.cosine)
+    return match_pairs(found) if match else found
+
+
+def match_pairs(pairs: Sequence[MergePair]) -> list[MergePair]:
+    """Greedy: ``pairs`` by cosine, best first, each cluster in at most one of them."""
     used: set = set()
     out = []
-    for p in found:
+    for p in sorted(pairs, key=lambda p: -p.cosine):
         if p.a in used or p.b in used:
             continue
         used.update((p.a, p.b))

@@ -133,8 +133,8 @@ def fedclust_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | N
 
 
 def adacfl_reason(state: Any, params: Any, reasons: dict[str, str], sizes: dict[str, int]) -> str | None:
-    """The one-cluster reason, with the clients the clustering step saw (a sample under
-    partial participation) and their median size (``sizes``: client key -> examples): a
+    """The one-cluster reason, with the clients the clustering step saw (under partial
+    participation every active client, or with ``cluster-all-active = false`` a sample) and their median size (``sizes``: client key -> examples): a
     small sample of small clients is where the silhouette cannot beat group-free data."""
     reason = one_cluster_reason(state, params, reasons)
     if reason is None or not state.clustered:

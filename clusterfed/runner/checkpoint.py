@@ -58,6 +58,8 @@ EARLIER_BEHAVIOUR = {
     "ask-again": False,  # a deferred split's repliers were not put in the next sample
     "decision-arrays": "every",  # CFL compared the whole update
     "same-round-splits": False,  # a split's children waited for the next round
+    "cluster-all-active": False,  # FedClust's and AdaCFL's clustering step asked the round's sample only
+    "split-min-repliers": 0,  # the CFL family trained the sample only
 }
 
 

@@ -39,9 +39,10 @@ founded cluster's is the warm-up global model (θ0 when ``warmup-rounds = 0``). 
 shared with FedClust is ``oneshot.py``'s; what the run says is ``clusterfed/explain/oneshot.py``'s.
 
 Partial participation (``fraction-train`` < 1): the warm-up is FedAvg over each round's
-sample; the clustering step runs on the sample of round ``warmup-rounds + 1``; every other
-client leaves the warm-up cluster (whose model is gone) and is placed by the newcomer rule
-in the first round it is sampled.
+sample; the clustering step of round ``warmup-rounds + 1`` asks every active client
+(``cluster-all-active``; false: that round's sample, every other client leaving the warm-up
+cluster, whose model is gone, to be placed by the newcomer rule in the first round it is
+sampled).
 
 Known behaviour: the paper's entropy gap can isolate a client whose labels are unevenly
 balanced among clients that hold the same labels evenly (docs/algorithms/adacfl.md) unless
@@ -162,13 +163,13 @@ class AdaCFL(ClusteredStrategy):
 
     # ------------------------------------------------- Alg. 1: the clustering step
     def before_train(self, rnd: Round) -> Steps:
-        """At the start of round ``warmup-rounds + 1``: the sampled clients train the warm-up
-        model and upload the smallest fc layer; pre-clusters by label entropy; the threshold
+        """At the start of round ``warmup-rounds + 1``: the clients asked (every active one, or
+        the round's sample) train the warm-up model and upload the compared layer; pre-clusters by label entropy; the threshold
         cut inside each and the merge across them; every cluster model at the warm-up model."""
         warmup = self.state.warmup_cluster
         if self.state.clustered or rnd.number <= self.params.warmup_rounds or warmup is None:
             return
-        keys = rnd.reachable(self.members(rnd, warmup))  # partial participation: the sample
+        keys = rnd.reachable(self.members(rnd, warmup))  # those draw_sample asked
         if not keys:
             return
         start = self.state.models[warmup]

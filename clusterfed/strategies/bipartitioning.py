@@ -40,7 +40,7 @@ from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, compare, too_f
 from clusterfed.clustering.split_evidence import KINDS, Evidence, pair_evidence, whole_parts_alike
 from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
 from clusterfed.clustering.sketch import in_sketch_space
-from clusterfed.clustering.split_rules import largest_cosine, merge_pairs, part_cosines
+from clusterfed.clustering.split_rules import largest_cosine, match_pairs, merge_pairs, part_cosines
 from clusterfed.clustering.vectors import closest_unmerged, cosine, decision_record, flatten, side_of, stack_float64
 from clusterfed.models.parameters import silent_names
 from clusterfed.strategies.base import ClusteredState, StrategyParams
@@ -67,7 +67,8 @@ class BiPartitioningParams(StrategyParams):
                     "proposed and taken only when its cut beats group-free rotations of the round's updates, two "
                     "successive rounds' updates give the same partition of its clients (ARI >= split-agreement) and "
                     "its parts' mean updates point apart in both rounds (cosine below merge-min-cosine); a merge only "
-                    "when the two leaves' updates no longer reproduce their split; criteria: the paper's timing rule "
+                    "when two successive rounds find the leaves alike and their updates no longer reproduce their "
+                    "split; criteria: the paper's timing rule "
                     "(CFL: Sattler's criteria, HiCFL: model stability) decides when (the paper's presets)")
     split_agreement: float = Field(
         DEFAULT_AGREEMENT, alias="split-agreement", ge=-1, le=1,
@@ -99,6 +100,13 @@ class BiPartitioningParams(StrategyParams):
         description="split-timing = evidence at fraction-train < 1 (beyond the papers): a split that passed every "
                     "test but could not be compared with an earlier round (too few of its repliers met before) "
                     "has its repliers asked again in the next round's sample, the rest of it drawn as usual")
+    split_min_repliers: int = Field(
+        8, alias="split-min-repliers", ge=0,
+        description="split-timing = evidence at fraction-train < 1 (beyond the papers): from the round before "
+                    "min-split-round, each cluster that may split is asked at least this many of its active members "
+                    "a round (all of them when fewer), beyond the fraction-train sample, its last partition's clients "
+                    "first, "
+                    "so that a split is judged on the evidence of enough clients in two rounds (0 = the sample only)")
     merge: bool = Field(True, description="merge two leaf clusters whose updates became indistinguishable (beyond the papers)")
     merge_min_cosine: float = Field(0.6, alias="merge-min-cosine", ge=-1, le=1,
                                     description="merge only if the cosine of the two clusters' mean updates reaches this")
@@ -512,11 +520,13 @@ class BiPartitionTree:
         names = self.merge_names(state)
         updates = self.merge_vectors(state, groups, names)
         c = self.params
+        evidence = self.evidence(state)
         pairs = merge_pairs(updates, min_cosine=c.merge_min_cosine, max_silhouette=c.merge_max_silhouette,
-                            drift=lambda a, b: self.drift_cosine(state, a, b, names), min_drift_members=c.min_split_size)
-        if self.evidence(state):  # a merge, like a split, reproduces; it never undoes a split that still shows
+                            drift=lambda a, b: self.drift_cosine(state, a, b, names), min_drift_members=c.min_split_size,
+                            match=not evidence)
+        if evidence:  # a merge, like a split, reproduces; it never undoes a split that still shows
             pairs = [p for p in pairs if not still_split(state, c, server_round, p.a, p.b, updates, groups)]
-            pairs = reproduced_merges(state, server_round, pairs, list(updates))
+            pairs = match_pairs(reproduced_merges(state, server_round, pairs, list(updates)))
         summaries = []
         for pair in pairs:
             silhouette = None if np.isnan(pair.silhouette) else pair.silhouette  # NaN: a one-member cluster

@@ -131,7 +131,7 @@ PAPER_CFL: dict[str, Any] = {
     "split_timing": "criteria", "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 20, "min_split_size": 3,
     "split_min_silhouette": -1.0, "split_silhouette_max_k": 2, "split_reference_draws": 0,
     "similarity_decay": 0.0, "similarity_rank": 0, "similarity_pool": "repliers", "merge": False,
-    "update_storage": "exact", "ask_again": False, "same_round_splits": False,
+    "update_storage": "exact", "ask_again": False, "split_min_repliers": 0, "same_round_splits": False,
 }
 
 

@@ -26,8 +26,9 @@ the re-cut of a first sample that showed no groups (``recut``, below). The machi
 with AdaCFL (the partial upload, the cut, the clusters and references) is ``oneshot.py``'s,
 as functions of the state; what the run says is ``clusterfed/explain/oneshot.py``'s.
 
-Partial participation (``fraction-train`` < 1): the clustering round is the first round's
-sample; a client first sampled later is placed as a newcomer in that round. A first sample
+Partial participation (``fraction-train`` < 1): the clustering round asks every active client
+(``cluster-all-active``; false: the first round's sample), its training the round's sample; a
+client that joins later is placed as a newcomer in the first round it is sampled. A first sample
 too small to show the groups (``lambda = auto`` found one cluster): the partial weights of
 every client placed in the one cluster are kept and cut again, into at most sqrt(n / 2)
 clusters (``recut_max_clusters``), each time their number n has doubled; the first cut that
@@ -112,9 +113,10 @@ class FedClust(ClusteredStrategy):
 
     # ------------------------------------------- Alg. 1, lines 2-5: the clustering round
     def clustering_round(self, rnd: Round, keys: list[str]) -> Steps:
-        """The sampled ``keys`` train θ0 and upload the compared layer; the proximity matrix
-        of their partial weights is cut at λ and every cluster model starts at θ0."""
-        keys = rnd.reachable(keys)  # partial participation: the round's sample is clustered
+        """The ``keys`` asked this round (every active client, or the round's sample) train θ0
+        and upload the compared layer; the proximity matrix of their partial weights is cut at
+        λ and every cluster model starts at θ0."""
+        keys = rnd.reachable(keys)  # those draw_sample asked (cluster-all-active: every active client)
         if not keys:
             return
         theta0 = self.state.theta0

@@ -140,7 +140,7 @@ PAPER_HICFL: dict[str, Any] = {
     "split_timing": "criteria", "stability_eps": "lr", "xi": "auto", "timing": "all", "split": "reference", "centre_updates": False,
     "min_silhouette": -1.0, "min_kept_fraction": 0.0, "min_side": 1, "small_side_reference_draws": 0,
     "merge": False, "split_criteria": "absolute", "eps1": 0.4, "eps2": 1.6, "min_split_round": 1,
-    "min_split_size": 2, "update_storage": "exact", "ask_again": False, "decision_arrays": "every",
+    "min_split_size": 2, "update_storage": "exact", "ask_again": False, "split_min_repliers": 0, "decision_arrays": "every",
     "same_round_splits": False,
 }
 

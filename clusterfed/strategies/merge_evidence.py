@@ -18,6 +18,7 @@ from clusterfed.clustering.split_rules import MergePair
 from clusterfed.clustering.split_scores import cosine_similarity_matrix
 from clusterfed.clustering.vectors import flatten, stack_float64
 from clusterfed.core.exchange import TrainReply
+from clusterfed.explain.numbers import compared
 
 
 def still_split(state: Any, params: Any, server_round: int, a: int, b: int, updates: dict[int, np.ndarray],
@@ -38,9 +39,9 @@ def still_split(state: Any, params: Any, server_round: int, a: int, b: int, upda
     U, membership = np.vstack([Ua, Ub]).astype(np.float64), np.r_[np.zeros(len(Ua), int), np.ones(len(Ub), int)]
     side_a, _ = bipartition(cosine_similarity_matrix(U))
     found = np.isin(np.arange(len(U)), side_a, invert=True).astype(int)
-    record = compare(membership, found, f"clusters {a} and {b}").as_record()
-    bound = params.split_agreement
-    if record["agreement"] < bound:  # each side may hold several groups their bi-partition crosses
+    check = compare(membership, found, f"clusters {a} and {b}")
+    record, bound = check.as_record(), params.split_agreement
+    if not check.reproduces(bound):  # each side may hold several groups their bi-partition crosses
         agree, tested = split_still_shows(U, membership, max_k=params.split_silhouette_max_k, seed=params.seed,
                                           bound=bound)
         if tested is None or not tested.passes or agree < bound:
@@ -48,8 +49,8 @@ def still_split(state: Any, params: Any, server_round: int, a: int, b: int, upda
         record = {"agreement": round(agree, 4), "group_test": tested.as_record(), "group_words": tested.words()}
     how = f" on their best cut, and {record['group_words']}" if "group_words" in record else ""
     state.merge_kept.append({"round": server_round, **record, "leaves": [a, b], "words": (
-        f"clusters {a} and {b} not merged: their split still reproduces (ARI {record['agreement']:.2f} >= "
-        f"{bound:.2f}{how})")})
+        f"clusters {a} and {b} not merged: their split still reproduces (ARI "
+        f"{compared(record['agreement'], '>=', bound)}{how})")})
     return True
 
 

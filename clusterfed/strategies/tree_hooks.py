@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clusterfed.core.exchange import RETURN_UPDATE
-from clusterfed.strategies.resampling import sample_asking_again
+from clusterfed.strategies.resampling import evidence_sample, sample_asking_again
 
 
 def placements(train_asks: Callable[..., list], rnd: Any, descent: Any) -> Any:
@@ -31,12 +31,16 @@ def tree_train_instructions(strategy: Any, rnd: Any, key: str) -> dict[str, Any]
 
 def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
     """Placing a provisional member asks it for work: sample before placement, holding the
-    clients ``ask-again`` named last round (``resampling.sample_asking_again``)."""
+    clients ``ask-again`` named last round (``resampling.sample_asking_again``), each cluster
+    that may split topped up to ``split-min-repliers`` of its members (``resampling.evidence_sample``)."""
     state, params = strategy.state, strategy.params
     again, state.asked_again = state.asked_again, ()
     if not again:  # ``ask_again`` names clients only when ask-again is on, at fraction-train < 1
-        return strategy.sample_active(rnd)
-    return sample_asking_again(state.rng, list(rnd.active), list(again), params.fraction_train, params.min_train_nodes)
+        sample = strategy.sample_active(rnd)
+    else:
+        sample = sample_asking_again(state.rng, list(rnd.active), list(again), params.fraction_train,
+                                     params.min_train_nodes)
+    return evidence_sample(state, params, rnd.number, list(rnd.active), sample)
 
 
 def tree_admit(strategy: Any, rnd: Any, keys: list[str]) -> Any:
