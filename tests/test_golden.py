@@ -34,7 +34,8 @@ RESUMED = json.loads((CHECKPOINTS / "resumed.json").read_text())
 
 @pytest.mark.parametrize("name", CHECKPOINTED)
 def test_old_checkpoints_resume_into_the_same_round(name, tmp_path):
-    got, want = resume(name, CHECKPOINTS / name, tmp_path / name, **PREDATE_EVIDENCE.get(name, {})), RESUMED[name]
+    got, want = resume(name, CHECKPOINTS / name, tmp_path / name, **PREDATE_EVIDENCE.get(name, {}),
+                       **PREDATE_SAMPLING.get(name, {})), RESUMED[name]
     assert got["round"] == want["round"], f"{name}: the resumed round differs"
     assert canonical_assignment(got["assignment"]) == canonical_assignment(want["assignment"])
     if name in PREDATE_EVIDENCE and not set(PREDATE_EVIDENCE[name]) <= set(RUNS[name]):
@@ -52,9 +53,12 @@ PREDATE_PROJECTION = ("fedclust", "adacfl")
 # checkpoints of the CFL family written before split-timing existed ran on Sattler's criteria:
 # they resume on them (a checkpoint without the key is refused at the new default, evidence)
 PREDATE_EVIDENCE = {"cfl-merge": {"split-timing": "criteria", "ask-again": False, "decision-arrays": "every",
-                                  "same-round-splits": False},
+                                  "same-round-splits": False, "split-min-repliers": 0},
                     "hicfl": {"split-timing": "criteria", "ask-again": False, "decision-arrays": "every",
-                              "same-round-splits": False}}
+                              "same-round-splits": False, "split-min-repliers": 0}}
+# checkpoints written before the clustering step asked every active client resume asking the
+# sample (the golden runs are at full participation, where both ask everyone)
+PREDATE_SAMPLING = {"fedclust": {"cluster-all-active": False}, "adacfl": {"cluster-all-active": False}}
 
 
 def test_a_checkpoint_older_than_split_timing_is_refused_at_the_new_default_with_the_value_that_resumes_it(tmp_path):
