@@ -192,7 +192,7 @@ def test_a_split_undone_by_a_merge_is_redone_when_the_rounds_agree_again():
     # such round is said and waits, the second merges (a merge reproduces, as a split does)
     said = run_round(strategy, 3, one_direction(rng, noise=0.01))
     assert said["merges"] == [] and len(set(strategy.assignment.values())) == 2
-    assert "clusters 1 and 2 alike this round (round cosine 1.00): merged only if they are again" in said["decision"]
+    assert "clusters 1 and 2 alike this round (round cosine 1.00): merged only if they are alike again" in said["decision"]
     said = run_round(strategy, 4, one_direction(rng, noise=0.01))
     assert len(said["merges"]) == 1 and len(set(strategy.assignment.values())) == 1
     assert "merged into 3" in said["decision"]

@@ -74,7 +74,7 @@ def reproduced_merges(state: Any, server_round: int, pairs: list[MergePair], rep
         state.merge_kept.append({"round": server_round, "leaves": [pair.a, pair.b], "waiting": True,
                                  "cosine": round(pair.cosine, 4), "words": (
             f"clusters {pair.a} and {pair.b} alike this round (round cosine {pair.cosine:.2f}): merged only if "
-            f"they are again the next round both reply")})
+            f"they are alike again in the next round both reply to")})
     return taken
 
 
