@@ -138,6 +138,18 @@ def reproduce_on_pairs(earlier: Sequence[tuple[int, Mapping[Hashable, int]]], no
     return compare_pairs(then, present, f"pairs seen together in {span} and round {server_round}"), last
 
 
+def alike_before(memory: dict[str, int], pair: str, alike: bool, server_round: int) -> int | None:
+    """Two clusters judged alike (a merge) in successive rounds: when ``alike`` this round,
+    ``memory[pair]`` becomes ``server_round`` and the round it was last alike in is returned
+    (None: the first time); when not, the pair is forgotten (None)."""
+    if not alike:
+        memory.pop(pair, None)
+        return None
+    seen = memory.get(pair)
+    memory[pair] = server_round
+    return seen
+
+
 def too_few_pairs(need: int) -> str:
     """What a deferral for want of pairs says (``reproduce_on_pairs`` gave None)."""
     return f"nor did {need * (need - 1) // 2} pairs of {need} of them meet in earlier rounds"

@@ -13,7 +13,7 @@ import numpy as np
 
 from clusterfed.clustering.bipartition import bipartition
 from clusterfed.clustering.layer_split import split_still_shows
-from clusterfed.clustering.reproducible import compare
+from clusterfed.clustering.reproducible import alike_before, compare
 from clusterfed.clustering.split_rules import MergePair
 from clusterfed.clustering.split_scores import cosine_similarity_matrix
 from clusterfed.clustering.vectors import flatten, stack_float64
@@ -63,12 +63,10 @@ def reproduced_merges(state: Any, server_round: int, pairs: list[MergePair], rep
     for i, a in enumerate(replied):
         for b in replied[i + 1:]:
             if _key(a, b) not in alike:
-                state.merge_alike.pop(_key(a, b), None)
+                alike_before(state.merge_alike, _key(a, b), False, server_round)
     taken = []
     for pair in pairs:
-        seen = state.merge_alike.get(_key(pair.a, pair.b))
-        state.merge_alike[_key(pair.a, pair.b)] = server_round
-        if seen is not None:
+        if alike_before(state.merge_alike, _key(pair.a, pair.b), True, server_round) is not None:
             taken.append(pair)
             continue
         state.merge_kept.append({"round": server_round, "leaves": [pair.a, pair.b], "waiting": True,

@@ -34,16 +34,16 @@ def sample_asking_again(rng: np.random.Generator, active: list[str], again: list
     return [k for k in active if k in chosen]
 
 
-def evidence_sample(state: Any, params: Any, server_round: int, active: list[str], sample: list[str]) -> list[str]:
-    """``split-min-repliers`` (the CFL family on evidence, at ``fraction-train`` < 1, from the
+def evidence_sample(state: Any, params: Any, server_round: int, active: list[str], sample: list[str], *,
+                    evidence: bool) -> list[str]:
+    """``split-min-repliers`` (the CFL family on ``evidence``, at ``fraction-train`` < 1, from the
     round before ``min-split-round``): ``sample`` with each leaf that may split (``min-split-size``
     placed members or more, not a final merged leaf) topped up to that many of its ``active``
     placed members (all when fewer; provisional ones descend first), its last partition's clients
     first, each group at random; in ``active``'s order. A split compares two rounds' partitions
     of the same clients, and tells groups from one task's spread only on enough of them."""
     need = params.split_min_repliers
-    if not need or params.fraction_train >= 1 or state.split_timing != "evidence" \
-            or server_round < params.min_split_round - 1:
+    if not need or params.fraction_train >= 1 or not evidence or server_round < params.min_split_round - 1:
         return sample
     chosen, by_leaf = set(sample), defaultdict(list)
     for key in active:

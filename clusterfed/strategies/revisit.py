@@ -16,7 +16,7 @@ import numpy as np
 from clusterfed.clustering import stack_partials
 from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separation, threshold_cut
-from clusterfed.clustering.reproducible import Reproduction, compare, reproduce_on_pairs, too_few_pairs
+from clusterfed.clustering.reproducible import Reproduction, alike_before, compare, reproduce_on_pairs, too_few_pairs
 from clusterfed.explain.numbers import compared
 from clusterfed.core.exchange import Diagnostics, TrainReply, natural
 from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState, groups_tested, reproduced
@@ -216,11 +216,7 @@ def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows:
             cosine = mean_cosine(rows[a], rows[b])
             alike = (cosine >= MERGE_MIN_COSINE and len(np.unique(_revisit_cut(together, params))) == 1
                      and not _apart(together, len(rows[a]), params))
-            if not alike:
-                state.revisit_alike.pop(pair, None)
-                continue
-            seen = state.revisit_alike.get(pair)
-            state.revisit_alike[pair] = server_round
+            seen = alike_before(state.revisit_alike, pair, alike, server_round)
             if seen is None:
                 continue
             said.append(_merge(state, server_round, a, b, cosine, seen, strategy))

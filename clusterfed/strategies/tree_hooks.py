@@ -40,7 +40,8 @@ def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
     else:
         sample = sample_asking_again(state.rng, list(rnd.active), list(again), params.fraction_train,
                                      params.min_train_nodes)
-    return evidence_sample(state, params, rnd.number, list(rnd.active), sample)
+    return evidence_sample(state, params, rnd.number, list(rnd.active), sample,
+                           evidence=strategy.bipartition.evidence(state))
 
 
 def tree_admit(strategy: Any, rnd: Any, keys: list[str]) -> Any:
