@@ -320,6 +320,41 @@ def test_a_cluster_that_may_split_trains_enough_of_its_members(name):
     assert strategy_class(name).paper().params.split_min_repliers == 0
 
 
+@pytest.mark.parametrize("name", ["cfl", "layercfl", "hicfl"])
+def test_a_cluster_that_never_splits_averages_what_fedavg_averages(name):
+    """The top-up's clients train for the split test's evidence only: on one task (each client
+    its own small spread around one update, no groups) the cluster trains 8 of 16 clients a
+    round where FedAvg's sample is 4, yet its model stays FedAvg's at the same seed, round by
+    round: the same sample, averaged alone."""
+    keys = [str(i) for i in range(16)]
+    rng = np.random.default_rng(3)
+    shapes = {n: v.shape for n, v in make(strategy_class("fedavg"), {k: 0 for k in keys}).state.theta0.items()}
+    common = {n: rng.normal(0, 1, shape).astype(np.float32) for n, shape in shapes.items()}
+    deltas = {k: {n: common[n] + rng.normal(0, 0.05, shape).astype(np.float32) for n, shape in shapes.items()}
+              for k in keys}
+
+    def respond(ask):
+        delta = deltas[ask.key]
+        if ask.config.get("return") == "update":
+            return {n: delta[n] for n in ask.upload or list(ask.model)}
+        return {n: ask.model[n] + delta[n] for n in ask.upload or list(ask.model)}
+
+    fedavg = make(strategy_class("fedavg"), {k: 0 for k in keys}, fraction_train=0.25)
+    clustered = make(strategy_class(name), {k: 0 for k in keys}, fraction_train=0.25, min_split_round=3)
+    assert clustered.params.split_min_repliers == 8
+    for server_round in range(1, 7):
+        averaged = [a.key for a in drive_round(fedavg, server_round, respond)[-1]]
+        batches = drive_round(clustered, server_round, respond)
+        trainers = [a.key for a in batches[-1]]
+        assert set(averaged) <= set(trainers)
+        assert batches.round.evidence_only == set(trainers) - set(averaged)
+        assert len(trainers) == (4 if server_round == 1 else 8), server_round
+        assert len(clustered.state.models) == 1  # no groups: nothing splits
+        (model,) = clustered.state.models.values()
+        for n, value in fedavg.state.models[0].items():
+            np.testing.assert_allclose(model[n], value, rtol=1e-5, atol=1e-5)  # float32: weights or updates
+
+
 @pytest.mark.parametrize("name", ["fedclust", "adacfl"])
 @pytest.mark.parametrize("warmup", [0, 2])
 def test_one_shot_clustering_asks_every_active_client_and_trains_the_sample(name, warmup):

@@ -181,7 +181,9 @@ class Round:
     the round's sample drawn before placement (``draw_sample``; None: trainers are sampled
     among the placed clients), set by the round skeleton; ``train_sample``, the trainers'
     sample when placement asks more clients than train (a clustering step that asks every
-    active client, set by ``draw_sample``; None: ``sampled``); and ``reports``, the splits and
+    active client, set by ``draw_sample``; None: ``sampled``); ``evidence_only``, clients the
+    round trains only for a clustering decision's evidence, compared but not averaged (set by
+    ``draw_sample``: ``split-min-repliers``); and ``reports``, the splits and
     placements (``SplitCompared``, ``NewcomersPlaced``) the round appends for the driver's
     scoring. Per round, never state: a round is never resumed midway."""
 
@@ -191,6 +193,7 @@ class Round:
     clients: Mapping[str, ClientInfo] = field(default_factory=dict)
     sampled: list[str] | None = None
     train_sample: list[str] | None = None
+    evidence_only: frozenset[str] = frozenset()
     reports: list[Any] = field(default_factory=list)
 
     def placed(self, assignment: Mapping[str, int]) -> list[str]:

@@ -320,9 +320,10 @@ class ClusteredStrategy(FlowerHooks):
         return replies, {}
 
     def aggregate(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
-        """Each cluster's new model from the training ``replies``, each weighing what ``weigh``
-        says (``aggregate_clusters``); returns the diagnostics."""
-        return self.aggregate_clusters(self.weigh(replies))
+        """Each cluster's new model from the training ``replies`` but those asked only for
+        evidence (``rnd.evidence_only``), each weighing what ``weigh`` says
+        (``aggregate_clusters``); returns the diagnostics."""
+        return self.aggregate_clusters(self.weigh([r for r in replies if r.key not in rnd.evidence_only]))
 
     # ------------------------------------------------------- secure aggregation
     # (the steps are ``clusterfed.strategies.secure``'s functions, handed this strategy's values)

@@ -32,7 +32,8 @@ def tree_train_instructions(strategy: Any, rnd: Any, key: str) -> dict[str, Any]
 def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
     """Placing a provisional member asks it for work: sample before placement, holding the
     clients ``ask-again`` named last round (``resampling.sample_asking_again``), each cluster
-    that may split topped up to ``split-min-repliers`` of its members (``resampling.evidence_sample``)."""
+    that may split topped up to ``split-min-repliers`` of its members (``resampling.evidence_sample``):
+    those train for the split test's evidence only (``rnd.evidence_only``), the sample is averaged."""
     state, params = strategy.state, strategy.params
     again, state.asked_again = state.asked_again, ()
     if not again:  # ``ask_again`` names clients only when ask-again is on, at fraction-train < 1
@@ -40,8 +41,10 @@ def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
     else:
         sample = sample_asking_again(state.rng, list(rnd.active), list(again), params.fraction_train,
                                      params.min_train_nodes)
-    return evidence_sample(state, params, rnd.number, list(rnd.active), sample,
-                           evidence=strategy.bipartition.evidence(state))
+    topped = evidence_sample(state, params, rnd.number, list(rnd.active), sample,
+                             evidence=strategy.bipartition.evidence(state))
+    rnd.evidence_only = frozenset(topped).difference(sample)  # their updates judge splits, not the average
+    return topped
 
 
 def tree_admit(strategy: Any, rnd: Any, keys: list[str]) -> Any:
