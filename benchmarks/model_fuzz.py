@@ -8,7 +8,9 @@ in the state_dict and auxiliary heads, the optimizer, learning rate and local ep
 with no groups), 2–5 groups, 6–40 clients, full or half participation. Every registered
 strategy then runs on it with its defaults, stock Flower-style ClientApps (clusterfed's client
 helper only where ``strategy.requires()`` names a capability a stock client lacks), on the
-in-process grid, and is judged against FedAvg in the same cell.
+in-process grid, and is judged against FedAvg in the same cell. Each train message seeds torch
+from the cell, the client, the round and the message's phase and count (``fuzz.run.SeededApp``:
+common random numbers), so strategies asking a client the same training draw the same dropout.
 
     PYTHONPATH=$PWD:$PWD/tests:$PWD/benchmarks python benchmarks/model_fuzz.py --seeds 0-29 --out DIR
     make bench-fuzz SEEDS=0-29                     # into benchmarks/results/model-fuzz/dev

@@ -10,8 +10,9 @@ import time
 from collections import Counter
 from dataclasses import asdict
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.simulation import inprocess_grid
@@ -27,6 +28,31 @@ from model_matrix.cells import CEILING, MIN_ARI, CountingApp, partition_of, plac
 STRATEGIES = ("fedavg", "oracle", "fedclust", "adacfl", "cfl", "layercfl", "hicfl", "ifca", "selection")
 MAX_LOSS_PP = 1.0  # the most a cell may lose against FedAvg, in percentage points
 STANDARD_PARTS = ("[ROUND ", "train loss ", "evaluate over ")
+
+
+class SeededApp(CountingApp):
+    """``CountingApp`` that seeds torch before each train message from the cell's seed, the
+    client, the round, the message's phase and how many messages of that phase the client got
+    in the round before it: common random numbers. A client's dropout (its loader's order is
+    the cell's) then depends on what it is asked, not on which other clients trained before it,
+    so two strategies asking it the same training draw the same, and a strategy whose one
+    cluster averages FedAvg's sample ends with FedAvg's model; without it such runs differed by
+    dropout's draws alone (up to 3 points on a small federation)."""
+
+    def __init__(self, app, seed: int):
+        super().__init__(app)
+        self.seed, self.calls = int(seed), Counter()
+
+    def __call__(self, message: Message, context: Context) -> Message:
+        if message.metadata.message_type == MessageType.TRAIN:
+            config = message.content.config_records.get("config", {})
+            server_round, phase = int(config.get("server-round", 0)), str(config.get("phase", "train"))
+            partition = int(context.node_config["partition-id"])
+            asked = (partition, server_round, phase)
+            entropy = [self.seed, partition, server_round, *phase.encode(), self.calls[asked]]
+            self.calls[asked] += 1
+            torch.manual_seed(int(np.random.SeedSequence(entropy).generate_state(1, np.uint64)[0] >> 1))
+        return super().__call__(message, context)
 
 
 class RoundLines(logging.Handler):
@@ -89,7 +115,7 @@ def ari(cell: Cell, assignment: dict[str, int]) -> float | None:
     return round(float(adjusted_rand_score([groups[p] for p, _ in placed], [c for _, c in placed])), 4)
 
 
-def trainings(app: CountingApp, clients: int) -> dict:
+def trainings(app: SeededApp, clients: int) -> dict:
     """Train messages per client: over the run (mean), and the most one client got in one round
     (the round: where a chained clustering step asks a stock client more than once)."""
     if not app.trainings:
@@ -106,7 +132,7 @@ def run_strategy(cell: Cell, name: str, rounds: int) -> dict:
     needs = sorted(strategy.requires())
     # the oracle reads each client's true group, which only the helper's clients report
     client = "helper" if needs or name == "oracle" else "stock"
-    app = CountingApp(helper_app if client == "helper" else stock_app)
+    app = SeededApp(helper_app if client == "helper" else stock_app, cell.seed)
     run_config = {"cell": cell.to_json(), "local-epochs": cell.local_epochs}
     grid = inprocess_grid(app, cell.clients, run_config=run_config, client_batching="off",
                           node_configs=[{"partition-id": i, "num-partitions": cell.clients} for i in range(cell.clients)])
