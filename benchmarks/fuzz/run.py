@@ -115,7 +115,7 @@ def ari(cell: Cell, assignment: dict[str, int]) -> float | None:
     return round(float(adjusted_rand_score([groups[p] for p, _ in placed], [c for _, c in placed])), 4)
 
 
-def trainings(app: SeededApp, clients: int) -> dict:
+def trainings(app: CountingApp, clients: int) -> dict:
     """Train messages per client: over the run (mean), and the most one client got in one round
     (the round: where a chained clustering step asks a stock client more than once)."""
     if not app.trainings:

@@ -105,8 +105,8 @@ class BiPartitioningParams(StrategyParams):
         description="split-timing = evidence at fraction-train < 1 (beyond the papers): from the round before "
                     "min-split-round, each cluster that may split is asked at least this many of its active members "
                     "a round (all of them when fewer), beyond the fraction-train sample, its last partition's clients "
-                    "first, "
-                    "so that a split is judged on the evidence of enough clients in two rounds (0 = the sample only)")
+                    "first, so that a split is judged on the evidence of enough clients in two rounds; their updates "
+                    "serve the split test only, the cluster averages its sample (0 = the sample only)")
     merge: bool = Field(True, description="merge two leaf clusters whose updates became indistinguishable (beyond the papers)")
     merge_min_cosine: float = Field(0.6, alias="merge-min-cosine", ge=-1, le=1,
                                     description="merge only if the cosine of the two clusters' mean updates reaches this")

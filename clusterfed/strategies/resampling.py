@@ -63,7 +63,8 @@ def evidence_sample(state: Any, params: Any, server_round: int, active: list[str
     first (``top_up``); in ``active``'s order. A split compares two rounds' partitions of the
     same clients, and tells groups from one task's spread only on enough of them. The clients
     added are drawn by a generator of their own (``params.seed`` and the round), so the
-    strategy's samples, and a cluster that never splits, stay those of a run without them."""
+    strategy's samples, and a cluster that never splits, stay those of a run without them
+    (until ``ask-again`` puts a deferred split's repliers into a sample)."""
     need = params.split_min_repliers
     if not need or params.fraction_train >= 1 or not evidence or server_round < params.min_split_round - 1:
         return sample
