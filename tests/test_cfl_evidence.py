@@ -12,7 +12,6 @@ from clusterfed.clustering.split_evidence import whole_parts_alike
 from clusterfed.clustering.split_rules import most_alike_sides, part_cosines
 from clusterfed.core.exchange import ClientInfo, Replies
 from clusterfed.strategies.base import steps
-from clusterfed.strategies.resampling import sample_asking_again
 from clusterfed.strategies.cfl import CFL
 from clusterfed.strategies.hicfl import HiCFL
 from clusterfed.strategies.layercfl import LayerCFL
@@ -550,34 +549,44 @@ def test_at_partial_participation_pairs_seen_together_earlier_are_the_evidence(c
 
 
 @pytest.mark.parametrize("cls", [CFL, HiCFL])
-@pytest.mark.parametrize("ask_again", [True, False])
-def test_a_split_with_no_earlier_round_to_compare_asks_its_repliers_again(cls, ask_again):
+def test_a_split_with_no_earlier_round_to_compare_asks_its_repliers_again_beyond_the_sample(cls):
     """ask-again (the default): at partial participation, a split deferred because no earlier
-    round shares enough of its repliers, nor pairs of them, puts those repliers in the next
-    round's sample, the rest drawn as usual, and the round line says so; off: nobody is."""
-    rng = np.random.default_rng(0)
-    strategy = make_strategy(cls, HALVES, split_timing="evidence", min_split_round=2, min_split_size=5,
-                             fraction_train=0.5, ask_again=ask_again)
-    for server_round, block in enumerate(BLOCKS[:2], 1):
-        sample = [A[i] for i in block] + [B[i] for i in block]
-        said = run_round(strategy, server_round, {k: E[HALVES[k]] + 0.05 * rng.standard_normal(DIM)
-                                                  for k in sample})["decision"]
-    assert "deferred: rounds 1 and 2 share fewer than 5 clients" in said
-    assert ("its 10 repliers kept for the next round's sample" in said) == ask_again
-    assert set(strategy.state.asked_again) == (set(sample) if ask_again else set())
-    drawn = strategy.draw_sample(round_of(strategy, 3))
-    assert len(drawn) == 20 and (set(sample) <= set(drawn)) == ask_again
-    assert strategy.state.asked_again == ()  # asked once: the next deferral asks again
+    round shares enough of its repliers, nor pairs of them, asks those repliers again next round,
+    and the round line says so; they train beyond the sample, for the split test's evidence only,
+    so the sample (the clients averaged) is the one drawn with ask-again off."""
+    drawn, said = {}, {}
+    for ask_again in (True, False):
+        rng = np.random.default_rng(0)
+        strategy = make_strategy(cls, HALVES, split_timing="evidence", min_split_round=2, min_split_size=5,
+                                 fraction_train=0.5, ask_again=ask_again)
+        for server_round, block in enumerate(BLOCKS[:2], 1):
+            sample = [A[i] for i in block] + [B[i] for i in block]
+            said[ask_again] = run_round(strategy, server_round, {k: E[HALVES[k]] + 0.05 * rng.standard_normal(DIM)
+                                                                 for k in sample})["decision"]
+        assert set(strategy.state.asked_again) == (set(sample) if ask_again else set())
+        rnd = round_of(strategy, 3)
+        asked = strategy.draw_sample(rnd)
+        drawn[ask_again] = (set(asked), set(asked) - rnd.evidence_only)
+        assert strategy.state.asked_again == ()  # asked once: the next deferral asks again
+    for ask_again in (True, False):
+        assert "deferred: rounds 1 and 2 share fewer than 5 clients" in said[ask_again]
+        assert ("its 10 repliers asked again next round" in said[ask_again]) == ask_again
+    (asked_on, averaged_on), (asked_off, averaged_off) = drawn[True], drawn[False]
+    assert averaged_on == averaged_off == asked_off and len(averaged_off) == 20
+    assert asked_on == averaged_off | set(sample) and not set(sample) <= averaged_off
 
 
-def test_asking_again_keeps_the_sample_size_and_drops_clients_gone():
-    """The clients asked again that are still active are in the sample, the rest is drawn from
-    the others, in the active clients' order; one no longer active is left out."""
+def test_clients_asked_again_join_the_sample_in_the_active_order_unless_gone():
+    """The clients asked again that are still active are asked beyond the sample, in the active
+    clients' order; one no longer active is left out; the sample itself is kept whole."""
+    from types import SimpleNamespace
+
+    from clusterfed.strategies.resampling import evidence_sample
+
     active = [str(i) for i in range(10)]
-    drawn = sample_asking_again(np.random.default_rng(0), active, ["7", "3", "gone"], 0.5, 1)
-    assert len(drawn) == 5 and {"3", "7"} <= set(drawn) and "gone" not in drawn
-    assert drawn == sorted(drawn, key=int)
-    assert sample_asking_again(np.random.default_rng(0), active, active, 0.3, 1) == ["0", "1", "2"]
+    params = SimpleNamespace(split_min_repliers=0, fraction_train=0.5, min_split_round=1)
+    asked = evidence_sample(SimpleNamespace(), params, 3, active, ["8", "1"], evidence=True, again=["7", "3", "gone"])
+    assert asked == ["1", "3", "7", "8"]
 
 
 def test_exact_vectors_keep_the_chosen_arrays_part_when_a_choice_narrows_the_comparison():

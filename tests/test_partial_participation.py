@@ -291,7 +291,7 @@ def test_a_cluster_that_may_split_trains_enough_of_its_members(name):
     """``split-min-repliers`` (8): 16 clients at a quarter participation (4 a round), two groups;
     from the round before ``min-split-round`` each cluster that may split trains at least 8 of
     its placed members, last round's first, so two rounds share at least 4 of its clients; the
-    round before that, and with the setting 0, exactly the sample."""
+    round before that, and with the setting 0 (and ``ask-again`` off, which asks more), exactly the sample."""
     groups = {str(i): i % 2 for i in range(16)}
     rng = np.random.default_rng(0)
 
@@ -302,7 +302,7 @@ def test_a_cluster_that_may_split_trains_enough_of_its_members(name):
 
     for need in (8, 0):
         algorithm = make(clustered_classes()[name], groups, fraction_train=0.25, min_split_round=3,
-                         split_min_repliers=need)
+                         split_min_repliers=need, ask_again=bool(need))
         earlier: list[str] = []
         for server_round in range(1, 7):
             placed: dict[int, list[str]] = {}  # each cluster as the round starts

@@ -99,7 +99,8 @@ class BiPartitioningParams(StrategyParams):
         True, alias="ask-again",
         description="split-timing = evidence at fraction-train < 1 (beyond the papers): a split that passed every "
                     "test but could not be compared with an earlier round (too few of its repliers met before) "
-                    "has its repliers asked again in the next round's sample, the rest of it drawn as usual")
+                    "has its repliers asked again in the next round, beyond its sample, for the split test's "
+                    "evidence only")
     split_min_repliers: int = Field(
         8, alias="split-min-repliers", ge=0,
         description="split-timing = evidence at fraction-train < 1 (beyond the papers): from the round before "
@@ -381,11 +382,12 @@ class BiPartitionTree:
 
     def ask_again(self, state: BiPartitioningState, keys: list[str]) -> str:
         """``ask-again``, on a split deferred because no earlier round could be compared: its
-        repliers ``keys`` go into the next round's sample; the words saying so ('' when off)."""
+        repliers ``keys`` are asked again next round, beyond the sample, for the split test's
+        evidence only; the words saying so ('' when off)."""
         if not (self.params.ask_again and self.params.fraction_train < 1 and keys):
             return ""
         state.asked_again = tuple(dict.fromkeys([*state.asked_again, *keys]))
-        return f"; its {len(keys)} repliers kept for the next round's sample"
+        return f"; its {len(keys)} repliers asked again next round"
 
     def inherit(self, state: BiPartitioningState, cluster: int, children: tuple[int, int],
                 sides: tuple[list[str], list[str]]) -> None:

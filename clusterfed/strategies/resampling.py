@@ -1,13 +1,13 @@
 """How many clients a round samples (``sample_size``, every strategy's rule), and who trains
-next round when some must be asked again: the CFL family's ``ask-again``
-(``tree_hooks.tree_draw_sample``) keeps the repliers of a split that no earlier round could
-be compared with in the next round's sample, and its ``split-min-repliers`` tops each cluster
-that may split up to that many of its members (``evidence_sample``, by ``top_up``)."""
+beyond the sample for the CFL family's split test (``tree_hooks.tree_draw_sample``): its
+``ask-again`` asks the repliers of a split that no earlier round could be compared with again
+in the next round, and its ``split-min-repliers`` tops each cluster that may split up to that
+many of its members (``evidence_sample``, by ``top_up``); neither changes the sample."""
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from typing import Any
 
 import numpy as np
@@ -16,23 +16,6 @@ import numpy as np
 def sample_size(clients: int, fraction: float, minimum: int) -> int:
     """A ``fraction`` of ``clients``, at least ``minimum`` and 1, at most all of them."""
     return min(max(int(clients * fraction), minimum, 1), clients)
-
-
-def sample_asking_again(rng: np.random.Generator, active: list[str], again: list[str], fraction: float,
-                        minimum: int) -> list[str]:
-    """A ``fraction`` sample of the ``active`` clients (the strategy's own size rule) holding the
-    ``again`` clients still active (as many as fit), the rest drawn at random from the others;
-    in ``active``'s order. At independent samples a small cluster's repliers rarely meet again
-    (8 members at half participation: 2 of them in two rounds' samples, in expectation), and a
-    split on evidence compares two rounds' partitions of the same clients."""
-    size = sample_size(len(active), fraction, minimum)
-    present = set(active)
-    kept = [k for k in dict.fromkeys(again) if k in present][:size]
-    taken = set(kept)
-    others = [k for k in active if k not in taken]
-    drawn = [others[i] for i in rng.choice(len(others), size=size - len(kept), replace=False)]
-    chosen = taken | set(drawn)
-    return [k for k in active if k in chosen]
 
 
 def top_up(rng: np.random.Generator, sample: list[str], groups: dict[Any, list[str]], need: int,
@@ -55,7 +38,7 @@ def top_up(rng: np.random.Generator, sample: list[str], groups: dict[Any, list[s
 
 
 def evidence_sample(state: Any, params: Any, server_round: int, active: list[str], sample: list[str], *,
-                    evidence: bool) -> list[str]:
+                    evidence: bool, again: Iterable[str] = ()) -> list[str]:
     """``split-min-repliers`` (the CFL family on ``evidence``, at ``fraction-train`` < 1, from the
     round before ``min-split-round``): ``sample`` with each leaf that may split (``min-split-size``
     placed members or more, not a final merged leaf) topped up to that many of its ``active``
@@ -63,8 +46,11 @@ def evidence_sample(state: Any, params: Any, server_round: int, active: list[str
     first (``top_up``); in ``active``'s order. A split compares two rounds' partitions of the
     same clients, and tells groups from one task's spread only on enough of them. The clients
     added are drawn by a generator of their own (``params.seed`` and the round), so the
-    strategy's samples, and a cluster that never splits, stay those of a run without them
-    (until ``ask-again`` puts a deferred split's repliers into a sample)."""
+    strategy's samples, and a cluster that never splits, stay those of a run without them. The
+    ``again`` clients (``ask-again``: a deferred split's repliers) still active are asked first,
+    beyond the sample, and count towards each leaf's number."""
+    asked = set(sample).union(again)
+    sample = [k for k in active if k in asked]
     need = params.split_min_repliers
     if not need or params.fraction_train >= 1 or not evidence or server_round < params.min_split_round - 1:
         return sample

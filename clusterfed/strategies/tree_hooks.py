@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from clusterfed.core.exchange import RETURN_UPDATE
-from clusterfed.strategies.resampling import evidence_sample, sample_asking_again
+from clusterfed.strategies.resampling import evidence_sample
 
 
 def placements(train_asks: Callable[..., list], rnd: Any, descent: Any) -> Any:
@@ -29,22 +29,19 @@ def tree_train_instructions(strategy: Any, rnd: Any, key: str) -> dict[str, Any]
     return {"return": RETURN_UPDATE}
 
 
-def tree_draw_sample(strategy: Any, rnd: Any) -> list[str] | None:
-    """Placing a provisional member asks it for work: sample before placement, holding the
-    clients ``ask-again`` named last round (``resampling.sample_asking_again``), each cluster
-    that may split topped up to ``split-min-repliers`` of its members (``resampling.evidence_sample``):
-    those train for the split test's evidence only (``rnd.evidence_only``), the sample is averaged."""
+def tree_draw_sample(strategy: Any, rnd: Any) -> list[str]:
+    """Placing a provisional member asks it for work: sample before placement (the strategy's
+    own sample, FedAvg's at the same seed), then, beyond it, the clients ``ask-again`` named last
+    round and each cluster that may split topped up to ``split-min-repliers`` of its members
+    (``resampling.evidence_sample``): those train for the split test's evidence only
+    (``rnd.evidence_only``), the sample is averaged."""
     state, params = strategy.state, strategy.params
-    again, state.asked_again = state.asked_again, ()
-    if not again:  # ``ask_again`` names clients only when ask-again is on, at fraction-train < 1
-        sample = strategy.sample_active(rnd)
-    else:
-        sample = sample_asking_again(state.rng, list(rnd.active), list(again), params.fraction_train,
-                                     params.min_train_nodes)
-    topped = evidence_sample(state, params, rnd.number, list(rnd.active), sample,
-                             evidence=strategy.bipartition.evidence(state))
-    rnd.evidence_only = frozenset(topped).difference(sample)  # their updates judge splits, not the average
-    return topped
+    again, state.asked_again = state.asked_again, ()  # named only with ask-again on, at fraction-train < 1
+    sample = strategy.sample_active(rnd)
+    asked = evidence_sample(state, params, rnd.number, list(rnd.active), sample,
+                            evidence=strategy.bipartition.evidence(state), again=again)
+    rnd.evidence_only = frozenset(asked).difference(sample)  # their updates judge splits, not the average
+    return asked
 
 
 def tree_admit(strategy: Any, rnd: Any, keys: list[str]) -> Any:
