@@ -297,26 +297,54 @@ def test_a_singleton_is_named_advice_is_never_in_force_and_round_1_names_what_is
         "(a, b), the one whose clients' updates show the most structure")
 
 
-def test_at_partial_participation_a_revisit_splits_on_pairs_seen_together_earlier():
-    """12 members, two groups (0-5, 6-11), 6 reply a round: round 3 shares only 3 clients with
-    round 1 and 3 with round 2, but the 6 pairs among them sat then as they sit now: split, each
-    absent member on the side its last cut put it with."""
-    keys = [str(i) for i in range(12)]
+def partial_revisits(members: int, samples: list[list[int]]) -> tuple[Revisits, dict[int, str]]:
+    """A cluster of ``members`` clients in two halves (the groups), each round's ``samples``
+    replying with their group's direction (the model between the groups); each round's words."""
+    keys = [str(i) for i in range(members)]
     run = Revisits(dict.fromkeys(keys, 0))
-    samples = [["0", "1", "2", "6", "7", "8"], ["3", "4", "5", "9", "10", "11"], ["0", "1", "3", "4", "6", "9"]]
     said = {}
     for number, sample in enumerate(samples, 1):
-        groups = [int(k) // 6 for k in sample]
-        updates = directions(groups, noise=0.1, seed=number)
-        updates = [u - np.mean(updates, axis=0) for u in updates]  # the model sits between the groups
-        replies = [reply(k, u, np.zeros(40), run.state.assignment[k]) for k, u in zip(sample, updates)]
+        updates = directions([int(k >= members // 2) for k in sample], noise=0.1, seed=number)
+        updates = [u - np.mean(updates, axis=0) for u in updates]
+        replies = [reply(str(k), u, np.zeros(40), 0) for k, u in zip(sample, updates)]
         said[number] = revisit.revisit(run.state, run.strategy.params, number, replies, run.strategy.new_cluster,
                                        "FedClust").get("decision", "")
+    return run, said
+
+
+def test_at_partial_participation_a_revisit_splits_on_pairs_seen_together_earlier():
+    """20 members, two groups (0-9, 10-19), 8 or 10 reply a round: round 3 shares only 3 clients
+    with round 2 and 3 with round 1, but the 6 pairs among them sat then as they sit now:
+    split, each absent member on the side its last cut put it with."""
+    samples = [[0, 1, 2, 3, 10, 11, 12, 13], [4, 5, 6, 7, 14, 15, 16, 17], [0, 1, 4, 5, 8, 9, 10, 14, 18, 19]]
+    run, said = partial_revisits(20, samples)
     assert said[2] == ("FedClust: split of cluster 0 deferred: rounds 1 and 2 share fewer than 4 of its members, "
                        "nor did 6 pairs of 4 of them meet in earlier rounds")
-    assert ("split into clusters 1 (6 clients), 2 (6 clients): its members' training updates cut alike in pairs seen "
-            "together in rounds 1–2 and round 3 agree (pair ARI 1.00 over 6 pairs)") in said[3]
-    assert run.clusters() == [keys[:6], keys[6:]]
+    assert ("split into clusters 1 (10 clients), 2 (10 clients): its members' training updates cut alike in pairs "
+            "seen together in rounds 1–2 and round 3 agree (pair ARI 1.00 over 6 pairs)") in said[3]
+    keys = [str(i) for i in range(20)]
+    assert run.clusters() == sorted([keys[:10], keys[10:]])
+
+
+def test_a_revisit_cuts_a_cluster_the_rotations_can_test_only_when_enough_of_its_members_train():
+    """A partial sample's few repliers cut alike in two rounds by chance: a cluster of 12, 6 of
+    them a round, is not cut (the round line says how many trained) although its two groups
+    would pass every test; the one-cluster reason and advice say so; a cluster of 6, all of them
+    replying, is judged by the few-member rule and split."""
+    samples = [[0, 1, 2, 6, 7, 8], [0, 1, 3, 6, 7, 9], [0, 1, 2, 6, 7, 8]]
+    run, said = partial_revisits(12, samples)
+    for number in (1, 2, 3):
+        assert said[number] == ("FedClust: cluster 0 not revisited: 6 of its 12 members trained, fewer than the 8 "
+                                "its cut is tested against group-free rotations on")
+    assert len(run.clusters()) == 1 and run.state.revisit_cuts == {}
+    run.state.clustering_state["deferred"] = "FedClust: cut deferred: it only set 3 apart; one cluster until then"
+    params = run.strategy.params.model_copy(update={"fraction_train": 0.5})
+    assert explain.one_cluster_reason(run.state, params, {}) == (
+        "the clustering step's cut was deferred (it only set 3 apart); the revisits never cut the cluster: fewer than "
+        "8 of its members trained in any round (fraction-train 0.5)")
+    assert explain.one_cluster_advice(run.state, params).startswith("a higher fraction-train")
+    small, said = partial_revisits(6, [list(range(6))] * 2)
+    assert "split into clusters 1 (3 clients), 2 (3 clients)" in said[2] and len(small.clusters()) == 2
 
 
 def test_a_cut_of_one_tasks_clients_that_reproduces_is_deferred_unless_it_beats_rotations():

@@ -388,7 +388,10 @@ def test_one_shot_clustering_asks_every_active_client_and_trains_the_sample(name
 
 @pytest.mark.parametrize("name", ["fedclust", "adacfl"])
 def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampled(name):
-    groups = {str(i): i % 2 for i in range(8)}
+    """16 clients in two groups, half of them a round: the clustering step asks its sample only,
+    the others are placed when sampled, and the clusters hold one group each (a cluster's
+    revisit cuts on 8 of its members a round)."""
+    groups = {str(i): i % 2 for i in range(16)}
     stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
     algorithm = make(clustered_classes()[name], groups, stats=stats, fraction_train=0.5, warmup_rounds=0,
                      cluster_epochs=1, cluster_all_active=False)
@@ -398,13 +401,13 @@ def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampl
 
     batches = drive_round(algorithm, 1, respond)
     cluster, train = batches
-    assert [a.config["phase"] for a in cluster] == ["cluster"] * 4 and len(train) == 4
+    assert [a.config["phase"] for a in cluster] == ["cluster"] * 8 and len(train) == 8
     assert {a.key for a in cluster} == {a.key for a in train} == set(algorithm.assignment)
     placed = set(algorithm.assignment)
     for server_round in range(2, 8):
         batches = drive_round(algorithm, server_round, respond)
         train = batches[-1]
-        assert len(train) == 4 and {a.key for a in train} <= set(algorithm.assignment)
+        assert len(train) == 8 and {a.key for a in train} <= set(algorithm.assignment)
         newcomers = [a.key for batch in batches[:-1] for a in batch]
         assert not set(newcomers) & placed  # only clients not placed yet are asked to place
         placed = set(algorithm.assignment)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from clusterfed.clustering.group_structure import MIN_ROWS
 from clusterfed.clustering.layer_evidence import finer_than
 
 EVIDENCE = "auto"  # cluster-layers chosen by evidence (``strategies/layer_choice.py``)
@@ -95,6 +96,22 @@ def deferral_why(said: str) -> str:
     return said.split("cut deferred: ", 1)[-1].rsplit("; ", 1)[0]
 
 
+def revisits_never_cut(state: Any, params: Any) -> bool:
+    """Whether the revisits (on) never cut the one cluster: no round trained enough of its
+    members (``revisit._maybe_split``: a cut is kept for every round it is taken)."""
+    return bool(params.revisit) and not state.revisit_cuts and not getattr(state, "revisits", [])
+
+
+def revisits_found(state: Any, params: Any) -> str:
+    """What the revisits found after a deferred cut, for the one-cluster reason ("" when off)."""
+    if not params.revisit:
+        return ""
+    if revisits_never_cut(state, params) and params.fraction_train < 1:
+        return (f"; the revisits never cut the cluster: fewer than {MIN_ROWS} of its members trained in any round "
+                f"(fraction-train {params.fraction_train:g})")
+    return "; no cluster's training updates showed a partition that reproduced in successive rounds"
+
+
 def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | None:
     """Why the run ended with one cluster (None when it has more); ``reasons``: the
     strategy's reason code -> sentence."""
@@ -104,9 +121,7 @@ def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str 
         return reasons["not_clustered"]
     deferred = state.clustering_state.get("deferred")
     if deferred:
-        later = ("; no cluster's training updates showed a partition that reproduced in successive rounds"
-                 if params.revisit else "")
-        return f"the clustering step's cut was deferred ({deferral_why(deferred)}){later}"
+        return f"the clustering step's cut was deferred ({deferral_why(deferred)}){revisits_found(state, params)}"
     best = state.clustering_state.get("auto_best_silhouette")
     if params.lambda_ == "auto":
         shown = "none (fewer than 3 clients)" if best is None else f"{best:.3f}"
@@ -124,10 +139,8 @@ def fedclust_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | N
     if reason and state.recuts:
         last = state.recuts[-1]
         if last.get("deferred"):  # the grown sample's cut found clusters, and was not taken
-            later = ("; no cluster's training updates showed a partition that reproduced in successive rounds"
-                     if params.revisit else "")
             return (f"the cut of a grown sample ({last['clients']} clients, round {last['round']}) was deferred "
-                    f"({deferral_why(last['deferred'])}){later}")
+                    f"({deferral_why(last['deferred'])}){revisits_found(state, params)}")
         reason += f" (cut again on a grown sample: last on {last['clients']} clients)"
     return reason
 
@@ -156,6 +169,8 @@ def one_cluster_advice(state: Any, params: Any = None) -> str:
     if state.clustering_state.get("deferred"):
         more = "more rounds (the revisits watch every round's updates)" if getattr(params, "revisit", True) else \
             "revisit = true (the clusters revisited on every round's updates)"
+        if params is not None and params.fraction_train < 1 and revisits_never_cut(state, params):
+            more = f"a higher fraction-train (the revisits cut a cluster on {MIN_ROWS} of its members in one round)"
         return f"{more}, or HiCFL or CFL"
     if state.layer_choice.scores or state.layer_choice.rule == EVIDENCE:
         return "HiCFL or CFL (they compare every round), or a lower auto-min-silhouette if the groups are close"

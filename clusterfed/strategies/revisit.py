@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering import stack_partials
+from clusterfed.clustering.group_structure import MIN_ROWS
 from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separation, threshold_cut
 from clusterfed.clustering.reproducible import Reproduction, alike_before, compare, reproduce_on_pairs, too_few_pairs
@@ -36,7 +37,8 @@ REVISIT_MIN_MEMBERS = 4
 REVISIT_MIN_SEPARATION = 0.5
 # a cluster of fewer members than the rotation test asks (group_structure.MIN_ROWS): its parts must
 # point apart outright (a negative cosine: the cluster's model sits between them), Sattler et
-# al.'s ε1 read on the cluster's own updates
+# al.'s ε1 read on the cluster's own updates; a larger cluster is cut only in a round where at
+# least that many of its members trained
 FEW_MEMBERS_MAX_COSINE = 0.0
 # a cluster's latest cuts kept: at partial participation, where the latest shares too few of a
 # round's members, the pairs of them that met in these are the evidence
@@ -68,7 +70,8 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
     """After a round's training (``replies``): split a cluster whose members' updates cut
     into the same partition as in the round it last trained (successive rounds: independent
     SGD draws), the cut passing ``_parts_refusal``'s tests (group-free rotations, parts
-    pointing and pulling apart); merge two clusters whose members' updates show no structure
+    pointing and pulling apart), a cluster the rotations can test (``MIN_ROWS`` members) cut only
+    in a round where that many of its members trained; merge two clusters whose members' updates show no structure
     together, whose two clusters do not beat group-free rotations (``_apart``) and whose mean
     updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running.
     ``new_cluster``: the strategy's (model, inherit) -> id. Returns the diagnostics, with the
@@ -105,6 +108,12 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     when a cut was found and refused (why), else None."""
     if len(group) < REVISIT_MIN_MEMBERS:
         return None
+    size = sum(1 for c in state.assignment.values() if c == cluster)
+    if len(group) < MIN_ROWS <= size:
+        # a cluster the rotation test can judge is judged by it: a partial sample's few repliers
+        # cut alike in two rounds by chance (4 shared clients in 2 parts: one chance in 3 or 4)
+        return (f"{strategy}: cluster {cluster} not revisited: {len(group)} of its {size} members trained, "
+                f"fewer than the {MIN_ROWS} its cut is tested against group-free rotations on")
     labels = _revisit_cut(X, params)
     scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
     parts = len(np.unique(labels))
