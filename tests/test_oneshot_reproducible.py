@@ -326,25 +326,54 @@ def test_at_partial_participation_a_revisit_splits_on_pairs_seen_together_earlie
     assert run.clusters() == sorted([keys[:10], keys[10:]])
 
 
-def test_a_revisit_cuts_a_cluster_the_rotations_can_test_only_when_enough_of_its_members_train():
+def test_a_revisit_judges_a_cluster_only_in_a_round_where_enough_of_its_members_train():
     """A partial sample's few repliers cut alike in two rounds by chance: a cluster of 12, 6 of
     them a round, is not cut (the round line says how many trained) although its two groups
-    would pass every test; the one-cluster reason and advice say so; a cluster of 6, all of them
-    replying, is judged by the few-member rule and split."""
+    would pass every test, and the one-cluster reason and advice say why; a cluster of 6 is cut
+    when all 6 reply, not when 4 do."""
     samples = [[0, 1, 2, 6, 7, 8], [0, 1, 3, 6, 7, 9], [0, 1, 2, 6, 7, 8]]
     run, said = partial_revisits(12, samples)
     for number in (1, 2, 3):
         assert said[number] == ("FedClust: cluster 0 not revisited: 6 of its 12 members trained, fewer than the 8 "
-                                "its cut is tested against group-free rotations on")
+                                "its cut and merges are judged on")
     assert len(run.clusters()) == 1 and run.state.revisit_cuts == {}
+    assert run.state.revisit_waiting == {0: {"since": 1, "trained": 6, "members": 12, "needed": 8}}
     run.state.clustering_state["deferred"] = "FedClust: cut deferred: it only set 3 apart; one cluster until then"
     params = run.strategy.params.model_copy(update={"fraction_train": 0.5})
     assert explain.one_cluster_reason(run.state, params, {}) == (
-        "the clustering step's cut was deferred (it only set 3 apart); the revisits never cut the cluster: fewer than "
-        "8 of its members trained in any round (fraction-train 0.5)")
+        "the clustering step's cut was deferred (it only set 3 apart); the revisits have not judged the cluster since "
+        "round 1: at most 6 of its 12 members trained in a round, fewer than the 8 they need (fraction-train 0.5)")
     assert explain.one_cluster_advice(run.state, params).startswith("a higher fraction-train")
-    small, said = partial_revisits(6, [list(range(6))] * 2)
-    assert "split into clusters 1 (3 clients), 2 (3 clients)" in said[2] and len(small.clusters()) == 2
+    run.state.revisit_waiting = {}  # judged since: the reason and advice no longer speak of waiting
+    assert "no cluster's training updates showed a partition" in explain.one_cluster_reason(run.state, params, {})
+    assert explain.one_cluster_advice(run.state, params).startswith("more rounds")
+    small, said = partial_revisits(6, [[0, 1, 3, 4]] * 2 + [list(range(6))] * 2)
+    assert said[1] == said[2] == ("FedClust: cluster 0 not revisited: 4 of its 6 members trained, fewer than the 6 its "
+                                  "cut and merges are judged on")
+    assert said[3] == "" and "split into clusters 1 (3 clients), 2 (3 clients)" in said[4]
+    assert len(small.clusters()) == 2 and small.state.revisit_waiting == {}
+
+
+def test_two_clusters_are_not_merged_on_a_few_repliers_each():
+    """Two clusters of 10 training alike, 3 of each replying a round: not compared for a merge
+    (each waits for 8 of its members); all 10 of each replying alike in two rounds: merged."""
+    keys = [str(i) for i in range(20)]
+    run = Revisits({k: int(int(k) >= 10) for k in keys})
+    common = directions([3] * 20, seed=0)[0]
+
+    def alike_round(number, sample):
+        rng = np.random.default_rng(number)
+        replies = [reply(k, common + 0.1 * rng.normal(size=40), np.zeros(40), run.state.assignment[k]) for k in sample]
+        return revisit.revisit(run.state, run.strategy.params, number, replies, run.strategy.new_cluster,
+                               "FedClust").get("decision", "")
+
+    few = ["0", "1", "2", "10", "11", "12"]
+    for number in (1, 2):
+        said = alike_round(number, few)
+        assert "merged" not in said and "cluster 1 not revisited: 3 of its 10 members trained" in said
+    assert len(run.clusters()) == 2
+    alike_round(3, keys)
+    assert "clusters 0 and 1 merged" in alike_round(4, keys) and len(run.clusters()) == 1
 
 
 def test_a_cut_of_one_tasks_clients_that_reproduces_is_deferred_unless_it_beats_rotations():

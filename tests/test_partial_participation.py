@@ -388,9 +388,9 @@ def test_one_shot_clustering_asks_every_active_client_and_trains_the_sample(name
 
 @pytest.mark.parametrize("name", ["fedclust", "adacfl"])
 def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampled(name):
-    """16 clients in two groups, half of them a round: the clustering step asks its sample only,
-    the others are placed when sampled, and the clusters hold one group each (a cluster's
-    revisit cuts on 8 of its members a round)."""
+    """16 clients in two groups, half of them a round: the clustering step asks its sample only
+    (and finds the two groups), the others are placed when sampled, and the clusters hold one
+    group each."""
     groups = {str(i): i % 2 for i in range(16)}
     stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
     algorithm = make(clustered_classes()[name], groups, stats=stats, fraction_train=0.5, warmup_rounds=0,
@@ -416,6 +416,25 @@ def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampl
     for key, cluster_id in algorithm.assignment.items():
         by_cluster.setdefault(cluster_id, set()).add(groups[key])
     assert all(len(g) == 1 for g in by_cluster.values())
+
+
+def test_a_one_shot_cluster_too_few_of_whose_members_train_says_so_and_what_would_help():
+    """AdaCFL's clustering step on a sample of 4 of 8 clients (two groups) sets one client
+    apart and is deferred; every later round trains 4 of the cluster's 8 members, fewer than
+    the 8 a revisit is judged on: one cluster at the end, its reason naming the wait and the
+    advice a higher fraction-train."""
+    groups = {str(i): i % 2 for i in range(8)}
+    stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
+    algorithm = make(clustered_classes()["adacfl"], groups, stats=stats, fraction_train=0.5, warmup_rounds=0,
+                     cluster_epochs=1, cluster_all_active=False)
+    for server_round in range(1, 8):
+        drive_round(algorithm, server_round, lambda ask: trained(ask, 1.0 if groups[ask.key] == 0 else -1.0))
+    assert len(set(algorithm.assignment.values())) == 1 and len(algorithm.assignment) == 8
+    reason = algorithm.one_cluster_reason()
+    assert reason.startswith("the clustering step's cut was deferred (it only set ")
+    assert ("the revisits have not judged the cluster since round 2: at most 4 of its 8 members trained in a round, "
+            "fewer than the 8 they need (fraction-train 0.5)") in reason
+    assert algorithm.one_cluster_advice().startswith("a higher fraction-train")
 
 
 def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int, checkpoint_after: int = 0,

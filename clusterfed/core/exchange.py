@@ -183,7 +183,7 @@ class Round:
     sample when placement asks more clients than train (a clustering step that asks every
     active client, set by ``draw_sample``; None: ``sampled``); ``evidence_only``, clients the
     round trains only for a clustering decision's evidence, compared but not averaged (set by
-    ``draw_sample``: ``split-min-repliers``); and ``reports``, the splits and
+    ``draw_sample``: ``split-min-repliers``, ``ask-again``); and ``reports``, the splits and
     placements (``SplitCompared``, ``NewcomersPlaced``) the round appends for the driver's
     scoring. Per round, never state: a round is never resumed midway."""
 

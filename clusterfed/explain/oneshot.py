@@ -13,7 +13,6 @@ from typing import Any
 
 import numpy as np
 
-from clusterfed.clustering.group_structure import MIN_ROWS
 from clusterfed.clustering.layer_evidence import finer_than
 
 EVIDENCE = "auto"  # cluster-layers chosen by evidence (``strategies/layer_choice.py``)
@@ -96,19 +95,24 @@ def deferral_why(said: str) -> str:
     return said.split("cut deferred: ", 1)[-1].rsplit("; ", 1)[0]
 
 
-def revisits_never_cut(state: Any, params: Any) -> bool:
-    """Whether the revisits (on) never cut the one cluster: no round trained enough of its
-    members (``revisit._maybe_split``: a cut is kept for every round it is taken)."""
-    return bool(params.revisit) and not state.revisit_cuts and not getattr(state, "revisits", [])
+def revisits_waiting(state: Any, params: Any) -> dict[str, int] | None:
+    """The one cluster's wait for repliers (``revisit._waiting``: since when, at most how many of
+    how many members trained, how many its revisit needs), or None when it is not waiting or the
+    revisits are off."""
+    if not params.revisit or len(set(state.assignment.values())) != 1:
+        return None
+    return getattr(state, "revisit_waiting", {}).get(next(iter(state.assignment.values())))
 
 
 def revisits_found(state: Any, params: Any) -> str:
     """What the revisits found after a deferred cut, for the one-cluster reason ("" when off)."""
     if not params.revisit:
         return ""
-    if revisits_never_cut(state, params) and params.fraction_train < 1:
-        return (f"; the revisits never cut the cluster: fewer than {MIN_ROWS} of its members trained in any round "
-                f"(fraction-train {params.fraction_train:g})")
+    waiting = revisits_waiting(state, params)
+    if waiting:
+        return (f"; the revisits have not judged the cluster since round {waiting['since']}: at most "
+                f"{waiting['trained']} of its {waiting['members']} members trained in a round, fewer than the "
+                f"{waiting['needed']} they need (fraction-train {params.fraction_train:g})")
     return "; no cluster's training updates showed a partition that reproduced in successive rounds"
 
 
@@ -166,11 +170,14 @@ def one_cluster_advice(state: Any, params: Any = None) -> str:
     """The one setting most likely to change a one-cluster ending; never a value already in force."""
     if not state.clustered:
         return "a longer round timeout or more clients (nobody replied to the clustering step)"
+    waiting = None if params is None else revisits_waiting(state, params)
+    if waiting and params.fraction_train < 1:
+        return (f"a higher fraction-train (the revisits judge a cluster on {waiting['needed']} of its members "
+                f"trained in one round)")
     if state.clustering_state.get("deferred"):
         more = "more rounds (the revisits watch every round's updates)" if getattr(params, "revisit", True) else \
             "revisit = true (the clusters revisited on every round's updates)"
-        if params is not None and params.fraction_train < 1 and revisits_never_cut(state, params):
-            more = f"a higher fraction-train (the revisits cut a cluster on {MIN_ROWS} of its members in one round)"
+
         return f"{more}, or HiCFL or CFL"
     if state.layer_choice.scores or state.layer_choice.rule == EVIDENCE:
         return "HiCFL or CFL (they compare every round), or a lower auto-min-silhouette if the groups are close"

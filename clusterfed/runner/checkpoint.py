@@ -55,7 +55,7 @@ RESUMABLE_CHANGES = frozenset({"rounds", "out-dir", "resume-from", "timeout", "c
 # part): a checkpoint without the key resumes only at this value, the way it was running
 EARLIER_BEHAVIOUR = {
     "split-timing": "criteria",  # the CFL family split on Sattler's criteria
-    "ask-again": False,  # a deferred split's repliers were not put in the next sample
+    "ask-again": False,  # a deferred split's repliers were not asked again
     "decision-arrays": "every",  # CFL compared the whole update
     "same-round-splits": False,  # a split's children waited for the next round
     "cluster-all-active": False,  # FedClust's and AdaCFL's clustering step asked the round's sample only

@@ -224,7 +224,7 @@ class FedClust(ClusteredStrategy):
         """The clusters revisited on the round's training updates (``revisit.revisit``)."""
         if self.params.revisit and self.state.clustered:
             return revisit.revisit(self.state, self.params, rnd.number, replies, self.new_cluster,
-                                   type(self).__name__, whole=self.compared_names())
+                                   type(self).__name__, whole=self.compared_names(), active=rnd.active)
         return None
 
     # ------------------------------------------------------ what the run says

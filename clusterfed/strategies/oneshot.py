@@ -134,7 +134,8 @@ class OneShotParams(StrategyParams):
                           "updates show the same partition in two successive rounds, beating group-free rotations of "
                           "them, is split, two clusters whose "
                           "members' updates show no structure together and point alike in two successive rounds "
-                          "are merged (false: the papers' one-shot clustering)")
+                          "are merged; a cluster is judged only in a round where 8 of its members trained (every "
+                          "member of a smaller one) (false: the papers' one-shot clustering)")
     auto_reference_draws: int = Field(
         DEFAULT_DRAWS, alias="auto-reference-draws", ge=0,
         description='group-free reference sets, the clients\' rows rotated at random about their mean: lambda = '
@@ -163,6 +164,9 @@ class OneShotState(ClusteredState):
     revisits: list[dict[str, Any]] = field(default_factory=list)
     # each cluster's update scale: its members' mean update norm in the first round they were cut
     revisit_scale: dict[int, float] = field(default_factory=dict)
+    # each cluster not revisited for want of repliers: since which round, at most how many of how
+    # many active members trained, how many its cut needs (``revisit.replies_needed``)
+    revisit_waiting: dict[int, dict[str, int]] = field(default_factory=dict)
 
 
 def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str) -> None:

@@ -9,6 +9,7 @@ strategies' state (``oneshot.OneShotState``)."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -37,8 +38,8 @@ REVISIT_MIN_MEMBERS = 4
 REVISIT_MIN_SEPARATION = 0.5
 # a cluster of fewer members than the rotation test asks (group_structure.MIN_ROWS): its parts must
 # point apart outright (a negative cosine: the cluster's model sits between them), Sattler et
-# al.'s ε1 read on the cluster's own updates; a larger cluster is cut only in a round where at
-# least that many of its members trained
+# al.'s ε1 read on the cluster's own updates (a cluster is cut only in a round where that many of
+# its members trained, or all of a smaller one's: ``replies_needed``)
 FEW_MEMBERS_MAX_COSINE = 0.0
 # a cluster's latest cuts kept: at partial participation, where the latest shares too few of a
 # round's members, the pairs of them that met in these are the evidence
@@ -65,25 +66,42 @@ def whole_rows(replies: list[TrainReply], state: OneShotState, whole: list[str],
     return X if sketch is None else np.asarray(sketch(X), np.float64)
 
 
+def replies_needed(active_members: int) -> int:
+    """The repliers a cluster's revisit asks of a round: ``MIN_ROWS`` (the rotation test's rows),
+    or every active member of a smaller cluster, and ``REVISIT_MIN_MEMBERS`` at least."""
+    return max(REVISIT_MIN_MEMBERS, min(MIN_ROWS, active_members))
+
+
 def revisit(state: OneShotState, params: OneShotParams, server_round: int, replies: list[TrainReply],
-            new_cluster: Any, strategy: str, whole: list[str] | None = None) -> Diagnostics:
+            new_cluster: Any, strategy: str, whole: list[str] | None = None,
+            active: Collection[str] | None = None) -> Diagnostics:
     """After a round's training (``replies``): split a cluster whose members' updates cut
     into the same partition as in the round it last trained (successive rounds: independent
     SGD draws), the cut passing ``_parts_refusal``'s tests (group-free rotations, parts
-    pointing and pulling apart), a cluster the rotations can test (``MIN_ROWS`` members) cut only
-    in a round where that many of its members trained; merge two clusters whose members' updates show no structure
+    pointing and pulling apart); merge two clusters whose members' updates show no structure
     together, whose two clusters do not beat group-free rotations (``_apart``) and whose mean
-    updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running.
-    ``new_cluster``: the strategy's (model, inherit) -> id. Returns the diagnostics, with the
-    round line's words under ``decision`` when anything was split or merged."""
+    updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running. A cluster is
+    cut, and a pair compared for a merge, only in a round where ``replies_needed`` of its
+    ``active`` members (default: all it holds) trained; one waiting for them is said and kept
+    in ``state.revisit_waiting``. ``new_cluster``: the strategy's (model, inherit) -> id.
+    Returns the diagnostics, with the round line's words under ``decision`` when anything was
+    split, merged, refused or waits."""
     groups: dict[int, list[TrainReply]] = {}
     for reply in replies:
         if state.assignment.get(reply.key) == reply.cluster and reply.cluster in state.models:
             groups.setdefault(reply.cluster, []).append(reply)
+    present = None if active is None else set(active)
+    sizes: dict[int, int] = {}
+    for key, cluster in state.assignment.items():
+        if present is None or key in present:
+            sizes[cluster] = sizes.get(cluster, 0) + 1
+    said = [text for cluster in sorted(groups) if (text := _waiting(state, server_round, cluster, len(groups[cluster]),
+                                                                    sizes.get(cluster, 0), strategy))]
+    groups = {c: g for c, g in groups.items() if c not in state.revisit_waiting}
     rows = {cluster: update_rows(group, state) for cluster, group in groups.items()}
-    said = [text for cluster in sorted(groups) if (text := _maybe_split(state, params, server_round, cluster,
-                                                                        groups[cluster], rows[cluster], new_cluster,
-                                                                        strategy))]
+    said += [text for cluster in sorted(groups) if (text := _maybe_split(state, params, server_round, cluster,
+                                                                         groups[cluster], rows[cluster], new_cluster,
+                                                                         strategy))]
     # whether two clusters train one task is the whole model's question (``whole``, the compared
     # arrays): groups that differ in one layer (a label swap, in the head) can train alike on the
     # layer chosen for the cut
@@ -101,6 +119,25 @@ def _revisit_cut(X: np.ndarray, params: OneShotParams) -> np.ndarray:
     return np.asarray(labels)
 
 
+def _waiting(state: OneShotState, server_round: int, cluster: int, trained: int, size: int,
+             strategy: str) -> str | None:
+    """Whether ``cluster`` waits this round for repliers (``trained`` of its ``size`` active
+    members, fewer than ``replies_needed``): kept in ``state.revisit_waiting`` (since when, at
+    most how many trained) and said; a cluster of fewer than ``REVISIT_MIN_MEMBERS`` is not
+    revisited, silently. A partial sample's few repliers cut alike in two rounds by chance (4
+    shared clients in 2 parts: once in 3 or 4 rounds)."""
+    need = replies_needed(size)
+    if trained >= need:
+        state.revisit_waiting.pop(cluster, None)
+        return None
+    if size < REVISIT_MIN_MEMBERS:
+        return None
+    waiting = state.revisit_waiting.setdefault(cluster, {"since": server_round, "trained": 0})
+    waiting.update(trained=max(waiting["trained"], trained), members=size, needed=need)
+    return (f"{strategy}: cluster {cluster} not revisited: {trained} of its {size} members trained, "
+            f"fewer than the {need} its cut and merges are judged on")
+
+
 def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, cluster: int,
                  group: list[TrainReply], X: np.ndarray, new_cluster: Any, strategy: str) -> str | None:
     """Split ``cluster`` when this round's cut of its repliers' updates (``X``) passes the
@@ -108,12 +145,6 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     when a cut was found and refused (why), else None."""
     if len(group) < REVISIT_MIN_MEMBERS:
         return None
-    size = sum(1 for c in state.assignment.values() if c == cluster)
-    if len(group) < MIN_ROWS <= size:
-        # a cluster the rotation test can judge is judged by it: a partial sample's few repliers
-        # cut alike in two rounds by chance (4 shared clients in 2 parts: one chance in 3 or 4)
-        return (f"{strategy}: cluster {cluster} not revisited: {len(group)} of its {size} members trained, "
-                f"fewer than the {MIN_ROWS} its cut is tested against group-free rotations on")
     labels = _revisit_cut(X, params)
     scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
     parts = len(np.unique(labels))
@@ -148,6 +179,7 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     if reference is not None:  # a newcomer is placed by the clustering step's rows: the parent's
         state.references.update(dict.fromkeys(children.values(), reference))
     state.revisit_cuts.pop(cluster, None)
+    state.revisit_waiting.pop(cluster, None)
     state.revisit_scale.pop(cluster, None)  # each part's own scale is taken when it is first cut
     state.aggregator_state.pop(cluster, None)
     made = sorted(children.values())
@@ -254,8 +286,9 @@ def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float
     state.references.pop(b, None)
     if b in state.revisit_scale:
         state.revisit_scale[a] = max(state.revisit_scale.get(a, 0.0), state.revisit_scale.pop(b))
-    state.revisit_cuts.pop(a, None)
-    state.revisit_cuts.pop(b, None)
+    for gone in (a, b):
+        state.revisit_cuts.pop(gone, None)
+        state.revisit_waiting.pop(gone, None)
     state.aggregator_state.pop(b, None)
     state.revisit_alike = {p: r for p, r in state.revisit_alike.items() if str(b) not in p.split("-")}
     state.revisits.append({"round": server_round, "action": "merge", "clusters": [a, b], "cosine": round(cosine, 4),
