@@ -336,15 +336,17 @@ def test_a_cluster_that_never_splits_averages_what_fedavg_averages(name):
     def respond(ask):
         delta = deltas[ask.key]
         if ask.config.get("return") == "update":
-            return {n: delta[n] for n in ask.upload or list(ask.model)}
-        return {n: ask.model[n] + delta[n] for n in ask.upload or list(ask.model)}
+            return {n: delta[n] for n in ask.upload or list(ask.model)}, {}, float(ask.key)  # each its own loss
+        return {n: ask.model[n] + delta[n] for n in ask.upload or list(ask.model)}, {}, float(ask.key)
 
     fedavg = make(strategy_class("fedavg"), {k: 0 for k in keys}, fraction_train=0.25)
     clustered = make(strategy_class(name), {k: 0 for k in keys}, fraction_train=0.25, min_split_round=3)
     assert clustered.params.split_min_repliers == 8
     for server_round in range(1, 7):
-        averaged = [a.key for a in drive_round(fedavg, server_round, respond)[-1]]
+        reference = drive_round(fedavg, server_round, respond)
+        averaged = [a.key for a in reference[-1]]
         batches = drive_round(clustered, server_round, respond)
+        assert batches.diagnostics["train_loss"] == pytest.approx(reference.diagnostics["train_loss"])
         trainers = [a.key for a in batches[-1]]
         assert set(averaged) <= set(trainers)
         assert batches.round.evidence_only == set(trainers) - set(averaged)

@@ -288,7 +288,7 @@ class ClusteredStrategy(FlowerHooks):
         settings, draw the round's sample, place newcomers (``admit``), clustering steps
         (``before_train``), choose the trainers (``select_trainers``), train them (``train``:
         one exchange by default), average per cluster (``aggregate``), the steps that use the
-        training replies (``after_train``) and the mean train loss; returns the diagnostics,
+        training replies (``after_train``) and the mean train loss (of the replies averaged); returns the diagnostics,
         merged in that order (each step's words after the earlier ones'). A strategy varies the steps, never the skeleton."""
         rnd.reports.clear()
         self.check_population(max(len(rnd.clients), len(rnd.active)))
@@ -310,7 +310,7 @@ class ClusteredStrategy(FlowerHooks):
         add_diagnostics(diagnostics, trained)
         add_diagnostics(diagnostics, self.aggregate(rnd, replies))
         add_diagnostics(diagnostics, self.after_train(rnd, replies))
-        diagnostics["train_loss"] = mean_train_loss(replies)
+        diagnostics["train_loss"] = mean_train_loss([r for r in replies if r.key not in rnd.evidence_only])
         return diagnostics
 
     def train(self, rnd: Round, trainers: list[str]) -> Steps:
