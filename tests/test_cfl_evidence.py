@@ -576,17 +576,22 @@ def test_a_split_with_no_earlier_round_to_compare_asks_its_repliers_again_beyond
     assert asked_on == averaged_off | set(sample) and not set(sample) <= averaged_off
 
 
-def test_clients_asked_again_join_the_sample_in_the_active_order_unless_gone():
+def test_clients_asked_again_are_asked_beyond_the_sample_and_count_towards_the_top_up():
     """The clients asked again that are still active are asked beyond the sample, in the active
-    clients' order; one no longer active is left out; the sample itself is kept whole."""
+    clients' order, one no longer active left out, the sample kept whole; with
+    ``split-min-repliers`` they count towards a cluster's number, the rest drawn from its others."""
     from types import SimpleNamespace
 
     from clusterfed.strategies.resampling import evidence_sample
 
     active = [str(i) for i in range(10)]
-    params = SimpleNamespace(split_min_repliers=0, fraction_train=0.5, min_split_round=1)
-    asked = evidence_sample(SimpleNamespace(), params, 3, active, ["8", "1"], evidence=True, again=["7", "3", "gone"])
-    assert asked == ["1", "3", "7", "8"]
+    state = SimpleNamespace(assignment=dict.fromkeys(active, 0), merged=set(), proposals={})
+    for need, asked in ((0, 4), (4, 4), (6, 6)):
+        params = SimpleNamespace(split_min_repliers=need, fraction_train=0.5, min_split_round=1, min_split_size=3,
+                                 seed=0)
+        keys = evidence_sample(state, params, 3, active, ["8", "1"], evidence=True, again=["7", "3", "gone"])
+        assert len(keys) == asked and {"1", "3", "7", "8"} <= set(keys) and "gone" not in keys
+        assert keys == sorted(keys, key=int)
 
 
 def test_exact_vectors_keep_the_chosen_arrays_part_when_a_choice_narrows_the_comparison():
