@@ -177,7 +177,6 @@ def one_cluster_advice(state: Any, params: Any = None) -> str:
     if state.clustering_state.get("deferred"):
         more = "more rounds (the revisits watch every round's updates)" if getattr(params, "revisit", True) else \
             "revisit = true (the clusters revisited on every round's updates)"
-
         return f"{more}, or HiCFL or CFL"
     if state.layer_choice.scores or state.layer_choice.rule == EVIDENCE:
         return "HiCFL or CFL (they compare every round), or a lower auto-min-silhouette if the groups are close"
