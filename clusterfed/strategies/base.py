@@ -287,8 +287,9 @@ class ClusteredStrategy(FlowerHooks):
         """The one round skeleton of every strategy: check the population against the dp_*
         settings, draw the round's sample, place newcomers (``admit``), clustering steps
         (``before_train``), choose the trainers (``select_trainers``), train them (``train``:
-        one exchange by default), average per cluster (``aggregate``), the steps that use the
-        training replies (``after_train``) and the mean train loss (of the replies averaged); returns the diagnostics,
+        one exchange by default), average per cluster (``aggregate``: every reply but those of
+        clients asked for evidence only, ``rnd.evidence_only``), the steps that use the training
+        replies (``after_train``) and the mean train loss of those averaged; returns the diagnostics,
         merged in that order (each step's words after the earlier ones'). A strategy varies the steps, never the skeleton."""
         rnd.reports.clear()
         self.check_population(max(len(rnd.clients), len(rnd.active)))
@@ -308,9 +309,10 @@ class ClusteredStrategy(FlowerHooks):
             return diagnostics
         replies, trained = yield from self.train(rnd, trainers)
         add_diagnostics(diagnostics, trained)
-        add_diagnostics(diagnostics, self.aggregate(rnd, replies))
+        averaged = [r for r in replies if r.key not in rnd.evidence_only]  # the others judge decisions only
+        add_diagnostics(diagnostics, self.aggregate(rnd, averaged))
         add_diagnostics(diagnostics, self.after_train(rnd, replies))
-        diagnostics["train_loss"] = mean_train_loss([r for r in replies if r.key not in rnd.evidence_only])
+        diagnostics["train_loss"] = mean_train_loss(averaged)
         return diagnostics
 
     def train(self, rnd: Round, trainers: list[str]) -> Steps:
@@ -320,10 +322,9 @@ class ClusteredStrategy(FlowerHooks):
         return replies, {}
 
     def aggregate(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
-        """Each cluster's new model from the training ``replies`` but those asked only for
-        evidence (``rnd.evidence_only``), each weighing what ``weigh`` says
-        (``aggregate_clusters``); returns the diagnostics."""
-        return self.aggregate_clusters(self.weigh([r for r in replies if r.key not in rnd.evidence_only]))
+        """Each cluster's new model from the training ``replies`` the round averages, each
+        weighing what ``weigh`` says (``aggregate_clusters``); returns the diagnostics."""
+        return self.aggregate_clusters(self.weigh(replies))
 
     # ------------------------------------------------------- secure aggregation
     # (the steps are ``clusterfed.strategies.secure``'s functions, handed this strategy's values)

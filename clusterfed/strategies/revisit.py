@@ -9,6 +9,7 @@ strategies' state (``oneshot.OneShotState``)."""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 from typing import Any
 
@@ -91,12 +92,9 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
         if state.assignment.get(reply.key) == reply.cluster and reply.cluster in state.models:
             groups.setdefault(reply.cluster, []).append(reply)
     present = None if active is None else set(active)
-    sizes: dict[int, int] = {}
-    for key, cluster in state.assignment.items():
-        if present is None or key in present:
-            sizes[cluster] = sizes.get(cluster, 0) + 1
+    sizes = Counter(c for key, c in state.assignment.items() if present is None or key in present)
     said = [text for cluster in sorted(groups) if (text := _waiting(state, server_round, cluster, len(groups[cluster]),
-                                                                    sizes.get(cluster, 0), strategy))]
+                                                                    sizes[cluster], strategy))]
     groups = {c: g for c, g in groups.items() if c not in state.revisit_waiting}
     rows = {cluster: update_rows(group, state) for cluster, group in groups.items()}
     said += [text for cluster in sorted(groups) if (text := _maybe_split(state, params, server_round, cluster,
