@@ -458,6 +458,42 @@ def test_a_one_shot_cluster_too_few_of_whose_members_train_says_so_or_is_topped_
     assert sorted(map(sorted, found.values())) == [[0], [1]] and len(runs[True].assignment) == 8
 
 
+@pytest.mark.parametrize("name", ["fedclust", "adacfl"])
+def test_the_revisits_top_up_trains_beyond_the_sample_and_averages_the_sample(name):
+    """24 clients in two groups at a quarter participation: after the clustering step each
+    cluster of 12 trains 8 of its members a round (the revisits' evidence), the clients beyond
+    the sample for evidence only; the sample averaged is the one drawn with the top-up off
+    (its own generator: a cluster that never changes trains FedAvg's sample), and a cluster's
+    last cut's clients are asked first."""
+    groups = {str(i): i % 2 for i in range(24)}
+    stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
+
+    def respond(ask):
+        return trained(ask, 1.0 if groups[ask.key] == 0 else -1.0)
+
+    runs = {top_up: make(clustered_classes()[name], groups, stats=stats, fraction_train=0.25, warmup_rounds=0,
+                         cluster_epochs=1, revisit_top_up=top_up) for top_up in (False, True)}
+    for server_round in range(1, 6):
+        last_cut = {c: set(cut["labels"]) for c, cut in runs[True].state.revisit_cuts.items()}
+        without, with_top_up = (drive_round(runs[top_up], server_round, respond) for top_up in (False, True))
+        sample = [a.key for a in without[-1]]
+        trainers = [a.key for a in with_top_up[-1]]
+        assert sample == [k for k in trainers if k not in with_top_up.round.evidence_only]
+        assert not without.round.evidence_only
+        if server_round == 1:  # the clustering step: its round trains the sample
+            assert trainers == sample
+            continue
+        per_cluster = defaultdict(list)
+        for key in trainers:
+            per_cluster[runs[True].assignment[key]].append(key)
+        assert sorted(map(len, per_cluster.values())) == [8, 8] and len(trainers) == 16
+        assert with_top_up.round.evidence_only == set(trainers) - set(sample)
+        for cluster, keys in per_cluster.items():  # the clients added: those its last cut compared
+            if cluster in last_cut:
+                assert set(keys) - set(sample) <= last_cut[cluster]
+        assert len(runs[True].state.models) == 2 and not runs[True].state.revisit_waiting
+
+
 def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int, checkpoint_after: int = 0,
                                  tmp_path=None, **params):
     """FedClust at a quarter participation, 16 clients whose first sample holds one group only;
