@@ -114,8 +114,7 @@ def run_logged(tmp_path, monkeypatch, name: str, **values):
         assert opened[server_round].active == active
         after[server_round] = {"active": list(active), "assignment": dict(strategy.assignment),
                                "models": set(strategy.cluster_models()), "evaluated": sorted(drawn),
-                               "sampled": list(sampled) if sampled is not None else None,
-                               "evidence_only": set(opened[server_round].evidence_only)}
+                               "sampled": list(sampled) if sampled is not None else None}
         return rows
 
     monkeypatch.setattr(RoundDriver, "train", train)
@@ -168,8 +167,7 @@ def check_partial_participation(name: str, tmp_path, monkeypatch) -> dict:
             if record["warmup"]:
                 assert len(trainers) == sample
         else:
-            # exactly the sample is averaged; clients beyond it train for a decision's evidence only
-            assert len([k for k in trainers if k not in state["evidence_only"]]) == sample, (name, r)
+            assert len(trainers) == sample, (name, r)  # exactly the sample trains
         assert len(set(trainers)) == len(trainers)
         # every placed client's cluster has a model; who must be placed depends on the strategy
         assignment = state["assignment"]
@@ -363,9 +361,8 @@ def test_a_cluster_that_never_splits_averages_what_fedavg_averages(name):
 @pytest.mark.parametrize("warmup", [0, 2])
 def test_one_shot_clustering_asks_every_active_client_and_trains_the_sample(name, warmup):
     """The clustering step asks all 8 active clients for the partial upload (the papers'
-    clustering round); the round's training averages its half sample, and later rounds ask
-    nobody to place (everyone was placed) and train every member of the two clusters of 4,
-    the sample averaged, the others for the revisits' evidence only."""
+    clustering round); the round's training is its half sample, and later rounds ask nobody
+    to place (everyone was placed)."""
     groups = {str(i): i % 2 for i in range(8)}
     stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
     algorithm = make(clustered_classes()[name], groups, stats=stats, fraction_train=0.5, warmup_rounds=warmup,
@@ -378,10 +375,7 @@ def test_one_shot_clustering_asks_every_active_client_and_trains_the_sample(name
     for server_round in range(1, step + 3):
         batches = drive_round(algorithm, server_round, respond)
         *placing, train = batches
-        assert all(a.config["phase"] == "train" for a in train)
-        averaged = [a.key for a in train if a.key not in batches.round.evidence_only]
-        assert len(averaged) == 4  # the sample; after the clustering step, each cluster's 4 members (revisit-top-up)
-        assert len(train) == (8 if server_round > step else 4)
+        assert len(train) == 4 and all(a.config["phase"] == "train" for a in train)
         if server_round == step:
             (cluster,) = placing
             assert [a.config["phase"] for a in cluster] == ["cluster"] * 8
@@ -415,8 +409,7 @@ def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampl
     for server_round in range(2, 8):
         batches = drive_round(algorithm, server_round, respond)
         train = batches[-1]
-        averaged = [a.key for a in train if a.key not in batches.round.evidence_only]
-        assert len(averaged) == 8 and {a.key for a in train} <= set(algorithm.assignment)
+        assert len(train) == 8 and {a.key for a in train} <= set(algorithm.assignment)
         newcomers = [a.key for batch in batches[:-1] for a in batch]
         assert not set(newcomers) & placed  # only clients not placed yet are asked to place
         placed = set(algorithm.assignment)
@@ -427,71 +420,23 @@ def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampl
     assert all(len(g) == 1 for g in by_cluster.values())
 
 
-def test_a_one_shot_cluster_too_few_of_whose_members_train_says_so_or_is_topped_up():
+def test_a_one_shot_cluster_too_few_of_whose_members_train_says_so_and_what_would_help():
     """AdaCFL's clustering step on a sample of 4 of 8 clients (two groups) sets one client
-    apart and is deferred. Without revisit-top-up every later round trains 4 of the cluster's 8
-    members, fewer than the 8 a revisit is judged on: one cluster at the end, its reason naming
-    the wait and the advice the top-up or a higher fraction-train. With it (the default) the 4
-    others train for the revisit's evidence, and the revisits find the two groups."""
+    apart and is deferred; every later round trains 4 of the cluster's 8 members, fewer than
+    the 8 a revisit is judged on: one cluster at the end, its reason naming the wait and the
+    advice a higher fraction-train."""
     groups = {str(i): i % 2 for i in range(8)}
     stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
-    runs = {}
-    for top_up in (False, True):
-        algorithm = make(clustered_classes()["adacfl"], groups, stats=stats, fraction_train=0.5, warmup_rounds=0,
-                         cluster_epochs=1, cluster_all_active=False, revisit_top_up=top_up)
-        for server_round in range(1, 8):
-            batches = drive_round(algorithm, server_round,
-                                  lambda ask: trained(ask, 1.0 if groups[ask.key] == 0 else -1.0))
-            averaged = [a.key for a in batches[-1] if a.key not in batches.round.evidence_only]
-            assert len(averaged) == 4 and len(batches[-1]) == (8 if top_up and server_round > 1 else 4)
-        runs[top_up] = algorithm
-    algorithm = runs[False]
+    algorithm = make(clustered_classes()["adacfl"], groups, stats=stats, fraction_train=0.5, warmup_rounds=0,
+                     cluster_epochs=1, cluster_all_active=False)
+    for server_round in range(1, 8):
+        drive_round(algorithm, server_round, lambda ask: trained(ask, 1.0 if groups[ask.key] == 0 else -1.0))
     assert len(set(algorithm.assignment.values())) == 1 and len(algorithm.assignment) == 8
     reason = algorithm.one_cluster_reason()
     assert reason.startswith("the clustering step's cut was deferred (it only set ")
     assert ("the revisits have not judged the cluster since round 2: at most 4 of its 8 members trained in a round, "
             "fewer than the 8 they need (fraction-train 0.5)") in reason
-    assert algorithm.one_cluster_advice().startswith("revisit-top-up = true or a higher fraction-train")
-    found = {}
-    for key, cluster_id in runs[True].assignment.items():
-        found.setdefault(cluster_id, set()).add(groups[key])
-    assert sorted(map(sorted, found.values())) == [[0], [1]] and len(runs[True].assignment) == 8
-
-
-@pytest.mark.parametrize("name", ["fedclust", "adacfl"])
-def test_the_revisits_top_up_trains_beyond_the_sample_and_averages_the_sample(name):
-    """24 clients in two groups at a quarter participation: after the clustering step each
-    cluster of 12 trains 8 of its members a round (the revisits' evidence), the clients beyond
-    the sample for evidence only; the sample averaged is the one drawn with the top-up off
-    (its own generator: a cluster that never changes trains FedAvg's sample), and a cluster's
-    last cut's clients are asked first."""
-    groups = {str(i): i % 2 for i in range(24)}
-    stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
-
-    def respond(ask):
-        return trained(ask, 1.0 if groups[ask.key] == 0 else -1.0)
-
-    runs = {top_up: make(clustered_classes()[name], groups, stats=stats, fraction_train=0.25, warmup_rounds=0,
-                         cluster_epochs=1, revisit_top_up=top_up) for top_up in (False, True)}
-    for server_round in range(1, 6):
-        last_cut = {c: set(cut["labels"]) for c, cut in runs[True].state.revisit_cuts.items()}
-        without, with_top_up = (drive_round(runs[top_up], server_round, respond) for top_up in (False, True))
-        sample = [a.key for a in without[-1]]
-        trainers = [a.key for a in with_top_up[-1]]
-        assert sample == [k for k in trainers if k not in with_top_up.round.evidence_only]
-        assert not without.round.evidence_only
-        if server_round == 1:  # the clustering step: its round trains the sample
-            assert trainers == sample
-            continue
-        per_cluster = defaultdict(list)
-        for key in trainers:
-            per_cluster[runs[True].assignment[key]].append(key)
-        assert sorted(map(len, per_cluster.values())) == [8, 8] and len(trainers) == 16
-        assert with_top_up.round.evidence_only == set(trainers) - set(sample)
-        for cluster, keys in per_cluster.items():  # the clients added: those its last cut compared
-            if cluster in last_cut:
-                assert set(keys) - set(sample) <= last_cut[cluster]
-        assert len(runs[True].state.models) == 2 and not runs[True].state.revisit_waiting
+    assert algorithm.one_cluster_advice().startswith("a higher fraction-train")
 
 
 def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int, checkpoint_after: int = 0,

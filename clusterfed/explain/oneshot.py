@@ -172,8 +172,7 @@ def one_cluster_advice(state: Any, params: Any = None) -> str:
         return "a longer round timeout or more clients (nobody replied to the clustering step)"
     waiting = None if params is None else revisits_waiting(state, params)
     if waiting and params.fraction_train < 1:
-        top_up = "" if getattr(params, "revisit_top_up", True) else "revisit-top-up = true or "
-        return (f"{top_up}a higher fraction-train (the revisits judge a cluster on {waiting['needed']} of its members "
+        return (f"a higher fraction-train (the revisits judge a cluster on {waiting['needed']} of its members "
                 f"trained in one round)")
     if state.clustering_state.get("deferred"):
         more = "more rounds (the revisits watch every round's updates)" if getattr(params, "revisit", True) else \

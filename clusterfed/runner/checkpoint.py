@@ -60,7 +60,6 @@ EARLIER_BEHAVIOUR = {
     "same-round-splits": False,  # a split's children waited for the next round
     "cluster-all-active": False,  # FedClust's and AdaCFL's clustering step asked the round's sample only
     "split-min-repliers": 0,  # the CFL family trained the sample only
-    "revisit-top-up": False,  # FedClust's and AdaCFL's revisits waited for enough sampled members
 }
 
 

@@ -142,9 +142,8 @@ class AdaCFL(ClusteredStrategy):
     def draw_sample(self, rnd: Round) -> list[str] | None:
         """Placing asks clients for work: sample among all active clients first; the
         clustering step's round asks every active client (``cluster-all-active``)."""
-        if self.state.clustered:  # the revisits' evidence beyond the sample (revisit-top-up)
-            return revisit.revisit_sample(self, rnd, oneshot.round_sample(self, rnd, clustering=False))
-        return oneshot.round_sample(self, rnd, clustering=rnd.number > self.params.warmup_rounds)
+        due = not self.state.clustered and rnd.number > self.params.warmup_rounds
+        return oneshot.round_sample(self, rnd, clustering=due)
 
     # ---------------------------------------------------------------- warm-up
     def admit(self, rnd: Round, keys: list[str]) -> Steps:

@@ -103,9 +103,7 @@ class FedClust(ClusteredStrategy):
     def draw_sample(self, rnd: Round) -> list[str] | None:
         """Placing asks clients for work: sample among all active clients first; the
         clustering round asks every active client (Alg. 1, ``cluster-all-active``)."""
-        if self.state.clustered:  # the revisits' evidence beyond the sample (revisit-top-up)
-            return revisit.revisit_sample(self, rnd, oneshot.round_sample(self, rnd, clustering=False))
-        return oneshot.round_sample(self, rnd, clustering=True)
+        return oneshot.round_sample(self, rnd, clustering=not self.state.clustered)
 
     def admit(self, rnd: Round, keys: list[str]) -> Steps:
         """Clients not placed yet: the clustering round (Alg. 1) until it has run, then newcomers (Alg. 2)."""

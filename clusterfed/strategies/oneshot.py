@@ -136,13 +136,6 @@ class OneShotParams(StrategyParams):
                           "members' updates show no structure together and point alike in two successive rounds "
                           "are merged; a cluster is judged only in a round where 8 of its members trained (every "
                           "member of a smaller one) (false: the papers' one-shot clustering)")
-    revisit_top_up: bool = Field(
-        True, alias="revisit-top-up",
-        description="revisit at fraction-train < 1 (beyond the papers): each cluster of 4 or more active members is "
-                    "asked 8 of them a round (all of a smaller one), beyond the fraction-train sample, its last cut's "
-                    "clients first, so that its revisit is judged every round; their updates serve the revisit only, "
-                    "the cluster averages its sample (false: the sample only, and a cluster waits for a round where "
-                    "enough of its members were sampled)")
     auto_reference_draws: int = Field(
         DEFAULT_DRAWS, alias="auto-reference-draws", ge=0,
         description='group-free reference sets, the clients\' rows rotated at random about their mean: lambda = '

@@ -22,7 +22,6 @@ from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separati
 from clusterfed.clustering.reproducible import Reproduction, alike_before, compare, reproduce_on_pairs, too_few_pairs
 from clusterfed.explain.numbers import compared
 from clusterfed.core.exchange import Diagnostics, TrainReply, natural
-from clusterfed.strategies.resampling import top_up
 from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState, groups_tested, reproduced
 
 # members of a cluster that trained in a round for their updates to be cut (a cut needs 3;
@@ -72,28 +71,6 @@ def replies_needed(active_members: int) -> int:
     """The repliers a cluster's revisit asks of a round: ``MIN_ROWS`` (the rotation test's rows),
     or every active member of a smaller cluster, and ``REVISIT_MIN_MEMBERS`` at least."""
     return max(REVISIT_MIN_MEMBERS, min(MIN_ROWS, active_members))
-
-
-def revisit_sample(strategy: Any, rnd: Any, sample: list[str]) -> list[str]:
-    """``revisit-top-up`` (with ``revisit``, at ``fraction-train`` < 1, after the clustering
-    step): ``sample`` with each cluster of ``REVISIT_MIN_MEMBERS`` or more active members topped
-    up to the repliers its revisit is judged on (``replies_needed``), its last cut's clients
-    first (``resampling.top_up``), in ``rnd.active``'s order. The clients added train for the
-    revisit's evidence only (``rnd.evidence_only``) and are drawn by a generator of their own
-    (``seed`` and the round), so the strategy's samples, and a cluster that never changes,
-    stay FedAvg's at the same seed."""
-    params, state = strategy.params, strategy.state
-    if not (params.revisit and params.revisit_top_up and params.fraction_train < 1):
-        return sample
-    members: dict[int, list[str]] = {}
-    for key in rnd.active:
-        if state.assignment.get(key) in state.models:
-            members.setdefault(state.assignment[key], []).append(key)
-    judged = {c: keys for c, keys in members.items() if len(keys) >= REVISIT_MIN_MEMBERS}
-    last = {c: state.revisit_cuts.get(c, {}).get("labels", {}) for c in judged}
-    chosen = top_up(np.random.default_rng([params.seed, rnd.number]), sample, judged, MIN_ROWS, last)
-    rnd.evidence_only = frozenset(chosen).difference(sample)  # their updates judge the revisit, not the average
-    return [k for k in rnd.active if k in chosen]
 
 
 def revisit(state: OneShotState, params: OneShotParams, server_round: int, replies: list[TrainReply],
