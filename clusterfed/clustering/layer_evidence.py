@@ -92,15 +92,20 @@ def refines(fine: tuple[int, ...] | None, coarse: tuple[int, ...] | None) -> boo
     return all(inside.setdefault(f, c) == c for f, c in zip(fine, coarse))
 
 
-def most_structured(scores: list[LayerScore], near: float = NEAR_MARGIN) -> LayerScore:
+def most_structured(scores: list[LayerScore], near: float = NEAR_MARGIN,
+                    passing: set[str] | None = None) -> LayerScore:
     """The layer to compare: among the layers whose cut found clusters, the one whose
     silhouette clears its bar by most; when none found any, the one that came closest
     (the run then stays one cluster, and says which layers were scored). Ties: the
     earlier layer. A layer whose cut clears its bar by nearly as much (within ``near``) and
     refines the best one's (the same groups, some of them cut further) is taken instead:
     two layers agree on the coarse groups and one sees more of them (a small auxiliary head
-    that tells 3 of 5 label groups apart beside the classifier that tells all 5)."""
+    that tells 3 of 5 label groups apart beside the classifier that tells all 5).
+    ``passing``: the layers whose cut the strategy would take (it reproduces and beats
+    group-free rotations); when any found clusters, the choice is among them."""
     found = [s for s in scores if s.clusters > 1]
+    if passing is not None and any(s.layer in passing for s in found):
+        found = [s for s in found if s.layer in passing]
     best = max(found or scores, key=lambda s: s.margin)
     finer = [s for s in found if s.clusters > best.clusters and s.margin >= best.margin - near
              and refines(s.labels, best.labels)]

@@ -27,13 +27,29 @@ def compared(choice: Any, strategy: str) -> str:
         others = ", ".join(f"{s['layer']} {_score(s['silhouette'])}" for s in choice.scores if s["layer"] != choice.chosen)
         best = next(s for s in choice.scores if s["layer"] == choice.chosen)
         text += (f" (chosen by evidence: best-cut silhouette {_score(best['silhouette'])} against "
-                 f"{best['required']:.2f} needed{finer_than(best, choice.scores)}; other layers {others})")
+                 f"{best['required']:.2f} needed{finer_than(best, choice.scores)}{_passed_over(best, choice.scores)}; "
+                 f"other layers {others})")
     elif choice.rule != EVIDENCE:
         text += f" (cluster-layers = {choice.rule})"
     if choice.silent:
         names = ", ".join(choice.silent[:4]) + (f" and {len(choice.silent) - 4} more" if len(choice.silent) > 4 else "")
         text += f"; left out, no client changed them: {names}"
     return text
+
+
+def _passed_over(chosen: dict, records: list[dict]) -> str:
+    """Words for the layers that cleared their bar by more than the chosen one but whose cut
+    the strategy would not take (``taken`` false: it did not reproduce, or did not beat
+    group-free rotations); empty when none."""
+    if not chosen.get("taken"):
+        return ""
+    margin = chosen["silhouette"] - chosen["required"]
+    over = [r["layer"] for r in records if r.get("taken") is False and r["silhouette"] is not None
+            and r["silhouette"] - r["required"] > margin]
+    if not over:
+        return ""
+    return (f", the best-separated layer whose cut reproduces and beats group-free rotations "
+            f"({', '.join(over)} separated more, but their cut would be deferred)")
 
 
 def no_structure_advice(choice: Any, strategy: str, silhouette: float | None, required: float | None,

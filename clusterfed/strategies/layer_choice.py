@@ -16,6 +16,7 @@ selectable: they are compared as given, less the arrays no client changed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -75,11 +76,16 @@ def start_choice(theta0: dict[str, np.ndarray], rule: str, compare: Any, compare
 
 
 def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict[str, np.ndarray], *,
-           metric: str, linkage: str, min_silhouette: float, reference_draws: int, seed: int) -> np.ndarray:
+           metric: str, linkage: str, min_silhouette: float, reference_draws: int, seed: int,
+           eligible: Callable[[list[str], np.ndarray, np.ndarray], bool] | None = None) -> np.ndarray:
     """Settle ``choice`` on the clustering phase's replies (``arrays``: each client's
     uploaded arrays, trained from ``start``) and return the rows to cluster: the compared
     keys' change from ``start``, arrays no client changed left out. The first call fixes
-    the keys and the silent arrays in ``choice``; later calls (newcomers) only read them."""
+    the keys and the silent arrays in ``choice``; later calls (newcomers) only read them.
+    ``eligible(names, rows, labels)``: whether the strategy would take a layer's cut (its
+    arrays ``names``, its ``rows``, the cut's ``labels``); when given, the choice is the
+    most structured layer among those it would take, if any (``most_structured``), each
+    scored layer's answer kept in ``choice.scores`` (``taken``)."""
     updates = [{k: np.asarray(a[k], np.float64) - np.asarray(start[k], np.float64) for k in choice.keys} for a in arrays]
     if not choice.decided:  # later rows (newcomers) must line up with the clustering phase's
         choice.silent = silent_names(updates, choice.keys, start)
@@ -91,8 +97,13 @@ def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict
         if len(rows) > 1:
             scores = score_layers(rows, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
                                   reference_draws=reference_draws, seed=seed)
-            best = most_structured(scores)
-            choice.scores = [s.record() for s in scores]
+            taken = None if eligible is None else {
+                s.layer: eligible([k for k in choice.candidates[s.layer] if k not in silent], rows[s.layer],
+                                  np.asarray(s.labels))
+                for s in scores if s.clusters > 1 and s.labels is not None and len(s.labels) == len(rows[s.layer])}
+            best = most_structured(scores, passing=None if taken is None else {k for k, v in taken.items() if v})
+            choice.scores = [{**s.record(), **({"taken": taken[s.layer]} if taken and s.layer in taken else {})}
+                             for s in scores]
             choice.chosen = best.layer
         elif rows:
             choice.chosen = next(iter(rows))

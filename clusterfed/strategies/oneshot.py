@@ -263,7 +263,8 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
         requests += 1
         replies = list(received)  # a client that fails on the way stays unplaced
         trail.append(_compared_weights(replies, state))
-    halves = chain_rows(trail, start, state, params) if params.reproduce and len(trail) >= 2 else None
+    two_spans = params.reproduce and len(trail) >= 2
+    halves = chain_rows(trail, start, state, params) if two_spans else None
     diagnostics = {"stock_chained_requests": chained, "stock_trainings": requests} if chained else {}
     replies = sorted(done + replies, key=lambda reply: natural(reply.key))
     if not replies:
@@ -272,7 +273,8 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
     # cosine on weights split 2 of 4 seeds, on changes none)
     first_choice = not state.layer_choice.decided
     sent_keys = list(state.layer_choice.keys)
-    X = rows(replies, start, state.layer_choice, params, state.evidence_plan)
+    X = rows(replies, start, state.layer_choice, params, state.evidence_plan,
+             eligible=chain_eligible(_chain_spans(trail, start, state) if two_spans else None, params))
     if first_choice:
         diagnostics["decision"] = explain.compared(state.layer_choice, strategy)
         diagnostics["compared_arrays"] = list(state.layer_choice.keys)
@@ -301,7 +303,27 @@ Halves = tuple[np.ndarray, np.ndarray, str]  # two independent rows per client, 
 def chain_rows(trail: list[dict[str, Arrays]], start: Arrays, state: OneShotState,
                params: OneShotParams) -> Halves | None:
     """What requests 1..h and h+1..k changed (k requests so far, h = k // 2), on the layer
-    the whole chain's rows would choose; None with fewer than 3 clients in both."""
+    the whole chain's rows would choose (``chain_eligible``: under ``reproduce``, the most
+    structured layer whose cut the gate would take); None with fewer than 3 clients in both."""
+    spans = _chain_spans(trail, start, state)
+    if spans is None:
+        return None
+    whole, origin, halves_on = spans
+    choice = copy.deepcopy(state.layer_choice)
+    choose(choice, whole, origin, metric=params.distance, linkage=params.linkage,
+           min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws, seed=params.seed,
+           eligible=chain_eligible(spans, params))
+    silent = set(choice.silent)
+    return halves_on([n for n in choice.keys if n not in silent] or list(choice.keys))
+
+
+ChainSpans = tuple[list[Arrays], Any, Any]  # the chain's whole weights, their origin, names -> Halves
+
+
+def _chain_spans(trail: list[dict[str, Arrays]], start: Arrays, state: OneShotState) -> ChainSpans | None:
+    """The chained clients' weights after the last request (and what they are changes from),
+    and a function giving what requests 1..h and h+1..k changed on given arrays; None with
+    fewer than 3 clients in both."""
     k = len(trail)
     h = k // 2
     keys = sorted(set(trail[h - 1]) & set(trail[-1]), key=natural)
@@ -317,20 +339,34 @@ def chain_rows(trail: list[dict[str, Arrays]], start: Arrays, state: OneShotStat
         second_half, _ = evidence_upload.spans_in_space(last, middle, state.layer_choice.keys, plan)
     else:
         whole, origin, first_half, second_half = last, start, None, None
-    choice = copy.deepcopy(state.layer_choice)
-    choose(choice, whole, origin, metric=params.distance, linkage=params.linkage,
-           min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws, seed=params.seed)
-    silent = set(choice.silent)
-    names = [n for n in choice.keys if n not in silent] or list(choice.keys)
+    source = f"requests 1–{h} and {h + 1}–{k}"
 
-    def stacked(weights: list[Arrays]) -> np.ndarray:
-        return stack_partials([[np.asarray(w[n], np.float64) for n in names] for w in weights])
+    def halves_on(names: list[str]) -> Halves:
+        def stacked(weights: list[Arrays]) -> np.ndarray:
+            return stack_partials([[np.asarray(w[n], np.float64) for n in names] for w in weights])
 
-    if plan:
-        a, b = stacked(first_half), stacked(second_half)
-    else:
-        a, b = chain_halves(stacked(starts), stacked(middle), stacked(last))
-    return a, b, f"requests 1–{h} and {h + 1}–{k}"
+        if plan:
+            return stacked(first_half), stacked(second_half), source
+        return (*chain_halves(stacked(starts), stacked(middle), stacked(last)), source)
+
+    return whole, origin, halves_on
+
+
+def chain_eligible(spans: ChainSpans | None, params: OneShotParams) -> Any:
+    """Under ``reproduce``, the layer choice's test of a candidate layer (``layer_choice.choose``'s
+    ``eligible``): would ``gate`` take its cut, on the chain's halves of its arrays (``spans``;
+    None, or other clients than the rows: two halves of the rows' coordinates)? None when
+    ``reproduce`` is off (the most structured layer, as the papers' single cut)."""
+    if not params.reproduce:
+        return None
+
+    def eligible(names: list[str], X: np.ndarray, labels: np.ndarray) -> bool:
+        halves = spans[2](names) if spans is not None else None
+        if halves is not None and len(halves[0]) != len(X):
+            halves = None
+        return not gate(X, labels, halves, params, "").deferred
+
+    return eligible
 
 
 def halves_agree(halves: Halves, k: int, params: OneShotParams) -> Reproduction:
@@ -445,14 +481,15 @@ def _kept(fallback: np.ndarray, params: OneShotParams) -> str:
 
 
 def rows(replies: list[TrainReply], start: Arrays, choice: LayerChoice, params: OneShotParams,
-         evidence_plan: dict[str, Any] | None = None) -> np.ndarray:
+         evidence_plan: dict[str, Any] | None = None, eligible: Any = None) -> np.ndarray:
     """The replies' compared arrays minus ``start``'s, one row per reply; the first time,
-    this settles which layer ``choice`` compares (``layer_choice.choose``). With an
+    this settles which layer ``choice`` compares (``layer_choice.choose``, among the layers
+    whose cut ``eligible`` says the gate would take, when given). With an
     ``evidence_plan``: the updates projected (``evidence_upload.rows_input``)."""
     arrays, start = evidence_upload.rows_input(replies, start, choice.keys, evidence_plan or {})
     return choose(choice, arrays, start, metric=params.distance, linkage=params.linkage,
                   min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws,
-                  seed=params.seed)
+                  seed=params.seed, eligible=eligible)
 
 
 def settled(replies: list[TrainReply], start: Arrays, state: OneShotState, params: OneShotParams, sample: int,
