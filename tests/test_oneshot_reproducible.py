@@ -410,3 +410,50 @@ def test_a_cut_of_one_tasks_clients_that_reproduces_is_deferred_unless_it_beats_
     assert "but two of its clusters' mean changes point alike (cosine 0." in said
     assert not oneshot.gate(alike, np.array([0, 0, 0, 0, 1, 1, 1, 1]), ((alike, alike, "requests")), params,
                             "FedClust").deferred  # a chain's independent halves
+
+
+def two_layer_chain(params, requests: int = 4):
+    """8 stock clients chained on a model of two candidate layers: on ``a`` every request pushes
+    them into two groups drawn afresh (well separated each time, never the same clients); on
+    ``b`` the same two groups every request, less well separated. Returns (collect's result,
+    the state)."""
+    state = FedClust.State()
+    names = {"a": ["a.weight"], "b": ["b.weight"]}
+    start = {"a.weight": np.zeros((4, 10)), "b.weight": np.zeros((4, 10))}
+    state.layer_choice = LayerChoice(rule="auto", keys=["a.weight", "b.weight"], candidates=names)
+    asks = [Ask(key, dict(start), {"phase": "cluster"}) for key in KEYS]
+    gen = oneshot.collect(asks, start, state, params, stock=set(KEYS), local_epochs=1, strategy="FedClust")
+    sent, request = gen.send(None), 1
+    try:
+        while True:
+            fresh = directions(list(np.random.default_rng(request).permutation([0, 1] * 4)), scale=3.0, noise=0.1,
+                               seed=request)
+            kept = directions([0, 0, 0, 0, 1, 1, 1, 1], scale=1.0, noise=0.5, seed=100 + request)
+            out = Replies([TrainReply(a.key, 0, {"a.weight": a.model["a.weight"] + fresh[int(a.key)].reshape(4, 10),
+                                                 "b.weight": a.model["b.weight"] + kept[int(a.key)].reshape(4, 10)},
+                                      {}, 10, 1.0, {}) for a in sent], bytes_up=0)
+            sent, request = gen.send(out), request + 1
+    except StopIteration as stop:
+        return stop.value, state
+
+
+def test_the_layer_choice_passes_over_a_better_separated_layer_whose_cut_does_not_reproduce():
+    """A layer whose clients fall into two groups drawn afresh at each request separates them
+    best in every single request, but the chain's two halves cut it differently: the choice
+    takes the layer whose groups reproduce (and beat group-free rotations), the gate takes its
+    cut, and the round line names the layer passed over (without the test, a's margin wins).
+    The paper's single cut (reproduce off) asks no such test."""
+    params = FedClust.Params(seed=0)
+    (keys, X, _, diagnostics, halves), state = two_layer_chain(params)
+    scores = {s["layer"]: s for s in state.layer_choice.scores}
+    assert scores["a"]["silhouette"] - scores["a"]["required"] > scores["b"]["silhouette"] - scores["b"]["required"]
+    assert scores["a"]["taken"] is False and scores["b"]["taken"] is True
+    assert state.layer_choice.chosen == "b" and state.layer_choice.keys == ["b.weight"]
+    labels, _ = oneshot.cut(X, params)
+    taken = oneshot.gate(X, labels, halves, params, "FedClust")
+    assert not taken.deferred and compare(taken.labels, [0, 0, 0, 0, 1, 1, 1, 1], "truth").agreement == 1.0
+    assert ("the best-separated layer whose cut reproduces and beats group-free rotations (a separated more, but "
+            "their cut would be deferred)") in diagnostics["decision"]
+    assert "finer cut" not in diagnostics["decision"]  # b is no refinement of a: it was taken for a's deferral
+    _, paper = two_layer_chain(FedClust.Params(seed=0, reproduce=False))
+    assert paper.layer_choice.scores and all("taken" not in s for s in paper.layer_choice.scores)

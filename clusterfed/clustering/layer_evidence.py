@@ -76,8 +76,10 @@ def score_layers(rows: dict[str, np.ndarray], *, metric: str, linkage: str, min_
 def finer_than(chosen: dict, records: list[dict]) -> str:
     """Words for a chosen layer (a ``LayerScore.record``) taken by ``most_structured`` over one
     that cleared its bar by more, whose cut it refines (empty when none did)."""
-    top = max((r for r in records if r["clusters"] > 1 and r["silhouette"] is not None),
-              key=lambda r: r["silhouette"] - r["required"], default=None)
+    pool = [r for r in records if r["clusters"] > 1 and r["silhouette"] is not None]
+    if chosen.get("taken"):  # chosen among the layers whose cut the strategy would take (most_structured's passing)
+        pool = [r for r in pool if r.get("taken")]
+    top = max(pool, key=lambda r: r["silhouette"] - r["required"], default=None)
     if top is None or top["layer"] == chosen["layer"]:
         return ""
     return (f", {chosen['clusters']} clusters: a finer cut of {top['layer']}'s {top['clusters']} "
