@@ -125,7 +125,8 @@ class OneShotParams(StrategyParams):
                           "its silhouette or by twice theirs (fewer clients, or coordinate halves: its clusters' "
                           "mean changes also below cosine 0.6); "
                           "otherwise it is deferred (one cluster) and the round line says so, as is a cut that only "
-                          "sets single clients apart (false: the papers' single cut)")
+                          "sets single clients apart; under cluster-layers = auto the layer compared is the most "
+                          "structured one whose cut passes these tests, when any (false: the papers' single cut)")
     reproduce_agreement: float = Field(
         DEFAULT_AGREEMENT, alias="reproduce-agreement", ge=0, le=1,
         description="the adjusted Rand index two independent cuts must reach for a cut, a split or a merge to be taken")
