@@ -412,17 +412,17 @@ def test_a_cut_of_one_tasks_clients_that_reproduces_is_deferred_unless_it_beats_
                             "FedClust").deferred  # a chain's independent halves
 
 
-def two_layer_chain(params, requests: int = 4):
-    """8 stock clients chained on a model of two candidate layers: on ``a`` every request pushes
-    them into two groups drawn afresh (well separated each time, never the same clients); on
-    ``b`` the same two groups every request, less well separated. Returns (collect's result,
-    the state)."""
+def two_layer_chain(params, stock: list[str] = KEYS):
+    """8 clients (``stock`` of them chained) on a model of two candidate layers: on ``a`` every
+    request pushes them into two groups drawn afresh (well separated each time, never the same
+    clients); on ``b`` the same two groups every request, less well separated. Returns
+    (collect's result, the state)."""
     state = FedClust.State()
     names = {"a": ["a.weight"], "b": ["b.weight"]}
-    start = {"a.weight": np.zeros((4, 10)), "b.weight": np.zeros((4, 10))}
+    start = {"a.weight": np.zeros((4, 10)), "b.weight": np.zeros((2, 10))}
     state.layer_choice = LayerChoice(rule="auto", keys=["a.weight", "b.weight"], candidates=names)
     asks = [Ask(key, dict(start), {"phase": "cluster"}) for key in KEYS]
-    gen = oneshot.collect(asks, start, state, params, stock=set(KEYS), local_epochs=1, strategy="FedClust")
+    gen = oneshot.collect(asks, start, state, params, stock=set(stock), local_epochs=1, strategy="FedClust")
     sent, request = gen.send(None), 1
     try:
         while True:
@@ -430,7 +430,7 @@ def two_layer_chain(params, requests: int = 4):
                                seed=request)
             kept = directions([0, 0, 0, 0, 1, 1, 1, 1], scale=1.0, noise=0.5, seed=100 + request)
             out = Replies([TrainReply(a.key, 0, {"a.weight": a.model["a.weight"] + fresh[int(a.key)].reshape(4, 10),
-                                                 "b.weight": a.model["b.weight"] + kept[int(a.key)].reshape(4, 10)},
+                                                 "b.weight": a.model["b.weight"] + kept[int(a.key)][:20].reshape(2, 10)},
                                       {}, 10, 1.0, {}) for a in sent], bytes_up=0)
             sent, request = gen.send(out), request + 1
     except StopIteration as stop:
@@ -452,8 +452,12 @@ def test_the_layer_choice_passes_over_a_better_separated_layer_whose_cut_does_no
     labels, _ = oneshot.cut(X, params)
     taken = oneshot.gate(X, labels, halves, params, "FedClust")
     assert not taken.deferred and compare(taken.labels, [0, 0, 0, 0, 1, 1, 1, 1], "truth").agreement == 1.0
-    assert ("the best-separated layer whose cut reproduces and beats group-free rotations (a separated more, but "
-            "their cut would be deferred)") in diagnostics["decision"]
+    assert ("among the layers whose cut the clustering step would take (a separated more, but its cut would be "
+            "deferred)") in diagnostics["decision"]
     assert "finer cut" not in diagnostics["decision"]  # b is no refinement of a: it was taken for a's deferral
+    # two clients trained the epochs in one reply: the chain's halves (of the other 6) decide, on the layer chosen
+    (keys, X, _, diagnostics, halves), state = two_layer_chain(params, stock=KEYS[:6])
+    assert state.layer_choice.chosen == "b" and halves[0].shape == (6, 20) and X.shape == (8, 20)
+    assert not oneshot.gate(X, oneshot.cut(X, params)[0], halves, params, "FedClust").deferred
     _, paper = two_layer_chain(FedClust.Params(seed=0, reproduce=False))
     assert paper.layer_choice.scores and all("taken" not in s for s in paper.layer_choice.scores)

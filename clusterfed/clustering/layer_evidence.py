@@ -64,13 +64,20 @@ def score_layers(rows: dict[str, np.ndarray], *, metric: str, linkage: str, min_
     for layer, X in rows.items():
         X = np.asarray(X, dtype=np.float64)
         if len(X) > max_rows:
-            X = X[np.sort(np.random.default_rng(seed).choice(len(X), size=max_rows, replace=False))]
+            X = X[scored_rows(len(X), seed, max_rows)]
         cut = cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette, max_clusters=max_clusters,
                            reference_draws=draws, seed=seed)
         required = min_silhouette if cut.required is None else float(cut.required)
         scores.append(LayerScore(layer, cut.silhouette, int(cut.num_clusters), required, cut.reference,
                                  tuple(int(v) for v in cut.labels)))
     return scores
+
+
+def scored_rows(n: int, seed: int, max_rows: int = MAX_SCORED_ROWS) -> np.ndarray:
+    """The rows ``score_layers`` scores of ``n``: all, or a seeded sample of ``max_rows``."""
+    if n <= max_rows:
+        return np.arange(n)
+    return np.sort(np.random.default_rng(seed).choice(n, size=max_rows, replace=False))
 
 
 def finer_than(chosen: dict, records: list[dict]) -> str:

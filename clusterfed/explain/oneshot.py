@@ -39,8 +39,8 @@ def compared(choice: Any, strategy: str) -> str:
 
 def _passed_over(chosen: dict, records: list[dict]) -> str:
     """Words for the layers that cleared their bar by more than the chosen one but whose cut
-    the strategy would not take (``taken`` false: it did not reproduce, or did not beat
-    group-free rotations); empty when none."""
+    the strategy would not take (``taken`` false: its halves disagreed, or it failed the
+    gate's group tests); empty when none."""
     if not chosen.get("taken"):
         return ""
     margin = chosen["silhouette"] - chosen["required"]
@@ -48,8 +48,8 @@ def _passed_over(chosen: dict, records: list[dict]) -> str:
             and r["silhouette"] - r["required"] > margin]
     if not over:
         return ""
-    return (f", the best-separated layer whose cut reproduces and beats group-free rotations "
-            f"({', '.join(over)} separated more, but their cut would be deferred)")
+    return (f", among the layers whose cut the clustering step would take "
+            f"({', '.join(over)} separated more, but {'its' if len(over) == 1 else 'their'} cut would be deferred)")
 
 
 def no_structure_advice(choice: Any, strategy: str, silhouette: float | None, required: float | None,

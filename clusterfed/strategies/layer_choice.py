@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering import stack_partials
-from clusterfed.clustering.layer_evidence import most_structured, score_layers
+from clusterfed.clustering.layer_evidence import most_structured, score_layers, scored_rows
 from clusterfed.models.layers import matrix_layers, select_layers
 from clusterfed.models.parameters import silent_names
 
@@ -97,10 +97,11 @@ def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict
         if len(rows) > 1:
             scores = score_layers(rows, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
                                   reference_draws=reference_draws, seed=seed)
+            scored = scored_rows(len(next(iter(rows.values()))), seed)  # the rows the labels are of
             taken = None if eligible is None else {
-                s.layer: eligible([k for k in choice.candidates[s.layer] if k not in silent], rows[s.layer],
+                s.layer: eligible([k for k in choice.candidates[s.layer] if k not in silent], rows[s.layer][scored],
                                   np.asarray(s.labels))
-                for s in scores if s.clusters > 1 and s.labels is not None and len(s.labels) == len(rows[s.layer])}
+                for s in scores if s.clusters > 1 and s.labels is not None and len(s.labels) == len(scored)}
             best = most_structured(scores, passing=None if taken is None else {k for k, v in taken.items() if v})
             choice.scores = [{**s.record(), **({"taken": taken[s.layer]} if taken and s.layer in taken else {})}
                              for s in scores]

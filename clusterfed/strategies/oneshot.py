@@ -77,7 +77,8 @@ class OneShotParams(StrategyParams):
                                 description="local epochs of the clustering step (and of a newcomer's placement)")
     cluster_layers: str = Field("auto", alias="cluster-layers",
                                 description="layers uploaded and compared: auto = the layer whose clients' updates show "
-                                            "the most structure (every candidate layer uploaded once, in the "
+                                            "the most structure (with reproduce: among the layers whose cut passes its "
+                                            "tests, when any; every candidate layer uploaded once, in the "
                                             "clustering phase); final = the papers' rule; or a rule (smallest-fc, "
                                             "conv, fc, all) or layer names. Arrays no client changed are left out")
     max_candidate_layers: int = Field(
@@ -264,8 +265,7 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
         requests += 1
         replies = list(received)  # a client that fails on the way stays unplaced
         trail.append(_compared_weights(replies, state))
-    two_spans = params.reproduce and len(trail) >= 2
-    halves = chain_rows(trail, start, state, params) if two_spans else None
+    spans = _chain_spans(trail, start, state) if params.reproduce and len(trail) >= 2 else None
     diagnostics = {"stock_chained_requests": chained, "stock_trainings": requests} if chained else {}
     replies = sorted(done + replies, key=lambda reply: natural(reply.key))
     if not replies:
@@ -274,8 +274,11 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
     # cosine on weights split 2 of 4 seeds, on changes none)
     first_choice = not state.layer_choice.decided
     sent_keys = list(state.layer_choice.keys)
-    X = rows(replies, start, state.layer_choice, params, state.evidence_plan,
-             eligible=chain_eligible(_chain_spans(trail, start, state) if two_spans else None, params))
+    X = rows(replies, start, state.layer_choice, params, state.evidence_plan, eligible=chain_eligible(spans, params))
+    # the chain's halves on the layer just chosen (the same spans the choice tested): what the gate reads
+    silent = set(state.layer_choice.silent)
+    halves = None if spans is None else spans[2]([n for n in state.layer_choice.keys if n not in silent]
+                                                 or list(state.layer_choice.keys))
     if first_choice:
         diagnostics["decision"] = explain.compared(state.layer_choice, strategy)
         diagnostics["compared_arrays"] = list(state.layer_choice.keys)
@@ -355,17 +358,16 @@ def _chain_spans(trail: list[dict[str, Arrays]], start: Arrays, state: OneShotSt
 
 def chain_eligible(spans: ChainSpans | None, params: OneShotParams) -> Any:
     """Under ``reproduce``, the layer choice's test of a candidate layer (``layer_choice.choose``'s
-    ``eligible``): would ``gate`` take its cut, on the chain's halves of its arrays (``spans``;
-    None, or other clients than the rows: two halves of the rows' coordinates)? None when
-    ``reproduce`` is off (the most structured layer, as the papers' single cut)."""
+    ``eligible``): does the layer's own best cut (the scoring cut, not the strategy's, which
+    may differ: AdaCFL's pre-clusters) pass ``gate``'s tests, on the chain's halves of its
+    arrays (``spans``, cut on their own as the gate cuts them; None: two halves of the rows'
+    coordinates)? None when ``reproduce`` is off (the most structured layer, as the papers'
+    single cut)."""
     if not params.reproduce:
         return None
 
     def eligible(names: list[str], X: np.ndarray, labels: np.ndarray) -> bool:
-        halves = spans[2](names) if spans is not None else None
-        if halves is not None and len(halves[0]) != len(X):
-            halves = None
-        return not gate(X, labels, halves, params, "").deferred
+        return not gate(X, labels, spans[2](names) if spans is not None else None, params, "").deferred
 
     return eligible
 
