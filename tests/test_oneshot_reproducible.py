@@ -285,8 +285,10 @@ def test_pure_pieces():
 
 def test_a_singleton_is_named_advice_is_never_in_force_and_round_1_names_what_is_compared():
     run = Revisits({**dict.fromkeys(KEYS[:7], 0), "7": 1})
-    basis = explain.fedclust_count_basis(run.state, run.strategy.params)
-    assert basis.endswith("; cluster 1 holds a single client (7)")
+    from clusterfed.explain.generic import ending_words
+
+    ending = ending_words(run.strategy)
+    assert ending.endswith("; cluster 1 is a single client (7)") and ending.count("single client") == 1
     run.state.layer_choice = LayerChoice(rule="auto", keys=["w"], chosen=None, decided=True)  # one candidate
     assert "cluster_layers='auto'" not in explain.one_cluster_advice(run.state, run.strategy.params)
     run.state.clustering_state["deferred"] = "FedClust: cut deferred: requests 1–5 and 6–10 disagree (ARI 0.31 < 0.80)"

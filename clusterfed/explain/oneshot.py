@@ -199,15 +199,6 @@ def one_cluster_advice(state: Any, params: Any = None) -> str:
     return "cluster_layers='auto' (each layer scored) or HiCFL"
 
 
-def singletons(state: Any) -> str:
-    """"; cluster 3 holds a single client (7)" for each cluster of one client ("" when none)."""
-    sizes: dict[int, list[str]] = {}
-    for key, cluster in state.assignment.items():
-        sizes.setdefault(cluster, []).append(key)
-    alone = sorted((c, keys[0]) for c, keys in sizes.items() if len(keys) == 1)
-    return "".join(f"; cluster {c} holds a single client ({key})" for c, key in alone) if len(sizes) > 1 else ""
-
-
 def warmup_said(choice: Any, strategy: str, rounds: int, clustering_round: int) -> str:
     """Round 1 of a warm-up: what the clustering step will compare, and when."""
     if choice.candidates:
@@ -233,8 +224,8 @@ def fedclust_count_basis(state: Any, params: Any) -> str | None:
     on = f"{len(cs.get('client_order', []))} clients on {', '.join(state.layer_choice.keys)}"
     if cs.get("deferred"):
         return (f"{k} clusters: the clustering step's cut of {on} deferred ({deferral_why(cs['deferred'])})"
-                f"{revisits_said(state)}{singletons(state)}")
-    return f"{k} clusters: {cut}{shown} of {on}{revisits_said(state)}{singletons(state)}"
+                f"{revisits_said(state)}")
+    return f"{k} clusters: {cut}{shown} of {on}{revisits_said(state)}"
 
 
 def adacfl_count_basis(state: Any, params: Any) -> str | None:
@@ -269,7 +260,7 @@ def adacfl_count_basis(state: Any, params: Any) -> str | None:
     emptied = f"; {gone} left without members" if gone > 0 and not revisited else ""
     if cut.get("deferred"):
         how = f"the clustering step's cut deferred ({deferral_why(cut['deferred'])}), {how}"
-    return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{revisited}{emptied}{singletons(state)}."
+    return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{revisited}{emptied}"
 
 
 def _adacfl_lambda(cut: dict[str, Any], params: Any) -> str:
