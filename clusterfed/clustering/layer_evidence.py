@@ -80,13 +80,18 @@ def scored_rows(n: int, seed: int, max_rows: int = MAX_SCORED_ROWS) -> np.ndarra
     return np.sort(np.random.default_rng(seed).choice(n, size=max_rows, replace=False))
 
 
+def record_margin(record: dict) -> float:
+    """``LayerScore.margin`` of its ``record``."""
+    return -np.inf if record["silhouette"] is None else record["silhouette"] - record["required"]
+
+
 def finer_than(chosen: dict, records: list[dict]) -> str:
     """Words for a chosen layer (a ``LayerScore.record``) taken by ``most_structured`` over one
     that cleared its bar by more, whose cut it refines (empty when none did)."""
     pool = [r for r in records if r["clusters"] > 1 and r["silhouette"] is not None]
     if chosen.get("taken"):  # chosen among the layers whose cut the strategy would take (most_structured's passing)
         pool = [r for r in pool if r.get("taken")]
-    top = max(pool, key=lambda r: r["silhouette"] - r["required"], default=None)
+    top = max(pool, key=record_margin, default=None)
     if top is None or top["layer"] == chosen["layer"]:
         return ""
     return (f", {chosen['clusters']} clusters: a finer cut of {top['layer']}'s {top['clusters']} "

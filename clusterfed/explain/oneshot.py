@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from clusterfed.clustering.layer_evidence import finer_than
+from clusterfed.clustering.layer_evidence import finer_than, record_margin
 
 EVIDENCE = "auto"  # cluster-layers chosen by evidence (``strategies/layer_choice.py``)
 
@@ -43,9 +43,7 @@ def _passed_over(chosen: dict, records: list[dict]) -> str:
     gate's group tests); empty when none."""
     if not chosen.get("taken"):
         return ""
-    margin = chosen["silhouette"] - chosen["required"]
-    over = [r["layer"] for r in records if r.get("taken") is False and r["silhouette"] is not None
-            and r["silhouette"] - r["required"] > margin]
+    over = [r["layer"] for r in records if r.get("taken") is False and record_margin(r) > record_margin(chosen)]
     if not over:
         return ""
     return (f", among the layers whose cut the clustering step would take "

@@ -50,6 +50,13 @@ class LayerChoice:
     def pending(self) -> bool:
         return bool(self.candidates)
 
+    @property
+    def compared(self) -> list[str]:
+        """The keys whose rows are compared: ``keys`` less the arrays no client changed (all
+        of them when every one is silent)."""
+        silent = set(self.silent)
+        return [k for k in self.keys if k not in silent] or list(self.keys)
+
     def record(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "candidates"}
 
@@ -111,5 +118,4 @@ def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict
         if choice.chosen is not None:
             choice.keys = [k for k in choice.candidates[choice.chosen] if k not in silent]
         choice.candidates = {}
-    kept = [k for k in choice.keys if k not in silent] or list(choice.keys)
-    return stack_partials([[u[k] for k in kept] for u in updates])
+    return stack_partials([[u[k] for k in choice.compared] for u in updates])

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, NamedTuple
 
@@ -276,9 +277,7 @@ def collect(asks: list[Ask], start: Arrays, state: OneShotState, params: OneShot
     sent_keys = list(state.layer_choice.keys)
     X = rows(replies, start, state.layer_choice, params, state.evidence_plan, eligible=chain_eligible(spans, params))
     # the chain's halves on the layer just chosen (the same spans the choice tested): what the gate reads
-    silent = set(state.layer_choice.silent)
-    halves = None if spans is None else spans[2]([n for n in state.layer_choice.keys if n not in silent]
-                                                 or list(state.layer_choice.keys))
+    halves = None if spans is None else spans.halves_on(state.layer_choice.compared)
     if first_choice:
         diagnostics["decision"] = explain.compared(state.layer_choice, strategy)
         diagnostics["compared_arrays"] = list(state.layer_choice.keys)
@@ -312,16 +311,19 @@ def chain_rows(trail: list[dict[str, Arrays]], start: Arrays, state: OneShotStat
     spans = _chain_spans(trail, start, state)
     if spans is None:
         return None
-    whole, origin, halves_on = spans
     choice = copy.deepcopy(state.layer_choice)
-    choose(choice, whole, origin, metric=params.distance, linkage=params.linkage,
+    choose(choice, spans.whole, spans.origin, metric=params.distance, linkage=params.linkage,
            min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws, seed=params.seed,
            eligible=chain_eligible(spans, params))
-    silent = set(choice.silent)
-    return halves_on([n for n in choice.keys if n not in silent] or list(choice.keys))
+    return spans.halves_on(choice.compared)
 
 
-ChainSpans = tuple[list[Arrays], Any, Any]  # the chain's whole weights, their origin, names -> Halves
+class ChainSpans(NamedTuple):
+    """A chain's evidence: the chained clients' weights after the last request, what they are
+    changes from, and what requests 1..h and h+1..k changed on given arrays (names -> Halves)."""
+    whole: list[Arrays]
+    origin: Any
+    halves_on: Callable[[list[str]], Halves]
 
 
 def _chain_spans(trail: list[dict[str, Arrays]], start: Arrays, state: OneShotState) -> ChainSpans | None:
@@ -353,7 +355,7 @@ def _chain_spans(trail: list[dict[str, Arrays]], start: Arrays, state: OneShotSt
             return stacked(first_half), stacked(second_half), source
         return (*chain_halves(stacked(starts), stacked(middle), stacked(last)), source)
 
-    return whole, origin, halves_on
+    return ChainSpans(whole, origin, halves_on)
 
 
 def chain_eligible(spans: ChainSpans | None, params: OneShotParams) -> Any:
@@ -367,7 +369,7 @@ def chain_eligible(spans: ChainSpans | None, params: OneShotParams) -> Any:
         return None
 
     def eligible(names: list[str], X: np.ndarray, labels: np.ndarray) -> bool:
-        return not gate(X, labels, spans[2](names) if spans is not None else None, params, "").deferred
+        return not gate(X, labels, spans.halves_on(names) if spans is not None else None, params, "").deferred
 
     return eligible
 
