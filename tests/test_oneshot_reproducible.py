@@ -463,3 +463,71 @@ def test_the_layer_choice_passes_over_a_better_separated_layer_whose_cut_does_no
     assert not oneshot.gate(X, oneshot.cut(X, params)[0], halves, params, "FedClust").deferred
     _, paper = two_layer_chain(FedClust.Params(seed=0, reproduce=False))
     assert paper.layer_choice.scores and all("taken" not in s for s in paper.layer_choice.scores)
+
+
+def choose_among(layer_rows: dict[str, np.ndarray], eligible) -> LayerChoice:
+    """``layer_choice.choose`` on one update per client and layer (``layer_rows``: layer ->
+    clients × coordinates), as FedClust's defaults score them."""
+    from clusterfed.strategies.layer_choice import choose
+
+    params = FedClust.Params(seed=0)
+    start = {f"{layer}.weight": np.zeros(rows.shape[1]) for layer, rows in layer_rows.items()}
+    choice = LayerChoice(rule="auto", keys=list(start), candidates={layer: [f"{layer}.weight"] for layer in layer_rows})
+    arrays = [{f"{layer}.weight": rows[i] for layer, rows in layer_rows.items()}
+              for i in range(len(next(iter(layer_rows.values()))))]
+    choose(choice, arrays, start, metric=params.distance, linkage=params.linkage,
+           min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws, seed=0,
+           eligible=eligible)
+    return choice
+
+
+def test_the_other_layers_are_asked_only_when_the_best_ones_cut_is_not_taken_and_share_one_tests_level():
+    """The layer the evidence alone picks is asked as one test; only when its cut would not be
+    taken are the other layers asked, each at the level of one test shared by all of them."""
+    truth = [0] * 5 + [1] * 5
+    layer_rows = {name: np.array(directions(truth, scale=scale, noise=0.3, seed=i))
+                  for i, (name, scale) in enumerate([("a", 3.0), ("b", 2.0), ("c", 1.5), ("d", 1.2)])}
+    asked: list[tuple[str, int]] = []
+
+    def eligible(takes: set[str]):
+        def answer(names, X, labels, tests):
+            asked.append((names[0].split(".")[0], tests))
+            return names[0].split(".")[0] in takes
+        return answer
+
+    choice = choose_among(layer_rows, eligible({"a", "c"}))
+    assert asked == [("a", 1)] and choice.chosen == "a"
+    assert [s.get("taken") for s in choice.scores] == [True, None, None, None]
+    asked.clear()
+    choice = choose_among(layer_rows, eligible({"c", "d"}))
+    assert asked[0] == ("a", 1) and sorted(asked[1:]) == [("b", 3), ("c", 3), ("d", 3)]
+    assert choice.chosen == "c" and {s["layer"]: s["taken"] for s in choice.scores} == {
+        "a": False, "b": False, "c": True, "d": True}
+
+
+def test_trying_several_layers_takes_a_group_free_cut_no_more_often_than_two_tests_would(monkeypatch):
+    """Six layers, each cut into two parts that reproduce in the chain's halves, and a group
+    test that passes a cut by chance as an exact Monte Carlo test of its rotations does (one
+    time in draws + 1). The best layer is asked at one test's level (1 in 20); the other five
+    share one such level (each beats 5 x 20 rotations): the choice takes some layer's cut
+    about 2 times in 20 (each asked at 1 in 20: about 5 times in 20)."""
+    from clusterfed.strategies.oneshot import ChainSpans, chain_eligible
+
+    rng = np.random.default_rng(0)
+
+    class ByChance:
+        def __init__(self, draws: int):
+            self.passes = rng.random() < 1 / (draws + 1)
+
+        def words(self) -> str:
+            return "by chance"
+
+    monkeypatch.setattr(oneshot, "groups_tested", lambda X, labels, params, max_clusters=None, draws=None:
+                        ByChance(params.auto_reference_draws if draws is None else draws))
+    truth = [0] * 5 + [1] * 5
+    layer_rows = {f"l{i}": np.array(directions(truth, scale=1.0 + i / 10, noise=0.3, seed=i)) for i in range(6)}
+    spans = ChainSpans([], {}, lambda names: (layer_rows[names[0].split(".")[0]],) * 2 + ("chain halves",))
+    eligible = chain_eligible(spans, FedClust.Params(seed=0))
+    trials = 400
+    taken = sum(any(s.get("taken") for s in choose_among(layer_rows, eligible).scores) for _ in range(trials))
+    assert taken / trials < 0.15  # 1 - (19/20)^6 = 0.26 were each layer asked at one test's level

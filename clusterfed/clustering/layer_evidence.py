@@ -89,7 +89,8 @@ def finer_than(chosen: dict, records: list[dict]) -> str:
     """Words for a chosen layer (a ``LayerScore.record``) taken by ``most_structured`` over one
     that cleared its bar by more, whose cut it refines (empty when none did)."""
     pool = [r for r in records if r["clusters"] > 1 and r["silhouette"] is not None]
-    if chosen.get("taken"):  # chosen among the layers whose cut the strategy would take (most_structured's passing)
+    if chosen.get("taken") and any(r.get("taken") is False for r in pool):
+        # chosen among the layers whose cut the strategy would take (most_structured's passing)
         pool = [r for r in pool if r.get("taken")]
     top = max(pool, key=record_margin, default=None)
     if top is None or top["layer"] == chosen["layer"]:

@@ -84,15 +84,17 @@ def start_choice(theta0: dict[str, np.ndarray], rule: str, compare: Any, compare
 
 def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict[str, np.ndarray], *,
            metric: str, linkage: str, min_silhouette: float, reference_draws: int, seed: int,
-           eligible: Callable[[list[str], np.ndarray, np.ndarray], bool] | None = None) -> np.ndarray:
+           eligible: Callable[[list[str], np.ndarray, np.ndarray, int], bool] | None = None) -> np.ndarray:
     """Settle ``choice`` on the clustering phase's replies (``arrays``: each client's
     uploaded arrays, trained from ``start``) and return the rows to cluster: the compared
     keys' change from ``start``, arrays no client changed left out. The first call fixes
     the keys and the silent arrays in ``choice``; later calls (newcomers) only read them.
-    ``eligible(names, rows, labels)``: whether the strategy would take a layer's cut (its
-    arrays ``names``, its ``rows``, the cut's ``labels``); when given, the choice is the
-    most structured layer among those it would take, if any (``most_structured``), each
-    scored layer's answer kept in ``choice.scores`` (``taken``)."""
+    ``eligible(names, rows, labels, tests)``: whether the strategy would take a layer's cut
+    (its arrays ``names``, its ``rows``, the cut's ``labels``), at the error level of one test
+    shared by ``tests`` layers. When given and the most structured layer's cut would not be
+    taken, each other layer is asked at that level shared among them, and the choice is the
+    most structured of those it would take, if any (``most_structured``); each answer is
+    kept in ``choice.scores`` (``taken``)."""
     updates = [{k: np.asarray(a[k], np.float64) - np.asarray(start[k], np.float64) for k in choice.keys} for a in arrays]
     if not choice.decided:  # later rows (newcomers) must line up with the clustering phase's
         choice.silent = silent_names(updates, choice.keys, start)
@@ -105,12 +107,23 @@ def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict
             scores = score_layers(rows, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
                                   reference_draws=reference_draws, seed=seed)
             scored = scored_rows(len(next(iter(rows.values()))), seed)  # the rows the labels are of
-            taken = None if eligible is None else {
-                s.layer: eligible([k for k in choice.candidates[s.layer] if k not in silent], rows[s.layer][scored],
-                                  np.asarray(s.labels))
-                for s in scores if s.clusters > 1 and s.labels is not None and len(s.labels) == len(scored)}
-            best = most_structured(scores, passing=None if taken is None else {k for k, v in taken.items() if v})
-            choice.scores = [{**s.record(), **({"taken": taken[s.layer]} if taken and s.layer in taken else {})}
+            testable = {s.layer: s for s in scores
+                        if s.clusters > 1 and s.labels is not None and len(s.labels) == len(scored)}
+            best = most_structured(scores)
+            taken: dict[str, bool] = {}
+            if eligible is not None and best.layer in testable:
+                def answer(layer: str, tests: int) -> bool:
+                    names = [k for k in choice.candidates[layer] if k not in silent]
+                    return eligible(names, rows[layer][scored], np.asarray(testable[layer].labels), tests)
+
+                taken[best.layer] = answer(best.layer, 1)
+                if not taken[best.layer]:
+                    # the other layers share one test's chance of passing group-free updates
+                    # (Bonferroni): trying several must not make a cut of one task's clients likelier
+                    others = [layer for layer in testable if layer != best.layer]
+                    taken.update({layer: answer(layer, len(others)) for layer in others})
+                    best = most_structured(scores, passing={layer for layer, ok in taken.items() if ok})
+            choice.scores = [{**s.record(), **({"taken": taken[s.layer]} if s.layer in taken else {})}
                              for s in scores]
             choice.chosen = best.layer
         elif rows:

@@ -128,7 +128,8 @@ class OneShotParams(StrategyParams):
                           "mean changes also below cosine 0.6); "
                           "otherwise it is deferred (one cluster) and the round line says so, as is a cut that only "
                           "sets single clients apart; under cluster-layers = auto the layer compared is the most "
-                          "structured one whose cut passes these tests, when any (false: the papers' single cut)")
+                          "structured one whose cut passes these tests, when any (the others asked only when the most "
+                          "structured one's fails, sharing one test's level) (false: the papers' single cut)")
     reproduce_agreement: float = Field(
         DEFAULT_AGREEMENT, alias="reproduce-agreement", ge=0, le=1,
         description="the adjusted Rand index two independent cuts must reach for a cut, a split or a merge to be taken")
@@ -363,13 +364,16 @@ def chain_eligible(spans: ChainSpans | None, params: OneShotParams) -> Any:
     ``eligible``): does the layer's own best cut (the scoring cut, not the strategy's, which
     may differ: AdaCFL's pre-clusters) pass ``gate``'s tests, on the chain's halves of its
     arrays (``spans``, cut on their own as the gate cuts them; None: two halves of the rows'
-    coordinates)? None when ``reproduce`` is off (the most structured layer, as the papers'
-    single cut)."""
+    coordinates)? A layer tested among ``tests`` others must beat that many times the
+    rotations (``shared_draws``: the same chance of passing group-free updates for all of
+    them together as for one). None when ``reproduce`` is off (the most structured layer, as
+    the papers' single cut)."""
     if not params.reproduce:
         return None
 
-    def eligible(names: list[str], X: np.ndarray, labels: np.ndarray) -> bool:
-        return not gate(X, labels, spans.halves_on(names) if spans is not None else None, params, "").deferred
+    def eligible(names: list[str], X: np.ndarray, labels: np.ndarray, tests: int = 1) -> bool:
+        return not gate(X, labels, spans.halves_on(names) if spans is not None else None, params, "",
+                        draws=shared_draws(params.auto_reference_draws, tests)).deferred
 
     return eligible
 
@@ -410,9 +414,16 @@ class Gated(NamedTuple):
     deferred: bool
 
 
+def shared_draws(draws: int, tests: int) -> int:
+    """The rotations one of ``tests`` tests must beat for all of them together to pass
+    group-free rows as rarely as one test of ``draws`` does (Bonferroni: a test beating the
+    largest of ``draws`` passes one time in ``draws + 1``)."""
+    return draws if tests <= 1 or draws <= 0 else tests * (draws + 1) - 1
+
+
 def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneShotParams,
          strategy: str, fallback: np.ndarray | None = None, keys: list[str] | None = None,
-         max_clusters: int | None = None) -> Gated:
+         max_clusters: int | None = None, draws: int | None = None) -> Gated:
     """The cut that is taken: ``labels`` when they are one cluster (nothing to reproduce),
     when ``reproduce`` is off, or when two independent halves of the evidence (``halves``: a
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
@@ -429,7 +440,8 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     whose only structure is single clients set apart (``lone_rows``, beyond ``fallback``) is
     deferred too, the clients named (``keys``): one client's own data cannot be told from a
     group of one; the revisits split off a real group of one sampled member once more of it
-    trains. Returns the ``Gated`` decision."""
+    trains. ``draws``: the rotations the cut must beat (default ``auto-reference-draws``).
+    Returns the ``Gated`` decision."""
     k = len(np.unique(labels))
     fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
     if not params.reproduce or k < 2 or compare(labels, fallback, "").agreement == 1.0:
@@ -453,7 +465,7 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     if not reproduced(reproduction, params):
         return Gated(fallback, reproduction, f"{strategy}: cut deferred: {explain.disagreement(reproduction, bound)}; "
                                              f"{_kept(fallback, params)}", True)
-    tested = groups_tested(X, labels, params, max_clusters)
+    tested = groups_tested(X, labels, params, max_clusters, draws)
     if tested is not None and not tested.passes:
         return Gated(fallback, reproduction, f"{strategy}: cut deferred: {reproduction.words(bound)}, but "
                                              f"{tested.words()}: one task, each client's own data; "
@@ -469,12 +481,13 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
 
 
 def groups_tested(X: np.ndarray, labels: np.ndarray, params: OneShotParams,
-                  max_clusters: int | None = None) -> GroupTest | None:
+                  max_clusters: int | None = None, draws: int | None = None) -> GroupTest | None:
     """``group_test`` of the cut ``labels`` of X with the strategy's distance, linkage, draws
-    and seed, cut into at most ``max_clusters`` (default ``max-clusters``)."""
+    (default ``auto-reference-draws``) and seed, cut into at most ``max_clusters`` (default
+    ``max-clusters``)."""
     return group_test(X, labels, metric=params.distance, linkage=params.linkage,
-                      max_clusters=max_clusters or params.max_clusters, draws=params.auto_reference_draws,
-                      seed=params.seed)
+                      max_clusters=max_clusters or params.max_clusters,
+                      draws=params.auto_reference_draws if draws is None else draws, seed=params.seed)
 
 
 def _kept(fallback: np.ndarray, params: OneShotParams) -> str:
