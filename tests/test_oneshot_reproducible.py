@@ -531,3 +531,20 @@ def test_trying_several_layers_takes_a_group_free_cut_no_more_often_than_two_tes
     trials = 400
     taken = sum(any(s.get("taken") for s in choose_among(layer_rows, eligible).scores) for _ in range(trials))
     assert taken / trials < 0.15  # 1 - (19/20)^6 = 0.26 were each layer asked at one test's level
+
+
+def test_a_layer_asked_among_others_beats_as_many_more_rotations_in_the_group_test(monkeypatch):
+    """What the layer choice's answer passes down reaches the group test: one test's 19
+    rotations for the layer asked alone, (19 + 1) x 5 - 1 = 99 for each of 5 others."""
+    from clusterfed.strategies.oneshot import ChainSpans, chain_eligible, shared_draws
+
+    assert (shared_draws(19, 1), shared_draws(19, 5), shared_draws(0, 5)) == (19, 99, 0)
+    asked: list[int] = []
+    monkeypatch.setattr(oneshot, "group_test", lambda X, labels, **kw: asked.append(kw["draws"]))
+    X = np.array(directions([0] * 5 + [1] * 5, noise=0.3))
+    spans = ChainSpans([], {}, lambda names: (X, X, "chain halves"))
+    eligible = chain_eligible(spans, FedClust.Params(seed=0))
+    labels = np.array([0] * 5 + [1] * 5)
+    eligible(["w"], X, labels)
+    eligible(["w"], X, labels, 5)
+    assert asked == [19, 99]

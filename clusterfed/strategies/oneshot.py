@@ -364,10 +364,9 @@ def chain_eligible(spans: ChainSpans | None, params: OneShotParams) -> Any:
     ``eligible``): does the layer's own best cut (the scoring cut, not the strategy's, which
     may differ: AdaCFL's pre-clusters) pass ``gate``'s tests, on the chain's halves of its
     arrays (``spans``, cut on their own as the gate cuts them; None: two halves of the rows'
-    coordinates)? A layer tested among ``tests`` others must beat that many times the
-    rotations (``shared_draws``: the same chance of passing group-free updates for all of
-    them together as for one). None when ``reproduce`` is off (the most structured layer, as
-    the papers' single cut)."""
+    coordinates)? Asked as one of ``tests`` layers, the cut must beat ``shared_draws``
+    rotations: all of them together pass group-free updates as rarely as one test. None
+    when ``reproduce`` is off (the most structured layer, as the papers' single cut)."""
     if not params.reproduce:
         return None
 
