@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test test-fast bench bench-quick bench-models bench-user-models bench-fuzz bench-fuzz-signal bench-chaos test-secagg-deployed bench-secure-aggregation clean test-containers test-arm64 test-compat constraints check-report
+.PHONY: run test test-fast bench bench-quick bench-models bench-user-models bench-fuzz bench-fuzz-signal bench-fuzz-misses bench-chaos test-secagg-deployed bench-secure-aggregation clean test-containers test-arm64 test-compat constraints check-report
 
 # pyproject.toml holds ranges; constraints.txt the exact versions make test and CI install.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -100,6 +100,14 @@ bench-fuzz: $(VENV)/.installed
 FUZZ_SIGNAL_OUT ?= benchmarks/results/model-fuzz/group-signal
 bench-fuzz-signal: $(VENV)/.installed
 	PYTHONPATH=$(CURDIR) nice -n 10 $(PY) benchmarks/group_signal.py --seeds $(FUZZ_SEEDS) --out $(FUZZ_SIGNAL_OUT) --judged $(FUZZ_OUT)
+
+# Why the clustered strategies miss, pooled over every held-out folder and its signal record
+# (benchmarks/fuzz_misses.py: reads the committed cell records, runs no cell; seconds)
+FUZZ_HELD_OUT = $(sort $(filter-out %-before %-signal %-misses,$(wildcard benchmarks/results/model-fuzz/held-out*)))
+bench-fuzz-misses: $(VENV)/.installed
+	PYTHONPATH=$(CURDIR) $(PY) benchmarks/fuzz_misses.py --folders $(FUZZ_HELD_OUT) \
+		--signal $(sort $(wildcard benchmarks/results/model-fuzz/held-out*-signal)) \
+		--out benchmarks/results/model-fuzz/held-out-misses
 
 # A chaos soak on 127.0.0.1 (TLS, SuperNode authentication): CHAOS_NODES SuperNodes, FedClust
 # and CFL for CHAOS_ROUNDS rounds under SuperNode kills, two SuperLink kills (resume-from =

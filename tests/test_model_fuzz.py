@@ -372,3 +372,38 @@ def test_the_readme_says_how_to_run_the_folder_again_with_its_own_strategies_and
     assert "model_fuzz.py --held-out --seeds 1000-1001 --strategies fedavg,cfl --out" in held
     development = model_fuzz.readme(tmp_path, [record(3, rounds=4)], "", {})
     assert "--held-out" not in development and "--strategies fedavg,cfl --rounds 4 --out" in development
+
+
+def test_each_miss_is_sorted_into_the_first_kind_that_applies_and_undecidable_cells_are_set_aside(tmp_path):
+    """fuzz_misses.py: an IID control split, a cell whose oracle gains 1 point or less, one whose
+    groups show in no array (signal), one where FedAvg stayed below 0.2, and the rest by cluster
+    count; the pass share where decidable leaves out the first three kinds' cells (passes too)."""
+    import fuzz_misses
+
+    def record(seed, shift, groups, fedavg, oracle, clusters, passes):
+        rows = [{"strategy": "fedavg", "accuracy": fedavg, "clusters": 1, "passes": False},
+                {"strategy": "oracle", "accuracy": oracle, "clusters": groups, "passes": True},
+                {"strategy": "fedclust", "accuracy": fedavg, "clusters": clusters, "passes": passes}]
+        return {"cell": {"seed": seed, "shift": shift}, "true_groups": list(range(groups)) * 3, "rows": rows}
+
+    records = [record(1, "iid", 1, 0.5, 0.5, 2, False),             # an IID control split
+               record(2, "rotation", 3, 0.30, 0.305, 1, False),     # the oracle gains half a point
+               record(3, "rotation", 3, 0.30, 0.50, 1, False),      # no trace (signal below)
+               record(4, "label_swap", 3, 0.15, 0.40, 1, False),    # FedAvg did not learn
+               record(5, "label_swap", 3, 0.40, 0.60, 2, False),    # too few
+               record(6, "label_swap", 3, 0.40, 0.60, 4, False),    # too many
+               record(7, "label_swap", 3, 0.40, 0.60, 3, False),    # three clusters, not the groups
+               record(8, "label_swap", 3, 0.40, 0.60, 3, True),
+               record(9, "label_skew", 3, 0.10, 0.90, 3, True)]     # passes where FedAvg did not learn
+    signal = {"3": {"best": 0.1, "chance": 0.0}, "5": {"best": 0.5, "chance": 0.0}}
+    kinds = [fuzz_misses.miss_kind(r, r["rows"][2], signal) for r in records[:7]]
+    assert kinds == list(fuzz_misses.KINDS)
+    (row,) = fuzz_misses.tally(records, signal)
+    assert row["passes"] == 2 and sum(row["misses"].values()) == 7
+    assert (row["decidable_passes"], row["decidable_cells"]) == (2, 7)  # all but cells 2 and 3
+    assert (row["learnt_passes"], row["learnt_cells"]) == (1, 5)  # nor 4 and 9
+    assert row["missed_cells"]["not_learnt"] == [4]
+
+    with pytest.raises(SystemExit, match="no cells"):
+        fuzz_misses.main(["--folders", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
