@@ -222,7 +222,10 @@ def test_round_one_says_what_each_strategy_compares():
     assert cfl.startswith("CFL: compares the cosine similarity of the clients' updates of every trained array "
                           "(4: conv1.weight, conv1.bias, fc1.weight, fc1.bias)")
     assert "two successive rounds give the same partition (ARI >= 0.80), from round 2" in cfl
-    layercfl = make_strategy(LayerCFL, GROUPS, **EVIDENCE)
+    unknown = run_round(make_strategy(LayerCFL, GROUPS, **EVIDENCE), 1, vectors)["decision"]  # the default skew
+    assert unknown.startswith("LayerCFL: compares the clients' updates of every trained array (skew unknown): "
+                              "conv1.weight, conv1.bias, fc1.weight, fc1.bias")
+    layercfl = make_strategy(LayerCFL, GROUPS, skew="feature", **EVIDENCE)  # a known skew: candidate layers
     said = run_round(layercfl, 1, vectors)["decision"]
     assert said.startswith("LayerCFL: compares candidate layers (conv: conv1.weight, conv1.bias; fc: fc1.weight, "
                            "fc1.bias)")

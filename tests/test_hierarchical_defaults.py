@@ -164,9 +164,10 @@ def test_defaults_do_not_split_iid_and_say_why(small_config, strategy):
     assert f"one cluster: {summary['one_cluster_reason']}" in stream.getvalue()
 
 
-def test_layercfl_defaults_record_the_check_and_use_the_last_conv_layer():
+def test_layercfl_defaults_record_the_check_and_compare_every_layer():
     strategy = make_strategy(LayerCFL, {str(i): i % 2 for i in range(6)})
-    assert strategy.state.layer_rule == "conv" and not strategy.params.correct_clustering_check
+    assert strategy.state.layer_rule == "all" and not strategy.params.correct_clustering_check
+    assert strategy.state.candidates == {}  # an unknown skew: no layer choice, the whole update as the paper
     assert list(steps(None)) == []
 
 

@@ -17,7 +17,7 @@ CONV_SIZE = 8 * 9 + 8  # the first 80 coordinates of a full update vector
 @pytest.mark.parametrize(("config", "names"), [
     ({"skew": "feature"}, CONV),
     ({"skew": "label"}, FC),
-    ({"skew": "unknown"}, CONV),  # default: the last conv layer (measured best)
+    ({"skew": "unknown"}, list(SHAPES)),  # default: every layer, as the paper (measured best)
     ({"skew": "unknown", "cluster_layers": "all"}, list(SHAPES)),  # explicit: every layer
     ({"skew": "unknown", "cluster_layers": "fc"}, FC),
     ({"skew": "label", "cluster_layers": "conv1"}, CONV),  # explicit names override the skew

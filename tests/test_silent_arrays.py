@@ -110,8 +110,8 @@ def test_the_papers_final_layer_finds_nothing_and_the_round_line_says_what_to_tr
 
 
 def test_layercfl_never_splits_on_a_frozen_conv_layer():
-    algorithm = make(strategy_class("layercfl"), GROUPS)
-    assert algorithm.state.selected_names == ["conv1.weight", "conv1.bias"]  # unknown skew -> the last conv layer
+    algorithm = make(strategy_class("layercfl"), GROUPS, **{"layercfl.skew": "feature"})
+    assert algorithm.state.selected_names == ["conv1.weight", "conv1.bias"]  # feature skew -> the last conv layer
     batches = drive_round(algorithm, 1, respond_with(structured=("fc1", "fc2")))
     assert algorithm.state.silent == ["conv1.weight", "conv1.bias"]
     assert algorithm.state.selected_names == ["fc1.weight", "fc1.bias"]  # the fallback: the first fc layer
@@ -123,6 +123,14 @@ def test_layercfl_never_splits_on_a_frozen_conv_layer():
     # said once: the next round's replies change nothing
     later = drive_round(algorithm, 2, respond_with(structured=("fc1", "fc2")))
     assert "decision" not in later.diagnostics
+
+
+def test_layercfl_with_an_unknown_skew_compares_every_array_that_trains():
+    algorithm = make(strategy_class("layercfl"), GROUPS)  # the default skew, unknown: every array, as the paper
+    assert algorithm.state.selected_names == algorithm.state.compared and "conv1.weight" in algorithm.state.compared
+    drive_round(algorithm, 1, respond_with(structured=("fc1", "fc2")))
+    assert algorithm.state.selected_names == algorithm.state.compared and "conv1.weight" not in algorithm.state.compared
+    assert algorithm.compared_words().startswith("compares the clients' updates of every trained array (skew unknown)")
 
 
 def test_hicfl_never_watches_a_frozen_layer():

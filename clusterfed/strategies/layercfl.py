@@ -5,7 +5,7 @@ merging, descent) built with CFL's split decision (``cfl.decide``) given:
 
 1. the layers the cosine similarity is computed on (Algorithm 2's layer-wise ``α``):
    ``skew = feature`` → ``conv`` (last conv layer), ``label`` → ``fc`` (first fully connected
-   layer), ``unknown`` → ``conv`` (our choice; the paper: all layers); a model without a conv
+   layer), ``unknown`` → ``all`` (every compared array, as the paper); a model without a conv
    layer falls back to ``fc``, without a fully connected one to ``final``; an explicit
    ``cluster-layers`` overrides the skew;
 2. the correct-clustering check (Theorem 1, eq. 20: ``sqrt((1 − α_cross_max)/2) > γ_max``,
@@ -18,8 +18,8 @@ selected layers and the whole update show no structure while the run has one clu
 array whose updates are the most structured in two successive rounds is compared instead.
 
 The split criteria stay on the full updates, as in Algorithm 1/2. Why the check is recorded,
-not enforced, by default, why ``unknown`` → conv, and why no uplink is saved: measured in
-docs/algorithms/layercfl.md. Partial participation: as CFL (``cfl.py``), on the selected layers.
+not enforced, by default, why ``unknown`` compares every array, and why no uplink is saved:
+measured in docs/algorithms/layercfl.md. Partial participation: as CFL (``cfl.py``), on the selected layers.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from clusterfed.strategies.tree_hooks import tree_admit, tree_before_train, tree
 from clusterfed.strategies.cfl import (PAPER_CFL, CFLFamilyParams, CFLFamilyState, decide, pooled_vectors, shown_names,
     split_after_training, timing_words)
 
-LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "conv"}
+LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "all"}
 
 
 def _has_layer(arrays, rule: str, compare) -> bool:
@@ -64,7 +64,8 @@ def selected_layers(state: LayerCFLState) -> list[str]:
 
 class LayerCFLParams(CFLFamilyParams):
     skew: Literal["label", "feature", "unknown"] = Field(
-        "unknown", description="the data's skew, which picks the layers: feature -> conv, label -> fc, unknown -> conv")
+        "unknown", description="the data's skew, which picks the layers: feature -> conv, label -> fc, unknown -> every "
+                               "layer (all)")
     cluster_layers: str = Field("auto", alias="cluster-layers",
                                 description="layers the split is decided on: a rule or names; auto = by skew")
     correct_clustering_check: bool = Field(False, alias="correct-clustering-check",
@@ -141,7 +142,8 @@ class LayerCFL(ClusteredStrategy):
     def own_arrays(self) -> tuple[str, list[str]] | None:
         """``decision-arrays = evidence`` chooses one array only where the selected layers show no structure either."""
         rule = self.state.layer_rule
-        return (f"the {rule} layer" if rule in CANDIDATE_RULES else "the selected layers"), self.state.selected_names
+        what = f"the {rule} layer" if rule in CANDIDATE_RULES else "every array" if rule == "all" else "the selected layers"
+        return what, self.state.selected_names
 
     def init_clusters(self) -> None:
         self.bipartition.init(self.state, self.compared_names())
@@ -153,13 +155,14 @@ class LayerCFL(ClusteredStrategy):
         if rule == "auto":
             rule = LAYER_RULE_OF_SKEW[self.params.skew]
             # no conv layer (an MLP, a GRU) or only frozen ones: the first fc layer, else the final one
-            fallbacks = {"conv": ("conv", "fc", "final"), "fc": ("fc", "final")}[rule]
+            # (an unknown skew compares every array: no rule to fall back from)
+            fallbacks = {"conv": ("conv", "fc", "final"), "fc": ("fc", "final"), "all": ("all",)}[rule]
             rule = next((r for r in fallbacks if _has_layer(self.state.theta0, r, compare)), "final")
         self.state.layer_rule = rule
         self.state.selected_names = self.select_compared_layers(rule, compare)
-        # on evidence, the skew's rule is a candidate among the others until one reproduces
+        # on evidence, a known skew's rule is a candidate among the others until one reproduces
         candidates: dict[str, list[str]] = {}
-        if self.params.cluster_layers == "auto" and self.state.split_timing == "evidence":
+        if self.params.cluster_layers == "auto" and self.state.split_timing == "evidence" and rule != "all":
             for candidate in (rule, *CANDIDATE_RULES):
                 if _has_layer(self.state.theta0, candidate, compare):
                     names = self.select_compared_layers(candidate, compare)
@@ -187,8 +190,8 @@ class LayerCFL(ClusteredStrategy):
             return (f"compares candidate layers ({shown}) and keeps the first whose partition of the clients "
                     f"reproduces in successive rounds; {timing_words(c)}")
         why = (f"skew {c.skew}" if c.cluster_layers == "auto" else f"cluster-layers = {c.cluster_layers}")
-        return (f"compares the clients' updates of the {state.layer_rule} layer ({why}): {shown_names(names)}; "
-                f"{timing_words(c)}")
+        what = "every trained array" if state.layer_rule == "all" else f"the {state.layer_rule} layer"
+        return f"compares the clients' updates of {what} ({why}): {shown_names(names)}; {timing_words(c)}"
 
     # newcomers and provisional members descend the tree; trainers return updates (bipartitioning.py)
     train_instructions, draw_sample = tree_train_instructions, tree_draw_sample
