@@ -374,7 +374,9 @@ def memory_section() -> list[str]:
            "clients and compact ones above: CFL and LayerCFL a float32 count sketch of 8,192 numbers per client "
            "(a sparse random projection that keeps cosines, `clusterfed/clustering/sketch.py`), HiCFL a seeded "
            "sample of 2,048 of the watched layers' weights (its weight selection reads coordinates); "
-           "`update-storage = exact` keeps the papers' vectors at any size. Rows marked *earlier*: "
+           "`update-storage = exact` keeps the papers' vectors at any size. LayerCFL's rows are of its earlier "
+           "default (an unknown skew compared the last conv layer); it now compares every array for an unknown "
+           "skew and keeps what CFL keeps. Rows marked *earlier*: "
            "`benchmarks/results/scale_speed/results.json`, measured before `update-storage` existed by "
            "`benchmarks/bench_scale_speed.py` (retained only); these strategies' storage did not change.", "",
            "| model numbers | clients | strategy | update-storage | sketched | arrays KB / client | retained KB / client |",

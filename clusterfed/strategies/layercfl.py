@@ -94,7 +94,8 @@ def layer_deferral(state: LayerCFLState) -> str | None:
 
 
 class LayerCFL(ClusteredStrategy):
-    """LayerCFL: CFL's splits decided on selected layers, with the correct-clustering check."""
+    """LayerCFL: CFL's splits decided on the layers the skew selects (every array for an unknown
+    skew, the default: then its splits are CFL's), with the correct-clustering check recorded."""
     secure_refusal = base.COMPARES_UPDATES_EVERY_ROUND  # secure aggregation refused before any message
 
     name = "layercfl"
@@ -140,10 +141,12 @@ class LayerCFL(ClusteredStrategy):
         return self.params.cluster_layers == "auto"
 
     def own_arrays(self) -> tuple[str, list[str]] | None:
-        """``decision-arrays = evidence`` chooses one array only where the selected layers show no structure either."""
+        """``decision-arrays = evidence`` chooses one array only where the selected layers show no
+        structure either (every array, rule ``all``: nothing more than CFL asks)."""
         rule = self.state.layer_rule
-        what = f"the {rule} layer" if rule in CANDIDATE_RULES else "every array" if rule == "all" else "the selected layers"
-        return what, self.state.selected_names
+        if rule == "all":
+            return None
+        return (f"the {rule} layer" if rule in CANDIDATE_RULES else "the selected layers"), self.state.selected_names
 
     def init_clusters(self) -> None:
         self.bipartition.init(self.state, self.compared_names())
