@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from clusterfed.experiments.manifest import start_manifest, write_manifest  # noqa: E402
-from fuzz.report import LEARNT, informative_cell, learnt_cell, visible_cell  # noqa: E402
+from fuzz.report import LEARNT, informative_cell, learnt_cell, load_records, visible_cell  # noqa: E402
 from fuzz.run import MAX_LOSS_PP  # noqa: E402
+from model_fuzz import check_signal  # noqa: E402
 
 CLUSTERED = ("fedclust", "adacfl", "cfl", "layercfl", "hicfl")
 # a miss's kind, the first that applies; the three after iid_split are misses that end as a
@@ -50,21 +51,18 @@ HARD = ("not_learnt",)
 
 
 def load(folders: list[Path], signal_folders: list[Path]) -> tuple[list[dict], dict]:
-    """The cell records of ``folders`` (a seed in two folders: the later one) and the signal records."""
+    """The cell records of ``folders`` (a seed in two folders: the later one) and the signal records
+    (each checked by ``model_fuzz.check_signal``), or one message before anything is written."""
     records: dict[int, dict] = {}
     for folder in folders:
-        cells = sorted((folder / "cells").glob("*.json"))
-        if not cells:
+        found = load_records(folder)
+        if not found:
             raise SystemExit(f"fuzz_misses: {folder}: no cells/*.json (a model_fuzz.py --out folder)")
-        for path in cells:
-            record = json.loads(path.read_text())
-            records[record["cell"]["seed"]] = {**record, "folder": folder.name}
+        records.update((record["cell"]["seed"], {**record, "folder": folder.name}) for record in found)
     signal: dict = {}
     for folder in signal_folders:
-        path = folder / "signal.json"
-        if not path.exists():
-            raise SystemExit(f"fuzz_misses: {folder}: no signal.json (a group_signal.py --out folder)")
-        signal.update(json.loads(path.read_text()))
+        check_signal(folder / "signal.json")
+        signal.update(json.loads((folder / "signal.json").read_text()))
     return [records[s] for s in sorted(records)], signal
 
 
@@ -104,7 +102,8 @@ def tally(records: list[dict], signal: dict) -> list[dict]:
         rows = [(rec, r) for rec in records for r in rec["rows"] if r["strategy"] == name]
         if not rows:
             continue
-        kinds = Counter(miss_kind(rec, r, signal) for rec, r in rows if not r["passes"])
+        missed = [(rec["cell"]["seed"], miss_kind(rec, r, signal)) for rec, r in rows if not r["passes"]]
+        kinds = Counter(kind for _, kind in missed)
         passes = sum(1 for _, r in rows if r["passes"])
         excused = sum(kinds[k] for k in EXCUSED)
         table.append({"strategy": name, "cells": len(rows), "passes": passes,
@@ -113,9 +112,7 @@ def tally(records: list[dict], signal: dict) -> list[dict]:
                                                      if r["passes"] and cell_kind(rec, signal) in EXCUSED),
                       "judged_cells": len(rows) - excused,
                       "judged_learnt_cells": len(rows) - excused - sum(kinds[k] for k in HARD),
-                      "missed_cells": {k: sorted(rec["cell"]["seed"] for rec, r in rows
-                                                 if not r["passes"] and miss_kind(rec, r, signal) == k)
-                                       for k in KINDS}})
+                      "missed_cells": {k: sorted(seed for seed, kind in missed if kind == k) for k in KINDS}})
     return table
 
 
@@ -125,8 +122,8 @@ def per_folder(records: list[dict], signal: dict) -> str:
     lines = ["| folder | cells | groups do not pay | no trace | signal record | not learnt |", "|---|---|---|---|---|---|"]
     for folder in dict.fromkeys(rec["folder"] for rec in records):
         mine = [rec for rec in records if rec["folder"] == folder]
-        kinds = {k: [rec["cell"]["seed"] for rec in mine if cell_kind(rec, signal) == k]
-                 for k in ("groups_do_not_pay", "no_trace", "not_learnt")}
+        of_cell = [(rec["cell"]["seed"], cell_kind(rec, signal)) for rec in mine]
+        kinds = {k: [seed for seed, kind in of_cell if kind == k] for k in ("groups_do_not_pay", "no_trace", "not_learnt")}
         shown = {k: f"{len(v)}" + (f" ({', '.join(map(str, v))})" if v and k != "not_learnt" else "")
                  for k, v in kinds.items()}
         has_signal = any(str(rec["cell"]["seed"]) in signal for rec in mine)

@@ -413,4 +413,8 @@ def test_each_miss_is_sorted_into_the_first_kind_that_applies_and_only_a_one_clu
 
     with pytest.raises(SystemExit, match="no cells"):
         fuzz_misses.main(["--folders", str(tmp_path), "--out", str(tmp_path / "out")])
+    folder = ROOT / "benchmarks" / "results" / "model-fuzz" / "held-out-1270-1299"
+    (tmp_path / "signal.json").write_text("{}")
+    with pytest.raises(SystemExit, match="outside this repository"):  # checked as model_fuzz --signal is
+        fuzz_misses.main(["--folders", str(folder), "--signal", str(tmp_path), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
