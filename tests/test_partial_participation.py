@@ -423,7 +423,7 @@ def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampl
 def test_a_one_shot_cluster_too_few_of_whose_members_train_says_so_and_what_would_help():
     """AdaCFL's clustering step on a sample of 4 of 8 clients (two groups) sets one client
     apart and is deferred; every later round trains 4 of the cluster's 8 members, fewer than
-    the 6 a revisit is judged on: one cluster at the end, its reason naming the wait and the
+    the 8 a revisit is judged on: one cluster at the end, its reason naming the wait and the
     advice a higher fraction-train."""
     groups = {str(i): i % 2 for i in range(8)}
     stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
@@ -435,7 +435,7 @@ def test_a_one_shot_cluster_too_few_of_whose_members_train_says_so_and_what_woul
     reason = algorithm.one_cluster_reason()
     assert reason.startswith("the clustering step's cut was deferred (it only set ")
     assert ("the revisits have not judged the cluster since round 2: at most 4 of its 8 members trained in a round, "
-            "fewer than the 6 they need (fraction-train 0.5)") in reason
+            "fewer than the 8 they need (fraction-train 0.5)") in reason
     assert algorithm.one_cluster_advice().startswith("a higher fraction-train")
 
 

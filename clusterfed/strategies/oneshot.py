@@ -38,7 +38,7 @@ from pydantic import Field
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
-from clusterfed.clustering.group_structure import MIN_ROWS, GroupTest, group_test
+from clusterfed.clustering.group_structure import GroupTest, group_test
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
     chain_halves, cut_into, lone_rows, most_alike, silhouette_or_none, threshold_cut)
@@ -122,8 +122,7 @@ class OneShotParams(StrategyParams):
     reproduce: bool = Field(
         True, description="a cut is taken only when two independent halves of the evidence give the same partition "
                           "(a stock client's chained requests 1..h and h+1..k, else two halves of the compared "
-                          "coordinates; adjusted Rand index at least reproduce-agreement) and, with "
-                          f"{MIN_ROWS} or more clients, "
+                          "coordinates; adjusted Rand index at least reproduce-agreement) and, with 8 or more clients, "
                           "its parts' separation beats auto-reference-draws group-free rotations of the rows, with "
                           "its silhouette or by twice theirs (fewer clients, or coordinate halves: its clusters' "
                           "mean changes also below cosine 0.6); "
@@ -139,14 +138,14 @@ class OneShotParams(StrategyParams):
                           "updates show the same partition in two successive rounds, beating group-free rotations of "
                           "them, is split, two clusters whose "
                           "members' updates show no structure together and point alike in two successive rounds "
-                          f"are merged; a cluster is judged only in a round where {MIN_ROWS} of its members trained "
-                          "(every member of a smaller one) (false: the papers' one-shot clustering)")
+                          "are merged; a cluster is judged only in a round where 8 of its members trained (every "
+                          "member of a smaller one) (false: the papers' one-shot clustering)")
     auto_reference_draws: int = Field(
         DEFAULT_DRAWS, alias="auto-reference-draws", ge=0,
         description='group-free reference sets, the clients\' rows rotated at random about their mean: lambda = '
                     '"auto", a best cut below auto-min-silhouette still counts when it beats their best silhouette '
                     '(many small clients, or a few with large layers); and a reproduced cut or a revisit\'s split '
-                    f'must beat them (0 = fixed threshold only, and the cosine rules of fewer than {MIN_ROWS} clients)')
+                    'must beat them (0 = fixed threshold only, and the cosine rules of fewer than 8 clients)')
 
 
 @dataclass
