@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from clusterfed.clustering.agglomerative import cluster_auto
-from clusterfed.clustering.group_structure import CLEAR_SEPARATION, MIN_ROWS, GroupTest, group_test, separation
+from clusterfed.clustering import group_structure
+from clusterfed.clustering.group_structure import (CLEAR_SEPARATION, MIN_ROWS, SMALL_ROWS, GroupTest, group_test,
+                                                 separation)
 from clusterfed.explain.numbers import false_comparisons
 
 TEST = {"metric": "cosine", "linkage": "average", "max_clusters": 10, "draws": 19, "seed": 0}
@@ -53,7 +55,27 @@ def test_no_test_without_parts_draws_or_enough_rows():
     X, labels = groups([4, 4], spread=0.5, seed=4)
     assert group_test(X, np.zeros(8, int), **TEST) is None
     assert group_test(X, labels, **{**TEST, "draws": 0}) is None
-    assert group_test(X[1:7], labels[1:7], **TEST) is None and MIN_ROWS == 8
+    assert group_test(X[1:6], labels[1:6], **TEST) is None and MIN_ROWS == 6
+    assert group_test(X[1:7], labels[1:7], **TEST) is not None
+
+
+def unequal_norms(X: np.ndarray, seed: int) -> np.ndarray:
+    """Each client's update scaled as clients of one task scale theirs (0.4 to 1.9 times)."""
+    return X * np.random.default_rng(100 + seed).uniform(0.4, 1.9, size=(len(X), 1))
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_federation_of_seven_is_tested_on_unit_rows(seed, monkeypatch):
+    """Seven clients whose update norms differ: one task's best cut does not pass; groups of 3
+    and 4 pass on the rows as unit vectors (the cosine cut's geometry), and would not on the
+    raw rows, whose norms' spread hides them."""
+    X = unequal_norms(one_task(7, seed), seed)
+    assert not group_test(X, best_cut(X), **TEST).passes
+    grouped, labels = groups([3, 4], spread=0.5, seed=seed)
+    grouped = unequal_norms(grouped, seed)
+    assert group_test(grouped, labels, **TEST).passes
+    monkeypatch.setattr(group_structure, "SMALL_ROWS", 7)  # seven rows tested as they are
+    assert not group_test(grouped, labels, **TEST).passes and SMALL_ROWS == 8
 
 
 def test_separation_is_the_squared_mean_gap_over_what_the_spread_gives_it():

@@ -38,7 +38,7 @@ from pydantic import Field
 from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
-from clusterfed.clustering.group_structure import GroupTest, group_test
+from clusterfed.clustering.group_structure import MIN_ROWS, SMALL_ROWS, GroupTest, group_test
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.oneshot import (
     chain_halves, cut_into, lone_rows, most_alike, silhouette_or_none, threshold_cut)
@@ -122,10 +122,11 @@ class OneShotParams(StrategyParams):
     reproduce: bool = Field(
         True, description="a cut is taken only when two independent halves of the evidence give the same partition "
                           "(a stock client's chained requests 1..h and h+1..k, else two halves of the compared "
-                          "coordinates; adjusted Rand index at least reproduce-agreement) and, with 8 or more clients, "
-                          "its parts' separation beats auto-reference-draws group-free rotations of the rows, with "
-                          "its silhouette or by twice theirs (fewer clients, or coordinate halves: its clusters' "
-                          "mean changes also below cosine 0.6); "
+                          "coordinates; adjusted Rand index at least reproduce-agreement) and, with "
+                          f"{MIN_ROWS} or more clients, its parts' separation beats auto-reference-draws group-free "
+                          "rotations of the rows, with its silhouette or by twice theirs (fewer than "
+                          f"{SMALL_ROWS} clients, or coordinate halves: its clusters' mean changes also below cosine "
+                          f"0.6, which alone decides below {MIN_ROWS}); "
                           "otherwise it is deferred (one cluster) and the round line says so, as is a cut that only "
                           "sets single clients apart; under cluster-layers = auto the layer compared is the most "
                           "structured one whose cut passes these tests, when any (the others asked only when the most "
@@ -138,14 +139,15 @@ class OneShotParams(StrategyParams):
                           "updates show the same partition in two successive rounds, beating group-free rotations of "
                           "them, is split, two clusters whose "
                           "members' updates show no structure together and point alike in two successive rounds "
-                          "are merged; a cluster is judged only in a round where 8 of its members trained (every "
-                          "member of a smaller one) (false: the papers' one-shot clustering)")
+                          f"are merged; a cluster is judged only in a round where {SMALL_ROWS} of its members "
+                          "trained (every member of a smaller one) (false: the papers' one-shot clustering)")
     auto_reference_draws: int = Field(
         DEFAULT_DRAWS, alias="auto-reference-draws", ge=0,
         description='group-free reference sets, the clients\' rows rotated at random about their mean: lambda = '
                     '"auto", a best cut below auto-min-silhouette still counts when it beats their best silhouette '
                     '(many small clients, or a few with large layers); and a reproduced cut or a revisit\'s split '
-                    'must beat them (0 = fixed threshold only, and the cosine rules of fewer than 8 clients)')
+                    f'must beat them (0 = fixed threshold only, and the cosine rules of fewer than {SMALL_ROWS} '
+                    'clients)')
 
 
 @dataclass
@@ -428,8 +430,8 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
     give the same partition and the cut beats group-free rotations of the rows
     (``group_structure``, cut into at most ``max_clusters``, default ``max-clusters``; below its
-    ``MIN_ROWS`` rows, its clusters' mean changes point apart: cosine below
-    ``MERGE_MIN_COSINE``); else
+    ``SMALL_ROWS`` rows, its clusters' mean changes also point apart: cosine below
+    ``MERGE_MIN_COSINE``, which alone decides below ``MIN_ROWS``); else
     ``fallback`` (what is known without the weights: AdaCFL's label-statistics pre-clusters;
     default one cluster), the cut deferred. Why both: a client's own data is in both halves of
     its evidence, so a cut of one task's clients reproduces too; it does not beat the
@@ -451,9 +453,10 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
         return Gated(fallback, None, f"{strategy}: cut deferred: it only set {named} apart, and one client's own "
                                      f"data cannot be told from a group of one; {_kept(fallback, params)}", True)
     # two halves of one update's coordinates are no independent draws (both hold the client's
-    # own data), and below group_structure.MIN_ROWS rows the rotation test is not asked: there the
-    # clusters' mean updates must point apart (one task's clients' point alike)
-    strict = halves is None
+    # own data), and below group_structure.SMALL_ROWS rows the rotation test has little power
+    # (not asked at all below MIN_ROWS): there the clusters' mean updates must also point apart
+    # (one task's clients' point alike)
+    strict = halves is None or len(X) < SMALL_ROWS
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
             return Gated(labels, None, None, False)

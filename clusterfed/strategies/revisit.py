@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering import stack_partials
-from clusterfed.clustering.group_structure import MIN_ROWS
+from clusterfed.clustering.group_structure import SMALL_ROWS
 from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separation, threshold_cut
 from clusterfed.clustering.reproducible import Reproduction, alike_before, compare, reproduce_on_pairs, too_few_pairs
@@ -37,10 +37,11 @@ REVISIT_MIN_MEMBERS = 4
 # update scale (its members' mean update norm in the round they were first cut): the converged
 # members of one group pull apart at a small fraction of it.
 REVISIT_MIN_SEPARATION = 0.5
-# a cluster of fewer members than the rotation test asks (group_structure.MIN_ROWS): its parts must
-# point apart outright (a negative cosine: the cluster's model sits between them), Sattler et
-# al.'s ε1 read on the cluster's own updates (a cluster is cut only in a round where that many of
-# its members trained, or all of a smaller one's: ``replies_needed``)
+# a cluster of fewer members than a small federation's (group_structure.SMALL_ROWS): its parts
+# must point apart outright (a negative cosine: the cluster's model sits between them), Sattler et
+# al.'s ε1 read on the cluster's own updates, beside the rotation test from its MIN_ROWS (a
+# cluster is cut only in a round where SMALL_ROWS of its members trained, or all of a smaller
+# one's: ``replies_needed``)
 FEW_MEMBERS_MAX_COSINE = 0.0
 # a cluster's latest cuts kept: at partial participation, where the latest shares too few of a
 # round's members, the pairs of them that met in these are the evidence
@@ -68,9 +69,10 @@ def whole_rows(replies: list[TrainReply], state: OneShotState, whole: list[str],
 
 
 def replies_needed(active_members: int) -> int:
-    """The repliers a cluster's revisit asks of a round: ``MIN_ROWS`` (the rotation test's rows),
-    or every active member of a smaller cluster, and ``REVISIT_MIN_MEMBERS`` at least."""
-    return max(REVISIT_MIN_MEMBERS, min(MIN_ROWS, active_members))
+    """The repliers a cluster's revisit asks of a round: ``SMALL_ROWS`` (the rotation test's rows
+    beyond a small federation's), or every active member of a smaller cluster, and
+    ``REVISIT_MIN_MEMBERS`` at least."""
+    return max(REVISIT_MIN_MEMBERS, min(SMALL_ROWS, active_members))
 
 
 def revisit(state: OneShotState, params: OneShotParams, server_round: int, replies: list[TrainReply],
@@ -192,13 +194,14 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
 
 def _parts_refusal(X: np.ndarray, labels: np.ndarray, scale: float, params: OneShotParams) -> str | None:
     """Why a cut of one round's updates is no split, or None when it beats group-free
-    rotations of them (with fewer members than the test asks: its parts point apart outright)
-    and its parts point and pull apart."""
+    rotations of them (below a small federation's ``SMALL_ROWS`` members its parts must also
+    point apart outright; below the test's ``MIN_ROWS`` that alone) and its parts point and
+    pull apart."""
     tested = groups_tested(X, labels, params)
     if tested is not None and not tested.passes:
         return f"{tested.words()}: one task's spread"
     cosine = most_alike(X, labels)[0]
-    bar = MERGE_MIN_COSINE if tested is not None else FEW_MEMBERS_MAX_COSINE
+    bar = MERGE_MIN_COSINE if tested is not None and len(X) >= SMALL_ROWS else FEW_MEMBERS_MAX_COSINE
     if cosine >= bar:
         return f"its parts point alike (mean-update cosine {compared(cosine, '>=', bar)}): one task"
     separation = part_separation(X, labels) / scale if scale > 0 else 0.0
