@@ -452,10 +452,9 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
         named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
         return Gated(fallback, None, f"{strategy}: cut deferred: it only set {named} apart, and one client's own "
                                      f"data cannot be told from a group of one; {_kept(fallback, params)}", True)
-    # two halves of one update's coordinates are no independent draws (both hold the client's
-    # own data), and below group_structure.SMALL_ROWS rows the rotation test has little power
-    # (not asked at all below MIN_ROWS): there the clusters' mean updates must also point apart
-    # (one task's clients' point alike)
+    # two halves of one update's coordinates are no independent draws (both hold the client's own
+    # data), and below SMALL_ROWS rows the rotation test has little power (below MIN_ROWS none):
+    # there the clusters' mean updates must also point apart (one task's clients' point alike)
     strict = halves is None or len(X) < SMALL_ROWS
     if halves is None:
         if len(X) < 3 or X.shape[1] < 2:
