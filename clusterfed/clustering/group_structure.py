@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from sklearn.preprocessing import normalize
 
 from clusterfed.explain.numbers import compared
 
@@ -134,8 +135,7 @@ def group_test(X: np.ndarray, labels: np.ndarray, *, metric: str, linkage: str, 
     if k < 2 or draws <= 0 or len(X) < MIN_ROWS:
         return None
     if len(X) < SMALL_ROWS and metric == "cosine":
-        norms = np.linalg.norm(X, axis=1, keepdims=True)
-        X = X / np.where(norms > 0, norms, 1.0)
+        X = normalize(X)  # unit rows (a zero row stays zero)
     kept = sampled_rows(len(X), MAX_REFERENCE_ROWS, np.random.default_rng(seed))  # the rows the draws rotate
     if kept is not None:
         X, labels = X[kept], labels[kept]
