@@ -9,8 +9,8 @@ or show no trace in the updates).
         --signal benchmarks/results/model-fuzz/held-out-signal --out benchmarks/results/model-fuzz/held-out-misses
 
 Reads each folder's ``cells/*.json`` and each signal folder's ``signal.json``
-(``group_signal.py``); writes ``misses.json``, ``README.md`` (the tables), ``misses.png`` and
-``manifest.json``. Runs no cell.
+(``group_signal.py``); writes ``misses.json``, ``README.md`` (the tables: misses by kind, pass
+shares by cell trait), ``misses.png``, ``where.png`` and ``manifest.json``. Runs no cell.
 """
 
 from __future__ import annotations
@@ -48,6 +48,14 @@ KINDS = {
 # misses left out of the pass share beside the plain one, and with them the not-learnt ones
 EXCUSED = ("groups_do_not_pay", "no_trace")
 HARD = ("not_learnt",)
+# the cell traits the passes are broken down by (``where_they_miss``): a cell record -> its value
+TRAITS = {
+    "shift": lambda record: record["cell"]["shift"],
+    "family": lambda record: record["cell"]["family"],
+    "participation": lambda record: "all clients" if record["cell"]["participation"] >= 1 else "half the clients",
+    "dataset": lambda record: record["cell"]["dataset"],
+    "FedAvg learnt": lambda record: f"yes (>= {LEARNT})" if learnt_cell(record) else f"no (< {LEARNT})",
+}
 
 
 def load(folders: list[Path], signal_folders: list[Path]) -> tuple[list[dict], dict]:
@@ -116,10 +124,65 @@ def tally(records: list[dict], signal: dict) -> list[dict]:
     return table
 
 
-def per_folder(records: list[dict], signal: dict) -> str:
-    """A row per folder: its cells, those where the groups do not pay, show no trace (with a
-    signal record), and whose model did not learn."""
-    lines = ["| folder | cells | groups do not pay | no trace | signal record | not learnt |", "|---|---|---|---|---|---|"]
+def where_they_miss(records: list[dict]) -> list[dict]:
+    """Per value of each of ``TRAITS`` (sorted by cells): the cells and, per clustered strategy,
+    its cells and passes there."""
+    out = []
+    for trait, value_of in TRAITS.items():
+        values = Counter(value_of(rec) for rec in records)
+        for value, cells in sorted(values.items(), key=lambda item: (-item[1], item[0])):
+            mine = [rec for rec in records if value_of(rec) == value]
+            strategies = {}
+            for name in CLUSTERED:
+                rows = [r for rec in mine for r in rec["rows"] if r["strategy"] == name]
+                if rows:
+                    strategies[name] = {"cells": len(rows), "passes": sum(1 for r in rows if r["passes"])}
+            out.append({"trait": trait, "value": value, "cells": cells, "strategies": strategies})
+    return out
+
+
+def where_markdown(where: list[dict]) -> str:
+    names = [n for n in CLUSTERED if any(n in w["strategies"] for w in where)]
+    lines = ["| trait | cells | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
+    for w in where:
+        shares = [_of(w["strategies"][n]["passes"], w["strategies"][n]["cells"]) if n in w["strategies"] else "—"
+                  for n in names]
+        lines.append(f"| {w['trait']}: {w['value']} | {w['cells']} | " + " | ".join(shares) + " |")
+    return "\n".join(lines)
+
+
+def where_figure(where: list[dict], path: Path) -> None:
+    """A heat map of the pass shares: a row per trait value, a column per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    names = [n for n in CLUSTERED if any(n in w["strategies"] for w in where)]
+    share = np.array([[w["strategies"][n]["passes"] / w["strategies"][n]["cells"] if n in w["strategies"] else np.nan
+                       for n in names] for w in where])
+    fig, ax = plt.subplots(figsize=(6.5, 0.32 * len(where) + 1.2))
+    ax.imshow(share, cmap="RdYlGn", vmin=0.3, vmax=1.0, aspect="auto")
+    for (i, j), value in np.ndenumerate(share):
+        if not np.isnan(value):
+            ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=7)
+    ax.set_xticks(range(len(names)), names, fontsize=8)
+    ax.set_yticks(range(len(where)), [f"{w['trait']}: {w['value']} ({w['cells']})" for w in where], fontsize=7)
+    ax.set_title("share of cells passed, by cell trait (cells in brackets)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None = None) -> str:
+    """A row per folder: the commit its cells ran on (``commits``: folder name -> commit), its
+    cells, those where the groups do not pay, show no trace (with a signal record), and whose
+    model did not learn, and each clustered strategy's passes."""
+    commits = commits or {}
+    names = [n for n in CLUSTERED if any(r["strategy"] == n for rec in records for r in rec["rows"])]
+    lines = ["| folder | commit | cells | groups do not pay | no trace | signal record | not learnt | "
+             + " | ".join(names) + " |", "|---|---|---|---|---|---|---|" + "---|" * len(names)]
     for folder in dict.fromkeys(rec["folder"] for rec in records):
         mine = [rec for rec in records if rec["folder"] == folder]
         of_cell = [(rec["cell"]["seed"], cell_kind(rec, signal)) for rec in mine]
@@ -127,8 +190,13 @@ def per_folder(records: list[dict], signal: dict) -> str:
         shown = {k: f"{len(v)}" + (f" ({', '.join(map(str, v))})" if v and k != "not_learnt" else "")
                  for k, v in kinds.items()}
         has_signal = any(str(rec["cell"]["seed"]) in signal for rec in mine)
-        lines.append(f"| `{folder}` | {len(mine)} | {shown['groups_do_not_pay']} | {shown['no_trace']} | "
-                     f"{'yes' if has_signal else 'no (none counted)'} | {shown['not_learnt']} |")
+        passes = []
+        for name in names:
+            rows = [r for rec in mine for r in rec["rows"] if r["strategy"] == name]
+            passes.append(f"{sum(1 for r in rows if r['passes'])}" if rows else "—")
+        lines.append(f"| `{folder}` | {commits.get(folder, '')[:7]} | {len(mine)} | {shown['groups_do_not_pay']} | "
+                     f"{shown['no_trace']} | {'yes' if has_signal else 'no (none counted)'} | {shown['not_learnt']} | "
+                     + " | ".join(passes) + " |")
     return "\n".join(lines)
 
 
@@ -174,6 +242,16 @@ def figure(table: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def folder_commits(folders: list[Path]) -> dict[str, str]:
+    """Each folder's commit, from its ``manifest.json`` (none: left out)."""
+    out = {}
+    for folder in folders:
+        manifest = folder / "manifest.json"
+        if manifest.exists():
+            out[folder.name] = json.loads(manifest.read_text()).get("git", {}).get("commit", "")
+    return out
+
+
 def readme(table: list[dict], folders: list[Path], signal_folders: list[Path], records: list[dict], signal: dict) -> str:
     kinds = "\n".join(f"- **{k.replace('_', ' ')}**: {v}" for k, v in KINDS.items())
     listed = "\n".join(f"- {row['strategy']}: " + "; ".join(
@@ -206,9 +284,19 @@ without one is never called "no trace"). Each folder's cells ran on the code of 
 {markdown(table)}
 
 How many cells of each folder are of those kinds (a folder without a signal record counts no
-cell as without a trace):
+cell as without a trace), and each strategy's passes there (a range of 30 cells moves by a few
+cells from draw to draw; each folder on the code of its commit):
 
-{per_folder(records, signal)}
+{per_folder(records, signal, folder_commits(folders))}
+
+## Where they miss
+
+The share of cells each strategy passes, by a trait of the cell (cells in the folders of every
+code version pooled, so a trait's share mixes the code of several times):
+
+![pass shares by cell trait](where.png)
+
+{where_markdown(where_they_miss(records))}
 
 Missed cells by kind:
 
@@ -231,9 +319,10 @@ def main(argv: list[str] | None = None) -> None:
     table = tally(records, signal)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "misses.json").write_text(json.dumps({"kinds": KINDS, "excused": EXCUSED, "hard": HARD,
-                                                      "strategies": table},
+                                                      "strategies": table, "where_they_miss": where_they_miss(records)},
                                                      indent=1) + "\n")
     figure(table, args.out / "misses.png")
+    where_figure(where_they_miss(records), args.out / "where.png")
     (args.out / "README.md").write_text(readme(table, args.folders, args.signal, records, signal))
     write_manifest(args.out, manifest, config=config)
     print(markdown(table))

@@ -418,3 +418,35 @@ def test_each_miss_is_sorted_into_the_first_kind_that_applies_and_only_a_one_clu
     with pytest.raises(SystemExit, match="outside this repository"):  # checked as model_fuzz --signal is
         fuzz_misses.main(["--folders", str(folder), "--signal", str(tmp_path), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out").exists()
+
+
+def test_passes_are_broken_down_by_cell_trait_and_by_folder():
+    """fuzz_misses.py: the pass share per value of each cell trait counts each strategy's own rows
+    (a strategy missing from a folder is not counted there), and the folder table gives each
+    strategy's passes and the folder's commit."""
+    import fuzz_misses
+
+    def record(seed, shift, family, participation, fedavg, passed, folder, with_cfl=True):
+        rows = [{"strategy": "fedavg", "accuracy": fedavg, "clusters": 1, "passes": False},
+                {"strategy": "fedclust", "accuracy": fedavg, "clusters": 2, "passes": passed}]
+        if with_cfl:
+            rows.append({"strategy": "cfl", "accuracy": fedavg, "clusters": 1, "passes": not passed})
+        cell = {"seed": seed, "shift": shift, "family": family, "participation": participation, "dataset": "digits"}
+        return {"cell": cell, "true_groups": [0, 1], "rows": rows, "folder": folder}
+
+    records = [record(1, "rotation", "mlp", 0.5, 0.5, True, "a"),
+               record(2, "rotation", "cnn", 1.0, 0.1, False, "a"),
+               record(3, "label_swap", "mlp", 0.5, 0.5, True, "b", with_cfl=False)]
+    where = {(w["trait"], w["value"]): w for w in fuzz_misses.where_they_miss(records)}
+    assert where[("shift", "rotation")]["cells"] == 2
+    assert where[("shift", "rotation")]["strategies"] == {"fedclust": {"cells": 2, "passes": 1},
+                                                          "cfl": {"cells": 2, "passes": 1}}
+    assert where[("shift", "label_swap")]["strategies"] == {"fedclust": {"cells": 1, "passes": 1}}
+    assert where[("participation", "half the clients")]["strategies"]["fedclust"] == {"cells": 2, "passes": 2}
+    assert where[("FedAvg learnt", "no (< 0.2)")]["strategies"]["cfl"] == {"cells": 1, "passes": 1}
+    table = fuzz_misses.where_markdown(fuzz_misses.where_they_miss(records))
+    assert "| family: mlp | 2 | 2 of 2 (100%) | 0 of 1 (0%) |" in table
+    assert "| shift: label_swap | 1 | 1 of 1 (100%) | — |" in table
+    folders = fuzz_misses.per_folder(records, {}, {"a": "0123456789abcdef"})
+    assert "| `a` | 0123456 | 2 | 0 | 0 | no (none counted) | 1 | 1 | 1 |" in folders
+    assert "| `b` |  | 1 | 0 | 0 | no (none counted) | 0 | 1 | — |" in folders
