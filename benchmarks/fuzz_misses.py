@@ -52,10 +52,20 @@ HARD = ("not_learnt",)
 TRAITS = {
     "shift": lambda record: record["cell"]["shift"],
     "family": lambda record: record["cell"]["family"],
-    "participation": lambda record: "all clients" if record["cell"]["participation"] >= 1 else "half the clients",
+    "participation": lambda record: _participation(record["cell"]["participation"]),
     "dataset": lambda record: record["cell"]["dataset"],
-    "FedAvg learnt": lambda record: f"yes (>= {LEARNT})" if learnt_cell(record) else f"no (< {LEARNT})",
+    "FedAvg learnt": lambda record: _learnt(record),
 }
+
+
+def _participation(fraction: float) -> str:
+    return "all clients" if fraction >= 1 else "half the clients" if fraction == 0.5 else f"{fraction:.0%} of the clients"
+
+
+def _learnt(record: dict) -> str:
+    if not any(r["strategy"] == "fedavg" and r.get("accuracy") is not None for r in record["rows"]):
+        return "no FedAvg row"
+    return f"yes (>= {LEARNT})" if learnt_cell(record) else f"no (< {LEARNT})"
 
 
 def load(folders: list[Path], signal_folders: list[Path]) -> tuple[list[dict], dict]:
@@ -163,13 +173,14 @@ def where_figure(where: list[dict], path: Path) -> None:
     share = np.array([[w["strategies"][n]["passes"] / w["strategies"][n]["cells"] if n in w["strategies"] else np.nan
                        for n in names] for w in where])
     fig, ax = plt.subplots(figsize=(6.5, 0.32 * len(where) + 1.2))
-    ax.imshow(share, cmap="RdYlGn", vmin=0.3, vmax=1.0, aspect="auto")
+    shown = ax.imshow(share, cmap="RdYlGn", vmin=0.3, vmax=1.0, aspect="auto")
+    fig.colorbar(shown, ax=ax, label="share passed (30 % and below alike)", shrink=0.6)
     for (i, j), value in np.ndenumerate(share):
         if not np.isnan(value):
             ax.text(j, i, f"{value:.0%}", ha="center", va="center", fontsize=7)
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set_yticks(range(len(where)), [f"{w['trait']}: {w['value']} ({w['cells']})" for w in where], fontsize=7)
-    ax.set_title("share of cells passed, by cell trait (cells in brackets)", fontsize=9)
+    ax.set_title("share of each strategy's cells passed, by cell trait (all cells in brackets)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -181,7 +192,7 @@ def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None
     model did not learn, and each clustered strategy's passes."""
     commits = commits or {}
     names = [n for n in CLUSTERED if any(r["strategy"] == n for rec in records for r in rec["rows"])]
-    lines = ["| folder | commit | cells | groups do not pay | no trace | signal record | not learnt | "
+    lines = ["| folder | commit | cells | groups do not pay | no trace | signal record | not learnt (of the other grouped cells) | "
              + " | ".join(names) + " |", "|---|---|---|---|---|---|---|" + "---|" * len(names)]
     for folder in dict.fromkeys(rec["folder"] for rec in records):
         mine = [rec for rec in records if rec["folder"] == folder]
@@ -201,7 +212,7 @@ def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None
 
 
 def markdown(table: list[dict]) -> str:
-    lines = ["| strategy | cells | passes | passes there | " + " | ".join(k.replace("_", " ") for k in KINDS)
+    lines = ["| strategy | cells | passes | passes where the groups do not pay or show no trace | " + " | ".join(k.replace("_", " ") for k in KINDS)
              + " | passes with the excused misses left out | and the not-learnt ones |",
              "|---|---|---|---|" + "---|" * len(KINDS) + "---|---|"]
     for row in table:
@@ -269,9 +280,8 @@ reaches 0.95 and the strategy loses at most a point to it. Three kinds of miss e
 should when it cannot tell, one cluster within a point of FedAvg, in cells where that is the right
 end or nearly: where the groups do not pay (the judge asks for them anyway); where they show no
 clear trace in any array of one training's updates (a grade, not a bound: a strategy that gathers
-more evidence can still find them, and some did: "passes there" counts the passes in cells where
-the groups do not pay or show no trace); where the model
-barely learnt its task. A strategy that split such a cell wrongly, or lost more than a point, is
+more evidence can still find them, and some did: a column counts the passes in cells where the
+groups do not pay or show no trace); where the model barely learnt its task. A strategy that split such a cell wrongly, or lost more than a point, is
 counted by what it did. The two last columns leave the first two of those kinds of miss out of
 the cells, then the third as well.
 
@@ -284,15 +294,19 @@ without one is never called "no trace"). Each folder's cells ran on the code of 
 {markdown(table)}
 
 How many cells of each folder are of those kinds (a folder without a signal record counts no
-cell as without a trace), and each strategy's passes there (a range of 30 cells moves by a few
+cell as without a trace; "not learnt" counts the grouped cells where FedAvg stayed below
+{LEARNT} that are of neither kind before it), and each strategy's passes there (a range of 30 cells moves by a few
 cells from draw to draw; each folder on the code of its commit):
 
 {per_folder(records, signal, folder_commits(folders))}
 
 ## Where they miss
 
-The share of cells each strategy passes, by a trait of the cell (cells in the folders of every
-code version pooled, so a trait's share mixes the code of several times):
+The share of cells each strategy passes, by a trait of the cell. Read it as where to look, not
+as a measure: the folders ran on {len(folder_commits(folders))} commits, pooled here; a strategy missing from a
+folder (the CFL family from `held-out-1210-1239`) leaves its column over fewer cells (the
+"cells" column counts all); the traits overlap (many rotation cells are also cells whose model
+barely learnt), and each row is a plain share, not adjusted for the others.
 
 ![pass shares by cell trait](where.png)
 

@@ -420,7 +420,7 @@ def test_each_miss_is_sorted_into_the_first_kind_that_applies_and_only_a_one_clu
     assert not (tmp_path / "out").exists()
 
 
-def test_passes_are_broken_down_by_cell_trait_and_by_folder():
+def test_passes_are_broken_down_by_cell_trait_and_by_folder(tmp_path):
     """fuzz_misses.py: the pass share per value of each cell trait counts each strategy's own rows
     (a strategy missing from a folder is not counted there), and the folder table gives each
     strategy's passes and the folder's commit."""
@@ -444,9 +444,19 @@ def test_passes_are_broken_down_by_cell_trait_and_by_folder():
     assert where[("shift", "label_swap")]["strategies"] == {"fedclust": {"cells": 1, "passes": 1}}
     assert where[("participation", "half the clients")]["strategies"]["fedclust"] == {"cells": 2, "passes": 2}
     assert where[("FedAvg learnt", "no (< 0.2)")]["strategies"]["cfl"] == {"cells": 1, "passes": 1}
+    records[2]["rows"] = records[2]["rows"][1:]  # a cell without FedAvg's row is said so, not counted unlearnt
+    records[2]["cell"]["participation"] = 0.25
+    where = {(w["trait"], w["value"]): w for w in fuzz_misses.where_they_miss(records)}
+    assert where[("FedAvg learnt", "no FedAvg row")]["cells"] == 1 and where[("participation", "25% of the clients")]["cells"] == 1
+    records[2]["rows"].insert(0, {"strategy": "fedavg", "accuracy": 0.5, "clusters": 1, "passes": False})
+    records[2]["cell"]["participation"] = 0.5
     table = fuzz_misses.where_markdown(fuzz_misses.where_they_miss(records))
     assert "| family: mlp | 2 | 2 of 2 (100%) | 0 of 1 (0%) |" in table
     assert "| shift: label_swap | 1 | 1 of 1 (100%) | — |" in table
-    folders = fuzz_misses.per_folder(records, {}, {"a": "0123456789abcdef"})
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "manifest.json").write_text(json.dumps({"git": {"commit": "0123456789abcdef", "dirty": False}}))
+    commits = fuzz_misses.folder_commits([tmp_path / "a", tmp_path / "b"])  # b has no manifest
+    assert commits == {"a": "0123456789abcdef"}
+    folders = fuzz_misses.per_folder(records, {}, commits)
     assert "| `a` | 0123456 | 2 | 0 | 0 | no (none counted) | 1 | 1 | 1 |" in folders
     assert "| `b` |  | 1 | 0 | 0 | no (none counted) | 0 | 1 | — |" in folders
