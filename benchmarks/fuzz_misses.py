@@ -59,7 +59,9 @@ TRAITS = {
 
 
 def _participation(fraction: float) -> str:
-    return "all clients" if fraction >= 1 else "half the clients" if fraction == 0.5 else f"{fraction:.0%} of the clients"
+    if fraction >= 1:
+        return "all clients"
+    return "half the clients" if fraction == 0.5 else f"{fraction:.0%} of the clients"
 
 
 def _learnt(record: dict) -> str:
@@ -112,12 +114,22 @@ def miss_kind(record: dict, row: dict, signal: dict) -> str:
     return "too_many_clusters" if row["clusters"] > groups else "wrong_cut"
 
 
+def rows_of(records: list[dict], name: str) -> list[tuple[dict, dict]]:
+    """Each record holding a row of strategy ``name``, with that row."""
+    return [(rec, r) for rec in records for r in rec["rows"] if r["strategy"] == name]
+
+
+def ran(records: list[dict]) -> list[str]:
+    """The clustered strategies with a row in any of ``records``, in ``CLUSTERED``'s order."""
+    return [name for name in CLUSTERED if rows_of(records, name)]
+
+
 def tally(records: list[dict], signal: dict) -> list[dict]:
     """Per strategy: cells, passes, misses by kind, the passes in cells of an excused kind, and the
     pass share with the excused misses (and the not-learnt ones) left out."""
     table = []
     for name in CLUSTERED:
-        rows = [(rec, r) for rec in records for r in rec["rows"] if r["strategy"] == name]
+        rows = rows_of(records, name)
         if not rows:
             continue
         missed = [(rec["cell"]["seed"], miss_kind(rec, r, signal)) for rec, r in rows if not r["passes"]]
@@ -142,17 +154,19 @@ def where_they_miss(records: list[dict]) -> list[dict]:
         values = Counter(value_of(rec) for rec in records)
         for value, cells in sorted(values.items(), key=lambda item: (-item[1], item[0])):
             mine = [rec for rec in records if value_of(rec) == value]
-            strategies = {}
-            for name in CLUSTERED:
-                rows = [r for rec in mine for r in rec["rows"] if r["strategy"] == name]
-                if rows:
-                    strategies[name] = {"cells": len(rows), "passes": sum(1 for r in rows if r["passes"])}
+            strategies = {name: {"cells": len(rows), "passes": sum(1 for _, r in rows if r["passes"])}
+                          for name in CLUSTERED if (rows := rows_of(mine, name))}
             out.append({"trait": trait, "value": value, "cells": cells, "strategies": strategies})
     return out
 
 
+def _where_names(where: list[dict]) -> list[str]:
+    """The clustered strategies with a share in ``where``, in ``CLUSTERED``'s order."""
+    return [n for n in CLUSTERED if any(n in w["strategies"] for w in where)]
+
+
 def where_markdown(where: list[dict]) -> str:
-    names = [n for n in CLUSTERED if any(n in w["strategies"] for w in where)]
+    names = _where_names(where)
     lines = ["| trait | cells | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
     for w in where:
         shares = [_of(w["strategies"][n]["passes"], w["strategies"][n]["cells"]) if n in w["strategies"] else "—"
@@ -169,7 +183,7 @@ def where_figure(where: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    names = [n for n in CLUSTERED if any(n in w["strategies"] for w in where)]
+    names = _where_names(where)
     share = np.array([[w["strategies"][n]["passes"] / w["strategies"][n]["cells"] if n in w["strategies"] else np.nan
                        for n in names] for w in where])
     fig, ax = plt.subplots(figsize=(6.5, 0.32 * len(where) + 1.2))
@@ -191,9 +205,10 @@ def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None
     cells, those where the groups do not pay, show no trace (with a signal record), and whose
     model did not learn, and each clustered strategy's passes."""
     commits = commits or {}
-    names = [n for n in CLUSTERED if any(r["strategy"] == n for rec in records for r in rec["rows"])]
-    lines = ["| folder | commit | cells | groups do not pay | no trace | signal record | not learnt (of the other grouped cells) | "
-             + " | ".join(names) + " |", "|---|---|---|---|---|---|---|" + "---|" * len(names)]
+    names = ran(records)
+    lines = ["| folder | commit | cells | groups do not pay | no trace | signal record | "
+             "not learnt (of the other grouped cells) | " + " | ".join(names) + " |",
+             "|---|---|---|---|---|---|---|" + "---|" * len(names)]
     for folder in dict.fromkeys(rec["folder"] for rec in records):
         mine = [rec for rec in records if rec["folder"] == folder]
         of_cell = [(rec["cell"]["seed"], cell_kind(rec, signal)) for rec in mine]
@@ -201,10 +216,8 @@ def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None
         shown = {k: f"{len(v)}" + (f" ({', '.join(map(str, v))})" if v and k != "not_learnt" else "")
                  for k, v in kinds.items()}
         has_signal = any(str(rec["cell"]["seed"]) in signal for rec in mine)
-        passes = []
-        for name in names:
-            rows = [r for rec in mine for r in rec["rows"] if r["strategy"] == name]
-            passes.append(f"{sum(1 for r in rows if r['passes'])}" if rows else "—")
+        passes = [str(sum(1 for _, r in rows if r["passes"])) if (rows := rows_of(mine, name)) else "—"
+                  for name in names]
         lines.append(f"| `{folder}` | {commits.get(folder, '')[:7]} | {len(mine)} | {shown['groups_do_not_pay']} | "
                      f"{shown['no_trace']} | {'yes' if has_signal else 'no (none counted)'} | {shown['not_learnt']} | "
                      + " | ".join(passes) + " |")
@@ -212,7 +225,8 @@ def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None
 
 
 def markdown(table: list[dict]) -> str:
-    lines = ["| strategy | cells | passes | passes where the groups do not pay or show no trace | " + " | ".join(k.replace("_", " ") for k in KINDS)
+    lines = ["| strategy | cells | passes | passes where the groups do not pay or show no trace | "
+             + " | ".join(k.replace("_", " ") for k in KINDS)
              + " | passes with the excused misses left out | and the not-learnt ones |",
              "|---|---|---|---|" + "---|" * len(KINDS) + "---|---|"]
     for row in table:
@@ -263,8 +277,10 @@ def folder_commits(folders: list[Path]) -> dict[str, str]:
     return out
 
 
-def readme(table: list[dict], folders: list[Path], signal_folders: list[Path], records: list[dict], signal: dict) -> str:
+def readme(table: list[dict], where: list[dict], folders: list[Path], signal_folders: list[Path], records: list[dict],
+           signal: dict) -> str:
     kinds = "\n".join(f"- **{k.replace('_', ' ')}**: {v}" for k, v in KINDS.items())
+    commits = folder_commits(folders)
     listed = "\n".join(f"- {row['strategy']}: " + "; ".join(
         f"{k.replace('_', ' ')} {', '.join(map(str, seeds))}" for k, seeds in row["missed_cells"].items() if seeds)
                        for row in table)
@@ -281,9 +297,9 @@ should when it cannot tell, one cluster within a point of FedAvg, in cells where
 end or nearly: where the groups do not pay (the judge asks for them anyway); where they show no
 clear trace in any array of one training's updates (a grade, not a bound: a strategy that gathers
 more evidence can still find them, and some did: a column counts the passes in cells where the
-groups do not pay or show no trace); where the model barely learnt its task. A strategy that split such a cell wrongly, or lost more than a point, is
-counted by what it did. The two last columns leave the first two of those kinds of miss out of
-the cells, then the third as well.
+groups do not pay or show no trace); where the model barely learnt its task. A strategy that
+split such a cell wrongly, or lost more than a point, is counted by what it did. The two last
+columns leave the first two of those kinds of miss out of the cells, then the third as well.
 
 Signal records: {', '.join(f'`{f.name}`' for f in signal_folders) or 'none'} (a cell
 without one is never called "no trace"). Each folder's cells ran on the code of its time
@@ -295,22 +311,22 @@ without one is never called "no trace"). Each folder's cells ran on the code of 
 
 How many cells of each folder are of those kinds (a folder without a signal record counts no
 cell as without a trace; "not learnt" counts the grouped cells where FedAvg stayed below
-{LEARNT} that are of neither kind before it), and each strategy's passes there (a range of 30 cells moves by a few
-cells from draw to draw; each folder on the code of its commit):
+{LEARNT} that are of neither kind before it), and each strategy's passes there (a range of 30
+cells moves by a few cells from draw to draw; each folder on the code of its commit):
 
-{per_folder(records, signal, folder_commits(folders))}
+{per_folder(records, signal, commits)}
 
 ## Where they miss
 
 The share of cells each strategy passes, by a trait of the cell. Read it as where to look, not
-as a measure: the folders ran on {len(folder_commits(folders))} commits, pooled here; a strategy missing from a
-folder (the CFL family from `held-out-1210-1239`) leaves its column over fewer cells (the
-"cells" column counts all); the traits overlap (many rotation cells are also cells whose model
+as a measure: the folders ran on {len(set(commits.values()))} commits, pooled here; a strategy
+missing from a folder (the CFL family from `held-out-1210-1239`) leaves its column over fewer
+cells (the "cells" column counts all); the traits overlap (many rotation cells are also cells whose model
 barely learnt), and each row is a plain share, not adjusted for the others.
 
 ![pass shares by cell trait](where.png)
 
-{where_markdown(where_they_miss(records))}
+{where_markdown(where)}
 
 Missed cells by kind:
 
@@ -331,13 +347,14 @@ def main(argv: list[str] | None = None) -> None:
     config = {"folders": [f.as_posix() for f in args.folders], "signal": [f.as_posix() for f in args.signal]}
     manifest = start_manifest(config, ["benchmarks/fuzz_misses.py", *(argv if argv is not None else sys.argv[1:])])
     table = tally(records, signal)
+    where = where_they_miss(records)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "misses.json").write_text(json.dumps({"kinds": KINDS, "excused": EXCUSED, "hard": HARD,
-                                                      "strategies": table, "where_they_miss": where_they_miss(records)},
+                                                      "strategies": table, "where_they_miss": where},
                                                      indent=1) + "\n")
     figure(table, args.out / "misses.png")
-    where_figure(where_they_miss(records), args.out / "where.png")
-    (args.out / "README.md").write_text(readme(table, args.folders, args.signal, records, signal))
+    where_figure(where, args.out / "where.png")
+    (args.out / "README.md").write_text(readme(table, where, args.folders, args.signal, records, signal))
     write_manifest(args.out, manifest, config=config)
     print(markdown(table))
     print(f"wrote {args.out}")
