@@ -299,11 +299,13 @@ def test_a_singleton_is_named_advice_is_never_in_force_and_round_1_names_what_is
         "(a, b), the one whose clients' updates show the most structure")
 
 
-def partial_revisits(members: int, samples: list[list[int]]) -> tuple[Revisits, dict[int, str]]:
+def partial_revisits(members: int, samples: list[list[int]], rounds: int = 3) -> tuple[Revisits, dict[int, str]]:
     """A cluster of ``members`` clients in two halves (the groups), each round's ``samples``
-    replying with their group's direction (the model between the groups); each round's words."""
+    replying with their group's direction (the model between the groups), revisits pooling
+    ``rounds`` rounds (``revisit-rounds``); each round's words."""
     keys = [str(i) for i in range(members)]
     run = Revisits(dict.fromkeys(keys, 0))
+    run.strategy.params = run.strategy.params.model_copy(update={"revisit_rounds": rounds, "fraction_train": 0.5})
     said = {}
     for number, sample in enumerate(samples, 1):
         updates = directions([int(k >= members // 2) for k in sample], noise=0.1, seed=number)
@@ -329,12 +331,12 @@ def test_at_partial_participation_a_revisit_splits_on_pairs_seen_together_earlie
 
 
 def test_a_revisit_judges_a_cluster_only_in_a_round_where_enough_of_its_members_train():
-    """A partial sample's few repliers cut alike in two rounds by chance: a cluster of 12, 6 of
-    them a round, is not cut (the round line says how many trained) although its two groups
-    would pass every test, and the one-cluster reason and advice say why; a cluster of 6 is cut
-    when all 6 reply, not when 4 do."""
+    """A partial sample's few repliers cut alike in two rounds by chance: with one round's
+    repliers only (``revisit-rounds = 1``), a cluster of 12, 6 of them a round, is not cut (the
+    round line says how many trained) although its two groups would pass every test, and the
+    one-cluster reason and advice say why; a cluster of 6 is cut when all 6 reply, not when 4 do."""
     samples = [[0, 1, 2, 6, 7, 8], [0, 1, 3, 6, 7, 9], [0, 1, 2, 6, 7, 8]]
-    run, said = partial_revisits(12, samples)
+    run, said = partial_revisits(12, samples, rounds=1)
     for number in (1, 2, 3):
         assert said[number] == ("FedClust: cluster 0 not revisited: 6 of its 12 members trained, fewer than the 8 "
                                 "its cut and merges are judged on")
@@ -344,16 +346,33 @@ def test_a_revisit_judges_a_cluster_only_in_a_round_where_enough_of_its_members_
     params = run.strategy.params.model_copy(update={"fraction_train": 0.5})
     assert explain.one_cluster_reason(run.state, params, {}) == (
         "the clustering step's cut was deferred (it only set 3 apart); the revisits have not judged the cluster since "
-        "round 1: at most 6 of its 12 members trained in a round, fewer than the 8 they need (fraction-train 0.5)")
+        "round 1: at most 6 of its 12 members trained in one round, fewer than the 8 they need (fraction-train 0.5)")
     assert explain.one_cluster_advice(run.state, params).startswith("a higher fraction-train")
     run.state.revisit_waiting = {}  # judged since: the reason and advice no longer speak of waiting
     assert "no cluster's training updates showed a partition" in explain.one_cluster_reason(run.state, params, {})
     assert explain.one_cluster_advice(run.state, params).startswith("more rounds")
-    small, said = partial_revisits(6, [[0, 1, 3, 4]] * 2 + [list(range(6))] * 2)
+    small, said = partial_revisits(6, [[0, 1, 3, 4]] * 2 + [list(range(6))] * 2, rounds=1)
     assert said[1] == said[2] == ("FedClust: cluster 0 not revisited: 4 of its 6 members trained, fewer than the 6 its "
                                   "cut and merges are judged on")
     assert said[3] == "" and "split into clusters 1 (3 clients), 2 (3 clients)" in said[4]
     assert len(small.clusters()) == 2 and small.state.revisit_waiting == {}
+
+
+def test_at_partial_participation_a_revisit_pools_rounds_and_reproduces_on_rounds_before_them():
+    """A cluster of 12 (groups 0-5, 6-11), 6 members a round: the revisit cuts each member's
+    latest update over the fewest rounds holding 8 of them (rounds 1-2, then 2-3 and 3-4), and
+    splits only once a cut reproduces one of rounds wholly before its own (rounds 1-2 against
+    3-4): the cuts of rounds 1-2 and 2-3 share round 2's updates and are no independent
+    evidence."""
+    samples = [[0, 1, 2, 6, 7, 8], [0, 1, 3, 6, 7, 9], [2, 3, 4, 8, 9, 10], [0, 4, 5, 6, 10, 11]]
+    run, said = partial_revisits(12, samples)
+    assert said[1] == ("FedClust: cluster 0 not revisited: 6 of its 12 members trained, fewer than the 8 its cut "
+                       "and merges are judged on")
+    assert said[2] == said[3] == ""
+    assert ("split into clusters 1 (6 clients), 2 (6 clients): its members' training updates cut alike in rounds "
+            "2 and 3–4 agree") in said[4]
+    keys = [str(i) for i in range(12)]
+    assert run.clusters() == sorted([keys[:6], keys[6:]]) and run.state.revisit_pool == {}
 
 
 def test_two_clusters_are_not_merged_on_a_few_repliers_each():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import pytest
@@ -420,23 +421,41 @@ def test_one_shot_clustering_asks_only_the_sample_and_places_the_rest_when_sampl
     assert all(len(g) == 1 for g in by_cluster.values())
 
 
-def test_a_one_shot_cluster_too_few_of_whose_members_train_says_so_and_what_would_help():
-    """AdaCFL's clustering step on a sample of 4 of 8 clients (two groups) sets one client
-    apart and is deferred; every later round trains 4 of the cluster's 8 members, fewer than
-    the 8 a revisit is judged on: one cluster at the end, its reason naming the wait and the
-    advice a higher fraction-train."""
+def half_sampled_adacfl(revisit_rounds: int) -> tuple[Any, dict[str, int]]:
+    """AdaCFL's clustering step on a sample of 4 of 8 clients (two groups), which sets one
+    client apart and is deferred; then 6 rounds each training 4 of the cluster's 8 members."""
     groups = {str(i): i % 2 for i in range(8)}
     stats = {k: {"num-classes": 2, "label-entropy": 1.0} for k in groups}
     algorithm = make(clustered_classes()["adacfl"], groups, stats=stats, fraction_train=0.5, warmup_rounds=0,
-                     cluster_epochs=1, cluster_all_active=False)
+                     cluster_epochs=1, cluster_all_active=False, revisit_rounds=revisit_rounds)
     for server_round in range(1, 8):
         drive_round(algorithm, server_round, lambda ask: trained(ask, 1.0 if groups[ask.key] == 0 else -1.0))
+    return algorithm, groups
+
+
+def test_a_one_shot_cluster_too_few_of_whose_members_train_says_so_and_what_would_help():
+    """Revisits on one round's repliers (``revisit-rounds = 1``): 4 of the cluster's 8 members
+    a round, fewer than the 8 a revisit is judged on: one cluster at the end, its reason naming
+    the wait and the advice a higher fraction-train."""
+    algorithm, _ = half_sampled_adacfl(revisit_rounds=1)
     assert len(set(algorithm.assignment.values())) == 1 and len(algorithm.assignment) == 8
     reason = algorithm.one_cluster_reason()
     assert reason.startswith("the clustering step's cut was deferred (it only set ")
-    assert ("the revisits have not judged the cluster since round 2: at most 4 of its 8 members trained in a round, "
-            "fewer than the 8 they need (fraction-train 0.5)") in reason
+    assert ("the revisits have not judged the cluster since round 2: at most 4 of its 8 members trained in one "
+            "round, fewer than the 8 they need (fraction-train 0.5)") in reason
     assert algorithm.one_cluster_advice().startswith("a higher fraction-train")
+
+
+def test_a_one_shot_cluster_half_of_whose_members_train_is_split_on_their_updates_of_rounds_running():
+    """The same run with the default ``revisit-rounds`` (3): each member's latest update over
+    the rounds that hold all 8 is cut, and the cut reproduces on rounds before it: the two
+    groups end as two clusters."""
+    algorithm, groups = half_sampled_adacfl(revisit_rounds=3)
+    clusters = {}
+    for key, cluster in algorithm.assignment.items():
+        clusters.setdefault(cluster, set()).add(groups[key])
+    assert len(clusters) == 2 and all(len(g) == 1 for g in clusters.values())
+    assert algorithm.one_cluster_reason() is None
 
 
 def fedclust_on_a_growing_sample(groups_after_first: list[int], rounds: int, checkpoint_after: int = 0,

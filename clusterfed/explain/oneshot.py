@@ -118,6 +118,12 @@ def revisits_waiting(state: Any, params: Any) -> dict[str, int] | None:
     return getattr(state, "revisit_waiting", {}).get(next(iter(state.assignment.values())))
 
 
+def _pooled(params: Any) -> str:
+    """The rounds a revisit pools (``revisit-rounds``), in words."""
+    rounds = getattr(params, "revisit_rounds", 1)
+    return "one round" if rounds == 1 else f"{rounds} rounds running"
+
+
 def revisits_found(state: Any, params: Any) -> str:
     """What the revisits found after a deferred cut, for the one-cluster reason ("" when off)."""
     if not params.revisit:
@@ -125,7 +131,7 @@ def revisits_found(state: Any, params: Any) -> str:
     waiting = revisits_waiting(state, params)
     if waiting:
         return (f"; the revisits have not judged the cluster since round {waiting['since']}: at most "
-                f"{waiting['trained']} of its {waiting['members']} members trained in a round, fewer than the "
+                f"{waiting['trained']} of its {waiting['members']} members trained in {_pooled(params)}, fewer than the "
                 f"{waiting['needed']} they need (fraction-train {params.fraction_train:g})")
     return "; no cluster's training updates showed a partition that reproduced in successive rounds"
 
@@ -187,7 +193,7 @@ def one_cluster_advice(state: Any, params: Any = None) -> str:
     waiting = None if params is None else revisits_waiting(state, params)
     if waiting and params.fraction_train < 1:
         return (f"a higher fraction-train (the revisits judge a cluster on {waiting['needed']} of its members "
-                f"trained in one round)")
+                f"trained in {_pooled(params)})")
     if state.clustering_state.get("deferred"):
         more = "more rounds (the revisits watch every round's updates)" if getattr(params, "revisit", True) else \
             "revisit = true (the clusters revisited on every round's updates)"

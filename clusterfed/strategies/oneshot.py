@@ -137,10 +137,13 @@ class OneShotParams(StrategyParams):
     revisit: bool = Field(
         True, description="after the clustering step, keep watching the training updates: a cluster whose members' "
                           "updates show the same partition in two successive rounds, beating group-free rotations of "
-                          "them, is split, two clusters whose "
-                          "members' updates show no structure together and point alike in two successive rounds "
-                          f"are merged; a cluster is judged only in a round where {SMALL_ROWS} of its members "
-                          "trained (every member of a smaller one) (false: the papers' one-shot clustering)")
+                          "them, is split, two clusters whose members' updates show no structure together and point "
+                          f"alike in two successive rounds are merged; a cluster is judged on {SMALL_ROWS} of its "
+                          "members (every member of a smaller one) (false: the papers' one-shot clustering)")
+    revisit_rounds: int = Field(
+        3, alias="revisit-rounds", ge=1,
+        description="revisit at partial participation: a cluster is cut on each member's latest update over up to "
+                    "this many rounds, the cut reproducing one of rounds before them (merges: one round's)")
     auto_reference_draws: int = Field(
         DEFAULT_DRAWS, alias="auto-reference-draws", ge=0,
         description='group-free reference sets, the clients\' rows rotated at random about their mean: lambda = '
@@ -163,16 +166,15 @@ class OneShotState(ClusteredState):
     clustering_state: dict[str, Any] = field(default_factory=dict)
     # cluster-layers = auto: the projection of the clustering upload ({}: none; evidence_upload.py)
     evidence_plan: dict[str, Any] = field(default_factory=dict)
-    # revisits: each cluster's last cut of its members' training updates (round, client -> label),
-    # each pair's last round found indistinguishable, and the splits and merges taken
+    # revisits (``revisit.py``): each cluster's last cuts of its members' training updates, each
+    # pair's last round found indistinguishable, the splits and merges taken, each cluster's
+    # update scale, its wait for repliers, its members' latest updates (``revisit._pool``)
     revisit_cuts: dict[int, dict[str, Any]] = field(default_factory=dict)
     revisit_alike: dict[str, int] = field(default_factory=dict)
     revisits: list[dict[str, Any]] = field(default_factory=list)
-    # each cluster's update scale: its members' mean update norm in the first round they were cut
     revisit_scale: dict[int, float] = field(default_factory=dict)
-    # each cluster not revisited for want of repliers: since which round, at most how many of how
-    # many active members trained, how many its cut needs (``revisit.replies_needed``)
     revisit_waiting: dict[int, dict[str, int]] = field(default_factory=dict)
+    revisit_pool: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
 
 def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str) -> None:
@@ -534,8 +536,8 @@ def stock(clients: dict[str, ClientInfo]) -> set[str]:
 
 
 def stock_requests(cluster_epochs: int, local_epochs: Any) -> int:
-    """Requests that give a stock ClientApp the clustering step's epochs: it trains its run
-    config's ``local-epochs`` per request (Flower's quickstart default, 1, when absent)."""
+    """Requests that give a stock ClientApp (its run config's ``local-epochs`` a request; Flower's
+    quickstart default, 1, when absent) the clustering step's epochs."""
     return math.ceil(cluster_epochs / max(int(local_epochs or 1), 1))
 
 
@@ -585,8 +587,7 @@ def form(state: OneShotState, params: OneShotParams, server_round: int, keys: li
 
 def say_cut(diagnostics: Diagnostics, labels: np.ndarray, info: dict[str, Any], state: OneShotState,
             params: OneShotParams, strategy: str, paper_rule: str) -> None:
-    """A cut that left one cluster: the clustering round's ``decision`` says so, on which
-    arrays, the score against the bar and what to try (``explain.cut_decision``)."""
+    """A cut that left one cluster: the round's ``decision`` says so (``explain.cut_decision``)."""
     if len(np.unique(labels)) == 1:
         diagnostics["decision"] = explain.cut_decision(diagnostics.get("decision"), state, params, info, strategy,
                                                        paper_rule)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Collection
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -95,20 +95,59 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
             groups.setdefault(reply.cluster, []).append(reply)
     present = None if active is None else set(active)
     sizes = Counter(c for key, c in state.assignment.items() if present is None or key in present)
-    said = [text for cluster in sorted(groups) if (text := _waiting(state, server_round, cluster, len(groups[cluster]),
-                                                                    sizes[cluster], strategy))]
-    groups = {c: g for c, g in groups.items() if c not in state.revisit_waiting}
     rows = {cluster: update_rows(group, state) for cluster, group in groups.items()}
-    said += [text for cluster in sorted(groups) if (text := _maybe_split(state, params, server_round, cluster,
-                                                                         groups[cluster], rows[cluster], new_cluster,
-                                                                         strategy))]
-    # whether two clusters train one task is the whole model's question (``whole``, the compared
-    # arrays): groups that differ in one layer (a label swap, in the head) can train alike on the
-    # layer chosen for the cut
+    # every member trains every round at full participation: nothing to pool
+    rounds = params.revisit_rounds if params.fraction_train < 1 else 1
+    pooled = {c: _pool(state, server_round, c, groups[c], rows[c], replies_needed(sizes[c]), rounds)
+              for c in sorted(groups)}
+    said = [text for cluster in sorted(groups) if (text := _waiting(state, server_round, cluster, pooled[cluster],
+                                                                    sizes[cluster], strategy))]
+    said += [text for cluster in sorted(groups) if cluster not in state.revisit_waiting
+             and (text := _maybe_split(state, params, server_round, cluster, *pooled[cluster], new_cluster, strategy))]
+    # merges are judged on one round's repliers: two clusters' rows of different rounds would
+    # differ by the rounds' drift. Whether two clusters train one task is the whole model's
+    # question (``whole``, the compared arrays): groups that differ in one layer (a label swap,
+    # in the head) can train alike on the layer chosen for the cut
+    judged = {c for c, g in groups.items() if c in state.models and len(g) >= replies_needed(sizes[c])}
     if whole is not None:
-        rows = {c: whole_rows(groups[c], state, whole, params.seed) for c in groups if c in state.models}
-    said += _merges(state, params, server_round, {c: r for c, r in rows.items() if c in state.models}, strategy)
+        rows = {c: whole_rows(groups[c], state, whole, params.seed) for c in judged}
+    said += _merges(state, params, server_round, {c: r for c, r in rows.items() if c in judged}, strategy)
     return {"decision": "; ".join(said)} if said else {}
+
+
+class Pooled(NamedTuple):
+    """The rows a cluster's revisit cuts: its members' latest training updates (``keys``, ``X``)
+    from rounds ``first`` to the current one."""
+
+    keys: list[str]
+    X: np.ndarray
+    first: int
+
+
+def _pool(state: OneShotState, server_round: int, cluster: int, group: list[TrainReply], X: np.ndarray,
+          need: int, rounds: int) -> Pooled:
+    """This round's repliers of ``cluster`` (rows ``X``) when ``need`` of them trained; else, at
+    partial participation, each member's latest update over the fewest of the last ``rounds``
+    rounds that hold ``need`` members (all of them when none do; kept in ``state.revisit_pool``).
+    A client's own data makes its update direction persistent from round to round, as the
+    reproduction test reads it: its update of a round before points as its group's do now."""
+    keys = [reply.key for reply in group]
+    if rounds == 1:
+        return Pooled(keys, X, server_round)
+    pool = state.revisit_pool.setdefault(cluster, {})
+    for reply, row in zip(group, X):
+        pool[reply.key] = {"round": server_round, "row": row}
+    for key in [k for k, entry in pool.items() if entry["round"] <= server_round - rounds
+                or state.assignment.get(k) != cluster or len(entry["row"]) != X.shape[1]]:
+        del pool[key]
+    if len(keys) >= need:
+        return Pooled(keys, X, server_round)
+    first = server_round
+    for first in sorted({e["round"] for e in pool.values()}, reverse=True):
+        if sum(e["round"] >= first for e in pool.values()) >= need:
+            break
+    held = sorted((k for k, e in pool.items() if e["round"] >= first), key=natural)
+    return Pooled(held, np.vstack([pool[k]["row"] for k in held]), first)
 
 
 def _revisit_cut(X: np.ndarray, params: OneShotParams) -> np.ndarray:
@@ -119,14 +158,14 @@ def _revisit_cut(X: np.ndarray, params: OneShotParams) -> np.ndarray:
     return np.asarray(labels)
 
 
-def _waiting(state: OneShotState, server_round: int, cluster: int, trained: int, size: int,
+def _waiting(state: OneShotState, server_round: int, cluster: int, pooled: Pooled, size: int,
              strategy: str) -> str | None:
-    """Whether ``cluster`` waits this round for repliers (``trained`` of its ``size`` active
-    members, fewer than ``replies_needed``): kept in ``state.revisit_waiting`` (since when, at
-    most how many trained) and said; a cluster of fewer than ``REVISIT_MIN_MEMBERS`` is not
-    revisited, silently. A partial sample's few repliers cut alike in two rounds by chance (4
-    shared clients in 2 parts: once in 3 or 4 rounds)."""
-    need = replies_needed(size)
+    """Whether ``cluster`` waits this round for repliers (``pooled`` holds fewer than
+    ``replies_needed`` of its ``size`` active members over the rounds it pools): kept in
+    ``state.revisit_waiting`` (since when, at most how many trained) and said; a cluster of fewer
+    than ``REVISIT_MIN_MEMBERS`` is not revisited, silently. A partial sample's few repliers cut
+    alike in two rounds by chance (4 shared clients in 2 parts: once in 3 or 4 rounds)."""
+    need, trained = replies_needed(size), len(pooled.keys)
     if trained >= need:
         state.revisit_waiting.pop(cluster, None)
         return None
@@ -134,16 +173,17 @@ def _waiting(state: OneShotState, server_round: int, cluster: int, trained: int,
         return None
     waiting = state.revisit_waiting.setdefault(cluster, {"since": server_round, "trained": 0})
     waiting.update(trained=max(waiting["trained"], trained), members=size, needed=need)
-    return (f"{strategy}: cluster {cluster} not revisited: {trained} of its {size} members trained, "
+    span = "" if pooled.first == server_round else f" in rounds {pooled.first}–{server_round}"
+    return (f"{strategy}: cluster {cluster} not revisited: {trained} of its {size} members trained{span}, "
             f"fewer than the {need} its cut and merges are judged on")
 
 
 def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, cluster: int,
-                 group: list[TrainReply], X: np.ndarray, new_cluster: Any, strategy: str) -> str | None:
-    """Split ``cluster`` when this round's cut of its repliers' updates (``X``) passes the
-    parts' tests and reproduces an earlier round's; the round line's words when it splits, or
-    when a cut was found and refused (why), else None."""
-    if len(group) < REVISIT_MIN_MEMBERS:
+                 keys: list[str], X: np.ndarray, first: int, new_cluster: Any, strategy: str) -> str | None:
+    """Split ``cluster`` when the cut of its members' updates (``keys``, ``X``: of rounds
+    ``first`` to this one) passes the parts' tests and reproduces a cut of earlier rounds'; the
+    round line's words when it splits, or when a cut was found and refused (why), else None."""
+    if len(keys) < REVISIT_MIN_MEMBERS:
         return None
     labels = _revisit_cut(X, params)
     scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
@@ -151,18 +191,21 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     refused = _parts_refusal(X, labels, scale, params) if parts > 1 else None
     if refused:
         labels = np.zeros_like(labels)  # one group's spread, not a split: both rounds compared must pass
-    current = {reply.key: int(label) for reply, label in zip(group, labels)}
+    current = {key: int(label) for key, label in zip(keys, labels)}
     previous = state.revisit_cuts.get(cluster)
     earlier = [] if previous is None else [*previous.get("earlier", []),
                                            {"round": previous["round"], "labels": previous["labels"]}]
     state.revisit_cuts[cluster] = {"round": server_round, "labels": current,
                                    "earlier": earlier[-(REVISIT_CUTS_KEPT - 1):]}
+    kept = earlier
+    # independent evidence only: cuts of rounds before the rows cut now
+    earlier = [entry for entry in earlier if entry["round"] < first]
     not_split = f"{strategy}: cluster {cluster} not split: its members' training updates cut into {parts} parts"
     if refused:
         return f"{not_split}, but {refused}"
-    if previous is None or parts < 2:
+    if not earlier or parts < 2:
         return None
-    reproduction = _against_earlier(earlier, current, server_round)
+    reproduction = _against_earlier(earlier, current, server_round, first)
     if isinstance(reproduction, str):
         return f"{strategy}: split of cluster {cluster} deferred: {reproduction}"
     if not reproduced(reproduction, params):
@@ -174,12 +217,13 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     model = state.models.pop(cluster)
     children = {label: new_cluster(model, cluster) for label in sorted(set(current.values()))}
     for key in members:
-        state.assignment[key] = children[current[key] if key in current else _last_side(key, earlier, current, largest)]
+        state.assignment[key] = children[current[key] if key in current else _last_side(key, kept, current, largest)]
     reference = state.references.pop(cluster, None)
     if reference is not None:  # a newcomer is placed by the clustering step's rows: the parent's
         state.references.update(dict.fromkeys(children.values(), reference))
     state.revisit_cuts.pop(cluster, None)
     state.revisit_waiting.pop(cluster, None)
+    state.revisit_pool.pop(cluster, None)
     state.revisit_scale.pop(cluster, None)  # each part's own scale is taken when it is first cut
     state.aggregator_state.pop(cluster, None)
     made = sorted(children.values())
@@ -211,19 +255,21 @@ def _parts_refusal(X: np.ndarray, labels: np.ndarray, scale: float, params: OneS
     return None
 
 
-def _against_earlier(earlier: list[dict[str, Any]], current: dict[str, int], server_round: int) -> Reproduction | str:
-    """This round's cut against the latest earlier one sharing ``REVISIT_MIN_MEMBERS`` of its
-    clients, or (partial participation) against the pairs of them seen together in the earlier
-    cuts kept; why not, in words, when neither holds enough."""
+def _against_earlier(earlier: list[dict[str, Any]], current: dict[str, int], server_round: int,
+                     first: int) -> Reproduction | str:
+    """This round's cut (of rounds ``first`` to ``server_round``) against the latest earlier one
+    sharing ``REVISIT_MIN_MEMBERS`` of its clients, or (partial participation) against the pairs
+    of them seen together in the earlier cuts kept; why not, in words, when neither holds enough."""
     latest = earlier[-1]
+    now = f"{server_round}" if first == server_round else f"{first}–{server_round}"
     common = [key for key in current if key in latest["labels"]]
     if len(common) >= REVISIT_MIN_MEMBERS:
         return compare([latest["labels"][k] for k in common], [current[k] for k in common],
-                       f"rounds {latest['round']} and {server_round}")
+                       f"rounds {latest['round']} and {now}")
     found = reproduce_on_pairs([(e["round"], e["labels"]) for e in earlier], current, REVISIT_MIN_MEMBERS,
                                server_round)
     if found is None:
-        return (f"rounds {latest['round']} and {server_round} share fewer than {REVISIT_MIN_MEMBERS} of its members, "
+        return (f"rounds {latest['round']} and {now} share fewer than {REVISIT_MIN_MEMBERS} of its members, "
                 f"{too_few_pairs(REVISIT_MIN_MEMBERS)}")
     return found[0]
 
@@ -290,6 +336,7 @@ def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float
     for gone in (a, b):
         state.revisit_cuts.pop(gone, None)
         state.revisit_waiting.pop(gone, None)
+        state.revisit_pool.pop(gone, None)
     state.aggregator_state.pop(b, None)
     state.revisit_alike = {p: r for p, r in state.revisit_alike.items() if str(b) not in p.split("-")}
     state.revisits.append({"round": server_round, "action": "merge", "clusters": [a, b], "cosine": round(cosine, 4),
