@@ -131,8 +131,8 @@ def revisits_found(state: Any, params: Any) -> str:
     waiting = revisits_waiting(state, params)
     if waiting:
         return (f"; the revisits have not judged the cluster since round {waiting['since']}: at most "
-                f"{waiting['trained']} of its {waiting['members']} members trained in {_pooled(params)}, fewer than the "
-                f"{waiting['needed']} they need (fraction-train {params.fraction_train:g})")
+                f"{waiting['trained']} of its {waiting['members']} members trained in {_pooled(params)}, fewer "
+                f"than the {waiting['needed']} they need (fraction-train {params.fraction_train:g})")
     return "; no cluster's training updates showed a partition that reproduced in successive rounds"
 
 

@@ -20,9 +20,9 @@ and those parameters (no object of its own, no call back into the strategy).
 - The clusters' revisits after the clustering step: ``revisit.py``.
 
 The strategy asks (``train_asks``), samples (``Round.reachable``) and makes clusters
-(``new_cluster``) itself and hands the results in. What the run says is
-``clusterfed/explain/oneshot.py``'s. The fields are declared once in ``OneShotState``,
-which each strategy's ``State`` extends, so a checkpoint holds them under the same names.
+(``new_cluster``) itself and hands the results in; what the run says is ``explain/oneshot.py``'s.
+The fields are declared once in ``OneShotState`` (each strategy's ``State`` extends it: one
+name in a checkpoint).
 """
 
 from __future__ import annotations
@@ -485,9 +485,8 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
 
 def groups_tested(X: np.ndarray, labels: np.ndarray, params: OneShotParams,
                   max_clusters: int | None = None, draws: int | None = None) -> GroupTest | None:
-    """``group_test`` of the cut ``labels`` of X with the strategy's distance, linkage, draws
-    (default ``auto-reference-draws``) and seed, cut into at most ``max_clusters`` (default
-    ``max-clusters``)."""
+    """``group_test`` of the cut ``labels`` of X with the strategy's distance, linkage, seed, draws
+    (default ``auto-reference-draws``), at most ``max_clusters`` (default ``max-clusters``)."""
     return group_test(X, labels, metric=params.distance, linkage=params.linkage,
                       max_clusters=max_clusters or params.max_clusters,
                       draws=params.auto_reference_draws if draws is None else draws, seed=params.seed)
