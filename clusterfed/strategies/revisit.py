@@ -1,8 +1,8 @@
 """FedClust's and AdaCFL's revisits (an extension, ``revisit = true``): after the clustering
-step, each round's training updates are cut per cluster; a cluster whose cut reproduces in two
-successive rounds, beats group-free rotations of the updates and has parts that point and
-pull apart, is split; two clusters whose members' updates show no structure together (nor as
-the two clusters) and point alike in two rounds running are merged.
+step, each round's training updates (of the whole model) are cut per cluster; a cluster whose
+cut reproduces in two successive rounds, beats group-free rotations of the updates and has
+parts that point and pull apart, is split; two clusters whose members' updates show no
+structure together (nor as the two clusters) and point alike in two rounds running are merged.
 The tree and tests are the CFL family's (Sattler et al., "Clustered Federated Learning:
 Model-Agnostic Distributed Multitask Optimization Under Privacy Constraints"), on the one-shot
 strategies' state (``oneshot.OneShotState``)."""
@@ -83,9 +83,12 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
     SGD draws), the cut passing ``_parts_refusal``'s tests (group-free rotations, parts
     pointing and pulling apart); merge two clusters whose members' updates show no structure
     together, whose two clusters do not beat group-free rotations (``_apart``) and whose mean
-    updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running. A cluster is
-    cut, and a pair compared for a merge, only in a round where ``replies_needed`` of its
-    ``active`` members (default: all it holds) trained; one waiting for them is said and kept
+    updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running. The updates
+    read are those of every ``whole`` array (the compared arrays, sketched beyond
+    ``WHOLE_SKETCH`` numbers; None: the clustering step's layer). A cluster is cut on
+    ``replies_needed`` of its ``active`` members (default: all it holds), at partial
+    participation over up to ``revisit-rounds`` rounds (``_pool``), and a pair compared for a
+    merge only in a round where as many of each trained; one waiting for them is said and kept
     in ``state.revisit_waiting``. ``new_cluster``: the strategy's (model, inherit) -> id.
     Returns the diagnostics, with the round line's words under ``decision`` when anything was
     split, merged, refused or waits."""
@@ -95,7 +98,12 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
             groups.setdefault(reply.cluster, []).append(reply)
     present = None if active is None else set(active)
     sizes = Counter(c for key, c in state.assignment.items() if present is None or key in present)
-    rows = {cluster: update_rows(group, state) for cluster, group in groups.items()}
+    # whether a cluster holds two tasks, or two clusters one, is the whole model's question
+    # (``whole``, the compared arrays): the layer the clustering step compared is where the groups
+    # showed in θ0's first epochs; once the model trains they can show elsewhere (a label swap in
+    # the head), and groups that differ in one layer can train alike on another
+    rows = {c: update_rows(g, state) if whole is None else whole_rows(g, state, whole, params.seed)
+            for c, g in groups.items()}
     # every member trains every round at full participation: nothing to pool
     rounds = params.revisit_rounds if params.fraction_train < 1 else 1
     pooled = {c: _pool(state, server_round, c, groups[c], rows[c], replies_needed(sizes[c]), rounds)
@@ -105,12 +113,8 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
     said += [text for cluster in sorted(groups) if cluster not in state.revisit_waiting
              and (text := _maybe_split(state, params, server_round, cluster, *pooled[cluster], new_cluster, strategy))]
     # merges are judged on one round's repliers: two clusters' rows of different rounds would
-    # differ by the rounds' drift. Whether two clusters train one task is the whole model's
-    # question (``whole``, the compared arrays): groups that differ in one layer (a label swap,
-    # in the head) can train alike on the layer chosen for the cut
+    # differ by the rounds' drift
     judged = {c for c, g in groups.items() if c in state.models and len(g) >= replies_needed(sizes[c])}
-    if whole is not None:
-        rows = {c: whole_rows(groups[c], state, whole, params.seed) for c in judged}
     said += _merges(state, params, server_round, {c: r for c, r in rows.items() if c in judged}, strategy)
     return {"decision": "; ".join(said)} if said else {}
 
