@@ -186,6 +186,24 @@ def test_a_split_is_taken_once_two_rounds_cut_alike_undone_when_its_parts_become
                              "and 1 merge on the members' training updates (revisit)")
 
 
+def test_a_revisit_splits_on_groups_that_show_in_another_array_than_the_clustering_steps():
+    """The clustering step compared ``w``, where the members train alike; their two groups
+    show in ``head`` only (a label swap, once the model trains). Asked of the compared arrays
+    (``whole``), the revisit splits in round 2; asked of ``w`` alone, it never does."""
+    two = [0, 0, 0, 0, 1, 1, 1, 1]
+    for whole, splits in ((["w", "head"], True), (None, False)):
+        run = Revisits(dict.fromkeys(KEYS, 0))
+        for number in (1, 2, 3):
+            alike = directions([0] * 8, noise=0.1, seed=number)
+            heads = directions(two, noise=0.1, seed=10 + number)
+            heads = [h - np.mean(heads, axis=0) for h in heads]
+            replies = [TrainReply(k, 0, {"w": a, "head": h}, {"w": np.zeros(40), "head": np.zeros(40)}, 10, 1.0, {})
+                       for k, a, h in zip(KEYS, alike, heads)]
+            revisit.revisit(run.state, run.strategy.params, number, replies, run.strategy.new_cluster, "FedClust",
+                            whole=whole)
+        assert run.clusters() == ([KEYS[:4], KEYS[4:]] if splits else [KEYS])
+
+
 def test_a_converged_group_whose_members_cut_alike_round_after_round_is_not_split():
     """Each client's own data makes its direction persistent: once the cluster's model fits
     them, its members still cut into the same parts every round, but pull apart at a small
