@@ -388,9 +388,23 @@ def test_at_partial_participation_a_revisit_pools_rounds_and_reproduces_on_round
                        "and merges are judged on")
     assert said[2] == said[3] == ""
     assert ("split into clusters 1 (6 clients), 2 (6 clients): its members' training updates cut alike in rounds "
-            "2 and 3–4 agree") in said[4]
+            "1–2 and 3–4 agree") in said[4]
     keys = [str(i) for i in range(12)]
     assert run.clusters() == sorted([keys[:6], keys[6:]]) and run.state.revisit_pool == {}
+
+
+def test_two_clusters_of_three_training_alike_are_merged_as_before_at_partial_participation():
+    """Clusters smaller than a revisit's 4 members are never waited for: two of 3 members each,
+    every member training alike, are merged once judged alike in two rounds running."""
+    run = Revisits({**dict.fromkeys(KEYS[:3], 0), **dict.fromkeys(KEYS[3:6], 1)})
+    run.strategy.params = run.strategy.params.model_copy(update={"fraction_train": 0.5})
+    said = {}
+    for number in (1, 2, 3):
+        updates = directions([0] * 6, noise=0.1, seed=number)
+        replies = [reply(k, u, np.zeros(40), run.state.assignment[k]) for k, u in zip(KEYS[:6], updates)]
+        said[number] = revisit.revisit(run.state, run.strategy.params, number, replies, run.strategy.new_cluster,
+                                       "FedClust").get("decision", "")
+    assert said[3].startswith("FedClust: clusters 0 and 1 merged") and run.clusters() == [KEYS[:6]]
 
 
 def test_two_clusters_are_not_merged_on_a_few_repliers_each():

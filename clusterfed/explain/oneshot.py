@@ -119,9 +119,9 @@ def revisits_waiting(state: Any, params: Any) -> dict[str, int] | None:
 
 
 def _pooled(params: Any) -> str:
-    """The rounds a revisit pools (``revisit-rounds``), in words."""
-    rounds = getattr(params, "revisit_rounds", 1)
-    return "one round" if rounds == 1 else f"{rounds} rounds running"
+    """The rounds a revisit pools (``revisit-rounds``, at partial participation only), in words."""
+    rounds = getattr(params, "revisit_rounds", 1) if params.fraction_train < 1 else 1
+    return "one round" if rounds == 1 else f"up to {rounds} rounds"
 
 
 def revisits_found(state: Any, params: Any) -> str:

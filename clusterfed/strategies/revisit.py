@@ -24,8 +24,8 @@ from clusterfed.explain.numbers import compared
 from clusterfed.core.exchange import Diagnostics, TrainReply, natural
 from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState, groups_tested, reproduced
 
-# members of a cluster that trained in a round for their updates to be cut (a cut needs 3;
-# one more keeps a split from isolating a single client on one round's luck)
+# members of a cluster whose updates are cut (a cut needs 3; one more keeps a split from
+# isolating a single client on one round's luck)
 REVISIT_MIN_MEMBERS = 4
 # A client's own data makes its update direction persistent, so the members of one group
 # cut alike round after round: reproduction alone does not make a split. A cut is a split when
@@ -46,8 +46,8 @@ FEW_MEMBERS_MAX_COSINE = 0.0
 # a cluster's latest cuts kept: at partial participation, where the latest shares too few of a
 # round's members, the pairs of them that met in these are the evidence
 REVISIT_CUTS_KEPT = 6
-# the whole update's numbers kept for the merge test beyond which it is sketched (as the CFL
-# family's update-storage = sketch, whose default size this is)
+# the whole update's numbers kept for the split and merge tests beyond which it is sketched
+# (as the CFL family's update-storage = sketch, whose default size this is)
 WHOLE_SKETCH = 8192
 
 
@@ -106,7 +106,7 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
             for c, g in groups.items()}
     # every member trains every round at full participation: nothing to pool
     rounds = params.revisit_rounds if params.fraction_train < 1 else 1
-    pooled = {c: _pool(state, server_round, c, groups[c], rows[c], replies_needed(sizes[c]), rounds)
+    pooled = {c: _pool(state, server_round, c, groups[c], rows[c], replies_needed(sizes[c]), rounds, present)
               for c in sorted(groups)}
     said = [text for cluster in sorted(groups) if (text := _waiting(state, server_round, cluster, pooled[cluster],
                                                                     sizes[cluster], strategy))]
@@ -114,7 +114,8 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
              and (text := _maybe_split(state, params, server_round, cluster, *pooled[cluster], new_cluster, strategy))]
     # merges are judged on one round's repliers: two clusters' rows of different rounds would
     # differ by the rounds' drift
-    judged = {c for c, g in groups.items() if c in state.models and len(g) >= replies_needed(sizes[c])}
+    judged = {c for c, g in groups.items() if c in state.models
+              and (sizes[c] < REVISIT_MIN_MEMBERS or len(g) >= replies_needed(sizes[c]))}
     said += _merges(state, params, server_round, {c: r for c, r in rows.items() if c in judged}, strategy)
     return {"decision": "; ".join(said)} if said else {}
 
@@ -129,10 +130,11 @@ class Pooled(NamedTuple):
 
 
 def _pool(state: OneShotState, server_round: int, cluster: int, group: list[TrainReply], X: np.ndarray,
-          need: int, rounds: int) -> Pooled:
+          need: int, rounds: int, present: set[str] | None = None) -> Pooled:
     """This round's repliers of ``cluster`` (rows ``X``) when ``need`` of them trained; else, at
     partial participation, each member's latest update over the fewest of the last ``rounds``
-    rounds that hold ``need`` members (all of them when none do; kept in ``state.revisit_pool``).
+    rounds that hold ``need`` members (all of them when none do; kept in ``state.revisit_pool``),
+    of its ``present`` members (default: all).
     A client's own data makes its update direction persistent from round to round, as the
     reproduction test reads it: its update of a round before points as its group's do now."""
     keys = [reply.key for reply in group]
@@ -142,7 +144,8 @@ def _pool(state: OneShotState, server_round: int, cluster: int, group: list[Trai
     for reply, row in zip(group, X):
         pool[reply.key] = {"round": server_round, "row": row}
     for key in [k for k, entry in pool.items() if entry["round"] <= server_round - rounds
-                or state.assignment.get(k) != cluster or len(entry["row"]) != X.shape[1]]:
+                or state.assignment.get(k) != cluster or (present is not None and k not in present)
+                or len(entry["row"]) != X.shape[1]]:
         del pool[key]
     if len(keys) >= need:
         return Pooled(keys, X, server_round)
@@ -198,8 +201,9 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     current = {key: int(label) for key, label in zip(keys, labels)}
     previous = state.revisit_cuts.get(cluster)
     earlier = [] if previous is None else [*previous.get("earlier", []),
-                                           {"round": previous["round"], "labels": previous["labels"]}]
-    state.revisit_cuts[cluster] = {"round": server_round, "labels": current,
+                                           {"round": previous["round"], "labels": previous["labels"],
+                                            "first": previous.get("first", previous["round"])}]
+    state.revisit_cuts[cluster] = {"round": server_round, "labels": current, "first": first,
                                    "earlier": earlier[-(REVISIT_CUTS_KEPT - 1):]}
     kept = earlier
     # independent evidence only: cuts of rounds before the rows cut now
@@ -265,17 +269,22 @@ def _against_earlier(earlier: list[dict[str, Any]], current: dict[str, int], ser
     sharing ``REVISIT_MIN_MEMBERS`` of its clients, or (partial participation) against the pairs
     of them seen together in the earlier cuts kept; why not, in words, when neither holds enough."""
     latest = earlier[-1]
-    now = f"{server_round}" if first == server_round else f"{first}–{server_round}"
+    then, now = _span(latest.get("first", latest["round"]), latest["round"]), _span(first, server_round)
     common = [key for key in current if key in latest["labels"]]
     if len(common) >= REVISIT_MIN_MEMBERS:
         return compare([latest["labels"][k] for k in common], [current[k] for k in common],
-                       f"rounds {latest['round']} and {now}")
+                       f"rounds {then} and {now}")
     found = reproduce_on_pairs([(e["round"], e["labels"]) for e in earlier], current, REVISIT_MIN_MEMBERS,
                                server_round)
     if found is None:
-        return (f"rounds {latest['round']} and {now} share fewer than {REVISIT_MIN_MEMBERS} of its members, "
+        return (f"rounds {then} and {now} share fewer than {REVISIT_MIN_MEMBERS} of its members, "
                 f"{too_few_pairs(REVISIT_MIN_MEMBERS)}")
     return found[0]
+
+
+def _span(first: int, last: int) -> str:
+    """Rounds ``first`` to ``last`` in words: "3", or "3–5"."""
+    return f"{last}" if first == last else f"{first}–{last}"
 
 
 def _last_side(key: str, earlier: list[dict[str, Any]], current: dict[str, int], largest: int) -> int:
