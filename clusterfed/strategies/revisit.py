@@ -144,8 +144,7 @@ def _pool(state: OneShotState, server_round: int, cluster: int, group: list[Trai
     for reply, row in zip(group, X):
         pool[reply.key] = {"round": server_round, "row": row}
     for key in [k for k, entry in pool.items() if entry["round"] <= server_round - rounds
-                or state.assignment.get(k) != cluster or (present is not None and k not in present)
-                or len(entry["row"]) != X.shape[1]]:
+                or state.assignment.get(k) != cluster or (present is not None and k not in present)]:
         del pool[key]
     if len(keys) >= need:
         return Pooled(keys, X, server_round)
@@ -180,7 +179,7 @@ def _waiting(state: OneShotState, server_round: int, cluster: int, pooled: Poole
         return None
     waiting = state.revisit_waiting.setdefault(cluster, {"since": server_round, "trained": 0})
     waiting.update(trained=max(waiting["trained"], trained), members=size, needed=need)
-    span = "" if pooled.first == server_round else f" in rounds {pooled.first}–{server_round}"
+    span = "" if pooled.first == server_round else f" in rounds {_span(pooled.first, server_round)}"
     return (f"{strategy}: cluster {cluster} not revisited: {trained} of its {size} members trained{span}, "
             f"fewer than the {need} its cut and merges are judged on")
 
