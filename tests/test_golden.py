@@ -57,8 +57,10 @@ PREDATE_EVIDENCE = {"cfl-merge": {"split-timing": "criteria", "ask-again": False
                     "hicfl": {"split-timing": "criteria", "ask-again": False, "decision-arrays": "every",
                               "same-round-splits": False, "split-min-repliers": 0}}
 # checkpoints written before the clustering step asked every active client resume asking the
-# sample (the golden runs are at full participation, where both ask everyone)
-PREDATE_SAMPLING = {"fedclust": {"cluster-all-active": False}, "adacfl": {"cluster-all-active": False}}
+# sample, and before the revisits pooled rounds cutting one round's repliers (the golden runs
+# are at full participation, where both ask everyone and nothing is pooled)
+PREDATE_SAMPLING = {"fedclust": {"cluster-all-active": False, "revisit-rounds": 1},
+                    "adacfl": {"cluster-all-active": False, "revisit-rounds": 1}}
 
 
 def test_a_checkpoint_older_than_split_timing_is_refused_at_the_new_default_with_the_value_that_resumes_it(tmp_path):

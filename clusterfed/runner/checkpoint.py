@@ -60,6 +60,7 @@ EARLIER_BEHAVIOUR = {
     "same-round-splits": False,  # a split's children waited for the next round
     "cluster-all-active": False,  # FedClust's and AdaCFL's clustering step asked the round's sample only
     "split-min-repliers": 0,  # the CFL family trained the sample only
+    "revisit-rounds": 1,  # FedClust's and AdaCFL's revisits cut one round's repliers only
 }
 
 
