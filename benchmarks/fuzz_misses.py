@@ -146,6 +146,13 @@ def tally(records: list[dict], signal: dict) -> list[dict]:
     return table
 
 
+def any_passes(records: list[dict]) -> tuple[int, int]:
+    """The cells where at least one clustered strategy passes, and the cells with a clustered
+    strategy's row: the pass share of the strategies taken together, each cell by its best."""
+    cells = [rec for rec in records if any(r["strategy"] in CLUSTERED for r in rec["rows"])]
+    return sum(1 for rec in cells if any(r["strategy"] in CLUSTERED and r["passes"] for r in rec["rows"])), len(cells)
+
+
 def where_they_miss(records: list[dict]) -> list[dict]:
     """Per value of each of ``TRAITS`` (sorted by cells): the cells and, per clustered strategy,
     its cells and passes there."""
@@ -207,8 +214,8 @@ def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None
     commits = commits or {}
     names = ran(records)
     lines = ["| folder | commit | cells | groups do not pay | no trace | signal record | "
-             "not learnt (of the other grouped cells) | " + " | ".join(names) + " |",
-             "|---|---|---|---|---|---|---|" + "---|" * len(names)]
+             "not learnt (of the other grouped cells) | " + " | ".join(names) + " | any of them |",
+             "|---|---|---|---|---|---|---|" + "---|" * (len(names) + 1)]
     for folder in dict.fromkeys(rec["folder"] for rec in records):
         mine = [rec for rec in records if rec["folder"] == folder]
         of_cell = [(rec["cell"]["seed"], cell_kind(rec, signal)) for rec in mine]
@@ -220,7 +227,7 @@ def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None
                   for name in names]
         lines.append(f"| `{folder}` | {commits.get(folder, '')[:7]} | {len(mine)} | {shown['groups_do_not_pay']} | "
                      f"{shown['no_trace']} | {'yes' if has_signal else 'no (none counted)'} | {shown['not_learnt']} | "
-                     + " | ".join(passes) + " |")
+                     + " | ".join(passes) + f" | {any_passes(mine)[0]} |")
     return "\n".join(lines)
 
 
@@ -308,6 +315,10 @@ without one is never called "no trace"). Each folder's cells ran on the code of 
 ![passes and misses by kind](misses.png)
 
 {markdown(table)}
+
+Taken together, each cell by the best of them, the clustered strategies pass
+{_of(*any_passes(records))} cells: a cell that none of them passes is missed by every rule here,
+whichever strategy a user picks (the folders' strategies as they ran, on their commits).
 
 How many cells of each folder are of those kinds (a folder without a signal record counts no
 cell as without a trace; "not learnt" counts the grouped cells where FedAvg stayed below

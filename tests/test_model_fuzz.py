@@ -423,7 +423,7 @@ def test_each_miss_is_sorted_into_the_first_kind_that_applies_and_only_a_one_clu
 def test_passes_are_broken_down_by_cell_trait_and_by_folder(tmp_path):
     """fuzz_misses.py: the pass share per value of each cell trait counts each strategy's own rows
     (a strategy missing from a folder is not counted there), and the folder table gives each
-    strategy's passes and the folder's commit."""
+    strategy's passes and the folder's commit; a cell counts for them together when any passes."""
     import fuzz_misses
 
     def record(seed, shift, family, participation, fedavg, passed, folder, with_cfl=True):
@@ -458,5 +458,9 @@ def test_passes_are_broken_down_by_cell_trait_and_by_folder(tmp_path):
     commits = fuzz_misses.folder_commits([tmp_path / "a", tmp_path / "b"])  # b has no manifest
     assert commits == {"a": "0123456789abcdef"}
     folders = fuzz_misses.per_folder(records, {}, commits)
-    assert "| `a` | 0123456 | 2 | 0 | 0 | no (none counted) | 1 | 1 | 1 |" in folders
-    assert "| `b` |  | 1 | 0 | 0 | no (none counted) | 0 | 1 | — |" in folders
+    assert "| `a` | 0123456 | 2 | 0 | 0 | no (none counted) | 1 | 1 | 1 | 2 |" in folders
+    assert "| `b` |  | 1 | 0 | 0 | no (none counted) | 0 | 1 | — | 1 |" in folders
+    # taken together: a cell counts when any clustered strategy passes it
+    assert fuzz_misses.any_passes(records) == (3, 3)
+    records[1]["rows"][2]["passes"] = False
+    assert fuzz_misses.any_passes(records) == (2, 3)
