@@ -256,6 +256,38 @@ def test_a_merge_asks_every_compared_array_whether_two_clusters_train_one_task()
         assert ("clusters 0 and 1 merged" in said[1]) is merged
 
 
+def test_two_clusters_apart_in_two_rounds_running_are_not_merged_when_their_updates_later_look_alike():
+    """Two groups' models converge: their members' updates, apart in rounds 1 and 2, shrink to
+    what the tasks share and look alike in rounds 3 and 4. The pair was apart in two rounds
+    running: two tasks, not merged, and the round line says why. A pair apart in one round
+    only (a chance cut) is merged once it looks alike in two."""
+    assignment = {k: int(int(k) >= 4) for k in KEYS}
+    common = directions([3] * 8, seed=0)[0]
+
+    def rounds(apart_in: tuple[int, ...]) -> tuple[Revisits, list[str]]:
+        run, said = Revisits(assignment), []
+        for number in (1, 2, 3, 4):
+            spread = directions([0, 0, 0, 0, 1, 1, 1, 1], seed=number)
+            updates = ([u - np.mean(spread, axis=0) for u in spread] if number in apart_in else
+                       [common + 0.1 * np.random.default_rng(2 + number).normal(size=40) for _ in KEYS])
+            replies = [reply(k, u, np.zeros(40), assignment[k]) for k, u in zip(KEYS, updates)]
+            said.append(revisit.revisit(run.state, run.strategy.params, number, replies, run.strategy.new_cluster,
+                                        "FedClust").get("decision", ""))
+        return run, said
+
+    run, said = rounds(apart_in=(1, 2))
+    assert run.clusters() == [KEYS[:4], KEYS[4:]] and run.state.revisit_apart == {"0-1": [1, 2]}
+    assert said[3].startswith("FedClust: clusters 0 and 1 not merged: their members' training updates show no structure "
+                              "together and point alike (mean-update cosine ")
+    assert said[3].endswith("in rounds 3 and 4, but were apart beyond group-free rotations in rounds 1 and 2: "
+                            "two tasks whose models converge")
+    cosine = float(said[3].split("cosine ")[1].split(")")[0])
+    assert cosine >= revisit.MERGE_MIN_COSINE
+    run, said = rounds(apart_in=(1,))
+    assert said[2].startswith("FedClust: clusters 0 and 1 merged: ") and "in rounds 2 and 3" in said[2]
+    assert run.clusters() == [KEYS] and run.state.revisit_apart == {}
+
+
 def test_updates_that_cut_differently_in_two_rounds_are_not_split():
     run = Revisits(dict.fromkeys(KEYS, 0))
     run.round(1, [0, 0, 0, 0, 1, 1, 1, 1])

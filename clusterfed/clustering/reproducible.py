@@ -150,6 +150,20 @@ def alike_before(memory: dict[str, int], pair: str, alike: bool, server_round: i
     return seen
 
 
+def apart_before(memory: dict[str, list[int]], pair: str, apart: bool, server_round: int) -> list[int] | None:
+    """Two clusters found apart in successive rounds: the rounds (two) once they were; then kept,
+    whatever later rounds find. A first round apart is kept as pending in ``memory[pair]``, and
+    forgotten when the pair's next round does not find them apart. None while not held apart."""
+    held = memory.get(pair, [])
+    if len(held) < 2:
+        held = [*held, server_round] if apart else []
+        if held:
+            memory[pair] = held
+        else:
+            memory.pop(pair, None)
+    return held if len(held) == 2 else None
+
+
 def too_few_pairs(need: int) -> str:
     """What a deferral for want of pairs says (``reproduce_on_pairs`` gave None)."""
     return f"nor did {need * (need - 1) // 2} pairs of {need} of them meet in earlier rounds"

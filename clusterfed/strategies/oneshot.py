@@ -138,8 +138,9 @@ class OneShotParams(StrategyParams):
         True, description="after the clustering step, keep watching the training updates: a cluster whose members' "
                           "updates show the same partition in two successive rounds, beating group-free rotations of "
                           "them, is split, two clusters whose members' updates show no structure together and point "
-                          f"alike in two successive rounds are merged; a cluster is judged on {SMALL_ROWS} of its "
-                          "members (every member of a smaller one) (false: the papers' one-shot clustering)")
+                          "alike in two successive rounds are merged (not two once apart in two successive rounds); "
+                          f"a cluster is judged on {SMALL_ROWS} of its members (every member of a smaller one) "
+                          "(false: the papers' one-shot clustering)")
     revisit_rounds: int = Field(
         3, alias="revisit-rounds", ge=1,
         description="revisit at partial participation: a cluster is cut on each member's latest update over up to "
@@ -166,15 +167,16 @@ class OneShotState(ClusteredState):
     clustering_state: dict[str, Any] = field(default_factory=dict)
     # cluster-layers = auto: the projection of the clustering upload ({}: none; evidence_upload.py)
     evidence_plan: dict[str, Any] = field(default_factory=dict)
-    # revisits (``revisit.py``): each cluster's last cuts of its members' training updates, each
-    # pair's last round found indistinguishable, the splits and merges taken, each cluster's
-    # update scale, its wait for repliers, its members' latest updates (``revisit._pool``)
+    # revisits (``revisit.py``): per cluster its last cuts, update scale, wait for repliers and
+    # members' latest updates (``revisit._pool``); per pair its last round found alike and its
+    # successive rounds found apart (two: never merged); the splits and merges taken
     revisit_cuts: dict[int, dict[str, Any]] = field(default_factory=dict)
     revisit_alike: dict[str, int] = field(default_factory=dict)
     revisits: list[dict[str, Any]] = field(default_factory=list)
     revisit_scale: dict[int, float] = field(default_factory=dict)
     revisit_waiting: dict[int, dict[str, int]] = field(default_factory=dict)
     revisit_pool: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    revisit_apart: dict[str, list[int]] = field(default_factory=dict)
 
 
 def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str) -> None:
@@ -567,9 +569,7 @@ def form(state: OneShotState, params: OneShotParams, server_round: int, keys: li
         "layer_choice": state.layer_choice.record(),
         "distance": params.distance,
         "vectors": "partial weights minus the start model's (L2 distances equal the weights')",
-        "linkage_method": params.linkage,
-        "lambda": info["lambda"],
-        "silhouette": silhouette,
+        "linkage_method": params.linkage, "lambda": info["lambda"], "silhouette": silhouette,
         "client_order": list(keys),
         "labels": [state.assignment[key] for key in keys],
         "distance_matrix": None if D is None else D.round(6).tolist(),

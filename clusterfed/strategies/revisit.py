@@ -2,7 +2,8 @@
 step, each round's training updates (of the whole model) are cut per cluster; a cluster whose
 cut reproduces in two successive rounds, beats group-free rotations of the updates and has
 parts that point and pull apart, is split; two clusters whose members' updates show no
-structure together (nor as the two clusters) and point alike in two rounds running are merged.
+structure together (nor as the two clusters) and point alike in two rounds running are merged,
+unless they were apart in two rounds running before (two tasks whose models converge).
 The tree and tests are the CFL family's (Sattler et al., "Clustered Federated Learning:
 Model-Agnostic Distributed Multitask Optimization Under Privacy Constraints"), on the one-shot
 strategies' state (``oneshot.OneShotState``)."""
@@ -19,7 +20,8 @@ from clusterfed.clustering import stack_partials
 from clusterfed.clustering.group_structure import SMALL_ROWS
 from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separation, threshold_cut
-from clusterfed.clustering.reproducible import Reproduction, alike_before, compare, reproduce_on_pairs, too_few_pairs
+from clusterfed.clustering.reproducible import (Reproduction, alike_before, apart_before, compare, reproduce_on_pairs,
+                                                too_few_pairs)
 from clusterfed.explain.numbers import compared
 from clusterfed.core.exchange import Diagnostics, TrainReply, natural
 from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState, groups_tested, reproduced
@@ -83,7 +85,8 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
     SGD draws), the cut passing ``_parts_refusal``'s tests (group-free rotations, parts
     pointing and pulling apart); merge two clusters whose members' updates show no structure
     together, whose two clusters do not beat group-free rotations (``_apart``) and whose mean
-    updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running. The updates
+    updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running, unless the two
+    beat those rotations in two rounds running before (``state.revisit_apart``). The updates
     read are those of every ``whole`` array (the compared arrays, sketched beyond
     ``WHOLE_SKETCH`` numbers; None: the clustering step's layer). A cluster is cut on
     ``replies_needed`` of its ``active`` members (default: all it holds), at partial
@@ -232,6 +235,7 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     state.revisit_waiting.pop(cluster, None)
     state.revisit_pool.pop(cluster, None)
     state.revisit_scale.pop(cluster, None)  # each part's own scale is taken when it is first cut
+    state.revisit_apart = {p: r for p, r in state.revisit_apart.items() if str(cluster) not in p.split("-")}
     state.aggregator_state.pop(cluster, None)
     made = sorted(children.values())
     sizes = {c: sum(1 for k in members if state.assignment[k] == c) for c in made}
@@ -314,10 +318,23 @@ def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows:
             pair = f"{a}-{b}"
             together = np.vstack([rows[a], rows[b]])
             cosine = mean_cosine(rows[a], rows[b])
+            # tested every round until held: a pair apart in two rounds running holds two tasks, and
+            # its later likeness is its models converging (their updates shrink to what the tasks
+            # share), not one task
+            held, apart = state.revisit_apart.get(pair, []), None
+            if len(held) < 2:
+                apart = _apart(together, len(rows[a]), params)
+                held = apart_before(state.revisit_apart, pair, apart, server_round) or []
             alike = (cosine >= MERGE_MIN_COSINE and len(np.unique(_revisit_cut(together, params))) == 1
-                     and not _apart(together, len(rows[a]), params))
+                     and not (_apart(together, len(rows[a]), params) if apart is None else apart))
             seen = alike_before(state.revisit_alike, pair, alike, server_round)
             if seen is None:
+                continue
+            if held:
+                said.append(f"{strategy}: clusters {a} and {b} not merged: their members' training updates show no "
+                            f"structure together and point alike (mean-update cosine {cosine:.2f}) in rounds {seen} "
+                            f"and {server_round}, but were apart beyond group-free rotations in rounds "
+                            f"{held[0]} and {held[1]}: two tasks whose models converge")
                 continue
             said.append(_merge(state, server_round, a, b, cosine, seen, strategy))
     return said
@@ -351,6 +368,7 @@ def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float
         state.revisit_pool.pop(gone, None)
     state.aggregator_state.pop(b, None)
     state.revisit_alike = {p: r for p, r in state.revisit_alike.items() if str(b) not in p.split("-")}
+    state.revisit_apart = {p: r for p, r in state.revisit_apart.items() if str(b) not in p.split("-")}
     state.revisits.append({"round": server_round, "action": "merge", "clusters": [a, b], "cosine": round(cosine, 4),
                            "rounds": [seen, server_round]})
     return (f"{strategy}: clusters {a} and {b} merged: their members' training updates show no structure together "
