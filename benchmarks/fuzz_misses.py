@@ -360,8 +360,11 @@ def main(argv: list[str] | None = None) -> None:
     table = tally(records, signal)
     where = where_they_miss(records)
     args.out.mkdir(parents=True, exist_ok=True)
+    together, cells = any_passes(records)
     (args.out / "misses.json").write_text(json.dumps({"kinds": KINDS, "excused": EXCUSED, "hard": HARD,
-                                                      "strategies": table, "where_they_miss": where},
+                                                      "strategies": table, "where_they_miss": where,
+                                                      "any_of_them": {"cells": cells, "passes": together,
+                                                                      "share": together / cells if cells else None}},
                                                      indent=1) + "\n")
     figure(table, args.out / "misses.png")
     where_figure(where, args.out / "where.png")
