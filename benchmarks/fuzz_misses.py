@@ -225,9 +225,11 @@ def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None
         has_signal = any(str(rec["cell"]["seed"]) in signal for rec in mine)
         passes = [str(sum(1 for _, r in rows if r["passes"])) if (rows := rows_of(mine, name)) else "—"
                   for name in names]
+        passed, judged = any_passes(mine)
+        together = passed if judged else "—"
         lines.append(f"| `{folder}` | {commits.get(folder, '')[:7]} | {len(mine)} | {shown['groups_do_not_pay']} | "
                      f"{shown['no_trace']} | {'yes' if has_signal else 'no (none counted)'} | {shown['not_learnt']} | "
-                     + " | ".join(passes) + f" | {any_passes(mine)[0]} |")
+                     + " | ".join(passes) + f" | {together} |")
     return "\n".join(lines)
 
 
@@ -318,7 +320,7 @@ without one is never called "no trace"). Each folder's cells ran on the code of 
 
 Taken together, each cell by the best of them, the clustered strategies pass
 {_of(*any_passes(records))} cells: a cell that none of them passes is missed by every rule here,
-whichever strategy a user picks (the folders' strategies as they ran, on their commits).
+whichever of the strategies that ran a user picks (each folder's, on its commit).
 
 How many cells of each folder are of those kinds (a folder without a signal record counts no
 cell as without a trace; "not learnt" counts the grouped cells where FedAvg stayed below

@@ -464,3 +464,8 @@ def test_passes_are_broken_down_by_cell_trait_and_by_folder(tmp_path):
     assert fuzz_misses.any_passes(records) == (3, 3)
     records[1]["rows"][2]["passes"] = False
     assert fuzz_misses.any_passes(records) == (2, 3)
+    lone = dict(records[1], folder="c", rows=records[1]["rows"][:1])  # only FedAvg ran there: a dash
+    assert fuzz_misses.any_passes([lone]) == (0, 0)
+    (line,) = [row for row in fuzz_misses.per_folder([records[0], lone], {}, commits).splitlines()
+               if row.startswith("| `c` |")]
+    assert line.endswith("| — | — | — |")

@@ -288,6 +288,16 @@ def test_two_clusters_apart_in_two_rounds_running_are_not_merged_when_their_upda
     assert run.clusters() == [KEYS] and run.state.revisit_apart == {}
 
 
+def test_a_merge_keeps_the_merged_clusters_held_pairs_and_forgets_their_pending_ones():
+    """After cluster 1 joins cluster 0: a pair held apart (two tasks) stays held, a pair found
+    apart once was judged on cluster 0 without cluster 1's members and is forgotten, and every
+    pair of cluster 1 is gone."""
+    run = Revisits({k: int(k) % 4 for k in KEYS})
+    run.state.revisit_apart = {"0-1": [2], "0-2": [3], "0-3": [1, 2], "1-2": [1, 2], "2-3": [4]}
+    revisit._merge(run.state, 5, 0, 1, 0.7, 4, "FedClust")
+    assert run.state.revisit_apart == {"0-3": [1, 2], "2-3": [4]}
+
+
 def test_updates_that_cut_differently_in_two_rounds_are_not_split():
     run = Revisits(dict.fromkeys(KEYS, 0))
     run.round(1, [0, 0, 0, 0, 1, 1, 1, 1])

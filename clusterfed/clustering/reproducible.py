@@ -151,9 +151,10 @@ def alike_before(memory: dict[str, int], pair: str, alike: bool, server_round: i
 
 
 def apart_before(memory: dict[str, list[int]], pair: str, apart: bool, server_round: int) -> list[int] | None:
-    """Two clusters found apart in successive rounds: the rounds (two) once they were; then kept,
-    whatever later rounds find. A first round apart is kept as pending in ``memory[pair]``, and
-    forgotten when the pair's next round does not find them apart. None while not held apart."""
+    """Two clusters found apart in successive rounds the pair is judged in (a round it is not
+    judged in does not count): the rounds (two) once they were; then kept, whatever later
+    rounds find. A first round apart is kept as pending in ``memory[pair]``, and forgotten when
+    the pair's next judged round does not find them apart. None while not held apart."""
     held = memory.get(pair, [])
     if len(held) < 2:
         held = [*held, server_round] if apart else []

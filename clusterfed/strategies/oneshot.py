@@ -138,7 +138,7 @@ class OneShotParams(StrategyParams):
         True, description="after the clustering step, keep watching the training updates: a cluster whose members' "
                           "updates show the same partition in two successive rounds, beating group-free rotations of "
                           "them, is split, two clusters whose members' updates show no structure together and point "
-                          "alike in two successive rounds are merged (not two once apart in two successive rounds); "
+                          "alike in two successive rounds are merged (not two once apart in two such rounds); "
                           f"a cluster is judged on {SMALL_ROWS} of its members (every member of a smaller one) "
                           "(false: the papers' one-shot clustering)")
     revisit_rounds: int = Field(

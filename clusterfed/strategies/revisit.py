@@ -86,7 +86,8 @@ def revisit(state: OneShotState, params: OneShotParams, server_round: int, repli
     pointing and pulling apart); merge two clusters whose members' updates show no structure
     together, whose two clusters do not beat group-free rotations (``_apart``) and whose mean
     updates point alike (cosine >= ``MERGE_MIN_COSINE``) in two rounds running, unless the two
-    beat those rotations in two rounds running before (``state.revisit_apart``). The updates
+    beat those rotations in two rounds running before (``state.revisit_apart``; rounds the pair
+    is judged in: at partial participation those where enough of both trained). The updates
     read are those of every ``whole`` array (the compared arrays, sketched beyond
     ``WHOLE_SKETCH`` numbers; None: the clustering step's layer). A cluster is cut on
     ``replies_needed`` of its ``active`` members (default: all it holds), at partial
@@ -318,9 +319,9 @@ def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows:
             pair = f"{a}-{b}"
             together = np.vstack([rows[a], rows[b]])
             cosine = mean_cosine(rows[a], rows[b])
-            # tested every round until held: a pair apart in two rounds running holds two tasks, and
-            # its later likeness is its models converging (their updates shrink to what the tasks
-            # share), not one task
+            # tested in every round the pair is judged until held (a group test per pair and round):
+            # a pair apart in two judged rounds running holds two tasks, and its later likeness is
+            # its models converging (their updates shrink to what the tasks share), not one task
             held, apart = state.revisit_apart.get(pair, []), None
             if len(held) < 2:
                 apart = _apart(together, len(rows[a]), params)
@@ -368,7 +369,10 @@ def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float
         state.revisit_pool.pop(gone, None)
     state.aggregator_state.pop(b, None)
     state.revisit_alike = {p: r for p, r in state.revisit_alike.items() if str(b) not in p.split("-")}
-    state.revisit_apart = {p: r for p, r in state.revisit_apart.items() if str(b) not in p.split("-")}
+    # a held pair of ``a``'s stays held (its two tasks are in ``a`` still); a pending one was judged
+    # on ``a`` without ``b``'s members
+    state.revisit_apart = {p: r for p, r in state.revisit_apart.items() if str(b) not in p.split("-")
+                           and (len(r) == 2 or str(a) not in p.split("-"))}
     state.revisits.append({"round": server_round, "action": "merge", "clusters": [a, b], "cosine": round(cosine, 4),
                            "rounds": [seen, server_round]})
     return (f"{strategy}: clusters {a} and {b} merged: their members' training updates show no structure together "
