@@ -236,7 +236,7 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     state.revisit_waiting.pop(cluster, None)
     state.revisit_pool.pop(cluster, None)
     state.revisit_scale.pop(cluster, None)  # each part's own scale is taken when it is first cut
-    state.revisit_apart = {p: r for p, r in state.revisit_apart.items() if str(cluster) not in p.split("-")}
+    state.revisit_apart = {p: r for p, r in state.revisit_apart.items() if not _in_pair(p, cluster)}
     state.aggregator_state.pop(cluster, None)
     made = sorted(children.values())
     sizes = {c: sum(1 for k in members if state.assignment[k] == c) for c in made}
@@ -289,6 +289,12 @@ def _against_earlier(earlier: list[dict[str, Any]], current: dict[str, int], ser
 def _span(first: int, last: int) -> str:
     """Rounds ``first`` to ``last`` in words: "3", or "3–5"."""
     return f"{last}" if first == last else f"{first}–{last}"
+
+
+def _in_pair(pair: str, cluster: int) -> bool:
+    """Whether ``cluster`` is one of the pair ``"a-b"`` (the key of ``revisit_alike`` and
+    ``revisit_apart``)."""
+    return str(cluster) in pair.split("-")
 
 
 def _last_side(key: str, earlier: list[dict[str, Any]], current: dict[str, int], largest: int) -> int:
@@ -368,11 +374,11 @@ def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float
         state.revisit_waiting.pop(gone, None)
         state.revisit_pool.pop(gone, None)
     state.aggregator_state.pop(b, None)
-    state.revisit_alike = {p: r for p, r in state.revisit_alike.items() if str(b) not in p.split("-")}
+    state.revisit_alike = {p: r for p, r in state.revisit_alike.items() if not _in_pair(p, b)}
     # a held pair of ``a``'s stays held (its two tasks are in ``a`` still); a pending one was judged
     # on ``a`` without ``b``'s members
-    state.revisit_apart = {p: r for p, r in state.revisit_apart.items() if str(b) not in p.split("-")
-                           and (len(r) == 2 or str(a) not in p.split("-"))}
+    state.revisit_apart = {p: r for p, r in state.revisit_apart.items()
+                           if not _in_pair(p, b) and (len(r) == 2 or not _in_pair(p, a))}
     state.revisits.append({"round": server_round, "action": "merge", "clusters": [a, b], "cosine": round(cosine, 4),
                            "rounds": [seen, server_round]})
     return (f"{strategy}: clusters {a} and {b} merged: their members' training updates show no structure together "
