@@ -5,7 +5,8 @@ partial weights in, labels and what the cut used out.
   best-silhouette cut kept when it reaches ``min_silhouette`` or beats group-free data of
   the same size and shape); optionally a cut of a sample with the rest placed at the
   nearest reference (``cluster_sampled``).
-- ``recut_max_clusters``: the most clusters a cut of many small clients may form.
+- ``recut_max_clusters``: the most clusters a cut of many small clients may form;
+  ``bounded_auto_cut``: the auto cut held to it when its structure only beats group-free data.
 - ``tolerant_threshold``: AdaCFL's auto λ, the fewest clusters within a tolerance of the
   best silhouette.
 - ``silhouette_or_none``, ``precluster_records``: what the clustering records for figures.
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 from sklearn.metrics import silhouette_score
 
-from .agglomerative import DEFAULT_MAX_CLUSTERS, cluster_auto, cluster_by_threshold, linkage_matrix
+from .agglomerative import DEFAULT_MAX_CLUSTERS, AutoCut, cluster_auto, cluster_by_threshold, linkage_matrix
 from .reproducible import agreement
 from .sampled import cluster_sampled
 
@@ -56,6 +57,25 @@ def recut_max_clusters(clients: int, ceiling: int = DEFAULT_MAX_CLUSTERS) -> int
     return max(2, min(ceiling, int(math.sqrt(clients / 2))))
 
 
+def bounded_auto_cut(X: np.ndarray, *, metric: str, linkage: str, min_silhouette: float, reference_draws: int,
+                     seed: int, max_clusters: int) -> tuple[AutoCut, int | None]:
+    """The auto cut of the rows of X (``cluster_auto``), cut again into at most
+    ``recut_max_clusters`` when its best cut has more clusters than that and beats only the
+    group-free reference, not ``min_silhouette``; and that bound (None when not applied).
+    Why: such structure is tight groups of two or three alike clients (small clients, or
+    each client's own data, which makes it repeat round after round), which the reference
+    lacks, not the clients' groups."""
+    def auto_cut(bound: int) -> AutoCut:
+        return cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
+                            reference_draws=reference_draws, seed=seed, max_clusters=bound)
+
+    small_bound = recut_max_clusters(len(X), max_clusters)
+    auto = auto_cut(max_clusters)
+    if auto.num_clusters > small_bound and auto.silhouette < min_silhouette:
+        return auto_cut(small_bound), small_bound
+    return auto, None
+
+
 def tolerant_threshold(X: np.ndarray, *, metric: str, linkage: str, min_silhouette: float, reference_draws: int,
                        seed: int, max_clusters: int, tolerance: float) -> tuple[float, dict[str, Any]]:
     """An auto λ for the rows of X: the fewest clusters whose silhouette is within
@@ -63,17 +83,8 @@ def tolerant_threshold(X: np.ndarray, *, metric: str, linkage: str, min_silhouet
     group-free data reaches (then one cluster). A best cut that beats only the group-free
     reference, not ``min_silhouette``, is bounded at ``recut_max_clusters``. Returns λ and
     what the cut used (``auto_*``)."""
-    def auto_cut(bound: int):
-        return cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
-                            reference_draws=reference_draws, seed=seed, max_clusters=bound)
-
-    small_bound = recut_max_clusters(len(X), max_clusters)
-    auto, bound = auto_cut(max_clusters), None
-    if auto.num_clusters > small_bound and auto.silhouette < min_silhouette:
-        # structure that only beats the group-free reference: a sample of small clients,
-        # whose tight groups of two or three alike clients the reference lacks
-        bound = small_bound
-        auto = auto_cut(bound)
+    auto, bound = bounded_auto_cut(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
+                                   reference_draws=reference_draws, seed=seed, max_clusters=max_clusters)
     info = {"auto_best_silhouette": auto.silhouette, "auto_reference_silhouette": auto.reference,
             "auto_required_silhouette": auto.required, "auto_best_clusters": auto.num_clusters,
             "auto_clusters": auto.num_clusters, "auto_silhouette": auto.silhouette,

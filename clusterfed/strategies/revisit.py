@@ -1,5 +1,6 @@
 """FedClust's and AdaCFL's revisits (an extension, ``revisit = true``): after the clustering
-step, each round's training updates (of the whole model) are cut per cluster; a cluster whose
+step, each round's training updates (of the whole model) are cut per cluster (into at most
+sqrt(n / 2) parts of n members where the cut only beats group-free data); a cluster whose
 cut reproduces in two successive rounds, beats group-free rotations of the updates and has
 parts that point and pull apart, is split; two clusters whose members' updates show no
 structure together (nor as the two clusters) and point alike in two rounds running are merged,
@@ -19,7 +20,7 @@ import numpy as np
 from clusterfed.clustering import stack_partials
 from clusterfed.clustering.group_structure import SMALL_ROWS
 from clusterfed.clustering.sketch import count_sketch
-from clusterfed.clustering.oneshot import mean_cosine, most_alike, part_separation, threshold_cut
+from clusterfed.clustering.oneshot import bounded_auto_cut, mean_cosine, most_alike, part_separation, threshold_cut
 from clusterfed.clustering.reproducible import (Reproduction, alike_before, apart_before, compare, reproduce_on_pairs,
                                                 too_few_pairs)
 from clusterfed.explain.numbers import compared
@@ -168,6 +169,19 @@ def _revisit_cut(X: np.ndarray, params: OneShotParams) -> np.ndarray:
     return np.asarray(labels)
 
 
+def _split_cut(X: np.ndarray, params: OneShotParams) -> tuple[np.ndarray, int | None]:
+    """The cut a split is judged on: the auto cut of the members' updates, held to
+    ``recut_max_clusters`` parts where it only beats group-free data (``bounded_auto_cut``, as
+    AdaCFL's clustering step and FedClust's re-cut are); and that bound (None when not applied). A part with groups of its
+    own is split again when it is revisited. The merge test keeps the unbounded cut: a merge
+    needs no structure at any number of parts."""
+    auto, bound = bounded_auto_cut(X, metric=params.distance, linkage=params.linkage,
+                                   min_silhouette=params.auto_min_silhouette,
+                                   reference_draws=params.auto_reference_draws, seed=params.seed,
+                                   max_clusters=params.max_clusters)
+    return np.asarray(auto.labels), bound
+
+
 def _waiting(state: OneShotState, server_round: int, cluster: int, pooled: Pooled, size: int,
              strategy: str) -> str | None:
     """Whether ``cluster`` waits this round for repliers (``pooled`` holds fewer than
@@ -195,10 +209,10 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     round line's words when it splits, or when a cut was found and refused (why), else None."""
     if len(keys) < REVISIT_MIN_MEMBERS:
         return None
-    labels = _revisit_cut(X, params)
+    labels, bound = _split_cut(X, params)
     scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
     parts = len(np.unique(labels))
-    refused = _parts_refusal(X, labels, scale, params) if parts > 1 else None
+    refused = _parts_refusal(X, labels, scale, params, bound) if parts > 1 else None
     if refused:
         labels = np.zeros_like(labels)  # one group's spread, not a split: both rounds compared must pass
     current = {key: int(label) for key, label in zip(keys, labels)}
@@ -211,7 +225,8 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     kept = earlier
     # independent evidence only: cuts of rounds before the rows cut now
     earlier = [entry for entry in earlier if entry["round"] < first]
-    not_split = f"{strategy}: cluster {cluster} not split: its members' training updates cut into {parts} parts"
+    at_most = "" if bound is None else f" (at most {bound}: its structure only beats group-free data)"
+    not_split = f"{strategy}: cluster {cluster} not split: its members' training updates cut into {parts} parts{at_most}"
     if refused:
         return f"{not_split}, but {refused}"
     if not earlier or parts < 2:
@@ -248,12 +263,14 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
             f"{reproduction.words(params.reproduce_agreement)}")
 
 
-def _parts_refusal(X: np.ndarray, labels: np.ndarray, scale: float, params: OneShotParams) -> str | None:
+def _parts_refusal(X: np.ndarray, labels: np.ndarray, scale: float, params: OneShotParams,
+                   max_clusters: int | None = None) -> str | None:
     """Why a cut of one round's updates is no split, or None when it beats group-free
     rotations of them (below a small federation's ``SMALL_ROWS`` members its parts must also
     point apart outright; below the test's ``MIN_ROWS`` that alone) and its parts point and
-    pull apart."""
-    tested = groups_tested(X, labels, params)
+    pull apart; ``max_clusters``: the bound the cut was held to (``_split_cut``), which the
+    rotations' cuts are held to as well."""
+    tested = groups_tested(X, labels, params, max_clusters)
     if tested is not None and not tested.passes:
         return f"{tested.words()}: one task's spread"
     cosine = most_alike(X, labels)[0]
