@@ -236,38 +236,41 @@ def test_a_converged_group_whose_members_cut_alike_round_after_round_is_not_spli
 
 
 def test_a_revisit_holds_a_cut_that_only_beats_group_free_data_to_few_parts():
-    """24 members of one task in 12 pairs of alike clients (each pair's own data, the same rows
-    every round). Their best-silhouette cut, 8 parts of pairs and triples, beats group-free
-    rotations of the rows but not ``auto-min-silhouette``: held to sqrt(24 / 2) = 3 parts, as
-    the clustering step's cut is, the rows show no structure, and the cluster is not split in
-    any round. Pairs as tight as groups (a silhouette above ``auto-min-silhouette``) are cut
-    as they are."""
+    """24 members of one task in small sets of alike clients (each set's own data, the same rows
+    every round). Pairs: their best-silhouette cut, 8 parts, beats group-free rotations of the
+    rows but not ``auto-min-silhouette``; held to sqrt(24 / 2) = 3 parts, as AdaCFL's clustering
+    step's cut is, the rows show no structure, and the cluster is not split in any round (the
+    unbounded cut splits it into 8 in round 2). Triples: held to 3 parts, the cut is judged
+    and refused as any cut is, the line saying it was held. Pairs as tight as groups (a
+    silhouette above ``auto-min-silhouette``) are cut as they are."""
     from clusterfed.clustering.oneshot import bounded_auto_cut
 
-    def pairs(noise: float) -> np.ndarray:
-        rng = np.random.default_rng(1)
-        return np.repeat(rng.normal(size=(12, 40)), 2, axis=0) + noise * rng.normal(size=(24, 40))
+    def alike_sets(size: int, noise: float, seed: int) -> np.ndarray:
+        rng = np.random.default_rng(seed)
+        return np.repeat(rng.normal(size=(24 // size, 40)), size, axis=0) + noise * rng.normal(size=(24, 40))
 
     keys = [f"c{i}" for i in range(24)]
-    run = Revisits(dict.fromkeys(keys, 0))
+    NOT_SPLIT = "FedClust: cluster 0 not split: its members' training updates"
+    for rows, words in ((alike_sets(2, 1.0, 1), f"{NOT_SPLIT}' best cut, into 8 parts, scored 0.24 < 0.25 (below "
+                                                "auto-min-silhouette); held to at most 3 parts, they show no "
+                                                "structure beyond group-free data"),
+                        (alike_sets(3, 1.3, 4), f"{NOT_SPLIT} cut into 3 parts (held to at most 3: their best cut, "
+                                                "into 7 parts, scored 0.247 < 0.250 (below auto-min-silhouette)), but "
+                                                "its parts are no further apart than group-free rotations'")):
+        run = Revisits(dict.fromkeys(keys, 0))
+        for number in (1, 2, 3):
+            replies = [reply(k, x, np.zeros(40), 0) for k, x in zip(keys, rows)]
+            said = revisit.revisit(run.state, run.strategy.params, number, replies, run.strategy.new_cluster,
+                                   "FedClust")["decision"]
+            assert said.startswith(words)
+        assert run.clusters() == [keys]
     params = run.strategy.params
-    loose = pairs(1.0)
-    assert len(np.unique(revisit._revisit_cut(loose, params))) == 8  # the unbounded cut: a split of 8
-    cut, bound = bounded_auto_cut(loose, metric=params.distance, linkage=params.linkage,
-                                  min_silhouette=params.auto_min_silhouette,
-                                  reference_draws=params.auto_reference_draws, seed=params.seed,
-                                  max_clusters=params.max_clusters)
-    assert bound == 3 and cut.num_clusters == 1
-    for number in (1, 2, 3):
-        replies = [reply(k, x, np.zeros(40), 0) for k, x in zip(keys, loose)]
-        said = revisit.revisit(run.state, params, number, replies, run.strategy.new_cluster, "FedClust")
-        assert "split into" not in said.get("decision", "")
-    assert run.clusters() == [keys]
-    tight, bound = bounded_auto_cut(pairs(0.5), metric=params.distance, linkage=params.linkage,
-                                    min_silhouette=params.auto_min_silhouette,
-                                    reference_draws=params.auto_reference_draws, seed=params.seed,
-                                    max_clusters=params.max_clusters)
-    assert bound is None and tight.num_clusters == 12 and tight.silhouette >= params.auto_min_silhouette
+    assert len(np.unique(revisit._revisit_cut(alike_sets(2, 1.0, 1), params))) == 8  # unbounded: a split of 8
+    tight = bounded_auto_cut(alike_sets(2, 0.5, 1), metric=params.distance, linkage=params.linkage,
+                             min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws,
+                             seed=params.seed, max_clusters=params.max_clusters)
+    assert tight.bound is None and tight.cut.num_clusters == 12
+    assert tight.cut.silhouette >= params.auto_min_silhouette
 
 
 def test_a_merge_asks_every_compared_array_whether_two_clusters_train_one_task():

@@ -16,7 +16,7 @@ partial weights in, labels and what the cut used out.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sklearn.metrics import silhouette_score
@@ -57,14 +57,23 @@ def recut_max_clusters(clients: int, ceiling: int = DEFAULT_MAX_CLUSTERS) -> int
     return max(2, min(ceiling, int(math.sqrt(clients / 2))))
 
 
+class BoundedCut(NamedTuple):
+    """``bounded_auto_cut``'s answer: the cut taken; the most clusters it was held to (None
+    when it was not held); the best cut it replaced (None when not held)."""
+
+    cut: AutoCut
+    bound: int | None
+    unbounded: AutoCut | None
+
+
 def bounded_auto_cut(X: np.ndarray, *, metric: str, linkage: str, min_silhouette: float, reference_draws: int,
-                     seed: int, max_clusters: int) -> tuple[AutoCut, int | None]:
+                     seed: int, max_clusters: int) -> BoundedCut:
     """The auto cut of the rows of X (``cluster_auto``), cut again into at most
-    ``recut_max_clusters`` when its best cut has more clusters than that and beats only the
-    group-free reference, not ``min_silhouette``; and that bound (None when not applied).
-    Why: such structure is tight groups of two or three alike clients (small clients, or
-    each client's own data, which makes it repeat round after round), which the reference
-    lacks, not the clients' groups."""
+    ``recut_max_clusters`` when its best cut has more clusters than that and a silhouette
+    below ``min_silhouette`` (it beats only the group-free reference). Why: such structure is
+    tight groups of two or three alike clients (small clients, or each client's own data,
+    which makes it repeat round after round), which the reference lacks, not the clients'
+    groups."""
     def auto_cut(bound: int) -> AutoCut:
         return cluster_auto(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
                             reference_draws=reference_draws, seed=seed, max_clusters=bound)
@@ -72,8 +81,8 @@ def bounded_auto_cut(X: np.ndarray, *, metric: str, linkage: str, min_silhouette
     small_bound = recut_max_clusters(len(X), max_clusters)
     auto = auto_cut(max_clusters)
     if auto.num_clusters > small_bound and auto.silhouette < min_silhouette:
-        return auto_cut(small_bound), small_bound
-    return auto, None
+        return BoundedCut(auto_cut(small_bound), small_bound, auto)
+    return BoundedCut(auto, None, None)
 
 
 def tolerant_threshold(X: np.ndarray, *, metric: str, linkage: str, min_silhouette: float, reference_draws: int,
@@ -83,8 +92,8 @@ def tolerant_threshold(X: np.ndarray, *, metric: str, linkage: str, min_silhouet
     group-free data reaches (then one cluster). A best cut that beats only the group-free
     reference, not ``min_silhouette``, is bounded at ``recut_max_clusters``. Returns λ and
     what the cut used (``auto_*``)."""
-    auto, bound = bounded_auto_cut(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
-                                   reference_draws=reference_draws, seed=seed, max_clusters=max_clusters)
+    auto, bound, _ = bounded_auto_cut(X, metric=metric, linkage=linkage, min_silhouette=min_silhouette,
+                                      reference_draws=reference_draws, seed=seed, max_clusters=max_clusters)
     info = {"auto_best_silhouette": auto.silhouette, "auto_reference_silhouette": auto.reference,
             "auto_required_silhouette": auto.required, "auto_best_clusters": auto.num_clusters,
             "auto_clusters": auto.num_clusters, "auto_silhouette": auto.silhouette,

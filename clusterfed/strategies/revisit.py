@@ -20,7 +20,7 @@ import numpy as np
 from clusterfed.clustering import stack_partials
 from clusterfed.clustering.group_structure import SMALL_ROWS
 from clusterfed.clustering.sketch import count_sketch
-from clusterfed.clustering.oneshot import bounded_auto_cut, mean_cosine, most_alike, part_separation, threshold_cut
+from clusterfed.clustering.oneshot import BoundedCut, bounded_auto_cut, mean_cosine, most_alike, part_separation, threshold_cut
 from clusterfed.clustering.reproducible import (Reproduction, alike_before, apart_before, compare, reproduce_on_pairs,
                                                 too_few_pairs)
 from clusterfed.explain.numbers import compared
@@ -169,17 +169,22 @@ def _revisit_cut(X: np.ndarray, params: OneShotParams) -> np.ndarray:
     return np.asarray(labels)
 
 
-def _split_cut(X: np.ndarray, params: OneShotParams) -> tuple[np.ndarray, int | None]:
+def _split_cut(X: np.ndarray, params: OneShotParams) -> BoundedCut:
     """The cut a split is judged on: the auto cut of the members' updates, held to
-    ``recut_max_clusters`` parts where it only beats group-free data (``bounded_auto_cut``, as
-    AdaCFL's clustering step and FedClust's re-cut are); and that bound (None when not applied). A part with groups of its
-    own is split again when it is revisited. The merge test keeps the unbounded cut: a merge
-    needs no structure at any number of parts."""
-    auto, bound = bounded_auto_cut(X, metric=params.distance, linkage=params.linkage,
-                                   min_silhouette=params.auto_min_silhouette,
-                                   reference_draws=params.auto_reference_draws, seed=params.seed,
-                                   max_clusters=params.max_clusters)
-    return np.asarray(auto.labels), bound
+    ``recut_max_clusters`` parts where its best cut has more parts than that and only beats
+    group-free data (``bounded_auto_cut``, as AdaCFL's clustering step's is). A part with groups
+    of its own is split again when it is revisited. The merge test keeps the unbounded cut: a
+    merge needs no structure at any number of parts."""
+    return bounded_auto_cut(X, metric=params.distance, linkage=params.linkage,
+                            min_silhouette=params.auto_min_silhouette, reference_draws=params.auto_reference_draws,
+                            seed=params.seed, max_clusters=params.max_clusters)
+
+
+def _held_words(held: BoundedCut, params: OneShotParams) -> str:
+    """Why a revisit's cut was held to few parts (``_split_cut``), in words."""
+    best = held.unbounded
+    return (f"best cut, into {best.num_clusters} parts, scored "
+            f"{compared(best.silhouette, '<', params.auto_min_silhouette)} (below auto-min-silhouette)")
 
 
 def _waiting(state: OneShotState, server_round: int, cluster: int, pooled: Pooled, size: int,
@@ -209,7 +214,8 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     round line's words when it splits, or when a cut was found and refused (why), else None."""
     if len(keys) < REVISIT_MIN_MEMBERS:
         return None
-    labels, bound = _split_cut(X, params)
+    held = _split_cut(X, params)
+    labels, bound = np.asarray(held.cut.labels), held.bound
     scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
     parts = len(np.unique(labels))
     refused = _parts_refusal(X, labels, scale, params, bound) if parts > 1 else None
@@ -225,10 +231,13 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     kept = earlier
     # independent evidence only: cuts of rounds before the rows cut now
     earlier = [entry for entry in earlier if entry["round"] < first]
-    at_most = "" if bound is None else f" (at most {bound}: its structure only beats group-free data)"
+    at_most = "" if bound is None else f" (held to at most {bound}: their {_held_words(held, params)})"
     not_split = f"{strategy}: cluster {cluster} not split: its members' training updates cut into {parts} parts{at_most}"
     if refused:
         return f"{not_split}, but {refused}"
+    if bound is not None and parts < 2:
+        return (f"{strategy}: cluster {cluster} not split: its members' training updates' {_held_words(held, params)}; "
+                f"held to at most {bound} parts, they show no structure beyond group-free data")
     if not earlier or parts < 2:
         return None
     reproduction = _against_earlier(earlier, current, server_round, first)
@@ -259,7 +268,7 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
                            "members": len(members), **reproduction.as_record()})
     named = ", ".join(f"{c} (a single client)" if sizes[c] == 1 else f"{c} ({sizes[c]} clients)" for c in made)
     return (f"{strategy}: cluster {cluster} ({len(members)} clients) split into clusters "
-            f"{named}: its members' training updates cut alike in "
+            f"{named}: its members' training updates{at_most} cut alike in "
             f"{reproduction.words(params.reproduce_agreement)}")
 
 
