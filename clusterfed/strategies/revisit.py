@@ -20,7 +20,8 @@ import numpy as np
 from clusterfed.clustering import stack_partials
 from clusterfed.clustering.group_structure import SMALL_ROWS
 from clusterfed.clustering.sketch import count_sketch
-from clusterfed.clustering.oneshot import BoundedCut, bounded_auto_cut, mean_cosine, most_alike, part_separation, threshold_cut
+from clusterfed.clustering.oneshot import (BoundedCut, bounded_auto_cut, mean_cosine, most_alike, part_separation,
+                                          threshold_cut)
 from clusterfed.clustering.reproducible import (Reproduction, alike_before, apart_before, compare, reproduce_on_pairs,
                                                 too_few_pairs)
 from clusterfed.explain.numbers import compared
@@ -231,12 +232,13 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     kept = earlier
     # independent evidence only: cuts of rounds before the rows cut now
     earlier = [entry for entry in earlier if entry["round"] < first]
-    at_most = "" if bound is None else f" (held to at most {bound}: their {_held_words(held, params)})"
+    held_words = None if bound is None else _held_words(held, params)
+    at_most = "" if held_words is None else f" (held to at most {bound}: their {held_words})"
     not_split = f"{strategy}: cluster {cluster} not split: its members' training updates cut into {parts} parts{at_most}"
     if refused:
         return f"{not_split}, but {refused}"
-    if bound is not None and parts < 2:
-        return (f"{strategy}: cluster {cluster} not split: its members' training updates' {_held_words(held, params)}; "
+    if held_words is not None and parts < 2:
+        return (f"{strategy}: cluster {cluster} not split: its members' training updates' {held_words}; "
                 f"held to at most {bound} parts, they show no structure beyond group-free data")
     if not earlier or parts < 2:
         return None
