@@ -52,6 +52,13 @@ DEFAULT_DRAWS = 19
 MAX_REFERENCE_ROWS = 600
 
 
+def shared_draws(draws: int, tests: int) -> int:
+    """The rotations one of ``tests`` tests must beat for all of them together to pass
+    group-free rows as rarely as one test of ``draws`` does (Bonferroni: a test beating the
+    largest of ``draws`` passes one time in ``draws + 1``)."""
+    return draws if tests <= 1 or draws <= 0 else tests * (draws + 1) - 1
+
+
 def span_coordinates(X: np.ndarray) -> np.ndarray:
     """The rows of X in an orthonormal basis of their span: same pairwise L2 distances,
     dot products and norms (so same cosines), at most m columns."""

@@ -192,7 +192,8 @@ class AdaCFL(ClusteredStrategy):
         if p.precluster_merge and len(cuts) > 1 and auto_info.get("auto_clusters", 2) > 1:
             labels = merge_across_preclusters(X, labels, lam, metric=p.distance, linkage=p.linkage)
         labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, p, type(self).__name__,
-                                                            fallback=pre, keys=replied)
+                                                            fallback=pre, keys=replied,
+                                                            draws=oneshot.chosen_draws(self.state, p))
         if reproduction is not None:
             auto_info = {**auto_info, "reproduction": reproduction.as_record()}
         if deferred:

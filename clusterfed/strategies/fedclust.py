@@ -125,7 +125,8 @@ class FedClust(ClusteredStrategy):
             return diagnostics  # nobody replied: try again next round
         labels, info = self.cut(X)
         labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, self.params, type(self).__name__,
-                                                            keys=replied)
+                                                            keys=replied,
+                                                            draws=oneshot.chosen_draws(self.state, self.params))
         if reproduction is not None:
             info = {**info, "reproduction": reproduction.as_record()}
         if deferred:
@@ -195,7 +196,8 @@ class FedClust(ClusteredStrategy):
         bound = recut_max_clusters(len(keys), self.params.max_clusters)
         labels, info = self.cut(X, max_clusters=bound)
         labels, _, said, deferred = oneshot.gate(X, labels, None, self.params, type(self).__name__, keys=keys,
-                                                 max_clusters=bound)
+                                                 max_clusters=bound,
+                                                 draws=oneshot.chosen_draws(self.state, self.params))
         clusters = len(np.unique(labels))
         self.state.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound,
                                   "clusters": int(clusters), "best_silhouette": info.get("auto_best_silhouette"),

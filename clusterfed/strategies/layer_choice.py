@@ -51,6 +51,12 @@ class LayerChoice:
         return bool(self.candidates)
 
     @property
+    def chosen_among(self) -> int:
+        """How many scored layers the compared one was chosen among (1 under a rule, or with
+        one candidate): a test of its cut is one of that many (``oneshot.shared_draws``)."""
+        return max(1, len(self.scores))
+
+    @property
     def compared(self) -> list[str]:
         """The keys whose rows are compared: ``keys`` less the arrays no client changed (all
         of them when every one is silent)."""
@@ -91,8 +97,9 @@ def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict
     the keys and the silent arrays in ``choice``; later calls (newcomers) only read them.
     ``eligible(names, rows, labels, tests)``: whether the strategy would take a layer's cut
     (its arrays ``names``, its ``rows``, the cut's ``labels``), at the error level of one test
-    shared by ``tests`` layers. When given and the most structured layer's cut would not be
-    taken, each other layer is asked at that level shared among them, and the choice is the
+    shared by ``tests`` layers. When given, the most structured layer is asked at the level of
+    one test shared by every scored layer (it was picked among them); when its cut would not be
+    taken, each other layer is asked at that level, and the choice is the
     most structured of those it would take, if any (``most_structured``); each answer is
     kept in ``choice.scores`` (``taken``)."""
     updates = [{k: np.asarray(a[k], np.float64) - np.asarray(start[k], np.float64) for k in choice.keys} for a in arrays]
@@ -116,12 +123,12 @@ def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict
                     names = [k for k in choice.candidates[layer] if k not in silent]
                     return eligible(names, rows[layer][scored], np.asarray(testable[layer].labels), tests)
 
-                taken[best.layer] = answer(best.layer, 1)
+                # the best layer was picked as the most structured of them all, and the others are
+                # asked after it: every layer shares one test's chance of passing group-free updates
+                # (Bonferroni), so choosing among several never makes a cut of one task's clients likelier
+                taken[best.layer] = answer(best.layer, len(testable))
                 if not taken[best.layer]:
-                    # the other layers share one test's chance of passing group-free updates
-                    # (Bonferroni): trying several must not make a cut of one task's clients likelier
-                    others = [layer for layer in testable if layer != best.layer]
-                    taken.update({layer: answer(layer, len(others)) for layer in others})
+                    taken.update({layer: answer(layer, len(testable)) for layer in testable if layer != best.layer})
                     best = most_structured(scores, passing={layer for layer, ok in taken.items() if ok})
             choice.scores = [{**s.record(), **({"taken": taken[s.layer]} if s.layer in taken else {})}
                              for s in scores]

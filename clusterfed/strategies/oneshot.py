@@ -39,7 +39,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
 from clusterfed.clustering.group_structure import MIN_ROWS, SMALL_ROWS, GroupTest, group_test
-from clusterfed.clustering.null_reference import DEFAULT_DRAWS
+from clusterfed.clustering.null_reference import DEFAULT_DRAWS, shared_draws
 from clusterfed.clustering.oneshot import (
     chain_halves, cut_into, lone_rows, most_alike, silhouette_or_none, threshold_cut)
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
@@ -130,7 +130,8 @@ class OneShotParams(StrategyParams):
                           "otherwise it is deferred (one cluster) and the round line says so, as is a cut that only "
                           "sets single clients apart; under cluster-layers = auto the layer compared is the most "
                           "structured one whose cut passes these tests, when any (the others asked only when the most "
-                          "structured one's fails, sharing one test's level) (false: the papers' single cut)")
+                          "structured one's fails; each layer's cut, and the cut taken, one of as many tests as "
+                          "layers scored: (auto-reference-draws + 1) x layers - 1 rotations) (false: the papers' single cut)")
     reproduce_agreement: float = Field(
         DEFAULT_AGREEMENT, alias="reproduce-agreement", ge=0, le=1,
         description="the adjusted Rand index two independent cuts must reach for a cut, a split or a merge to be taken")
@@ -419,11 +420,10 @@ class Gated(NamedTuple):
     deferred: bool
 
 
-def shared_draws(draws: int, tests: int) -> int:
-    """The rotations one of ``tests`` tests must beat for all of them together to pass
-    group-free rows as rarely as one test of ``draws`` does (Bonferroni: a test beating the
-    largest of ``draws`` passes one time in ``draws + 1``)."""
-    return draws if tests <= 1 or draws <= 0 else tests * (draws + 1) - 1
+def chosen_draws(state: OneShotState, params: OneShotParams) -> int:
+    """The rotations the clustering step's cut must beat: a cut of the layer chosen as the most
+    structured of several is one of that many tests (``LayerChoice.chosen_among``)."""
+    return shared_draws(params.auto_reference_draws, state.layer_choice.chosen_among)
 
 
 def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneShotParams,
