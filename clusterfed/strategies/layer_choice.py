@@ -98,7 +98,8 @@ def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict
     ``eligible(names, rows, labels, tests)``: whether the strategy would take a layer's cut
     (its arrays ``names``, its ``rows``, the cut's ``labels``), at the error level of one test
     shared by ``tests`` layers. When given, the most structured layer is asked at the level of
-    one test shared by every scored layer (it was picked among them); when its cut would not be
+    one test shared by every scored layer (it was picked among them, including those whose cut
+    found no clusters); when its cut would not be
     taken, each other layer is asked at that level, and the choice is the
     most structured of those it would take, if any (``most_structured``); each answer is
     kept in ``choice.scores`` (``taken``)."""
@@ -123,12 +124,14 @@ def choose(choice: LayerChoice, arrays: list[dict[str, np.ndarray]], start: dict
                     names = [k for k in choice.candidates[layer] if k not in silent]
                     return eligible(names, rows[layer][scored], np.asarray(testable[layer].labels), tests)
 
-                # the best layer was picked as the most structured of them all, and the others are
-                # asked after it: every layer shares one test's chance of passing group-free updates
-                # (Bonferroni), so choosing among several never makes a cut of one task's clients likelier
-                taken[best.layer] = answer(best.layer, len(testable))
+                # the best layer was picked as the most structured of all the scored ones (those whose
+                # cut found no clusters too), and the others are asked after it: every layer shares one
+                # test's chance of passing group-free updates (Bonferroni), so choosing among several
+                # never makes a cut of one task's clients likelier; the clustering step's cut is asked
+                # at the same level (``chosen_among``)
+                taken[best.layer] = answer(best.layer, len(scores))
                 if not taken[best.layer]:
-                    taken.update({layer: answer(layer, len(testable)) for layer in testable if layer != best.layer})
+                    taken.update({layer: answer(layer, len(scores)) for layer in testable if layer != best.layer})
                     best = most_structured(scores, passing={layer for layer, ok in taken.items() if ok})
             choice.scores = [{**s.record(), **({"taken": taken[s.layer]} if s.layer in taken else {})}
                              for s in scores]

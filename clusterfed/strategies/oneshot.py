@@ -150,9 +150,9 @@ class OneShotParams(StrategyParams):
         DEFAULT_DRAWS, alias="auto-reference-draws", ge=0,
         description='group-free reference sets, the clients\' rows rotated at random about their mean: lambda = '
                     '"auto", a best cut below auto-min-silhouette still counts when it beats their best silhouette '
-                    '(many small clients, or a few with large layers); and a reproduced cut or a revisit\'s split '
-                    f'must beat them (0 = fixed threshold only, and the cosine rules of fewer than {SMALL_ROWS} '
-                    'clients)')
+                    '(many small clients, or a few with large layers); and a reproduced cut (x the layers scored '
+                    f'under cluster-layers = auto) or a revisit\'s split must beat them (0 = fixed threshold only, '
+                    f'and the cosine rules of fewer than {SMALL_ROWS} clients)')
 
 
 @dataclass
@@ -421,8 +421,7 @@ class Gated(NamedTuple):
 
 
 def chosen_draws(state: OneShotState, params: OneShotParams) -> int:
-    """The rotations the clustering step's cut must beat: a cut of the layer chosen as the most
-    structured of several is one of that many tests (``LayerChoice.chosen_among``)."""
+    """The rotations the clustering step's cut must beat: one of ``LayerChoice.chosen_among`` tests."""
     return shared_draws(params.auto_reference_draws, state.layer_choice.chosen_among)
 
 
@@ -471,9 +470,10 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
         return Gated(fallback, reproduction, f"{strategy}: cut deferred: {explain.disagreement(reproduction, bound)}; "
                                              f"{_kept(fallback, params)}", True)
     tested = groups_tested(X, labels, params, max_clusters, draws)
+    level = explain.shared_level(draws, params.auto_reference_draws)
     if tested is not None and not tested.passes:
         return Gated(fallback, reproduction, f"{strategy}: cut deferred: {reproduction.words(bound)}, but "
-                                             f"{tested.words()}: one task, each client's own data; "
+                                             f"{tested.words()}{level}: one task, each client's own data; "
                                              f"{_kept(fallback, params)}", True)
     cosine = most_alike(X, labels)[0]
     if (strict or tested is None) and cosine >= MERGE_MIN_COSINE:
@@ -481,7 +481,7 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
                                              f"clusters' mean changes point alike (cosine "
                                              f"{compared(cosine, '>=', MERGE_MIN_COSINE)}): one task, each client's "
                                              f"own data; {_kept(fallback, params)}", True)
-    beats = "" if tested is None else f"; {tested.words()}"
+    beats = "" if tested is None else f"; {tested.words()}{level}"
     return Gated(labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}{beats}", False)
 
 
