@@ -584,7 +584,7 @@ def test_the_layer_choice_passes_over_a_better_separated_layer_whose_cut_does_no
     assert scores["a"]["taken"] is False and scores["b"]["taken"] is True
     assert state.layer_choice.chosen == "b" and state.layer_choice.keys == ["b.weight"]
     labels, _ = oneshot.cut(X, params)
-    taken = oneshot.gate(X, labels, halves, params, "FedClust", draws=oneshot.chosen_draws(state, params))
+    taken = oneshot.gate(X, labels, halves, params, "FedClust", tests=state.layer_choice.chosen_among)
     assert not taken.deferred and compare(taken.labels, [0, 0, 0, 0, 1, 1, 1, 1], "truth").agreement == 1.0
     assert "(the largest of 39 rotations: the layer compared was chosen among 2)" in taken.said
     assert ("among the layers whose cut the clustering step would take (a separated more, but its cut would be "
@@ -594,7 +594,7 @@ def test_the_layer_choice_passes_over_a_better_separated_layer_whose_cut_does_no
     (keys, X, _, diagnostics, halves), state = two_layer_chain(params, stock=KEYS[:6])
     assert state.layer_choice.chosen == "b" and halves[0].shape == (6, 20) and X.shape == (8, 20)
     assert not oneshot.gate(X, oneshot.cut(X, params)[0], halves, params, "FedClust",
-                            draws=oneshot.chosen_draws(state, params)).deferred
+                            tests=state.layer_choice.chosen_among).deferred
     _, paper = two_layer_chain(FedClust.Params(seed=0, reproduce=False))
     assert paper.layer_choice.scores and all("taken" not in s for s in paper.layer_choice.scores)
 

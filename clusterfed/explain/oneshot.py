@@ -75,13 +75,13 @@ def cut_decision(decision: str | None, state: Any, params: Any, info: dict[str, 
     return "; ".join(text for text in (decision, said) if text)
 
 
-def shared_level(draws: int | None, one_test: int) -> str:
-    """What a group test asked at a shared level beat, in words (empty at one test's
-    ``one_test`` rotations): ``(the largest of 79 rotations: the layer compared was chosen
-    among 4)``."""
-    if draws is None or draws == one_test or one_test <= 0:
+def shared_level(tests: int, draws: int) -> str:
+    """What a group test sharing its level with ``tests`` tests beat, ``draws`` rotations, in
+    words (empty for one test, or no rotations): ``(the largest of 79 rotations: the layer
+    compared was chosen among 4)``."""
+    if tests <= 1 or draws <= 0:
         return ""
-    return f" (the largest of {draws} rotations: the layer compared was chosen among {(draws + 1) // (one_test + 1)})"
+    return f" (the largest of {draws} rotations: the layer compared was chosen among {tests})"
 
 
 def disagreement(reproduction: Any, bound: float) -> str:

@@ -193,7 +193,7 @@ class AdaCFL(ClusteredStrategy):
             labels = merge_across_preclusters(X, labels, lam, metric=p.distance, linkage=p.linkage)
         labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, p, type(self).__name__,
                                                             fallback=pre, keys=replied,
-                                                            draws=oneshot.chosen_draws(self.state, p))
+                                                            tests=self.state.layer_choice.chosen_among)
         if reproduction is not None:
             auto_info = {**auto_info, "reproduction": reproduction.as_record()}
         if deferred:

@@ -126,7 +126,7 @@ class FedClust(ClusteredStrategy):
         labels, info = self.cut(X)
         labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, self.params, type(self).__name__,
                                                             keys=replied,
-                                                            draws=oneshot.chosen_draws(self.state, self.params))
+                                                            tests=self.state.layer_choice.chosen_among)
         if reproduction is not None:
             info = {**info, "reproduction": reproduction.as_record()}
         if deferred:
@@ -197,7 +197,7 @@ class FedClust(ClusteredStrategy):
         labels, info = self.cut(X, max_clusters=bound)
         labels, _, said, deferred = oneshot.gate(X, labels, None, self.params, type(self).__name__, keys=keys,
                                                  max_clusters=bound,
-                                                 draws=oneshot.chosen_draws(self.state, self.params))
+                                                 tests=self.state.layer_choice.chosen_among)
         clusters = len(np.unique(labels))
         self.state.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound,
                                   "clusters": int(clusters), "best_silhouette": info.get("auto_best_silhouette"),

@@ -53,7 +53,7 @@ class LayerChoice:
     @property
     def chosen_among(self) -> int:
         """How many scored layers the compared one was chosen among (1 under a rule, or with
-        one candidate): a test of its cut is one of that many (``oneshot.shared_draws``)."""
+        one candidate): a test of its cut is one of that many (``oneshot.gate``'s ``tests``)."""
         return max(1, len(self.scores))
 
     @property

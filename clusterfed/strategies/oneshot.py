@@ -379,7 +379,7 @@ def chain_eligible(spans: ChainSpans | None, params: OneShotParams) -> Any:
 
     def eligible(names: list[str], X: np.ndarray, labels: np.ndarray, tests: int = 1) -> bool:
         return not gate(X, labels, spans.halves_on(names) if spans is not None else None, params, "",
-                        draws=shared_draws(params.auto_reference_draws, tests)).deferred
+                        tests=tests).deferred
 
     return eligible
 
@@ -420,14 +420,9 @@ class Gated(NamedTuple):
     deferred: bool
 
 
-def chosen_draws(state: OneShotState, params: OneShotParams) -> int:
-    """The rotations the clustering step's cut must beat: one of ``LayerChoice.chosen_among`` tests."""
-    return shared_draws(params.auto_reference_draws, state.layer_choice.chosen_among)
-
-
 def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneShotParams,
          strategy: str, fallback: np.ndarray | None = None, keys: list[str] | None = None,
-         max_clusters: int | None = None, draws: int | None = None) -> Gated:
+         max_clusters: int | None = None, tests: int = 1) -> Gated:
     """The cut that is taken: ``labels`` when they are one cluster (nothing to reproduce),
     when ``reproduce`` is off, or when two independent halves of the evidence (``halves``: a
     chain's; None: two random halves of X's coordinates), each cut into as many clusters,
@@ -444,7 +439,8 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     whose only structure is single clients set apart (``lone_rows``, beyond ``fallback``) is
     deferred too, the clients named (``keys``): one client's own data cannot be told from a
     group of one; the revisits split off a real group of one sampled member once more of it
-    trains. ``draws``: the rotations the cut must beat (default ``auto-reference-draws``).
+    trains. ``tests``: how many tests this one shares a level with (the layers the compared one
+    was chosen among, ``LayerChoice.chosen_among``): the cut must beat ``shared_draws`` rotations.
     Returns the ``Gated`` decision."""
     k = len(np.unique(labels))
     fallback = np.zeros(len(labels), dtype=np.int64) if fallback is None else np.asarray(fallback)
@@ -469,8 +465,9 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     if not reproduced(reproduction, params):
         return Gated(fallback, reproduction, f"{strategy}: cut deferred: {explain.disagreement(reproduction, bound)}; "
                                              f"{_kept(fallback, params)}", True)
+    draws = shared_draws(params.auto_reference_draws, tests)
     tested = groups_tested(X, labels, params, max_clusters, draws)
-    level = explain.shared_level(draws, params.auto_reference_draws)
+    level = explain.shared_level(tests, draws)
     if tested is not None and not tested.passes:
         return Gated(fallback, reproduction, f"{strategy}: cut deferred: {reproduction.words(bound)}, but "
                                              f"{tested.words()}{level}: one task, each client's own data; "
