@@ -5,12 +5,13 @@ as silhouette; below, the silhouette alone; and what the refusal says."""
 from __future__ import annotations
 
 import math
+from functools import partial
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from clusterfed.clustering.layer_split import EVIDENCE_DRAWS, EVIDENCE_TEST_MIN_ROWS, evidence_reference
+from clusterfed.clustering.layer_split import EVIDENCE_DRAWS, EVIDENCE_TEST_MIN_ROWS, best_cut_score, evidence_reference
 from clusterfed.clustering.null_reference import reference_score
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
 from clusterfed.explain.bipartition import cfl_refusal_numbers, hicfl_refusal_numbers
@@ -98,3 +99,43 @@ def test_the_closest_group_test_refusal_is_the_nearest_to_the_rotations_separati
 
     state = SimpleNamespace(refused=[refused(0, 1.0, 2.0), refused(1, 1.8, 2.0), refused(2, 3.0, math.inf)])  # infinitely far from passing
     assert cfl_refusal_numbers(state, CFLParams()).endswith("cluster 1: words 1")
+
+
+
+def noisy_pairs(separation: float, seed: int, rows: int = 4) -> np.ndarray:
+    """Two groups (2 | rows - 2 clients) whose centres lie ``separation`` apart against unit noise
+    per coordinate, about a shared direction; 0 draws one task."""
+    rng = np.random.default_rng(seed)
+    centres = separation * rng.normal(size=(2, 400))
+    labels = np.array([0, 0] + [1] * (rows - 2))
+    return rng.normal(size=400) + centres[labels] + rng.normal(size=(rows, 400))
+
+
+def rotations(rows: np.ndarray, draws: int, seed: int) -> float:
+    return reference_score(rows, partial(best_cut_score, max_k=TEST["max_k"]), draws=draws, seed=seed,
+                           method="rotation")
+
+
+def small_side_passes(rows: np.ndarray, seed: int) -> bool:
+    tested = evidence_reference(rows, 2, **{**TEST, "small_draws": 99, "seed": seed})  # the family's 99
+    assert tested.test == "small"
+    return tested.passes(best_cut_score(rows, max_k=TEST["max_k"]))
+
+
+def test_a_cluster_too_small_for_two_full_sides_tests_its_small_side_at_every_splits_level():
+    """Below 2 × min-split-size members every split leaves a small side: its rotations are held to
+    EVIDENCE_DRAWS (a 5 % test, as every other split's), so true 2 | 2 groups pass where 99 draws
+    refused about half of them, while one task's 4 clients pass about one time in 20; from
+    2 × min-split-size members of the cluster (whether or not all are compared) a small side
+    keeps its 99 draws."""
+    pairs = [noisy_pairs(0.6, seed) for seed in range(60)]
+    at_99 = sum(best_cut_score(rows, max_k=TEST["max_k"]) > rotations(rows, 99, seed) for seed, rows in enumerate(pairs))
+    taken = sum(small_side_passes(rows, seed) for seed, rows in enumerate(pairs))
+    assert taken >= at_99 + 12, (taken, at_99)
+    assert evidence_reference(pairs[0], 2, **{**TEST, "small_draws": 99}).reference == rotations(pairs[0], EVIDENCE_DRAWS, 0)
+    # four repliers of a cluster of six members: a balanced split of the cluster was possible
+    assert evidence_reference(pairs[0], 2, **{**TEST, "small_draws": 99}, members=6).reference == rotations(pairs[0], 99, 0)
+    six = noisy_pairs(0.6, 3, rows=6)
+    assert evidence_reference(six, 2, **{**TEST, "small_draws": 99}).reference == rotations(six, 99, 0)
+    chance = sum(small_side_passes(noisy_pairs(0.0, seed), seed) for seed in range(200)) / 200
+    assert chance <= 0.1, chance

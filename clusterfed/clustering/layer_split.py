@@ -66,17 +66,31 @@ def best_cut_score(R: np.ndarray, *, max_k: int) -> float:
 
 
 def small_side_reference(U: np.ndarray, smallest: int, *, rule: str, draws: int, min_split_size: int, max_k: int,
-                         seed: int) -> float | None:
+                         seed: int, members: int | None = None) -> float | None:
     """The best-cut silhouette a linkage split whose smallest side holds ``smallest`` (2 to
     ``min_split_size`` − 1) members must beat: the largest over ``draws`` rotation-test draws of
     the updates ``U`` (``null_reference``). None when the side is larger or a single client (an
     outlier ``min-side = 1`` asked for: rotations cannot judge it), for the reference rule, or
     with ``draws`` = 0. Noise split into small sides reaches a fixed threshold easily (a 2 | 2
-    cut of 4 noisy updates scores about 0.5); where one direction dominates the rotations keep it."""
+    cut of 4 noisy updates scores about 0.5); where one direction dominates the rotations keep it.
+    In a cluster of fewer than 2 × ``min_split_size`` ``members`` (default: the rows), at most
+    ``EVIDENCE_DRAWS`` (``small_cluster_draws``)."""
     if draws <= 0 or rule != "linkage" or smallest >= min_split_size or smallest < 2:
         return None
-    return reference_score(U.astype(np.float64), partial(best_cut_score, max_k=max_k), draws=draws, seed=seed,
+    return reference_score(U.astype(np.float64), partial(best_cut_score, max_k=max_k),
+                           draws=small_cluster_draws(members or len(U), min_split_size, draws), seed=seed,
                            method="rotation")
+
+
+def small_cluster_draws(members: int, min_split_size: int, draws: int) -> int:
+    """The rotations a small side must beat in a cluster of ``members`` members: ``draws``
+    (a stricter level than other splits': a side of 2 beside a side that could have been split
+    evenly is as often two alike clients of one group, each client's own data, as a group), but
+    no more than ``EVIDENCE_DRAWS`` below 2 × ``min_split_size`` members, where every split leaves a
+    small side: there the small-side test is the only route to a split and is held to the level
+    of every other split (with 4 or 5 members the rotations keep most of the rows' shape, so 99
+    draws refused true 2 | 2 groups round after round)."""
+    return min(draws, EVIDENCE_DRAWS) if members < 2 * min_split_size else draws
 
 
 # split-timing = evidence: the rotation draws every split into sides of min-split-size or more
@@ -123,7 +137,7 @@ class EvidenceTest:
 
 
 def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: int, min_split_size: int,
-                       max_k: int, seed: int) -> EvidenceTest:
+                       max_k: int, seed: int, members: int | None = None) -> EvidenceTest:
     """The test a linkage split whose smallest side holds ``smallest`` members must pass on
     evidence. A small side (2 to ``min_split_size`` − 1 members): ``small_side_reference`` with
     ``small_draws``. Any larger split: the members' updates ``U`` cut at their best silhouette
@@ -138,7 +152,7 @@ def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: 
     side, whose spread is not the members' own. No test for one-client sides, the reference
     rule, or fewer than 4 members."""
     small = small_side_reference(U, smallest, rule=rule, draws=small_draws, min_split_size=min_split_size,
-                                 max_k=max_k, seed=seed)
+                                 max_k=max_k, seed=seed, members=members)
     if small is not None:
         return EvidenceTest("small", small)
     if rule != "linkage" or smallest < max(2, min_split_size) or len(U) < 4:

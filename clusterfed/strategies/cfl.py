@@ -293,7 +293,7 @@ def refuse_structure(state: CFLFamilyState, server_round: int, cluster: int, p: 
                           f"cannot be told from a group of one"]}
     tested = evidence_reference(p.U, smaller, rule="linkage", small_draws=SMALL_SIDE_DRAWS,
                                 min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
-                                seed=params.seed)
+                                seed=params.seed, members=len(state.tree.members(cluster)))
     if tested.passes(structure):
         p.record.update(rotation_silhouette=tested.reference, **tested.as_record())
         return None

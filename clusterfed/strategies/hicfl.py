@@ -102,7 +102,8 @@ class HiCFLParams(BiPartitioningParams):
     small_side_reference_draws: int = Field(
         SMALL_SIDE_DRAWS, alias="small-side-reference-draws", ge=0,
         description="a linkage split leaving a side of 2 to min-split-size - 1 members must also beat the best-cut "
-                    "silhouette of this many group-free rotations of the members' updates (0 = off)")
+                    "silhouette of this many group-free rotations of the members' updates, at most 19 in a cluster of "
+                    "fewer than 2 x min-split-size members (0 = off)")
     decision_arrays: Literal["every", "evidence"] = Field(
         "evidence", alias="decision-arrays",
         description="the arrays a split's partition is reproduced on: every watched array (the paper has no such "
@@ -198,7 +199,7 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
                         "silhouette", decision, silhouettes=choice.silhouettes)
     chosen = proposals[choice.layer]
     # a few members of one group, or on evidence any cut of one task's clients: no better than rotations
-    tested = windows.small_side_test(state, params, chosen, present, evidence)
+    tested = windows.small_side_test(state, params, chosen, present, evidence, len(members))
     if not tested.passes(choice.silhouette):
         return no_split(state, server_round, cluster, choice.layer, "reference" if tested.test == "small" else
                         "group_free", decision, silhouettes=choice.silhouettes, reference_silhouette=tested.reference,

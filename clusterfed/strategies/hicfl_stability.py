@@ -129,9 +129,10 @@ def propose(state: Any, params: Any, clients: dict[str, ClientInfo], layer: str,
 
 
 def small_side_test(state: Any, params: Any, proposal: dict[str, Any], members: list[str],
-                    evidence: bool = False) -> EvidenceTest:
+                    evidence: bool = False, cluster_size: int | None = None) -> EvidenceTest:
     """The test against group-free rotations a split must pass (``layer_split``): a split into a
-    small side (``small``); on evidence any larger split too (``group_free``)."""
+    small side (``small``); on evidence any larger split too (``group_free``). ``members``: the
+    compared clients; ``cluster_size``: the cluster's members (default: those compared)."""
     if params.split != "linkage" or (params.small_side_reference_draws <= 0 and not evidence):
         return EvidenceTest("")
     U = np.stack([state.tracker.last_update(k, proposal["layer"]) for k in members])
@@ -139,7 +140,8 @@ def small_side_test(state: Any, params: Any, proposal: dict[str, Any], members: 
     if not evidence:
         return EvidenceTest("small", small_side_reference(
             U, smallest, rule=params.split, draws=params.small_side_reference_draws,
-            min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k, seed=params.seed))
+            min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k, seed=params.seed,
+            members=cluster_size))
     return evidence_reference(U, smallest, rule=params.split, small_draws=params.small_side_reference_draws,
                               min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
-                              seed=params.seed)
+                              seed=params.seed, members=cluster_size)
