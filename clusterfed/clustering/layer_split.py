@@ -66,30 +66,29 @@ def best_cut_score(R: np.ndarray, *, max_k: int) -> float:
 
 
 def small_side_reference(U: np.ndarray, smallest: int, *, rule: str, draws: int, min_split_size: int, max_k: int,
-                         seed: int, members: int | None = None) -> float | None:
+                         seed: int) -> float | None:
     """The best-cut silhouette a linkage split whose smallest side holds ``smallest`` (2 to
     ``min_split_size`` − 1) members must beat: the largest over ``draws`` rotation-test draws of
     the updates ``U`` (``null_reference``). None when the side is larger or a single client (an
     outlier ``min-side = 1`` asked for: rotations cannot judge it), for the reference rule, or
     with ``draws`` = 0. Noise split into small sides reaches a fixed threshold easily (a 2 | 2
-    cut of 4 noisy updates scores about 0.5); where one direction dominates the rotations keep it.
-    In a cluster of fewer than 2 × ``min_split_size`` ``members`` (default: the rows), at most
-    ``EVIDENCE_DRAWS`` (``small_cluster_draws``)."""
+    cut of 4 noisy updates scores about 0.5); where one direction dominates the rotations keep it."""
     if draws <= 0 or rule != "linkage" or smallest >= min_split_size or smallest < 2:
         return None
-    return reference_score(U.astype(np.float64), partial(best_cut_score, max_k=max_k),
-                           draws=small_cluster_draws(members or len(U), min_split_size, draws), seed=seed,
+    return reference_score(U.astype(np.float64), partial(best_cut_score, max_k=max_k), draws=draws, seed=seed,
                            method="rotation")
 
 
 def small_cluster_draws(members: int, min_split_size: int, draws: int) -> int:
-    """The rotations a small side must beat in a cluster of ``members`` members: ``draws``
-    (a stricter level than other splits': a side of 2 beside a side that could have been split
-    evenly is as often two alike clients of one group, each client's own data, as a group), but
-    no more than ``EVIDENCE_DRAWS`` below 2 × ``min_split_size`` members, where every split leaves a
-    small side: there the small-side test is the only route to a split and is held to the level
-    of every other split (with 4 or 5 members the rotations keep most of the rows' shape, so 99
-    draws refused true 2 | 2 groups round after round)."""
+    """The rotations a small side must beat on evidence in a cluster of ``members`` members:
+    ``draws`` (a stricter level than other splits': a side of 2 beside a side that could have
+    been split evenly is as often two alike clients of one group, each client's own data, as a
+    group), but no more than ``EVIDENCE_DRAWS`` below 2 × ``min_split_size`` members, where every
+    split leaves a small side: there the small-side test is the only route to a split and is held
+    to the level of every other split (with 4 or 5 members the rotations keep most of the rows'
+    shape, so 99 draws refused true 2 | 2 groups round after round). Why only on evidence: the
+    split is then taken only when two rounds' partitions agree, which noise redrawn each round
+    rarely does; a split on Sattler's criteria is taken the first round it passes."""
     return min(draws, EVIDENCE_DRAWS) if members < 2 * min_split_size else draws
 
 
@@ -137,10 +136,11 @@ class EvidenceTest:
 
 
 def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: int, min_split_size: int,
-                       max_k: int, seed: int, members: int | None = None) -> EvidenceTest:
+                       max_k: int, seed: int, members: int) -> EvidenceTest:
     """The test a linkage split whose smallest side holds ``smallest`` members must pass on
-    evidence. A small side (2 to ``min_split_size`` − 1 members): ``small_side_reference`` with
-    ``small_draws``. Any larger split: the members' updates ``U`` cut at their best silhouette
+    evidence, in a cluster of ``members`` members. A small side (2 to ``min_split_size`` − 1
+    members): ``small_side_reference`` with ``small_draws``, at most ``EVIDENCE_DRAWS`` below
+    2 × ``min_split_size`` members (``small_cluster_draws``). Any larger split: the members' updates ``U`` cut at their best silhouette
     (up to ``max_k`` parts) against ``EVIDENCE_DRAWS`` group-free rotations of them
     (``group_structure.group_test``: the parts' separation and the silhouette; below
     ``EVIDENCE_TEST_MIN_ROWS`` members the best of the rotations' silhouettes alone). Why: within a round the
@@ -151,8 +151,8 @@ def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: 
     two-sided split, is tested: a split of several groups into two holds whole groups on each
     side, whose spread is not the members' own. No test for one-client sides, the reference
     rule, or fewer than 4 members."""
-    small = small_side_reference(U, smallest, rule=rule, draws=small_draws, min_split_size=min_split_size,
-                                 max_k=max_k, seed=seed, members=members)
+    small = small_side_reference(U, smallest, rule=rule, draws=small_cluster_draws(members, min_split_size, small_draws),
+                                 min_split_size=min_split_size, max_k=max_k, seed=seed)
     if small is not None:
         return EvidenceTest("small", small)
     if rule != "linkage" or smallest < max(2, min_split_size) or len(U) < 4:

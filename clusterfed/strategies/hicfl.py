@@ -62,8 +62,10 @@ from clusterfed.strategies.tree_hooks import tree_admit, tree_before_train, tree
 from clusterfed.core.exchange import ClientInfo, Diagnostics, Round, SplitCompared, TrainReply
 
 # Draws of the small-side rotation test: the test is repeated every round while a cluster
-# stays whole, so a 5 % test (19 draws) is passed by noise within a few rounds (measured:
-# a 2 | 2 cut of one group at 0.816 against 0.809 after seven refusals); 99 draws: 1 %.
+# stays whole, so a 5 % test (19 draws) is passed by noise within a few rounds (measured on
+# Sattler's timing: a 2 | 2 cut of one group at 0.816 against 0.809 after seven refusals); 99
+# draws: 1 %. On evidence, at most 19 in a cluster too small for two sides of min-split-size
+# (layer_split.small_cluster_draws).
 SMALL_SIDE_DRAWS = 99
 
 PositiveNumber = Annotated[float, Field(gt=0)]
@@ -102,8 +104,8 @@ class HiCFLParams(BiPartitioningParams):
     small_side_reference_draws: int = Field(
         SMALL_SIDE_DRAWS, alias="small-side-reference-draws", ge=0,
         description="a linkage split leaving a side of 2 to min-split-size - 1 members must also beat the best-cut "
-                    "silhouette of this many group-free rotations of the members' updates, at most 19 in a cluster of "
-                    "fewer than 2 x min-split-size members (0 = off)")
+                    "silhouette of this many group-free rotations of the members' updates, on evidence at most 19 in a "
+                    "cluster of fewer than 2 x min-split-size members (0 = off)")
     decision_arrays: Literal["every", "evidence"] = Field(
         "evidence", alias="decision-arrays",
         description="the arrays a split's partition is reproduced on: every watched array (the paper has no such "
@@ -199,7 +201,7 @@ def decide(tree: BiPartitionTree, state: HiCFLState, server_round: int, cluster:
                         "silhouette", decision, silhouettes=choice.silhouettes)
     chosen = proposals[choice.layer]
     # a few members of one group, or on evidence any cut of one task's clients: no better than rotations
-    tested = windows.small_side_test(state, params, chosen, present, evidence, len(members))
+    tested = windows.small_side_test(state, params, chosen, present, len(members), evidence)
     if not tested.passes(choice.silhouette):
         return no_split(state, server_round, cluster, choice.layer, "reference" if tested.test == "small" else
                         "group_free", decision, silhouettes=choice.silhouettes, reference_silhouette=tested.reference,

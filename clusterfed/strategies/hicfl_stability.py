@@ -128,11 +128,11 @@ def propose(state: Any, params: Any, clients: dict[str, ClientInfo], layer: str,
             "route": route, "record": found["record"]}
 
 
-def small_side_test(state: Any, params: Any, proposal: dict[str, Any], members: list[str],
-                    evidence: bool = False, cluster_size: int | None = None) -> EvidenceTest:
+def small_side_test(state: Any, params: Any, proposal: dict[str, Any], members: list[str], cluster_size: int,
+                    evidence: bool = False) -> EvidenceTest:
     """The test against group-free rotations a split must pass (``layer_split``): a split into a
     small side (``small``); on evidence any larger split too (``group_free``). ``members``: the
-    compared clients; ``cluster_size``: the cluster's members (default: those compared)."""
+    compared clients; ``cluster_size``: how many members the cluster has."""
     if params.split != "linkage" or (params.small_side_reference_draws <= 0 and not evidence):
         return EvidenceTest("")
     U = np.stack([state.tracker.last_update(k, proposal["layer"]) for k in members])
@@ -140,8 +140,7 @@ def small_side_test(state: Any, params: Any, proposal: dict[str, Any], members: 
     if not evidence:
         return EvidenceTest("small", small_side_reference(
             U, smallest, rule=params.split, draws=params.small_side_reference_draws,
-            min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k, seed=params.seed,
-            members=cluster_size))
+            min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k, seed=params.seed))
     return evidence_reference(U, smallest, rule=params.split, small_draws=params.small_side_reference_draws,
                               min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
                               seed=params.seed, members=cluster_size)
