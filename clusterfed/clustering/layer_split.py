@@ -140,8 +140,8 @@ def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: 
     """The test a linkage split whose smallest side holds ``smallest`` members must pass on
     evidence, in a cluster of ``members`` members. A small side (2 to ``min_split_size`` − 1
     members): ``small_side_reference`` with ``small_draws``, at most ``EVIDENCE_DRAWS`` below
-    2 × ``min_split_size`` members (``small_cluster_draws``). Any larger split: the members' updates ``U`` cut at their best silhouette
-    (up to ``max_k`` parts) against ``EVIDENCE_DRAWS`` group-free rotations of them
+    2 × ``min_split_size`` members (``small_cluster_draws``). Any larger split: the members'
+    updates ``U`` cut at their best silhouette (up to ``max_k`` parts) against ``EVIDENCE_DRAWS`` group-free rotations of them
     (``group_structure.group_test``: the parts' separation and the silhouette; below
     ``EVIDENCE_TEST_MIN_ROWS`` members the best of the rotations' silhouettes alone). Why: within a round the
     clients of one task differ by their own data, independently of one another, so their

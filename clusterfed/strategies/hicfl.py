@@ -49,7 +49,7 @@ from pydantic import Field
 from clusterfed.strategies import array_choice, base
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.bipartition import SplitDecision
-from clusterfed.clustering.layer_split import EvidenceTest
+from clusterfed.clustering.layer_split import EVIDENCE_DRAWS, EvidenceTest
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.clustering.split_scores import separation_gap
 from clusterfed.clustering.stability import StabilityTracker
@@ -104,8 +104,8 @@ class HiCFLParams(BiPartitioningParams):
     small_side_reference_draws: int = Field(
         SMALL_SIDE_DRAWS, alias="small-side-reference-draws", ge=0,
         description="a linkage split leaving a side of 2 to min-split-size - 1 members must also beat the best-cut "
-                    "silhouette of this many group-free rotations of the members' updates, on evidence at most 19 in a "
-                    "cluster of fewer than 2 x min-split-size members (0 = off)")
+                    f"silhouette of this many group-free rotations of the members' updates, on evidence at most "
+                    f"{EVIDENCE_DRAWS} in a cluster of fewer than 2 x min-split-size members (0 = off)")
     decision_arrays: Literal["every", "evidence"] = Field(
         "evidence", alias="decision-arrays",
         description="the arrays a split's partition is reproduced on: every watched array (the paper has no such "
