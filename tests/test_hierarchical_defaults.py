@@ -31,6 +31,7 @@ def test_ready_layers_median_member_ignores_one_noisy_member():
 def test_pick_best_refuses_below_the_minimum():
     assert pick_best({"a": 0.2, "b": 0.5}, 0.45).layer == "b"
     assert pick_best({"a": 0.2, "b": 0.4}, 0.45).layer is None
+    assert pick_best({"a": 0.2, "b": 0.4}, 0.40).layer == "b"  # the bar itself passes
     assert pick_best({}, 0.1).layer is None
 
 
@@ -87,6 +88,35 @@ def test_structure_test_refuses_noise_and_reports_why():
     assert hicfl.state.splits == [] and hicfl.state.no_split
     assert {n["code"] for n in hicfl.state.no_split} == {"silhouette"}
     assert "structure test" in hicfl.one_cluster_reason()
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_hicfl_takes_close_groups_whose_best_layer_scores_between_040_and_045(seed):
+    """Two groups of 6 clients, their directions fixed, under noise that puts the best layer's
+    split just above 0.40: on evidence (the default timing: rotation test, two rounds agreeing)
+    HiCFL's default structure test takes the two groups, where the earlier default 0.45 kept
+    one cluster for 8 rounds; one group under the same noise is never split."""
+    groups = {str(i): i % 2 for i in range(12)}
+    runs = {}
+    for bar in (None, 0.45):
+        updates = groups_moving_apart(seed, groups, settle_after=0, noise=1.2)
+        extra = {} if bar is None else {"hicfl_min_silhouette": bar}
+        hicfl = make_strategy(HiCFL, groups, split_timing="evidence", min_split_round=1, **extra)
+        for server_round in range(1, 9):
+            run_round(hicfl, server_round, updates(server_round))
+        runs[bar] = hicfl
+    default = runs[None]
+    assert default.params.min_silhouette == 0.40
+    (split,) = default.state.splits
+    assert 0.40 <= split["silhouettes"][split["layer"]] < 0.45
+    assert sorted(sorted({groups[k] for k in side}) for side in split["members"]) == [[0], [1]]
+    assert runs[0.45].state.splits == []
+    one = {key: 0 for key in groups}
+    updates = groups_moving_apart(seed, one, settle_after=0, noise=1.2)
+    hicfl = make_strategy(HiCFL, one, split_timing="evidence", min_split_round=1)
+    for server_round in range(1, 9):
+        run_round(hicfl, server_round, updates(server_round))
+    assert hicfl.state.splits == []
 
 
 # ----------------------------------------------------------------------------- merging, hand-made
