@@ -52,9 +52,10 @@ TUNED: dict[str, tuple[dict, float | None]] = {
     "adacfl": ({"rounds": 4, "cluster-epochs": 5}, 0.9),
     "cfl": ({**CRITERIA, "num-clients": 18, "rounds": 7}, 0.9),
     "layercfl": ({**CRITERIA, "num-clients": 18, "rounds": 7, "skew": "label"}, 0.9),
-    # split-min-repliers = 0: this run checks that exactly the sample trains (the top-up: its own test)
+    # split-min-repliers = 0 and ask-again = false: this run checks that exactly the sample trains
+    # (the top-up and the asking again of a deferred split's repliers: their own tests)
     "hicfl": ({**FORCE, **ROTATION, "num-clients": 16, "rounds": 10, "window": 1, "stability-eps": 5.0,
-               "split-min-repliers": 0}, 0.9),
+               "split-min-repliers": 0, "ask-again": False}, 0.9),
     "ifca": ({**ROTATION, "num-clusters": 2, "rounds": 5, "local-epochs": 2, "seed": 1}, 0.9),
     "selection": ({"rounds": 4}, None),
 }

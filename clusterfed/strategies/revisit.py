@@ -20,8 +20,8 @@ import numpy as np
 from clusterfed.clustering import stack_partials
 from clusterfed.clustering.group_structure import SMALL_ROWS
 from clusterfed.clustering.sketch import count_sketch
-from clusterfed.clustering.oneshot import (BoundedCut, bounded_auto_cut, mean_cosine, most_alike, part_separation,
-                                          threshold_cut)
+from clusterfed.clustering.oneshot import (BoundedCut, bounded_auto_cut, lone_rows, mean_cosine, most_alike,
+                                          part_separation, threshold_cut)
 from clusterfed.clustering.reproducible import (Reproduction, alike_before, apart_before, compare, reproduce_on_pairs,
                                                 too_few_pairs)
 from clusterfed.explain.numbers import compared
@@ -220,6 +220,10 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
     parts = len(np.unique(labels))
     refused = _parts_refusal(X, labels, scale, params, bound) if parts > 1 else None
+    alone = lone_rows(labels) if parts > 1 and not refused and len(keys) >= REVISIT_MIN_MEMBERS else []
+    if alone:  # as the clustering step's cut (``oneshot.gate``): a real group shows once more of it trains
+        refused = (f"it only sets {', '.join(keys[i] for i in alone)} apart, and one client's own data cannot be "
+                   "told from a group of one")
     if refused:
         labels = np.zeros_like(labels)  # one group's spread, not a split: both rounds compared must pass
     current = {key: int(label) for key, label in zip(keys, labels)}
