@@ -220,7 +220,7 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     scale = state.revisit_scale.setdefault(cluster, float(np.linalg.norm(X, axis=1).mean()))
     parts = len(np.unique(labels))
     refused = _parts_refusal(X, labels, scale, params, bound) if parts > 1 else None
-    alone = lone_rows(labels) if parts > 1 and not refused and len(keys) >= REVISIT_MIN_MEMBERS else []
+    alone = lone_rows(labels) if parts > 1 and not refused else []
     if alone:  # as the clustering step's cut (``oneshot.gate``): a real group shows once more of it trains
         refused = (f"it only sets {', '.join(keys[i] for i in alone)} apart, and one client's own data cannot be "
                    "told from a group of one")
