@@ -32,6 +32,14 @@ SHOWN_LAYERS = 8  # layers named in full; beyond, the first ones and a count
 DESIGNED_SINGLE = frozenset({"local"})  # strategies whose every cluster is one client by design
 # strategy -> the single-client clusters its round lines last named (said again only when they change)
 _NAMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# why no strategy sets one client apart alone (CFL's tree, LayerCFL's, FedClust's and AdaCFL's
+# clustering step and revisits): an outlier of one task and a group of one look the same
+UNTOLD = "cannot be told from a group of one"
+
+
+def set_apart(names: str, *, past: bool = False) -> str:
+    """Why a cut that only sets the clients ``names`` apart is not taken."""
+    return f"it only {'set' if past else 'sets'} {names} apart, and one client's own data {UNTOLD}"
 
 
 # ------------------------------------------------------------ round 1: what is compared

@@ -49,6 +49,7 @@ from clusterfed.clustering.layer_split import evidence_reference
 from clusterfed.clustering.vectors import (check_record, decision_record, flatten, kept_vectors, required_structure,
                                            restrict_vectors, similarity_record, stack_float64)
 from clusterfed.explain import bipartition as explain
+from clusterfed.explain.generic import UNTOLD
 from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree, Evidence,
@@ -290,7 +291,7 @@ def refuse_structure(state: CFLFamilyState, server_round: int, cluster: int, p: 
                                 **record}, p.compared)
         return {"refused_splits": [{"cluster": cluster, "reason": "single", "best_cut_silhouette": structure}],
                 "words": [f"cluster {cluster} not split: its cut leaves one client alone ({alone}), whose own data "
-                          f"cannot be told from a group of one"]}
+                          f"{UNTOLD}"]}
     tested = evidence_reference(p.U, smaller, rule="linkage", small_draws=SMALL_SIDE_DRAWS,
                                 min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
                                 seed=params.seed, members=len(state.tree.members(cluster)))
@@ -482,7 +483,7 @@ class CFL(ClusteredStrategy):
                      "group-free rotations of the updates",
         "group_free": "no proposed split beat group-free rotations of the updates: one task, each client's own "
                       "data",
-        "single": "every proposed split left one client alone, whose own data cannot be told from a group of one",
+        "single": f"every proposed split left one client alone, whose own data {UNTOLD}",
     }
 
 

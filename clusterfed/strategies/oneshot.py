@@ -44,6 +44,7 @@ from clusterfed.clustering.oneshot import (
     chain_halves, cut_into, lone_rows, most_alike, silhouette_or_none, threshold_cut)
 from clusterfed.clustering.reproducible import DEFAULT_AGREEMENT, Reproduction, compare, coordinate_halves
 from clusterfed.explain import oneshot as explain
+from clusterfed.explain.generic import set_apart
 from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredState, StrategyParams
 from clusterfed.core.contract import StrategyParamsError
@@ -449,8 +450,8 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     alone = lone_rows(labels, fallback) if len(labels) >= 4 else []
     if alone:
         named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
-        return Gated(fallback, None, f"{strategy}: cut deferred: it only set {named} apart, and one client's own "
-                                     f"data cannot be told from a group of one; {_kept(fallback, params)}", True)
+        return Gated(fallback, None, f"{strategy}: cut deferred: {set_apart(named, past=True)}; "
+                                     f"{_kept(fallback, params)}", True)
     # two halves of one update's coordinates are no independent draws (both hold the client's own
     # data), and below SMALL_ROWS rows the rotation test has little power (below MIN_ROWS none):
     # there the clusters' mean updates must also point apart (one task's clients' point alike)

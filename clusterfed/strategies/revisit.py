@@ -24,6 +24,7 @@ from clusterfed.clustering.oneshot import (BoundedCut, bounded_auto_cut, lone_ro
                                           part_separation, threshold_cut)
 from clusterfed.clustering.reproducible import (Reproduction, alike_before, apart_before, compare, reproduce_on_pairs,
                                                 too_few_pairs)
+from clusterfed.explain.generic import set_apart
 from clusterfed.explain.numbers import compared
 from clusterfed.core.exchange import Diagnostics, TrainReply, natural
 from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState, groups_tested, reproduced
@@ -222,8 +223,7 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     refused = _parts_refusal(X, labels, scale, params, bound) if parts > 1 else None
     alone = lone_rows(labels) if parts > 1 and not refused else []
     if alone:  # as the clustering step's cut (``oneshot.gate``): a real group shows once more of it trains
-        refused = (f"it only sets {', '.join(keys[i] for i in alone)} apart, and one client's own data cannot be "
-                   "told from a group of one")
+        refused = set_apart(", ".join(keys[i] for i in alone))
     if refused:
         labels = np.zeros_like(labels)  # one group's spread, not a split: both rounds compared must pass
     current = {key: int(label) for key, label in zip(keys, labels)}
