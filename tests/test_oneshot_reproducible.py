@@ -191,16 +191,21 @@ def test_a_revisit_does_not_set_one_client_apart_and_still_splits_a_group_of_two
     """One client whose updates point away from its cluster's, round after round: the revisit's
     cut sets it apart alone, which one client's own data cannot be told from (as the
     clustering step's deferral reads it), so the cluster stays whole and the line says why; a
-    group of two beside two groups of three is split off."""
+    group of two beside two groups of three is split off, and a client alone beside two groups
+    goes with their split (the rule refuses cuts whose only structure is single clients)."""
     run = Revisits(dict.fromkeys(KEYS, 0))
     for number in (1, 2, 3):
         said = run.round(number, [0] * 7 + [1])["decision"]
-        assert said == ("FedClust: cluster 0 not split: its members' training updates cut into 2 parts, but it only sets "
-                        "7 apart, and one client's own data cannot be told from a group of one")
+        assert said == ("FedClust: cluster 0 not split: its members' training updates cut into 2 parts, but the cut only "
+                        "sets 7 apart, and one client's own data cannot be told from a group of one")
     assert run.clusters() == [KEYS] and run.state.revisits == []
     run = Revisits(dict.fromkeys(KEYS, 0))
     run.round(1, [0, 0, 0, 1, 1, 1, 2, 2])
     assert "split into clusters 1 (3 clients), 2 (3 clients), 3 (2 clients)" in run.round(2, [0, 0, 0, 1, 1, 1, 2, 2])["decision"]
+    run = Revisits(dict.fromkeys(KEYS, 0))
+    run.round(1, [0, 0, 0, 0, 1, 1, 1, 2])
+    assert "into clusters 1 (4 clients), 2 (3 clients), 3 (a single client)" in run.round(2, [0, 0, 0, 0, 1, 1, 1, 2])["decision"]
+    assert run.clusters() == [KEYS[:4], KEYS[4:7], KEYS[7:]]
 
 
 def test_a_revisit_splits_on_groups_that_show_in_another_array_than_the_clustering_steps():

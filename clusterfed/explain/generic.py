@@ -11,7 +11,9 @@ and says nothing false.
 - the last line names every cluster of a single client (``singleton_words``);
 - advice never suggests a setting already in force (``checked_advice``): an alternative
   ``key = value`` whose value is the strategy's own is dropped, and advice left with none is
-  not given.
+  not given;
+- the one sentence both families say when they refuse to set one client apart alone
+  (``set_apart``, ``left_alone``), so that they say it alike.
 
 The families' own sentences stay in ``explain/oneshot.py`` and ``explain/bipartition.py``;
 this module decides nothing and reads nothing of the true groups.
@@ -34,12 +36,20 @@ DESIGNED_SINGLE = frozenset({"local"})  # strategies whose every cluster is one 
 _NAMED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # why no strategy sets one client apart alone (CFL's tree, LayerCFL's, FedClust's and AdaCFL's
 # clustering step and revisits): an outlier of one task and a group of one look the same
-UNTOLD = "cannot be told from a group of one"
+GROUP_OF_ONE = "cannot be told from a group of one"
 
 
-def set_apart(names: str, *, past: bool = False) -> str:
-    """Why a cut that only sets the clients ``names`` apart is not taken."""
-    return f"it only {'set' if past else 'sets'} {names} apart, and one client's own data {UNTOLD}"
+def set_apart(names: str, *, subject: str, past: bool = False) -> str:
+    """Why a cut that only sets the clients ``names`` apart is not taken: ``subject`` names the
+    cut ("it", "the cut"); ``past`` for a cut already made (the clustering step's deferral)."""
+    return f"{subject} only {'set' if past else 'sets'} {names} apart, and one client's own data {GROUP_OF_ONE}"
+
+
+def left_alone(verb: str, client: str = "") -> str:
+    """Why a split that ``verb`` ("leaves", "left") one client alone (``client``, when named) is
+    refused."""
+    named = f" ({client})" if client else ""
+    return f"{verb} one client alone{named}, whose own data {GROUP_OF_ONE}"
 
 
 # ------------------------------------------------------------ round 1: what is compared

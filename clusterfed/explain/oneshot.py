@@ -142,7 +142,8 @@ def revisits_found(state: Any, params: Any) -> str:
         return (f"; the revisits have not judged the cluster since round {waiting['since']}: at most "
                 f"{waiting['trained']} of its {waiting['members']} members trained in {_pooled(params)}, fewer "
                 f"than the {waiting['needed']} they need (fraction-train {params.fraction_train:g})")
-    return "; no cluster's training updates showed a partition that reproduced in successive rounds"
+    return ("; no cluster's training updates showed a partition that reproduced in successive rounds and "
+            "passed the split tests")
 
 
 def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | None:

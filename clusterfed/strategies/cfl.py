@@ -49,7 +49,7 @@ from clusterfed.clustering.layer_split import evidence_reference
 from clusterfed.clustering.vectors import (check_record, decision_record, flatten, kept_vectors, required_structure,
                                            restrict_vectors, similarity_record, stack_float64)
 from clusterfed.explain import bipartition as explain
-from clusterfed.explain.generic import UNTOLD
+from clusterfed.explain.generic import left_alone
 from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree, Evidence,
@@ -290,8 +290,7 @@ def refuse_structure(state: CFLFamilyState, server_round: int, cluster: int, p: 
         refuse(state, reports, {"round": server_round, "cluster": cluster, "reason": "single", "members": p.sides,
                                 **record}, p.compared)
         return {"refused_splits": [{"cluster": cluster, "reason": "single", "best_cut_silhouette": structure}],
-                "words": [f"cluster {cluster} not split: its cut leaves one client alone ({alone}), whose own data "
-                          f"{UNTOLD}"]}
+                "words": [f"cluster {cluster} not split: its cut {left_alone('leaves', alone)}"]}
     tested = evidence_reference(p.U, smaller, rule="linkage", small_draws=SMALL_SIDE_DRAWS,
                                 min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
                                 seed=params.seed, members=len(state.tree.members(cluster)))
@@ -483,7 +482,7 @@ class CFL(ClusteredStrategy):
                      "group-free rotations of the updates",
         "group_free": "no proposed split beat group-free rotations of the updates: one task, each client's own "
                       "data",
-        "single": f"every proposed split left one client alone, whose own data {UNTOLD}",
+        "single": f"every proposed split {left_alone('left')}",
     }
 
 

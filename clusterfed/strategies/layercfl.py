@@ -40,7 +40,7 @@ from clusterfed.clustering.vectors import flatten, stack_float64
 from clusterfed.core.exchange import Diagnostics, Round, TrainReply, natural
 from clusterfed.models.layers import select_layers
 from clusterfed.explain import bipartition as explain
-from clusterfed.explain.generic import UNTOLD
+from clusterfed.explain.generic import left_alone
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import MIN_COMMON, PROPOSALS_KEPT, BiPartitionTree
 from clusterfed.strategies.tree_hooks import tree_admit, tree_before_train, tree_draw_sample, tree_train_instructions
@@ -121,7 +121,7 @@ class LayerCFL(ClusteredStrategy):
                  "merge-min-cosine): one task, each client's own data",
         "group_free": "no proposed split beat group-free rotations of the selected layers' updates: one task, each "
                       "client's own data",
-        "single": f"every proposed split left one client alone, whose own data {UNTOLD}",
+        "single": f"every proposed split {left_alone('left')}",
         "reference": "every split leaving a side of fewer than min-split-size clients scored no better than "
                      "group-free rotations of the selected layers' updates",
     }

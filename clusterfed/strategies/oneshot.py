@@ -450,7 +450,7 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     alone = lone_rows(labels, fallback) if len(labels) >= 4 else []
     if alone:
         named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
-        return Gated(fallback, None, f"{strategy}: cut deferred: {set_apart(named, past=True)}; "
+        return Gated(fallback, None, f"{strategy}: cut deferred: {set_apart(named, subject='it', past=True)}; "
                                      f"{_kept(fallback, params)}", True)
     # two halves of one update's coordinates are no independent draws (both hold the client's own
     # data), and below SMALL_ROWS rows the rotation test has little power (below MIN_ROWS none):

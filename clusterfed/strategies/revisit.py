@@ -1,8 +1,8 @@
 """FedClust's and AdaCFL's revisits (an extension, ``revisit = true``): after the clustering
 step, each round's training updates (of the whole model) are cut per cluster (into at most
 sqrt(n / 2) parts of n members where the cut only beats group-free data); a cluster whose
-cut reproduces in two successive rounds, beats group-free rotations of the updates and has
-parts that point and pull apart, is split; two clusters whose members' updates show no
+cut reproduces in two successive rounds, sets more than single clients apart, beats
+group-free rotations of the updates and has parts that point and pull apart, is split; two clusters whose members' updates show no
 structure together (nor as the two clusters) and point alike in two rounds running are merged,
 unless they were apart in two rounds running before (two tasks whose models converge).
 The tree and tests are the CFL family's (Sattler et al., "Clustered Federated Learning:
@@ -30,7 +30,8 @@ from clusterfed.core.exchange import Diagnostics, TrainReply, natural
 from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState, groups_tested, reproduced
 
 # members of a cluster whose updates are cut (a cut needs 3; one more keeps a split from
-# isolating a single client on one round's luck)
+# isolating a single client on one round's luck; a cut that only sets single clients apart is
+# refused whatever the round, below)
 REVISIT_MIN_MEMBERS = 4
 # A client's own data makes its update direction persistent, so the members of one group
 # cut alike round after round: reproduction alone does not make a split. A cut is a split when
@@ -223,7 +224,7 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     refused = _parts_refusal(X, labels, scale, params, bound) if parts > 1 else None
     alone = lone_rows(labels) if parts > 1 and not refused else []
     if alone:  # as the clustering step's cut (``oneshot.gate``): a real group shows once more of it trains
-        refused = set_apart(", ".join(keys[i] for i in alone))
+        refused = set_apart(", ".join(keys[i] for i in alone), subject="the cut")
     if refused:
         labels = np.zeros_like(labels)  # one group's spread, not a split: both rounds compared must pass
     current = {key: int(label) for key, label in zip(keys, labels)}
