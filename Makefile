@@ -103,7 +103,9 @@ bench-fuzz-signal: $(VENV)/.installed
 
 # Why the clustered strategies miss, pooled over every held-out folder and its signal record
 # (benchmarks/fuzz_misses.py: reads the committed cell records, runs no cell; seconds)
-FUZZ_HELD_OUT = $(sort $(filter-out %-before %-signal %-misses,$(wildcard benchmarks/results/model-fuzz/held-out*)))
+# the held-out ranges' strategy folders: those with cell records (not the code before, not a
+# trial's rows on a spent range)
+FUZZ_HELD_OUT = $(sort $(filter-out %-before,$(patsubst %/cells/,%,$(wildcard benchmarks/results/model-fuzz/held-out*/cells/))))
 bench-fuzz-misses: $(VENV)/.installed
 	PYTHONPATH=$(CURDIR) $(PY) benchmarks/fuzz_misses.py --folders $(FUZZ_HELD_OUT) \
 		--signal $(sort $(wildcard benchmarks/results/model-fuzz/held-out*-signal)) \
