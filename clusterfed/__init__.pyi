@@ -371,7 +371,7 @@ class HiCFL(_HiCFL):
         xi: typing.Union[float, typing.Literal['auto']] = 'auto',
         timing: typing.Literal['all', 'median'] = 'median',
         split: typing.Literal['reference', 'linkage'] = 'linkage',
-        min_silhouette: float = 0.4,
+        min_silhouette: float = 0.3,
         min_kept_fraction: float = 0.05,
         centre_updates: bool = True,
         min_side: int = 2,

@@ -10,10 +10,13 @@ import pytest
 from harness import hand, round_of
 from test_cfl import DIM, make_strategy, run_round
 
+from clusterfed.clustering.layer_split import EVIDENCE_DRAWS, evidence_reference
+from clusterfed.clustering.null_reference import shared_draws
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.simulation import simulate
 from clusterfed.strategies.base import steps
 from clusterfed.strategies.cfl import CFL
+from clusterfed.strategies import hicfl_stability
 from clusterfed.strategies.hicfl import HiCFL
 from clusterfed.strategies.layercfl import LayerCFL
 
@@ -91,11 +94,12 @@ def test_structure_test_refuses_noise_and_reports_why():
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_hicfl_takes_close_groups_whose_best_layer_scores_between_040_and_045(seed):
-    """Two groups of 6 clients, their directions fixed, under noise that puts the best layer's
-    split just above 0.40: on evidence (the default timing: rotation test, two rounds agreeing)
-    HiCFL's default structure test takes the two groups, where the earlier default 0.45 kept
-    one cluster for 8 rounds; one group under the same noise is never split."""
+def test_hicfl_takes_close_groups_that_its_earlier_bar_refused(seed):
+    """Two groups of 6 clients, their directions fixed, under noise that keeps the best layer's
+    split under 0.45: on evidence (the default timing: rotation test at the level the
+    layers share, two rounds agreeing) HiCFL's default structure test (CFL's 0.30) takes the two
+    groups, where the earlier default 0.45 kept one cluster for 8 rounds; one group under the
+    same noise is never split."""
     groups = {str(i): i % 2 for i in range(12)}
     runs = {}
     for bar in (None, 0.45):
@@ -106,9 +110,9 @@ def test_hicfl_takes_close_groups_whose_best_layer_scores_between_040_and_045(se
             run_round(hicfl, server_round, updates(server_round))
         runs[bar] = hicfl
     default = runs[None]
-    assert default.params.min_silhouette == 0.40
+    assert default.params.min_silhouette == 0.30
     (split,) = default.state.splits
-    assert 0.40 <= split["silhouettes"][split["layer"]] < 0.45
+    assert 0.30 <= split["silhouettes"][split["layer"]] < 0.45
     assert sorted(sorted({groups[k] for k in side}) for side in split["members"]) == [[0], [1]]
     assert runs[0.45].state.splits == []
     one = {key: 0 for key in groups}
@@ -117,6 +121,27 @@ def test_hicfl_takes_close_groups_whose_best_layer_scores_between_040_and_045(se
     for server_round in range(1, 9):
         run_round(hicfl, server_round, updates(server_round))
     assert hicfl.state.splits == []
+
+
+def test_hicfl_tests_its_best_layers_split_at_the_level_its_layers_share(monkeypatch):
+    """On evidence HiCFL proposes a split on every layer and tests the best-scored one against
+    group-free rotations: that is the best of as many tests as layers scored, so the rotations
+    it must beat are theirs together (``shared_draws``), as FedClust's layer choice does."""
+    asked = []
+
+    def recorded(*args, **kwargs):
+        asked.append(kwargs["draws"])
+        return evidence_reference(*args, **kwargs)
+
+    monkeypatch.setattr(hicfl_stability, "evidence_reference", recorded)
+    groups = {str(i): i % 2 for i in range(12)}
+    updates = groups_moving_apart(1, groups, settle_after=0, noise=1.2)
+    hicfl = make_strategy(HiCFL, groups, split_timing="evidence", min_split_round=1)
+    for server_round in range(1, 4):
+        run_round(hicfl, server_round, updates(server_round))
+    scored = [len(entry["silhouettes"]) for entry in hicfl.state.splits + hicfl.state.no_split if entry.get("silhouettes")]
+    assert asked and scored and max(scored) == 2  # the tiny model's two layers, conv1 and fc1
+    assert set(asked) == {shared_draws(EVIDENCE_DRAWS, 2)} == {39}
 
 
 # ----------------------------------------------------------------------------- merging, hand-made

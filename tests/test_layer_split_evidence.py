@@ -13,7 +13,7 @@ import pytest
 
 from clusterfed.clustering.layer_split import (EVIDENCE_DRAWS, EVIDENCE_TEST_MIN_ROWS, best_cut_score, evidence_reference,
                                               small_side_reference)
-from clusterfed.clustering.null_reference import reference_score
+from clusterfed.clustering.null_reference import reference_score, shared_draws
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
 from clusterfed.explain.bipartition import cfl_refusal_numbers, hicfl_refusal_numbers
 from clusterfed.explain.numbers import false_comparisons
@@ -146,3 +146,18 @@ def test_a_cluster_too_small_for_two_full_sides_tests_its_small_side_at_every_sp
                                 seed=0) == rotations(pairs[0], 99, 0)
     chance = sum(small_side_passes(noisy_pairs(0.0, seed), seed) for seed in range(200)) / 200
     assert chance <= 0.1, chance
+
+
+@pytest.mark.parametrize("seed", [37, 95, 211])
+def test_a_split_chosen_among_several_layers_must_beat_their_shared_rotations(seed):
+    """One task's 15 clients whose best cut beats 19 group-free rotations by chance (about one
+    draw in 50 of these): asked as the best of 5 layers' cuts, it must beat the 99 rotations
+    the 5 tests share (``shared_draws``), and it does not; two groups of 6 still do."""
+    rows = one_task(15, seed)
+    alone = evidence_reference(rows, 5, **TEST, members=len(rows))
+    assert alone.passes(alone.groups.silhouette)
+    shared = evidence_reference(rows, 5, **TEST, members=len(rows), draws=shared_draws(EVIDENCE_DRAWS, 5))
+    assert shared_draws(EVIDENCE_DRAWS, 5) == 99 and not shared.passes(shared.groups.silhouette)
+    two = groups([6, 6], seed)
+    tested = evidence_reference(two, 6, **TEST, members=len(two), draws=shared_draws(EVIDENCE_DRAWS, 5))
+    assert tested.parts == 2 and tested.passes(tested.groups.silhouette)

@@ -136,14 +136,16 @@ class EvidenceTest:
 
 
 def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: int, min_split_size: int,
-                       max_k: int, seed: int, members: int) -> EvidenceTest:
+                       max_k: int, seed: int, members: int, draws: int = EVIDENCE_DRAWS) -> EvidenceTest:
     """The test a linkage split whose smallest side holds ``smallest`` members must pass on
     evidence, in a cluster of ``members`` members. A small side (2 to ``min_split_size`` − 1
     members): ``small_side_reference`` with ``small_draws``, at most ``EVIDENCE_DRAWS`` below
     2 × ``min_split_size`` members (``small_cluster_draws``). Any larger split: the members'
-    updates ``U`` cut at their best silhouette (up to ``max_k`` parts) against ``EVIDENCE_DRAWS`` group-free rotations of them
-    (``group_structure.group_test``: the parts' separation and the silhouette; below
-    ``EVIDENCE_TEST_MIN_ROWS`` members the best of the rotations' silhouettes alone). Why: within a round the
+    updates ``U`` cut at their best silhouette (up to ``max_k`` parts) against ``draws`` group-free
+    rotations of them (``EVIDENCE_DRAWS``; more where the split was chosen among several tests,
+    ``null_reference.shared_draws``) (``group_structure.group_test``: the parts' separation and
+    the silhouette; below ``EVIDENCE_TEST_MIN_ROWS`` members the best of the rotations'
+    silhouettes alone). Why: within a round the
     clients of one task differ by their own data, independently of one another, so their
     updates are exchangeable rows, which is what the rotations keep; the same clients' data
     repeat from round to round, so a cut of them can reproduce, but it does not beat its
@@ -160,12 +162,12 @@ def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: 
     U = np.asarray(U, dtype=np.float64)
     if len(U) >= EVIDENCE_TEST_MIN_ROWS:  # group_test itself asks MIN_ROWS or more
         best = cluster_auto(U, metric="cosine", linkage="complete", min_silhouette=-1.0, max_clusters=max_k).labels
-        tested = group_test(U, best, metric="cosine", linkage="complete", max_clusters=max_k, draws=EVIDENCE_DRAWS,
+        tested = group_test(U, best, metric="cosine", linkage="complete", max_clusters=max_k, draws=draws,
                             seed=seed)
         if tested is not None:
             return EvidenceTest("group_free", tested.rotated_silhouette, tested, len(np.unique(best)))
 
-    return EvidenceTest("group_free", reference_score(U, partial(best_cut_score, max_k=max_k), draws=EVIDENCE_DRAWS,
+    return EvidenceTest("group_free", reference_score(U, partial(best_cut_score, max_k=max_k), draws=draws,
                                                       seed=seed, method="rotation"))
 
 

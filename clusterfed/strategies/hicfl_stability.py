@@ -12,7 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from clusterfed.clustering.layer_split import EvidenceTest, evidence_reference, propose_split, small_side_reference
+from clusterfed.clustering.layer_split import (EVIDENCE_DRAWS, EvidenceTest, evidence_reference, propose_split,
+                                               small_side_reference)
+from clusterfed.clustering.null_reference import shared_draws
 from clusterfed.clustering.sketch import Sketch, split_budget
 from clusterfed.clustering.split_rules import layer_scale, relative_stability
 from clusterfed.clustering.vectors import flatten, stack_float64
@@ -129,10 +131,11 @@ def propose(state: Any, params: Any, clients: dict[str, ClientInfo], layer: str,
 
 
 def small_side_test(state: Any, params: Any, proposal: dict[str, Any], members: list[str], cluster_size: int,
-                    evidence: bool = False) -> EvidenceTest:
+                    evidence: bool = False, tests: int = 1) -> EvidenceTest:
     """The test against group-free rotations a split must pass (``layer_split``): a split into a
     small side (``small``); on evidence any larger split too (``group_free``). ``members``: the
-    compared clients; ``cluster_size``: how many members the cluster has."""
+    compared clients; ``cluster_size``: how many members the cluster has; ``tests``: how many
+    layers the proposal was chosen among, whose tests share one level (``shared_draws``)."""
     if params.split != "linkage" or (params.small_side_reference_draws <= 0 and not evidence):
         return EvidenceTest("")
     U = np.stack([state.tracker.last_update(k, proposal["layer"]) for k in members])
@@ -143,4 +146,4 @@ def small_side_test(state: Any, params: Any, proposal: dict[str, Any], members: 
             min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k, seed=params.seed))
     return evidence_reference(U, smallest, rule=params.split, small_draws=params.small_side_reference_draws,
                               min_split_size=params.min_split_size, max_k=params.split_silhouette_max_k,
-                              seed=params.seed, members=cluster_size)
+                              seed=params.seed, members=cluster_size, draws=shared_draws(EVIDENCE_DRAWS, tests))
