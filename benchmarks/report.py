@@ -209,7 +209,9 @@ def scale_page() -> str | None:
            "At 10,000 generated clients the default training (one local step a round on about 10 images) "
            "has hardly begun by round 30, and the last round's accuracy moves by several points from round "
            "to round: those two grids show the time per round and whether the groups are found, not a "
-           "ranking by accuracy.", ""]
+           "ranking by accuracy. Each grid ran on the code of the commit its manifest names: the "
+           "defaults of that time, not necessarily today's (HiCFL's rows and round lines, for one, at "
+           "`hicfl.min-silhouette = 0.45`, since lowered: docs/algorithms/hicfl.md).", ""]
     for name, rows in grids.items():
         out += scale_table(f"## {name}", SCALE / name / "comparison.csv", rows)
     out += count_at_a_glance()

@@ -142,10 +142,10 @@ def evidence_reference(U: np.ndarray, smallest: int, *, rule: str, small_draws: 
     members): ``small_side_reference`` with ``small_draws``, at most ``EVIDENCE_DRAWS`` below
     2 × ``min_split_size`` members (``small_cluster_draws``). Any larger split: the members'
     updates ``U`` cut at their best silhouette (up to ``max_k`` parts) against ``draws`` group-free
-    rotations of them (``EVIDENCE_DRAWS``; more where the split was chosen among several tests,
-    ``null_reference.shared_draws``) (``group_structure.group_test``: the parts' separation and
-    the silhouette; below ``EVIDENCE_TEST_MIN_ROWS`` members the best of the rotations'
-    silhouettes alone). Why: within a round the
+    rotations of them (``group_structure.group_test``: the parts' separation and the silhouette;
+    below ``EVIDENCE_TEST_MIN_ROWS`` members the best of the rotations' silhouettes alone);
+    ``draws`` is ``EVIDENCE_DRAWS``, more where the split was chosen among several tests
+    (``null_reference.shared_draws``). Why: within a round the
     clients of one task differ by their own data, independently of one another, so their
     updates are exchangeable rows, which is what the rotations keep; the same clients' data
     repeat from round to round, so a cut of them can reproduce, but it does not beat its

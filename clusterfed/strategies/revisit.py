@@ -2,9 +2,10 @@
 step, each round's training updates (of the whole model) are cut per cluster (into at most
 sqrt(n / 2) parts of n members where the cut only beats group-free data); a cluster whose
 cut reproduces in two successive rounds, sets more than single clients apart, beats
-group-free rotations of the updates and has parts that point and pull apart, is split; two clusters whose members' updates show no
-structure together (nor as the two clusters) and point alike in two rounds running are merged,
-unless they were apart in two rounds running before (two tasks whose models converge).
+group-free rotations of the updates and has parts that point and pull apart, is split; two
+clusters whose members' updates show no structure together (nor as the two clusters) and
+point alike in two rounds running are merged, unless they were apart in two rounds running
+before (two tasks whose models converge).
 The tree and tests are the CFL family's (Sattler et al., "Clustered Federated Learning:
 Model-Agnostic Distributed Multitask Optimization Under Privacy Constraints"), on the one-shot
 strategies' state (``oneshot.OneShotState``)."""
