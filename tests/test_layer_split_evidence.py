@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from clusterfed.clustering.layer_split import (EVIDENCE_DRAWS, EVIDENCE_TEST_MIN_ROWS, best_cut_score, evidence_reference,
-                                              small_side_reference)
-from clusterfed.clustering.null_reference import reference_score, shared_draws
+from clusterfed.clustering.layer_split import (EVIDENCE_DRAWS, EVIDENCE_TEST_MIN_ROWS, SMALL_SIDE_RANK, best_cut_score,
+                                              evidence_reference, small_side_reference)
+from clusterfed.clustering.null_reference import reference_score, same_level, shared_draws
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
 from clusterfed.explain.bipartition import cfl_refusal_numbers, hicfl_refusal_numbers
 from clusterfed.explain.numbers import false_comparisons
@@ -114,9 +114,16 @@ def noisy_pairs(separation: float, seed: int, rows: int = 4) -> np.ndarray:
     return rng.normal(size=400) + centres[labels] + rng.normal(size=(rows, 400))
 
 
-def rotations(rows: np.ndarray, draws: int, seed: int) -> float:
+def rotations(rows: np.ndarray, draws: int, seed: int, rank: int = 1) -> float:
     return reference_score(rows, partial(best_cut_score, max_k=TEST["max_k"]), draws=draws, seed=seed,
-                           method="rotation")
+                           method="rotation", rank=rank)
+
+
+def small_reference(rows: np.ndarray, draws: int, seed: int = 0) -> float:
+    """The small-side test's reference at the level of ``draws`` rotations' largest: the
+    ``SMALL_SIDE_RANK``-th largest of that many times more."""
+    many, rank = same_level(draws, SMALL_SIDE_RANK)
+    return rotations(rows, many, seed, rank=rank)
 
 
 def small_side_passes(rows: np.ndarray, seed: int) -> bool:
@@ -129,23 +136,45 @@ def test_a_cluster_too_small_for_two_full_sides_tests_its_small_side_at_every_sp
     """Below 2 × min-split-size members every split leaves a small side: its rotations are held to
     EVIDENCE_DRAWS (a 5 % test, as every other split's), so true 2 | 2 groups pass where 99 draws
     refused most of them (three in four here), while one task's 4 clients pass about one time in
-    14 here (a 5 % test; bound 0.1); from 2 × min-split-size members of the cluster (whether or
+    22 here (a 5 % test; bound 0.1); from 2 × min-split-size members of the cluster (whether or
     not all are compared) a small side keeps its 99 draws, and so does any small side on
     Sattler's timing."""
     pairs = [noisy_pairs(0.6, seed) for seed in range(60)]
     at_99 = sum(best_cut_score(rows, max_k=TEST["max_k"]) > rotations(rows, 99, seed) for seed, rows in enumerate(pairs))
     taken = sum(small_side_passes(rows, seed) for seed, rows in enumerate(pairs))
     assert taken >= at_99 + 12, (taken, at_99)
-    assert evidence_reference(pairs[0], 2, **{**TEST, "small_draws": 99}, members=4).reference == rotations(pairs[0], EVIDENCE_DRAWS, 0)
+    assert evidence_reference(pairs[0], 2, **{**TEST, "small_draws": 99}, members=4).reference == small_reference(pairs[0], EVIDENCE_DRAWS)
     # four repliers of a cluster of six members: a balanced split of the cluster was possible
-    assert evidence_reference(pairs[0], 2, **{**TEST, "small_draws": 99}, members=6).reference == rotations(pairs[0], 99, 0)
+    assert evidence_reference(pairs[0], 2, **{**TEST, "small_draws": 99}, members=6).reference == small_reference(pairs[0], 99)
     six = noisy_pairs(0.6, 3, rows=6)
-    assert evidence_reference(six, 2, **{**TEST, "small_draws": 99}, members=6).reference == rotations(six, 99, 0)
+    assert evidence_reference(six, 2, **{**TEST, "small_draws": 99}, members=6).reference == small_reference(six, 99)
     # Sattler's timing (no agreement of two rounds) keeps 99 draws whatever the cluster's size
     assert small_side_reference(pairs[0], 2, rule="linkage", draws=99, min_split_size=3, max_k=TEST["max_k"],
-                                seed=0) == rotations(pairs[0], 99, 0)
+                                seed=0) == small_reference(pairs[0], 99)
     chance = sum(small_side_passes(noisy_pairs(0.0, seed), seed) for seed in range(200)) / 200
     assert chance <= 0.1, chance
+
+
+def test_a_small_side_is_tested_at_its_level_on_more_draws_than_the_level_needs():
+    """Beating the largest of 19 rotations and beating the fifth largest of 99 are tests at one
+    level (one time in 20), but the largest of 19 is one draw's luck: where a draw of the
+    rotations happens to clump the rows it refuses true groups, and the same draw refuses them
+    round after round (the reference is seeded). The fifth of 99 sits near the rotations' own 95th
+    percentile, so true 2 | 2 groups pass more often (13 more of 60 here) and one task's 4 clients
+    no more often (9 of 200 here, against 14 of 200 beating the largest of 19)."""
+    assert same_level(19, 5) == (99, 5) and same_level(99, 5) == (499, 5) and same_level(19, 1) == (19, 1)
+    pairs = [noisy_pairs(0.6, seed) for seed in range(60)]
+    largest = sum(best_cut_score(rows, max_k=TEST["max_k"]) > rotations(rows, 19, seed) for seed, rows in enumerate(pairs))
+    taken = sum(best_cut_score(rows, max_k=TEST["max_k"]) > small_reference(rows, 19, seed)
+                for seed, rows in enumerate(pairs))
+    assert taken >= largest + 8, (taken, largest)
+    one_task_rows = [noisy_pairs(0.0, seed) for seed in range(200)]
+    chance = sum(best_cut_score(rows, max_k=TEST["max_k"]) > small_reference(rows, 19, seed)
+                 for seed, rows in enumerate(one_task_rows)) / 200
+    assert chance <= 0.08, chance
+    # the rank-th largest: the fifth of five draws is their smallest
+    scores = [rotations(pairs[0], 5, 0, rank=r) for r in range(1, 6)]
+    assert scores == sorted(scores, reverse=True) and scores[0] == rotations(pairs[0], 5, 0)
 
 
 @pytest.mark.parametrize("seed", [37, 95, 211])

@@ -17,7 +17,7 @@ from scipy.cluster import hierarchy
 from clusterfed.clustering.agglomerative import cluster_auto, linkage_matrix, relabel_in_order
 from clusterfed.clustering.bipartition import bipartition
 from clusterfed.clustering.group_structure import GroupTest, group_test
-from clusterfed.clustering.null_reference import reference_score
+from clusterfed.clustering.null_reference import reference_score, same_level
 from clusterfed.clustering.reproducible import agreement
 from clusterfed.clustering.split_rules import sides_silhouette
 from clusterfed.clustering.split_scores import best_cut_silhouette, cosine_similarity_matrix
@@ -68,15 +68,21 @@ def best_cut_score(R: np.ndarray, *, max_k: int) -> float:
 def small_side_reference(U: np.ndarray, smallest: int, *, rule: str, draws: int, min_split_size: int, max_k: int,
                          seed: int) -> float | None:
     """The best-cut silhouette a linkage split whose smallest side holds ``smallest`` (2 to
-    ``min_split_size`` − 1) members must beat: the largest over ``draws`` rotation-test draws of
-    the updates ``U`` (``null_reference``). None when the side is larger or a single client (an
-    outlier ``min-side = 1`` asked for: rotations cannot judge it), for the reference rule, or
-    with ``draws`` = 0. Noise split into small sides reaches a fixed threshold easily (a 2 | 2
-    cut of 4 noisy updates scores about 0.5); where one direction dominates the rotations keep it."""
+    ``min_split_size`` − 1) members must beat: a rotation test of the updates ``U``
+    (``null_reference``) at the level of the largest of ``draws`` draws (one time in
+    ``draws + 1``), read as the ``SMALL_SIDE_RANK``-th largest of ``SMALL_SIDE_RANK`` ×
+    (``draws`` + 1) − 1 draws (``same_level``). None when the side is larger or a single client (an outlier
+    ``min-side = 1`` asked for: rotations cannot judge it), for the reference rule, or with
+    ``draws`` = 0. Noise split into small sides reaches a fixed threshold easily (a 2 | 2 cut of
+    4 noisy updates scores about 0.5); where one direction dominates the rotations keep it. Why
+    more draws: the rotations of 4 to 8 rows keep most of their shape, so one draw often
+    clumps them nearly as well as true groups do; the largest of few draws is that draw's luck,
+    and being seeded, the same draw refused the same true pair round after round."""
     if draws <= 0 or rule != "linkage" or smallest >= min_split_size or smallest < 2:
         return None
+    draws, rank = same_level(draws, SMALL_SIDE_RANK)
     return reference_score(U.astype(np.float64), partial(best_cut_score, max_k=max_k), draws=draws, seed=seed,
-                           method="rotation")
+                           method="rotation", rank=rank)
 
 
 def small_cluster_draws(members: int, min_split_size: int, draws: int) -> int:
@@ -91,6 +97,10 @@ def small_cluster_draws(members: int, min_split_size: int, draws: int) -> int:
     rarely does; a split on Sattler's criteria is taken the first round it passes."""
     return min(draws, EVIDENCE_DRAWS) if members < 2 * min_split_size else draws
 
+
+# the small-side test's rotations: the level of the largest of its draws, read as this rank of
+# rank × (draws + 1) − 1 draws (1: the largest of the draws themselves, the rule before)
+SMALL_SIDE_RANK = 5
 
 # split-timing = evidence: the rotation draws every split into sides of min-split-size or more
 # must beat (a one-sided 5 % test); smaller sides keep their own draws (small_side_reference)

@@ -118,14 +118,26 @@ def haar_orthogonal(n: int, rng: np.random.Generator) -> np.ndarray:
 
 def reference_score(X: np.ndarray, score: Callable[[np.ndarray], float | None], *, draws: int = DEFAULT_DRAWS,
                     seed: int = 0, max_rows: int = MAX_REFERENCE_ROWS,
-                    method: ReferenceMethod = "gaussian") -> float | None:
-    """The largest ``score`` over ``draws`` reference data sets shaped like X (None when no
-    draw could be scored, e.g. fewer than 3 rows). ``score`` maps a row matrix to the best
-    silhouette the clustering procedure finds in it."""
+                    method: ReferenceMethod = "gaussian", rank: int = 1) -> float | None:
+    """The ``rank``-th largest ``score`` over ``draws`` reference data sets shaped like X
+    (default the largest; None when no draw could be scored, e.g. fewer than 3 rows). ``score``
+    maps a row matrix to the best silhouette the clustering procedure finds in it. A score
+    beating the ``rank``-th largest of ``draws`` is a one-sided test at level
+    ``rank / (draws + 1)``."""
     if draws <= 0 or len(X) < 3:
         return None
     scores = [s for s in (score(R) for R in reference_draws(X, draws, seed, max_rows, method)) if s is not None]
-    return max(scores) if scores else None
+    return sorted(scores, reverse=True)[min(rank, len(scores)) - 1] if scores else None
+
+
+def same_level(draws: int, rank: int) -> tuple[int, int]:
+    """The draws and rank that test at the level of beating the largest of ``draws``
+    (one time in ``draws + 1``) with the ``rank``-th largest: ``rank × (draws + 1) − 1``
+    draws. The same level from more draws: the threshold is the group-free scores' quantile
+    nearly, not one draw's luck, so a test loses less power to its draws (Jöckel, "Finite
+    sample properties and asymptotic efficiency of Monte Carlo tests", Annals of Statistics
+    1986)."""
+    return (draws, 1) if draws <= 0 or rank <= 1 else (rank * (draws + 1) - 1, rank)
 
 
 def structure_threshold(fixed: float, reference: float | None) -> float:

@@ -49,7 +49,7 @@ from pydantic import Field
 from clusterfed.strategies import array_choice, base
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.bipartition import SplitDecision
-from clusterfed.clustering.layer_split import EVIDENCE_DRAWS, EvidenceTest
+from clusterfed.clustering.layer_split import EVIDENCE_DRAWS, SMALL_SIDE_RANK, EvidenceTest
 from clusterfed.clustering.split_rules import pick_best, ready_layers
 from clusterfed.clustering.split_scores import separation_gap
 from clusterfed.clustering.stability import StabilityTracker
@@ -106,8 +106,9 @@ class HiCFLParams(BiPartitioningParams):
     min_side: int = Field(2, alias="min-side", json_schema_extra={"legacy": "hicfl-min-side"}, ge=1, description="fewest members on each side of a split")
     small_side_reference_draws: int = Field(
         SMALL_SIDE_DRAWS, alias="small-side-reference-draws", ge=0,
-        description="a linkage split leaving a side of 2 to min-split-size - 1 members must also beat the best-cut "
-                    f"silhouette of this many group-free rotations of the members' updates, on evidence at most "
+        description="a linkage split leaving a side of 2 to min-split-size - 1 members must also beat group-free "
+                    "rotations of the members' updates in best-cut silhouette at the level of the largest of this "
+                    f"many (the {SMALL_SIDE_RANK}th largest of {SMALL_SIDE_RANK} x (this + 1) - 1 draws), on evidence at most "
                     f"{EVIDENCE_DRAWS} in a cluster of fewer than 2 x min-split-size members (0 = off)")
     decision_arrays: Literal["every", "evidence"] = Field(
         "evidence", alias="decision-arrays",
