@@ -86,7 +86,8 @@ def small_side_reference(U: np.ndarray, smallest: int, *, rule: str, draws: int,
 
 
 def small_cluster_draws(members: int, min_split_size: int, draws: int) -> int:
-    """The rotations a small side must beat on evidence in a cluster of ``members`` members:
+    """The level a small side is tested at on evidence, as the largest of this many rotations
+    (``small_side_reference`` reads it from more draws), in a cluster of ``members`` members:
     ``draws`` (a stricter level than other splits': a side of 2 beside a side that could have
     been split evenly is as often two alike clients of one group, each client's own data, as a
     group), but no more than ``EVIDENCE_DRAWS`` below 2 × ``min_split_size`` members, where every
@@ -103,7 +104,7 @@ def small_cluster_draws(members: int, min_split_size: int, draws: int) -> int:
 SMALL_SIDE_RANK = 5
 
 # split-timing = evidence: the rotation draws every split into sides of min-split-size or more
-# must beat (a one-sided 5 % test); smaller sides keep their own draws (small_side_reference)
+# must beat (a one-sided 5 % test); smaller sides keep their own level (small_side_reference)
 EVIDENCE_DRAWS = 19
 # the fewest members whose split the group test judges; below, the rotations' silhouette alone:
 # two groups of 4 clients (the suite's 8-client LayerCFL run on digits) did not beat rotations

@@ -64,7 +64,7 @@ SMALL_CLIENT_EXAMPLES = 50
 SMALL_CLIENT_DECAY = 0.8
 PRINCIPAL_MIN_REPLIES = 40
 PRINCIPAL_RANK = 5
-SMALL_SIDE_DRAWS = 99  # split-timing = evidence: rotation draws a small side must beat (as HiCFL's; 19 in small clusters)
+SMALL_SIDE_DRAWS = 99  # split-timing = evidence: a small side's test level, as the largest of this many rotations (as HiCFL's; 19 in small clusters)
 
 
 class CFLFamilyParams(BiPartitioningParams):

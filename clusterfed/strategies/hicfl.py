@@ -61,7 +61,8 @@ from clusterfed.strategies.bipartitioning import BiPartitioningParams, BiPartiti
 from clusterfed.strategies.tree_hooks import tree_admit, tree_before_train, tree_draw_sample, tree_train_instructions
 from clusterfed.core.exchange import ClientInfo, Diagnostics, Round, SplitCompared, TrainReply
 
-# Draws of the small-side rotation test: the test is repeated every round while a cluster
+# The small-side rotation test's level, as the largest of this many draws (read from more:
+# layer_split.small_side_reference): the test is repeated every round while a cluster
 # stays whole, so a 5 % test (19 draws) is passed by noise within a few rounds (measured on
 # Sattler's timing: a 2 | 2 cut of one group at 0.816 against 0.809 after seven refusals); 99
 # draws: 1 %. On evidence, at most 19 in a cluster too small for two sides of min-split-size
