@@ -118,3 +118,16 @@ def test_group_free_nine_clients_are_mostly_left_as_one_cluster():
     splits = sum(cluster_auto(few_clients(9, 0.0, seed=seed)[0], metric="cosine", reference_draws=19,
                               seed=seed).num_clusters > 1 for seed in range(40))
     assert splits <= 4  # a 5 % test: about 2 of 40
+
+
+def test_a_ranked_reference_keeps_its_level_when_draws_cannot_be_scored():
+    """The rank-th largest of the draws scored, the rank lowered with the draws lost (half of 99
+    draws scored: the 2nd largest, not the 5th); a rank below 1 is refused before any draw."""
+    X = np.random.default_rng(0).normal(size=(6, 40))
+    calls = iter(range(10_000))
+    every_other = lambda R: None if next(calls) % 2 else float(R[0, 0])  # noqa: E731
+    scored = [float(R[0, 0]) for i, R in enumerate(reference_draws(X, 99, 3, method="rotation")) if i % 2 == 0]
+    kept = reference_score(X, every_other, draws=99, seed=3, method="rotation", rank=5)
+    assert kept == sorted(scored, reverse=True)[1]
+    with pytest.raises(ValueError, match="rank must be 1 or more"):
+        reference_score(X, every_other, draws=99, seed=3, rank=0)

@@ -124,10 +124,16 @@ def reference_score(X: np.ndarray, score: Callable[[np.ndarray], float | None], 
     maps a row matrix to the best silhouette the clustering procedure finds in it. A score
     beating the ``rank``-th largest of ``draws`` is a one-sided test at level
     ``rank / (draws + 1)``."""
+    if rank < 1:
+        raise ValueError(f"reference_score: rank must be 1 or more, got {rank}")
     if draws <= 0 or len(X) < 3:
         return None
     scores = [s for s in (score(R) for R in reference_draws(X, draws, seed, max_rows, method)) if s is not None]
-    return sorted(scores, reverse=True)[min(rank, len(scores)) - 1] if scores else None
+    if not scores:
+        return None
+    # draws that could not be scored lower the rank with them, so the level stays at most rank / (draws + 1)
+    kept_rank = max(1, rank * (len(scores) + 1) // (draws + 1))
+    return sorted(scores, reverse=True)[kept_rank - 1]
 
 
 def same_level(draws: int, rank: int) -> tuple[int, int]:
