@@ -8,8 +8,10 @@ import pytest
 
 from clusterfed.clustering.agglomerative import cluster_auto
 from clusterfed.clustering import group_structure
-from clusterfed.clustering.group_structure import (CLEAR_SEPARATION, MIN_ROWS, SMALL_ROWS, GroupTest, group_test,
-                                                 separation)
+from clusterfed.clustering.group_structure import (CLEAR_SEPARATION, GROUP_TEST_RANK, MIN_ROWS, RANKED_MAX_ROWS,
+                                                 SMALL_ROWS, GroupTest, group_test, separation)
+from clusterfed.clustering.null_reference import MAX_REFERENCE_ROWS, reference_draws
+from clusterfed.clustering.oneshot import cut_into
 from clusterfed.explain.numbers import false_comparisons
 
 TEST = {"metric": "cosine", "linkage": "average", "max_clusters": 10, "draws": 19, "seed": 0}
@@ -48,6 +50,31 @@ def test_groups_pass_and_their_words_say_so(sizes):
     assert tested.passes and tested.separation > tested.rotated_separation
     assert tested.words().startswith(("it beats group-free rotations", "its parts are clearly further apart"))
     assert not false_comparisons(tested.words())
+
+
+def test_the_test_is_read_at_its_level_from_more_draws_than_the_level_needs():
+    """Beating the largest of 19 rotations and beating the fifth largest of 99 are tests at one
+    level (one time in 20), but the largest of 19 is one draw's luck, which the seeded reference
+    repeats round after round. Read from 99 draws, groups near the edge of what the rotations
+    reach pass more often (11 more of 40 here), and the best cut of one task's clients no more
+    often (none of 60 here, against one beating the largest of 19)."""
+    assert GROUP_TEST_RANK == 5
+    near = [groups([4, 4, 4], spread=1.6, seed=seed) for seed in range(40)]
+    largest = sum(group_test(X, labels, **TEST, rank=1).passes for X, labels in near)
+    taken = sum(group_test(X, labels, **TEST).passes for X, labels in near)
+    assert taken >= largest + 6, (taken, largest)
+    chance = sum(group_test(X, best_cut(X), **TEST).passes for X in (one_task(12, seed) for seed in range(60))) / 60
+    assert chance <= 0.05, chance
+    # the reference is the fifth largest of the 99 rotations' separations (rank 1: the largest of 19)
+    X, labels = near[0]
+    rotated = [separation(R, cut_into(R, 3, metric="cosine", linkage="average"))
+               for R in reference_draws(X, 99, TEST["seed"], MAX_REFERENCE_ROWS, "rotation")]
+    assert group_test(X, labels, **TEST).rotated_separation == pytest.approx(sorted(rotated, reverse=True)[4])
+    assert group_test(X, labels, **TEST, rank=1).rotated_separation == pytest.approx(max(rotated[:19]))
+    # beyond RANKED_MAX_ROWS rows the largest of the draws themselves (the cost of five times the draws)
+    many, labels = groups([34, 34, 33], spread=3.0, seed=0)
+    assert len(many) == RANKED_MAX_ROWS + 1
+    assert group_test(many, labels, **TEST) == group_test(many, labels, **TEST, rank=1)
 
 
 def test_no_test_without_parts_draws_or_enough_rows():

@@ -39,7 +39,7 @@ def groups(sizes: list[int], seed: int) -> np.ndarray:
     return rng.normal(size=60) + centres[labels] + 0.4 * rng.normal(size=(len(labels), 60))
 
 
-@pytest.mark.parametrize("seed", [16, 22, 25])
+@pytest.mark.parametrize("seed", [25, 59, 72])
 def test_one_tasks_members_whose_silhouette_beats_rotations_are_refused_on_their_separation(seed):
     """The cut the rotations' silhouette alone took (it beats theirs), refused: its parts are no
     further apart than the rotations' parts."""
@@ -177,10 +177,10 @@ def test_a_small_side_is_tested_at_its_level_on_more_draws_than_the_level_needs(
     assert scores == sorted(scores, reverse=True) and scores[0] == rotations(pairs[0], 5, 0)
 
 
-@pytest.mark.parametrize("seed", [37, 95, 211])
+@pytest.mark.parametrize("seed", [133, 211, 227])
 def test_a_split_chosen_among_several_layers_must_beat_their_shared_rotations(seed):
     """One task's 15 clients whose best cut beats 19 group-free rotations by chance (about one
-    draw in 50 of these): asked as the best of 5 layers' cuts, it must beat the 99 rotations
+    draw in 60 of these): asked as the best of 5 layers' cuts, it must beat the 99 rotations
     the 5 tests share (``shared_draws``), and it does not; two groups of 6 still do."""
     rows = one_task(15, seed)
     alone = evidence_reference(rows, 5, **TEST, members=len(rows))

@@ -77,11 +77,12 @@ def cut_decision(decision: str | None, state: Any, params: Any, info: dict[str, 
 
 def shared_level(tests: int, draws: int) -> str:
     """What a group test sharing its level with ``tests`` tests beat, ``draws`` rotations, in
-    words (empty for one test, or no rotations): ``(the largest of 79 rotations: the layer
-    compared was chosen among 4)``."""
+    words (empty for one test, or no rotations): ``(at the level of the largest of 79
+    rotations: the layer compared was chosen among 4)`` (``group_test`` reads that level
+    from more draws)."""
     if tests <= 1 or draws <= 0:
         return ""
-    return f" (the largest of {draws} rotations: the layer compared was chosen among {tests})"
+    return f" (at the level of the largest of {draws} rotations: the layer compared was chosen among {tests})"
 
 
 def disagreement(reproduction: Any, bound: float) -> str:
