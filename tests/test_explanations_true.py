@@ -323,9 +323,9 @@ def oneshot_gate_words(strategy: str, own: float, rotated: float, params) -> str
     from clusterfed.clustering.group_structure import GroupTest
     from clusterfed.strategies import oneshot
 
-    rng = np.random.default_rng(607)  # one task's clients whose cut no better than rotations (test_oneshot_reproducible)
+    rng = np.random.default_rng(1008)  # one task's clients whose cut no better than rotations (test_oneshot_reproducible)
     rows = rng.normal(size=40) + rng.normal(size=(8, 40))
-    labels = np.array([0, 1, 1, 1, 1, 1, 1, 0])
+    labels = np.array([0, 1, 0, 0, 0, 1, 0, 0])
     real = oneshot.gate(rows, labels, None, params, strategy)[2]
     assert real.startswith(f"{strategy}: cut deferred: ") and "group-free rotations" in real
     fed = GroupTest(0.3, 0.4, own, rotated)
