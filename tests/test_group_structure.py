@@ -75,6 +75,7 @@ def test_the_test_is_read_at_its_level_from_more_draws_than_the_level_needs():
     many, labels = groups([34, 34, 33], spread=3.0, seed=0)
     assert len(many) == RANKED_MAX_ROWS + 1
     assert group_test(many, labels, **TEST) == group_test(many, labels, **TEST, rank=1)
+    assert group_test(many[1:], labels[1:], **TEST) != group_test(many[1:], labels[1:], **TEST, rank=1)  # 100 rows: ranked
 
 
 def test_no_test_without_parts_draws_or_enough_rows():

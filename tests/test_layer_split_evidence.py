@@ -179,9 +179,10 @@ def test_a_small_side_is_tested_at_its_level_on_more_draws_than_the_level_needs(
 
 @pytest.mark.parametrize("seed", [133, 211, 227])
 def test_a_split_chosen_among_several_layers_must_beat_their_shared_rotations(seed):
-    """One task's 15 clients whose best cut beats 19 group-free rotations by chance (about one
-    draw in 60 of these): asked as the best of 5 layers' cuts, it must beat the 99 rotations
-    the 5 tests share (``shared_draws``), and it does not; two groups of 6 still do."""
+    """One task's 15 clients whose best cut beats group-free rotations at the level of 19 by
+    chance (about one draw in 60 of these): asked as the best of 5 layers' cuts, it must beat
+    them at the level of the 99 the 5 tests share (``shared_draws``; read as the fifth largest
+    of 499), and it does not; two groups of 6 still do."""
     rows = one_task(15, seed)
     alone = evidence_reference(rows, 5, **TEST, members=len(rows))
     assert alone.passes(alone.groups.silhouette)

@@ -79,7 +79,7 @@ def shared_level(tests: int, draws: int) -> str:
     """What a group test sharing its level with ``tests`` tests beat, ``draws`` rotations, in
     words (empty for one test, or no rotations): ``(at the level of the largest of 79
     rotations: the layer compared was chosen among 4)`` (``group_test`` reads that level
-    from more draws)."""
+    from more draws up to ``RANKED_MAX_ROWS`` rows)."""
     if tests <= 1 or draws <= 0:
         return ""
     return f" (at the level of the largest of {draws} rotations: the layer compared was chosen among {tests})"
