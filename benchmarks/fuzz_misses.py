@@ -8,15 +8,19 @@ or show no trace in the updates).
         --folders benchmarks/results/model-fuzz/held-out benchmarks/results/model-fuzz/held-out-1060-1089 \\
         --signal benchmarks/results/model-fuzz/held-out-signal --out benchmarks/results/model-fuzz/held-out-misses
 
-Reads each folder's ``cells/*.json`` and each signal folder's ``signal.json``
-(``group_signal.py``); writes ``misses.json``, ``README.md`` (the tables: misses by kind, pass
-shares by cell trait), ``misses.png``, ``where.png`` and ``manifest.json``. Runs no cell.
+Reads each folder's ``cells/*.json``, each signal folder's ``signal.json``
+(``group_signal.py``) and, where a folder has a ``<folder>-before`` sibling (the same cells run
+on the code before the clustering-decision work), that folder's cells; writes ``misses.json``,
+``README.md`` (the tables: misses by kind, the code before beside, pass shares by cell trait), ``misses.png``, ``where.png`` and ``manifest.json``. Runs no cell.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
 import json
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -86,6 +90,137 @@ def load(folders: list[Path], signal_folders: list[Path]) -> tuple[list[dict], d
     return [records[s] for s in sorted(records)], signal
 
 
+def load_before(folders: list[Path]) -> dict[int, dict]:
+    """The cell records of each folder's ``<folder>-before`` sibling, where it has one, by seed
+    (tagged with the folder they stand beside): the same cells on the code before."""
+    before: dict[int, dict] = {}
+    for folder in folders:
+        sibling = folder.parent / f"{folder.name}-before"
+        for record in load_records(sibling) if (sibling / "cells").is_dir() else []:
+            before[record["cell"]["seed"]] = {**record, "folder": folder.name}
+    return before
+
+
+def outcome(pairs: list[tuple[dict, dict]]) -> dict:
+    """Over (cell record, row) pairs: the passes, the IID controls and those ending as one
+    cluster, and the cells ending more than ``MAX_LOSS_PP`` points below FedAvg."""
+    iid = [r for rec, r in pairs if rec["cell"]["shift"] == "iid"]
+    return {"passes": sum(1 for _, r in pairs if r["passes"]), "iid_controls": len(iid),
+            "iid_one_cluster": sum(1 for r in iid if r.get("clusters") == 1),
+            "below_fedavg": sum(1 for _, r in pairs if (r.get("loss_pp") or 0.0) > MAX_LOSS_PP)}
+
+
+def before_and_after(records: list[dict], before: dict[int, dict]) -> list[dict]:
+    """Per clustered strategy, over the cells where both the code before (``before``) and the
+    folders' code ran it: the cells and each code's ``outcome``."""
+    table = []
+    for name in CLUSTERED:
+        now = [(rec, r) for rec, r in rows_of(records, name)
+               if any(b["strategy"] == name for b in before.get(rec["cell"]["seed"], {}).get("rows", []))]
+        if not now:
+            continue
+        then = rows_of([before[rec["cell"]["seed"]] for rec, _ in now], name)
+        table.append({"strategy": name, "cells": len(now), "before": outcome(then), "now": outcome(now)})
+    return table
+
+
+def before_markdown(table: list[dict]) -> str:
+    lines = ["| strategy | cells run by both | passes: before → now | IID controls one cluster: before → now | "
+             f"cells more than {MAX_LOSS_PP:g} point below FedAvg: before → now |", "|---|---|---|---|---|"]
+    for row in table:
+        b, n = row["before"], row["now"]
+        lines.append(f"| {row['strategy']} | {row['cells']} | {_of(b['passes'], row['cells'])} → "
+                     f"{_of(n['passes'], row['cells'])} | {b['iid_one_cluster']} → {n['iid_one_cluster']} of "
+                     f"{n['iid_controls']} | {b['below_fedavg']} → {n['below_fedavg']} |")
+    return "\n".join(lines)
+
+
+_CODE_OF_BLOB: dict[str, str] = {}  # a file's git blob -> its code without docstrings (blobs recur across commits)
+
+
+def _code_of(source: bytes) -> str:
+    """A module's ``ast`` dump with every docstring left out (comments the parser drops)."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(body, list) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def code_fingerprint(commit: str, package: str = "clusterfed") -> str | None:
+    """A hash of ``package``'s Python code at ``commit`` with its docstrings and comments left
+    out: two commits whose strategies differ only in words hash alike. None when git cannot read
+    the commit (a shallow clone, no git)."""
+    def git(*args: str, stdin: bytes | None = None) -> bytes:
+        return subprocess.run(["git", "-C", str(ROOT), *args], input=stdin, capture_output=True, check=True).stdout
+
+    try:
+        files = sorted((path, sha) for line in git("ls-tree", "-r", commit, package).decode().splitlines()
+                       for meta, path in [line.split("\t", 1)] for sha in [meta.split()[2]] if path.endswith(".py"))
+        missing = [sha for _, sha in files if sha not in _CODE_OF_BLOB]
+        if missing:  # one cat-file for every blob not read yet: "<sha> blob <size>\n<content>\n" each
+            out, at = git("cat-file", "--batch", stdin="\n".join(missing).encode() + b"\n"), 0
+            for sha in missing:
+                header_end = out.index(b"\n", at)
+                size = int(out[at:header_end].split()[2])
+                _CODE_OF_BLOB[sha] = _code_of(out[header_end + 1:header_end + 1 + size])
+                at = header_end + 1 + size + 1
+    except (subprocess.CalledProcessError, FileNotFoundError, SyntaxError, IndexError, ValueError):
+        return None
+    digest = hashlib.sha256()
+    for path, sha in files:
+        digest.update(f"{path}\0{_CODE_OF_BLOB[sha]}\0".encode())
+    return digest.hexdigest()
+
+
+def by_code(records: list[dict], commits: dict[str, str], before: dict[int, dict]) -> list[dict]:
+    """The folders grouped by the strategies' code they ran (``code_fingerprint`` of each
+    folder's commit; a folder whose code cannot be read stands alone), in the order of their
+    first folder: per group its folders, commits and cells, and per clustered strategy its cells
+    and ``outcome`` (``before``: the code before's on those of its cells it ran, with the group's
+    own ``outcome`` on the same cells as ``now``)."""
+    fingerprints = {folder: code_fingerprint(commit) if commit else None for folder, commit in commits.items()}
+    groups: dict[str, list[str]] = {}
+    for folder in dict.fromkeys(rec["folder"] for rec in records):
+        groups.setdefault(fingerprints.get(folder) or f"folder:{folder}", []).append(folder)
+    out = []
+    for folders in groups.values():
+        mine = [rec for rec in records if rec["folder"] in folders]
+        strategies = {}
+        for name in CLUSTERED:
+            rows = rows_of(mine, name)
+            if rows:
+                then = rows_of([before[rec["cell"]["seed"]] for rec, _ in rows if rec["cell"]["seed"] in before], name)
+                both = {rec["cell"]["seed"] for rec, _ in then}
+                now_there = [(rec, r) for rec, r in rows if rec["cell"]["seed"] in both]
+                strategies[name] = {"cells": len(rows), **outcome(rows), "share": outcome(rows)["passes"] / len(rows),
+                                    "before": {"cells": len(then), **outcome(then), "now": outcome(now_there)}
+                                    if then else None}
+        out.append({"folders": folders, "commits": [commits.get(f, "") for f in folders], "cells": len(mine),
+                    "strategies": strategies})
+    return out
+
+
+def by_code_markdown(groups: list[dict]) -> str:
+    names = [n for n in CLUSTERED if any(n in g["strategies"] for g in groups)]
+    lines = ["| folders | commits | cells | " + " | ".join(names) + " |", "|---|---|---|" + "---|" * len(names)]
+    for g in groups:
+        cells = []
+        for name in names:
+            row = g["strategies"].get(name)
+            if row is None:
+                cells.append("—")
+                continue
+            then = row["before"]
+            cells.append(_of(row["passes"], row["cells"])
+                         + (f"; before: {then['passes']} of {then['cells']}" if then else ""))
+        shown = ", ".join(f"`{f}`" for f in g["folders"])
+        lines.append(f"| {shown} | {', '.join(c[:7] for c in g['commits'])} | {g['cells']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def cell_kind(record: dict, signal: dict) -> str | None:
     """Why no decision may be asked of a grouped cell: ``groups_do_not_pay``, ``no_trace`` or
     ``not_learnt`` (the first that holds), else None (an IID control: None)."""
@@ -136,7 +271,7 @@ def tally(records: list[dict], signal: dict) -> list[dict]:
         kinds = Counter(kind for _, kind in missed)
         passes = sum(1 for _, r in rows if r["passes"])
         excused = sum(kinds[k] for k in EXCUSED)
-        table.append({"strategy": name, "cells": len(rows), "passes": passes,
+        table.append({"strategy": name, "cells": len(rows), "passes": passes, "share": passes / len(rows),
                       "misses": {k: kinds.get(k, 0) for k in KINDS},
                       "passes_in_excused_cells": sum(1 for rec, r in rows
                                                      if r["passes"] and cell_kind(rec, signal) in EXCUSED),
@@ -207,11 +342,13 @@ def where_figure(where: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None = None) -> str:
+def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None = None,
+               before: dict[int, dict] | None = None) -> str:
     """A row per folder: the commit its cells ran on (``commits``: folder name -> commit), its
     cells, those where the groups do not pay, show no trace (with a signal record), and whose
-    model did not learn, and each clustered strategy's passes."""
-    commits = commits or {}
+    model did not learn, and each clustered strategy's passes, with the code before's on the
+    same cells in brackets where ``before`` (seed -> record) ran that strategy on all of them."""
+    commits, before = commits or {}, before or {}
     names = ran(records)
     lines = ["| folder | commit | cells | groups do not pay | no trace | signal record | "
              "not learnt (of the other grouped cells) | " + " | ".join(names) + " | any of them |",
@@ -223,14 +360,24 @@ def per_folder(records: list[dict], signal: dict, commits: dict[str, str] | None
         shown = {k: f"{len(v)}" + (f" ({', '.join(map(str, v))})" if v and k != "not_learnt" else "")
                  for k, v in kinds.items()}
         has_signal = any(str(rec["cell"]["seed"]) in signal for rec in mine)
-        passes = [str(sum(1 for _, r in rows if r["passes"])) if (rows := rows_of(mine, name)) else "—"
-                  for name in names]
+        passes = [_passes(mine, name, before) for name in names]
         passed, judged = any_passes(mine)
         together = passed if judged else "—"
         lines.append(f"| `{folder}` | {commits.get(folder, '')[:7]} | {len(mine)} | {shown['groups_do_not_pay']} | "
                      f"{shown['no_trace']} | {'yes' if has_signal else 'no (none counted)'} | {shown['not_learnt']} | "
                      + " | ".join(passes) + f" | {together} |")
     return "\n".join(lines)
+
+
+def _passes(mine: list[dict], name: str, before: dict[int, dict]) -> str:
+    """A folder's passes of strategy ``name`` ("—" where it did not run), then in brackets the code
+    before's on the same cells where it ran them all."""
+    rows = rows_of(mine, name)
+    if not rows:
+        return "—"
+    then = rows_of([before[rec["cell"]["seed"]] for rec in mine if rec["cell"]["seed"] in before], name)
+    shown = str(sum(1 for _, r in rows if r["passes"]))
+    return shown + (f" ({sum(1 for _, r in then if r['passes'])})" if len(then) == len(rows) else "")
 
 
 def markdown(table: list[dict]) -> str:
@@ -287,7 +434,24 @@ def folder_commits(folders: list[Path]) -> dict[str, str]:
 
 
 def readme(table: list[dict], where: list[dict], folders: list[Path], signal_folders: list[Path], records: list[dict],
-           signal: dict) -> str:
+           signal: dict, before: dict[int, dict] | None = None) -> str:
+    before = before or {}
+    compared = before_and_after(records, before)
+    groups = by_code(records, folder_commits(folders), before)
+    before_folders = sorted({rec["folder"] for rec in before.values()})
+    before_commits = sorted(set(folder_commits([f.parent / f"{f.name}-before" for f in folders
+                                                if f.name in before_folders]).values()))
+    then = (f"""
+## The code before, on the same cells
+
+{len(before_folders)} of the folders have a `-before` sibling: the same cells run on the code before
+the clustering-decision work (commit{'s' if len(before_commits) > 1 else ''} {', '.join(f'`{c[:7]}`' for c in before_commits)}; each sibling's manifest says how it
+ran: the later ones give that code the benchmark's seeding of each client's training). Over the
+cells both ran, each strategy's passes, IID controls ending as one cluster, and cells ending more
+than {MAX_LOSS_PP:g} point below FedAvg:
+
+{before_markdown(compared)}
+""" if compared else "")
     kinds = "\n".join(f"- **{k.replace('_', ' ')}**: {v}" for k, v in KINDS.items())
     commits = folder_commits(folders)
     listed = "\n".join(f"- {row['strategy']}: " + "; ".join(
@@ -325,10 +489,18 @@ whichever of the strategies that ran a user picks (each folder's, on its commit)
 How many cells of each folder are of those kinds (a folder without a signal record counts no
 cell as without a trace; "not learnt" counts the grouped cells where FedAvg stayed below
 {LEARNT} that are of neither kind before it), and each strategy's passes there (a range of 30
-cells moves by a few cells from draw to draw; each folder on the code of its commit):
+cells moves by a few cells from draw to draw; each folder on the code of its commit; in brackets,
+where the folder has a `-before` sibling, the code before's passes on the same cells):
 
-{per_folder(records, signal, commits)}
+{per_folder(records, signal, commits, before)}
 
+The same, pooled over the folders that ran the same strategies' code (the `clusterfed` package's
+code at the folder's commit, docstrings and comments aside: folders apart in time share a row when
+only words changed between them), the pass share of each, and after it the code before's passes
+over those of the cells it ran:
+
+{by_code_markdown(groups)}
+{then}
 ## Where they miss
 
 The share of cells each strategy passes, by a trait of the cell. Read it as where to look, not
@@ -357,6 +529,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     records, signal = load(args.folders, args.signal)
+    before = load_before(args.folders)
     config = {"folders": [f.as_posix() for f in args.folders], "signal": [f.as_posix() for f in args.signal]}
     manifest = start_manifest(config, ["benchmarks/fuzz_misses.py", *(argv if argv is not None else sys.argv[1:])])
     table = tally(records, signal)
@@ -365,12 +538,14 @@ def main(argv: list[str] | None = None) -> None:
     together, cells = any_passes(records)
     (args.out / "misses.json").write_text(json.dumps({"kinds": KINDS, "excused": EXCUSED, "hard": HARD,
                                                       "strategies": table, "where_they_miss": where,
+                                                      "before_and_after": before_and_after(records, before),
+                                                      "by_code": by_code(records, folder_commits(args.folders), before),
                                                       "any_of_them": {"cells": cells, "passes": together,
                                                                       "share": together / cells if cells else None}},
                                                      indent=1) + "\n")
     figure(table, args.out / "misses.png")
     where_figure(where, args.out / "where.png")
-    (args.out / "README.md").write_text(readme(table, where, args.folders, args.signal, records, signal))
+    (args.out / "README.md").write_text(readme(table, where, args.folders, args.signal, records, signal, before))
     write_manifest(args.out, manifest, config=config)
     print(markdown(table))
     print(f"wrote {args.out}")

@@ -469,3 +469,100 @@ def test_passes_are_broken_down_by_cell_trait_and_by_folder(tmp_path):
     (line,) = [row for row in fuzz_misses.per_folder([records[0], lone], {}, commits).splitlines()
                if row.startswith("| `c` |")]
     assert line.endswith("| — | — | — |")
+
+
+def test_the_code_before_is_set_beside_the_same_cells(tmp_path):
+    """fuzz_misses.py: a folder's ``-before`` sibling is read by seed; the passes, IID controls
+    ending as one cluster and cells more than a point below FedAvg are counted over the cells
+    both codes ran, per strategy; the folder table brackets the code before's passes only where
+    it ran the strategy on every cell of the folder."""
+    import fuzz_misses
+
+    def record(seed, shift, rows):
+        return {"cell": {"seed": seed, "shift": shift}, "true_groups": [0, 1] if shift != "iid" else [0, 0],
+                "rows": [{"strategy": name, "passes": passes, "clusters": clusters, "loss_pp": loss}
+                         for name, passes, clusters, loss in rows]}
+
+    def write(folder, records):
+        (folder / "cells").mkdir(parents=True)
+        for rec in records:
+            (folder / "cells" / f"{rec['cell']['seed']}.json").write_text(json.dumps(rec))
+
+    now = [record(1, "rotation", [("fedclust", True, 2, 0.0), ("cfl", True, 2, 0.0)]),
+           record(2, "iid", [("fedclust", True, 1, 0.0), ("cfl", True, 1, 0.0)]),
+           record(3, "label_swap", [("fedclust", False, 1, 0.0), ("cfl", False, 3, 2.5)])]
+    then = [record(1, "rotation", [("fedclust", False, 1, 0.0), ("cfl", False, 3, 4.0)]),
+            record(2, "iid", [("fedclust", False, 3, 1.5)]),  # CFL not run here by the code before
+            record(3, "label_swap", [("fedclust", True, 2, 0.0), ("cfl", False, 1, 0.0)])]
+    write(tmp_path / "range", now)
+    write(tmp_path / "range-before", then)
+    write(tmp_path / "other", [record(4, "rotation", [("fedclust", True, 2, 0.0)])])  # no sibling
+    records, _ = fuzz_misses.load([tmp_path / "range", tmp_path / "other"], [])
+    before = fuzz_misses.load_before([tmp_path / "range", tmp_path / "other"])
+    assert sorted(before) == [1, 2, 3] and {rec["folder"] for rec in before.values()} == {"range"}
+    fedclust, cfl = fuzz_misses.before_and_after(records, before)
+    assert fedclust == {"strategy": "fedclust", "cells": 3,
+                        "before": {"passes": 1, "iid_controls": 1, "iid_one_cluster": 0, "below_fedavg": 1},
+                        "now": {"passes": 2, "iid_controls": 1, "iid_one_cluster": 1, "below_fedavg": 0}}
+    assert cfl["cells"] == 2 and cfl["before"]["passes"] == 0 and cfl["now"]["below_fedavg"] == 1  # seed 2 left out
+    assert cfl["now"]["iid_controls"] == 0
+    assert "| fedclust | 3 | 1 of 3 (33%) → 2 of 3 (67%) | 0 → 1 of 1 | 1 → 0 |" in fuzz_misses.before_markdown(
+        [fedclust, cfl])
+    table = fuzz_misses.per_folder(records, {}, {}, before)
+    # (no FedAvg row here: the grouped cells count as not learnt); CFL's before ran 2 of the 3 cells
+    assert "| `range` |  | 3 | 0 | 0 | no (none counted) | 2 | 2 (1) | 2 | 2 |" in table
+    assert "| `other` |  | 1 | 0 | 0 | no (none counted) | 1 | 1 | — | 1 |" in table
+
+
+def test_folders_that_ran_the_same_code_are_pooled_and_words_alone_do_not_part_them(tmp_path):
+    """fuzz_misses.py: the code's fingerprint leaves docstrings and comments out, so two commits
+    whose package differs only in words hash alike, and one that changes a line of code does
+    not; folders are pooled by it, each strategy's passes with the code before's beside."""
+    import subprocess
+
+    import fuzz_misses
+
+    def commit(repo, text, message):
+        (repo / "pkg" / "m.py").write_text(text)
+        subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+        subprocess.run(["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", message],
+                       check=True)
+        return subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    first = commit(repo, 'def f():\n    """Adds one."""\n    return 1  # one\n', "first")
+    words = commit(repo, 'def f():\n    """Returns one, in other words."""\n    # a comment\n    return 1\n', "words")
+    code = commit(repo, 'def f():\n    """Returns one, in other words."""\n    return 2\n', "code")
+    original = fuzz_misses.ROOT
+    fuzz_misses.ROOT = repo
+    try:
+        prints = [fuzz_misses.code_fingerprint(c, "pkg") for c in (first, words, code)]
+        assert prints[0] == prints[1] != prints[2] and fuzz_misses.code_fingerprint("f" * 40, "pkg") is None
+    finally:
+        fuzz_misses.ROOT = original
+
+    def record(seed, folder, passes):
+        return {"cell": {"seed": seed, "shift": "rotation"}, "true_groups": [0, 1], "folder": folder,
+                "rows": [{"strategy": "fedclust", "passes": passes, "clusters": 2, "loss_pp": 0.0}]}
+
+    records = [record(1, "a", True), record(2, "b", True), record(3, "b", False), record(4, "c", False)]
+    before = {2: record(2, "b", False), 3: record(3, "b", True)}
+    fingerprint = {"c1": "x", "c2": "x", "c3": "y"}
+    original_fingerprint = fuzz_misses.code_fingerprint
+    fuzz_misses.code_fingerprint = lambda commit, package="clusterfed": fingerprint[commit]
+    try:
+        groups = fuzz_misses.by_code(records, {"a": "c1", "b": "c2", "c": "c3"}, before)
+    finally:
+        fuzz_misses.code_fingerprint = original_fingerprint
+    assert [g["folders"] for g in groups] == [["a", "b"], ["c"]]
+    pooled = groups[0]["strategies"]["fedclust"]
+    assert (pooled["cells"], pooled["passes"], pooled["share"]) == (3, 2, 2 / 3)
+    assert (pooled["before"]["cells"], pooled["before"]["passes"]) == (2, 1)
+    assert pooled["before"]["now"]["passes"] == 1  # the group's own passes on the cells the code before ran
+    assert groups[1]["strategies"]["fedclust"]["before"] is None
+    table = fuzz_misses.by_code_markdown(groups)
+    assert "| `a`, `b` | c1, c2 | 3 | 2 of 3 (67%); before: 1 of 2 |" in table
+    assert "| `c` | c3 | 1 | 0 of 1 (0%) |" in table
