@@ -143,7 +143,7 @@ def progress(done: int, total: int, record: dict, elapsed: float) -> str:
             + ", ".join(parts) + f" ({record['seconds']:.0f} s; {elapsed / 60:.1f} min in all)")
 
 
-def readme(out: Path, records: list[dict], table_md: str, manifest: dict) -> str:
+def readme(out: Path, records: list[dict], table_md: str, manifest: dict, earlier: dict[str, str] | None = None) -> str:
     from fuzz.run import MAX_LOSS_PP
     from fuzz.signal import CLEAR
     from model_matrix.cells import CEILING, MIN_ARI
@@ -158,6 +158,19 @@ def readme(out: Path, records: list[dict], table_md: str, manifest: dict) -> str
     strategies = list(dict.fromkeys(row["strategy"] for rec in records for row in rec.get("rows", [])))
     only = f" --strategies {','.join(strategies)}" if strategies else ""
     only += f" --rounds {rounds[0]}" if rounds and rounds != [DEFAULT_ROUNDS] else ""
+    only += f" --judge-at {','.join(earlier)}" if earlier else ""
+    # the same runs judged at an earlier round: what a run of that many rounds ends with
+    at_rounds = "".join(f"""
+## Per strategy after round {r} of the same runs
+
+Each run's clusters and accuracy as they stood after round {r}, judged against FedAvg's and the
+oracle's of that round: what a run of {r} rounds ends with (no strategy's decisions read how many
+rounds are left). Costs (bytes, seconds, trainings) are the whole run's; a miss is counted as
+naming its reason when round {r}'s line carries the strategy's own words. Every cell and strategy:
+`cells-round-{r}.md`.
+
+{table}
+""" for r, table in (earlier or {}).items())
     git = manifest.get("git", {})
     commit = git.get("commit", git) if isinstance(git, dict) else git
     return f"""# Every strategy on models and data drawn at random
@@ -216,14 +229,14 @@ Every cell and strategy: `cells.md`; the raw rows (bytes up/down, trainings per 
 round line, the one-cluster reason): `cells/<seed>.json`.
 
 ![cells × strategies: ARI, ✓ passes, ✗ misses](heatmap.png)
-{reading}"""
+{at_rounds}{reading}"""
 
 
 def report(out: Path, manifest: dict | None = None, signal: Path | None = None) -> list[dict]:
     """The tables, heat map and README of ``out``; ``signal``: a ``group_signal.py`` folder's
     ``signal.json`` for the column of cells whose groups show in the updates (kept in the
     manifest for later reports)."""
-    from fuzz.report import heatmap, load_records, markdown, write_tables
+    from fuzz.report import at_round, heatmap, judged_rounds, load_records, markdown, write_tables
 
     records = load_records(out)
     if not records:
@@ -235,7 +248,9 @@ def report(out: Path, manifest: dict | None = None, signal: Path | None = None) 
     found = json.loads((ROOT / manifest["signal"]).read_text()) if manifest.get("signal") else None
     table = write_tables(out, records, found)
     heatmap(records, out / "heatmap.png")
-    (out / "README.md").write_text(readme(out, records, markdown(table), manifest))
+    earlier = {r: markdown(write_tables(out, at_round(records, r), found, suffix=f"-round-{r}"))
+               for r in judged_rounds(records)}
+    (out / "README.md").write_text(readme(out, records, markdown(table), manifest, earlier))
     return table
 
 
@@ -246,6 +261,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     parser.add_argument("--strategies", default=None, help="comma-separated (default: every registered one the "
                                                           "harness runs; FedAvg always runs first)")
+    parser.add_argument("--judge-at", default="", help="rounds before the last at which every run is judged too "
+                                                        "(comma-separated; what a run of that many rounds ends with)")
     parser.add_argument("--held-out", action="store_true", help=f"run held-out seeds (>= {HELD_OUT_START}): once, at the end")
     parser.add_argument("--report-only", action="store_true", help="rewrite the tables, figure and README from --out")
     parser.add_argument("--signal", type=Path, default=None, help="a group_signal.py signal.json: the pass share "
@@ -265,7 +282,11 @@ def main(argv: list[str] | None = None) -> None:
 
     strategies = ["fedavg", *[s for s in (args.strategies.split(",") if args.strategies else STRATEGIES)
                               if s and s != "fedavg"]]
-    config = {"seeds": args.seeds, "rounds": args.rounds, "strategies": strategies, "held_out": args.held_out}
+    judge_at = tuple(sorted({int(r) for r in args.judge_at.split(",") if r.strip()}))
+    if any(not 0 < r < args.rounds for r in judge_at):
+        raise SystemExit(f"model_fuzz: --judge-at {args.judge_at}: rounds from 1 to {args.rounds - 1} (before the last)")
+    config = {"seeds": args.seeds, "rounds": args.rounds, "strategies": strategies, "held_out": args.held_out,
+              **({"judge_at": list(judge_at)} if judge_at else {})}
     args.out.mkdir(parents=True, exist_ok=True)
     manifest = start_manifest(config, ["benchmarks/model_fuzz.py", *(argv if argv is not None else sys.argv[1:])])
     earlier = earlier_runs(args.out)
@@ -275,7 +296,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(seeds) - len(todo)} of {len(seeds)} cells already in {args.out}; running {len(todo)}", flush=True)
     for done, seed in enumerate(todo, 1):
         record = run_cell(draw_cell(seed), strategies, args.rounds, args.out,
-                          earlier=earlier_record(args.out, seed, args.rounds))
+                          earlier=earlier_record(args.out, seed, args.rounds), judge_at=judge_at)
         print(progress(done, len(todo), record, time.perf_counter() - started), flush=True)
         write_manifest(args.out, manifest, config=config, earlier_runs=earlier, cells_done=sorted(
             int(p.stem) for p in (args.out / "cells").glob("*.json")))

@@ -239,6 +239,39 @@ def test_a_tiny_cell_end_to_end(tmp_path):
     assert table["fedclust"]["informative_cells"] == (1 if helps else 0)
 
 
+def test_a_run_judged_at_an_earlier_round_is_what_a_run_of_that_many_rounds_ends_with(tmp_path):
+    """``judge_at``: the clusters and accuracy after round 2 of a 3-round run are those a 2-round
+    run ends with (no strategy reads how many rounds are left; the clients' draws are the
+    same), judged against FedAvg's round 2; the folder's report gets that round's table."""
+    from fuzz.report import at_round, judged_rounds, load_records
+    from fuzz.run import run_cell
+
+    torch.set_num_threads(1)
+    cell = replace(BASE, seed=3, clients=6, groups=2, shift="label_swap")
+    names = ["fedavg", "oracle", "fedclust", "cfl"]
+    ended = run_cell(cell, names, rounds=2)
+    short = {r["strategy"]: r for r in ended["rows"]}
+    record = run_cell(cell, names, rounds=3, out=tmp_path, judge_at=(2, 3, 7))
+    assert set(record["groups_help_at_round"]) == {"2"}  # only rounds before the last are judged
+    for row in record["rows"]:
+        then, two_rounds = row["at_round"]["2"], short[row["strategy"]]
+        for key in ("accuracy", "ari", "clusters", "placed", "passes", "loss_pp", "fedavg_accuracy"):
+            assert then[key] == two_rounds[key], (row["strategy"], key)
+        assert then["last_line"].startswith("[ROUND 2/3]")
+    assert record["groups_help_at_round"]["2"] is ended["groups_help"]
+    records = load_records(tmp_path)
+    assert judged_rounds(records) == ["2"]
+    view = at_round(records, "2")
+    assert view[0]["rounds"] == 2 and view[0]["rows"][2]["accuracy"] == short["fedclust"]["accuracy"]
+    model_fuzz.report(tmp_path, {"git": {"commit": "x"}})
+    assert (tmp_path / "summary-round-2.md").exists() and (tmp_path / "cells-round-2.md").exists()
+    text = (tmp_path / "README.md").read_text()
+    assert "## Per strategy after round 2 of the same runs" in text and "--rounds 3 --judge-at 2 --out" in text
+    with pytest.raises(SystemExit, match="before the last"):
+        model_fuzz.main(["--seeds", "3", "--rounds", "3", "--judge-at", "3", "--out", str(tmp_path / "no")])
+    assert not (tmp_path / "no").exists()  # refused before any work
+
+
 def test_group_signal_scores_the_true_groups_in_each_array_and_all_together():
     """Groups that differ in one array score high there and in the whole; an array where they
     are drawn from one population scores near 0; an IID control (one group) is not scored."""

@@ -25,6 +25,20 @@ def load_records(out: Path) -> list[dict]:
                   key=lambda r: r["cell"]["seed"])
 
 
+def judged_rounds(records: list[dict]) -> list[str]:
+    """The rounds before the last that every record was judged at too (``run_cell``'s ``judge_at``)."""
+    found = [set(rec.get("groups_help_at_round", {})) for rec in records]
+    return sorted(set.intersection(*found), key=int) if found else []
+
+
+def at_round(records: list[dict], server_round: str) -> list[dict]:
+    """The records as they stood after ``server_round``: each row's clusters, accuracy and
+    verdict of that round (its costs stay the whole run's), judged against FedAvg's of that
+    round; a run of that many rounds would have ended so (no strategy reads the rounds left)."""
+    return [{**rec, "rounds": int(server_round), "groups_help": rec["groups_help_at_round"][server_round],
+             "rows": [{**row, **row["at_round"][server_round]} for row in rec["rows"]]} for rec in records]
+
+
 def learnt_cell(record: dict) -> bool:
     """Whether FedAvg learnt the cell's task (final accuracy >= LEARNT)."""
     fedavg = next((r for r in record["rows"] if r["strategy"] == "fedavg"), None)
@@ -146,15 +160,16 @@ def cell_table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_tables(out: Path, records: list[dict], signal: dict | None = None) -> list[dict]:
+def write_tables(out: Path, records: list[dict], signal: dict | None = None, suffix: str = "") -> list[dict]:
+    """``summary{suffix}.json/.csv/.md`` and ``cells{suffix}.md``."""
     table = summarise(records, signal)
-    (out / "summary.json").write_text(json.dumps({"cells": len(records), "strategies": table}, indent=1) + "\n")
-    with open(out / "summary.csv", "w", newline="") as handle:
+    (out / f"summary{suffix}.json").write_text(json.dumps({"cells": len(records), "strategies": table}, indent=1) + "\n")
+    with open(out / f"summary{suffix}.csv", "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=COLUMNS)
         writer.writeheader()
         writer.writerows(table)
-    (out / "summary.md").write_text(markdown(table) + "\n")
-    (out / "cells.md").write_text(cell_table(records) + "\n")
+    (out / f"summary{suffix}.md").write_text(markdown(table) + "\n")
+    (out / f"cells{suffix}.md").write_text(cell_table(records) + "\n")
     return table
 
 

@@ -15,6 +15,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from sklearn.metrics import adjusted_rand_score
 
+from clusterfed import protocol
 from clusterfed.simulation import inprocess_grid
 from clusterfed.strategies import strategy_class
 from fuzz.apps import helper_app, stock_app, test
@@ -91,15 +92,21 @@ def decision_text(line: str | None) -> str:
 def cell_accuracy(cell: Cell, result) -> tuple[float, int]:
     """The mean over clients of their own cluster model's test accuracy (a client the run never
     placed is served the largest cluster's model), and how many clients were placed."""
-    by_partition = {partition_of(k): int(c) for k, c in placed_clients(result.assignment).items()}
+    return clusters_accuracy(cell, result.cluster_arrays, result.arrays, result.assignment)
+
+
+def clusters_accuracy(cell: Cell, cluster_arrays: dict, largest, assignment: dict[str, int]) -> tuple[float, int]:
+    """``cell_accuracy`` of the clusters' models ``cluster_arrays`` (id -> ArrayRecord), the
+    largest cluster's ``largest`` and the clients' ``assignment``."""
+    by_partition = {partition_of(k): int(c) for k, c in placed_clients(assignment).items()}
     models: dict[int | None, torch.nn.Module] = {}
     accuracies = []
     for partition in range(cell.clients):
         cluster = by_partition.get(partition)
         if cluster not in models:
-            record = result.cluster_arrays.get(cluster) if cluster is not None else None
+            record = cluster_arrays.get(cluster) if cluster is not None else None
             model = build_model(cell)
-            model.load_state_dict((record or result.arrays).to_torch_state_dict())
+            model.load_state_dict((record or largest).to_torch_state_dict())
             models[cluster] = model
         accuracies.append(test(models[cluster], loaders(cell, partition)[1])[1])
     return sum(accuracies) / len(accuracies), len(by_partition)
@@ -125,8 +132,24 @@ def trainings(app: CountingApp, clients: int) -> dict:
             "peak_round": peak_round}
 
 
-def run_strategy(cell: Cell, name: str, rounds: int) -> dict:
-    """One strategy on the cell: its row (see ``run_cell``)."""
+def snapshot(cell: Cell, strategy, lines: RoundLines) -> dict:
+    """The run's clusters as they stand after a round (what a run of that many rounds would
+    end with: no strategy's decisions read how many rounds are left): accuracy, ARI, clusters,
+    single-client clusters, clients placed, and the round's line."""
+    driver = strategy.driver
+    assignment = driver.members.final_assignment()
+    cluster_arrays = {c: protocol.to_array_record(m) for c, m in strategy.cluster_models().items()}
+    accuracy, placed = clusters_accuracy(cell, cluster_arrays, driver.largest_cluster_record(), assignment)
+    sizes = Counter(placed_clients(assignment).values())
+    line = lines.lines[-1] if lines.lines else None
+    return {"accuracy": round(accuracy, 4), "ari": ari(cell, assignment), "clusters": len(sizes),
+            "singletons": sum(1 for size in sizes.values() if size == 1), "placed": placed,
+            "last_line": line, "last_decision": decision_text(line)}
+
+
+def run_strategy(cell: Cell, name: str, rounds: int, judge_at: tuple[int, ...] = ()) -> dict:
+    """One strategy on the cell: its row (see ``run_cell``); with ``judge_at``, the clusters as
+    they stood after each of those rounds (before the last) under ``at_round`` (``snapshot``)."""
     cls = strategy_class(name)
     strategy = cls(fraction_train=cell.participation)
     needs = sorted(strategy.requires())
@@ -142,11 +165,20 @@ def run_strategy(cell: Cell, name: str, rounds: int) -> dict:
     logger = quiet_flower()
     logger.addHandler(lines)
     row = {"strategy": name, "client": client, "needs": needs, "rounds": rounds}
+    judged = sorted(r for r in set(judge_at) if 0 < r < rounds)
+    if judged:
+        row["at_round"] = {}
+
+    def judge(server_round: int, _result) -> bool:  # Flower's should_stop, asked after every round
+        if server_round in judged:
+            row["at_round"][str(server_round)] = snapshot(cell, strategy, lines)
+        return False
+
     started = time.perf_counter()
     try:
         # as Flower's quickstart ServerApp: the model's arrays and the learning rate
         result = strategy.start(grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds,
-                                train_config=ConfigRecord({"lr": cell.lr}))
+                                train_config=ConfigRecord({"lr": cell.lr}), should_stop=judge if judged else None)
         error = None
     except Exception as exc:  # a refusal or a failure is the outcome, with its message
         result, error = None, f"{type(exc).__name__}: {exc}"[:2000]
@@ -209,28 +241,48 @@ def verdict(row: dict, fedavg_accuracy: float | None, iid: bool) -> dict:
     return out
 
 
-def run_cell(cell: Cell, strategies=STRATEGIES, rounds: int = 10, out=None, earlier: dict | None = None) -> dict:
-    """Every strategy on ``cell`` (FedAvg first: the others are judged against it); the cell's
-    record: the cell, the rounds, one row per strategy with its verdict and the cell's
-    ``groups_help``. ``earlier``: a record of the same cell and rounds whose rows are all kept
-    (only the strategies it lacks run; the seconds add up). Written to ``out/cells/<seed>.json``
-    when ``out`` is given."""
-    kept = {r["strategy"]: r for r in earlier["rows"]} if earlier else {}
-    strategies = ["fedavg", *dict.fromkeys(s for s in [*kept, *strategies] if s != "fedavg")]
-    rows, started = [], time.perf_counter()
-    for name in strategies:
-        rows.append(kept[name] if name in kept else run_strategy(cell, name, rounds))
+def judge_rows(rows: list[dict], iid: bool) -> bool | None:
+    """Each row's verdict against FedAvg's row (and the oracle's, where there is one) in the
+    same list; returns the cell's ``groups_help``."""
     by_name = {row["strategy"]: row for row in rows}
     fedavg_accuracy = by_name["fedavg"]["accuracy"]
     oracle_accuracy = by_name["oracle"]["accuracy"] if "oracle" in by_name else None
     for row in rows:
         row["fedavg_accuracy"] = fedavg_accuracy
         row["oracle_accuracy"] = oracle_accuracy
-        row.update(verdict(row, fedavg_accuracy, cell.shift == "iid"))
+        row.update(verdict(row, fedavg_accuracy, iid))
+    return groups_help(fedavg_accuracy, oracle_accuracy, iid)
+
+
+def run_cell(cell: Cell, strategies=STRATEGIES, rounds: int = 10, out=None, earlier: dict | None = None,
+             judge_at: tuple[int, ...] = ()) -> dict:
+    """Every strategy on ``cell`` (FedAvg first: the others are judged against it); the cell's
+    record: the cell, the rounds, one row per strategy with its verdict and the cell's
+    ``groups_help``. ``earlier``: a record of the same cell and rounds whose rows are all kept
+    (only the strategies it lacks run; the seconds add up). ``judge_at``: rounds before the
+    last at which every row is judged too, against FedAvg's clusters of that round (each row's
+    ``at_round``, the record's ``groups_help_at_round``). Written to ``out/cells/<seed>.json``
+    when ``out`` is given."""
+    kept = {r["strategy"]: r for r in earlier["rows"]} if earlier else {}
+    strategies = ["fedavg", *dict.fromkeys(s for s in [*kept, *strategies] if s != "fedavg")]
+    rows, started = [], time.perf_counter()
+    for name in strategies:
+        rows.append(kept[name] if name in kept else run_strategy(cell, name, rounds, judge_at))
+    iid = cell.shift == "iid"
+    helps = judge_rows(rows, iid)
+    helps_at: dict[str, bool | None] = {}
+    for r in sorted({r for row in rows for r in row.get("at_round", {})}, key=int):
+        if not all(r in row.get("at_round", {}) for row in rows):
+            continue  # a row of an earlier run without this round's clusters: not judged there
+        snaps = [{"strategy": row["strategy"], "error": row["error"], **row["at_round"][r]} for row in rows]
+        helps_at[r] = judge_rows(snaps, iid)
+        for row, snap in zip(rows, snaps):
+            row["at_round"][r] = {k: v for k, v in snap.items() if k not in ("strategy", "error")}
     seconds = round(time.perf_counter() - started + (earlier["seconds"] if earlier else 0.0), 1)
     record = {"cell": asdict(cell), "label": cell.label(), "rounds": rounds, "true_groups": true_groups(cell),
-              "groups_help": groups_help(fedavg_accuracy, oracle_accuracy, cell.shift == "iid"),
-              "seconds": seconds, "rows": rows}
+              "groups_help": helps, "seconds": seconds, "rows": rows}
+    if helps_at:
+        record["groups_help_at_round"] = helps_at
     if out is not None:
         import json
         from pathlib import Path
