@@ -29,11 +29,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "benchmarks")]
 
 from clusterfed.experiments.manifest import start_manifest, write_manifest  # noqa: E402
-from fuzz.report import LEARNT, informative_cell, learnt_cell, load_records, visible_cell  # noqa: E402
+from fuzz.report import LEARNT, at_round, informative_cell, learnt_cell, load_records, visible_cell  # noqa: E402
 from fuzz.run import MAX_LOSS_PP  # noqa: E402
 from model_fuzz import check_signal  # noqa: E402
 
 CLUSTERED = ("fedclust", "adacfl", "cfl", "layercfl", "hicfl")
+# the rounds every pooled cell is judged at (the held-out ranges' budget); a folder run longer
+# with ``--judge-at`` this round is read as it stood then (``pooled_view``)
+POOLED_ROUNDS = 10
 # a miss's kind, the first that applies; the three after iid_split are misses that end as a
 # strategy should when it cannot tell: one cluster, within a point of FedAvg
 KINDS = {
@@ -74,12 +77,22 @@ def _learnt(record: dict) -> str:
     return f"yes (>= {LEARNT})" if learnt_cell(record) else f"no (< {LEARNT})"
 
 
+def pooled_view(records: list[dict]) -> list[dict]:
+    """The records at the pooled tables' budget, ``POOLED_ROUNDS``: a cell run longer and judged
+    at that round too (``model_fuzz.py --judge-at``) is read as it stood then (``fuzz.report.at_round``:
+    what a run of that many rounds ends with); other records as they are."""
+    key = str(POOLED_ROUNDS)
+    return [at_round([record], key)[0] if record.get("rounds", POOLED_ROUNDS) != POOLED_ROUNDS and key in record.get(
+        "groups_help_at_round", {}) else record for record in records]
+
+
 def load(folders: list[Path], signal_folders: list[Path]) -> tuple[list[dict], dict]:
-    """The cell records of ``folders`` (a seed in two folders: the later one) and the signal records
-    (each checked by ``model_fuzz.check_signal``), or one message before anything is written."""
+    """The cell records of ``folders`` (a seed in two folders: the later one; ``pooled_view``) and
+    the signal records (each checked by ``model_fuzz.check_signal``), or one message before
+    anything is written."""
     records: dict[int, dict] = {}
     for folder in folders:
-        found = load_records(folder)
+        found = pooled_view(load_records(folder))
         if not found:
             raise SystemExit(f"fuzz_misses: {folder}: no cells/*.json (a model_fuzz.py --out folder)")
         records.update((record["cell"]["seed"], {**record, "folder": folder.name}) for record in found)

@@ -504,6 +504,26 @@ def test_passes_are_broken_down_by_cell_trait_and_by_folder(tmp_path):
     assert line.endswith("| — | — | — |")
 
 
+def test_a_folder_run_longer_is_pooled_as_it_stood_at_the_pooled_rounds():
+    """fuzz_misses.py reads a cell run 20 rounds and judged at 10 (``--judge-at``) by its round
+    10; a cell of 10 rounds, or one run longer without that round judged, as it is."""
+    import fuzz_misses
+
+    def record(seed, rounds, at=None):
+        row = {"strategy": "fedclust", "passes": False, "clusters": 1, "accuracy": 0.3}
+        rec = {"cell": {"seed": seed, "shift": "rotation"}, "rounds": rounds, "groups_help": True, "rows": [row]}
+        if at is not None:
+            row["at_round"] = {"10": {"passes": at, "clusters": 3, "accuracy": 0.5}}
+            rec["groups_help_at_round"] = {"10": False}
+        return rec
+
+    ten, longer, unjudged = fuzz_misses.pooled_view([record(1, 10), record(2, 20, at=True), record(3, 20)])
+    assert ten["rows"][0]["passes"] is False and ten["rounds"] == 10
+    assert longer["rounds"] == 10 and longer["groups_help"] is False
+    assert longer["rows"][0]["passes"] is True and longer["rows"][0]["clusters"] == 3
+    assert unjudged["rounds"] == 20 and unjudged["rows"][0]["clusters"] == 1
+
+
 def test_the_code_before_is_set_beside_the_same_cells(tmp_path):
     """fuzz_misses.py: a folder's ``-before`` sibling is read by seed; the passes, IID controls
     ending as one cluster and cells more than a point below FedAvg are counted over the cells
