@@ -82,8 +82,9 @@ def pooled_view(records: list[dict]) -> list[dict]:
     at that round too (``model_fuzz.py --judge-at``) is read as it stood then (``fuzz.report.at_round``:
     what a run of that many rounds ends with); other records as they are."""
     key = str(POOLED_ROUNDS)
-    return [at_round([record], key)[0] if record.get("rounds", POOLED_ROUNDS) != POOLED_ROUNDS and key in record.get(
-        "groups_help_at_round", {}) else record for record in records]
+    return [{**at_round([record], key)[0], "judged_from": record["rounds"]}
+            if record.get("rounds", POOLED_ROUNDS) != POOLED_ROUNDS and key in record.get("groups_help_at_round", {})
+            else record for record in records]
 
 
 def load(folders: list[Path], signal_folders: list[Path]) -> tuple[list[dict], dict]:
@@ -470,10 +471,15 @@ than {MAX_LOSS_PP:g} point below FedAvg:
     listed = "\n".join(f"- {row['strategy']}: " + "; ".join(
         f"{k.replace('_', ' ')} {', '.join(map(str, seeds))}" for k, seeds in row["missed_cells"].items() if seeds)
                        for row in table)
+    longer = sorted({rec["folder"] for rec in records if rec.get("judged_from")})
+    read_at = (f" Every cell is judged at round {POOLED_ROUNDS}: "
+               f"{', '.join(f'`{name}`' for name in longer)} ran longer and "
+               f"{'is' if len(longer) == 1 else 'are'} read as each run stood after round {POOLED_ROUNDS} "
+               "(what a run of that many rounds ends with; its own README gives the longer runs).") if longer else ""
     return f"""# Why the clustered strategies miss
 
 Every miss of the clustered strategies in {len(folders)} results folders ({len(records)} cells,
-{', '.join(f'`{f.name}`' for f in folders)}), each sorted into the first kind that applies:
+{', '.join(f'`{f.name}`' for f in folders)}), each sorted into the first kind that applies.{read_at}
 
 {kinds}
 

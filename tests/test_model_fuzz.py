@@ -519,7 +519,7 @@ def test_a_folder_run_longer_is_pooled_as_it_stood_at_the_pooled_rounds():
 
     ten, longer, unjudged = fuzz_misses.pooled_view([record(1, 10), record(2, 20, at=True), record(3, 20)])
     assert ten["rows"][0]["passes"] is False and ten["rounds"] == 10
-    assert longer["rounds"] == 10 and longer["groups_help"] is False
+    assert longer["rounds"] == 10 and longer["groups_help"] is False and longer["judged_from"] == 20
     assert longer["rows"][0]["passes"] is True and longer["rows"][0]["clusters"] == 3
     assert unjudged["rounds"] == 20 and unjudged["rows"][0]["clusters"] == 1
 
