@@ -164,10 +164,11 @@ def readme(out: Path, records: list[dict], table_md: str, manifest: dict, earlie
 ## Per strategy after round {r} of the same runs
 
 Each run's clusters and accuracy as they stood after round {r}, judged against FedAvg's and the
-oracle's of that round: what a run of {r} rounds ends with (no strategy's decisions read how many
-rounds are left). Costs (bytes, seconds, trainings) are the whole run's; a miss is counted as
-naming its reason when round {r}'s line carries the strategy's own words. Every cell and strategy:
-`cells-round-{r}.md`.
+oracle's of that round: the clusters and accuracy a run of {r} rounds ends with (no strategy's
+decisions read how many rounds are left). Costs (bytes, seconds, trainings) are the whole run's.
+A miss is counted as naming its reason when round {r}'s line carries the strategy's own words;
+that line lacks what a run's last line adds on why it ends so, so fewer misses name it here than
+a {r}-round run's would. Every cell and strategy: `cells-round-{r}.md`.
 
 {table}
 """ for r, table in (earlier or {}).items())
