@@ -283,7 +283,10 @@ def main(argv: list[str] | None = None) -> None:
 
     strategies = ["fedavg", *[s for s in (args.strategies.split(",") if args.strategies else STRATEGIES)
                               if s and s != "fedavg"]]
-    judge_at = tuple(sorted({int(r) for r in args.judge_at.split(",") if r.strip()}))
+    try:
+        judge_at = tuple(sorted({int(r) for r in args.judge_at.split(",") if r.strip()}))
+    except ValueError:
+        judge_at = (0,)  # not a round: refused below, with the value given
     if any(not 0 < r < args.rounds for r in judge_at):
         raise SystemExit(f"model_fuzz: --judge-at {args.judge_at}: rounds from 1 to {args.rounds - 1} (before the last)")
     config = {"seeds": args.seeds, "rounds": args.rounds, "strategies": strategies, "held_out": args.held_out,

@@ -267,8 +267,9 @@ def test_a_run_judged_at_an_earlier_round_is_what_a_run_of_that_many_rounds_ends
     assert (tmp_path / "summary-round-2.md").exists() and (tmp_path / "cells-round-2.md").exists()
     text = (tmp_path / "README.md").read_text()
     assert "## Per strategy after round 2 of the same runs" in text and "--rounds 3 --judge-at 2 --out" in text
-    with pytest.raises(SystemExit, match="before the last"):
-        model_fuzz.main(["--seeds", "3", "--rounds", "3", "--judge-at", "3", "--out", str(tmp_path / "no")])
+    for bad in ("3", "ten"):
+        with pytest.raises(SystemExit, match=f"--judge-at {bad}: rounds from 1 to 2"):
+            model_fuzz.main(["--seeds", "3", "--rounds", "3", "--judge-at", bad, "--out", str(tmp_path / "no")])
     assert not (tmp_path / "no").exists()  # refused before any work
 
 

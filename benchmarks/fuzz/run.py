@@ -89,16 +89,14 @@ def decision_text(line: str | None) -> str:
     return "; ".join(parts)
 
 
-def cell_accuracy(cell: Cell, result) -> tuple[float, int]:
-    """The mean over clients of their own cluster model's test accuracy (a client the run never
-    placed is served the largest cluster's model), and how many clients were placed."""
-    return clusters_accuracy(cell, result.cluster_arrays, result.arrays, result.assignment)
-
-
-def clusters_accuracy(cell: Cell, cluster_arrays: dict, largest, assignment: dict[str, int]) -> tuple[float, int]:
-    """``cell_accuracy`` of the clusters' models ``cluster_arrays`` (id -> ArrayRecord), the
-    largest cluster's ``largest`` and the clients' ``assignment``."""
-    by_partition = {partition_of(k): int(c) for k, c in placed_clients(assignment).items()}
+def clusters_scored(cell: Cell, cluster_arrays: dict, largest, assignment: dict[str, int]) -> dict:
+    """The clusters as a row reports them: ``accuracy``, the mean over clients of their own
+    cluster's model's test accuracy (``cluster_arrays``: id -> ArrayRecord; a client the run
+    never placed is served ``largest``, the largest cluster's), the ``ari`` against the true
+    groups, how many ``clusters`` and ``singletons`` (one-client clusters), and how many clients
+    were ``placed``."""
+    placed = placed_clients(assignment)
+    by_partition = {partition_of(k): int(c) for k, c in placed.items()}
     models: dict[int | None, torch.nn.Module] = {}
     accuracies = []
     for partition in range(cell.clients):
@@ -109,7 +107,10 @@ def clusters_accuracy(cell: Cell, cluster_arrays: dict, largest, assignment: dic
             model.load_state_dict((record or largest).to_torch_state_dict())
             models[cluster] = model
         accuracies.append(test(models[cluster], loaders(cell, partition)[1])[1])
-    return sum(accuracies) / len(accuracies), len(by_partition)
+    sizes = Counter(placed.values())
+    return {"accuracy": round(sum(accuracies) / len(accuracies), 4), "ari": ari(cell, assignment),
+            "clusters": len(sizes), "singletons": sum(1 for size in sizes.values() if size == 1),
+            "placed": len(by_partition)}
 
 
 def ari(cell: Cell, assignment: dict[str, int]) -> float | None:
@@ -134,16 +135,13 @@ def trainings(app: CountingApp, clients: int) -> dict:
 
 def snapshot(cell: Cell, strategy, lines: RoundLines) -> dict:
     """The run's clusters as they stand after a round (what a run of that many rounds would
-    end with: no strategy's decisions read how many rounds are left): accuracy, ARI, clusters,
-    single-client clusters, clients placed, and the round's line."""
+    end with: no strategy's decisions read how many rounds are left), scored as at the end
+    (``clusters_scored``), with the round's line."""
     driver = strategy.driver
-    assignment = driver.members.final_assignment()
     cluster_arrays = {c: protocol.to_array_record(m) for c, m in strategy.cluster_models().items()}
-    accuracy, placed = clusters_accuracy(cell, cluster_arrays, driver.largest_cluster_record(), assignment)
-    sizes = Counter(placed_clients(assignment).values())
     line = lines.lines[-1] if lines.lines else None
-    return {"accuracy": round(accuracy, 4), "ari": ari(cell, assignment), "clusters": len(sizes),
-            "singletons": sum(1 for size in sizes.values() if size == 1), "placed": placed,
+    return {**clusters_scored(cell, cluster_arrays, driver.largest_cluster_record(),
+                              driver.members.final_assignment()),
             "last_line": line, "last_decision": decision_text(line)}
 
 
@@ -194,13 +192,10 @@ def run_strategy(cell: Cell, name: str, rounds: int, judge_at: tuple[int, ...] =
         row.update(accuracy=None, ari=None, clusters=None, singletons=None, placed=0, bytes_up=None, bytes_down=None,
                    reported_accuracy=None, one_cluster_reason=None)
         return row
-    accuracy, placed = cell_accuracy(cell, result)
-    sizes = Counter(placed_clients(result.assignment).values())
     last = result.evaluate_metrics_clientapp.get(rounds, {})
     reported = last.get("eval_acc", last.get("eval-accuracy"))
-    row.update(accuracy=round(accuracy, 4), ari=ari(cell, result.assignment), clusters=len(sizes),
-               singletons=sum(1 for size in sizes.values() if size == 1), placed=placed,
-               bytes_up=int(result.traffic["bytes_up"]),
+    row.update(clusters_scored(cell, result.cluster_arrays, result.arrays, result.assignment))
+    row.update(bytes_up=int(result.traffic["bytes_up"]),
                bytes_down=int(result.traffic["bytes_down"] + result.traffic["eval_bytes_down"]
                               + result.traffic["probe_bytes_down"]),
                reported_accuracy=None if reported is None else round(float(reported), 4),
