@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 OUT ?= results/make-run
 
-.PHONY: run test test-fast bench bench-quick bench-models bench-user-models bench-fuzz bench-fuzz-signal bench-fuzz-misses bench-chaos test-secagg-deployed bench-secure-aggregation clean test-containers test-arm64 test-compat constraints check-report
+.PHONY: run test test-fast bench bench-quick bench-models bench-user-models bench-fuzz bench-fuzz-signal bench-fuzz-pooling bench-fuzz-misses bench-chaos test-secagg-deployed bench-secure-aggregation clean test-containers test-arm64 test-compat constraints check-report
 
 # pyproject.toml holds ranges; constraints.txt the exact versions make test and CI install.
 $(VENV)/.installed: pyproject.toml constraints.txt
@@ -100,6 +100,13 @@ bench-fuzz: $(VENV)/.installed
 FUZZ_SIGNAL_OUT ?= benchmarks/results/model-fuzz/group-signal
 bench-fuzz-signal: $(VENV)/.installed
 	PYTHONPATH=$(CURDIR) nice -n 10 $(PY) benchmarks/group_signal.py --seeds $(FUZZ_SEEDS) --out $(FUZZ_SIGNAL_OUT) --judged $(FUZZ_OUT)
+
+# Whether a client's updates pooled over its rounds show the true groups better than its latest
+# (benchmarks/update_pooling.py): 30 half-participation label-swap and rotation cells drawn at
+# random from the development seeds; minutes
+POOLING_SEEDS = 18,56,93,148,162,173,208,293,312,318,321,383,388,461,475,650,657,675,694,742,768,773,854,910,927,936,963,968,995,996
+bench-fuzz-pooling: $(VENV)/.installed
+	PYTHONPATH=$(CURDIR) nice -n 10 $(PY) benchmarks/update_pooling.py --seeds $(POOLING_SEEDS) --out benchmarks/results/model-fuzz/dev-update-pooling
 
 # Why the clustered strategies miss, pooled over every held-out folder and its signal record
 # (benchmarks/fuzz_misses.py: reads the committed cell records, runs no cell; seconds)
