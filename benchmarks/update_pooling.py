@@ -16,7 +16,6 @@ strategy; nothing in the product may read it. Development seeds only (0–999).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 from pathlib import Path
@@ -51,47 +50,36 @@ def view_scores(rows: np.ndarray, groups: list[int], k: int) -> dict[str, float]
             "ari": round(float(adjusted_rand_score(groups, cut)), 2)}
 
 
-def histories(seed: int, rounds: int) -> tuple[dict[int, list[np.ndarray]], list[int]]:
+def histories(cell, rounds: int) -> dict[int, list[np.ndarray]]:
     """Each client's updates (every trainable array, flattened) in the rounds 2 to ``rounds`` it
-    was sampled in, under FedAvg at the cell's participation (a seeded sample each round), and
-    the cell's true groups."""
+    was sampled in, under FedAvg at ``cell``'s participation (a seeded sample each round)."""
     import torch
 
-    from fuzz.apps import train
-    from fuzz.cell import draw_cell
-    from fuzz.data import loaders, true_groups
     from fuzz.models import build_model
+    from fuzz.signal import apply_mean_update, client_updates
 
-    cell = draw_cell(seed)
-    torch.manual_seed(seed)
+    torch.manual_seed(cell.seed)
     model = build_model(cell)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(cell.seed)
     kept: dict[int, list[np.ndarray]] = {c: [] for c in range(cell.clients)}
     for server_round in range(1, rounds + 1):
-        sampled = sorted(rng.choice(cell.clients, max(1, round(cell.clients * cell.participation)), replace=False))
-        start = {n: t.detach().clone() for n, t in model.state_dict().items()}
-        updates = []
-        for client in sampled:
-            local = copy.deepcopy(model)
-            train(cell, local, loaders(cell, int(client))[0], cell.local_epochs, cell.lr)
-            after = local.state_dict()
-            updates.append({n: (after[n] - start[n]).float() for n in names})
-            if server_round >= 2:
-                kept[int(client)].append(np.concatenate([updates[-1][n].numpy().ravel() for n in names]).astype(np.float64))
-        state = model.state_dict()
-        for n in names:  # FedAvg, equal shares (every client holds as many examples)
-            state[n] = state[n] + torch.stack([u[n] for u in updates]).mean(0).to(state[n].dtype)
-        model.load_state_dict(state)
-    return kept, true_groups(cell)
+        sampled = sorted(int(c) for c in rng.choice(cell.clients, max(1, round(cell.clients * cell.participation)),
+                                                    replace=False))
+        updates = client_updates(cell, model, sampled)
+        if server_round >= 2:
+            for client, update in zip(sampled, updates):
+                kept[client].append(np.concatenate([a.ravel() for a in update.values()]).astype(np.float64))
+        apply_mean_update(model, updates)
+    return kept
 
 
 def cell_record(seed: int, rounds: int) -> dict:
     """One cell's scores per view, over the clients that trained at least once after round 1."""
     from fuzz.cell import draw_cell
+    from fuzz.data import true_groups
 
     cell = draw_cell(seed)
-    kept, groups = histories(seed, rounds)
+    kept, groups = histories(cell, rounds), true_groups(cell)
     seen = [c for c in sorted(kept) if kept[c]]
     views = [pooled_views(kept[c]) for c in seen]
     truth = [groups[c] for c in seen]
@@ -114,7 +102,8 @@ def summary(records: list[dict], min_ari: float = 0.9) -> dict:
     return out
 
 
-def readme(records: list[dict], totals: dict, manifest: dict, rounds: int) -> str:
+def readme(out: Path, records: list[dict], totals: dict, manifest: dict, rounds: int) -> str:
+    """The folder's README: the views' totals, the figure, every cell, then ``out``'s NOTES.md."""
     lines = ["# Pooling a client's updates over its rounds: a probe", "",
              f"What ran: `benchmarks/update_pooling.py` on {len(records)} development cells (`manifest.json`: "
              f"command, commit `{manifest['git']['commit']}`, versions, machine): FedAvg for {rounds} rounds at "
@@ -135,7 +124,7 @@ def readme(records: list[dict], totals: dict, manifest: dict, rounds: int) -> st
         cells = " | ".join(f"{r['views'][v]['ari']:.2f} / {r['views'][v]['silhouette']:.2f}" for v in VIEWS)
         lines.append(f"| {r['seed']} | {r['family']}, {r['shift']}, {r['groups']} groups × {r['clients']} clients, "
                      f"participation {r['participation']} | {r['mean_trainings']} | {cells} |")
-    notes = Path(manifest.get("out", "")) / "NOTES.md"
+    notes = out / "NOTES.md"
     return "\n".join(lines) + "\n" + (f"\n{notes.read_text()}" if notes.exists() else "")
 
 
@@ -182,8 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / "pooling.json").write_text(json.dumps({"cells": records, "summary": totals}, indent=1) + "\n")
     figure(records, args.out / "pooling.png")
     write_manifest(args.out, manifest, config=config)
-    manifest = json.loads((args.out / "manifest.json").read_text()) | {"out": str(args.out)}
-    (args.out / "README.md").write_text(readme(records, totals, manifest, args.rounds))
+    (args.out / "README.md").write_text(readme(args.out, records, totals, manifest, args.rounds))
     print(f"wrote {args.out}")
 
 

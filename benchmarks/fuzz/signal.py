@@ -79,17 +79,27 @@ def chance_best(distances: list[dict[str, np.ndarray | None]], groups: list[int]
     return round(float(np.quantile(best, quantile)), 4)
 
 
-def client_updates(cell: Cell, model: torch.nn.Module) -> list[dict[str, np.ndarray]]:
-    """Every client's update of each trainable array after one local training from ``model``."""
+def client_updates(cell: Cell, model: torch.nn.Module, clients=None) -> list[dict[str, np.ndarray]]:
+    """Each of ``clients``' (partitions; default: every client) update of each trainable array
+    after one local training from ``model``."""
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     start = {n: t.detach().clone() for n, t in model.state_dict().items()}
     updates = []
-    for partition in range(cell.clients):
+    for partition in range(cell.clients) if clients is None else clients:
         local = copy.deepcopy(model)
         train(cell, local, loaders(cell, partition)[0], cell.local_epochs, cell.lr)
         after = local.state_dict()
         updates.append({n: (after[n] - start[n]).numpy().ravel() for n in names})
     return updates
+
+
+def apply_mean_update(model: torch.nn.Module, updates: list[dict[str, np.ndarray]]) -> None:
+    """FedAvg of ``updates`` into ``model`` (equal shares: every client holds as many examples)."""
+    state = model.state_dict()
+    for name in updates[0]:
+        mean = np.mean([u[name] for u in updates], axis=0)
+        state[name] = state[name] + torch.from_numpy(mean).view_as(state[name]).to(state[name].dtype)
+    model.load_state_dict(state)
 
 
 def cell_signal(cell: Cell, rounds: tuple[int, ...] = (1, 5)) -> dict:
@@ -106,11 +116,7 @@ def cell_signal(cell: Cell, rounds: tuple[int, ...] = (1, 5)) -> dict:
         if server_round in rounds and len(set(groups)) > 1:
             kept.append(distance_matrices(updates))
             found[server_round] = silhouettes(kept[-1], groups)
-        state = model.state_dict()
-        for name in updates[0]:  # FedAvg (equal shares: every client holds as many examples)
-            mean = np.mean([u[name] for u in updates], axis=0)
-            state[name] = state[name] + torch.from_numpy(mean).view_as(state[name]).to(state[name].dtype)
-        model.load_state_dict(state)
+        apply_mean_update(model, updates)
     best = max(((s, r, n) for r, scores in found.items() for n, s in scores.items()), default=None)
     return {"rounds": {str(r): scores for r, scores in found.items()},
             "best": None if best is None else best[0], "best_round": None if best is None else best[1],
