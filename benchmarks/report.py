@@ -441,7 +441,8 @@ BATCHED_PROSE = [
     "model and a BatchNorm model to 1e-5 relative after one local epoch on random data, and golden runs of FedAvg, "
     "FedProx, FedClust, CFL and HiCFL keep their assignments and ARI with batching on. On real images a client whose training meets a kink of ReLU or max-pooling (a "
     "near tie) can move further, exactly as one-after-another training does when its starting weights move by "
-    "one rounding step; runs still agree in their clusters, and their accuracies within noise. The sums over "
+    "one rounding step; runs still agree in their clusters, and their accuracies within noise, except where a "
+    "clustering decision sits at its threshold (a device's notes below name such runs). The sums over "
     "clients (a cluster's mean, the round's metrics) are taken in the order of the client keys, so neither the "
     "order replies arrive in nor batching reorders them.", ""]
 
@@ -458,25 +459,30 @@ def batched_clients_section() -> list[str]:
                 "`README.md` and `manifest.json` beside each `results.json`). Steady round: the mean over the rounds "
                 "after the first, server included; CPU s: the process's CPU seconds per round, less inflated than "
                 "wall time by the other jobs of a shared machine; server share: the part of a round outside the "
-                "clients' own work (their training, evaluation and replies). No GPU was available where these "
-                "numbers were measured: on one, the same command writes a `gpu` folder, with the peak GPU memory of "
-                "each chunk. Flower's simulation engine (Ray) at 1,000 of these clients, on two cores: its second "
+                "clients' own work (their training, evaluation and replies); on a GPU, also the peak GPU memory of "
+                "the largest chunk. Flower's simulation engine (Ray) at 1,000 of these clients, on two cores: its second "
                 f"round took {RAY_ROUND} s {RAY_BIND} against the in-process engine's {INPROCESS_ROUND} s "
                 f"{INPROCESS_BIND} one client after another (`benchmarks/bench_scale_speed.py ray`).", ""]
+        gpu = "CUDA" in data["device"]
         out += [f"### {data['device']}", "", f"Source: `{rel(path)}` (`{data['command']}`).", "",
                 "| clients | strategy | client-batching | steady round s | clients / s | CPU s / round | server share | "
-                "final acc | ARI |", "|---|---|---|---|---|---|---|---|---|"]
+                + "peak GPU MB | " * gpu + "final acc | ARI | clusters |", "|---|---|---|---|---|---|---|" + "---|" * gpu
+                + "---|---|---|"]
         for i, r in enumerate(data["results"]):
             if "error" in r:
                 continue
             key = f"<!-- bind: {rel(path)} results.{i}."
+            peak = f"{r['peak_gpu_bytes_per_chunk'] / 2**20:.0f} {key}peak_gpu_bytes_per_chunk /1048576 --> | " * gpu
             out.append(f"| {r['clients']} | {r['strategy']} | {r['client_batching']} | "
                        f"{r['steady_round_seconds']:.2f} {key}steady_round_seconds --> | "
                        f"{r['clients_per_second']:.1f} {key}clients_per_second --> | "
                        f"{r['cpu_seconds_per_round']:.2f} {key}cpu_seconds_per_round --> | "
-                       f"{r['server_share'] * 100:.1f} % {key}server_share *100 --> | "
-                       f"{r['final_accuracy']:.3f} {key}final_accuracy --> | {r['final_ari']:.2f} {key}final_ari --> |")
+                       f"{r['server_share'] * 100:.1f} % {key}server_share *100 --> | {peak}"
+                       f"{r['final_accuracy']:.3f} {key}final_accuracy --> | {r['final_ari']:.2f} {key}final_ari --> | "
+                       f"{r['num_clusters']} {key}num_clusters --> |")
         out.append("")
+        if (path.parent / "NOTES.md").exists():
+            out += [f"What this run shows, and where its two modes ended apart: `{rel(path.parent / 'NOTES.md')}`.", ""]
         out += server_parts_table(path.parent / "server_parts.json")
     return out
 
