@@ -62,7 +62,7 @@ def test_a_chain_whose_halves_disagree_never_ends_in_an_accepted_cut():
     assert len(np.unique(labels)) > 1  # the whole chain's cut alone would have been taken
     # the last request's two groups of 4 (the whole chain's cut leaves one client alone, a deferral of its own)
     labels = np.random.default_rng(10).permutation([0, 1] * 4)
-    taken, reproduction, said, deferred, _ = oneshot.gate(X, labels, halves, params, "FedClust")
+    taken, reproduction, said, deferred = oneshot.gate(X, labels, halves, params, "FedClust")
     assert deferred and len(np.unique(taken)) == 1 and not reproduction.reproduces(params.reproduce_agreement)
     assert said.startswith("FedClust: cut deferred: requests 1–5 and 6–10 disagree (ARI ")
     assert f"< {params.reproduce_agreement:.2f}" in said and "revisit" in said
@@ -75,7 +75,7 @@ def test_a_chain_whose_halves_agree_ends_early_and_its_cut_is_taken():
         params, lambda r: directions(groups, seed=r))
     assert diagnostics["stock_trainings"] == 2 < oneshot.stock_requests(params.cluster_epochs, 1)
     labels, _ = oneshot.cut(X, params)
-    taken, reproduction, said, deferred, _ = oneshot.gate(X, labels, halves, params, "FedClust")
+    taken, reproduction, said, deferred = oneshot.gate(X, labels, halves, params, "FedClust")
     assert not deferred and compare(taken, groups, "truth").agreement == 1.0
     assert said.startswith("FedClust: cut reproduced: requests 1–1 and 2–2 agree (ARI 1.00); it beats group-free "
                            "rotations of the updates (best-cut silhouette ")
@@ -93,11 +93,11 @@ def test_a_cut_that_only_sets_one_client_apart_is_deferred_and_a_lone_client_bes
     labels = np.array([0, 0, 0, 0, 0, 1, 0, 0])
     along = mean_cosine(one_task[[5]], np.delete(one_task, 5, axis=0))
     assert 0.0 < along < 0.6
-    taken, reproduction, said, deferred, _ = oneshot.gate(one_task, labels, None, params, "FedClust", keys=keys)
+    taken, reproduction, said, deferred = oneshot.gate(one_task, labels, None, params, "FedClust", keys=keys)
     assert deferred and len(np.unique(taken)) == 1 and reproduction is None
     assert said == ("FedClust: cut deferred: it only set c5 apart, and one client's own data cannot be told from a "
-                    "group of one; the others, cut again without it, formed one cluster; one cluster until the "
-                    "members' training updates show a partition that reproduces (revisit)")
+                    "group of one; one cluster until the members' training updates show a partition that reproduces "
+                    "(revisit)")
     assert explain.deferral_why(said).startswith("it only set c5 apart")
     # pointing away from the rest changes nothing (noise points both ways): the revisits decide
     away = one_task.copy()
@@ -108,48 +108,17 @@ def test_a_cut_that_only_sets_one_client_apart_is_deferred_and_a_lone_client_bes
     # cluster as well as the groups do, and real updates have their own data in every direction)
     groups = np.stack(directions([0, 0, 0, 1, 1, 1, 1, 2], noise=0.1))
     cut = np.array([0, 0, 0, 1, 1, 1, 1, 2])
-    taken, reproduction, said, deferred, _ = oneshot.gate(groups, cut, None, params, "FedClust", keys=keys)
+    taken, reproduction, said, deferred = oneshot.gate(groups, cut, None, params, "FedClust", keys=keys)
     assert not deferred and list(taken) == list(cut) and said.startswith("FedClust: cut reproduced: coordinate halves agree")
 
     paper = FedClust.Params(seed=0, reproduce=False)
-    taken, _, said, deferred, _ = oneshot.gate(one_task, labels, None, paper, "FedClust", keys=keys)
+    taken, _, said, deferred = oneshot.gate(one_task, labels, None, paper, "FedClust", keys=keys)
     assert list(taken) == list(labels) and said is None and not deferred
 
     pre = np.array([0, 0, 0, 0, 0, 1, 0, 0])  # c5's label statistics set it apart
-    taken, _, said, deferred, _ = oneshot.gate(one_task, np.array([0, 0, 0, 0, 0, 1, 0, 0]), None,
+    taken, _, said, deferred = oneshot.gate(one_task, np.array([0, 0, 0, 0, 0, 1, 0, 0]), None,
                                             AdaCFL.Params(seed=0), "AdaCFL", fallback=pre, keys=keys)
     assert list(taken) == list(pre) and said is None and not deferred
-
-
-def test_groups_hidden_by_a_far_client_are_cut_without_it_and_it_joins_the_nearest():
-    """lone-recut: a first cut that only sets a far client apart (an outlier of its task) hides
-    two groups of the rest; the others are cut again without it, the cut passes the same tests,
-    and the far client joins the cluster its update lies nearest; lone-recut = false defers as
-    before; AdaCFL's label-statistics pre-clusters are not cut again."""
-    keys = [f"c{i}" for i in range(11)]
-    rows = np.stack(directions([0] * 5 + [1] * 5, noise=0.3))
-    far = np.random.default_rng(3).normal(size=40)
-    X = np.vstack([rows, 0.4 * rows[:5].mean(axis=0) + 3.0 * far])  # nearer group 0's direction than group 1's
-    first = np.array([0] * 10 + [1])
-    params = FedClust.Params(seed=0)
-    taken, reproduction, said, deferred, recut = oneshot.gate(X, first, None, params, "FedClust", keys=keys)
-    assert not deferred and reproduction is not None
-    assert compare(taken[:10], np.array([0] * 5 + [1] * 5), "").agreement == 1.0
-    assert taken[10] == taken[0]  # the far client with the group its update points nearest
-    assert said.startswith("FedClust: the cut only set c10 apart; the others, cut again without it, reproduced: "
-                           "coordinate halves agree")
-    assert said.endswith("; c10 placed with the nearest cluster")
-    assert recut["set_apart"] == ["c10"] and recut["rows_cut"] == 10 and "lambda" in recut
-
-    off = FedClust.Params(seed=0, **{"lone-recut": False})
-    taken, _, said, deferred, recut = oneshot.gate(X, first, None, off, "FedClust", keys=keys)
-    assert deferred and len(np.unique(taken)) == 1 and recut is None
-    assert said.startswith("FedClust: cut deferred: it only set c10 apart") and "cut again" not in said
-
-    pre = np.array([0] * 5 + [1] * 6)  # label statistics: the pre-clusters are the strategy's own cut
-    taken, _, said, deferred, recut = oneshot.gate(X, np.array([0] * 5 + [1] * 5 + [2]), None, AdaCFL.Params(seed=0),
-                                                   "AdaCFL", fallback=pre, keys=keys)
-    assert recut is None and list(taken) == list(pre)
 
 
 def test_the_paper_presets_take_the_single_cut():
@@ -165,7 +134,7 @@ def test_coordinate_halves_cut_into_as_many_clusters_as_the_decision():
     labels = cut_into(X, 3, metric="cosine", linkage="average")
     assert compare(labels, [0, 0, 0, 1, 1, 1, 2, 2, 2], "truth").agreement == 1.0
     params = FedClust.Params(seed=0)
-    taken, reproduction, said, deferred, _ = oneshot.gate(X, labels, None, params, "AdaCFL")
+    taken, reproduction, said, deferred = oneshot.gate(X, labels, None, params, "AdaCFL")
     assert not deferred and (taken == labels).all() and said.startswith("AdaCFL: cut reproduced: coordinate halves agree")
 
 
@@ -583,7 +552,7 @@ def test_a_cut_of_one_tasks_clients_that_reproduces_is_deferred_unless_it_beats_
     tested = group_test(one_task, labels, metric="cosine", linkage="average", max_clusters=10, draws=19, seed=0)
     assert not tested.passes
     for given in (None, halves):  # helper clients' coordinate halves, a stock chain's halves
-        taken, reproduction, said, deferred, _ = oneshot.gate(one_task, labels, given, params, "FedClust")
+        taken, reproduction, said, deferred = oneshot.gate(one_task, labels, given, params, "FedClust")
         assert deferred and len(np.unique(taken)) == 1 and reproduction.reproduces(params.reproduce_agreement)
         assert said.startswith("FedClust: cut deferred: coordinate halves agree (ARI 1.00), but " + tested.words()
                                + ": one task, each client's own data; one cluster until")

@@ -237,9 +237,6 @@ def fedclust_count_basis(state: Any, params: Any) -> str | None:
            f"lambda auto {float(cs['lambda']):.3g}, the best-silhouette cut")
     shown = "" if silhouette is None else f" at silhouette {silhouette:.3f}"
     on = f"{len(cs.get('client_order', []))} clients on {', '.join(state.layer_choice.keys)}"
-    if cs.get("set_apart"):  # lone-recut: the cut taken is of the others
-        on = (f"{cs['rows_cut']} clients on {', '.join(state.layer_choice.keys)} ({', '.join(cs['set_apart'])} set "
-              "apart alone by the first cut and placed with the nearest cluster)")
     if cs.get("deferred"):
         return (f"{k} clusters: the clustering step's cut of {on} deferred ({deferral_why(cs['deferred'])})"
                 f"{revisits_said(state)}")
@@ -284,10 +281,6 @@ def adacfl_count_basis(state: Any, params: Any) -> str | None:
 def _adacfl_lambda(cut: dict[str, Any], params: Any) -> str:
     """How AdaCFL's λ was chosen, from what its cut recorded."""
     lam = float(cut["lambda"])
-    if cut.get("set_apart"):  # lone-recut: the first cut set clients apart alone; the others' cut was taken
-        return (f"lambda auto {lam:.3g}: the first cut only set {', '.join(cut['set_apart'])} apart; the "
-                f"best-silhouette cut of the other {cut['rows_cut']} clients (silhouette "
-                f"{cut['auto_best_silhouette']:.3f}), each set apart placed with the nearest cluster")
     if "auto_clusters" not in cut:
         how = f"lambda {lam:.3g} as given"
     elif cut["auto_clusters"] < 2:

@@ -191,11 +191,9 @@ class AdaCFL(ClusteredStrategy):
         # it would undo the pre-clusters, then the only evidence of groups; they stay apart
         if p.precluster_merge and len(cuts) > 1 and auto_info.get("auto_clusters", 2) > 1:
             labels = merge_across_preclusters(X, labels, lam, metric=p.distance, linkage=p.linkage)
-        labels, reproduction, said, deferred, recut = oneshot.gate(X, labels, halves, p, type(self).__name__,
-                                                                   fallback=pre, keys=replied,
-                                                                   tests=self.state.layer_choice.chosen_among)
-        if recut is not None:  # the others' cut was taken (lone-recut, no pre-clusters): its λ and silhouette
-            auto_info = {**auto_info, **recut}
+        labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, p, type(self).__name__,
+                                                            fallback=pre, keys=replied,
+                                                            tests=self.state.layer_choice.chosen_among)
         if reproduction is not None:
             auto_info = {**auto_info, "reproduction": reproduction.as_record()}
         if deferred:

@@ -124,11 +124,9 @@ class FedClust(ClusteredStrategy):
         if X is None:
             return diagnostics  # nobody replied: try again next round
         labels, info = self.cut(X)
-        labels, reproduction, said, deferred, recut = oneshot.gate(X, labels, halves, self.params, type(self).__name__,
-                                                                   keys=replied,
-                                                                   tests=self.state.layer_choice.chosen_among)
-        if recut is not None:  # the cut taken is the others' (lone-recut): what the run says of its cut is theirs
-            info = {**info, **recut}
+        labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, self.params, type(self).__name__,
+                                                            keys=replied,
+                                                            tests=self.state.layer_choice.chosen_among)
         if reproduction is not None:
             info = {**info, "reproduction": reproduction.as_record()}
         if deferred:
@@ -197,11 +195,9 @@ class FedClust(ClusteredStrategy):
         X = np.stack([self.state.unclustered[key] for key in keys], dtype=np.float64)
         bound = recut_max_clusters(len(keys), self.params.max_clusters)
         labels, info = self.cut(X, max_clusters=bound)
-        labels, _, said, deferred, recut = oneshot.gate(X, labels, None, self.params, type(self).__name__, keys=keys,
-                                                        max_clusters=bound,
-                                                        tests=self.state.layer_choice.chosen_among)
-        if recut is not None:
-            info = {**info, **recut}
+        labels, _, said, deferred = oneshot.gate(X, labels, None, self.params, type(self).__name__, keys=keys,
+                                                 max_clusters=bound,
+                                                 tests=self.state.layer_choice.chosen_among)
         clusters = len(np.unique(labels))
         self.state.recuts.append({"round": server_round, "clients": len(keys), "max_clusters": bound,
                                   "clusters": int(clusters), "best_silhouette": info.get("auto_best_silhouette"),

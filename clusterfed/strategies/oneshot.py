@@ -37,7 +37,7 @@ import numpy as np
 from pydantic import Field
 from sklearn.metrics import adjusted_rand_score
 
-from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, nearest_cluster, stack_partials
+from clusterfed.clustering import DEFAULT_MAX_CLUSTERS, distance_matrix, linkage_matrix, stack_partials
 from clusterfed.clustering.group_structure import MIN_ROWS, SMALL_ROWS, GroupTest, group_test
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS, shared_draws
 from clusterfed.clustering.oneshot import (
@@ -133,12 +133,6 @@ class OneShotParams(StrategyParams):
                           "structured one whose cut passes these tests, when any (the others asked only when the most "
                           "structured one's fails; each layer's cut, and the cut taken, one of as many tests as "
                           "layers scored: (auto-reference-draws + 1) x layers - 1 rotations) (false: the papers' single cut)")
-    lone_recut: bool = Field(
-        True, alias="lone-recut",
-        description="reproduce, a cut that only sets single clients apart: the other clients are cut again "
-                    "without them, and a cut of theirs that passes the same tests is taken, each client set "
-                    "apart placed with its nearest cluster (an outlier can hide the groups of the rest from the "
-                    "best-silhouette cut); false: the cut is deferred")
     reproduce_agreement: float = Field(
         DEFAULT_AGREEMENT, alias="reproduce-agreement", ge=0, le=1,
         description="the adjusted Rand index two independent cuts must reach for a cut, a split or a merge to be taken")
@@ -425,9 +419,6 @@ class Gated(NamedTuple):
     reproduction: Reproduction | None
     said: str | None
     deferred: bool
-    # lone-recut: the rows set apart alone and the cut of the others that was taken (``cut``'s
-    # info), for what the run says of its cut; None otherwise
-    recut: dict[str, Any] | None = None
 
 
 def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneShotParams,
@@ -459,14 +450,8 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
     alone = lone_rows(labels, fallback) if len(labels) >= 4 else []
     if alone:
         named = ", ".join(keys[i] if keys else f"row {i}" for i in alone)
-        recut = _without_lone(X, alone, halves, params, strategy, fallback, keys, max_clusters, tests)
-        if recut is not None and not recut.deferred:
-            words = (recut.said or "").removeprefix(f"{strategy}: cut reproduced: ")
-            return recut._replace(said=f"{strategy}: the cut only set {named} apart; the others, cut again without "
-                                       f"{_them(alone)}, reproduced: {words}; {named} placed with the nearest cluster")
-        others = "" if recut is None else f"; the others, cut again without {_them(alone)}, {_no_groups(recut)}"
-        return Gated(fallback, None, f"{strategy}: cut deferred: {set_apart(named, subject='it', past=True)}"
-                                     f"{others}; {_kept(fallback, params)}", True)
+        return Gated(fallback, None, f"{strategy}: cut deferred: {set_apart(named, subject='it', past=True)}; "
+                                     f"{_kept(fallback, params)}", True)
     # two halves of one update's coordinates are no independent draws (both hold the client's own
     # data), and below SMALL_ROWS rows the rotation test has little power (below MIN_ROWS none):
     # there the clusters' mean updates must also point apart (one task's clients' point alike)
@@ -496,47 +481,6 @@ def gate(X: np.ndarray, labels: np.ndarray, halves: Halves | None, params: OneSh
                                              f"own data; {_kept(fallback, params)}", True)
     beats = "" if tested is None else f"; {tested.words()}{level}"
     return Gated(labels, reproduction, f"{strategy}: cut reproduced: {reproduction.words(bound)}{beats}", False)
-
-
-def _without_lone(X: np.ndarray, alone: list[int], halves: Halves | None, params: OneShotParams, strategy: str,
-                  fallback: np.ndarray, keys: list[str] | None, max_clusters: int | None, tests: int) -> Gated | None:
-    """``lone-recut``: the rows other than ``alone`` (clients a cut set apart alone) cut again on
-    their own (``cut``) and gated as any cut (their halves, the same level); when taken, every
-    row's label, each of ``alone`` placed with the cluster whose mean row is nearest. None when
-    not tried: ``lone-recut`` off, pre-clusters given (``fallback``: their cut is the strategy's
-    own), or fewer than 4 other rows. Why: a far client (an outlier of its task) makes the
-    best-silhouette cut set it apart and stop there, hiding groups among the rest."""
-    rest = np.setdiff1d(np.arange(len(X)), alone)
-    if not params.lone_recut or len(np.unique(fallback)) > 1 or len(rest) < 4:
-        return None
-    labels, info = cut(X[rest], params, max_clusters=max_clusters)
-    rest_halves = None if halves is None else (halves[0][rest], halves[1][rest], halves[2])
-    # one recut: a client the others' cut sets apart alone in turn defers it
-    once = params.model_copy(update={"lone_recut": False})
-    gated = gate(X[rest], labels, rest_halves, once, strategy, fallback=fallback[rest],
-                 keys=None if keys is None else [keys[i] for i in rest], max_clusters=max_clusters, tests=tests)
-    if gated.deferred or len(np.unique(gated.labels)) < 2:
-        return gated._replace(deferred=True)
-    found = np.asarray(gated.labels)
-    means = {int(c): X[rest][found == c].mean(axis=0) for c in np.unique(found)}
-    full = np.empty(len(X), dtype=np.int64)
-    full[rest] = found
-    for row in alone:
-        full[row] = nearest_cluster(X[row], means, params.distance)[0]
-    set_aside = [keys[i] if keys else f"row {i}" for i in alone]
-    return gated._replace(labels=full, recut={**info, "set_apart": set_aside, "rows_cut": int(len(rest))})
-
-
-def _them(rows: list[int]) -> str:
-    return "it" if len(rows) == 1 else "them"
-
-
-def _no_groups(recut: Gated) -> str:
-    """What the others' cut (``_without_lone``, not taken) found, in words."""
-    if len(np.unique(recut.labels)) < 2 and recut.said is None:
-        return "formed one cluster"
-    said = (recut.said or "").split("cut deferred: ", 1)[-1].split("; one cluster until", 1)[0]
-    return f"were not taken either ({said})"
 
 
 def groups_tested(X: np.ndarray, labels: np.ndarray, params: OneShotParams,
