@@ -171,6 +171,7 @@ class FedClust(_FedClust):
         revisit_rounds: int = 3,
         auto_reference_draws: int = 19,
         cluster_sample: int = 0,
+        retry_after: int = 4,
         recut: bool = True,
     ) -> None: ...
 

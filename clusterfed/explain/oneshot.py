@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from clusterfed.clustering.layer_evidence import finer_than, record_margin
+from clusterfed.explain.numbers import compared as against
 
 EVIDENCE = "auto"  # cluster-layers chosen by evidence (``strategies/layer_choice.py``)
 
@@ -119,6 +120,23 @@ def deferral_why(said: str) -> str:
     return said.split("cut deferred: ", 1)[-1].rsplit("; ", 1)[0]
 
 
+def retry_said(strategy: str, server_round: int, clients: int, found: int, said: str | None, deferred: bool,
+               info: dict[str, Any]) -> str:
+    """The round line of a clustering step run again (FedClust's ``retry-after``): from which
+    round's model, how many clients, and what its cut found (the gate's words when it deferred or
+    was taken; else the best cut's silhouette against the one required)."""
+    head = f"{strategy}: clustering step retried on round {server_round}'s model ({clients} clients): "
+    if deferred and said:
+        return head + f"cut deferred: {deferral_why(said)}; one cluster kept"
+    if found > 1:
+        return head + f"{found} clusters" + (f"; {said.split(': ', 1)[-1]}" if said else "")
+    best, required = info.get("auto_best_silhouette"), info.get("auto_required_silhouette")
+    if best is None:
+        return head + "one cluster, no structure; one cluster kept"
+    return head + (f"one cluster, its best cut's silhouette {against(best, '<', required or 0.0)}; one cluster kept"
+                   if required is not None else f"one cluster (best-cut silhouette {best:.2f}); one cluster kept")
+
+
 def revisits_waiting(state: Any, params: Any) -> dict[str, int] | None:
     """The one cluster's wait for repliers (``revisit._waiting``: since when, at most how many of
     how many members trained, how many its revisit needs), or None when it is not waiting or the
@@ -177,6 +195,11 @@ def fedclust_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | N
             return (f"the cut of a grown sample ({last['clients']} clients, round {last['round']}) was deferred "
                     f"({deferral_why(last['deferred'])}){revisits_found(state, params)}")
         reason += f" (cut again on a grown sample: last on {last['clients']} clients)"
+    retry = getattr(state, "retry", None)
+    if reason and retry:  # retry-after: the step run again found no clusters either
+        again = (f"cut deferred: {deferral_why(retry['deferred'])}" if retry.get("deferred")
+                 else "one cluster")
+        reason += f"; run again on round {retry['round']}'s model ({retry['clients']} clients): {again}"
     return reason
 
 
@@ -237,6 +260,8 @@ def fedclust_count_basis(state: Any, params: Any) -> str | None:
            f"lambda auto {float(cs['lambda']):.3g}, the best-silhouette cut")
     shown = "" if silhouette is None else f" at silhouette {silhouette:.3f}"
     on = f"{len(cs.get('client_order', []))} clients on {', '.join(state.layer_choice.keys)}"
+    if cs.get("retried_from") is not None:  # retry-after: the step's second run made the clusters
+        on += f" (the clustering step run again on round {cs['clustering_round']}'s model)"
     if cs.get("deferred"):
         return (f"{k} clusters: the clustering step's cut of {on} deferred ({deferral_why(cs['deferred'])})"
                 f"{revisits_said(state)}")

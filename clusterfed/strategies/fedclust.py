@@ -61,6 +61,12 @@ class FedClustParams(OneShotParams):
     cluster_sample: int = Field(0, alias="cluster-sample", ge=0,
                                 description="cluster this many sampled clients with the full method and place the "
                                             "rest at the nearest cluster reference (0 = cluster all)")
+    retry_after: int = Field(4, alias="retry-after", ge=0,
+                             description="a clustering step that left one cluster is run once more this many rounds "
+                                         "later, every active client training the one cluster's model then (its "
+                                         "updates show groups a model at its start does not yet), cut and tested as "
+                                         "the first; unless the revisits split the cluster before (0 = never, the "
+                                         "paper's single clustering round)")
     recut: bool = Field(True, description='lambda = "auto", a first cut that left one cluster: cut the placed clients\' '
                                           "partial weights again, into at most sqrt(n / 2) clusters, each time "
                                           "their number n doubles (partial participation, late joiners; false = "
@@ -74,6 +80,8 @@ class FedClustState(OneShotState):
     unclustered: dict[str, np.ndarray] = field(default_factory=dict)
     recut_at: int = 0
     recuts: list[dict[str, Any]] = field(default_factory=list)
+    # retry-after: the round the clustering step ran again and what it found (None: not yet)
+    retry: dict[str, Any] | None = None
 
 
 class FedClust(ClusteredStrategy):
@@ -90,7 +98,7 @@ class FedClust(ClusteredStrategy):
     # cut. λ is the paper's input with no published value: give it, FedClust.paper(lambda_=...)
     PAPER: ClassVar[dict[str, Any]] = {"cluster_layers": PAPER_LAYERS, "distance": "l2", "cluster_epochs": 10,
                                        "chain_until": "epochs", "cluster_sample": 0, "recut": False, "cluster_all_active": True,
-                                       "reproduce": False, "revisit": False}
+                                       "reproduce": False, "revisit": False, "retry_after": 0}
 
     def init_clusters(self) -> None:
         oneshot.start(self.state, self.params, self.compared_names(), PAPER_LAYERS, name=self.name)
@@ -103,7 +111,7 @@ class FedClust(ClusteredStrategy):
     def draw_sample(self, rnd: Round) -> list[str] | None:
         """Placing asks clients for work: sample among all active clients first; the
         clustering round asks every active client (Alg. 1, ``cluster-all-active``)."""
-        return oneshot.round_sample(self, rnd, clustering=not self.state.clustered)
+        return oneshot.round_sample(self, rnd, clustering=not self.state.clustered or self.retry_due(rnd.number))
 
     def admit(self, rnd: Round, keys: list[str]) -> Steps:
         """Clients not placed yet: the clustering round (Alg. 1) until it has run, then newcomers (Alg. 2)."""
@@ -157,6 +165,60 @@ class FedClust(ClusteredStrategy):
         ``max-clusters``; ``cluster-sample`` > 0: a cut of a sample, the rest placed at the
         nearest reference); labels and what the cut used."""
         return oneshot.cut(X, self.params, max_clusters=max_clusters, sample=self.params.cluster_sample)
+
+    # ------------------------------------------------- extension: the step retried
+    def retry_due(self, server_round: int) -> bool:
+        """Whether this round runs the clustering step again (``retry-after``): it left one
+        cluster, still the only one, ``retry-after`` rounds ago, and has not been retried."""
+        st, after = self.state, self.params.retry_after
+        return (after > 0 and st.clustered and st.retry is None and len(st.models) == 1
+                and server_round >= st.clustering_state.get("clustering_round", server_round) + after)
+
+    def before_train(self, rnd: Round) -> Steps:
+        """The clustering step once more (``retry_due``): every active client trains the one
+        cluster's current model and uploads the compared layer, chosen afresh; the cut is
+        gated as the first; clusters found start from that model (as a re-cut's do). When it
+        finds none, the first step's choice, references and record stay."""
+        if not self.retry_due(rnd.number):
+            return None
+        st = self.state
+        (single,) = st.models
+        current = st.models[single]
+        kept = (st.layer_choice, st.evidence_plan, st.references, st.cluster_start, st.clustering_state, st.theta0)
+        st.theta0 = current  # what the step's clients train and its rows are changes from
+        oneshot.start(st, self.params, self.compared_names(), PAPER_LAYERS, name=self.name)
+        st.theta0 = kept[-1]
+        keys = rnd.reachable(list(rnd.active))
+        replied, X, bytes_up, diagnostics, halves = yield from self.collect(rnd, keys, current)
+        labels, info, said, deferred = (None, {}, None, True) if X is None else self._gated_cut(X, halves, replied)
+        found = 1 if labels is None else len(np.unique(labels))
+        st.retry = {"round": rnd.number, "clients": len(replied), "clusters": int(found),
+                    **({"deferred": said} if deferred and said else {})}
+        words = explain.retry_said(type(self).__name__, rnd.number, len(replied), found, said, deferred, info)
+        if found < 2:
+            st.layer_choice, st.evidence_plan, st.references, st.cluster_start, st.clustering_state = kept[:5]
+            st.clustered = True
+            diagnostics["decision"] = words
+            return diagnostics
+        st.models.pop(single)
+        for table in (st.revisit_cuts, st.revisit_scale, st.revisit_waiting, st.revisit_pool):
+            table.pop(single, None)
+        clusters = {int(label): self.new_cluster(current) for label in np.unique(labels)}
+        diagnostics.update(oneshot.form(st, self.params, rnd.number, replied, X, labels, clusters, current,
+                                        bytes_up, info))
+        st.clustering_state["retried_from"] = kept[4].get("clustering_round")
+        diagnostics["decision"] = words
+        return diagnostics
+
+    def _gated_cut(self, X: np.ndarray, halves: Any, keys: list[str]) -> tuple[np.ndarray, dict[str, Any], str | None, bool]:
+        """The clustering step's cut of X, gated (``oneshot.gate``): labels, the cut's info, what
+        the gate said, whether it deferred."""
+        labels, info = self.cut(X)
+        labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, self.params, type(self).__name__,
+                                                            keys=keys, tests=self.state.layer_choice.chosen_among)
+        if reproduction is not None:
+            info = {**info, "reproduction": reproduction.as_record()}
+        return labels, info, said, deferred
 
     # ---------------------------------------------------- Alg. 2: newcomers
     def place_newcomers(self, rnd: Round, keys: list[str]) -> Steps:
