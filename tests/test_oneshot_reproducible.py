@@ -751,3 +751,62 @@ def test_the_clustering_steps_cut_of_the_layer_chosen_among_several_beats_as_man
     assert asked[:2] == [59, 59]
     assert "(at the level of the largest of 59 rotations: the layer compared was chosen among 3)" in batches.diagnostics["decision"]
     assert len(set(algorithm.state.assignment.values())) == 2  # two clear groups still pass it
+
+
+def _rounds_with_groups_from(algorithm, groups: dict[str, int], first_with_groups: int, rounds: int) -> list:
+    """Drive ``algorithm`` for ``rounds`` rounds; its clients' updates are noise (one task) before
+    round ``first_with_groups`` and point by group from it on. Returns each round's batches."""
+    from harness import drive_round
+
+    rng = np.random.default_rng(0)
+    now = {"round": 0}
+
+    def respond(ask):
+        out = {}
+        for n in ask.upload or list(ask.model):
+            step = rng.normal(0, 0.05, ask.model[n].shape).astype(np.float32)
+            if now["round"] >= first_with_groups:
+                pattern = np.sign(np.arange(ask.model[n].size) % 2 - 0.5).reshape(ask.model[n].shape)
+                step += np.float32(0.5 if groups[ask.key] else -0.5) * pattern.astype(np.float32)
+            out[n] = ask.model[n] + step
+        return out
+
+    done = []
+    for server_round in range(1, rounds + 1):
+        now["round"] = server_round
+        done.append(drive_round(algorithm, server_round, respond))
+    return done
+
+
+def test_a_clustering_step_that_found_one_cluster_runs_again_on_the_trained_model():
+    """retry-after: the step found one cluster on updates that show no groups; retry-after rounds
+    later every active client trains the one cluster's model again, the groups now show in their
+    updates, and the clusters found start from that model; the round line says so. Where the
+    second run finds nothing, the first step's record stays and the reason names both; at 0
+    (the paper's preset too) the step is never run again."""
+    from harness import make
+
+    groups = {str(i): i % 2 for i in range(8)}
+    algorithm = make(FedClust, groups, retry_after=3, revisit=False)
+    batches = _rounds_with_groups_from(algorithm, groups, first_with_groups=2, rounds=4)
+    assert [len(b) for b in batches] == [2, 1, 1, 2]  # round 1's step and round 4's again, each before training
+    line = batches[3].diagnostics["decision"]
+    assert line.startswith("FedClust: clustering step retried on round 4's model (8 clients): 2 clusters; cut reproduced")
+    assigned = algorithm.state.assignment
+    assert compare(np.array([assigned[k] for k in groups]), np.array(list(groups.values())), "").agreement == 1.0
+    assert algorithm.state.clustering_state["clustering_round"] == 4
+    assert algorithm.state.clustering_state["retried_from"] == 1
+    assert "run again on round 4's model" in algorithm.cluster_count_basis()
+
+    quiet = make(FedClust, groups, retry_after=3, revisit=False)
+    batches = _rounds_with_groups_from(quiet, groups, first_with_groups=99, rounds=6)
+    assert [len(b) for b in batches] == [2, 1, 1, 2, 1, 1]  # once only
+    assert batches[3].diagnostics["decision"].startswith(
+        "FedClust: clustering step retried on round 4's model (8 clients): ")
+    assert batches[3].diagnostics["decision"].endswith("one cluster kept")
+    assert len(set(quiet.state.assignment.values())) == 1 and quiet.state.clustering_state["clustering_round"] == 1
+    assert "run again on round 4's model (8 clients)" in quiet.one_cluster_reason()
+
+    never = make(FedClust, groups, retry_after=0, revisit=False)
+    assert [len(b) for b in _rounds_with_groups_from(never, groups, first_with_groups=2, rounds=4)] == [2, 1, 1, 1]
+    assert FedClust.PAPER["retry_after"] == 0
