@@ -18,7 +18,8 @@ from clusterfed.strategies.ifca import IFCA
 OWN_KEYS = {
     # the revisits' fields (defaults: an older checkpoint resumes without them)
     FedClust: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state", "evidence_plan",
-               "revisit_cuts", "revisit_alike", "revisits", "revisit_scale", "revisit_waiting", "revisit_pool", "revisit_apart", "unclustered", "recut_at", "recuts"],
+               "revisit_cuts", "revisit_alike", "revisits", "revisit_scale", "revisit_waiting", "revisit_pool", "revisit_apart", "unclustered", "recut_at", "recuts",
+               "retry"],
     AdaCFL: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state", "evidence_plan",
              "revisit_cuts", "revisit_alike", "revisits", "revisit_scale", "revisit_waiting", "revisit_pool", "revisit_apart", "warmup_cluster"],
     IFCA: ["k", "warming_up", "choice_counts", "candidates", "idle", "last_won", "reseeds", "previous_cluster",

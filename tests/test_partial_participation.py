@@ -571,7 +571,8 @@ def test_fedclust_recut_bound_reaches_a_sampled_cut():
 
 
 def test_fedclust_recut_false_keeps_the_papers_single_cut():
-    algorithm, _ = fedclust_on_a_growing_sample([0, 1], rounds=12, recut=False)
+    # the paper's single cut: no re-cut of the grown sample, and the step not run again (retry-after)
+    algorithm, _ = fedclust_on_a_growing_sample([0, 1], rounds=12, recut=False, retry_after=0)
     assert algorithm.state.recuts == [] and len(set(algorithm.assignment.values())) == 1
 
 
