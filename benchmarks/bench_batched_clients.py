@@ -224,31 +224,34 @@ def write_readme(folder: Path, data: dict) -> None:
     (folder / "README.md").write_text("\n".join(lines) + "\n")
 
 
-def modes_disagree(results: list[dict]) -> list[str]:
-    """``strategy-clients (off: k, auto: k)`` for each pair of runs whose cluster counts or ARI differ."""
-    out = []
-    for r in results:
-        if r["client_batching"] != "auto" or "error" in r:
-            continue
-        off = [o for o in results if o["client_batching"] == "off" and o["clients"] == r["clients"]
-               and o["strategy"] == r["strategy"] and "error" not in o]
-        if off and (off[0]["num_clusters"] != r["num_clusters"] or abs(off[0]["final_ari"] - r["final_ari"]) > 1e-9):
-            k_off, k_auto = off[0]["num_clusters"], r["num_clusters"]
-            out.append(f"{r['strategy']}-{r['clients']} (off: {k_off} cluster{'s' * (k_off != 1)}, ARI "
-                       f"{off[0]['final_ari']:.2f}; auto: {k_auto} cluster{'s' * (k_auto != 1)}, ARI {r['final_ari']:.2f})")
-    return out
-
-
-def speedups(results: list[dict]) -> dict[str, float]:
-    out = {}
+def mode_pairs(results: list[dict]) -> list[tuple[dict, dict]]:
+    """(one after another, trained together) for each batched run that has a sequential twin
+    (same clients and strategy), runs that failed left out."""
+    pairs = []
     for r in results:
         if r["client_batching"] != "auto" or "error" in r:
             continue
         off = [o for o in results if o["client_batching"] == "off" and o["clients"] == r["clients"]
                and o["strategy"] == r["strategy"] and "error" not in o]
         if off:
-            out[f"{r['strategy']}-{r['clients']}"] = round(off[0]["steady_round_seconds"] / r["steady_round_seconds"], 2)
+            pairs.append((off[0], r))
+    return pairs
+
+
+def modes_disagree(results: list[dict]) -> list[str]:
+    """``strategy-clients (off: k, auto: k)`` for each pair of runs whose cluster counts or ARI differ."""
+    out = []
+    for off, r in mode_pairs(results):
+        if off["num_clusters"] != r["num_clusters"] or abs(off["final_ari"] - r["final_ari"]) > 1e-9:
+            k_off, k_auto = off["num_clusters"], r["num_clusters"]
+            out.append(f"{r['strategy']}-{r['clients']} (off: {k_off} cluster{'s' * (k_off != 1)}, ARI "
+                       f"{off['final_ari']:.2f}; auto: {k_auto} cluster{'s' * (k_auto != 1)}, ARI {r['final_ari']:.2f})")
     return out
+
+
+def speedups(results: list[dict]) -> dict[str, float]:
+    return {f"{r['strategy']}-{r['clients']}": round(off["steady_round_seconds"] / r["steady_round_seconds"], 2)
+            for off, r in mode_pairs(results)}
 
 
 def main() -> int:

@@ -55,6 +55,8 @@ from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round, nat
 from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState
 
 PAPER_LAYERS = "final"  # the paper's compared layer
+# what ``oneshot.start`` resets and a retried step that finds no clusters puts back (``retry-after``)
+RETRY_RESTORES = ("layer_choice", "evidence_plan", "references", "cluster_start", "clustering_state")
 
 
 class FedClustParams(OneShotParams):
@@ -131,12 +133,7 @@ class FedClust(ClusteredStrategy):
         replied, X, bytes_up, diagnostics, halves = yield from self.collect(rnd, keys, theta0)
         if X is None:
             return diagnostics  # nobody replied: try again next round
-        labels, info = self.cut(X)
-        labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, self.params, type(self).__name__,
-                                                            keys=replied,
-                                                            tests=self.state.layer_choice.chosen_among)
-        if reproduction is not None:
-            info = {**info, "reproduction": reproduction.as_record()}
+        labels, info, said, deferred = self.gated_cut(X, halves, replied)
         if deferred:
             info = {**info, "deferred": said}
         clusters = {int(label): self.new_cluster(theta0) for label in np.unique(labels)}
@@ -184,35 +181,34 @@ class FedClust(ClusteredStrategy):
         st = self.state
         (single,) = st.models
         current = st.models[single]
-        kept = (st.layer_choice, st.evidence_plan, st.references, st.cluster_start, st.clustering_state, st.theta0)
-        st.theta0 = current  # what the step's clients train and its rows are changes from
-        oneshot.start(st, self.params, self.compared_names(), PAPER_LAYERS, name=self.name)
-        st.theta0 = kept[-1]
+        first = {name: getattr(st, name) for name in RETRY_RESTORES}  # the first step's, kept if this finds none
+        oneshot.start(st, self.params, self.compared_names(), PAPER_LAYERS, name=self.name, model=current)
         keys = rnd.reachable(list(rnd.active))
         replied, X, bytes_up, diagnostics, halves = yield from self.collect(rnd, keys, current)
-        labels, info, said, deferred = (None, {}, None, True) if X is None else self._gated_cut(X, halves, replied)
+        labels, info, said, deferred = (None, {}, None, True) if X is None else self.gated_cut(X, halves, replied)
         found = 1 if labels is None else len(np.unique(labels))
         st.retry = {"round": rnd.number, "clients": len(replied), "clusters": int(found),
                     **({"deferred": said} if deferred and said else {})}
         words = explain.retry_said(type(self).__name__, rnd.number, len(replied), found, said, deferred, info)
         if found < 2:
-            st.layer_choice, st.evidence_plan, st.references, st.cluster_start, st.clustering_state = kept[:5]
+            for name, value in first.items():
+                setattr(st, name, value)
             st.clustered = True
             diagnostics["decision"] = words
             return diagnostics
         st.models.pop(single)
-        for table in (st.revisit_cuts, st.revisit_scale, st.revisit_waiting, st.revisit_pool):
-            table.pop(single, None)
+        revisit.forget(st, single)
         clusters = {int(label): self.new_cluster(current) for label in np.unique(labels)}
         diagnostics.update(oneshot.form(st, self.params, rnd.number, replied, X, labels, clusters, current,
                                         bytes_up, info))
-        st.clustering_state["retried_from"] = kept[4].get("clustering_round")
+        st.clustering_state["retried_from"] = first["clustering_state"].get("clustering_round")
         diagnostics["decision"] = words
         return diagnostics
 
-    def _gated_cut(self, X: np.ndarray, halves: Any, keys: list[str]) -> tuple[np.ndarray, dict[str, Any], str | None, bool]:
-        """The clustering step's cut of X, gated (``oneshot.gate``): labels, the cut's info, what
-        the gate said, whether it deferred."""
+    def gated_cut(self, X: np.ndarray, halves: Any, keys: list[str]) -> tuple[np.ndarray, dict[str, Any], str | None, bool]:
+        """The clustering step's cut of X (``keys``' rows; ``halves``: the chain's), gated
+        (``oneshot.gate``): the labels taken, the cut's info (with the reproduction), what the gate
+        said, whether it deferred."""
         labels, info = self.cut(X)
         labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, self.params, type(self).__name__,
                                                             keys=keys, tests=self.state.layer_choice.chosen_among)

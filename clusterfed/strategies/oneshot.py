@@ -181,21 +181,23 @@ class OneShotState(ClusteredState):
     revisit_apart: dict[str, list[int]] = field(default_factory=dict)
 
 
-def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str) -> None:
-    """Before the clustering step: not clustered, the start model θ0, the layer choice among
+def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str,
+          model: Arrays | None = None) -> None:
+    """Before the clustering step: not clustered, the start model (``model``, default θ0), the layer choice among
     the ``compare`` arrays (``paper_rule``: the layer rule of the strategy's paper, what
     ``cluster-layers = auto`` falls back to on a model with no candidate layer; a rule that
     selects nothing: StrategyParamsError, named for strategy ``name``)."""
+    model = state.theta0 if model is None else model
     state.clustered = False
-    state.cluster_start = state.theta0
+    state.cluster_start = model
     state.references = {}
     try:
-        state.layer_choice = start_choice(state.theta0, params.cluster_layers, compare, params.compare_arrays,
+        state.layer_choice = start_choice(model, params.cluster_layers, compare, params.compare_arrays,
                                           paper_rule, max_candidates=params.max_candidate_layers)
     except ValueError as error:
         raise StrategyParamsError(f"{name}: {error}") from None
     state.clustering_state = {}
-    state.evidence_plan = evidence_upload.start_plan(state.theta0, state.layer_choice, paper_rule,
+    state.evidence_plan = evidence_upload.start_plan(model, state.layer_choice, paper_rule,
                                                      params.compare_arrays, enabled=params.evidence_sketch,
                                                      seed=params.seed)
 

@@ -264,12 +264,7 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     reference = state.references.pop(cluster, None)
     if reference is not None:  # a newcomer is placed by the clustering step's rows: the parent's
         state.references.update(dict.fromkeys(children.values(), reference))
-    state.revisit_cuts.pop(cluster, None)
-    state.revisit_waiting.pop(cluster, None)
-    state.revisit_pool.pop(cluster, None)
-    state.revisit_scale.pop(cluster, None)  # each part's own scale is taken when it is first cut
-    state.revisit_apart = {p: r for p, r in state.revisit_apart.items() if not _in_pair(p, cluster)}
-    state.aggregator_state.pop(cluster, None)
+    forget(state, cluster)  # each part's own scale is taken when it is first cut
     made = sorted(children.values())
     sizes = {c: sum(1 for k in members if state.assignment[k] == c) for c in made}
     state.revisits.append({"round": server_round, "action": "split", "cluster": cluster, "into": made,
@@ -278,6 +273,17 @@ def _maybe_split(state: OneShotState, params: OneShotParams, server_round: int, 
     return (f"{strategy}: cluster {cluster} ({len(members)} clients) split into clusters "
             f"{named}: its members' training updates{at_most} cut alike in "
             f"{reproduction.words(params.reproduce_agreement)}")
+
+
+def forget(state: OneShotState, cluster: int) -> None:
+    """Drop what the revisits (and its aggregator) kept of ``cluster``, a cluster just replaced
+    by others: its cuts, wait, pooled rows, update scale, the pairs it was judged apart in."""
+    state.revisit_cuts.pop(cluster, None)
+    state.revisit_waiting.pop(cluster, None)
+    state.revisit_pool.pop(cluster, None)
+    state.revisit_scale.pop(cluster, None)
+    state.revisit_apart = {p: r for p, r in state.revisit_apart.items() if not _in_pair(p, cluster)}
+    state.aggregator_state.pop(cluster, None)
 
 
 def _parts_refusal(X: np.ndarray, labels: np.ndarray, scale: float, params: OneShotParams,
