@@ -753,15 +753,20 @@ def test_the_clustering_steps_cut_of_the_layer_chosen_among_several_beats_as_man
     assert len(set(algorithm.state.assignment.values())) == 2  # two clear groups still pass it
 
 
-def _rounds_with_groups_from(algorithm, groups: dict[str, int], first_with_groups: int, rounds: int) -> list:
+def _rounds_with_groups_from(algorithm, groups: dict[str, int], first_with_groups: int, rounds: int,
+                             lost: tuple[str, int] | None = None, first_round: int = 1) -> list:
     """Drive ``algorithm`` for ``rounds`` rounds; its clients' updates are noise (one task) before
-    round ``first_with_groups`` and point by group from it on. Returns each round's batches."""
+    round ``first_with_groups`` and point by group from it on; ``lost``: (client, round) whose
+    clustering-phase reply that round is lost; ``first_round``: the first round's number. Returns
+    each round's batches."""
     from harness import drive_round
 
     rng = np.random.default_rng(0)
     now = {"round": 0}
 
     def respond(ask):
+        if lost == (ask.key, now["round"]) and ask.config.get("phase") == "cluster":
+            return None
         out = {}
         for n in ask.upload or list(ask.model):
             step = rng.normal(0, 0.05, ask.model[n].shape).astype(np.float32)
@@ -772,41 +777,70 @@ def _rounds_with_groups_from(algorithm, groups: dict[str, int], first_with_group
         return out
 
     done = []
-    for server_round in range(1, rounds + 1):
+    for server_round in range(first_round, first_round + rounds):
         now["round"] = server_round
         done.append(drive_round(algorithm, server_round, respond))
     return done
 
 
-def test_a_clustering_step_that_found_one_cluster_runs_again_on_the_trained_model():
+@pytest.mark.parametrize("cls", [FedClust, AdaCFL], ids=lambda cls: cls.__name__)
+def test_a_clustering_step_that_found_one_cluster_runs_again_on_the_trained_model(cls):
     """retry-after: the step found one cluster on updates that show no groups; retry-after rounds
     later every active client trains the one cluster's model again, the groups now show in their
     updates, and the clusters found start from that model; the round line says so. Where the
     second run finds nothing, the first step's record stays and the reason names both; at 0
-    (the paper's preset too) the step is never run again."""
+    (the papers' presets too) the step is never run again. FedClust's step is round 1's, AdaCFL's
+    round 2's after its one warm-up round."""
     from harness import make
 
+    step = 1 if cls is FedClust else 2
+    again = step + 3
+    name = cls.__name__
     groups = {str(i): i % 2 for i in range(8)}
-    algorithm = make(FedClust, groups, retry_after=3, revisit=False)
-    batches = _rounds_with_groups_from(algorithm, groups, first_with_groups=2, rounds=4)
-    assert [len(b) for b in batches] == [2, 1, 1, 2]  # round 1's step and round 4's again, each before training
-    line = batches[3].diagnostics["decision"]
-    assert line.startswith("FedClust: clustering step retried on round 4's model (8 clients): 2 clusters; cut reproduced")
+    algorithm = make(cls, groups, retry_after=3, revisit=False)
+    batches = _rounds_with_groups_from(algorithm, groups, first_with_groups=step + 1, rounds=again)
+    sizes = [1] * again
+    sizes[step - 1] = sizes[again - 1] = 2  # the step and the step again, each before training
+    assert [len(b) for b in batches] == sizes
+    line = batches[again - 1].diagnostics["decision"]
+    assert line.startswith(f"{name}: clustering step retried on round {again}'s model (8 clients): 2 clusters; "
+                           "cut reproduced")
     assigned = algorithm.state.assignment
     assert compare(np.array([assigned[k] for k in groups]), np.array(list(groups.values())), "").agreement == 1.0
-    assert algorithm.state.clustering_state["clustering_round"] == 4
-    assert algorithm.state.clustering_state["retried_from"] == 1
-    assert "run again on round 4's model" in algorithm.cluster_count_basis()
+    assert algorithm.state.clustering_state["clustering_round"] == again
+    assert algorithm.state.clustering_state["retried_from"] == step
+    assert f"run again on round {again}'s model" in algorithm.cluster_count_basis()
 
-    quiet = make(FedClust, groups, retry_after=3, revisit=False)
-    batches = _rounds_with_groups_from(quiet, groups, first_with_groups=99, rounds=6)
-    assert [len(b) for b in batches] == [2, 1, 1, 2, 1, 1]  # once only
-    assert batches[3].diagnostics["decision"].startswith(
-        "FedClust: clustering step retried on round 4's model (8 clients): ")
-    assert batches[3].diagnostics["decision"].endswith("one cluster kept")
-    assert len(set(quiet.state.assignment.values())) == 1 and quiet.state.clustering_state["clustering_round"] == 1
-    assert "run again on round 4's model (8 clients)" in quiet.one_cluster_reason()
+    quiet = make(cls, groups, retry_after=3, revisit=False)
+    batches = _rounds_with_groups_from(quiet, groups, first_with_groups=99, rounds=again + 2)
+    assert [len(b) for b in batches] == sizes + [1, 1]  # once only
+    assert batches[again - 1].diagnostics["decision"].startswith(
+        f"{name}: clustering step retried on round {again}'s model (8 clients): ")
+    assert batches[again - 1].diagnostics["decision"].endswith("one cluster kept")
+    assert len(set(quiet.state.assignment.values())) == 1
+    assert quiet.state.clustering_state["clustering_round"] == step
+    assert f"run again on round {again}'s model (8 clients)" in quiet.one_cluster_reason()
 
-    never = make(FedClust, groups, retry_after=0, revisit=False)
-    assert [len(b) for b in _rounds_with_groups_from(never, groups, first_with_groups=2, rounds=4)] == [2, 1, 1, 1]
-    assert FedClust.PAPER["retry_after"] == 0
+    never = make(cls, groups, retry_after=0, revisit=False)
+    sizes[again - 1] = 1
+    assert [len(b) for b in _rounds_with_groups_from(never, groups, first_with_groups=step + 1, rounds=again)] == sizes
+    assert cls.PAPER["retry_after"] == 0
+
+
+@pytest.mark.parametrize("cls", [FedClust, AdaCFL], ids=lambda cls: cls.__name__)
+def test_a_client_whose_reply_to_the_step_run_again_is_lost_leaves_the_replaced_cluster(cls):
+    """The one cluster's model is gone once the step run again forms clusters: a member whose
+    reply was lost is no longer assigned to it, and is placed by the newcomer rule when next
+    asked, in its group's cluster."""
+    from harness import make
+
+    step = 1 if cls is FedClust else 2
+    again = step + 3
+    groups = {str(i): i % 2 for i in range(10)}
+    algorithm = make(cls, groups, retry_after=3, revisit=False)
+    _rounds_with_groups_from(algorithm, groups, first_with_groups=step + 1, rounds=again, lost=("3", again))
+    assert "3" not in algorithm.state.assignment
+    assert set(algorithm.state.assignment.values()) <= set(algorithm.state.models)
+    _rounds_with_groups_from(algorithm, groups, first_with_groups=0, rounds=1, first_round=again + 1)
+    placed = algorithm.state.assignment
+    assert placed["3"] == placed["1"] != placed["0"]

@@ -122,7 +122,7 @@ def deferral_why(said: str) -> str:
 
 def retry_said(strategy: str, server_round: int, clients: int, found: int, said: str | None, deferred: bool,
                info: dict[str, Any]) -> str:
-    """The round line of a clustering step run again (FedClust's ``retry-after``): from which
+    """The round line of a clustering step run again (``retry-after``): from which
     round's model, how many clients, and what its cut found (the gate's words when it deferred or
     was taken; else the best cut's silhouette against the one required)."""
     head = f"{strategy}: clustering step retried on round {server_round}'s model ({clients} clients): "
@@ -195,12 +195,17 @@ def fedclust_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | N
             return (f"the cut of a grown sample ({last['clients']} clients, round {last['round']}) was deferred "
                     f"({deferral_why(last['deferred'])}){revisits_found(state, params)}")
         reason += f" (cut again on a grown sample: last on {last['clients']} clients)"
+    return retried(state, reason)
+
+
+def retried(state: Any, reason: str | None) -> str | None:
+    """A one-cluster ``reason`` with what the clustering step run again found (``retry-after``),
+    when it ran."""
     retry = getattr(state, "retry", None)
-    if reason and retry:  # retry-after: the step run again found no clusters either
-        again = (f"cut deferred: {deferral_why(retry['deferred'])}" if retry.get("deferred")
-                 else "one cluster")
-        reason += f"; run again on round {retry['round']}'s model ({retry['clients']} clients): {again}"
-    return reason
+    if not reason or not retry:
+        return reason
+    again = f"cut deferred: {deferral_why(retry['deferred'])}" if retry.get("deferred") else "one cluster"
+    return f"{reason}; run again on round {retry['round']}'s model ({retry['clients']} clients): {again}"
 
 
 def adacfl_reason(state: Any, params: Any, reasons: dict[str, str], sizes: dict[str, int]) -> str | None:
@@ -217,7 +222,8 @@ def adacfl_reason(state: Any, params: Any, reasons: dict[str, str], sizes: dict[
     later = (f"; the paper clusters once, and the {joined} clients placed later joined its one cluster "
              f"(epsilon auto is infinite with one reference)" if joined else "")
     clustering_round = state.clustering_state.get("clustering_round")
-    return f"{reason}; the clustering step in round {clustering_round} saw {len(keys)} clients{median}{later}"
+    return retried(state, f"{reason}; the clustering step in round {clustering_round} saw {len(keys)} clients"
+                          f"{median}{later}")
 
 
 def one_cluster_advice(state: Any, params: Any = None) -> str:
@@ -300,6 +306,8 @@ def adacfl_count_basis(state: Any, params: Any) -> str | None:
     emptied = f"; {gone} left without members" if gone > 0 and not revisited else ""
     if cut.get("deferred"):
         how = f"the clustering step's cut deferred ({deferral_why(cut['deferred'])}), {how}"
+    if cut.get("retried_from") is not None:  # retry-after: the step's second run made the clusters
+        how = f"the clustering step run again on round {cut['clustering_round']}'s model, {how}"
     return f"{final} cluster{'' if final == 1 else 's'}: {how}{steps}{later}{revisited}{emptied}"
 
 

@@ -33,7 +33,8 @@ them off; docs/algorithms/adacfl.md lists each with its default and its measurem
 only the group-free reference, ``clustering/oneshot.py``), pre-clustering skipped when the
 median client holds fewer than ``entropy-min-per-class`` examples per class (its class
 count is then sampling noise; skipped too when any client did not report its statistics),
-and a stock ClientApp's reply sent back (``chain-until``). The clustering step is its own
+a stock ClientApp's reply sent back (``chain-until``) and the step run once more on the
+trained model when it left one cluster (``retry-after``, ``retry.py``). The clustering step is its own
 phase (partial upload) before that round's training; its start model, a newcomer's and a
 founded cluster's is the warm-up global model (θ0 when ``warmup-rounds = 0``). The machinery
 shared with FedClust is ``oneshot.py``'s; what the run says is ``clusterfed/explain/oneshot.py``'s.
@@ -67,7 +68,7 @@ from clusterfed.clustering import (
 )
 from clusterfed.clustering.oneshot import precluster_records, tolerant_threshold
 from clusterfed.explain import oneshot as explain
-from clusterfed.strategies import oneshot, revisit
+from clusterfed.strategies import oneshot, retry, revisit
 from clusterfed.strategies.base import LABEL_STATS, ClusteredStrategy, Steps
 from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round
 from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState, PositiveNumber
@@ -119,7 +120,8 @@ class AdaCFL(ClusteredStrategy):
     PAPER: ClassVar[dict[str, Any]] = {
         "lambda_": 1.4, "epsilon": 1.8, "cluster_epochs": 1, "cluster_layers": PAPER_LAYERS, "distance": "l2",
         "chain_until": "epochs", "share_label_stats": True, "entropy_gap": 0.1, "entropy_min_per_class": 0.0,
-        "precluster_merge": True, "reproduce": False, "revisit": False, "cluster_all_active": True}
+        "precluster_merge": True, "reproduce": False, "revisit": False, "cluster_all_active": True,
+        "retry_after": 0}
 
     def requires(self) -> set[str]:
         """Nothing beyond a stock ClientApp: label statistics are asked for (``wants``) and used
@@ -142,7 +144,8 @@ class AdaCFL(ClusteredStrategy):
     def draw_sample(self, rnd: Round) -> list[str] | None:
         """Placing asks clients for work: sample among all active clients first; the
         clustering step's round asks every active client (``cluster-all-active``)."""
-        due = not self.state.clustered and rnd.number > self.params.warmup_rounds
+        due = ((not self.state.clustered and rnd.number > self.params.warmup_rounds)
+               or retry.due(self.state, self.params, rnd.number))
         return oneshot.round_sample(self, rnd, clustering=due)
 
     # ---------------------------------------------------------------- warm-up
@@ -165,7 +168,11 @@ class AdaCFL(ClusteredStrategy):
     def before_train(self, rnd: Round) -> Steps:
         """At the start of round ``warmup-rounds + 1``: the clients asked (every active one, or
         the round's sample) train the warm-up model and upload the compared layer; pre-clusters by label entropy; the threshold
-        cut inside each and the merge across them; every cluster model at the warm-up model."""
+        cut inside each and the merge across them; every cluster model at the warm-up model. A step that
+        left one cluster runs once more ``retry-after`` rounds later (``retry.py``)."""
+        if retry.due(self.state, self.params, rnd.number):
+            return (yield from retry.run(self, rnd, PAPER_LAYERS, lambda X, halves, keys: self.gated_cut(
+                X, halves, keys, *self.preclusters(keys, rnd.clients)[:2])))
         warmup = self.state.warmup_cluster
         if self.state.clustered or rnd.number <= self.params.warmup_rounds or warmup is None:
             return
@@ -181,10 +188,30 @@ class AdaCFL(ClusteredStrategy):
         for key in [k for k, c in self.state.assignment.items() if c == warmup]:
             del self.state.assignment[key]
         del self.state.models[warmup]
-        p = self.params
         pre, preclustering, skipped = self.preclusters(replied, rnd.clients)  # lines 1-6
+        labels, info, said, deferred = self.gated_cut(X, halves, replied, pre, preclustering)
+        clusters = {int(label): self.new_cluster(start) for label in np.unique(labels)}
+        diagnostics.update({**skipped, **oneshot.form(self.state, self.params, rnd.number, replied, X, labels,
+                                                      clusters, start, bytes_up, info)})
+        said = "; ".join(t for t in (diagnostics.get("decision"), explain.preclustering_said(skipped, type(self).__name__),
+                                     said) if t)
+        if said:
+            diagnostics["decision"] = said
+        if "deferred" not in info:
+            oneshot.say_cut(diagnostics, labels, info, self.state, self.params, type(self).__name__, PAPER_LAYERS)
+        return {**diagnostics, "preclustering": preclustering, "num_preclusters": len(info["precluster_cuts"]),
+                "clusters_within_preclusters": info["clusters_within_preclusters"]}
+
+    def gated_cut(self, X: np.ndarray, halves: Any, keys: list[str], pre: np.ndarray,
+                  preclustering: bool) -> tuple[np.ndarray, dict[str, Any], str | None, bool]:
+        """The clustering step's cut of X (``keys``' rows; ``halves``: the chain's; ``pre``: their
+        pre-clusters, ``preclustering``: whether pre-clustering ran): the threshold cut inside each
+        pre-cluster and the merge across them (Alg. 1, lines 7-8), gated (``oneshot.gate``, the
+        pre-clusters its fallback). Returns the labels taken, the cut's info, what the gate said,
+        whether it deferred."""
+        p = self.params
         lam, auto_info = self.threshold(X)
-        labels, cuts = cluster_within_preclusters(X, pre, lam, metric=p.distance, linkage=p.linkage,  # lines 7-8
+        labels, cuts = cluster_within_preclusters(X, pre, lam, metric=p.distance, linkage=p.linkage,
                                                   min_silhouette=p.auto_min_silhouette, return_cuts=True)
         within = int(labels.max()) + 1
         # an auto λ that found no structure in the weights lies above every merge: merging at
@@ -192,26 +219,16 @@ class AdaCFL(ClusteredStrategy):
         if p.precluster_merge and len(cuts) > 1 and auto_info.get("auto_clusters", 2) > 1:
             labels = merge_across_preclusters(X, labels, lam, metric=p.distance, linkage=p.linkage)
         labels, reproduction, said, deferred = oneshot.gate(X, labels, halves, p, type(self).__name__,
-                                                            fallback=pre, keys=replied,
+                                                            fallback=pre, keys=keys,
                                                             tests=self.state.layer_choice.chosen_among)
         if reproduction is not None:
             auto_info = {**auto_info, "reproduction": reproduction.as_record()}
         if deferred:
             auto_info = {**auto_info, "deferred": said}
         info = {"preclustering": preclustering, "preclusters": [int(c) for c in pre],
-                "precluster_cuts": precluster_records(replied, X, pre, cuts, metric=p.distance, linkage=p.linkage),
+                "precluster_cuts": precluster_records(keys, X, pre, cuts, metric=p.distance, linkage=p.linkage),
                 "lambda": float(lam), **auto_info, "clusters_within_preclusters": within}
-        clusters = {int(label): self.new_cluster(start) for label in np.unique(labels)}
-        diagnostics.update({**skipped, **oneshot.form(self.state, p, rnd.number, replied, X, labels, clusters, start,
-                                                      bytes_up, info)})
-        said = "; ".join(t for t in (diagnostics.get("decision"), explain.preclustering_said(skipped, type(self).__name__),
-                                     said) if t)
-        if said:
-            diagnostics["decision"] = said
-        if "deferred" not in info:
-            oneshot.say_cut(diagnostics, labels, info, self.state, p, type(self).__name__, PAPER_LAYERS)
-        return {**diagnostics, "preclustering": preclustering, "num_preclusters": len(cuts),
-                "clusters_within_preclusters": within}
+        return labels, info, said, deferred
 
     def collect(self, rnd: Round, keys: list[str], start: Arrays) -> Steps:
         """``keys`` train ``start`` and upload the compared arrays (``oneshot.collect``)."""

@@ -21,8 +21,9 @@ lists each with its default and its measurement): the compared layer chosen by e
 (``cluster-layers = auto``, ``layer_choice.py``), cosine distance on the changes from θ0,
 ``lambda = auto`` (the best-silhouette cut against group-free data,
 ``clustering/null_reference.py``), a stock ClientApp's reply sent back until the cut settles
-(``chain-until``), a cut of a sample (``cluster-sample``) and, under partial participation,
-the re-cut of a first sample that showed no groups (``recut``, below). The machinery shared
+(``chain-until``), a cut of a sample (``cluster-sample``), the step run once more on the
+trained model when it left one cluster (``retry-after``, ``retry.py``) and, under partial
+participation, the re-cut of a first sample that showed no groups (``recut``, below). The machinery shared
 with AdaCFL (the partial upload, the cut, the clusters and references) is ``oneshot.py``'s,
 as functions of the state; what the run says is ``clusterfed/explain/oneshot.py``'s.
 
@@ -49,26 +50,18 @@ from pydantic import Field
 from clusterfed.clustering import place_newcomer
 from clusterfed.clustering.oneshot import recut_max_clusters
 from clusterfed.explain import oneshot as explain
-from clusterfed.strategies import oneshot, revisit
+from clusterfed.strategies import oneshot, retry, revisit
 from clusterfed.strategies.base import ClusteredStrategy, Steps
 from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round, natural
 from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState
 
 PAPER_LAYERS = "final"  # the paper's compared layer
-# what ``oneshot.start`` resets and a retried step that finds no clusters puts back (``retry-after``)
-RETRY_RESTORES = ("layer_choice", "evidence_plan", "references", "cluster_start", "clustering_state")
 
 
 class FedClustParams(OneShotParams):
     cluster_sample: int = Field(0, alias="cluster-sample", ge=0,
                                 description="cluster this many sampled clients with the full method and place the "
                                             "rest at the nearest cluster reference (0 = cluster all)")
-    retry_after: int = Field(4, alias="retry-after", ge=0,
-                             description="a clustering step that left one cluster is run once more this many rounds "
-                                         "later, every active client training the one cluster's model then (its "
-                                         "updates show groups a model at its start does not yet), cut and tested as "
-                                         "the first; unless the revisits split the cluster before (0 = never, the "
-                                         "paper's single clustering round)")
     recut: bool = Field(True, description='lambda = "auto", a first cut that left one cluster: cut the placed clients\' '
                                           "partial weights again, into at most sqrt(n / 2) clusters, each time "
                                           "their number n doubles (partial participation, late joiners; false = "
@@ -82,8 +75,6 @@ class FedClustState(OneShotState):
     unclustered: dict[str, np.ndarray] = field(default_factory=dict)
     recut_at: int = 0
     recuts: list[dict[str, Any]] = field(default_factory=list)
-    # retry-after: the round the clustering step ran again and what it found (None: not yet)
-    retry: dict[str, Any] | None = None
 
 
 class FedClust(ClusteredStrategy):
@@ -113,7 +104,8 @@ class FedClust(ClusteredStrategy):
     def draw_sample(self, rnd: Round) -> list[str] | None:
         """Placing asks clients for work: sample among all active clients first; the
         clustering round asks every active client (Alg. 1, ``cluster-all-active``)."""
-        return oneshot.round_sample(self, rnd, clustering=not self.state.clustered or self.retry_due(rnd.number))
+        due = not self.state.clustered or retry.due(self.state, self.params, rnd.number)
+        return oneshot.round_sample(self, rnd, clustering=due)
 
     def admit(self, rnd: Round, keys: list[str]) -> Steps:
         """Clients not placed yet: the clustering round (Alg. 1) until it has run, then newcomers (Alg. 2)."""
@@ -164,46 +156,12 @@ class FedClust(ClusteredStrategy):
         return oneshot.cut(X, self.params, max_clusters=max_clusters, sample=self.params.cluster_sample)
 
     # ------------------------------------------------- extension: the step retried
-    def retry_due(self, server_round: int) -> bool:
-        """Whether this round runs the clustering step again (``retry-after``): it left one
-        cluster, still the only one, ``retry-after`` rounds ago, and has not been retried."""
-        st, after = self.state, self.params.retry_after
-        return (after > 0 and st.clustered and st.retry is None and len(st.models) == 1
-                and server_round >= st.clustering_state.get("clustering_round", server_round) + after)
-
     def before_train(self, rnd: Round) -> Steps:
-        """The clustering step once more (``retry_due``): every active client trains the one
-        cluster's current model and uploads the compared layer, chosen afresh; the cut is
-        gated as the first; clusters found start from that model (as a re-cut's do). When it
-        finds none, the first step's choice, references and record stay."""
-        if not self.retry_due(rnd.number):
-            return None
-        st = self.state
-        (single,) = st.models
-        current = st.models[single]
-        first = {name: getattr(st, name) for name in RETRY_RESTORES}  # the first step's, kept if this finds none
-        oneshot.start(st, self.params, self.compared_names(), PAPER_LAYERS, name=self.name, model=current)
-        keys = rnd.reachable(list(rnd.active))
-        replied, X, bytes_up, diagnostics, halves = yield from self.collect(rnd, keys, current)
-        labels, info, said, deferred = (None, {}, None, True) if X is None else self.gated_cut(X, halves, replied)
-        found = 1 if labels is None else len(np.unique(labels))
-        st.retry = {"round": rnd.number, "clients": len(replied), "clusters": int(found),
-                    **({"deferred": said} if deferred and said else {})}
-        words = explain.retry_said(type(self).__name__, rnd.number, len(replied), found, said, deferred, info)
-        if found < 2:
-            for name, value in first.items():
-                setattr(st, name, value)
-            st.clustered = True
-            diagnostics["decision"] = words
-            return diagnostics
-        st.models.pop(single)
-        revisit.forget(st, single)
-        clusters = {int(label): self.new_cluster(current) for label in np.unique(labels)}
-        diagnostics.update(oneshot.form(st, self.params, rnd.number, replied, X, labels, clusters, current,
-                                        bytes_up, info))
-        st.clustering_state["retried_from"] = first["clustering_state"].get("clustering_round")
-        diagnostics["decision"] = words
-        return diagnostics
+        """The clustering step once more when it left one cluster ``retry-after`` rounds ago
+        (``retry.py``), cut by the same gated cut."""
+        if retry.due(self.state, self.params, rnd.number):
+            return (yield from retry.run(self, rnd, PAPER_LAYERS, self.gated_cut))
+        return None
 
     def gated_cut(self, X: np.ndarray, halves: Any, keys: list[str]) -> tuple[np.ndarray, dict[str, Any], str | None, bool]:
         """The clustering step's cut of X (``keys``' rows; ``halves``: the chain's), gated

@@ -17,7 +17,8 @@ and those parameters (no object of its own, no call back into the strategy).
   cluster per label (the strategy makes the clusters and hands their ids in), the cluster
   references (the mean of the members' clustering-round partial weights: the papers leave
   the reference open) and what clusters.json records; ``placed``: the newcomer log.
-- The clusters' revisits after the clustering step: ``revisit.py``.
+- The clusters' revisits after the clustering step: ``revisit.py``; the step run again when it
+  left one cluster: ``retry.py``.
 
 The strategy asks (``train_asks``), samples (``Round.reachable``) and makes clusters
 (``new_cluster``) itself and hands the results in; what the run says is ``explain/oneshot.py``'s.
@@ -143,6 +144,12 @@ class OneShotParams(StrategyParams):
                           "alike in two successive rounds are merged (not two once apart in two such rounds); "
                           f"a cluster is judged on {SMALL_ROWS} of its members (every member of a smaller one) "
                           "(false: the papers' one-shot clustering)")
+    retry_after: int = Field(4, alias="retry-after", ge=0,
+                             description="a clustering step that left one cluster is run once more this many rounds "
+                                         "later, every active client training the one cluster's model then (its "
+                                         "updates show groups a model at its start does not yet), cut and tested as "
+                                         "the first; unless the revisits split the cluster before (0 = never, the "
+                                         "paper's single clustering round)")
     revisit_rounds: int = Field(
         3, alias="revisit-rounds", ge=1,
         description="revisit at partial participation: a cluster is cut on each member's latest update over up to "
@@ -179,6 +186,8 @@ class OneShotState(ClusteredState):
     revisit_waiting: dict[int, dict[str, int]] = field(default_factory=dict)
     revisit_pool: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     revisit_apart: dict[str, list[int]] = field(default_factory=dict)
+    # retry-after (``retry.py``): the round the clustering step ran again and what it found (None: not yet)
+    retry: dict[str, Any] | None = None
 
 
 def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str,
