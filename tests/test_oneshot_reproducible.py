@@ -184,7 +184,7 @@ def test_a_split_is_taken_once_two_rounds_cut_alike_undone_when_its_parts_become
     assert [r["action"] for r in run.state.revisits] == ["split", "merge", "split"]
     reason = explain.fedclust_count_basis(run.state, run.strategy.params)
     assert reason.startswith("2 clusters: lambda auto 0.5, the best-silhouette cut of 8 clients on w; then 2 splits "
-                             "and 1 merge on the members' training updates (revisit)")
+                             "(into 2 and 2 clusters) and 1 merge on the members' training updates (revisit)")
 
 
 def test_a_revisit_does_not_set_one_client_apart_and_still_splits_a_group_of_two():

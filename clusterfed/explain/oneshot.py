@@ -104,13 +104,16 @@ def preclustering_said(skipped: dict[str, Any], strategy: str) -> str:
 
 
 def revisits_said(state: Any) -> str:
-    """The splits and merges the revisits took, for the count basis ("" when none)."""
-    splits = sum(1 for r in getattr(state, "revisits", []) if r["action"] == "split")
+    """The splits (each into how many clusters: a cut may make more than two) and merges the
+    revisits took, for the count basis ("" when none)."""
+    parts = [len(r["into"]) for r in getattr(state, "revisits", []) if r["action"] == "split"]
     merges = sum(1 for r in getattr(state, "revisits", []) if r["action"] == "merge")
-    if not splits and not merges:
+    if not parts and not merges:
         return ""
-    return (f"; then {splits} split{'' if splits == 1 else 's'} and {merges} merge{'' if merges == 1 else 's'} "
-            f"on the members' training updates (revisit)")
+    into = (f" (into {', '.join(map(str, parts[:-1]))} and {parts[-1]} clusters)" if len(parts) > 1 else
+            f" (into {parts[0]} clusters)" if parts else "")
+    return (f"; then {len(parts)} split{'' if len(parts) == 1 else 's'}{into} and {merges} "
+            f"merge{'' if merges == 1 else 's'} on the members' training updates (revisit)")
 
 
 # ------------------------------------------------------------- one cluster at the end
