@@ -234,3 +234,31 @@ def test_a_near_tied_layer_whose_cut_refines_the_best_ones_is_taken_and_the_line
     said = finer_than(head.record(), [aux.record(), head.record()])
     assert said == ", 5 clusters: a finer cut of aux's 3 (silhouette 0.90), within 0.05 of its margin"
     assert finer_than(aux.record(), [aux.record(), head.record()]) == ""
+
+
+def test_a_model_with_more_layers_than_candidates_scores_its_first_and_last_ones():
+    """Beyond max-candidate-layers the first and the last half of the layers are scored: a
+    shift of the inputs (rotated images) shows near the input. Of conv1, fc1 and fc2 with two
+    candidates, conv1 and fc2 are uploaded and scored, and the groups that only conv1's updates
+    hold are found (the last two layers, fc1 and fc2, hold none)."""
+    from clusterfed.models.layers import both_ends
+
+    assert both_ends(list(range(10)), 8) == [0, 1, 2, 3, 6, 7, 8, 9]
+    assert both_ends(list(range(5)), 3) == [0, 3, 4] and both_ends([0, 1], 8) == [0, 1]
+
+    def respond(ask):
+        out = {}
+        for n in ask.upload or list(ask.model):
+            rng = np.random.default_rng(1000 + int(ask.key) * 31 + len(n))
+            step = 0.5 * rng.standard_normal(ask.model[n].shape)
+            if n.startswith("conv1"):
+                step = np.random.default_rng(7 + GROUPS[ask.key]).standard_normal(ask.model[n].shape) + 0.1 * step
+            out[n] = (ask.model[n] + step).astype(np.float32)
+        return out
+
+    algorithm = make(strategy_class("fedclust"), GROUPS, **{"fedclust.max-candidate-layers": 2})
+    batches = drive_round(algorithm, 1, respond)
+    assert batches[0][0].upload == ["conv1.weight", "conv1.bias", "fc2.weight", "fc2.bias"]
+    assert algorithm.state.layer_choice.chosen == "conv1"
+    labels = [algorithm.assignment[k] for k in sorted(GROUPS)]
+    assert len(set(labels)) == 2 and all(labels[i] == labels[i % 2] for i in range(8))

@@ -218,6 +218,16 @@ def num_parameters_bytes(state_dict: Mapping[str, Any], keys: list[str]) -> int:
     return sum(4 * _numel(state_dict[key]) for key in keys)
 
 
+def both_ends(items: list[Any], most: int) -> list[Any]:
+    """At most ``most`` of ``items`` (layers in state-dict order): all of them, or the first
+    ``most // 2`` and the last ``most - most // 2``. A shift of the inputs (rotated images)
+    shows first near the input, a shift of the labels near the head."""
+    if len(items) <= most:
+        return list(items)
+    first = most // 2
+    return list(items[:first]) + list(items[len(items) - (most - first):])
+
+
 def matrix_layers(model_or_state_dict: Any, compare: Selector = AUTO) -> dict[str, list[str]]:
     """Layer -> its compared keys, for every layer with a compared array of two or more
     dimensions (convolutions, linear layers, embeddings, recurrent and attention weights), in

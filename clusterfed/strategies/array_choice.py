@@ -27,6 +27,7 @@ import numpy as np
 from clusterfed.clustering.layer_evidence import LayerScore, finer_than, most_structured, score_layers
 from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.vectors import flatten, stack_float64
+from clusterfed.models.layers import both_ends
 
 EVERY = "every array"
 # each candidate's updates are count-sketched to this many numbers before scoring: cosines kept
@@ -46,8 +47,7 @@ def candidates(compared: list[str], theta0: dict[str, np.ndarray]) -> dict[str, 
     names = set(compared)
     found: dict[str, list[str]] = {}
     matrices = [key for key in compared if np.ndim(theta0[key]) >= 2]
-    if len(matrices) > MAX_CANDIDATES:
-        matrices = matrices[:MAX_CANDIDATES // 2] + matrices[-(MAX_CANDIDATES // 2):]
+    matrices = both_ends(matrices, MAX_CANDIDATES)
     for key in compared:
         if key in matrices:
             head, weight, tail = key.rpartition("weight")  # the last "weight" only: lightweight.weight -> lightweight.bias

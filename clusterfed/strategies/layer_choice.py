@@ -4,7 +4,8 @@ own updates and said in plain words.
 ``cluster-layers = auto`` (beyond the papers): the clustering phase uploads every
 candidate layer (each layer with a compared array of two or more dimensions, a recurrent
 layer's input and hidden weights a layer each: ``models.layers.matrix_layers``; at most
-``max-candidate-layers``, the last ones in state-dict order), the arrays no client changed
+``max-candidate-layers``, the first and the last half of them in state-dict order: a shift of
+the inputs shows near the input, one of the labels near the head), the arrays no client changed
 are left out (``parameters.silent_names``: a frozen backbone), and the layer whose clients'
 updates show the most structure is compared (``clustering.layer_evidence``). Newcomers
 then upload only that layer. The papers' rule (``final``) or any rule or layer names stay
@@ -24,12 +25,12 @@ import numpy as np
 
 from clusterfed.clustering import stack_partials
 from clusterfed.clustering.layer_evidence import most_structured, score_layers, scored_rows
-from clusterfed.models.layers import matrix_layers, select_layers
+from clusterfed.models.layers import both_ends, matrix_layers, select_layers
 from clusterfed.models.parameters import silent_names
 
 EVIDENCE = "auto"
 # the default of ``max-candidate-layers``: each candidate costs one cut with its group-free
-# reference and is uploaded once in the clustering phase; the last layers hold the head
+# reference and is uploaded once in the clustering phase
 MAX_CANDIDATE_LAYERS = 8
 
 
@@ -69,8 +70,8 @@ class LayerChoice:
 
 def start_choice(theta0: dict[str, np.ndarray], rule: str, compare: Any, compare_arrays: Any, paper_rule: str,
                  max_candidates: int = MAX_CANDIDATE_LAYERS) -> LayerChoice:
-    """The choice before any reply: under ``auto`` the keys of every candidate layer (the
-    last ``max_candidates``) among ``compare`` (the compared arrays) are uploaded (a model
+    """The choice before any reply: under ``auto`` the keys of every candidate layer (at most
+    ``max_candidates``: the first and the last half, ``both_ends``) among ``compare`` (the compared arrays) are uploaded (a model
     with one candidate needs no scoring); under a rule, the arrays it selects among
     ``compare_arrays`` (``paper_rule``: the strategy's paper's, for a model with no
     candidate layer). ValueError when a rule selects nothing."""
@@ -80,8 +81,7 @@ def start_choice(theta0: dict[str, np.ndarray], rule: str, compare: Any, compare
     if rule != EVIDENCE:
         return LayerChoice(rule=rule, keys=list(rule_keys(rule)))
     candidates = matrix_layers(theta0, compare)
-    if len(candidates) > max_candidates:
-        candidates = dict(list(candidates.items())[-max_candidates:])
+    candidates = dict(both_ends(list(candidates.items()), max_candidates))
     if len(candidates) <= 1:
         keys = [k for keys in candidates.values() for k in keys] or list(rule_keys(paper_rule))
         return LayerChoice(rule=rule, keys=keys, chosen=next(iter(candidates), None))

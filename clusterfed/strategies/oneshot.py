@@ -86,7 +86,8 @@ class OneShotParams(StrategyParams):
                                             "conv, fc, all) or layer names. Arrays no client changed are left out")
     max_candidate_layers: int = Field(
         MAX_CANDIDATE_LAYERS, alias="max-candidate-layers", ge=1,
-        description="cluster-layers = auto: the candidate layers scored (the last ones in state-dict order); each "
+        description="cluster-layers = auto: the most candidate layers scored (a model with more: the first and the last half of "
+                    "them in state-dict order: an input shift shows near the input, a label shift near the head); each "
                     "costs one cut with its group-free reference and is uploaded once in the clustering phase")
     matrix_max_clients: int = Field(
         MAX_MATRIX_CLIENTS, alias="matrix-max-clients", ge=0,
