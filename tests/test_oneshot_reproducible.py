@@ -179,6 +179,12 @@ def test_a_split_is_taken_once_two_rounds_cut_alike_undone_when_its_parts_become
     said = run.round(4, alike)["decision"]
     assert said.startswith("FedClust: clusters 1 and 2 merged: ") and "rounds 3 and 4" in said
     assert run.clusters() == [KEYS]
+    # the run would end with one cluster here: its reason is the merge, not a cut that found none
+    assert explain.one_cluster_reason(run.state, run.strategy.params, FedClust.one_cluster_reasons) == (
+        "the revisits split the clustering step's one cluster and merged the parts back into one: last "
+        f"clusters 1 and 2 in round 4, their members' training updates showing no structure together and pointing "
+        f"alike (mean-update cosine {run.state.revisits[-1]['cosine']:.2f}) in rounds 3 and 4")
+    assert explain.one_cluster_advice(run.state, run.strategy.params).startswith("revisit = false")
     run.round(5, two)
     assert "split into" in run.round(6, two)["decision"] and run.clusters() == [KEYS[:4], KEYS[4:]]
     assert [r["action"] for r in run.state.revisits] == ["split", "merge", "split"]

@@ -168,6 +168,23 @@ def revisits_found(state: Any, params: Any) -> str:
             "passed the split tests")
 
 
+def merged_back(state: Any) -> str | None:
+    """Why one cluster is left when the revisits' last merge made it (the clustering step's cut,
+    or a revisit's split, had made more); None when no merge did."""
+    merges = [r for r in getattr(state, "revisits", []) if r["action"] == "merge"]
+    if not merges:
+        return None
+    last = merges[-1]
+    made = len(set(state.clustering_state.get("labels", [])))
+    before = (f"the clustering step's cut made {made} clusters, and the revisits merged them" if made > 1 else
+              "the revisits split the clustering step's one cluster and merged the parts")
+    a, b = last["clusters"]
+    return (f"{before} back into one: last clusters {a} and {b} in round "
+            f"{last['round']}, their members' training updates showing no structure together and pointing alike "
+            f"(mean-update cosine {last['cosine']:.2f}) in rounds "
+            f"{last['rounds'][0]} and {last['rounds'][1]}")
+
+
 def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str | None:
     """Why the run ended with one cluster (None when it has more); ``reasons``: the
     strategy's reason code -> sentence."""
@@ -175,6 +192,9 @@ def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str 
         return None
     if not state.clustered:
         return reasons["not_clustered"]
+    merged = merged_back(state)
+    if merged:
+        return merged
     deferred = state.clustering_state.get("deferred")
     if deferred:
         return f"the clustering step's cut was deferred ({deferral_why(deferred)}){revisits_found(state, params)}"
@@ -237,6 +257,8 @@ def one_cluster_advice(state: Any, params: Any = None) -> str:
     if waiting and params.fraction_train < 1:
         return (f"a higher fraction-train (the revisits judge a cluster on {waiting['needed']} of its members "
                 f"trained in {_pooled(params)})")
+    if merged_back(state):
+        return "revisit = false (the clusters the clustering step made are kept, as the papers do), or HiCFL or CFL"
     if state.clustering_state.get("deferred"):
         more = "more rounds (the revisits watch every round's updates)" if getattr(params, "revisit", True) else \
             "revisit = true (the clusters revisited on every round's updates)"
