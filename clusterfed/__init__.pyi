@@ -212,7 +212,7 @@ class AdaCFL(_AdaCFL):
         reproduce: bool = True,
         reproduce_agreement: float = 0.8,
         revisit: bool = True,
-        retry_after: int = 4,
+        retry_after: int = 0,
         revisit_rounds: int = 3,
         auto_reference_draws: int = 19,
         warmup_rounds: int = 1,

@@ -831,6 +831,7 @@ def test_a_clustering_step_that_found_one_cluster_runs_again_on_the_trained_mode
     sizes[again - 1] = 1
     assert [len(b) for b in _rounds_with_groups_from(never, groups, first_with_groups=step + 1, rounds=again)] == sizes
     assert cls.PAPER["retry_after"] == 0
+    assert cls.Params().retry_after == (4 if cls is FedClust else 0)  # AdaCFL's step already sees a trained model
 
 
 @pytest.mark.parametrize("cls", [FedClust, AdaCFL], ids=lambda cls: cls.__name__)

@@ -33,8 +33,9 @@ them off; docs/algorithms/adacfl.md lists each with its default and its measurem
 only the group-free reference, ``clustering/oneshot.py``), pre-clustering skipped when the
 median client holds fewer than ``entropy-min-per-class`` examples per class (its class
 count is then sampling noise; skipped too when any client did not report its statistics),
-a stock ClientApp's reply sent back (``chain-until``) and the step run once more on the
-trained model when it left one cluster (``retry-after``, ``retry.py``). The clustering step is its own
+a stock ClientApp's reply sent back (``chain-until``) and, when asked for (``retry-after``,
+``retry.py``; off by default), the step run once more on the trained model when it left one
+cluster. The clustering step is its own
 phase (partial upload) before that round's training; its start model, a newcomer's and a
 founded cluster's is the warm-up global model (θ0 when ``warmup-rounds = 0``). The machinery
 shared with FedClust is ``oneshot.py``'s; what the run says is ``clusterfed/explain/oneshot.py``'s.
@@ -95,6 +96,13 @@ class AdaCFLParams(OneShotParams):
         0.05, alias="auto-tolerance", ge=0, lt=1,
         description='lambda = "auto": the fewest clusters whose silhouette is within this fraction of the best '
                     'cut\'s (0: the best cut)')
+    retry_after: int = Field(0, alias="retry-after", ge=0,
+                             description="a clustering step that left one cluster is run once more this many rounds "
+                                         "later, every active client training the one cluster's model then, cut and "
+                                         "tested as the first; unless the revisits split the cluster before (0 = "
+                                         "never, the paper's single clustering step: the step already compares the "
+                                         "warm-up model's updates, and a later look found no clusters on the "
+                                         "development cells where it ran)")
     epsilon: PositiveNumber | Literal["auto"] = Field(
         "auto", description='newcomer distance above which it founds a new cluster; "auto" = the largest '
                             'distance between two cluster references')
