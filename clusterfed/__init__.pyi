@@ -168,10 +168,10 @@ class FedClust(_FedClust):
         reproduce: bool = True,
         reproduce_agreement: float = 0.8,
         revisit: bool = True,
-        retry_after: int = 4,
         revisit_rounds: int = 3,
         auto_reference_draws: int = 19,
         cluster_sample: int = 0,
+        retry_after: int = 4,
         recut: bool = True,
     ) -> None: ...
 
@@ -212,7 +212,6 @@ class AdaCFL(_AdaCFL):
         reproduce: bool = True,
         reproduce_agreement: float = 0.8,
         revisit: bool = True,
-        retry_after: int = 0,
         revisit_rounds: int = 3,
         auto_reference_draws: int = 19,
         warmup_rounds: int = 1,
@@ -221,6 +220,7 @@ class AdaCFL(_AdaCFL):
         entropy_min_per_class: float = 5.0,
         precluster_merge: bool = True,
         auto_tolerance: float = 0.05,
+        retry_after: int = 0,
         epsilon: typing.Union[float, typing.Literal['auto']] = 'auto',
     ) -> None: ...
 

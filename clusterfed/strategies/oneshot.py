@@ -17,8 +17,7 @@ and those parameters (no object of its own, no call back into the strategy).
   cluster per label (the strategy makes the clusters and hands their ids in), the cluster
   references (the mean of the members' clustering-round partial weights: the papers leave
   the reference open) and what clusters.json records; ``placed``: the newcomer log.
-- The clusters' revisits after the clustering step: ``revisit.py``; the step run again when it
-  left one cluster: ``retry.py``.
+- The revisits after the clustering step: ``revisit.py``; the step run again: ``retry.py``.
 
 The strategy asks (``train_asks``), samples (``Round.reachable``) and makes clusters
 (``new_cluster``) itself and hands the results in; what the run says is ``explain/oneshot.py``'s.
@@ -86,9 +85,9 @@ class OneShotParams(StrategyParams):
                                             "conv, fc, all) or layer names. Arrays no client changed are left out")
     max_candidate_layers: int = Field(
         MAX_CANDIDATE_LAYERS, alias="max-candidate-layers", ge=1,
-        description="cluster-layers = auto: the most candidate layers scored (a model with more: the first and the last half of "
-                    "them in state-dict order: an input shift shows near the input, a label shift near the head); each "
-                    "costs one cut with its group-free reference and is uploaded once in the clustering phase")
+        description="cluster-layers = auto: the most candidate layers scored (of more: the first and the last half, an "
+                    "input shift showing near the input, a label shift near the head); each costs one cut with its "
+                    "group-free reference and is uploaded once in the clustering phase")
     matrix_max_clients: int = Field(
         MAX_MATRIX_CLIENTS, alias="matrix-max-clients", ge=0,
         description="clusters.json keeps the clients' distance matrix, and the round its cut's silhouette, up to "
@@ -145,12 +144,6 @@ class OneShotParams(StrategyParams):
                           "alike in two successive rounds are merged (not two once apart in two such rounds); "
                           f"a cluster is judged on {SMALL_ROWS} of its members (every member of a smaller one) "
                           "(false: the papers' one-shot clustering)")
-    retry_after: int = Field(4, alias="retry-after", ge=0,
-                             description="a clustering step that left one cluster is run once more this many rounds "
-                                         "later, every active client training the one cluster's model then (its "
-                                         "updates show groups a model at its start does not yet), cut and tested as "
-                                         "the first; unless the revisits split the cluster before (0 = never, the "
-                                         "paper's single clustering round)")
     revisit_rounds: int = Field(
         3, alias="revisit-rounds", ge=1,
         description="revisit at partial participation: a cluster is cut on each member's latest update over up to "
@@ -187,16 +180,14 @@ class OneShotState(ClusteredState):
     revisit_waiting: dict[int, dict[str, int]] = field(default_factory=dict)
     revisit_pool: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     revisit_apart: dict[str, list[int]] = field(default_factory=dict)
-    # retry-after (``retry.py``): the round the clustering step ran again and what it found (None: not yet)
-    retry: dict[str, Any] | None = None
+    retry: dict[str, Any] | None = None  # retry-after (``retry.py``): the step run again, what it found
 
 
 def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_rule: str, *, name: str,
           model: Arrays | None = None) -> None:
-    """Before the clustering step: not clustered, the start model (``model``, default θ0), the layer choice among
-    the ``compare`` arrays (``paper_rule``: the layer rule of the strategy's paper, what
-    ``cluster-layers = auto`` falls back to on a model with no candidate layer; a rule that
-    selects nothing: StrategyParamsError, named for strategy ``name``)."""
+    """Before the clustering step: not clustered, the start model (``model``, default θ0), the layer choice
+    among the ``compare`` arrays (``paper_rule``: the paper's layer rule, ``auto``'s fallback on a model with
+    no candidate layer; a rule that selects nothing: StrategyParamsError, named for strategy ``name``)."""
     model = state.theta0 if model is None else model
     state.clustered = False
     state.cluster_start = model
@@ -207,9 +198,8 @@ def start(state: OneShotState, params: OneShotParams, compare: list[str], paper_
     except ValueError as error:
         raise StrategyParamsError(f"{name}: {error}") from None
     state.clustering_state = {}
-    state.evidence_plan = evidence_upload.start_plan(model, state.layer_choice, paper_rule,
-                                                     params.compare_arrays, enabled=params.evidence_sketch,
-                                                     seed=params.seed)
+    state.evidence_plan = evidence_upload.start_plan(model, state.layer_choice, paper_rule, params.compare_arrays,
+                                                     enabled=params.evidence_sketch, seed=params.seed)
 
 
 def round_sample(strategy: Any, rnd: Round, *, clustering: bool) -> list[str]:
