@@ -96,13 +96,9 @@ class AdaCFLParams(OneShotParams):
         0.05, alias="auto-tolerance", ge=0, lt=1,
         description='lambda = "auto": the fewest clusters whose silhouette is within this fraction of the best '
                     'cut\'s (0: the best cut)')
-    retry_after: int = Field(0, alias="retry-after", ge=0,
-                             description="a clustering step that left one cluster is run once more this many rounds "
-                                         "later, every active client training the one cluster's model then, cut and "
-                                         "tested as the first; unless the revisits split the cluster before (0 = "
-                                         "never, the paper's single clustering step: the step already compares the "
-                                         "warm-up model's updates, and a later look found no clusters on the "
-                                         "development cells where it ran)")
+    retry_after: int = retry.after_field(0, never="the paper's single clustering step: the step already compares "
+                                                  "the warm-up model's updates, and a later look found no clusters "
+                                                  "on the development cells where it ran")
     epsilon: PositiveNumber | Literal["auto"] = Field(
         "auto", description='newcomer distance above which it founds a new cluster; "auto" = the largest '
                             'distance between two cluster references')

@@ -62,12 +62,7 @@ class FedClustParams(OneShotParams):
     cluster_sample: int = Field(0, alias="cluster-sample", ge=0,
                                 description="cluster this many sampled clients with the full method and place the "
                                             "rest at the nearest cluster reference (0 = cluster all)")
-    retry_after: int = Field(4, alias="retry-after", ge=0,
-                             description="a clustering step that left one cluster is run once more this many rounds "
-                                         "later, every active client training the one cluster's model then (its "
-                                         "updates show groups a model at its start does not yet), cut and tested as "
-                                         "the first; unless the revisits split the cluster before (0 = never, the "
-                                         "paper's single clustering round)")
+    retry_after: int = retry.after_field(4, " (its updates show groups a model at its start does not yet)")
     recut: bool = Field(True, description='lambda = "auto", a first cut that left one cluster: cut the placed clients\' '
                                           "partial weights again, into at most sqrt(n / 2) clusters, each time "
                                           "their number n doubles (partial participation, late joiners; false = "

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from pydantic import Field
 
 from clusterfed.core.exchange import Round, Steps
 from clusterfed.explain import oneshot as explain
@@ -31,6 +32,15 @@ RESTORES = ("layer_choice", "evidence_plan", "references", "cluster_start", "clu
 
 # (rows, the chain's halves, the rows' client keys) -> (labels, the cut's info, what the gate said, deferred)
 GatedCut = Callable[[np.ndarray, Any, list[str]], tuple[np.ndarray, dict[str, Any], str | None, bool]]
+
+
+def after_field(default: int, why: str = "", never: str = "the paper's single clustering round") -> Any:
+    """The ``retry-after`` parameter of a strategy whose step may run again: its ``default``,
+    ``why`` a later look may find groups (a parenthesis, or ""), and what 0 keeps (``never``)."""
+    return Field(default, alias="retry-after", ge=0,
+                 description="a clustering step that left one cluster is run once more this many rounds later, every "
+                             f"active client training the one cluster's model then{why}, cut and tested as the first; "
+                             f"unless the revisits split the cluster before (0 = never, {never})")
 
 
 def due(state: OneShotState, params: OneShotParams, server_round: int) -> bool:
