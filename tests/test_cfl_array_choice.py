@@ -134,3 +134,49 @@ def test_when_the_choice_is_made_each_vector_keeps_its_chosen_part_once():
     kept = strategy.state.last_vector
     assert np.allclose(kept["1"], 0.5 * first["1"][chosen] + second["1"][chosen], atol=1e-5)
     assert np.allclose(kept["0"], first["0"][chosen], atol=1e-6)
+
+
+def own_data_sorted_beside_groups(seed):
+    """12 clients in 2 groups, ``a.weight`` holding the groups (two opposite directions and
+    noise); ``b.weight`` each client's own direction, the same every round, in one plane (an
+    auxiliary head's update: its cut by angle scores a higher silhouette than the groups' and
+    rotations of its rows score as high); ``c.weight``, ten times larger, each client's own
+    noise, so that every array together shows nothing."""
+    rng = np.random.default_rng(seed)
+    n, groups = 12, np.arange(12) // 6
+    direction = rng.standard_normal(20)
+    direction /= np.linalg.norm(direction)
+    plane = np.linalg.qr(rng.standard_normal((20, 2)))[0]
+    angles = rng.uniform(0, 2 * np.pi, n)
+    own_b, own_c = np.c_[np.cos(angles), np.sin(angles)] @ plane.T, rng.standard_normal((n, 60))
+    theta0 = {"a.weight": np.zeros((2, 10)), "b.weight": np.zeros((2, 10)), "c.weight": np.zeros((6, 10))}
+
+    def updates():
+        return [{"a.weight": ((1 if groups[i] else -1) * direction + 0.27 * rng.standard_normal(20)).reshape(2, 10),
+                 "b.weight": (own_b[i] + 0.05 * rng.standard_normal(20)).reshape(2, 10),
+                 "c.weight": (10 * (own_c[i] + 0.3 * rng.standard_normal(60))).reshape(6, 10)} for i in range(n)]
+    return theta0, updates
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_an_array_whose_cut_only_sorts_each_clients_own_data_is_passed_over(seed):
+    """The most structured array leads only when its cut beats group-free rotations of its rows,
+    the test a split on evidence must pass: here ``b.weight`` leads on silhouette and fails it,
+    and the groups' array is chosen; the round's words say why."""
+    from clusterfed.clustering.layer_evidence import LayerScore
+    from clusterfed.strategies.array_choice import leader_of, score_round, words
+
+    theta0, updates = own_data_sorted_beside_groups(seed)
+    choice = {}
+    chosen = [score_round(choice, r, updates(), list(theta0), theta0, min_silhouette=0.3, reference_draws=19,
+                          max_clusters=None, seed=0) for r in (1, 2)]
+    scores = {s["layer"]: s for s in choice["scores"]}
+    untested = leader_of([LayerScore(**{k: v for k, v in s.items() if k != "taken"}) for s in scores.values()],
+                         {EVERY})
+    assert untested == "b.weight" and scores["b.weight"]["taken"] is False
+    assert scores["b.weight"]["silhouette"] > scores["a.weight"]["silhouette"]
+    assert chosen == [None, ["a.weight"]] and choice["chosen"] == "a.weight"
+    said = words(choice)
+    assert ("compares a.weight (chosen by evidence in rounds 1 and 2: best-cut silhouette" in said
+            and "among the arrays whose cut beats group-free rotations (b.weight separated more, but its cut does "
+                "not)" in said and "next b.weight" not in said)

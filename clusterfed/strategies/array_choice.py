@@ -13,7 +13,11 @@ cosine distances, against the fixed bar or group-free rotations, the bar raised 
 candidates. An array is chosen once it is the most structured candidate, with clusters found,
 in two successive rounds (each with at least ``MIN_REPLIES`` repliers) where every array
 together found none, nor did the strategy's own arrays (``own``: LayerCFL's selected layers); the earlier rounds' partitions, of every array, are then forgotten, and
-splits and merges compare the chosen array. Where the whole update
+splits and merges compare the chosen array. A round's leader is the most structured array whose cut
+also beats group-free rotations of its rows (``group_structure``, the test a split on evidence must
+pass, at a level shared by the candidates): an array whose cut only sorts each client's own data
+(an auxiliary head's) can lead on silhouette and then never split; when the most structured fails,
+the others are asked, as FedClust's layer choice asks them. Where the whole update
 shows structure it is kept: one array alone can show a coarser partition (an auxiliary head's
 targets) or a cut of one group's own data. The choice is made once; splits are still taken on
 their own evidence (``split-timing``)."""
@@ -24,7 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from clusterfed.clustering.layer_evidence import LayerScore, finer_than, most_structured, score_layers
+from clusterfed.clustering.group_structure import group_test
+from clusterfed.clustering.layer_evidence import (LayerScore, finer_than, most_structured, record_margin, score_layers,
+                                                  scored_rows)
+from clusterfed.clustering.null_reference import shared_draws
 from clusterfed.clustering.sketch import count_sketch
 from clusterfed.clustering.vectors import flatten, stack_float64
 from clusterfed.models.layers import both_ends
@@ -64,12 +71,48 @@ def sketched_rows(updates: list[dict[str, np.ndarray]], keys: list[str], seed: i
     return X if sketch is None else np.asarray(sketch(X), dtype=np.float64)
 
 
-def leader_of(scores: list[LayerScore], blind: set[str]) -> str | None:
+def leader_of(scores: list[LayerScore], blind: set[str], passing: set[str] | None = None) -> str | None:
     """The most structured single array, where it found clusters and the ``blind`` candidates
-    (every array together, the strategy's own arrays) did not."""
-    best = most_structured(scores)
+    (every array together, the strategy's own arrays) did not; with ``passing``, among those
+    arrays (``most_structured``), none when none of them found clusters."""
+    best = most_structured(scores, passing=passing)
     found = {s.layer for s in scores if s.clusters > 1}
+    if passing is not None and best.layer not in passing:
+        return None
     return best.layer if best.layer in found and not found & blind and best.layer not in blind else None
+
+
+def beats_rotations(rows: np.ndarray, score: LayerScore, *, tests: int, reference_draws: int,
+                    max_clusters: int | None, seed: int) -> bool:
+    """Whether an array's accepted cut (``score.labels``, of ``scored_rows``) beats group-free
+    rotations of its rows, as one of ``tests`` tests (``shared_draws``); True where the test
+    cannot run (too few rows)."""
+    X = np.asarray(rows, np.float64)[scored_rows(len(rows), seed)]
+    tested = group_test(X, np.asarray(score.labels), metric="cosine", linkage="average", max_clusters=max_clusters,
+                        draws=shared_draws(reference_draws, tests), seed=seed)
+    return tested is None or tested.passes
+
+
+def tested_leader(scores: list[LayerScore], rows: dict[str, np.ndarray], blind: set[str], *, reference_draws: int,
+                  max_clusters: int | None, seed: int) -> tuple[str | None, dict[str, bool]]:
+    """``leader_of``, asked of the rotation test (``beats_rotations``): the leader when its cut
+    passes; else the most structured of the other arrays whose cut passes, or none. The answers
+    given, by array (``taken``)."""
+    leader = leader_of(scores, blind)
+    if leader is None or reference_draws <= 0:
+        return leader, {}
+    by_layer = {s.layer: s for s in scores}
+
+    def beats(layer: str) -> bool:
+        return beats_rotations(rows[layer], by_layer[layer], tests=len(scores), reference_draws=reference_draws,
+                               max_clusters=max_clusters, seed=seed)
+
+    taken = {leader: beats(leader)}
+    if taken[leader]:
+        return leader, taken
+    taken.update({s.layer: beats(s.layer) for s in scores
+                  if s.clusters > 1 and s.labels is not None and s.layer not in blind and s.layer != leader})
+    return leader_of(scores, blind, passing={layer for layer, ok in taken.items() if ok}), taken
 
 
 def with_own(found: dict[str, list[str]], own: tuple[str, list[str]] | None) -> tuple[dict[str, list[str]], str | None]:
@@ -98,9 +141,11 @@ def score_round(choice: dict[str, Any], server_round: int, updates: list[dict[st
     rows = {name: sketched_rows(updates, keys, seed + i) for i, (name, keys) in enumerate(found.items())}
     scores = score_layers(rows, metric="cosine", linkage="average", min_silhouette=min_silhouette,
                           reference_draws=reference_draws, max_clusters=max_clusters, seed=seed)
-    leader = leader_of(scores, {EVERY} | ({own_name} if own_name else set()))
+    leader, taken = tested_leader(scores, rows, {EVERY} | ({own_name} if own_name else set()),
+                                  reference_draws=reference_draws, max_clusters=max_clusters, seed=seed)
     previous, previous_round = choice.get("leader"), choice.get("round")
-    choice.update(round=server_round, leader=leader, scores=[s.record() for s in scores],
+    choice.update(round=server_round, leader=leader,
+                  scores=[{**s.record(), **({"taken": taken[s.layer]} if s.layer in taken else {})} for s in scores],
                   own=None if own is None else {"name": own[0], "candidate": own_name})
     if leader is None or leader != previous or previous_round != server_round - 1:
         return None
@@ -123,12 +168,15 @@ def words(choice: dict[str, Any], verb: str = "compares") -> str:
     own = choice.get("own") or {}
     blind = {EVERY: "every array together", **({own["candidate"]: own["name"]} if own else {})}
     # the runners-up by their margin over their own bar, the measure the leader was picked by
-    others = sorted((s for s in scores.values() if s["layer"] not in {chosen["layer"], *blind}
+    others = sorted((s for s in scores.values() if s["layer"] not in {chosen["layer"], *blind} and s.get("taken") is not False
                      and s["silhouette"] is not None), key=lambda s: s["required"] - s["silhouette"])[:3]
     nexts = "; next " + ", ".join(f"{s['layer']} {s['silhouette']:.2f} against {s['required']:.2f}"
                                   for s in others) if others else ""
     none = ", ".join(f"{said} no structure ({'n/a' if scores[key]['silhouette'] is None else format(scores[key]['silhouette'], '.2f')})"
                      for key, said in reversed(blind.items()))
+    failed = [key for key, s in scores.items() if s.get("taken") is False and record_margin(s) > record_margin(chosen)]
+    among = (f", among the arrays whose cut beats group-free rotations ({', '.join(failed)} separated more, but "
+             f"{'its cut does' if len(failed) == 1 else 'their cuts do'} not)") if failed and chosen.get("taken") else ""
     return (f"{verb} {chosen['layer']} (chosen by evidence in rounds {choice['previous_round']} and "
             f"{choice['round']}: best-cut silhouette {chosen['silhouette']:.2f} against {chosen['required']:.2f} "
-            f"needed{finer_than(chosen, list(scores.values()))}, {none}{nexts})")
+            f"needed{among}{finer_than(chosen, list(scores.values()))}, {none}{nexts})")
