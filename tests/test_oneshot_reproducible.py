@@ -360,7 +360,7 @@ def test_a_merge_keeps_the_merged_clusters_held_pairs_and_forgets_their_pending_
     pair of cluster 1 is gone."""
     run = Revisits({k: int(k) % 4 for k in KEYS})
     run.state.revisit_apart = {"0-1": [2], "0-2": [3], "0-3": [1, 2], "1-2": [1, 2], "2-3": [4]}
-    revisit._merge(run.state, 5, 0, 1, 0.7, 4, "FedClust")
+    revisit.merge_into(run.state, 5, 0, 1, {"cosine": 0.7, "rounds": [4, 5]})
     assert run.state.revisit_apart == {"0-3": [1, 2], "2-3": [4]}
 
 

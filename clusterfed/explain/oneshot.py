@@ -16,6 +16,15 @@ import numpy as np
 from clusterfed.clustering.layer_evidence import finer_than, record_margin
 from clusterfed.explain.numbers import compared as against
 
+
+# reason code -> sentence, for a run that ends with one cluster (the base's ``one_cluster_reasons``)
+ONE_CLUSTER_REASONS = {
+    "silhouette": "the best cut's silhouette stayed below auto-min-silhouette and below what group-free data "
+                  "of the same size reaches: no cluster structure found",
+    "threshold": "every client lies within lambda of the others: the cut at lambda leaves one cluster",
+    "not_clustered": "the clustering step never ran (no client replied to it)",
+}
+
 EVIDENCE = "auto"  # cluster-layers chosen by evidence (``strategies/layer_choice.py``)
 
 

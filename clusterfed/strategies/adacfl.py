@@ -69,10 +69,10 @@ from clusterfed.clustering import (
 )
 from clusterfed.clustering.oneshot import precluster_records, tolerant_threshold
 from clusterfed.explain import oneshot as explain
-from clusterfed.strategies import oneshot, retry, revisit
+from clusterfed.strategies import merge_probe, oneshot, retry, revisit
 from clusterfed.strategies.base import LABEL_STATS, ClusteredStrategy, Steps
 from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round
-from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState, PositiveNumber
+from clusterfed.strategies.oneshot import OneShotParams, OneShotState, PositiveNumber
 
 _STATS = ("num-classes", "label-entropy")
 PAPER_LAYERS = "smallest-fc"  # the paper's compared layer (Sect. 5: the layer with the fewest weights)
@@ -117,14 +117,14 @@ class AdaCFL(ClusteredStrategy):
     State = AdaCFLState
     params: AdaCFLParams
     state: AdaCFLState
-    one_cluster_reasons = ONE_CLUSTER_REASONS
+    one_cluster_reasons = explain.ONE_CLUSTER_REASONS
     figures = ("distance_matrix", "linkage")
     # the paper, no extension: its λ = 1.4 and ε = 1.8 (Sect. 6.1), one epoch, the smallest fc
     # layer, L2, pre-clustering whatever the clients' sizes; precluster-merge stays our reading
     PAPER: ClassVar[dict[str, Any]] = {
         "lambda_": 1.4, "epsilon": 1.8, "cluster_epochs": 1, "cluster_layers": PAPER_LAYERS, "distance": "l2",
         "chain_until": "epochs", "share_label_stats": True, "entropy_gap": 0.1, "entropy_min_per_class": 0.0,
-        "precluster_merge": True, "reproduce": False, "revisit": False, "cluster_all_active": True,
+        "precluster_merge": True, "reproduce": False, "revisit": False, "merge_probe": False, "cluster_all_active": True,
         "retry_after": 0}
 
     def requires(self) -> set[str]:
@@ -312,17 +312,18 @@ class AdaCFL(ClusteredStrategy):
         return diagnostics
 
     # ------------------------------------------------- extension: revisits
+    def train(self, rnd: Round, trainers: list[str]) -> Steps:
+        """The round's training, a cluster a split made on another's model when probed (``merge_probe.py``)."""
+        return (yield from merge_probe.train(self, rnd, trainers))
+
     def after_train(self, rnd: Round, replies: list) -> Diagnostics | None:
-        """The clusters revisited on the round's training updates (``revisit.revisit``)."""
-        if self.params.revisit and self.state.clustered:
-            return revisit.revisit(self.state, self.params, rnd.number, replies, self.new_cluster,
-                                   type(self).__name__, whole=self.compared_names(), active=rnd.active)
-        return None
+        """The clusters revisited on the round's training updates (``revisit.revisit``), probes judged."""
+        return merge_probe.after_train(self, rnd, replies)
 
     # ------------------------------------------------------ what the run says
     def cluster_state(self) -> dict[str, Any]:
         revisits = self.state.revisits
-        return {**self.state.clustering_state, **({"revisits": list(revisits)} if revisits else {})}
+        return {**self.state.clustering_state, **({"revisits": list(revisits)} if revisits else {}), **merge_probe.record(self.state)}
 
     def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
         sizes = {key: client.num_examples for key, client in (clients or {}).items()}

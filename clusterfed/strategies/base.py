@@ -464,7 +464,7 @@ class ClusteredStrategy(FlowerHooks):
 
     def train_asks(self, rnd: Round, keys: list[str], *, models: dict[str, Arrays] | None = None,
                    extra: dict[str, Any] | None = None, phase: str = "train") -> list[Ask]:
-        """Train ``keys``, each on its cluster's model (or on ``models[key]``)."""
+        """Train ``keys``, each on its cluster's model (or on ``models[key]``, where given)."""
         asks = []
         for key in keys:
             cluster = self.state.assignment.get(key, -1)
@@ -474,7 +474,7 @@ class ClusteredStrategy(FlowerHooks):
             config.update(extra or {})
             if self.dp is not None:  # what Flower's fixedclipping_mod reads
                 config[privacy.CLIPPING_NORM_KEY] = self.dp.clipping_norm
-            asks.append(Ask(key, models[key] if models is not None else self.state.models[cluster], config))
+            asks.append(Ask(key, models[key] if models and key in models else self.state.models[cluster], config))
         return asks
 
     def aggregate_clusters(self, replies: list[TrainReply]) -> Diagnostics:

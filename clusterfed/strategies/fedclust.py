@@ -50,10 +50,10 @@ from pydantic import Field
 from clusterfed.clustering import place_newcomer
 from clusterfed.clustering.oneshot import recut_max_clusters
 from clusterfed.explain import oneshot as explain
-from clusterfed.strategies import oneshot, retry, revisit
+from clusterfed.strategies import merge_probe, oneshot, retry, revisit
 from clusterfed.strategies.base import ClusteredStrategy, Steps
 from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round, natural
-from clusterfed.strategies.oneshot import ONE_CLUSTER_REASONS, OneShotParams, OneShotState
+from clusterfed.strategies.oneshot import OneShotParams, OneShotState
 
 PAPER_LAYERS = "final"  # the paper's compared layer
 
@@ -86,13 +86,13 @@ class FedClust(ClusteredStrategy):
     State = FedClustState
     params: FedClustParams
     state: FedClustState
-    one_cluster_reasons = ONE_CLUSTER_REASONS
+    one_cluster_reasons = explain.ONE_CLUSTER_REASONS
     figures = ("distance_matrix", "linkage")
     # the paper, no extension: its final layer, L2 distance, the full clustering phase, one
     # cut. λ is the paper's input with no published value: give it, FedClust.paper(lambda_=...)
     PAPER: ClassVar[dict[str, Any]] = {"cluster_layers": PAPER_LAYERS, "distance": "l2", "cluster_epochs": 10,
                                        "chain_until": "epochs", "cluster_sample": 0, "recut": False, "cluster_all_active": True,
-                                       "reproduce": False, "revisit": False, "retry_after": 0}
+                                       "reproduce": False, "revisit": False, "merge_probe": False, "retry_after": 0}
 
     def init_clusters(self) -> None:
         oneshot.start(self.state, self.params, self.compared_names(), PAPER_LAYERS, name=self.name)
@@ -239,18 +239,19 @@ class FedClust(ClusteredStrategy):
         return diagnostics
 
     # ------------------------------------------------- extension: revisits
+    def train(self, rnd: Round, trainers: list[str]) -> Steps:
+        """The round's training, a cluster a split made on another's model when probed (``merge_probe.py``)."""
+        return (yield from merge_probe.train(self, rnd, trainers))
+
     def after_train(self, rnd: Round, replies: list) -> Diagnostics | None:
-        """The clusters revisited on the round's training updates (``revisit.revisit``)."""
-        if self.params.revisit and self.state.clustered:
-            return revisit.revisit(self.state, self.params, rnd.number, replies, self.new_cluster,
-                                   type(self).__name__, whole=self.compared_names(), active=rnd.active)
-        return None
+        """The clusters revisited on the round's training updates (``revisit.revisit``), probes judged."""
+        return merge_probe.after_train(self, rnd, replies)
 
     # ------------------------------------------------------ what the run says
     def cluster_state(self) -> dict[str, Any]:
         recuts, revisits = self.state.recuts, self.state.revisits
         return {**self.state.clustering_state, **({"recuts": list(recuts)} if recuts else {}),
-                **({"revisits": list(revisits)} if revisits else {})}
+                **({"revisits": list(revisits)} if revisits else {}), **merge_probe.record(self.state)}
 
     def one_cluster_reason(self, clients: Mapping[str, ClientInfo] | None = None) -> str | None:
         return explain.fedclust_reason(self.state, self.params, self.one_cluster_reasons)

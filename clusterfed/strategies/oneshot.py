@@ -63,15 +63,6 @@ PositiveNumber = Annotated[float, Field(gt=0)]
 # family's merge-min-cosine): the revisits' merges, and the most alike a split's parts may point
 MERGE_MIN_COSINE = 0.6
 
-# reason code -> sentence, for a run that ends with one cluster (the base's ``one_cluster_reasons``)
-ONE_CLUSTER_REASONS = {
-    "silhouette": "the best cut's silhouette stayed below auto-min-silhouette and below what group-free data "
-                  "of the same size reaches: no cluster structure found",
-    "threshold": "every client lies within lambda of the others: the cut at lambda leaves one cluster",
-    "not_clustered": "the clustering step never ran (no client replied to it)",
-}
-
-
 class OneShotParams(StrategyParams):
     """The clustering step's parameters, shared by FedClust and AdaCFL."""
 
@@ -144,6 +135,11 @@ class OneShotParams(StrategyParams):
                           "alike in two successive rounds are merged (not two once apart in two such rounds); "
                           f"a cluster is judged on {SMALL_ROWS} of its members (every member of a smaller one) "
                           "(false: the papers' one-shot clustering)")
+    merge_probe: bool = Field(
+        True, alias="merge-probe",
+        description="revisit: a cluster a split made trains, for evidence only, the model of the cluster its members' "
+                    "updates point most alike to, and joins it when the two clusters' updates on that one model "
+                    "pass the merge test in two such rounds running (false: merges compare each cluster's own model's updates)")
     revisit_rounds: int = Field(
         3, alias="revisit-rounds", ge=1,
         description="revisit at partial participation: a cluster is cut on each member's latest update over up to "
@@ -180,6 +176,7 @@ class OneShotState(ClusteredState):
     revisit_waiting: dict[int, dict[str, int]] = field(default_factory=dict)
     revisit_pool: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)
     revisit_apart: dict[str, list[int]] = field(default_factory=dict)
+    merge_probes: dict[int, dict[str, Any]] = field(default_factory=dict)  # merge-probe: by guest (``merge_probe.py``)
     retry: dict[str, Any] | None = None  # retry-after (``retry.py``): the step run again, what it found
 
 

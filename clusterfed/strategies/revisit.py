@@ -383,7 +383,10 @@ def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows:
                             f"and {server_round}, but were apart beyond group-free rotations in rounds "
                             f"{held[0]} and {held[1]}: two tasks whose models converge")
                 continue
-            said.append(_merge(state, server_round, a, b, cosine, seen, strategy))
+            merge_into(state, server_round, a, b, {"cosine": round(cosine, 4), "rounds": [seen, server_round]})
+            said.append(f"{strategy}: clusters {a} and {b} merged: their members' training updates show no structure "
+                        f"together and point alike (mean-update cosine {cosine:.2f} >= {MERGE_MIN_COSINE}) in rounds "
+                        f"{seen} and {server_round}")
     return said
 
 
@@ -395,14 +398,18 @@ def _apart(together: np.ndarray, first: int, params: OneShotParams) -> bool:
     return tested is not None and tested.passes
 
 
-def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float, seen: int, strategy: str) -> str:
-    """Cluster ``b`` joins ``a``: its members, and ``a``'s model becomes the member-weighted mean."""
+def merge_into(state: OneShotState, server_round: int, a: int, b: int, record: dict[str, Any], *,
+               mean_models: bool = True) -> None:
+    """Cluster ``b`` joins ``a``: its members, and ``a``'s model becomes the member-weighted mean
+    of the two (``mean_models``; else ``a``'s model is kept); ``record``: what the merge was
+    decided on, kept with it in ``state.revisits``."""
     size_a = sum(1 for c in state.assignment.values() if c == a)
     size_b = sum(1 for c in state.assignment.values() if c == b)
     wa = size_a / max(size_a + size_b, 1)
     model_b = state.models.pop(b)
-    state.models[a] = {k: (wa * np.asarray(v, np.float64) + (1 - wa) * np.asarray(model_b[k], np.float64)).astype(
-        np.asarray(v).dtype) for k, v in state.models[a].items()}
+    if mean_models:
+        state.models[a] = {k: (wa * np.asarray(v, np.float64) + (1 - wa) * np.asarray(model_b[k], np.float64)).astype(
+            np.asarray(v).dtype) for k, v in state.models[a].items()}
     for key, c in list(state.assignment.items()):
         if c == b:
             state.assignment[key] = a
@@ -419,7 +426,4 @@ def _merge(state: OneShotState, server_round: int, a: int, b: int, cosine: float
     # on ``a`` without ``b``'s members
     state.revisit_apart = {p: r for p, r in state.revisit_apart.items()
                            if not _in_pair(p, b) and (len(r) == 2 or not _in_pair(p, a))}
-    state.revisits.append({"round": server_round, "action": "merge", "clusters": [a, b], "cosine": round(cosine, 4),
-                           "rounds": [seen, server_round]})
-    return (f"{strategy}: clusters {a} and {b} merged: their members' training updates show no structure together "
-            f"and point alike (mean-update cosine {cosine:.2f} >= {MERGE_MIN_COSINE}) in rounds {seen} and {server_round}")
+    state.revisits.append({"round": server_round, "action": "merge", "clusters": [a, b], **record})

@@ -1,0 +1,121 @@
+"""The merge probe (``merge_probe.py``): a part a revisit split off a cluster of two tasks trains
+from a model of the mixture and points apart from the cluster of its own task; on that
+cluster's model the two are compared as the revisits' merges compare, and joined."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from clusterfed import AdaCFL, FedClust
+from clusterfed.core.exchange import Round, TrainReply
+from clusterfed.strategies import merge_probe
+from clusterfed.strategies.layer_choice import LayerChoice
+
+KEYS = [str(i) for i in range(12)]
+CENTRES = np.random.default_rng(99).normal(size=(3, 40))
+TASK_A, TASK_B, ELSEWHERE = CENTRES
+# a model of both tasks, off towards a third direction: a cluster trained on both
+MIXTURE = 0.5 * TASK_A + 0.5 * TASK_B + ELSEWHERE
+
+
+class Federation:
+    """FedClust (or ``strategy``) with hand-made clusters; each client's update moves the model
+    it was sent half-way to its task's optimum (``tasks``), with a little noise. The models do
+    not train: the probe's rounds are the subject."""
+
+    def __init__(self, assignment: dict[str, int], models: dict[int, np.ndarray], tasks: dict[str, np.ndarray],
+                 strategy=FedClust):
+        self.strategy = strategy(seed=0)
+        state = self.strategy.state
+        state.theta0 = {"w": np.zeros(40)}
+        state.clustered = True
+        state.layer_choice = LayerChoice(rule="w", keys=["w"], decided=True)
+        state.next_cluster_id = max(assignment.values()) + 1
+        state.models = {c: {"w": m.copy()} for c, m in models.items()}
+        state.assignment = dict(assignment)
+        self.tasks = tasks
+        self.asked: dict[int, dict[str, np.ndarray]] = {}
+
+    def round(self, number: int) -> str:
+        rnd = Round(number, list(KEYS))
+        steps = self.strategy.train(rnd, list(KEYS))
+        asks = next(steps)
+        rng = np.random.default_rng(number)
+        self.asked[number] = {ask.key: ask.model["w"] for ask in asks}
+        replies = [TrainReply(ask.key, int(ask.config["cluster-id"]),
+                              {"w": ask.model["w"] + 0.5 * (self.tasks[ask.key] - ask.model["w"])
+                               + 0.05 * rng.normal(size=40)}, {"w": ask.model["w"]}, 10, 1.0, {})
+                   for ask in asks]
+        try:
+            steps.send(replies)
+        except StopIteration as done:
+            replies, _ = done.value
+        self.evidence_only = rnd.evidence_only
+        return (self.strategy.after_train(rnd, replies) or {}).get("decision", "")
+
+    def clusters(self) -> list[list[str]]:
+        found: dict[int, list[str]] = {}
+        for key, cluster in self.strategy.state.assignment.items():
+            found.setdefault(cluster, []).append(key)
+        return sorted(found.values())
+
+
+def impure_federation(strategy=FedClust) -> Federation:
+    """Clients 0–7 of task A, 8–11 of task B; cluster 0 holds 0–3, cluster 1 the rest (a
+    clustering step's impure cut) on a model of the mixture."""
+    tasks = {k: TASK_A if int(k) < 8 else TASK_B for k in KEYS}
+    assignment = {k: 0 if int(k) < 4 else 1 for k in KEYS}
+    return Federation(assignment, {0: np.zeros(40), 1: MIXTURE}, tasks, strategy)
+
+
+def test_a_part_split_off_an_impure_cluster_joins_its_tasks_cluster_on_that_clusters_model():
+    run = impure_federation()
+    assert "split" not in run.round(1)
+    said = run.round(2)
+    assert "cluster 1 (8 clients) split into clusters 2 (4 clients), 3 (4 clients)" in said
+    state = run.strategy.state
+    # the part of task A points apart from cluster 0 on its own model: only the probe can join them
+    assert state.merge_probes == {2: {"host": 0, "queued": 2, "cosine": state.merge_probes[2]["cosine"]}}
+    assert 0 < state.merge_probes[2]["cosine"] < 0.6 and 3 not in state.merge_probes
+    said = run.round(3)
+    assert all(np.array_equal(run.asked[3][k], state.models[0]["w"]) for k in "4567")  # the guests on cluster 0's model
+    assert run.evidence_only == frozenset("4567")  # compared, not averaged
+    assert said.startswith("FedClust: cluster 2's members trained cluster 0's model (a merge probe): nothing in their "
+                           "training updates and cluster 0's members' sets the two apart, and they point alike "
+                           "(mean-update cosine ") and said.endswith("in round 3; merged if alike again in the next probe round")
+    before = state.models[0]["w"].copy()
+    said = run.round(4)
+    assert said.startswith("FedClust: cluster 2 (4 clients) merged into cluster 0: trained on cluster 0's model (a "
+                           "merge probe), nothing in their members' training updates and cluster 0's sets the two "
+                           "apart, and they point alike (mean-update cosine ") and said.endswith("in rounds 3 and 4")
+    assert run.clusters() == [KEYS[:8], KEYS[8:]]
+    assert np.array_equal(state.models[0]["w"], before) and 2 not in state.models  # the host's model kept
+    assert state.merge_probes[2]["verdict"] == "merged" and state.revisits[-1]["probe"] is True
+    assert "merged" in run.strategy.cluster_state()["merge_probes"]["2"]["verdict"]
+
+
+def test_a_probe_that_finds_two_tasks_keeps_them_apart_and_is_not_run_again():
+    tasks = {k: TASK_A if int(k) < 6 else TASK_B for k in KEYS}
+    run = Federation({k: 0 if int(k) < 6 else 1 for k in KEYS}, {0: np.zeros(40), 1: np.zeros(40)}, tasks)
+    run.strategy.state.merge_probes = {1: {"host": 0, "queued": 1, "cosine": 0.3}}
+    said = run.round(2)
+    assert said.startswith("FedClust: cluster 1 kept apart from cluster 0: trained on cluster 0's model (a merge "
+                           "probe), its members' training updates and cluster 0's differ in round 2: ")
+    assert run.strategy.state.merge_probes[1]["verdict"] == "apart" and run.clusters() == [KEYS[:6], KEYS[6:]]
+    assert "merge probe" not in run.round(3) and run.evidence_only == frozenset()  # trains its own model again
+
+
+def test_without_merge_probe_or_in_the_paper_preset_a_split_part_stays_on_its_own_model():
+    run = impure_federation()
+    run.strategy.params = run.strategy.params.model_copy(update={"merge_probe": False})
+    for number in (1, 2, 3, 4):
+        run.round(number)
+    assert run.strategy.state.merge_probes == {} and len(run.clusters()) == 3
+    assert FedClust.paper().params.merge_probe is False and AdaCFL.paper().params.merge_probe is False
+
+
+def test_adacfl_probes_as_fedclust_does():
+    run = impure_federation(AdaCFL)
+    for number in (1, 2, 3, 4):
+        said = run.round(number)
+    assert said.startswith("AdaCFL: cluster 2 (4 clients) merged into cluster 0") and len(run.clusters()) == 2
