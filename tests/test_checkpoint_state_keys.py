@@ -16,11 +16,11 @@ from clusterfed.strategies.fedclust import FedClust
 from clusterfed.strategies.ifca import IFCA
 
 OWN_KEYS = {
-    # the revisits' and retry-after's fields (defaults: an older checkpoint resumes without them)
+    # the revisits', the merge probe's and retry-after's fields (defaults: an older checkpoint resumes without them)
     FedClust: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state", "evidence_plan",
-               "revisit_cuts", "revisit_alike", "revisits", "revisit_scale", "revisit_waiting", "revisit_pool", "revisit_apart", "retry", "unclustered", "recut_at", "recuts"],
+               "revisit_cuts", "revisit_alike", "revisits", "revisit_scale", "revisit_waiting", "revisit_pool", "revisit_apart", "merge_probes", "retry", "unclustered", "recut_at", "recuts"],
     AdaCFL: ["clustered", "cluster_start", "references", "layer_choice", "clustering_state", "evidence_plan",
-             "revisit_cuts", "revisit_alike", "revisits", "revisit_scale", "revisit_waiting", "revisit_pool", "revisit_apart", "retry", "warmup_cluster"],
+             "revisit_cuts", "revisit_alike", "revisits", "revisit_scale", "revisit_waiting", "revisit_pool", "revisit_apart", "merge_probes", "retry", "warmup_cluster"],
     IFCA: ["k", "warming_up", "choice_counts", "candidates", "idle", "last_won", "reseeds", "previous_cluster",
            "previous_update", "seeded_round"],
 }
