@@ -69,7 +69,7 @@ from clusterfed.clustering import (
 )
 from clusterfed.clustering.oneshot import precluster_records, tolerant_threshold
 from clusterfed.explain import oneshot as explain
-from clusterfed.strategies import merge_probe, oneshot, retry, revisit
+from clusterfed.strategies import merge_probe, oneshot, retry
 from clusterfed.strategies.base import LABEL_STATS, ClusteredStrategy, Steps
 from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round
 from clusterfed.strategies.oneshot import OneShotParams, OneShotState, PositiveNumber

@@ -50,7 +50,7 @@ from pydantic import Field
 from clusterfed.clustering import place_newcomer
 from clusterfed.clustering.oneshot import recut_max_clusters
 from clusterfed.explain import oneshot as explain
-from clusterfed.strategies import merge_probe, oneshot, retry, revisit
+from clusterfed.strategies import merge_probe, oneshot, retry
 from clusterfed.strategies.base import ClusteredStrategy, Steps
 from clusterfed.core.exchange import Arrays, ClientInfo, Diagnostics, Round, natural
 from clusterfed.strategies.oneshot import OneShotParams, OneShotState

@@ -77,7 +77,12 @@ def train_models(state: OneShotState, params: OneShotParams, rnd: Round, trainer
     # the most alike first: the part most likely of the other's task
     for guest, probe in sorted(state.merge_probes.items(), key=lambda item: (-item[1]["cosine"], item[0])):
         host = probe["host"]
-        if "verdict" in probe or guest not in state.models or host not in state.models or {guest, host} & busy:
+        if "verdict" in probe:
+            continue
+        if guest not in state.models or host not in state.models:  # split or merged since it was queued
+            probe["verdict"] = "gone"
+            continue
+        if {guest, host} & busy:
             continue
         trained = {c: [k for k in trainers if state.assignment.get(k) == c] for c in (guest, host)}
         sizes = {c: sum(1 for k in rnd.active if state.assignment.get(k) == c) for c in (guest, host)}
@@ -102,13 +107,13 @@ def judge(state: OneShotState, params: OneShotParams, server_round: int, replies
         if running is None or running["round"] != server_round:
             continue
         host = probe["host"]
+        if guest not in state.models or host not in state.models:  # the revisits split or merged one this round
+            probe["verdict"] = "gone"
+            continue
         guests = set(running["guests"])
         G = [r for r in replies if r.key in guests]
         H = [r for r in replies if r.key not in guests and r.cluster == host and state.assignment.get(r.key) == host]
         on = f"on cluster {host}'s model (a merge probe)"
-        if guest not in state.models or host not in state.models:  # the revisits split or merged one this round
-            probe["verdict"] = "gone"
-            continue
         if len(G) < 2 or len(H) < 2:
             said.append(f"{strategy}: clusters {guest} and {host} not compared {on}: {len(G)} and {len(H)} of "
                         f"their members replied, fewer than 2")
@@ -136,7 +141,6 @@ def judge(state: OneShotState, params: OneShotParams, server_round: int, replies
             members = sum(1 for c in state.assignment.values() if c == guest)
             revisit.merge_into(state, server_round, host, guest, {"cosine": round(cosine, 4), "rounds": alike,
                                                                    "probe": True}, mean_models=False)
-            _forget(state, guest)
             said.append(f"{strategy}: cluster {guest} ({members} clients) merged into cluster {host}: trained "
                         f"{on}, nothing in their members' training updates and cluster {host}'s sets "
                         f"the two apart, and they point alike (mean-update cosine {cosine:.2f} >= {MERGE_MIN_COSINE}) in rounds "
@@ -176,13 +180,6 @@ def queue(state: OneShotState, params: OneShotParams, server_round: int, replies
             best = max(hosts, key=lambda h: (hosts[h], -h), default=None)
             if best is not None and hosts[best] > 0:
                 state.merge_probes[guest] = {"host": best, "queued": server_round, "cosine": round(hosts[best], 4)}
-
-
-def _forget(state: OneShotState, gone: int) -> None:
-    """Probes of a cluster that no longer exists end."""
-    for guest, probe in state.merge_probes.items():
-        if "verdict" not in probe and gone in (guest, probe["host"]):
-            probe["verdict"] = "gone"
 
 
 def record(state: OneShotState) -> dict[str, Any]:
