@@ -17,8 +17,11 @@ rotations of the updates) and their mean updates point alike (cosine at least
 ``MERGE_MIN_COSINE``), as the revisits' merges are judged (Sattler et al., "Clustered Federated
 Learning: Model-Agnostic Distributed Multitask Optimization Under Privacy Constraints"). The
 first probe round that finds them apart ends the probe; the pair is not probed again. A cluster
-takes part in one probe at a time, and only in a round where enough of both its members and
-the other's train (``revisit.replies_needed``); otherwise it trains its own model.
+takes part in one probe at a time. A probe runs in the first round after it was queued: where
+fewer of either cluster's members train than the revisits judge a cluster on
+(``revisit.replies_needed``, every member of a smaller one), active members beyond the round's
+sample are asked too, for evidence only, as the CFL family's ``split-min-repliers`` does (at
+partial participation, a round where enough of both were sampled may never come).
 """
 
 from __future__ import annotations
@@ -41,10 +44,10 @@ ALIKE_ROUNDS = 2
 def train(strategy: Any, rnd: Round, trainers: list[str]) -> Any:
     """The base's training step (``ClusteredStrategy.train``) with the round's guests on their
     hosts' models, for evidence only (``rnd.evidence_only``)."""
-    models = train_models(strategy.state, strategy.params, rnd, trainers)
-    if models:
-        rnd.evidence_only = rnd.evidence_only | frozenset(models)
-    replies = yield strategy.train_asks(rnd, trainers, models=models)
+    models, beyond = train_models(strategy.state, strategy.params, rnd, trainers)
+    if models or beyond:
+        rnd.evidence_only = rnd.evidence_only | frozenset(models) | frozenset(beyond)
+    replies = yield strategy.train_asks(rnd, trainers + beyond, models=models)
     return replies, {}
 
 
@@ -65,15 +68,20 @@ def after_train(strategy: Any, rnd: Round, replies: list[TrainReply]) -> Diagnos
     return {**diagnostics, "decision": "; ".join(said)} if said else diagnostics
 
 
-def train_models(state: OneShotState, params: OneShotParams, rnd: Round, trainers: list[str]) -> dict[str, Arrays]:
-    """The round's guests (key -> the host's model they train instead of their own): each
-    pending probe whose two clusters are in no other probe this round and of which enough
-    members train (``revisit.replies_needed`` of each, or all of a smaller cluster). Marks the
-    probe as running this round, with its guests."""
+def train_models(state: OneShotState, params: OneShotParams, rnd: Round,
+                 trainers: list[str]) -> tuple[dict[str, Arrays], list[str]]:
+    """The round's guests (key -> the host's model they train instead of their own), and the
+    active members beyond the sample asked for the probe's evidence only: each pending probe
+    whose two clusters are in no other probe this round and have 2 active members each, its
+    guests and host members topped up beyond ``trainers`` to ``revisit.replies_needed`` of
+    each (every member of a smaller cluster), in an order seeded by the round. Marks the probe
+    as running this round, with its guests."""
     if not (params.revisit and params.merge_probe):
-        return {}
+        return {}, []
     busy: set[int] = set()
     models: dict[str, Arrays] = {}
+    beyond: list[str] = []
+    training = set(trainers)
     # the most alike first: the part most likely of the other's task
     for guest, probe in sorted(state.merge_probes.items(), key=lambda item: (-item[1]["cosine"], item[0])):
         host = probe["host"]
@@ -84,15 +92,28 @@ def train_models(state: OneShotState, params: OneShotParams, rnd: Round, trainer
             continue
         if {guest, host} & busy:
             continue
-        trained = {c: [k for k in trainers if state.assignment.get(k) == c] for c in (guest, host)}
-        sizes = {c: sum(1 for k in rnd.active if state.assignment.get(k) == c) for c in (guest, host)}
-        if any(len(trained[c]) < min(revisit.replies_needed(sizes[c]), sizes[c]) or len(trained[c]) < 2
-               for c in (guest, host)):
+        members = {c: rnd.members(state.assignment, c) for c in (guest, host)}
+        if any(len(members[c]) < 2 for c in (guest, host)):
             continue
+        asked = {c: _topped_up(members[c], training, revisit.replies_needed(len(members[c])), params.seed,
+                               rnd.number, c) for c in (guest, host)}
         busy |= {guest, host}
-        probe["running"] = {"round": rnd.number, "guests": trained[guest]}
-        models.update(dict.fromkeys(trained[guest], state.models[host]))
-    return models
+        beyond += [k for c in (guest, host) for k in asked[c] if k not in training]
+        probe["running"] = {"round": rnd.number, "guests": asked[guest]}
+        models.update(dict.fromkeys(asked[guest], state.models[host]))
+    return models, beyond
+
+
+def _topped_up(members: list[str], training: set[str], needed: int, seed: int, server_round: int,
+               cluster: int) -> list[str]:
+    """``members`` that train this round, and beyond them as many others as make ``needed``
+    (all of them when fewer), drawn by a generator seeded by the round and cluster (the
+    round's sample generator is left as it is)."""
+    chosen = [k for k in members if k in training]
+    others = [k for k in members if k not in training]
+    order = np.random.default_rng([seed, server_round, cluster]).permutation(len(others))
+    chosen += [others[i] for i in order[:max(0, needed - len(chosen))]]
+    return sorted(chosen, key=members.index)
 
 
 def judge(state: OneShotState, params: OneShotParams, server_round: int, replies: list[TrainReply],
