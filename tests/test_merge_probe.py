@@ -36,9 +36,10 @@ class Federation:
         self.tasks = tasks
         self.asked: dict[int, dict[str, np.ndarray]] = {}
 
-    def round(self, number: int) -> str:
+    def round(self, number: int, trainers: list[str] | None = None) -> str:
+        """Round ``number``, ``trainers`` sampled (default: every client)."""
         rnd = Round(number, list(KEYS))
-        steps = self.strategy.train(rnd, list(KEYS))
+        steps = self.strategy.train(rnd, list(KEYS) if trainers is None else trainers)
         asks = next(steps)
         rng = np.random.default_rng(number)
         self.asked[number] = {ask.key: ask.model["w"] for ask in asks}
@@ -119,3 +120,21 @@ def test_adacfl_probes_as_fedclust_does():
     for number in (1, 2, 3, 4):
         said = run.round(number)
     assert said.startswith("AdaCFL: cluster 2 (4 clients) merged into cluster 0") and len(run.clusters()) == 2
+
+
+def test_at_partial_participation_a_probe_asks_both_clusters_members_beyond_the_sample_for_evidence_only():
+    tasks = {k: TASK_A if int(k) < 8 else TASK_B for k in KEYS}
+    # clusters 0 (clients 0-3) and 2 (4-7) both of task A, cluster 1 (8-11) of task B
+    run = Federation({k: 0 if int(k) < 4 else 2 if int(k) < 8 else 1 for k in KEYS},
+                     {0: np.zeros(40), 1: np.zeros(40), 2: MIXTURE}, tasks)
+    run.strategy.state.merge_probes = {2: {"host": 0, "queued": 1, "cosine": 0.4}}
+    sample = ["0", "4", "8", "9"]  # one member of each probed cluster: too few to compare
+    said = run.round(2, sample)
+    assert sorted(run.asked[2], key=int) == ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]
+    assert all(np.array_equal(run.asked[2][k], run.strategy.state.models[0]["w"]) for k in "4567")
+    # beyond the sample and the guests: evidence only; the sampled host member and cluster 1's train as usual
+    assert run.evidence_only == frozenset("1234567")
+    assert "FedClust: cluster 2's members trained cluster 0's model (a merge probe)" in said
+    assert run.strategy.state.merge_probes[2]["rounds"][0]["round"] == 2
+    said = run.round(3, ["1", "5", "10", "11"])
+    assert "FedClust: cluster 2 (4 clients) merged into cluster 0" in said and len(run.clusters()) == 2
