@@ -37,21 +37,26 @@ class Federation:
         self.asked: dict[int, dict[str, np.ndarray]] = {}
 
     def round(self, number: int, trainers: list[str] | None = None) -> str:
-        """Round ``number``, ``trainers`` sampled (default: every client)."""
+        """Round ``number``, ``trainers`` sampled (default: every client); ``asked[number]``
+        records each exchange's models by client."""
         rnd = Round(number, list(KEYS))
         steps = self.strategy.train(rnd, list(KEYS) if trainers is None else trainers)
-        asks = next(steps)
         rng = np.random.default_rng(number)
-        self.asked[number] = {ask.key: ask.model["w"] for ask in asks}
-        replies = [TrainReply(ask.key, int(ask.config["cluster-id"]),
-                              {"w": ask.model["w"] + 0.5 * (self.tasks[ask.key] - ask.model["w"])
-                               + 0.05 * rng.normal(size=40)}, {"w": ask.model["w"]}, 10, 1.0, {})
-                   for ask in asks]
-        try:
-            steps.send(replies)
-        except StopIteration as done:
-            replies, _ = done.value
-        self.evidence_only = rnd.evidence_only
+        self.asked[number] = []
+        asks = next(steps)
+        while True:
+            self.asked[number].append({ask.key: ask.model["w"] for ask in asks})
+            replies = [TrainReply(ask.key, int(ask.config["cluster-id"]),
+                                  {"w": ask.model["w"] + 0.5 * (self.tasks[ask.key] - ask.model["w"])
+                                   + 0.05 * rng.normal(size=40)}, {"w": ask.model["w"]}, 10, 1.0, {})
+                       for ask in asks]
+            try:
+                asks = steps.send(replies)
+            except StopIteration as done:
+                replies, _ = done.value
+                break
+        self.averaged = [r.key for r in replies if r.key not in rnd.evidence_only]
+        self.evidence_replies = rnd.evidence_replies
         return (self.strategy.after_train(rnd, replies) or {}).get("decision", "")
 
     def clusters(self) -> list[list[str]]:
@@ -78,9 +83,13 @@ def test_a_part_split_off_an_impure_cluster_joins_its_tasks_cluster_on_that_clus
     # the part of task A points apart from cluster 0 on its own model: only the probe can join them
     assert state.merge_probes == {2: {"host": 0, "queued": 2, "cosine": state.merge_probes[2]["cosine"]}}
     assert 0 < state.merge_probes[2]["cosine"] < 0.6 and 3 not in state.merge_probes
+    own_model = state.models[2]["w"].copy()
     said = run.round(3)
-    assert all(np.array_equal(run.asked[3][k], state.models[0]["w"]) for k in "4567")  # the guests on cluster 0's model
-    assert run.evidence_only == frozenset("4567")  # compared, not averaged
+    own, probe = run.asked[3]
+    # the guests train their own model (averaged as in any round), then cluster 0's (compared only)
+    assert all(np.array_equal(own[k], own_model) for k in "4567") and run.averaged == KEYS
+    assert sorted(probe, key=int) == ["4", "5", "6", "7"]
+    assert all(np.array_equal(probe[k], state.models[0]["w"]) for k in "4567")
     assert said.startswith("FedClust: cluster 2's members trained cluster 0's model (a merge probe): nothing in their "
                            "training updates and cluster 0's members' sets the two apart, and they point alike "
                            "(mean-update cosine ") and said.endswith("in round 3; merged if alike again in the next probe round")
@@ -103,7 +112,7 @@ def test_a_probe_that_finds_two_tasks_keeps_them_apart_and_is_not_run_again():
     assert said.startswith("FedClust: cluster 1 kept apart from cluster 0: trained on cluster 0's model (a merge "
                            "probe), its members' training updates and cluster 0's differ in round 2: ")
     assert run.strategy.state.merge_probes[1]["verdict"] == "apart" and run.clusters() == [KEYS[:6], KEYS[6:]]
-    assert "merge probe" not in run.round(3) and run.evidence_only == frozenset()  # trains its own model again
+    assert "merge probe" not in run.round(3) and len(run.asked[3]) == 1  # no second exchange again
 
 
 def test_without_merge_probe_or_in_the_paper_preset_a_split_part_stays_on_its_own_model():
@@ -122,7 +131,7 @@ def test_adacfl_probes_as_fedclust_does():
     assert said.startswith("AdaCFL: cluster 2 (4 clients) merged into cluster 0") and len(run.clusters()) == 2
 
 
-def test_at_partial_participation_a_probe_asks_both_clusters_members_beyond_the_sample_for_evidence_only():
+def test_at_partial_participation_a_probe_asks_both_clusters_members_beyond_the_sample():
     tasks = {k: TASK_A if int(k) < 8 else TASK_B for k in KEYS}
     # clusters 0 (clients 0-3) and 2 (4-7) both of task A, cluster 1 (8-11) of task B
     run = Federation({k: 0 if int(k) < 4 else 2 if int(k) < 8 else 1 for k in KEYS},
@@ -130,10 +139,11 @@ def test_at_partial_participation_a_probe_asks_both_clusters_members_beyond_the_
     run.strategy.state.merge_probes = {2: {"host": 0, "queued": 1, "cosine": 0.4}}
     sample = ["0", "4", "8", "9"]  # one member of each probed cluster: too few to compare
     said = run.round(2, sample)
-    assert sorted(run.asked[2], key=int) == ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"]
-    assert all(np.array_equal(run.asked[2][k], run.strategy.state.models[0]["w"]) for k in "4567")
-    # beyond the sample and the guests: evidence only; the sampled host member and cluster 1's train as usual
-    assert run.evidence_only == frozenset("1234567")
+    own, probe = run.asked[2]
+    assert sorted(own, key=int) == sample and run.averaged == sample  # the sample trains and is averaged
+    # the second exchange: every guest, and the host's members beyond the sample, on cluster 0's model
+    assert sorted(probe, key=int) == ["1", "2", "3", "4", "5", "6", "7"]
+    assert all(np.array_equal(probe[k], run.strategy.state.models[0]["w"]) for k in probe)
     assert "FedClust: cluster 2's members trained cluster 0's model (a merge probe)" in said
     assert run.strategy.state.merge_probes[2]["rounds"][0]["round"] == 2
     said = run.round(3, ["1", "5", "10", "11"])

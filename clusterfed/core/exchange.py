@@ -183,7 +183,10 @@ class Round:
     sample when placement asks more clients than train (a clustering step that asks every
     active client, set by ``draw_sample``; None: ``sampled``); ``evidence_only``, clients the
     round trains only for a clustering decision's evidence, compared but not averaged (set by
-    ``draw_sample``: ``split-min-repliers``, ``ask-again``); and ``reports``, the splits and
+    ``draw_sample``: ``split-min-repliers``, ``ask-again``); ``evidence_replies``, training
+    replies asked in a further exchange of the round for a decision's evidence only, each on
+    another model than its client's cluster's (FedClust's and AdaCFL's merge probe): compared,
+    never averaged; and ``reports``, the splits and
     placements (``SplitCompared``, ``NewcomersPlaced``) the round appends for the driver's
     scoring. Per round, never state: a round is never resumed midway."""
 
@@ -194,6 +197,7 @@ class Round:
     sampled: list[str] | None = None
     train_sample: list[str] | None = None
     evidence_only: frozenset[str] = frozenset()
+    evidence_replies: list[TrainReply] = field(default_factory=list)
     reports: list[Any] = field(default_factory=list)
 
     def placed(self, assignment: Mapping[str, int]) -> list[str]:

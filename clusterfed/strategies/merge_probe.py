@@ -8,9 +8,10 @@ from that cluster's model, a model of the mixture it left, so it and the cluster
 point apart however alike their tasks are, and the merge test never joins them: the run ends
 with more clusters than tasks. On one model the question is the merge test's own.
 
-In a probe round, the part's members (the guests) train the other cluster's (the host's) model
-for evidence only: their updates are compared, not averaged, and the part's model waits. The
-guests join the host, whose model is kept, when in two probe rounds running nothing in the
+In a probe round, the part's members (the guests) train their own cluster's model as in any
+round, and then, in a second exchange of the round, the other cluster's (the host's) model for
+evidence only: those updates are compared, never averaged, so a probe costs the guests a
+training, not a round of progress. The guests join the host, whose model is kept, when in two probe rounds running nothing in the
 members' updates sets the two clusters apart (the auto cut of their updates does not lie along
 them: a cut of one task's spread crosses both; as two clusters they do not beat group-free
 rotations of the updates) and their mean updates point alike (cosine at least
@@ -20,8 +21,8 @@ first probe round that finds them apart ends the probe; the pair is not probed a
 takes part in one probe at a time. A probe runs in the first round after it was queued: where
 fewer of either cluster's members train than the revisits judge a cluster on
 (``revisit.replies_needed``, every member of a smaller one), active members beyond the round's
-sample are asked too, for evidence only, as the CFL family's ``split-min-repliers`` does (at
-partial participation, a round where enough of both were sampled may never come).
+sample are asked too, in the second exchange, as the CFL family's ``split-min-repliers`` does
+(at partial participation, a round where enough of both were sampled may never come).
 """
 
 from __future__ import annotations
@@ -42,12 +43,14 @@ ALIKE_ROUNDS = 2
 
 
 def train(strategy: Any, rnd: Round, trainers: list[str]) -> Any:
-    """The base's training step (``ClusteredStrategy.train``) with the round's guests on their
-    hosts' models, for evidence only (``rnd.evidence_only``)."""
+    """The base's training step (``ClusteredStrategy.train``), then, when a probe runs, a second
+    exchange: the guests, and host members beyond the sample, on the host's model, their
+    replies kept as ``rnd.evidence_replies`` (never averaged)."""
+    replies = yield strategy.train_asks(rnd, trainers)
     models, beyond = train_models(strategy.state, strategy.params, rnd, trainers)
     if models or beyond:
-        rnd.evidence_only = rnd.evidence_only | frozenset(models) | frozenset(beyond)
-    replies = yield strategy.train_asks(rnd, trainers + beyond, models=models)
+        asked = [k for k in rnd.active if k in models or k in beyond]
+        rnd.evidence_replies = list((yield strategy.train_asks(rnd, asked, models=models)))
     return replies, {}
 
 
@@ -63,15 +66,15 @@ def after_train(strategy: Any, rnd: Round, replies: list[TrainReply]) -> Diagnos
     diagnostics = revisit.revisit(state, params, rnd.number, own, strategy.new_cluster, name, whole=whole,
                                   active=rnd.active)
     said = [diagnostics["decision"]] if "decision" in diagnostics else []
-    said += judge(state, params, rnd.number, replies, whole, name)
+    said += judge(state, params, rnd.number, own, rnd.evidence_replies, whole, name)
     queue(state, params, rnd.number, own, whole)
     return {**diagnostics, "decision": "; ".join(said)} if said else diagnostics
 
 
 def train_models(state: OneShotState, params: OneShotParams, rnd: Round,
                  trainers: list[str]) -> tuple[dict[str, Arrays], list[str]]:
-    """The round's guests (key -> the host's model they train instead of their own), and the
-    active members beyond the sample asked for the probe's evidence only: each pending probe
+    """The round's guests (key -> the host's model they train in the second exchange), and the
+    host's active members beyond the sample asked in it too: each pending probe
     whose two clusters are in no other probe this round and have 2 active members each, its
     guests and host members topped up beyond ``trainers`` to ``revisit.replies_needed`` of
     each (every member of a smaller cluster), in an order seeded by the round. Marks the probe
@@ -117,11 +120,12 @@ def _topped_up(members: list[str], training: set[str], needed: int, seed: int, s
 
 
 def judge(state: OneShotState, params: OneShotParams, server_round: int, replies: list[TrainReply],
-          whole: list[str], strategy: str) -> list[str]:
-    """Each probe that ran this round, judged on its host's members' and its guests' training
-    updates (on every ``whole`` array, as the revisits read them): the guests join the host
-    once alike in ``ALIKE_ROUNDS`` probe rounds running; apart, the probe ends. The round
-    line's words."""
+          probe_replies: list[TrainReply], whole: list[str], strategy: str) -> list[str]:
+    """Each probe that ran this round, judged on its host's members' training updates (the
+    round's ``replies`` and, beyond the sample, ``probe_replies``) and its guests' on the host's
+    model (``probe_replies``), on every ``whole`` array, as the revisits read them: the guests
+    join the host once alike in ``ALIKE_ROUNDS`` probe rounds running; apart, the probe ends.
+    The round line's words."""
     said = []
     for guest, probe in sorted(state.merge_probes.items()):
         running = probe.pop("running", None)
@@ -132,8 +136,9 @@ def judge(state: OneShotState, params: OneShotParams, server_round: int, replies
             probe["verdict"] = "gone"
             continue
         guests = set(running["guests"])
-        G = [r for r in replies if r.key in guests]
-        H = [r for r in replies if r.key not in guests and r.cluster == host and state.assignment.get(r.key) == host]
+        G = [r for r in probe_replies if r.key in guests]
+        H = [r for r in [*replies, *probe_replies]
+             if r.key not in guests and r.cluster == host and state.assignment.get(r.key) == host]
         on = f"on cluster {host}'s model (a merge probe)"
         if len(G) < 2 or len(H) < 2:
             said.append(f"{strategy}: clusters {guest} and {host} not compared {on}: {len(G)} and {len(H)} of "
