@@ -184,9 +184,9 @@ class Round:
     active client, set by ``draw_sample``; None: ``sampled``); ``evidence_only``, clients the
     round trains only for a clustering decision's evidence, compared but not averaged (set by
     ``draw_sample``: ``split-min-repliers``, ``ask-again``); ``evidence_replies``, training
-    replies asked in a further exchange of the round for a decision's evidence only, each on
-    another model than its client's cluster's (FedClust's and AdaCFL's merge probe): compared,
-    never averaged; and ``reports``, the splits and
+    replies asked in a further exchange of the round for a decision's evidence only (FedClust's
+    and AdaCFL's merge probe: guests on another cluster's model, that cluster's members beyond
+    the sample on their own): compared, never averaged; and ``reports``, the splits and
     placements (``SplitCompared``, ``NewcomersPlaced``) the round appends for the driver's
     scoring. Per round, never state: a round is never resumed midway."""
 

@@ -18,11 +18,12 @@ rotations of the updates) and their mean updates point alike (cosine at least
 ``MERGE_MIN_COSINE``), as the revisits' merges are judged (Sattler et al., "Clustered Federated
 Learning: Model-Agnostic Distributed Multitask Optimization Under Privacy Constraints"). The
 first probe round that finds them apart ends the probe; the pair is not probed again. A cluster
-takes part in one probe at a time. A probe runs in the first round after it was queued: where
-fewer of either cluster's members train than the revisits judge a cluster on
-(``revisit.replies_needed``, every member of a smaller one), active members beyond the round's
-sample are asked too, in the second exchange, as the CFL family's ``split-min-repliers`` does
-(at partial participation, a round where enough of both were sampled may never come).
+takes part in one probe at a time. A probe runs in the first round after it was queued where
+neither cluster is in another probe and each has 2 active members. Where fewer of either
+cluster's members train than the revisits judge a cluster on (``revisit.replies_needed``, every
+member of a smaller one), active members beyond the round's sample are asked too, in the second
+exchange, as the CFL family's ``split-min-repliers`` does (at partial participation, a round
+where enough of both were sampled may never come).
 """
 
 from __future__ import annotations
