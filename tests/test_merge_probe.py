@@ -56,7 +56,6 @@ class Federation:
                 replies, _ = done.value
                 break
         self.averaged = [r.key for r in replies if r.key not in rnd.evidence_only]
-        self.evidence_replies = rnd.evidence_replies
         return (self.strategy.after_train(rnd, replies) or {}).get("decision", "")
 
     def clusters(self) -> list[list[str]]:

@@ -11,11 +11,11 @@ with more clusters than tasks. On one model the question is the merge test's own
 In a probe round, the part's members (the guests) train their own cluster's model as in any
 round, and then, in a second exchange of the round, the other cluster's (the host's) model for
 evidence only: those updates are compared, never averaged, so a probe costs the guests a
-training, not a round of progress. The guests join the host, whose model is kept, when in two probe rounds running nothing in the
-members' updates sets the two clusters apart (the auto cut of their updates does not lie along
-them: a cut of one task's spread crosses both; as two clusters they do not beat group-free
-rotations of the updates) and their mean updates point alike (cosine at least
-``MERGE_MIN_COSINE``), as the revisits' merges are judged (Sattler et al., "Clustered Federated
+training, not a round of progress. The guests join the host, whose model is kept, when in two
+probe rounds running nothing in the members' updates sets the two clusters apart (the auto cut
+of their updates does not lie along them: a cut of one task's spread crosses both; as two
+clusters they do not beat group-free rotations of the updates) and their mean updates point
+alike (cosine at least ``MERGE_MIN_COSINE``), as the revisits' merges are judged (Sattler et al., "Clustered Federated
 Learning: Model-Agnostic Distributed Multitask Optimization Under Privacy Constraints"). The
 first probe round that finds them apart ends the probe; the pair is not probed again. A cluster
 takes part in one probe at a time. A probe runs in the first round after it was queued where
