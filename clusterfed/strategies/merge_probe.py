@@ -15,8 +15,9 @@ training, not a round of progress. The guests join the host, whose model is kept
 probe rounds running nothing in the members' updates sets the two clusters apart (the auto cut
 of their updates does not lie along them: a cut of one task's spread crosses both; as two
 clusters they do not beat group-free rotations of the updates) and their mean updates point
-alike (cosine at least ``MERGE_MIN_COSINE``), as the revisits' merges are judged (Sattler et al., "Clustered Federated
-Learning: Model-Agnostic Distributed Multitask Optimization Under Privacy Constraints"). The
+alike (cosine at least ``MERGE_MIN_COSINE``), as the revisits' merges are judged (Sattler et
+al., "Clustered Federated Learning: Model-Agnostic Distributed Multitask Optimization Under
+Privacy Constraints"). The
 first probe round that finds them apart ends the probe; the pair is not probed again. A cluster
 takes part in one probe at a time. A probe runs in the first round after it was queued where
 neither cluster is in another probe and each has 2 active members. Where fewer of either
