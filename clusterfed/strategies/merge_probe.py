@@ -39,6 +39,7 @@ from clusterfed.core.exchange import Arrays, Diagnostics, Round, TrainReply
 from clusterfed.explain.numbers import compared
 from clusterfed.strategies import revisit
 from clusterfed.strategies.oneshot import MERGE_MIN_COSINE, OneShotParams, OneShotState
+from clusterfed.strategies.resampling import top_up
 
 # probe rounds that must find the two clusters alike before they merge (a merge reproduces)
 ALIKE_ROUNDS = 2
@@ -100,25 +101,16 @@ def train_models(state: OneShotState, params: OneShotParams, rnd: Round,
         members = {c: rnd.members(state.assignment, c) for c in (guest, host)}
         if any(len(members[c]) < 2 for c in (guest, host)):
             continue
-        asked = {c: _topped_up(members[c], training, revisit.replies_needed(len(members[c])), params.seed,
-                               rnd.number, c) for c in (guest, host)}
+        # topped up as the CFL family's split-min-repliers, by a generator of the round and cluster's own
+        asked = {c: [k for k in members[c] if k in top_up(np.random.default_rng([params.seed, rnd.number, c]),
+                                                            trainers, {c: members[c]},
+                                                            revisit.replies_needed(len(members[c])), {})]
+                 for c in (guest, host)}
         busy |= {guest, host}
         beyond += [k for c in (guest, host) for k in asked[c] if k not in training]
         probe["running"] = {"round": rnd.number, "guests": asked[guest]}
         models.update(dict.fromkeys(asked[guest], state.models[host]))
     return models, beyond
-
-
-def _topped_up(members: list[str], training: set[str], needed: int, seed: int, server_round: int,
-               cluster: int) -> list[str]:
-    """``members`` that train this round, and beyond them as many others as make ``needed``
-    (all of them when fewer), drawn by a generator seeded by the round and cluster (the
-    round's sample generator is left as it is)."""
-    chosen = [k for k in members if k in training]
-    others = [k for k in members if k not in training]
-    order = np.random.default_rng([seed, server_round, cluster]).permutation(len(others))
-    chosen += [others[i] for i in order[:max(0, needed - len(chosen))]]
-    return sorted(chosen, key=members.index)
 
 
 def judge(state: OneShotState, params: OneShotParams, server_round: int, replies: list[TrainReply],
