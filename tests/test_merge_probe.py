@@ -8,7 +8,7 @@ import numpy as np
 
 from clusterfed import AdaCFL, FedClust
 from clusterfed.core.exchange import Round, TrainReply
-from clusterfed.strategies import merge_probe
+from clusterfed.strategies import merge_probe, revisit
 from clusterfed.strategies.layer_choice import LayerChoice
 
 KEYS = [str(i) for i in range(12)]
@@ -147,3 +147,62 @@ def test_at_partial_participation_a_probe_asks_both_clusters_members_beyond_the_
     assert run.strategy.state.merge_probes[2]["rounds"][0]["round"] == 2
     said = run.round(3, ["1", "5", "10", "11"])
     assert "FedClust: cluster 2 (4 clients) merged into cluster 0" in said and len(run.clusters()) == 2
+
+
+def held_federation(models: dict[int, np.ndarray], tasks: dict[str, np.ndarray]) -> Federation:
+    """Clusters 0 (clients 0–5) and 1 (6–11) that the revisits hold apart: apart beyond
+    group-free rotations in rounds 1 and 2 (set by hand)."""
+    run = Federation({k: 0 if int(k) < 6 else 1 for k in KEYS}, models, tasks)
+    run.strategy.state.revisit_apart = {"0-1": [1, 2]}
+    return run
+
+
+def test_one_task_held_apart_after_an_early_split_is_probed_on_one_model_and_joined():
+    run = held_federation({0: np.zeros(40), 1: np.zeros(40)}, dict.fromkeys(KEYS, TASK_A))
+    said = run.round(3)
+    # alike on their own models, held apart before: queued, the smaller (here the later) the guest
+    assert said.startswith("FedClust: clusters 0 and 1 point alike on their own models (mean-update cosine ")
+    assert said.endswith("but were held apart before: cluster 1's members will train cluster 0's model too (a merge "
+                         "probe), which tells two tasks whose models converge from one task cut in two")
+    assert run.strategy.state.merge_probes[1]["host"] == 0 and run.strategy.state.merge_probes[1]["held"] is True
+    said = run.round(4)
+    assert "FedClust: cluster 1's members trained cluster 0's model (a merge probe)" in said
+    said = run.round(5)
+    assert "FedClust: cluster 1 (6 clients) merged into cluster 0: trained on cluster 0's model" in said
+    assert run.clusters() == [KEYS]
+
+
+def test_while_a_held_pair_is_probed_the_merge_test_does_not_call_it_two_tasks():
+    state = FedClust(seed=0).state
+    state.models = {0: {}, 1: {}}
+    state.revisit_apart, state.revisit_alike = {"0-1": [1, 2]}, {"0-1": 3}
+    state.merge_probes = {1: {"host": 0, "queued": 3, "cosine": 0.9}}
+    rng = np.random.default_rng(0)
+    rows = {c: TASK_A + 0.05 * rng.normal(size=(6, 40)) for c in (0, 1)}
+    said = revisit._merges(state, FedClust(seed=0).params, 4, rows, "FedClust")
+    assert said == [said[0]] and said[0].startswith("FedClust: clusters 0 and 1 not merged: ")
+    assert said[0].endswith("but were apart beyond group-free rotations in rounds 1 and 2: a merge probe compares "
+                            "them on one model")
+    state.merge_probes[1]["verdict"] = "apart"
+    said = revisit._merges(state, FedClust(seed=0).params, 5, rows, "FedClust")
+    assert said[0].endswith("in rounds 1 and 2: two tasks whose models converge")
+
+
+def test_two_tasks_held_apart_whose_models_converge_stay_apart_on_one_model_and_are_not_probed_again():
+    # each cluster's model short of its task's optimum by the same step: alike on their own models
+    step = 0.5 * ELSEWHERE
+    run = held_federation({0: TASK_A - step, 1: TASK_B - step}, {k: TASK_A if int(k) < 6 else TASK_B for k in KEYS})
+    assert "(a merge probe)" in run.round(3)
+    said = run.round(4)
+    assert "FedClust: cluster 1 kept apart from cluster 0: trained on cluster 0's model (a merge probe)" in said
+    said = run.round(5)
+    assert said.endswith("two tasks whose models converge") and "merge probe" not in said
+    assert len(run.asked[5]) == 1 and run.clusters() == [KEYS[:6], KEYS[6:]]
+
+
+def test_a_guest_whose_probe_ended_is_probed_again_with_a_cluster_it_is_held_apart_from():
+    run = held_federation({0: np.zeros(40), 1: np.zeros(40)}, dict.fromkeys(KEYS, TASK_A))
+    ended = {"host": 5, "queued": 1, "cosine": 0.3, "verdict": "apart"}
+    run.strategy.state.merge_probes = {1: dict(ended)}
+    run.round(3)
+    assert run.strategy.state.merge_probes[1]["host"] == 0 and run.strategy.state.merge_probes[1]["earlier"] == [ended]

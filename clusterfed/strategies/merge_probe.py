@@ -1,12 +1,16 @@
 """FedClust's and AdaCFL's merge probe (an extension, ``merge-probe = true``, with ``revisit``):
 a cluster that a revisit split off is compared, on one shared model, with the cluster its
-members' updates point most alike to.
+members' updates point most alike to; so are two clusters the revisits hold apart once their
+updates on their own models point alike.
 
 Why: the revisits' merge test (``revisit.py``) reads two clusters' members' training updates,
 each taken on its own cluster's model. A part split off a cluster that held two tasks trains
 from that cluster's model, a model of the mixture it left, so it and the cluster of its own task
 point apart however alike their tasks are, and the merge test never joins them: the run ends
-with more clusters than tasks. On one model the question is the merge test's own.
+with more clusters than tasks. And two clusters apart in two rounds running are held apart by
+the merge test for good (their later likeness read as two tasks whose models converge), which
+also keeps apart the two parts of one task that a split cut early, on the spread of its
+clients' own data. On one model the question is the merge test's own.
 
 In a probe round, the part's members (the guests) train their own cluster's model as in any
 round, and then, in a second exchange of the round, the other cluster's (the host's) model for
@@ -29,6 +33,7 @@ where enough of both were sampled may never come).
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -70,7 +75,7 @@ def after_train(strategy: Any, rnd: Round, replies: list[TrainReply]) -> Diagnos
                                   active=rnd.active)
     said = [diagnostics["decision"]] if "decision" in diagnostics else []
     said += judge(state, params, rnd.number, own, rnd.evidence_replies, whole, name)
-    queue(state, params, rnd.number, own, whole)
+    said += queue(state, params, rnd.number, own, whole, name)
     return {**diagnostics, "decision": "; ".join(said)} if said else diagnostics
 
 
@@ -177,15 +182,21 @@ def judge(state: OneShotState, params: OneShotParams, server_round: int, replies
 
 
 def queue(state: OneShotState, params: OneShotParams, server_round: int, replies: list[TrainReply],
-          whole: list[str]) -> None:
+          whole: list[str], strategy: str = "") -> list[str]:
     """After this round's revisits: each cluster a split made this round is queued for a probe
     with the cluster, other than the split's own parts, whose members' mean training update
-    this round points most alike to its members' (positive cosine; none: no probe)."""
+    this round points most alike to its members' (positive cosine; none: no probe). And each
+    pair the revisits hold apart (apart in two rounds running before) whose members' updates
+    on their own models are alike this round is queued too, the smaller cluster the guest: alike
+    on two models may be two tasks whose models converge, or one task a split cut in two, which
+    one model tells apart. Returns the round line's words for the pairs queued so."""
     if not (params.revisit and params.merge_probe):
-        return
+        return []
     made = [r["into"] for r in state.revisits if r["action"] == "split" and r["round"] == server_round]
-    if not made:
-        return
+    held = [tuple(map(int, pair.split("-"))) for pair, rounds in sorted(state.revisit_apart.items())
+            if len(rounds) == 2 and state.revisit_alike.get(pair) == server_round]
+    if not (made or held):
+        return []
     by_cluster: dict[int, list[TrainReply]] = {}
     for reply in replies:
         cluster = state.assignment.get(reply.key)
@@ -200,6 +211,32 @@ def queue(state: OneShotState, params: OneShotParams, server_round: int, replies
             best = max(hosts, key=lambda h: (hosts[h], -h), default=None)
             if best is not None and hosts[best] > 0:
                 state.merge_probes[guest] = {"host": best, "queued": server_round, "cosine": round(hosts[best], 4)}
+    said = []
+    for a, b in held:
+        if not {a, b} <= state.models.keys() or not {a, b} <= rows.keys() or probed(state, a, b):
+            continue
+        size = Counter(state.assignment.values())
+        # the smaller cluster visits the larger's model (as a split's part visits the cluster it left)
+        for guest, host in sorted([(a, b), (b, a)], key=lambda gh: (size[gh[0]], -gh[0])):
+            earlier = state.merge_probes.get(guest)
+            if earlier is not None and "verdict" not in earlier:  # in a probe still
+                continue
+            cosine = mean_cosine(rows[guest], rows[host])
+            state.merge_probes[guest] = {"host": host, "queued": server_round, "cosine": round(cosine, 4), "held": True,
+                                         **({"earlier": [*earlier.pop("earlier", []), earlier]} if earlier else {})}
+            said.append(f"{strategy}: clusters {a} and {b} point alike on their own models (mean-update cosine "
+                        f"{cosine:.2f}) but were held apart before: cluster {guest}'s members will train cluster "
+                        f"{host}'s model too (a merge probe), which tells two tasks whose models converge from "
+                        f"one task cut in two")
+            break
+    return said
+
+
+def probed(state: OneShotState, a: int, b: int) -> bool:
+    """Whether clusters ``a`` and ``b`` have been queued for a probe together (either as the
+    guest, in its latest probe or an earlier one)."""
+    return any(probe["host"] == host for guest, host in ((a, b), (b, a)) if guest in state.merge_probes
+               for probe in [state.merge_probes[guest], *state.merge_probes[guest].get("earlier", [])])
 
 
 def record(state: OneShotState) -> dict[str, Any]:

@@ -378,10 +378,13 @@ def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows:
             if seen is None:
                 continue
             if held:
+                # a merge probe of the pair (``merge_probe.queue``) judges them on one model
+                probing = any({g, p["host"]} == {a, b} and "verdict" not in p for g, p in state.merge_probes.items())
                 said.append(f"{strategy}: clusters {a} and {b} not merged: their members' training updates show no "
                             f"structure together and point alike (mean-update cosine {cosine:.2f}) in rounds {seen} "
                             f"and {server_round}, but were apart beyond group-free rotations in rounds "
-                            f"{held[0]} and {held[1]}: two tasks whose models converge")
+                            f"{held[0]} and {held[1]}: " + ("a merge probe compares them on one model" if probing
+                                                            else "two tasks whose models converge"))
                 continue
             merge_into(state, server_round, a, b, {"cosine": round(cosine, 4), "rounds": [seen, server_round]})
             said.append(f"{strategy}: clusters {a} and {b} merged: their members' training updates show no structure "
