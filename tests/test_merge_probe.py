@@ -36,9 +36,10 @@ class Federation:
         self.tasks = tasks
         self.asked: dict[int, dict[str, np.ndarray]] = {}
 
-    def round(self, number: int, trainers: list[str] | None = None) -> str:
-        """Round ``number``, ``trainers`` sampled (default: every client); ``asked[number]``
-        records each exchange's models by client."""
+    def round(self, number: int, trainers: list[str] | None = None, failing: set[str] = frozenset()) -> str:
+        """Round ``number``, ``trainers`` sampled (default: every client), the replies of
+        ``failing`` lost in the first exchange; ``asked[number]`` records each exchange's models
+        by client."""
         rnd = Round(number, list(KEYS))
         steps = self.strategy.train(rnd, list(KEYS) if trainers is None else trainers)
         rng = np.random.default_rng(number)
@@ -49,7 +50,7 @@ class Federation:
             replies = [TrainReply(ask.key, int(ask.config["cluster-id"]),
                                   {"w": ask.model["w"] + 0.5 * (self.tasks[ask.key] - ask.model["w"])
                                    + 0.05 * rng.normal(size=40)}, {"w": ask.model["w"]}, 10, 1.0, {})
-                       for ask in asks]
+                       for ask in asks if not (ask.key in failing and not self.asked[number][:-1])]
             try:
                 asks = steps.send(replies)
             except StopIteration as done:
@@ -206,3 +207,15 @@ def test_a_guest_whose_probe_ended_is_probed_again_with_a_cluster_it_is_held_apa
     run.strategy.state.merge_probes = {1: dict(ended)}
     run.round(3)
     assert run.strategy.state.merge_probes[1]["host"] == 0 and run.strategy.state.merge_probes[1]["earlier"] == [ended]
+
+
+def test_a_sampled_host_member_whose_training_failed_is_asked_in_the_probe_exchange():
+    tasks = {k: TASK_A if int(k) < 8 else TASK_B for k in KEYS}
+    run = Federation({k: 0 if int(k) < 4 else 2 if int(k) < 8 else 1 for k in KEYS},
+                     {0: np.zeros(40), 1: np.zeros(40), 2: MIXTURE}, tasks)
+    run.strategy.state.merge_probes = {2: {"host": 0, "queued": 1, "cosine": 0.4}}
+    run.round(2, ["0", "1", "2", "3", "4", "8"], failing={"1"})
+    own, probe = run.asked[2]
+    # the host's 4 members were sampled, but client 1's reply was lost: it is asked on the host's model
+    assert "1" in own and sorted(probe, key=int) == ["1", "4", "5", "6", "7"]
+    assert run.strategy.state.merge_probes[2]["rounds"][0]["round"] == 2

@@ -55,7 +55,9 @@ def train(strategy: Any, rnd: Round, trainers: list[str]) -> Any:
     exchange: the guests, and host members beyond the sample, on the host's model, their
     replies kept as ``rnd.evidence_replies`` (never averaged)."""
     replies = yield strategy.train_asks(rnd, trainers)
-    models, beyond = train_models(strategy.state, strategy.params, rnd, trainers)
+    # a sampled member whose training failed is topped up as one not sampled (the order kept: the draws)
+    replied = {r.key for r in replies}
+    models, beyond = train_models(strategy.state, strategy.params, rnd, [k for k in trainers if k in replied])
     if models or beyond:
         asked = [k for k in rnd.active if k in models or k in beyond]
         rnd.evidence_replies = list((yield strategy.train_asks(rnd, asked, models=models)))
