@@ -139,9 +139,10 @@ class OneShotParams(StrategyParams):
         True, alias="merge-probe",
         description="revisit: a cluster a split made also trains, in a second exchange of a round and for evidence "
                     "only, the model of the cluster its members' updates point most alike to, and joins it when the "
-                    "two clusters' updates on that one model pass the merge test in two such rounds running; at "
-                    "partial participation members of both beyond the sample are asked too (false: merges compare "
-                    "each cluster's own model's updates)")
+                    "two clusters' updates on that one model pass the merge test in two such rounds running; so does "
+                    "the smaller of two clusters held apart once their own models' updates point alike; at partial "
+                    "participation members of both beyond the sample are asked too (false: merges compare each "
+                    "cluster's own model's updates)")
     revisit_rounds: int = Field(
         3, alias="revisit-rounds", ge=1,
         description="revisit at partial participation: a cluster is cut on each member's latest update over up to "
