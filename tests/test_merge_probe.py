@@ -182,10 +182,15 @@ def test_while_a_held_pair_is_probed_the_merge_test_does_not_call_it_two_tasks()
     rows = {c: TASK_A + 0.05 * rng.normal(size=(6, 40)) for c in (0, 1)}
     said = revisit._merges(state, FedClust(seed=0).params, 4, rows, "FedClust")
     assert said == [said[0]] and said[0].startswith("FedClust: clusters 0 and 1 not merged: ")
-    assert said[0].endswith("but were apart beyond group-free rotations in rounds 1 and 2: a merge probe compares "
-                            "them on one model")
-    state.merge_probes[1]["verdict"] = "apart"
+    assert said[0].endswith("but were apart beyond group-free rotations in rounds 1 and 2: left to a merge probe, "
+                            "which compares them on one model")
+    # once a probe found them apart (here an earlier one), or without merge-probe: two tasks
+    state.merge_probes[1] = {"host": 5, "queued": 4, "cosine": 0.9, "verdict": "apart",
+                             "earlier": [{"host": 0, "queued": 3, "cosine": 0.9, "verdict": "apart"}]}
     said = revisit._merges(state, FedClust(seed=0).params, 5, rows, "FedClust")
+    assert said[0].endswith("in rounds 1 and 2: two tasks whose models converge")
+    state.merge_probes = {}
+    said = revisit._merges(state, FedClust(seed=0, merge_probe=False).params, 6, rows, "FedClust")
     assert said[0].endswith("in rounds 1 and 2: two tasks whose models converge")
 
 
@@ -203,19 +208,38 @@ def test_two_tasks_held_apart_whose_models_converge_stay_apart_on_one_model_and_
 
 def test_a_guest_whose_probe_ended_is_probed_again_with_a_cluster_it_is_held_apart_from():
     run = held_federation({0: np.zeros(40), 1: np.zeros(40)}, dict.fromkeys(KEYS, TASK_A))
-    ended = {"host": 5, "queued": 1, "cosine": 0.3, "verdict": "apart"}
-    run.strategy.state.merge_probes = {1: dict(ended)}
+    first = {"host": 6, "queued": 1, "cosine": 0.2, "verdict": "apart"}
+    ended = {"host": 5, "queued": 2, "cosine": 0.3, "verdict": "apart"}
+    run.strategy.state.merge_probes = {1: {**ended, "earlier": [dict(first)]}}
     run.round(3)
-    assert run.strategy.state.merge_probes[1]["host"] == 0 and run.strategy.state.merge_probes[1]["earlier"] == [ended]
+    # the earlier probes kept, oldest first, in one flat list
+    assert run.strategy.state.merge_probes[1]["host"] == 0
+    assert run.strategy.state.merge_probes[1]["earlier"] == [first, ended]
 
 
-def test_a_sampled_host_member_whose_training_failed_is_asked_in_the_probe_exchange():
-    tasks = {k: TASK_A if int(k) < 8 else TASK_B for k in KEYS}
-    run = Federation({k: 0 if int(k) < 4 else 2 if int(k) < 8 else 1 for k in KEYS},
+def test_a_held_pair_whose_smaller_cluster_is_in_another_probe_waits_and_without_merge_probe_is_not_queued():
+    # clusters 0 (clients 0-5) and 1 (6-9) held apart; 1, the smaller, is also probed on cluster 2's (10, 11) model
+    run = Federation({k: 0 if int(k) < 6 else 1 if int(k) < 10 else 2 for k in KEYS},
+                     {0: np.zeros(40), 1: np.zeros(40), 2: np.zeros(40)}, dict.fromkeys(KEYS, TASK_A))
+    run.strategy.state.revisit_apart = {"0-1": [1, 2]}
+    run.strategy.state.merge_probes = {1: {"host": 2, "queued": 2, "cosine": 0.5}}
+    said = run.round(3)
+    assert "cluster 1's members trained cluster 2's model (a merge probe)" in said and "held apart before" not in said
+    # alike this round, but cluster 1 is busy: the larger cluster is not made the guest instead
+    assert run.strategy.state.revisit_alike["0-1"] == 3 and list(run.strategy.state.merge_probes) == [1]
+    run = held_federation({0: np.zeros(40), 1: np.zeros(40)}, dict.fromkeys(KEYS, TASK_A))
+    run.strategy.params = run.strategy.params.model_copy(update={"merge_probe": False})
+    assert "merge probe" not in run.round(3) and run.strategy.state.merge_probes == {}
+
+
+def test_a_sampled_host_member_whose_training_failed_is_replaced_in_the_probe_exchange():
+    tasks = {k: TASK_A if int(k) < 11 else TASK_B for k in KEYS}
+    # cluster 0 (clients 0-8, judged on 8 of them), the guests (9, 10), cluster 1 (11)
+    run = Federation({k: 0 if int(k) < 9 else 2 if int(k) < 11 else 1 for k in KEYS},
                      {0: np.zeros(40), 1: np.zeros(40), 2: MIXTURE}, tasks)
     run.strategy.state.merge_probes = {2: {"host": 0, "queued": 1, "cosine": 0.4}}
-    run.round(2, ["0", "1", "2", "3", "4", "8"], failing={"1"})
-    own, probe = run.asked[2]
-    # the host's 4 members were sampled, but client 1's reply was lost: it is asked on the host's model
-    assert "1" in own and sorted(probe, key=int) == ["1", "4", "5", "6", "7"]
+    run.round(2, [str(i) for i in range(8)], failing={"1"})
+    _, probe = run.asked[2]
+    # 8 of the host's members were sampled and 7 replied: client 8 makes the eighth, client 1 is not asked again
+    assert sorted(probe, key=int) == ["8", "9", "10"]
     assert run.strategy.state.merge_probes[2]["rounds"][0]["round"] == 2

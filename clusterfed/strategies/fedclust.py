@@ -240,7 +240,7 @@ class FedClust(ClusteredStrategy):
 
     # ------------------------------------------------- extension: revisits
     def train(self, rnd: Round, trainers: list[str]) -> Steps:
-        """The round's training, and a cluster a split made also on another's model when probed (``merge_probe.py``)."""
+        """The round's training, and a probed cluster's members also on another's model (``merge_probe.py``)."""
         return (yield from merge_probe.train(self, rnd, trainers))
 
     def after_train(self, rnd: Round, replies: list) -> Diagnostics | None:

@@ -25,15 +25,17 @@ Privacy Constraints"). The
 first probe round that finds them apart ends the probe; the pair is not probed again. A cluster
 takes part in one probe at a time. A probe runs in the first round after it was queued where
 neither cluster is in another probe and each has 2 active members. Where fewer of either
-cluster's members train than the revisits judge a cluster on (``revisit.replies_needed``, every
-member of a smaller one), active members beyond the round's sample are asked too, in the second
-exchange, as the CFL family's ``split-min-repliers`` does (at partial participation, a round
-where enough of both were sampled may never come).
+cluster's members trained than the revisits judge a cluster on (``revisit.replies_needed``, every
+member of a smaller one), active members beyond the round's sample (and beyond its members
+whose training failed) are asked too, in the second exchange, as the CFL family's
+``split-min-repliers`` does (at partial participation, a round where enough of both were sampled
+may never come).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -52,12 +54,13 @@ ALIKE_ROUNDS = 2
 
 def train(strategy: Any, rnd: Round, trainers: list[str]) -> Any:
     """The base's training step (``ClusteredStrategy.train``), then, when a probe runs, a second
-    exchange: the guests, and host members beyond the sample, on the host's model, their
-    replies kept as ``rnd.evidence_replies`` (never averaged)."""
+    exchange: the guests, and host members beyond those of the sample that replied, on the
+    host's model, their replies kept as ``rnd.evidence_replies`` (never averaged)."""
     replies = yield strategy.train_asks(rnd, trainers)
-    # a sampled member whose training failed is topped up as one not sampled (the order kept: the draws)
+    # a sampled member whose training failed is replaced as the top-up's (not asked again this round)
     replied = {r.key for r in replies}
-    models, beyond = train_models(strategy.state, strategy.params, rnd, [k for k in trainers if k in replied])
+    models, beyond = train_models(strategy.state, strategy.params, rnd, [k for k in trainers if k in replied],
+                                  failed={k for k in trainers if k not in replied})
     if models or beyond:
         asked = [k for k in rnd.active if k in models or k in beyond]
         rnd.evidence_replies = list((yield strategy.train_asks(rnd, asked, models=models)))
@@ -67,7 +70,8 @@ def train(strategy: Any, rnd: Round, trainers: list[str]) -> Any:
 def after_train(strategy: Any, rnd: Round, replies: list[TrainReply]) -> Diagnostics | None:
     """After the round's training: the clusters revisited on the replies of those that trained
     their own cluster's model (``revisit.revisit``), the probes that ran judged (``judge``), and
-    the clusters a split made queued for a probe (``queue``). Returns the diagnostics."""
+    the clusters a split made, and the held pairs that point alike, queued for a probe
+    (``queue``). Returns the diagnostics."""
     state, params, name = strategy.state, strategy.params, type(strategy).__name__
     if not (params.revisit and state.clustered):
         return None
@@ -81,14 +85,15 @@ def after_train(strategy: Any, rnd: Round, replies: list[TrainReply]) -> Diagnos
     return {**diagnostics, "decision": "; ".join(said)} if said else diagnostics
 
 
-def train_models(state: OneShotState, params: OneShotParams, rnd: Round,
-                 trainers: list[str]) -> tuple[dict[str, Arrays], list[str]]:
+def train_models(state: OneShotState, params: OneShotParams, rnd: Round, trainers: list[str],
+                 failed: Collection[str] = ()) -> tuple[dict[str, Arrays], list[str]]:
     """The round's guests (key -> the host's model they train in the second exchange), and the
     host's active members beyond the sample asked in it too: each pending probe
     whose two clusters are in no other probe this round and have 2 active members each, its
-    guests and host members topped up beyond ``trainers`` to ``revisit.replies_needed`` of
-    each (every member of a smaller cluster), in an order seeded by the round. Marks the probe
-    as running this round, with its guests."""
+    guests and host members topped up beyond ``trainers`` (those that trained this round) to
+    ``revisit.replies_needed`` of each (every member of a smaller cluster), in an order seeded
+    by the round, from the members not ``failed`` this round. Marks the probe as running this
+    round, with its guests."""
     if not (params.revisit and params.merge_probe):
         return {}, []
     busy: set[int] = set()
@@ -105,7 +110,7 @@ def train_models(state: OneShotState, params: OneShotParams, rnd: Round,
             continue
         if {guest, host} & busy:
             continue
-        members = {c: rnd.members(state.assignment, c) for c in (guest, host)}
+        members = {c: [k for k in rnd.members(state.assignment, c) if k not in failed] for c in (guest, host)}
         if any(len(members[c]) < 2 for c in (guest, host)):
             continue
         # topped up as the CFL family's split-min-repliers, by a generator of the round and cluster's own
@@ -195,8 +200,8 @@ def queue(state: OneShotState, params: OneShotParams, server_round: int, replies
     if not (params.revisit and params.merge_probe):
         return []
     made = [r["into"] for r in state.revisits if r["action"] == "split" and r["round"] == server_round]
-    held = [tuple(map(int, pair.split("-"))) for pair, rounds in sorted(state.revisit_apart.items())
-            if len(rounds) == 2 and state.revisit_alike.get(pair) == server_round]
+    held = sorted(tuple(map(int, pair.split("-"))) for pair, rounds in state.revisit_apart.items()
+                  if len(rounds) == 2 and state.revisit_alike.get(pair) == server_round)
     if not (made or held):
         return []
     by_cluster: dict[int, list[TrainReply]] = {}
@@ -218,19 +223,19 @@ def queue(state: OneShotState, params: OneShotParams, server_round: int, replies
         if not {a, b} <= state.models.keys() or not {a, b} <= rows.keys() or probed(state, a, b):
             continue
         size = Counter(state.assignment.values())
-        # the smaller cluster visits the larger's model (as a split's part visits the cluster it left)
-        for guest, host in sorted([(a, b), (b, a)], key=lambda gh: (size[gh[0]], -gh[0])):
-            earlier = state.merge_probes.get(guest)
-            if earlier is not None and "verdict" not in earlier:  # in a probe still
-                continue
-            cosine = mean_cosine(rows[guest], rows[host])
-            state.merge_probes[guest] = {"host": host, "queued": server_round, "cosine": round(cosine, 4), "held": True,
-                                         **({"earlier": [*earlier.pop("earlier", []), earlier]} if earlier else {})}
-            said.append(f"{strategy}: clusters {a} and {b} point alike on their own models (mean-update cosine "
-                        f"{cosine:.2f}) but were held apart before: cluster {guest}'s members will train cluster "
-                        f"{host}'s model too (a merge probe), which tells two tasks whose models converge from "
-                        f"one task cut in two")
-            break
+        # the smaller cluster visits the larger's model (as a split's part visits the cluster it left);
+        # one still in another probe waits: the pair is queued the next round it points alike
+        guest, host = min([(a, b), (b, a)], key=lambda gh: (size[gh[0]], -gh[0]))
+        earlier = state.merge_probes.get(guest)
+        if earlier is not None and "verdict" not in earlier:
+            continue
+        cosine = mean_cosine(rows[guest], rows[host])
+        state.merge_probes[guest] = {"host": host, "queued": server_round, "cosine": round(cosine, 4), "held": True,
+                                     **({"earlier": [*earlier.pop("earlier", []), earlier]} if earlier else {})}
+        said.append(f"{strategy}: clusters {a} and {b} point alike on their own models (mean-update cosine "
+                    f"{cosine:.2f}) but were held apart before: cluster {guest}'s members will train cluster "
+                    f"{host}'s model too (a merge probe), which tells two tasks whose models converge from "
+                    f"one task cut in two")
     return said
 
 

@@ -5,7 +5,8 @@ cut reproduces in two successive rounds, sets more than single clients apart, be
 group-free rotations of the updates and has parts that point and pull apart, is split; two
 clusters whose members' updates show no structure together (nor as the two clusters) and
 point alike in two rounds running are merged, unless they were apart in two rounds running
-before (two tasks whose models converge).
+before (two tasks whose models converge; with ``merge-probe``, such a pair is left to a probe
+on one model, ``merge_probe.py``).
 The tree and tests are the CFL family's (Sattler et al., "Clustered Federated Learning:
 Model-Agnostic Distributed Multitask Optimization Under Privacy Constraints"), on the one-shot
 strategies' state (``oneshot.OneShotState``)."""
@@ -378,13 +379,16 @@ def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows:
             if seen is None:
                 continue
             if held:
-                # a merge probe of the pair (``merge_probe.queue``) judges them on one model
-                probing = any({g, p["host"]} == {a, b} and "verdict" not in p for g, p in state.merge_probes.items())
+                # with merge-probe, a held pair is left to a probe on one model (``merge_probe.queue``)
+                # unless one found it apart
+                verdicts = [p.get("verdict") for g, latest in state.merge_probes.items()
+                            for p in [latest, *latest.get("earlier", [])] if {g, p["host"]} == {a, b}]
+                probe = params.merge_probe and "apart" not in verdicts
                 said.append(f"{strategy}: clusters {a} and {b} not merged: their members' training updates show no "
                             f"structure together and point alike (mean-update cosine {cosine:.2f}) in rounds {seen} "
                             f"and {server_round}, but were apart beyond group-free rotations in rounds "
-                            f"{held[0]} and {held[1]}: " + ("a merge probe compares them on one model" if probing
-                                                            else "two tasks whose models converge"))
+                            f"{held[0]} and {held[1]}: " + ("left to a merge probe, which compares them on one model"
+                                                            if probe else "two tasks whose models converge"))
                 continue
             merge_into(state, server_round, a, b, {"cosine": round(cosine, 4), "rounds": [seen, server_round]})
             said.append(f"{strategy}: clusters {a} and {b} merged: their members' training updates show no structure "
