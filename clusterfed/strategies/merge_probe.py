@@ -219,10 +219,10 @@ def queue(state: OneShotState, params: OneShotParams, server_round: int, replies
             if best is not None and hosts[best] > 0:
                 state.merge_probes[guest] = {"host": best, "queued": server_round, "cosine": round(hosts[best], 4)}
     said = []
+    size = Counter(state.assignment.values())
     for a, b in held:
-        if not {a, b} <= state.models.keys() or not {a, b} <= rows.keys() or probed(state, a, b):
+        if not {a, b} <= state.models.keys() or not {a, b} <= rows.keys() or revisit.pair_probes(state, a, b):
             continue
-        size = Counter(state.assignment.values())
         # the smaller cluster visits the larger's model (as a split's part visits the cluster it left);
         # one still in another probe waits: the pair is queued the next round it points alike
         guest, host = min([(a, b), (b, a)], key=lambda gh: (size[gh[0]], -gh[0]))
@@ -239,13 +239,7 @@ def queue(state: OneShotState, params: OneShotParams, server_round: int, replies
     return said
 
 
-def probed(state: OneShotState, a: int, b: int) -> bool:
-    """Whether clusters ``a`` and ``b`` have been queued for a probe together (either as the
-    guest, in its latest probe or an earlier one)."""
-    return any(probe["host"] == host for guest, host in ((a, b), (b, a)) if guest in state.merge_probes
-               for probe in [state.merge_probes[guest], *state.merge_probes[guest].get("earlier", [])])
-
-
 def record(state: OneShotState) -> dict[str, Any]:
-    """The probes for clusters.json: each guest's host, when it was queued, its rounds and verdict."""
+    """The probes for clusters.json: each guest's host, when it was queued, its rounds and verdict
+    (``held``: a pair the revisits held apart; ``earlier``: the guest's probes before it)."""
     return {"merge_probes": {str(g): p for g, p in sorted(state.merge_probes.items())}} if state.merge_probes else {}

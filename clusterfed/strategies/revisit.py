@@ -381,9 +381,7 @@ def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows:
             if held:
                 # with merge-probe, a held pair is left to a probe on one model (``merge_probe.queue``)
                 # unless one found it apart
-                verdicts = [p.get("verdict") for g, latest in state.merge_probes.items()
-                            for p in [latest, *latest.get("earlier", [])] if {g, p["host"]} == {a, b}]
-                probe = params.merge_probe and "apart" not in verdicts
+                probe = params.merge_probe and "apart" not in [p.get("verdict") for p in pair_probes(state, a, b)]
                 said.append(f"{strategy}: clusters {a} and {b} not merged: their members' training updates show no "
                             f"structure together and point alike (mean-update cosine {cosine:.2f}) in rounds {seen} "
                             f"and {server_round}, but were apart beyond group-free rotations in rounds "
@@ -395,6 +393,13 @@ def _merges(state: OneShotState, params: OneShotParams, server_round: int, rows:
                         f"together and point alike (mean-update cosine {cosine:.2f} >= {MERGE_MIN_COSINE}) in rounds "
                         f"{seen} and {server_round}")
     return said
+
+
+def pair_probes(state: OneShotState, a: int, b: int) -> list[dict[str, Any]]:
+    """The merge probes (``merge_probe.py``) clusters ``a`` and ``b`` were queued for together,
+    either as the guest, a guest's earlier probes included."""
+    return [probe for guest, latest in state.merge_probes.items()
+            for probe in [latest, *latest.get("earlier", [])] if {guest, probe["host"]} == {a, b}]
 
 
 def _apart(together: np.ndarray, first: int, params: OneShotParams) -> bool:
