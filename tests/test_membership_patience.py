@@ -44,12 +44,14 @@ class NarrowNet(Net):
 
 
 def stock_app(*, cold: set[int] = frozenset(), raises: set[int] = frozenset(), narrow: set[int] = frozenset(),
-              slow_train: set[int] = frozenset(), name_in: str = "metrics") -> ClientApp:
+              slow_train: set[int] = frozenset(), name_in: str = "metrics",
+              raises_evidence: set[int] = frozenset()) -> ClientApp:
     """The user app's stock ClientApp, evaluating as Flower's quickstart does and naming its
     partition (``partition-id``) in its ``metrics`` or a ``config`` record; partitions in
     ``cold`` answer their first message ``COLD_START`` seconds late, those in ``raises`` raise
     a two-line error in train, those in ``slow_train`` train ``COLD_START`` seconds from round
-    2 on, those in ``narrow`` hold ``NarrowNet``."""
+    2 on, those in ``narrow`` hold ``NarrowNet``, those in ``raises_evidence`` raise when asked
+    for evidence only (``evidence-ask`` in the config)."""
     app, seen = ClientApp(), set()
 
     @app.train()
@@ -57,6 +59,8 @@ def stock_app(*, cold: set[int] = frozenset(), raises: set[int] = frozenset(), n
         partition = context.node_config["partition-id"]
         if partition in raises:
             raise ValueError(f"sensor {partition} offline\ncalibration file /data/{partition}.cal is missing")
+        if partition in raises_evidence and msg.content["config"].get("evidence-ask"):
+            raise ValueError(f"sensor {partition} offline for its second training")
         if partition in slow_train and msg.content["config"]["server-round"] > 1:
             faults.clock.sleep(COLD_START)
         return train_fn(msg, context)
@@ -77,6 +81,16 @@ def stock_app(*, cold: set[int] = frozenset(), raises: set[int] = frozenset(), n
                        reply_to=msg)
 
     return app
+
+
+class FedAvgAskingForEvidence(clusterfed.FedAvg):
+    """FedAvg that, as FedClust's merge probe does, asks its trainers a second time in each
+    round for evidence only (``evidence-ask`` in the config), and averages their first replies."""
+
+    def train(self, rnd, trainers):
+        replies, diagnostics = yield from super().train(rnd, trainers)
+        rnd.evidence_replies = list((yield self.train_asks(rnd, trainers, extra={"evidence-ask": True}, evidence=True)))
+        return replies, diagnostics
 
 
 def run(strategy, app: ClientApp, rounds: int = 2, **options):
@@ -201,3 +215,34 @@ def test_an_error_reply_is_quoted_in_full_out_of_flowers_wrapper_and_cut_only_wh
     assert first_line(flower) == "RuntimeError: Error(s) in loading state_dict for Net:"
     long = full_text("x" * (FULL_REASON_CHARS + 10))
     assert long.startswith("x" * FULL_REASON_CHARS) and long.endswith("… (10 more characters)")
+
+
+def test_a_client_failing_only_an_ask_for_evidence_did_its_round_and_its_metrics_count_once(caplog):
+    caplog.set_level(logging.INFO, logger="flwr")
+    result = run(FedAvgAskingForEvidence(), stock_app(raises_evidence={1}))
+    for rnd in (1, 2):  # each client's averaged training, once: not its evidence training too
+        assert result.train_metrics_clientapp[rnd]["num-examples"] == NUM_CLIENTS * 72
+    for line in round_lines(caplog):
+        assert "train: 7 of 8 replies accepted from 4 clients (some asked more than once); 1 cluster;" in line
+        assert "failed" not in line  # it trained and was averaged: it did its round
+    warnings = warnings_of(caplog)
+    assert len(warnings) == 2 and all("in train (asked for evidence only)" in w and "offline for its second" in w
+                                      for w in warnings)
+
+
+def test_a_client_failing_its_averaged_training_fails_the_round_though_asked_again_for_evidence(caplog):
+    caplog.set_level(logging.INFO, logger="flwr")
+    result = run(FedAvgAskingForEvidence(), stock_app(raises={1}))
+    assert result.train_metrics_clientapp[1]["num-examples"] == 3 * 72
+    assert all("train: 6 of 8 replies accepted from 4 clients (some asked more than once), 1 client(s) failed" in line
+               for line in round_lines(caplog))
+
+
+def test_an_ask_for_evidence_fails_only_a_client_none_of_whose_trainings_the_round_averaged():
+    from clusterfed.runner.link import Link
+
+    link = Link({"a": 1, "b": 2}, {1: "a", 2: "b"})
+    for key, node in (("a", 1), ("b", 2)):  # a trained and was averaged; b was asked for evidence only
+        link.fail(3, "timeout", "no reply within 20 s", key, node, evidence=True)
+    link.settle(trained={"a"})
+    assert link.failed_keys == {"b"} and len(link.traffic.failed) == 2

@@ -103,11 +103,16 @@ class NewcomersPlaced:
 @dataclass
 class Ask:
     """Train ``model`` on client ``key`` with ``config`` (phase, cluster-id, upload, return,
-    local-epochs, lr and algorithm extras; the runner adds the data/model spec)."""
+    local-epochs, lr and algorithm extras; the runner adds the data/model spec). ``evidence``
+    (never sent): the training is asked for a decision's evidence only, compared and never
+    averaged (``Round.evidence_only``, a further exchange's ``evidence_replies``); the driver
+    leaves it out of the round's train metrics, and its failure does not fail a client whose
+    averaged training of the round was accepted."""
 
     key: str
     model: Arrays
     config: dict[str, Any]
+    evidence: bool = False
 
     @property
     def upload(self) -> list[str] | None:

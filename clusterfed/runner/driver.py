@@ -113,6 +113,7 @@ class RoundDriver:
         self.round_eval_metrics: list[tuple[str, int, dict[str, float]]] = []
         self.round_asked = self.round_accepted = 0  # train replies asked for this round, and accepted
         self.round_trainers: set[str] = set()  # clients asked to train this round (a client may be asked twice)
+        self.round_averaged: set[str] = set()  # clients whose training (not for evidence only) was accepted
         self.evaluate_sent = 0  # clients sent an evaluate message this round
         self.strategy_seconds = 0.0  # server-side compute inside the strategy's steps this round
 
@@ -202,6 +203,7 @@ class RoundDriver:
     def close_round(self, opened: OpenRound, result: RoundResult) -> Diagnostics:
         """A round is over: its reports scored against the true groups; returns its diagnostics."""
         score_reports(result.reports, self.members.clients, opened.assignment_before)
+        self.link.settle(self.round_averaged)
         return result.diagnostics
 
     def plan(self, asks: list[Ask]) -> dict[str, tuple[Any, dict[str, Any]]]:
@@ -350,7 +352,8 @@ class RoundDriver:
 
     def train(self, server_round: int, asks: list[Ask]) -> Replies:
         """Send the asks; the validated replies in send order (rejections recorded)."""
-        received, bytes_up = self.link.send(server_round, self.plan(asks), MessageType.TRAIN)
+        received, bytes_up = self.link.send(server_round, self.plan(asks), MessageType.TRAIN,
+                                            evidence={ask.key for ask in asks if ask.evidence})
         return self.accept(server_round, asks, received, bytes_up)
 
     def accept(self, server_round: int, asks: list[Ask], received: dict[str, Any], bytes_up: int = 0) -> Replies:
@@ -369,13 +372,16 @@ class RoundDriver:
             try:
                 reply = parse_train_reply(received[ask.key], ask, self.shapes, stock=ask.key in stock)
             except ReplyRejected as error:
-                self.link.reject(server_round, ask.key, error)
+                self.link.reject(server_round, ask.key, error, evidence=ask.evidence)
                 if error.kind in MISMATCH_KINDS:
                     mismatches.append((ask.key, error))
                 continue
             if ask.key in stock:  # a stock client's size is known from its replies only
                 self.members.clients[ask.key].num_examples = reply.num_examples
-            if ask.config.get("phase") == "train":  # a name a stock client gives itself is no metric to average
+            # the trainings the round averages (one per client): not one for evidence only, and
+            # not a clustering step's; a name a stock client gives itself is no metric to average
+            if ask.config.get("phase") == "train" and not ask.evidence:
+                self.round_averaged.add(ask.key)
                 self.round_train_metrics.append((reply.key, reply.num_examples, {
                     k: v for k, v in reply.metrics.items() if k not in STOCK_KEY_METRICS}))
             replies.append(reply)

@@ -5,6 +5,7 @@ client and node (``Traffic``). It knows nodes by the client keys ``Membership`` 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -36,6 +37,7 @@ class Link:
         self.answered: set[str] = set()
         self.messaged: set[str] = set()
         self.failed_keys: set[str] = set()  # clients whose reply this round was an error or rejected
+        self.evidence_failed: set[str] = set()  # ... to an ask for evidence only (``settle`` decides)
         self.lags: list[float] = []
 
     def push(self, messages: list[Message], timeout: float | None = None) -> tuple[list[str], list[Message]]:
@@ -44,40 +46,53 @@ class Link:
         return push_and_collect(self.grid, messages, self.timeout if timeout is None else timeout, self.lags)
 
     def fail(self, server_round: int, kind: str, reason: str, key: str | None, node: int | None,
-             phase: str = "train") -> None:
+             phase: str = "train", evidence: bool = False) -> None:
         """One failure (an error reply, no reply, an undeliverable message), named (a node
         that fails before it says its key, by the client it served before a resume), recorded
         and logged in one WARNING with the client's full error text; ``phase``: what it was asked
-        (``train``, ``evaluate``, ``profile probe``)."""
+        (``train``, ``evaluate``, ``profile probe``); ``evidence``: an ask for a decision's
+        evidence only (``settle``)."""
         named = self.last_key_of_node.get(node) if key is None else key  # a name, not a miss of that client
         text = full_text(reason)
         self.traffic.failures += 1
         self.traffic.fault(kind)
-        self.traffic.failed.append({"client": named, "node": node, "kind": kind, "reason": text})
+        self.traffic.failed.append({"client": named, "node": node, "kind": kind, "reason": text,
+                                    **({"evidence": True} if evidence else {})})
         if key is not None:
-            self.failed_keys.add(key)
+            (self.evidence_failed if evidence else self.failed_keys).add(key)
         who = f"client {named} (node {node})" if named is not None else f"node {node}"
-        log(logging.WARNING, "round %s: %s %s %s: %s", server_round, who, "failed in" if kind == "error" else "in",
-            phase, text)
+        log(logging.WARNING, "round %s: %s %s %s%s: %s", server_round, who, "failed in" if kind == "error" else "in",
+            phase, " (asked for evidence only)" if evidence else "", text)
 
-    def reject(self, server_round: int, key: str | None, error: ReplyRejected, node: int | None = None) -> None:
-        """A reply that failed validation: counted as a fault of its kind, named."""
+    def reject(self, server_round: int, key: str | None, error: ReplyRejected, node: int | None = None,
+               evidence: bool = False) -> None:
+        """A reply that failed validation: counted as a fault of its kind, named; ``evidence``:
+        the reply to an ask for evidence only (``settle``)."""
         node = self.node_of_key.get(key) if node is None and key is not None else node
-        self.traffic.rejected.append({"client": key, "node": node, "kind": error.kind, "reason": full_text(str(error))})
+        self.traffic.rejected.append({"client": key, "node": node, "kind": error.kind, "reason": full_text(str(error)),
+                                      **({"evidence": True} if evidence else {})})
         self.traffic.fault(error.kind)
         if key is not None:
-            self.failed_keys.add(key)
-        log(logging.WARNING, "round %s: rejected reply of client %s (node %s): %s", server_round, key, node, error)
+            (self.evidence_failed if evidence else self.failed_keys).add(key)
+        log(logging.WARNING, "round %s: rejected reply of client %s (node %s)%s: %s", server_round, key, node,
+            " to an ask for evidence only" if evidence else "", error)
+
+    def settle(self, trained: set[str]) -> None:
+        """The round's failed clients: a failure of an ask for evidence only fails a client
+        only when none of its trainings this round was accepted (``trained``): one that
+        trained and was averaged did its round (a merge probe asks it a second time)."""
+        self.failed_keys |= self.evidence_failed - trained
 
     def send(self, server_round: int, plan: dict[str, tuple[Arrays | None, dict[str, Any]]],
-             message_type: str) -> tuple[dict[str, RecordDict], int]:
+             message_type: str, evidence: Collection[str] = ()) -> tuple[dict[str, RecordDict], int]:
         """Send each client its (arrays, config); return the replies that arrived, by key,
-        and the array bytes received. Error and missing replies are counted as faults."""
+        and the array bytes received. Error and missing replies are counted as faults
+        (those of the clients in ``evidence``, asked for evidence only, as such)."""
         messages, keys = self.messages(server_round, plan, message_type)
         if not messages:
             return {}, 0
         message_ids, replies = self.push(messages)
-        return self.collect(server_round, message_type, message_ids, keys, replies)
+        return self.collect(server_round, message_type, message_ids, keys, replies, evidence=evidence)
 
     def send_contents(self, server_round: int, contents: dict[str, RecordDict], message_type: str,
                       phase: str = "train") -> dict[str, RecordDict]:
@@ -127,9 +142,11 @@ class Link:
         return messages, keys
 
     def collect(self, server_round: int, message_type: str, message_ids: list[str], keys: list[str],
-                replies: list[Message], phase: str | None = None) -> tuple[dict[str, RecordDict], int]:
+                replies: list[Message], phase: str | None = None,
+                evidence: Collection[str] = ()) -> tuple[dict[str, RecordDict], int]:
         """The replies by key and the array bytes up; errors, undelivered messages and
-        missing replies recorded as failures of their client."""
+        missing replies recorded as failures of their client (of an ask for evidence only
+        for the clients in ``evidence``)."""
         key_of_message = dict(zip(message_ids, keys))
         phase = phase or ("evaluate" if message_type == MessageType.EVALUATE else "train")
         out: dict[str, RecordDict] = {}
@@ -137,7 +154,8 @@ class Link:
         for reply in replies:
             key = key_of_message[reply.metadata.reply_to_message_id]
             if reply.has_error():
-                self.fail(server_round, "error", reply.error.reason, key, self.node_of_key.get(key), phase)
+                self.fail(server_round, "error", reply.error.reason, key, self.node_of_key.get(key), phase,
+                          key in evidence)
                 continue
             self.answered.add(key)
             if message_type != MessageType.EVALUATE:
@@ -150,8 +168,8 @@ class Link:
         for message_id, key in zip(message_ids, keys):
             if not message_id:
                 self.fail(server_round, "unavailable", "its node is gone: the message was not delivered", key,
-                          self.node_of_key[key], phase)
+                          self.node_of_key[key], phase, key in evidence)
             elif message_id not in replied:
                 self.fail(server_round, "timeout", f"no reply within {self.timeout:g} s", key, self.node_of_key[key],
-                          phase)
+                          phase, key in evidence)
         return out, bytes_up

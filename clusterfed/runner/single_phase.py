@@ -101,7 +101,8 @@ def aggregate_train_messages(driver: RoundDriver | None, server_round: int,
     finally:
         driver.strategy_seconds += time.perf_counter() - started
     log(logging.DEBUG, "round %s diagnostics: %s", server_round, driver.close_round(pending.opened, result))
-    return driver.largest_cluster_record(), weighted_metrics([(r.key, r.num_examples, r.metrics) for r in good])
+    return driver.largest_cluster_record(), weighted_metrics([(r.key, r.num_examples, r.metrics) for r in good
+                                                              if not asks[r.key].evidence])  # what was averaged
 
 
 def received_contents(driver: RoundDriver, server_round: int, asks: dict[str, Ask],

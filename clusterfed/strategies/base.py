@@ -463,8 +463,10 @@ class ClusteredStrategy(FlowerHooks):
         return self.sample(self.placed(rnd), self.params.fraction_train, self.params.min_train_nodes)
 
     def train_asks(self, rnd: Round, keys: list[str], *, models: dict[str, Arrays] | None = None,
-                   extra: dict[str, Any] | None = None, phase: str = "train") -> list[Ask]:
-        """Train ``keys``, each on its cluster's model (or on ``models[key]``, where given)."""
+                   extra: dict[str, Any] | None = None, phase: str = "train", evidence: bool = False) -> list[Ask]:
+        """Train ``keys``, each on its cluster's model (or on ``models[key]``, where given);
+        ``evidence``: every ask is for a decision's evidence only (so is a training ask of a
+        client in ``rnd.evidence_only``)."""
         asks = []
         for key in keys:
             cluster = self.state.assignment.get(key, -1)
@@ -474,7 +476,8 @@ class ClusteredStrategy(FlowerHooks):
             config.update(extra or {})
             if self.dp is not None:  # what Flower's fixedclipping_mod reads
                 config[privacy.CLIPPING_NORM_KEY] = self.dp.clipping_norm
-            asks.append(Ask(key, models[key] if models and key in models else self.state.models[cluster], config))
+            asks.append(Ask(key, models[key] if models and key in models else self.state.models[cluster], config,
+                            evidence=evidence or (phase == "train" and key in rnd.evidence_only)))
         return asks
 
     def aggregate_clusters(self, replies: list[TrainReply]) -> Diagnostics:

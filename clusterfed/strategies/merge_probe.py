@@ -63,7 +63,7 @@ def train(strategy: Any, rnd: Round, trainers: list[str]) -> Any:
                                   failed={k for k in trainers if k not in replied})
     if models or beyond:
         asked = [k for k in rnd.active if k in models or k in beyond]
-        rnd.evidence_replies = list((yield strategy.train_asks(rnd, asked, models=models)))
+        rnd.evidence_replies = list((yield strategy.train_asks(rnd, asked, models=models, evidence=True)))
     return replies, {}
 
 
