@@ -5,7 +5,7 @@ What the driver reads and calls on a strategy (``DRIVER_CALLS``; every public st
 each, a test checks): ``name``, ``params`` (its validated Params: seed, fraction and node
 counts), ``assignment`` (client key -> cluster), ``theta0``, ``shapes``,
 ``stock_alternative``; ``requires()``, ``check_train_config(config)``, ``init(theta0)``,
-``round_steps(server_round, active, train_config, clients)`` (the round's generator over the
+``round_steps(server_round, active, train_config, clients, one_exchange=False)`` (the round's generator over the
 active clients, reading the membership's client table, all held by the round's ``Round``,
 which every hook gets as its first argument: it yields lists of asks, is sent their validated
 replies and returns a ``RoundResult``, its diagnostics and its reports — the splits and

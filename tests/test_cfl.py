@@ -284,8 +284,8 @@ BIPARTITIONING_FIELDS = {
     "provisional", "rng", "routes", "shapes", "silent", "sketched", "split_allowed", "split_models", "splits",
     "theta0", "tree", "proposals", "merge_kept", "merge_alike", "said_compared", "split_timing", "asked_again"}
 CHECKPOINT_FIELDS = {
-    "cfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "array_choice", "chosen_arrays"},
-    "layercfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "array_choice", "chosen_arrays",
+    "cfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "array_choice", "chosen_arrays", "chained"},
+    "layercfl": BIPARTITIONING_FIELDS | {"last_vector", "refused", "sketch", "array_choice", "chosen_arrays", "chained",
                                          "layer_rule", "selected_names",
                                          "candidates", "candidate_partitions", "layer_settled", "layer_evidence"},
     "hicfl": BIPARTITIONING_FIELDS | {"array_choice", "chosen_arrays", "eps_rel", "epsilon", "last_timing", "layer_keys",

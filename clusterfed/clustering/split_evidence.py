@@ -12,8 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from clusterfed.clustering.reproducible import Reproduction, reproduce_on_pairs
-from clusterfed.clustering.split_rules import largest_cosine
+import numpy as np
+
+from clusterfed.clustering.bipartition import bipartition
+from clusterfed.clustering.reproducible import Reproduction, compare, reproduce_on_pairs
+from clusterfed.clustering.split_rules import largest_cosine, part_cosines
+from clusterfed.clustering.split_scores import best_cut_labels, cosine_similarity_matrix
 
 KINDS = ("best", "two")  # the partitions kept each round: the best-silhouette cut, the bi-partition
 
@@ -31,6 +35,7 @@ class Evidence:
     reproduction: Reproduction
     alike: tuple[float | None, float]
     rounds: tuple[int, int]
+    halves: bool = False  # the two partitions are one round's chain halves (``halves_evidence``), not two rounds'
 
     @property
     def agreement(self) -> float:
@@ -51,11 +56,13 @@ class Evidence:
         then, now = self.alike
         if then is None:
             return f"{said}, but round {self.rounds[0]}'s parts' directions were not kept"
+        both = "halves" if self.halves else "rounds"
         if self.apart(min_cosine):
-            return f"{said}, parts apart (mean-update cosine {max(then, now):.2f} < {min_cosine:.2f} in both rounds)"
-        which = self.rounds[1] if now >= min_cosine else self.rounds[0]
+            return f"{said}, parts apart (mean-update cosine {max(then, now):.2f} < {min_cosine:.2f} in both {both})"
         cosine = now if now >= min_cosine else then
-        return (f"{said}, but its parts point alike (mean-update cosine {cosine:.2f} >= {min_cosine:.2f} in round "
+        which = (("the second half" if now >= min_cosine else "the first half") if self.halves else
+                 f"round {self.rounds[1] if now >= min_cosine else self.rounds[0]}")
+        return (f"{said}, but its parts point alike (mean-update cosine {cosine:.2f} >= {min_cosine:.2f} in "
                 f"{which}): one task, each client's own data")
 
     def as_record(self) -> dict[str, Any]:
@@ -92,3 +99,28 @@ def whole_parts_alike(entry: dict[str, Any], kind: str, keys: set[str]) -> tuple
         return None
     kept = {pair: value for pair, value in pairs.items() if set(pair.split("-")) <= inside}
     return largest_cosine(kept), kept
+
+
+def halves_evidence(first: np.ndarray, second: np.ndarray, first_whole: np.ndarray, second_whole: np.ndarray, *,
+                    max_k: int, source: str, server_round: int, bound: float, min_cosine: float) -> Evidence:
+    """The CFL family's longer evidence (``strategies/longer_evidence.py``): the partitions of one
+    cluster's clients on the two halves of a chain of trainings (rows ``first``, ``second``: each
+    client's update over the half, independent SGD draws from different starts), the best-silhouette
+    cut (2..``max_k``) and the bi-partition, each with how alike its parts point in each half on
+    the whole updates (``*_whole``); the one that passes (``Evidence.passes``), else the best agreement."""
+    found = []
+    cuts = [(best_cut_labels(cosine_similarity_matrix(U), max_k), two_sides(cosine_similarity_matrix(U)))
+            for U in (first, second)]
+    grams = [np.asarray(W, dtype=np.float64) @ np.asarray(W, dtype=np.float64).T for W in (first_whole, second_whole)]
+    for kind in range(len(KINDS)):
+        a, b = cuts[0][kind], cuts[1][kind]
+        found.append(Evidence(compare(a, b, source), (largest_cosine(part_cosines(grams[0], a)),
+                                                      largest_cosine(part_cosines(grams[1], b))),
+                              (server_round, server_round), halves=True))
+    return max(found, key=lambda e: (e.passes(bound, min_cosine), e.reproduction.reproduces(bound), e.agreement))
+
+
+def two_sides(S: np.ndarray) -> np.ndarray:
+    """The bi-partition of a similarity matrix as labels (0: the first side)."""
+    side_a, _ = bipartition(S)
+    return np.isin(np.arange(len(S)), side_a, invert=True).astype(int)

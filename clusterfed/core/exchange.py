@@ -204,6 +204,7 @@ class Round:
     evidence_only: frozenset[str] = frozenset()
     evidence_replies: list[TrainReply] = field(default_factory=list)
     reports: list[Any] = field(default_factory=list)
+    one_exchange: bool = False  # Flower's single-phase hooks drive the round: no step may ask a further exchange
 
     def placed(self, assignment: Mapping[str, int]) -> list[str]:
         """The active clients that ``assignment`` places, in active order."""

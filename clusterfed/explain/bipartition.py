@@ -400,3 +400,16 @@ def strategy_advice(strategy: Any) -> str | None:
 
 def strategy_basis(strategy: Any) -> str | None:
     return cluster_count_basis(strategy.state, strategy.params)
+
+
+def shown_names(names: list[str], most: int = 4) -> str:
+    """``a, b, c, d and 3 more``."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def timing_words(params: Any) -> str:
+    """How a split is timed, in words, for round 1's line."""
+    if params.split_timing == "evidence":
+        return (f"a split is taken when two successive rounds give the same partition "
+                f"(ARI >= {params.split_agreement:.2f}), from round {params.min_split_round}")
+    return f"a split is timed by the paper's rule, from round {params.min_split_round}"

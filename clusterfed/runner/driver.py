@@ -182,12 +182,14 @@ class RoundDriver:
 
     # ------------------------------------------------------------ the round's envelope
     # (the same for ``start``'s rounds and Flower's single-phase hooks: clusterfed.runner.single_phase)
-    def open_round(self, server_round: int, *, check_capabilities: bool, resumed: bool = False) -> OpenRound:
+    def open_round(self, server_round: int, *, check_capabilities: bool, resumed: bool = False,
+                   one_exchange: bool = False) -> OpenRound:
         """A round begins: the round's counters reset, simulated newcomers released, the nodes
         discovered (profiles; the population is checked against the dp_* settings before any
         probe is sent), on a resumed run's first round its unseen clients absent, the
         capabilities checked; returns the strategy's round over the active clients (not
-        started yet) with the assignment it starts from."""
+        started yet) with the assignment it starts from; ``one_exchange``: Flower's single-phase
+        hooks drive it, so steps that would ask a further exchange leave it out."""
         self.new_round()
         self.newcomers.release(server_round)
         self.members.discover(server_round)
@@ -197,7 +199,8 @@ class RoundDriver:
             self.members.check_capabilities()
         assignment_before = dict(self.strategy.assignment)
         self.round_active = self.members.active_keys()
-        steps = self.strategy.round_steps(server_round, self.round_active, self.train_config, self.members.table())
+        steps = self.strategy.round_steps(server_round, self.round_active, self.train_config, self.members.table(),
+                                          one_exchange=one_exchange)
         return OpenRound(steps, assignment_before, list(self.round_active))
 
     def close_round(self, opened: OpenRound, result: RoundResult) -> Diagnostics:

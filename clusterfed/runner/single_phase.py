@@ -50,7 +50,7 @@ def train_messages(driver: RoundDriver, server_round: int, config: dict[str, Any
     that exchange is not training."""
     strategy = driver.strategy
     driver.set_configs(config, driver.evaluate_config)
-    opened = driver.open_round(server_round, check_capabilities=True)
+    opened = driver.open_round(server_round, check_capabilities=True, one_exchange=True)
     driver.pending = None
     started = time.perf_counter()
     try:

@@ -38,9 +38,9 @@ not placed yet), ``before_train`` (clustering steps before this round's training
 and where its paper trains otherwise, ``select_trainers`` (who trains: selection's
 representatives), ``train`` (the exchange: IFCA offers all K models, restarts) and
 ``aggregate`` (how the replies become the cluster models: selection's group weights).
-``admit`` and ``before_train`` may ask clients for work: written as generators, they
-``yield`` a list of asks and receive the replies; written as plain methods, they ask
-nothing. Each returns its ``Diagnostics`` (column -> JSON value, or None); ``round`` returns
+``admit``, ``before_train`` and ``after_train`` may ask clients for work: written as
+generators (or returning one), they ``yield`` a list of asks and receive the replies; written as
+plain methods, they ask nothing. Each returns its ``Diagnostics`` (column -> JSON value, or None); ``round`` returns
 them, merged in the order the hooks ran, to the driver, which writes them to rounds.jsonl.
 
 Partial participation (``fraction-train`` < 1): by default every client not placed yet is
@@ -261,13 +261,14 @@ class ClusteredStrategy(FlowerHooks):
         self.init_clusters()
 
     def round_steps(self, server_round: int, active: list[str], train_config: dict[str, Any],
-                    clients: Mapping[str, ClientInfo]) -> Steps:
+                    clients: Mapping[str, ClientInfo], one_exchange: bool = False) -> Steps:
         """The round the driver runs (in ``start`` and behind Flower's single-phase hooks):
         ``round(rnd)`` over the ``active`` client keys with ``train_config``, reading
         ``clients`` (the driver's client table, read-only: the membership owns it), all held by
         the round's ``Round``. What the generator returns is the round's ``RoundResult``: its
         diagnostics and its reports, which the driver scores."""
-        rnd = Round(server_round, list(active), dict(train_config), MappingProxyType(clients))
+        rnd = Round(server_round, list(active), dict(train_config), MappingProxyType(clients),
+                    one_exchange=one_exchange)
         return self.with_reports(rnd, self.round(rnd))
 
     def with_reports(self, rnd: Round, round_steps: Steps) -> Steps:
@@ -311,7 +312,7 @@ class ClusteredStrategy(FlowerHooks):
         add_diagnostics(diagnostics, trained)
         averaged = [r for r in replies if r.key not in rnd.evidence_only]  # the others judge decisions only
         add_diagnostics(diagnostics, self.aggregate(rnd, averaged))
-        add_diagnostics(diagnostics, self.after_train(rnd, replies))
+        add_diagnostics(diagnostics, (yield from steps(self.after_train(rnd, replies))))
         diagnostics["train_loss"] = mean_train_loss(averaged)
         return diagnostics
 
@@ -374,7 +375,8 @@ class ClusteredStrategy(FlowerHooks):
         """Clustering steps that happen before this round's training (returns their diagnostics)."""
 
     def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics | None:
-        """Clustering steps that use this round's training replies (CFL splits); returns their diagnostics."""
+        """Clustering steps that use this round's training replies (CFL splits); returns their
+        diagnostics, or a generator of the asks they need (CFL's longer evidence)."""
 
     def train_instructions(self, rnd: Round, key: str) -> dict[str, Any]:
         """Extra config for one client's train message."""

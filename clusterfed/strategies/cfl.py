@@ -39,23 +39,25 @@ from typing import Annotated, Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from clusterfed.strategies import array_choice, base
+from clusterfed.strategies import array_choice, base, longer_evidence
 from clusterfed.clustering.bipartition import SplitDecision, bipartition
 from clusterfed.clustering.null_reference import DEFAULT_DRAWS
 from clusterfed.clustering.principal_scores import principal_scores
 from clusterfed.clustering.split_scores import (best_cut_silhouette, cosine_similarity_matrix, separation_gap,
     split_silhouette)
 from clusterfed.clustering.layer_split import evidence_reference
+from clusterfed.clustering.split_evidence import halves_evidence
 from clusterfed.clustering.vectors import (check_record, decision_record, flatten, kept_vectors, required_structure,
                                            restrict_vectors, similarity_record, stack_float64)
 from clusterfed.explain import bipartition as explain
+from clusterfed.explain.bipartition import shown_names, timing_words
 from clusterfed.explain.generic import left_alone
 from clusterfed.explain.numbers import compared
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import (BiPartitioningParams, BiPartitioningState, BiPartitionTree, Evidence,
     replier_vectors)
 from clusterfed.strategies.tree_hooks import tree_admit, tree_before_train, tree_draw_sample, tree_train_instructions
-from clusterfed.core.exchange import ClientInfo, Diagnostics, Round, SplitCompared, TrainReply, natural
+from clusterfed.core.exchange import ClientInfo, Diagnostics, Round, SplitCompared, Steps, TrainReply, natural
 
 # similarity-decay = auto: summed updates only for clients this small (one round's update is
 # mostly batch noise); similarity-rank = auto: principal components for clusters of at least
@@ -100,6 +102,12 @@ class CFLFamilyParams(BiPartitioningParams):
         description="the arrays a split compares: the strategy's own (CFL: every compared array; LayerCFL: the "
                     "selected layers), or, where those and every array together show no structure while the run has "
                     "one cluster, the one array whose clients' updates are the most structured in two successive rounds")
+    evidence_trainings: int = Field(
+        4, alias="evidence-trainings", ge=1, le=16,
+        description="split-timing = evidence: a split refused because one training's updates show no structure is "
+                    "judged again, once per cluster and in the same round, on this many trainings in a row of its "
+                    "repliers (each from its own last reply, for evidence only), reproduced on the chain's halves "
+                    "(longer_evidence.py; 1 = off)")
 
 
 class CFLParams(CFLFamilyParams):
@@ -118,13 +126,12 @@ class CFLFamilyState(BiPartitioningState):
     # decision-arrays = evidence: the candidates' last scores and leader (``array_choice``), the arrays chosen
     array_choice: dict[str, Any] = field(default_factory=dict)
     chosen_arrays: tuple[str, ...] = ()
+    chained: set[int] = field(default_factory=set)  # evidence-trainings: the clusters judged on a chain
 
 
 @dataclass
 class CFLState(CFLFamilyState):
     """CFL's state: the family's."""
-
-
 
 
 # the paper's Algorithm 1 with no extension (docs/algorithms/cfl.md, "Differences from the paper")
@@ -133,6 +140,7 @@ PAPER_CFL: dict[str, Any] = {
     "split_min_silhouette": -1.0, "split_silhouette_max_k": 2, "split_reference_draws": 0,
     "similarity_decay": 0.0, "similarity_rank": 0, "similarity_pool": "repliers", "merge": False,
     "update_storage": "exact", "ask_again": False, "split_min_repliers": 0, "same_round_splits": False,
+    "evidence_trainings": 1,
 }
 
 
@@ -202,6 +210,7 @@ class Proposal:
     checked: Any
     compared: SplitCompared
     record: dict[str, Any]
+    directions: np.ndarray | None = None  # rows a newcomer's one training is routed by, when not ``U``'s
 
 
 def decide(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, cluster: int, replies: list[TrainReply],
@@ -233,13 +242,17 @@ def decide(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, clus
     return split(tree, state, server_round, cluster, replies, decision, proposal, reports, reproduction, params=params)
 
 
-def propose(state: CFLFamilyState, cluster: int, replies: list[TrainReply], decision: SplitDecision, layers: list[str], *,
-            params: CFLFamilyParams, check: Callable[..., Any] | None) -> Proposal:
-    """α: the similarity of the clients' vectors (similarity-pool, -decay, -rank), its bi-partition,
-    the best cut's silhouette and the structure it must reach (the acceptance test, beyond the
-    paper: structure on 1 - S beyond what noise shows), LayerCFL's check."""
-    keys = similarity_pool(params, state, cluster, [r.key for r in replies])
-    U = stack_float64([state.last_vector[k] for k in keys])
+def propose(state: CFLFamilyState, cluster: int, replies: list[TrainReply], decision: SplitDecision | None,
+            layers: list[str], *, params: CFLFamilyParams, check: Callable[..., Any] | None,
+            pool: tuple[list[str], np.ndarray] | None = None) -> Proposal:
+    """α: the similarity of the clients' vectors (similarity-pool, -decay, -rank; or ``pool``'s
+    keys and rows), its bi-partition, the best cut's silhouette and the structure it must reach
+    (the acceptance test, beyond the paper: structure on 1 - S beyond what noise shows), LayerCFL's check."""
+    if pool is None:
+        keys = similarity_pool(params, state, cluster, [r.key for r in replies])
+        U = stack_float64([state.last_vector[k] for k in keys])
+    else:
+        keys, U = pool
     rank = similarity_rank(params, len(keys))
     S = cosine_similarity_matrix(principal_scores(U, rank) if rank else U)
     side_a, side_b = bipartition(S)
@@ -251,7 +264,7 @@ def propose(state: CFLFamilyState, cluster: int, replies: list[TrainReply], deci
     required, reference = required_structure(U, structure, fixed=params.split_min_silhouette, max_k=max_k,
                                              rank=rank, draws=params.split_reference_draws, seed=params.seed)
     record: dict[str, Any] = {
-        "criterion": decision_record(decision), "gap": gap, "silhouette": silhouette,
+        "criterion": None if decision is None else decision_record(decision), "gap": gap, "silhouette": silhouette,
         "best_cut_silhouette": structure, "best_cut_k": structure_k, "required_silhouette": required,
         "reference_silhouette": reference, "layers": layers, "similarity_rank": rank,
     }
@@ -359,8 +372,9 @@ def split(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, clust
     what a newcomer replays the split on; the members absent this round follow their vectors."""
     keys_a, keys_b = p.sides
     layers = p.record["layers"]
+    rows = p.U if p.directions is None else p.directions
     route = {"rule": "nearest-mean", "names": layers, "model": replies[0].sent,
-             "directions": [p.U[p.side_a].mean(axis=0), p.U[p.side_b].mean(axis=0)],
+             "directions": [rows[p.side_a].mean(axis=0), rows[p.side_b].mean(axis=0)],
              **({"sketch": state.sketch} if state.sketched and state.sketch is not None else {})}
     absent = [k for k in state.tree.members(cluster) if k not in set(p.keys)]
     extra_a, extra_b, unplaced = tree.place_absent(state, cluster, absent, route, state.last_vector)
@@ -419,10 +433,13 @@ def choose_arrays(strategy: Any, rnd: Round, replies: list[TrainReply]) -> str |
     return array_choice.words(state.array_choice)
 
 
-def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
+def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply], said: str | None = None
+                         ) -> Diagnostics | Steps:
     """CFL's steps after training (CFL and LayerCFL bind it as their ``after_train``): leave out
     arrays no client changed (the strategy's ``compared_changed`` then picks its arrays again),
-    keep each replier's vector, then per cluster the criteria and ``decide``, then merging."""
+    keep each replier's vector, then per cluster the criteria and ``decide``, then merging; a
+    split refused for want of structure is judged again on longer evidence (``evidence-trainings``:
+    then the steps ask, ``longer_evidence.after_refusals``). ``said``: the round line's first words."""
     state, c, tree = strategy.state, strategy.params, strategy.bipartition
     name = type(strategy).__name__
     silent = tree.leave_out_silent(state, replies, name)
@@ -440,21 +457,59 @@ def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply]) -
         if said:
             intro = said if intro is None else f"{intro}; {said}"
     # refused_splits: a column every round, [] when ``decide`` refused none
-    return {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports, silent,
-                                                     name=name, intro=intro)}
+    diagnostics = {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports,
+                                                            silent, name=name, intro=intro)}
+    if said:
+        diagnostics["decision"] = "; ".join(t for t in (said, diagnostics.get("decision")) if t)
+    if not longer_evidence.wanted(strategy, rnd, diagnostics["refused_splits"]):
+        return diagnostics
+    return longer_evidence.after_refusals(strategy, rnd, replies, diagnostics, decide_on_chain)
 
 
-def shown_names(names: list[str], most: int = 4) -> str:
-    """``a, b, c, d and 3 more``."""
-    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
+def decide_on_chain(strategy: Any, rnd: Round, cluster: int, chain: longer_evidence.Chain) -> Diagnostics | None:
+    """``evidence-trainings``: ``cluster``'s split judged on its repliers' updates over ``chain``'s
+    trainings by ``decide``'s tests (structure, a client alone, group-free rotations, LayerCFL's
+    check), reproduced on the chain's halves in place of two rounds; a split's children are judged
+    on the same chain."""
+    state, c, tree = strategy.state, strategy.params, strategy.bipartition
+    keys = [k for k in chain.keys if state.assignment.get(k) == cluster]
+    if len(keys) < c.min_split_size or not state.tree.node(cluster).is_leaf:
+        return None
+    state.chained.add(cluster)
+    layers, rules = strategy.decision_names(), strategy.chain_rules()
 
+    def rows(of: dict[str, Any], names: list[str]) -> np.ndarray:
+        return stack_float64([flatten(of[k], names) for k in keys])
 
-def timing_words(params: Any) -> str:
-    """How a split is timed, in words, for round 1's line."""
-    if params.split_timing == "evidence":
-        return (f"a split is taken when two successive rounds give the same partition "
-                f"(ARI >= {params.split_agreement:.2f}), from round {params.min_split_round}")
-    return f"a split is timed by the paper's rule, from round {params.min_split_round}"
+    p = propose(state, cluster, [], None, layers, params=c, check=rules.get("check"),
+                pool=(keys, rows(chain.total, layers)))
+    p.record["trainings"] = chain.trainings
+    if all(k in state.last_vector for k in keys):  # a newcomer's descent trains once: routed by one training's
+        p.directions = stack_float64([state.last_vector[k] for k in keys])
+    refused = (refuse_structure(state, rnd.number, cluster, p, rnd.reports, params=c, evidence=True)
+               or refuse_check(state, rnd.number, cluster, p, rnd.reports, enforce=rules.get("enforce", False)))
+    if refused is not None:
+        return refused
+    halves = halves_evidence(rows(chain.halves[0], layers), rows(chain.halves[1], layers),
+                             rows(chain.halves[0], state.compared), rows(chain.halves[1], state.compared),
+                             max_k=c.split_silhouette_max_k, source=chain.source, server_round=rnd.number,
+                             bound=c.split_agreement, min_cosine=c.merge_min_cosine)
+    if not halves.passes(c.split_agreement, c.merge_min_cosine):
+        said = halves.words(c.split_agreement, c.merge_min_cosine)
+        reason = "alike" if halves.reproduction.reproduces(c.split_agreement) else "deferred"
+        refuse(state, rnd.reports, {"round": rnd.number, "cluster": cluster, "reason": reason, "members": p.sides,
+                                    "agreement": halves.agreement, "evidence": said, **p.record}, p.compared)
+        return {"refused_splits": [{"cluster": cluster, "reason": reason, "agreement": halves.agreement,
+                                    "best_cut_silhouette": p.structure, "trainings": chain.trainings}],
+                "words": [f"cluster {cluster} not split: {said}"]}
+    p.record["reproduction"] = halves.as_record()
+    made = split(tree, state, rnd.number, cluster, [chain.first[k] for k in keys], None, p, rnd.reports, halves,
+                 params=c)
+    for child in made["splits"][0].get("children", []):
+        more = decide_on_chain(strategy, rnd, child, chain) or {}
+        for key, records in more.items():
+            made.setdefault(key, []).extend(records)
+    return made
 
 
 class CFL(ClusteredStrategy):
@@ -506,6 +561,10 @@ class CFL(ClusteredStrategy):
 
     def compared_changed(self) -> None:
         """Arrays no client changed left the comparison: CFL compares every array left, nothing to pick again."""
+
+    def chain_rules(self) -> dict[str, Any]:
+        """What a split judged on longer evidence applies besides ``decide``'s tests: nothing (LayerCFL: its check)."""
+        return {}
 
     def own_arrays(self) -> tuple[str, list[str]] | None:
         """What ``decision-arrays = evidence`` must find blind besides every array: nothing more (CFL compares them all)."""

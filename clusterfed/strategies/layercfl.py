@@ -37,15 +37,16 @@ from clusterfed.clustering.layercfl import correct_clustering_check
 from clusterfed.clustering.reproducible import Reproduction, compare
 from clusterfed.clustering.split_scores import best_cut_labels, best_cut_silhouette, cosine_similarity_matrix
 from clusterfed.clustering.vectors import flatten, stack_float64
-from clusterfed.core.exchange import Diagnostics, Round, TrainReply, natural
+from clusterfed.core.exchange import Diagnostics, Round, Steps, TrainReply, natural
 from clusterfed.models.layers import select_layers
 from clusterfed.explain import bipartition as explain
 from clusterfed.explain.generic import left_alone
 from clusterfed.strategies.base import ClusteredStrategy
 from clusterfed.strategies.bipartitioning import MIN_COMMON, PROPOSALS_KEPT, BiPartitionTree
 from clusterfed.strategies.tree_hooks import tree_admit, tree_before_train, tree_draw_sample, tree_train_instructions
-from clusterfed.strategies.cfl import (PAPER_CFL, CFLFamilyParams, CFLFamilyState, decide, pooled_vectors, shown_names,
-    split_after_training, timing_words)
+from clusterfed.explain.bipartition import shown_names, timing_words
+from clusterfed.strategies.cfl import (PAPER_CFL, CFLFamilyParams, CFLFamilyState, decide, pooled_vectors,
+                                       split_after_training)
 
 LAYER_RULE_OF_SKEW = {"feature": "conv", "label": "fc", "unknown": "all"}
 
@@ -201,15 +202,18 @@ class LayerCFL(ClusteredStrategy):
     train_instructions, draw_sample = tree_train_instructions, tree_draw_sample
     admit, before_train = tree_admit, tree_before_train
 
-    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics:
+    def after_train(self, rnd: Round, replies: list[TrainReply]) -> Diagnostics | Steps:
         """CFL's steps after training, on the selected layers (a silent array makes the layer rule
         pick again); on evidence, first the layer choice among the candidates (``choose_layers``)."""
         state = self.state
         said = self.choose_layers(rnd.number, replies) if not (state.layer_settled or state.chosen_arrays) else None
-        diagnostics = split_after_training(self, rnd, replies)
-        if said:
-            diagnostics["decision"] = "; ".join(t for t in (f"LayerCFL: {said}", diagnostics.get("decision")) if t)
-        return diagnostics
+        return split_after_training(self, rnd, replies, said=f"LayerCFL: {said}" if said else None)
+
+    def chain_rules(self) -> dict[str, Any]:
+        """A split judged on longer evidence also passes the correct-clustering check (when enforced),
+        and waits while the layer choice does."""
+        return {"check": correct_clustering_check, "enforce": self.params.correct_clustering_check,
+                "wait": layer_deferral}
 
     def choose_layers(self, server_round: int, replies: list[TrainReply]) -> str | None:
         """Each candidate layer's partition of this round's repliers (best-silhouette cut of their

@@ -1,0 +1,147 @@
+"""Longer evidence for the CFL family's splits (beyond the papers, ``evidence-trainings``).
+
+Sattler et al.'s split compares one local training's updates. Where a cluster's groups differ
+little within one training (a few epochs from a model that has not yet learnt them), those updates
+show no more structure than group-free updates of the same shape, and the structure test rightly
+refuses the split. A longer training shows the groups where one does not (measured on spent
+held-out cells: ``benchmarks/results/model-fuzz/dev-longer-evidence``). So a cluster whose split
+was refused for want of structure (``STRUCTURE_REASONS``) has its repliers asked, in the same
+round, to train ``k − 1`` more times in a row, each request starting from the client's own last
+reply: a stock ClientApp trains its own epochs and returns what it was asked for, so the chain asks
+nothing new of it (FedClust's clustering exchange chains the same way). These trainings are for
+the decision's evidence only, never averaged. The split is then judged again on each client's
+update over the ``k`` trainings by the same tests (``cfl.decide_on_chain``), its reproduction on
+the chain's two halves (trainings ``1..k/2`` and ``k/2+1..k``: independent SGD draws from
+different starts) in place of two rounds'.
+
+Once per cluster (a split's children have their own try, unless the chain already judged them):
+a federation with no groups pays ``k − 1`` trainings of each replier once, when its first split is
+refused. Off at ``evidence-trainings = 1``, under ``split-timing = criteria``, and with compact
+(sketched) update storage."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from clusterfed.core.exchange import Arrays, Diagnostics, Steps, TrainReply, natural
+
+# the refusals a longer training may overturn: the cut scored no better than noise
+STRUCTURE_REASONS = frozenset({"silhouette", "group_free", "reference"})
+
+
+@dataclass
+class Chain:
+    """The chained trainings of one cluster's repliers (``keys``, those that answered every
+    request): ``first``, their replies to the round's own training (what they were sent, the
+    cluster's model); ``total``, each one's update over all ``trainings``; ``halves``, its update
+    over the first ``trainings // 2`` and over the rest."""
+
+    trainings: int
+    keys: list[str]
+    first: dict[str, TrainReply]
+    total: dict[str, Arrays] = field(default_factory=dict)
+    halves: tuple[dict[str, Arrays], dict[str, Arrays]] = field(default_factory=lambda: ({}, {}))
+    lost: list[str] = field(default_factory=list)  # repliers that failed a request of the chain
+    bytes_up: int = 0
+
+    @property
+    def source(self) -> str:
+        h = self.trainings // 2
+        return f"the chain's halves (trainings 1–{h} and {h + 1}–{self.trainings})"
+
+
+def wanted(strategy: Any, rnd: Any, refused: list[dict[str, Any]]) -> bool:
+    """Whether this round's refusals (``refused_splits``) may call for a chain: the setting on,
+    splits on evidence, exact vectors, a round that may ask a further exchange (not one Flower's
+    single-phase hooks drive), a refusal for want of structure, no layer choice waiting."""
+    state, params = strategy.state, strategy.params
+    wait = strategy.chain_rules().get("wait")
+    return (params.evidence_trainings >= 2 and not rnd.one_exchange and strategy.bipartition.evidence(state) and not state.sketched
+            and any(r.get("reason") in STRUCTURE_REASONS and r.get("cluster") not in state.chained for r in refused)
+            and not (wait is not None and wait(state)))
+
+
+def due(state: Any, params: Any, refused: list[dict[str, Any]], groups: dict[int, list[TrainReply]]) -> list[int]:
+    """The clusters to chain this round: refused for want of structure, still leaves, never
+    chained, with at least ``min-split-size`` repliers."""
+    clusters = []
+    for record in refused:
+        cluster = record.get("cluster")
+        if (record.get("reason") in STRUCTURE_REASONS and cluster in groups and cluster not in state.chained
+                and cluster not in clusters and cluster in state.models and state.tree.node(cluster).is_leaf
+                and len(groups[cluster]) >= params.min_split_size):
+            clusters.append(cluster)
+    return clusters
+
+
+def add(a: Arrays, b: Arrays) -> Arrays:
+    return {k: a[k] + b[k] for k in a}
+
+
+def chain(train_asks: Callable[..., list], rnd: Any, replies: list[TrainReply], trainings: int) -> Steps:
+    """Ask the ``replies``' clients to train ``trainings − 1`` more times, each request from its
+    own last weights, for evidence only; returns the ``Chain`` of those that answered all."""
+    first = {r.key: r for r in sorted(replies, key=lambda r: natural(r.key))}
+    links: dict[str, list[Arrays]] = {k: [r.update] for k, r in first.items()}
+    weights = {k: r.weights for k, r in first.items()}
+    found = Chain(trainings, [], first)
+    for _ in range(trainings - 1):
+        keys = [k for k in first if k in weights]
+        if not keys:
+            break
+        received = yield train_asks(rnd, keys, models=weights, evidence=True)
+        found.bytes_up += received.bytes_up
+        weights = {}
+        for reply in received:
+            links[reply.key].append(reply.update)
+            weights[reply.key] = reply.weights
+    h = trainings // 2
+    for key, updates in links.items():
+        if len(updates) < trainings:
+            found.lost.append(key)
+            continue
+        found.keys.append(key)
+        first_half, second_half = updates[0], updates[h]
+        for u in updates[1:h]:
+            first_half = add(first_half, u)
+        for u in updates[h + 1:]:
+            second_half = add(second_half, u)
+        found.halves[0][key], found.halves[1][key] = first_half, second_half
+        found.total[key] = add(first_half, second_half)
+    return found
+
+
+def after_refusals(strategy: Any, rnd: Any, replies: list[TrainReply], diagnostics: Diagnostics,
+                   decide_on_chain: Callable[..., Diagnostics | None]) -> Steps:
+    """The round's structure refusals (``diagnostics['refused_splits']``) judged again on a chain
+    of ``evidence-trainings`` trainings (``decide_on_chain(strategy, rnd, cluster, chain)``); the
+    round's diagnostics with what the chains found (``evidence_chains``, splits, words)."""
+    state, params = strategy.state, strategy.params
+    groups: dict[int, list[TrainReply]] = {}
+    for reply in replies:
+        if state.assignment.get(reply.key) == reply.cluster:
+            groups.setdefault(reply.cluster, []).append(reply)
+    clusters = due(state, params, diagnostics.get("refused_splits", []), groups)
+    if not clusters:
+        return diagnostics
+    words, chains = [], []
+    for cluster in clusters:
+        state.chained.add(cluster)
+        found = yield from chain(strategy.train_asks, rnd, groups[cluster], params.evidence_trainings)
+        chains.append({"cluster": cluster, "trainings": found.trainings, "clients": len(found.keys),
+                       "lost": found.lost, "bytes_up": found.bytes_up})
+        decided = decide_on_chain(strategy, rnd, cluster, found) or {}
+        for key, records in decided.items():
+            if key != "words":
+                diagnostics.setdefault(key, []).extend(records)
+        lost = f", {len(found.lost)} lost on the way" if found.lost else ""
+        said = "; ".join(decided.get("words", [])) or "nothing to judge"
+        words.append(f"cluster {cluster} asked {found.trainings - 1} more trainings in a row of its "
+                     f"{len(groups[cluster])} repliers{lost}: {said}")
+    diagnostics["evidence_chains"] = chains
+    said = f"{type(strategy).__name__} on longer evidence: " + "; ".join(words)
+    diagnostics["decision"] = "; ".join(t for t in (diagnostics.get("decision"), said) if t)
+    diagnostics["last_split_round"] = state.final_clustering_round
+    return diagnostics
