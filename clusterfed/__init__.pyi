@@ -273,6 +273,7 @@ class CFL(_CFL):
         similarity_rank: typing.Union[int, typing.Literal['auto']] = 0,
         similarity_pool: typing.Literal['repliers', 'members'] = 'repliers',
         decision_arrays: typing.Literal['every', 'evidence'] = 'evidence',
+        evidence_trainings: int = 4,
     ) -> None: ...
 
 
@@ -322,6 +323,7 @@ class LayerCFL(_LayerCFL):
         similarity_rank: typing.Union[int, typing.Literal['auto']] = 0,
         similarity_pool: typing.Literal['repliers', 'members'] = 'repliers',
         decision_arrays: typing.Literal['every', 'evidence'] = 'evidence',
+        evidence_trainings: int = 4,
         skew: typing.Literal['label', 'feature', 'unknown'] = 'unknown',
         cluster_layers: str = 'auto',
         correct_clustering_check: bool = False,

@@ -255,7 +255,32 @@ def one_cluster_reason(state: Any, params: Any, reasons: dict[str, str]) -> str 
                    f"{len(state.assignment)} clients")
     else:
         numbers = refusal_numbers(state, params) if codes else timing_numbers(state, params)
+    longer = chain_words(state)
+    numbers = "; ".join(t for t in (numbers, longer) if t)
     return f"{reason}; {numbers}" if numbers else reason
+
+
+def chain_words(state: Any) -> str | None:
+    """The last split judged again on longer evidence (``evidence-trainings``) and why it was
+    refused, for the one-cluster reason (None: no chain was asked)."""
+    chained = [r for r in getattr(state, "refused", []) if r.get("trainings")]
+    if not chained:
+        return None
+    r = chained[-1]
+    code = r["reason"]
+    if code in ("deferred", "alike"):
+        why = r.get("evidence") or code
+    elif code == "silhouette":
+        why = f"best-cut silhouette {versus(r['best_cut_silhouette'], '<', r['required_silhouette'], 'required')}"
+    elif code in ("group_free", "reference"):
+        level = r.get("rotation_silhouette") or r["required_silhouette"]
+        why = r.get("group_words") or (f"best-cut silhouette "
+                                       f"{versus(r['best_cut_silhouette'], '<=', level, 'group-free rotations')}")
+    elif code == "single":
+        why = "its cut left one client alone"
+    else:
+        why = "the correct-clustering check failed"
+    return f"judged again on {r['trainings']} trainings in a row (round {r['round']}, cluster {r['cluster']}): {why}"
 
 
 def one_cluster_advice(state: Any, params: Any = None) -> str | None:
