@@ -99,7 +99,7 @@ def test_groups_one_training_cannot_show_are_split_on_a_chain_of_four(cls):
     for split in on.state.splits:
         assert split["trainings"] == 4 and split["reproduction"]["source"].startswith("the chain's halves")
         assert split["reproduction"]["agreement"] >= on.params.split_agreement
-    assert found["evidence_chains"] == [{"cluster": 0, "trainings": 4, "clients": 12, "lost": [],
+    assert found["evidence_chains"] == [{"clusters": [0], "trainings": 4, "clients": 12, "lost": [],
                                          "bytes_up": 3 * 4 * DIM * 12}]
     assert "asked 3 more trainings in a row of its 12 repliers" in found["decision"]
     assert "split into" in found["decision"]

@@ -482,7 +482,7 @@ def decide_on_chain(strategy: Any, rnd: Round, cluster: int, chain: longer_evide
         return stack_float64([flatten(of[k], names) for k in keys])
 
     p = propose(state, cluster, [], None, layers, params=c, check=rules.get("check"),
-                pool=(keys, rows(chain.total, layers)))
+                pool=(keys, stack_float64([flatten(chain.total(k), layers) for k in keys])))
     p.record["trainings"] = chain.trainings
     if all(k in state.last_vector for k in keys):  # a newcomer's descent trains once: routed by one training's
         p.directions = stack_float64([state.last_vector[k] for k in keys])

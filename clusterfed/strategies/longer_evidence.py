@@ -35,13 +35,12 @@ STRUCTURE_REASONS = frozenset({"silhouette", "group_free", "reference"})
 class Chain:
     """The chained trainings of one cluster's repliers (``keys``, those that answered every
     request): ``first``, their replies to the round's own training (what they were sent, the
-    cluster's model); ``total``, each one's update over all ``trainings``; ``halves``, its update
-    over the first ``trainings // 2`` and over the rest."""
+    cluster's model); ``halves``, each one's update over the first ``trainings // 2`` trainings
+    and over the rest (summed as they arrive: two arrays per client, whatever the length)."""
 
     trainings: int
     keys: list[str]
     first: dict[str, TrainReply]
-    total: dict[str, Arrays] = field(default_factory=dict)
     halves: tuple[dict[str, Arrays], dict[str, Arrays]] = field(default_factory=lambda: ({}, {}))
     lost: list[str] = field(default_factory=list)  # repliers that failed a request of the chain
     bytes_up: int = 0
@@ -50,6 +49,10 @@ class Chain:
     def source(self) -> str:
         h = self.trainings // 2
         return f"the chain's halves (trainings 1–{h} and {h + 1}–{self.trainings})"
+
+    def total(self, key: str) -> Arrays:
+        """``key``'s update over all the trainings."""
+        return add(self.halves[0][key], self.halves[1][key])
 
 
 def wanted(strategy: Any, rnd: Any, refused: list[dict[str, Any]]) -> bool:
@@ -84,32 +87,28 @@ def chain(train_asks: Callable[..., list], rnd: Any, replies: list[TrainReply], 
     """Ask the ``replies``' clients to train ``trainings − 1`` more times, each request from its
     own last weights, for evidence only; returns the ``Chain`` of those that answered all."""
     first = {r.key: r for r in sorted(replies, key=lambda r: natural(r.key))}
-    links: dict[str, list[Arrays]] = {k: [r.update] for k, r in first.items()}
-    weights = {k: r.weights for k, r in first.items()}
     found = Chain(trainings, [], first)
-    for _ in range(trainings - 1):
+    h = trainings // 2
+    found.halves[0].update({k: r.update for k, r in first.items()})
+    weights = {k: r.weights for k, r in first.items()}
+    for link in range(1, trainings):
         keys = [k for k in first if k in weights]
         if not keys:
             break
         received = yield train_asks(rnd, keys, models=weights, evidence=True)
         found.bytes_up += received.bytes_up
         weights = {}
+        half = found.halves[0 if link < h else 1]
         for reply in received:
-            links[reply.key].append(reply.update)
+            half[reply.key] = add(half[reply.key], reply.update) if reply.key in half else reply.update
             weights[reply.key] = reply.weights
-    h = trainings // 2
-    for key, updates in links.items():
-        if len(updates) < trainings:
+    for key in first:
+        if key in weights:  # it answered the last request, and so every one
+            found.keys.append(key)
+        else:
             found.lost.append(key)
-            continue
-        found.keys.append(key)
-        first_half, second_half = updates[0], updates[h]
-        for u in updates[1:h]:
-            first_half = add(first_half, u)
-        for u in updates[h + 1:]:
-            second_half = add(second_half, u)
-        found.halves[0][key], found.halves[1][key] = first_half, second_half
-        found.total[key] = add(first_half, second_half)
+            found.halves[0].pop(key, None)
+            found.halves[1].pop(key, None)
     return found
 
 
@@ -117,7 +116,8 @@ def after_refusals(strategy: Any, rnd: Any, replies: list[TrainReply], diagnosti
                    decide_on_chain: Callable[..., Diagnostics | None]) -> Steps:
     """The round's structure refusals (``diagnostics['refused_splits']``) judged again on a chain
     of ``evidence-trainings`` trainings (``decide_on_chain(strategy, rnd, cluster, chain)``); the
-    round's diagnostics with what the chains found (``evidence_chains``, splits, words)."""
+    round's diagnostics with what the chain found (``evidence_chains``, splits, words). The
+    clusters due this round share one chain: ``evidence-trainings − 1`` exchanges, whatever their number."""
     state, params = strategy.state, strategy.params
     groups: dict[int, list[TrainReply]] = {}
     for reply in replies:
@@ -126,20 +126,22 @@ def after_refusals(strategy: Any, rnd: Any, replies: list[TrainReply], diagnosti
     clusters = due(state, params, diagnostics.get("refused_splits", []), groups)
     if not clusters:
         return diagnostics
-    words, chains = [], []
+    state.chained.update(clusters)
+    asked = [r for cluster in clusters for r in groups[cluster]]
+    found = yield from chain(strategy.train_asks, rnd, asked, params.evidence_trainings)  # one chain for all
+    words = []
     for cluster in clusters:
-        state.chained.add(cluster)
-        found = yield from chain(strategy.train_asks, rnd, groups[cluster], params.evidence_trainings)
-        chains.append({"cluster": cluster, "trainings": found.trainings, "clients": len(found.keys),
-                       "lost": found.lost, "bytes_up": found.bytes_up})
         decided = decide_on_chain(strategy, rnd, cluster, found) or {}
         for key, records in decided.items():
             if key != "words":
                 diagnostics.setdefault(key, []).extend(records)
-        lost = f", {len(found.lost)} lost on the way" if found.lost else ""
+        lost = [r.key for r in groups[cluster] if r.key in found.lost]
+        lost_words = f", {len(lost)} lost on the way" if lost else ""
         said = "; ".join(decided.get("words", [])) or "nothing to judge"
         words.append(f"cluster {cluster} asked {found.trainings - 1} more trainings in a row of its "
-                     f"{len(groups[cluster])} repliers{lost}: {said}")
+                     f"{len(groups[cluster])} repliers{lost_words}: {said}")
+    chains = [{"clusters": clusters, "trainings": found.trainings, "clients": len(found.keys), "lost": found.lost,
+               "bytes_up": found.bytes_up}]
     diagnostics["evidence_chains"] = chains
     said = f"{type(strategy).__name__} on longer evidence: " + "; ".join(words)
     diagnostics["decision"] = "; ".join(t for t in (diagnostics.get("decision"), said) if t)
