@@ -176,3 +176,29 @@ def test_a_round_driven_by_flowers_single_phase_hooks_asks_no_chain():
 def test_the_papers_presets_train_once():
     assert CFL.paper().params.evidence_trainings == 1 and LayerCFL.paper().params.evidence_trainings == 1
     assert CFL().params.evidence_trainings == 4
+
+
+@pytest.mark.end_to_end
+def test_a_whole_run_asks_its_chain_through_the_driver_and_counts_its_bytes(small_config, tmp_path):
+    """Digits, 20 identically distributed clients: the split refused in round 5 (min-split-round)
+    is judged again on a chain of 4 trainings through the round driver; the round uploads its
+    training and the chain's 3 requests, 4 times a training round's bytes; one cluster at the end,
+    and the reason says what the chain found."""
+    import json
+
+    from clusterfed.simulation import simulate
+
+    config = small_config(strategy="cfl", partitioner="iid", num_clients=20, rounds=6, batch_size=16)
+    simulate(config, engine="inprocess", stream=None)
+    rounds = [json.loads(line) for line in open(f"{config.out_dir}/rounds.jsonl")]
+    chained = [r for r in rounds if r.get("evidence_chains")]
+    assert [r["round"] for r in chained] == [5]
+    chain = chained[0]["evidence_chains"][0]
+    assert chain["clusters"] == [0] and chain["trainings"] == 4 and chain["clients"] == 20 and chain["lost"] == []
+    assert rounds[4]["bytes_up"] == 4 * rounds[3]["bytes_up"] == 4 * rounds[5]["bytes_up"]
+    assert chain["bytes_up"] == 3 * rounds[3]["bytes_up"]
+    assert "CFL on longer evidence: cluster 0 asked 3 more trainings in a row of its 20 repliers" in \
+        chained[0]["decision"]
+    clusters = json.load(open(f"{config.out_dir}/clusters.json"))
+    assert clusters["splits"] == []
+    assert "judged again on 4 trainings in a row (round 5, cluster 0)" in clusters["one_cluster_reason"]

@@ -366,7 +366,7 @@ def defer(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, clust
 
 
 def split(tree: BiPartitionTree, state: CFLFamilyState, server_round: int, cluster: int, replies: list[TrainReply],
-          decision: SplitDecision, p: Proposal, reports: list[Any], reproduction: Evidence | str | None, *,
+          decision: SplitDecision | None, p: Proposal, reports: list[Any], reproduction: Evidence | str | None, *,
           params: CFLFamilyParams) -> Diagnostics:
     """Two children from the cluster's model; the model the members trained from this round is
     what a newcomer replays the split on; the members absent this round follow their vectors."""
