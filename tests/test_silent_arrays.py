@@ -184,8 +184,10 @@ def test_a_split_on_arrays_no_client_changed_is_refused():
     batches = drive_round(algorithm, 1, respond_with(structured=("fc1", "fc2")))
     assert algorithm.state.selected_names == ["conv1.weight", "conv1.bias"]  # kept as named, though silent
     assert algorithm.state.splits == [] and len(set(algorithm.assignment.values())) == 1
-    (refusal,) = batches.diagnostics["refused_splits"]
-    assert refusal["reason"] == "silhouette" and refusal["best_cut_silhouette"] == 0.0
+    # one training's refusal, then the same on the chain of 4 trainings (longer evidence)
+    refusal, chained = batches.diagnostics["refused_splits"]
+    assert refusal["reason"] == chained["reason"] == "silhouette"
+    assert refusal["best_cut_silhouette"] == chained["best_cut_silhouette"] == 0.0 and chained["trainings"] == 4
 
 
 def test_fedclust_states_the_evidence_for_its_number_of_clusters():

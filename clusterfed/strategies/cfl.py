@@ -433,13 +433,13 @@ def choose_arrays(strategy: Any, rnd: Round, replies: list[TrainReply]) -> str |
     return array_choice.words(state.array_choice)
 
 
-def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply], said: str | None = None
+def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply], first_words: str | None = None
                          ) -> Diagnostics | Steps:
     """CFL's steps after training (CFL and LayerCFL bind it as their ``after_train``): leave out
     arrays no client changed (the strategy's ``compared_changed`` then picks its arrays again),
     keep each replier's vector, then per cluster the criteria and ``decide``, then merging; a
     split refused for want of structure is judged again on longer evidence (``evidence-trainings``:
-    then the steps ask, ``longer_evidence.after_refusals``). ``said``: the round line's first words."""
+    then the steps ask, ``longer_evidence.after_refusals``). ``first_words``: the round line's first words."""
     state, c, tree = strategy.state, strategy.params, strategy.bipartition
     name = type(strategy).__name__
     silent = tree.leave_out_silent(state, replies, name)
@@ -459,8 +459,8 @@ def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply], s
     # refused_splits: a column every round, [] when ``decide`` refused none
     diagnostics = {"refused_splits": [], **tree.after_train(state, rnd.number, replies, rnd.clients, rnd.reports,
                                                             silent, name=name, intro=intro)}
-    if said:
-        diagnostics["decision"] = "; ".join(t for t in (said, diagnostics.get("decision")) if t)
+    if first_words:
+        diagnostics["decision"] = "; ".join(t for t in (first_words, diagnostics.get("decision")) if t)
     if not longer_evidence.wanted(strategy, rnd, diagnostics["refused_splits"]):
         return diagnostics
     return longer_evidence.after_refusals(strategy, rnd, replies, diagnostics, decide_on_chain)
@@ -489,6 +489,8 @@ def decide_on_chain(strategy: Any, rnd: Round, cluster: int, chain: longer_evide
     refused = (refuse_structure(state, rnd.number, cluster, p, rnd.reports, params=c, evidence=True)
                or refuse_check(state, rnd.number, cluster, p, rnd.reports, enforce=rules.get("enforce", False)))
     if refused is not None:
+        for entry in refused.get("refused_splits", []):
+            entry["trainings"] = chain.trainings
         return refused
     halves = halves_evidence(rows(chain.halves[0], layers), rows(chain.halves[1], layers),
                              rows(chain.halves[0], state.compared), rows(chain.halves[1], state.compared),

@@ -207,7 +207,7 @@ class LayerCFL(ClusteredStrategy):
         pick again); on evidence, first the layer choice among the candidates (``choose_layers``)."""
         state = self.state
         said = self.choose_layers(rnd.number, replies) if not (state.layer_settled or state.chosen_arrays) else None
-        return split_after_training(self, rnd, replies, said=f"LayerCFL: {said}" if said else None)
+        return split_after_training(self, rnd, replies, first_words=f"LayerCFL: {said}" if said else None)
 
     def chain_rules(self) -> dict[str, Any]:
         """A split judged on longer evidence also passes the correct-clustering check (when enforced),
