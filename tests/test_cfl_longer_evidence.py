@@ -138,8 +138,12 @@ def test_one_task_is_asked_once_and_stays_one_cluster():
     chained = [r for r in strategy.state.refused if r.get("trainings") == 4]
     assert len(chained) == 1 and chained[0]["round"] == 2
     assert "evidence_chains" not in found  # round 6: no chain
-    assert "judged again on 4 trainings in a row (round 2, cluster 0): best-cut silhouette" in \
-        strategy.one_cluster_reason()
+    reason = strategy.one_cluster_reason()
+    assert "judged again on 4 trainings in a row (round 2, cluster 0): best-cut silhouette" in reason
+    # the closest refusal it quotes is one training's, not the chain's again
+    closest = max((r for r in strategy.state.refused if not r.get("trainings")),
+                  key=lambda r: r["best_cut_silhouette"] - r["required_silhouette"])
+    assert f"closest refusal: round {closest['round']}, cluster 0" in reason
 
 
 def test_a_client_lost_on_the_chain_is_left_out_and_the_others_judged():

@@ -124,7 +124,9 @@ def cfl_refusal_numbers(state: Any, params: Any) -> str | None:
     if not codes:
         return None
     top = max(set(codes), key=codes.count)
-    refused = state.refused
+    # one training's refusals; a refusal on longer evidence is said by ``chain_words``
+    once = [r for r in state.refused if not r.get("trainings")]
+    refused = once if any(r["reason"] == top for r in once) else state.refused
     if top == "check":
         r = min((r for r in refused if r["reason"] == "check"),
                 key=lambda r: r["check"]["gamma_max"] - r["check"]["bound"])
