@@ -461,9 +461,8 @@ def split_after_training(strategy: Any, rnd: Round, replies: list[TrainReply], f
                                                             silent, name=name, intro=intro)}
     if first_words:
         diagnostics["decision"] = "; ".join(t for t in (first_words, diagnostics.get("decision")) if t)
-    if not longer_evidence.wanted(strategy, rnd, diagnostics["refused_splits"]):
-        return diagnostics
-    return longer_evidence.after_refusals(strategy, rnd, replies, diagnostics, decide_on_chain)
+    due = longer_evidence.due(strategy, rnd, replies, diagnostics["refused_splits"])
+    return longer_evidence.after_refusals(strategy, rnd, due, diagnostics, decide_on_chain) if due else diagnostics
 
 
 def decide_on_chain(strategy: Any, rnd: Round, cluster: int, chain: longer_evidence.Chain) -> Diagnostics | None:

@@ -55,28 +55,24 @@ class Chain:
         return add(self.halves[0][key], self.halves[1][key])
 
 
-def wanted(strategy: Any, rnd: Any, refused: list[dict[str, Any]]) -> bool:
-    """Whether this round's refusals (``refused_splits``) may call for a chain: the setting on,
-    splits on evidence, exact vectors, a round that may ask a further exchange (not one Flower's
-    single-phase hooks drive), a refusal for want of structure, no layer choice waiting."""
+def due(strategy: Any, rnd: Any, replies: list[TrainReply], refused: list[dict[str, Any]]) -> dict[int, list[TrainReply]]:
+    """The clusters to chain this round, each with its repliers: refused for want of structure
+    (``refused_splits``), still leaves, never chained, with at least ``min-split-size`` repliers.
+    Empty when the setting is off, splits are not on evidence, vectors are sketched, the round may
+    not ask a further exchange (Flower's single-phase hooks drive it) or the layer choice waits."""
     state, params = strategy.state, strategy.params
     wait = strategy.chain_rules().get("wait")
-    return (params.evidence_trainings >= 2 and not rnd.one_exchange and strategy.bipartition.evidence(state) and not state.sketched
-            and any(r.get("reason") in STRUCTURE_REASONS and r.get("cluster") not in state.chained for r in refused)
-            and not (wait is not None and wait(state)))
-
-
-def due(state: Any, params: Any, refused: list[dict[str, Any]], groups: dict[int, list[TrainReply]]) -> list[int]:
-    """The clusters to chain this round: refused for want of structure, still leaves, never
-    chained, with at least ``min-split-size`` repliers."""
-    clusters = []
-    for record in refused:
-        cluster = record.get("cluster")
-        if (record.get("reason") in STRUCTURE_REASONS and cluster in groups and cluster not in state.chained
-                and cluster not in clusters and cluster in state.models and state.tree.node(cluster).is_leaf
-                and len(groups[cluster]) >= params.min_split_size):
-            clusters.append(cluster)
-    return clusters
+    if (params.evidence_trainings < 2 or rnd.one_exchange or not strategy.bipartition.evidence(state)
+            or state.sketched or (wait is not None and wait(state))):
+        return {}
+    groups: dict[int, list[TrainReply]] = {}
+    for reply in replies:
+        if state.assignment.get(reply.key) == reply.cluster:
+            groups.setdefault(reply.cluster, []).append(reply)
+    refused_clusters = dict.fromkeys(r.get("cluster") for r in refused if r.get("reason") in STRUCTURE_REASONS)
+    return {c: groups[c] for c in refused_clusters
+            if c in groups and c not in state.chained and c in state.models and state.tree.node(c).is_leaf
+            and len(groups[c]) >= params.min_split_size}
 
 
 def add(a: Arrays, b: Arrays) -> Arrays:
@@ -112,20 +108,14 @@ def chain(train_asks: Callable[..., list], rnd: Any, replies: list[TrainReply], 
     return found
 
 
-def after_refusals(strategy: Any, rnd: Any, replies: list[TrainReply], diagnostics: Diagnostics,
+def after_refusals(strategy: Any, rnd: Any, groups: dict[int, list[TrainReply]], diagnostics: Diagnostics,
                    decide_on_chain: Callable[..., Diagnostics | None]) -> Steps:
-    """The round's structure refusals (``diagnostics['refused_splits']``) judged again on a chain
+    """The clusters ``due`` this round (``groups``: each with its repliers) judged again on a chain
     of ``evidence-trainings`` trainings (``decide_on_chain(strategy, rnd, cluster, chain)``); the
     round's diagnostics with what the chain found (``evidence_chains``, splits, words). The
-    clusters due this round share one chain: ``evidence-trainings − 1`` exchanges, whatever their number."""
+    clusters share one chain: ``evidence-trainings − 1`` exchanges, whatever their number."""
     state, params = strategy.state, strategy.params
-    groups: dict[int, list[TrainReply]] = {}
-    for reply in replies:
-        if state.assignment.get(reply.key) == reply.cluster:
-            groups.setdefault(reply.cluster, []).append(reply)
-    clusters = due(state, params, diagnostics.get("refused_splits", []), groups)
-    if not clusters:
-        return diagnostics
+    clusters = list(groups)
     state.chained.update(clusters)
     asked = [r for cluster in clusters for r in groups[cluster]]
     found = yield from chain(strategy.train_asks, rnd, asked, params.evidence_trainings)  # one chain for all
